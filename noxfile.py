@@ -1,0 +1,52 @@
+"""Project automation: `nox -s tests` is what CI and the README run."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests", "lint", "typecheck"]
+nox.options.reuse_existing_virtualenvs = True
+
+PYTHON = None  # the interpreter nox itself runs on (3.11+)
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """The test suite, every async test on asyncio, asyncio+uvloop and trio."""
+    session.install("-e", ".[test]")
+    session.run("pytest", "-m", "not slow", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def reliability(session: nox.Session) -> None:
+    """The long forms of the fault-injection scenarios."""
+    session.install("-e", ".[test]")
+    session.run("pytest", "-m", "slow", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=PYTHON)
+def typecheck(session: nox.Session) -> None:
+    session.install("-e", ".[test]", "mypy>=1.11")
+    session.run("mypy")
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Benchmarks next to their baselines; prints ratios (see docs/benchmarks.md)."""
+    session.install("-e", ".[test]", "aiosqlite")
+    for script in ("bench_sync.py", "bench_storage.py", "bench_bundle.py"):
+        session.run("python", f"benchmarks/{script}", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def demo(session: nox.Session) -> None:
+    """The main job: `warmenv demo`."""
+    session.install(".[cli]")
+    session.run("warmenv", "demo", *session.posargs)

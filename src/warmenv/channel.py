@@ -1,0 +1,125 @@
+"""Channels between tasks.
+
+Bounded and unbounded channels are anyio's memory object streams, returned
+as they are so that every anyio idiom (cloning, `async for`, closing) works.
+The one shape anyio lacks is the oneshot: a single value handed from one task
+to another, where the receiver must learn if the sender went away without
+answering instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Generic, TypeVar, final
+
+from anyio import Event, WouldBlock, create_memory_object_stream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from warmenv._errors import WarmenvError
+
+__all__ = [
+    "ChannelClosed",
+    "OneshotReceiver",
+    "OneshotSender",
+    "bounded",
+    "oneshot",
+    "unbounded",
+]
+
+T = TypeVar("T")
+
+
+class ChannelClosed(WarmenvError):
+    """The sending side of a oneshot channel closed without sending a value."""
+
+
+def bounded(
+    capacity: int,
+) -> tuple[MemoryObjectSendStream[Any], MemoryObjectReceiveStream[Any]]:
+    """A channel holding at most `capacity` items; senders wait when it is full."""
+    if capacity < 0:
+        raise ValueError(f"capacity must be >= 0, got {capacity}")
+    return create_memory_object_stream[Any](capacity)
+
+
+def unbounded() -> tuple[MemoryObjectSendStream[Any], MemoryObjectReceiveStream[Any]]:
+    """A channel whose senders never wait (memory grows with the backlog)."""
+    return create_memory_object_stream[Any](math.inf)
+
+
+@final
+class _Slot(Generic[T]):
+    __slots__ = ("closed", "filled", "ready", "value")
+
+    def __init__(self) -> None:
+        self.ready = Event()
+        self.filled = False
+        self.closed = False
+        self.value: T
+
+
+@final
+class OneshotSender(Generic[T]):
+    """Sends exactly one value; closing it (or dropping it) unsent wakes the receiver."""
+
+    __slots__ = ("__weakref__", "_slot")
+
+    def __init__(self, slot: _Slot[T]) -> None:
+        self._slot = slot
+
+    def send(self, value: T) -> None:
+        """Deliver `value`; never blocks. `RuntimeError` if already sent or closed."""
+        slot = self._slot
+        if slot.filled:
+            raise RuntimeError("this oneshot channel has already sent its value; it sends once")
+        if slot.closed:
+            raise RuntimeError("this oneshot sender is closed; create a new oneshot() to send")
+        slot.value = value
+        slot.filled = True
+        slot.ready.set()
+
+    def close(self) -> None:
+        """Give up sending: the receiver gets `ChannelClosed`. Idempotent."""
+        slot = self._slot
+        if not slot.filled and not slot.closed:
+            slot.closed = True
+            slot.ready.set()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+@final
+class OneshotReceiver(Generic[T]):
+    """Receives the one value of a oneshot channel."""
+
+    __slots__ = ("_slot",)
+
+    def __init__(self, slot: _Slot[T]) -> None:
+        self._slot = slot
+
+    async def receive(self) -> T:
+        """Wait for the value; `ChannelClosed` if the sender closed without sending."""
+        slot = self._slot
+        await slot.ready.wait()
+        return self._take()
+
+    def receive_nowait(self) -> T:
+        """The value if it was sent; `WouldBlock` if not yet, `ChannelClosed` if never."""
+        if not self._slot.ready.is_set():
+            raise WouldBlock
+        return self._take()
+
+    def _take(self) -> T:
+        slot = self._slot
+        if slot.filled:
+            return slot.value
+        raise ChannelClosed(
+            "the oneshot sender was closed or garbage-collected without sending a value"
+        )
+
+
+def oneshot() -> tuple[OneshotSender[Any], OneshotReceiver[Any]]:
+    """A channel for a single value: `(sender, receiver)`."""
+    slot: _Slot[Any] = _Slot()
+    return OneshotSender(slot), OneshotReceiver(slot)

@@ -1,0 +1,144 @@
+"""Where environments live and which one is the default.
+
+Settings come from the nearest `warmenv.toml` (top-level keys) or
+`pyproject.toml` (`[tool.warmenv]`) walking up from the working directory,
+then from the variables `WARMENV_ROOT` and `WARMENV_ENVIRONMENT`, which win
+so that a deployment can redirect an application without editing its files.
+A missing file is the normal case; a file that is there but wrong is an error
+naming the file and the key, because a silently ignored setting is how a
+cache ends up somewhere nobody looks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import platformdirs
+
+from warmenv._errors import WarmenvError
+from warmenv.stream import StreamPolicy
+
+__all__ = ["Config", "ConfigError", "load_config"]
+
+DEFAULT_ENVIRONMENT = "default"
+_NAME = re.compile(r"[A-Za-z0-9._-]+")
+_KEYS = ("root", "environment", "stream_policy")
+
+
+class ConfigError(WarmenvError):
+    """A configuration file or variable holds something warmenv cannot use."""
+
+
+@attrs.frozen
+class Config:
+    """Resolved settings: where environments live and which is the default."""
+
+    root: Path
+    environment: str = DEFAULT_ENVIRONMENT
+    stream_policy: StreamPolicy = StreamPolicy.PER_THREAD
+
+
+def is_valid_name(name: object) -> bool:
+    """Whether `name` may name an environment: `[A-Za-z0-9._-]+`, not `.` or `..`."""
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None and name not in (".", "..")
+
+
+def user_root() -> Path:
+    """The default root: the user cache directory for warmenv."""
+    return Path(platformdirs.user_cache_dir("warmenv", appauthor=False))
+
+
+def load_config(start: Path | None = None) -> Config:
+    """Resolve the configuration seen from `start` (default: the working directory)."""
+    here = Path.cwd() if start is None else Path(start)
+    here = here.resolve()
+    found = _find_settings(here)
+    settings: Mapping[str, Any] = {}
+    where = "defaults"
+    base = here
+    if found is not None:
+        file, settings = found
+        where, base = str(file), file.parent
+        unknown = sorted(set(settings) - set(_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"{file}: unknown key {unknown[0]!r} in the warmenv settings; "
+                f"the keys are {', '.join(_KEYS)}"
+            )
+
+    root = _root(settings.get("root", "user"), where, "root", base, here)
+    environment = _environment(settings.get("environment", DEFAULT_ENVIRONMENT), where)
+    stream_policy = _stream_policy(settings.get("stream_policy", "per_thread"), where)
+
+    if (env_root := os.environ.get("WARMENV_ROOT")) is not None:
+        root = _root(env_root, "the environment variable WARMENV_ROOT", None, Path.cwd(), here)
+    if (env_name := os.environ.get("WARMENV_ENVIRONMENT")) is not None:
+        environment = _environment(env_name, "the environment variable WARMENV_ENVIRONMENT")
+    return Config(root=root, environment=environment, stream_policy=stream_policy)
+
+
+def _find_settings(start: Path) -> tuple[Path, Mapping[str, Any]] | None:
+    for directory in (start, *start.parents):
+        candidate = directory / "warmenv.toml"
+        if candidate.is_file():
+            return candidate, _read_toml(candidate)
+        candidate = directory / "pyproject.toml"
+        if candidate.is_file():
+            table = _read_toml(candidate).get("tool", {})
+            section = table.get("warmenv") if isinstance(table, dict) else None
+            if section is not None:
+                if not isinstance(section, dict):
+                    raise ConfigError(f"{candidate}: [tool.warmenv] must be a table")
+                return candidate, section
+    return None
+
+
+def _read_toml(file: Path) -> dict[str, Any]:
+    try:
+        with file.open("rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{file}: not valid TOML ({exc}); fix or remove the file") from exc
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot be read ({exc.strerror})") from exc
+
+
+def _root(value: object, where: str, key: str | None, base: Path, start: Path) -> Path:
+    label = f"{where}: key {key!r}" if key else where
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f'{label} must be "user", "project" or a path, got {value!r}')
+    if value == "user":
+        return user_root()
+    if value == "project":
+        for directory in (start, *start.parents):
+            if (directory / "pyproject.toml").is_file():
+                return directory / ".warmenv"
+        raise ConfigError(
+            f'{label} is "project" but no pyproject.toml exists above {start}; use a path instead'
+        )
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (base / path).resolve()
+
+
+def _environment(value: object, where: str) -> str:
+    if not is_valid_name(value):
+        label = where if where.startswith("the environment") else f"{where}: key 'environment'"
+        raise ConfigError(f"{label} must match [A-Za-z0-9._-]+, got {value!r}")
+    assert isinstance(value, str)
+    return value
+
+
+def _stream_policy(value: object, where: str) -> StreamPolicy:
+    try:
+        return StreamPolicy(value)
+    except ValueError:
+        choices = ", ".join(repr(p.value) for p in StreamPolicy)
+        raise ConfigError(
+            f"{where}: key 'stream_policy' must be one of {choices}, got {value!r}"
+        ) from None

@@ -1,0 +1,105 @@
+"""Which logical stream the current code is on.
+
+A stream is an ordered submission queue: work on one stream runs in order,
+work on different streams may overlap. Code that batches or orders work asks
+`current()` which stream it is on; the policy says whether a stream is a
+thread, a task, or the whole process.
+
+Stream ids come from a counter, never from `id()` of a thread or task: Python
+reuses those numbers once their owner is gone, and two streams must never
+share an id while either is in use.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+import itertools
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import attrs
+
+from warmenv._backend import native_task
+
+__all__ = ["StreamId", "StreamPolicy", "current", "enter", "new", "policy", "set_policy"]
+
+
+class StreamPolicy(enum.Enum):
+    """What one stream corresponds to."""
+
+    PER_THREAD = "per_thread"
+    PER_TASK = "per_task"
+    SINGLE = "single"
+
+
+@attrs.frozen(order=True)
+class StreamId:
+    """The identity of a stream: hashable, ordered, wrapping an `int`."""
+
+    value: int
+
+    def __int__(self) -> int:
+        return self.value
+
+
+_ids = itertools.count(1)
+_counter_lock = threading.Lock()
+_policy = StreamPolicy.PER_THREAD
+_thread_streams = threading.local()
+_task_streams: weakref.WeakKeyDictionary[object, StreamId] = weakref.WeakKeyDictionary()
+_pinned: contextvars.ContextVar[StreamId | None] = contextvars.ContextVar(
+    "warmenv_stream_pinned", default=None
+)
+
+
+def set_policy(policy: StreamPolicy) -> None:
+    """Set the process-wide stream policy."""
+    global _policy
+    if not isinstance(policy, StreamPolicy):
+        raise TypeError(f"expected a StreamPolicy, got {policy!r}")
+    _policy = policy
+
+
+def policy() -> StreamPolicy:
+    """The process-wide stream policy (`PER_THREAD` unless set)."""
+    return _policy
+
+
+def new() -> StreamId:
+    """A stream id never handed out before in this process."""
+    with _counter_lock:
+        return StreamId(next(_ids))
+
+
+def current() -> StreamId:
+    """The stream the calling code is on, under the current policy or `enter()`."""
+    pinned = _pinned.get()
+    if pinned is not None:
+        return pinned
+    if _policy is StreamPolicy.SINGLE:
+        return StreamId(0)
+    if _policy is StreamPolicy.PER_TASK:
+        task = native_task()
+        stream = _task_streams.get(task)
+        if stream is None:
+            stream = _task_streams[task] = new()
+        return stream
+    stream = getattr(_thread_streams, "stream", None)
+    if stream is None:
+        stream = _thread_streams.stream = new()
+    return stream
+
+
+@contextmanager
+def enter(stream_id: StreamId) -> Iterator[StreamId]:
+    """Pin `current()` to `stream_id` inside the block; nests and restores on exit."""
+    if not isinstance(stream_id, StreamId):
+        raise TypeError(f"expected a StreamId, got {stream_id!r}")
+    token = _pinned.set(stream_id)
+    try:
+        yield stream_id
+    finally:
+        _pinned.reset(token)

@@ -1,0 +1,317 @@
+from __future__ import annotations
+
+import anyio
+import pytest
+from anyio import wait_all_tasks_blocked
+
+from warmenv.sync import (
+    CapacityLimiter,
+    Condition,
+    Event,
+    Lock,
+    OnceCell,
+    RLock,
+    RWLock,
+    Semaphore,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+def test_the_basic_primitives_are_anyios_own() -> None:
+    assert (Lock, Semaphore, Event, Condition, CapacityLimiter) == (
+        anyio.Lock,
+        anyio.Semaphore,
+        anyio.Event,
+        anyio.Condition,
+        anyio.CapacityLimiter,
+    )
+
+
+async def test_rlock_is_reentrant_for_its_owner() -> None:
+    lock = RLock()
+    async with lock:
+        async with lock:
+            assert lock.locked()
+        assert lock.locked()
+    assert not lock.locked()
+
+
+async def test_rlock_excludes_other_tasks_until_fully_released() -> None:
+    lock = RLock()
+    order: list[str] = []
+
+    async def other() -> None:
+        async with lock:
+            order.append("other")
+
+    await lock.acquire()
+    await lock.acquire()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(other)
+        await wait_all_tasks_blocked()
+        lock.release()
+        await wait_all_tasks_blocked()
+        order.append("owner still holds")
+        lock.release()
+    assert order == ["owner still holds", "other"]
+
+
+async def test_rlock_release_by_a_task_that_does_not_own_it_raises() -> None:
+    lock = RLock()
+    await lock.acquire()
+    errors: list[BaseException] = []
+
+    async def intruder() -> None:
+        try:
+            lock.release()
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(intruder)
+    assert len(errors) == 1
+    assert "not held by the current task" in str(errors[0])
+    assert lock.locked()
+    lock.release()
+
+
+async def test_rlock_release_when_unlocked_raises() -> None:
+    with pytest.raises(RuntimeError, match="not held"):
+        RLock().release()
+
+
+async def test_rlock_waiter_cancelled_leaves_the_lock_usable() -> None:
+    lock = RLock()
+    await lock.acquire()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lock.acquire)
+        await wait_all_tasks_blocked()
+        tg.cancel_scope.cancel()
+    lock.release()
+    assert not lock.locked()
+    with anyio.fail_after(5):
+        async with lock:
+            assert lock.locked()
+
+
+async def test_rlock_owner_identity_is_not_reused_by_a_later_task() -> None:
+    lock = RLock()
+
+    async def take_and_finish() -> None:
+        await lock.acquire()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(take_and_finish)
+    # The task that holds it ended; a new task must not be taken for the owner.
+    results: list[bool] = []
+
+    async def try_release() -> None:
+        with pytest.raises(RuntimeError):
+            lock.release()
+        results.append(lock.locked())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(try_release)
+    assert results == [True]
+
+
+async def test_rwlock_lets_many_readers_in_at_once() -> None:
+    lock = RWLock()
+    inside = 0
+    peak = 0
+    release = Event()
+
+    async def reader() -> None:
+        nonlocal inside, peak
+        async with lock.read():
+            inside += 1
+            peak = max(peak, inside)
+            await release.wait()
+            inside -= 1
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(5):
+            tg.start_soon(reader)
+        await wait_all_tasks_blocked()
+        release.set()
+    assert peak == 5
+
+
+async def test_rwlock_writer_excludes_readers_and_writers() -> None:
+    lock = RWLock()
+    log: list[str] = []
+
+    async def reader() -> None:
+        async with lock.read():
+            log.append("read")
+
+    async def writer() -> None:
+        async with lock.write():
+            log.append("write")
+
+    await lock.acquire_write()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reader)
+        tg.start_soon(writer)
+        await wait_all_tasks_blocked()
+        assert log == []
+        assert lock.statistics().waiting_writers == 1
+        assert lock.statistics().waiting_readers == 1
+        lock.release_write()
+    # The queued writer goes first: a waiting writer blocks readers.
+    assert log == ["write", "read"]
+
+
+async def test_rwlock_a_waiting_writer_blocks_new_readers() -> None:
+    lock = RWLock()
+    log: list[str] = []
+    first_reader_done = Event()
+
+    async def late_reader() -> None:
+        async with lock.read():
+            log.append("late reader")
+
+    async def writer() -> None:
+        async with lock.write():
+            log.append("writer")
+
+    async with anyio.create_task_group() as tg:
+        await lock.acquire_read()
+        tg.start_soon(writer)
+        await wait_all_tasks_blocked()
+        tg.start_soon(late_reader)
+        await wait_all_tasks_blocked()
+        assert log == []
+        lock.release_read()
+        first_reader_done.set()
+    assert log == ["writer", "late reader"]
+
+
+async def test_rwlock_cancelled_waiting_writer_lets_blocked_readers_through() -> None:
+    lock = RWLock()
+    log: list[str] = []
+    await lock.acquire_read()
+
+    async def reader() -> None:
+        async with lock.read():
+            log.append("reader")
+
+    async with anyio.create_task_group() as outer:
+        with anyio.CancelScope() as writer_scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lock.acquire_write)
+                await wait_all_tasks_blocked()
+                outer.start_soon(reader)
+                await wait_all_tasks_blocked()
+                assert log == []
+                writer_scope.cancel()
+        await wait_all_tasks_blocked()
+    assert log == ["reader"]
+    lock.release_read()
+    assert lock.statistics() == lock.statistics().__class__(0, False, 0, 0)
+
+
+async def test_rwlock_writer_cancelled_as_it_is_woken_leaves_the_lock_to_the_next() -> None:
+    lock = RWLock()
+    log: list[str] = []
+    await lock.acquire_write()
+    first_scope = anyio.CancelScope()
+
+    async def first_writer() -> None:
+        with first_scope:
+            async with lock.write():
+                log.append("first woken")
+                await anyio.lowlevel.checkpoint()
+                log.append("first kept running")  # pragma: no cover - cancelled above
+
+    async def second_writer() -> None:
+        async with lock.write():
+            log.append("second")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(first_writer)
+        await wait_all_tasks_blocked()
+        tg.start_soon(second_writer)
+        await wait_all_tasks_blocked()
+        lock.release_write()  # wakes the first writer...
+        first_scope.cancel()  # ...whose scope is cancelled before it runs
+    assert log[-1] == "second"
+    assert "first kept running" not in log
+    assert lock.statistics() == lock.statistics().__class__(0, False, 0, 0)
+
+
+async def test_rwlock_release_without_holding_raises() -> None:
+    lock = RWLock()
+    with pytest.raises(RuntimeError):
+        lock.release_read()
+    with pytest.raises(RuntimeError):
+        lock.release_write()
+
+
+async def test_oncecell_runs_the_initializer_once_for_concurrent_callers() -> None:
+    cell: OnceCell[int] = OnceCell()
+    calls = 0
+    gate = Event()
+    results: list[int] = []
+
+    async def init() -> int:
+        nonlocal calls
+        calls += 1
+        await gate.wait()
+        return 42
+
+    async def caller() -> None:
+        results.append(await cell.get_or_init(init))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(10):
+            tg.start_soon(caller)
+        await wait_all_tasks_blocked()
+        gate.set()
+    assert calls == 1
+    assert results == [42] * 10
+    assert cell.is_set()
+    assert cell.get() == 42
+
+
+async def test_oncecell_is_retried_after_the_initializer_fails() -> None:
+    cell: OnceCell[str] = OnceCell()
+
+    async def broken() -> str:
+        raise ValueError("boom")
+
+    async def working() -> str:
+        return "ok"
+
+    with pytest.raises(ValueError):
+        await cell.get_or_init(broken)
+    assert not cell.is_set()
+    assert cell.get() is None
+    assert await cell.get_or_init(working) == "ok"
+
+
+async def test_oncecell_is_retried_after_the_initializer_is_cancelled() -> None:
+    cell: OnceCell[str] = OnceCell()
+    waiter_results: list[str] = []
+
+    async def hangs() -> str:
+        await anyio.sleep_forever()
+        raise AssertionError  # pragma: no cover
+
+    async def quick() -> str:
+        return "second"
+
+    async def waiter() -> None:
+        waiter_results.append(await cell.get_or_init(quick))
+
+    async with anyio.create_task_group() as tg:
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as inner:
+                inner.start_soon(cell.get_or_init, hangs)
+                await wait_all_tasks_blocked()
+                tg.start_soon(waiter)
+                await wait_all_tasks_blocked()
+                scope.cancel()
+    assert waiter_results == ["second"]
+    assert cell.get() == "second"
