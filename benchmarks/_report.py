@@ -1,0 +1,57 @@
+"""Shared helpers for the benchmark scripts: timing loops and ratio tables."""
+
+from __future__ import annotations
+
+import platform
+import sqlite3
+import sys
+import time
+from collections.abc import Awaitable, Callable
+
+import attrs
+
+
+@attrs.frozen
+class Row:
+    """One measured figure beside its baseline."""
+
+    name: str
+    value: float
+    unit: str
+    baseline_name: str
+    baseline: float
+    target: str = ""
+
+    @property
+    def ratio(self) -> float:
+        return self.value / self.baseline if self.baseline else float("nan")
+
+
+def machine() -> str:
+    return (
+        f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, "
+        f"{platform.system()} {platform.machine()}"
+    )
+
+
+async def per_call_us(fn: Callable[[], Awaitable[object]], n: int, repeat: int = 5) -> float:
+    """Best-of-`repeat` mean time per call, in microseconds."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(n):
+            await fn()
+        best = min(best, time.perf_counter() - start)
+    return best / n * 1e6
+
+
+def print_table(title: str, rows: list[Row]) -> None:
+    print(f"\n### {title}\n")
+    print(f"_{machine()}; {' '.join(sys.argv[1:]) or 'default options'}_\n")
+    print("| measure | value | baseline | baseline value | ratio | target |")
+    print("|---|---:|---|---:|---:|---|")
+    for row in rows:
+        print(
+            f"| {row.name} | {row.value:,.2f} {row.unit} | {row.baseline_name} | "
+            f"{row.baseline:,.2f} {row.unit} | {row.ratio:.2f}x | {row.target} |"
+        )
