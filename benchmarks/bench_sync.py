@@ -11,10 +11,9 @@ from pathlib import Path
 import anyio
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _report import Row, per_call_us, print_table  # noqa: E402
-
-from warmenv.channel import oneshot  # noqa: E402
-from warmenv.sync import OnceCell, RLock, RWLock  # noqa: E402
+from _report import Row, per_call_us, print_table
+from warmenv.channel import oneshot
+from warmenv.sync import OnceCell, RLock, RWLock
 
 N = 50_000
 

@@ -7,13 +7,51 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from warmenv._errors import WarmenvError
+from warmenv._errors import ClosedError, WarmenvError, WarmenvWarning
 from warmenv.config import Config, ConfigError, load_config
+from warmenv.environment import Environment, activate, active, open_environment, set_root
+from warmenv.persistence import (
+    BytesCodec,
+    CacheMode,
+    Conflict,
+    Failed,
+    Insertion,
+    InsertSummary,
+    JsonCodec,
+    MemoryStorage,
+    Namespace,
+    NamespaceSummary,
+    Origin,
+    Storage,
+    Store,
+    Stored,
+)
 
 __all__ = [
+    "BytesCodec",
+    "CacheMode",
+    "ClosedError",
     "Config",
     "ConfigError",
+    "Conflict",
+    "Environment",
+    "Failed",
+    "InsertSummary",
+    "Insertion",
+    "JsonCodec",
+    "MemoryStorage",
+    "Namespace",
+    "NamespaceSummary",
+    "Origin",
+    "Storage",
+    "Store",
+    "Stored",
     "WarmenvError",
+    "WarmenvWarning",
     "__version__",
+    "activate",
+    "active",
     "load_config",
+    "open_environment",
+    "set_root",
 ]

@@ -9,3 +9,11 @@ from __future__ import annotations
 
 class WarmenvError(Exception):
     """Base class of every error warmenv raises on purpose."""
+
+
+class WarmenvWarning(UserWarning):
+    """Something degraded but kept working (an environment fell back to memory, say)."""
+
+
+class ClosedError(WarmenvError, RuntimeError):
+    """An environment, storage or bundle was used after it was closed."""

@@ -1,0 +1,57 @@
+"""The one seam between warmenv and SQLite: an async connection on any backend.
+
+Everything above this package is written once. Below it, asyncio uses
+aiosqlite's dedicated thread, and trio (where aiosqlite cannot run: it awaits
+asyncio futures) gets a dedicated thread of its own, woken through trio's
+token. A connection offers one operation, `run(fn)`: call `fn` with the
+sqlite3 connection on the worker thread, in one hop. A transaction is one
+such function, BEGIN to COMMIT, so a caller cancelled mid-way can never
+leave it open: the worker finishes it (or rolls it back) on its own.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from functools import partial
+from typing import Protocol, TypeVar
+
+from warmenv._backend import current_backend
+
+__all__ = ["Connection", "connect"]
+
+T = TypeVar("T")
+
+BUSY_TIMEOUT_SECONDS = 30.0
+
+
+class Connection(Protocol):
+    """An async SQLite connection whose every call is one hop to its worker thread."""
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Call `fn(connection)` on the worker thread and return its result."""
+        ...
+
+    async def close(self) -> None:
+        """Close the connection and end its worker thread; safe to call twice."""
+        ...
+
+
+async def connect(target: str, *, uri: bool = False) -> Connection:
+    """Open `target` on a worker thread suited to the running event loop."""
+    connector = partial(
+        sqlite3.connect,
+        target,
+        uri=uri,
+        timeout=BUSY_TIMEOUT_SECONDS,
+        isolation_level=None,  # warmenv issues BEGIN/COMMIT itself
+        check_same_thread=False,
+        cached_statements=256,
+    )
+    if current_backend() == "trio":
+        from warmenv._sqlite._trio import TrioConnection
+
+        return await TrioConnection.open(connector)
+    from warmenv._sqlite._asyncio import AiosqliteConnection
+
+    return await AiosqliteConnection.open(connector)

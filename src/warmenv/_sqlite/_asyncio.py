@@ -1,0 +1,58 @@
+"""The asyncio side of the seam: aiosqlite's connection and its dedicated thread.
+
+aiosqlite's public API runs one statement per hop. A warmenv transaction
+must be one function run on the worker, so this module submits functions
+through `Connection._execute`, the entry point every aiosqlite method is
+built on (stable since aiosqlite 0.11). It is the only place warmenv touches
+aiosqlite internals, and it checks for them at import.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from typing import Any, TypeVar, final
+
+import aiosqlite
+import anyio
+
+from warmenv._errors import ClosedError
+
+T = TypeVar("T")
+
+if not hasattr(aiosqlite.Connection, "_execute"):  # pragma: no cover - version guard
+    raise ImportError(
+        f"aiosqlite {getattr(aiosqlite, '__version__', '?')} lacks Connection._execute, "
+        "which warmenv needs to run a transaction in one hop; install aiosqlite>=0.20"
+    )
+
+
+@final
+class AiosqliteConnection:
+    __slots__ = ("_aio", "_raw")
+
+    def __init__(self, aio: aiosqlite.Connection, raw: sqlite3.Connection) -> None:
+        self._aio = aio
+        self._raw: sqlite3.Connection | None = raw
+
+    @classmethod
+    async def open(cls, connector: Callable[[], sqlite3.Connection]) -> AiosqliteConnection:
+        aio = aiosqlite.Connection(connector, iter_chunk_size=64)
+        await aio
+        raw: sqlite3.Connection = aio._conn
+        return cls(aio, raw)
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        raw = self._raw
+        if raw is None:
+            raise ClosedError("this SQLite connection is closed; open the environment again")
+        execute: Any = self._aio._execute
+        result: T = await execute(fn, raw)
+        return result
+
+    async def close(self) -> None:
+        if self._raw is None:
+            return
+        self._raw = None
+        with anyio.CancelScope(shield=True):
+            await self._aio.close()

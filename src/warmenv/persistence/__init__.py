@@ -1,0 +1,40 @@
+"""Where warmed results live: namespaces, storage backends and typed stores."""
+
+from __future__ import annotations
+
+from warmenv.persistence.codec import BytesCodec, Codec, JsonCodec
+from warmenv.persistence.memory import MemoryStorage
+from warmenv.persistence.namespace import Namespace
+from warmenv.persistence.sqlite import SqliteStorage
+from warmenv.persistence.storage import (
+    Conflict,
+    Failed,
+    Insertion,
+    InsertSummary,
+    NamespaceSummary,
+    Origin,
+    Purged,
+    Storage,
+    Stored,
+)
+from warmenv.persistence.store import CacheMode, Store
+
+__all__ = [
+    "BytesCodec",
+    "CacheMode",
+    "Codec",
+    "Conflict",
+    "Failed",
+    "InsertSummary",
+    "Insertion",
+    "JsonCodec",
+    "MemoryStorage",
+    "Namespace",
+    "NamespaceSummary",
+    "Origin",
+    "Purged",
+    "SqliteStorage",
+    "Storage",
+    "Store",
+    "Stored",
+]

@@ -1,0 +1,82 @@
+"""Namespaces: where in an environment one cache keeps its entries.
+
+A namespace is the `/`-separated string `<name>/<version>/<path>`. The version
+segment is what keeps a new release of an application from reading entries
+an older one wrote in another shape; `preflight` reads it back to tell a
+user why a bundle would not hit. Prefix filters (import, export, purge)
+match whole segments, so `"kernels"` never matches `"kernels2/..."`.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["Namespace", "matches_prefix"]
+
+
+def _default_version() -> str:
+    from warmenv import __version__
+
+    return __version__
+
+
+def _check_segment(label: str, value: str, *, allow_slash: bool) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"namespace {label} must be a str, got {type(value).__name__}")
+    if not allow_slash and "/" in value:
+        raise ValueError(f"namespace {label} {value!r} must not contain '/'")
+
+
+@attrs.frozen(init=False, repr=False)
+class Namespace:
+    """The location `<name>/<version>/<path>` of one cache inside an environment."""
+
+    name: str
+    path: str
+    version: str
+    full: str = attrs.field(eq=True)
+
+    def __init__(self, name: str, path: str = "", version: str | None = None) -> None:
+        _check_segment("name", name, allow_slash=False)
+        _check_segment("path", path, allow_slash=True)
+        if not name:
+            raise ValueError("a namespace needs a non-empty name")
+        version = _default_version() if version is None else version
+        _check_segment("version", version, allow_slash=False)
+        full = "/".join(part for part in (name, version, path.strip("/")) if part)
+        self.__attrs_init__(name=name, path=path.strip("/"), version=version, full=full)
+
+    @classmethod
+    def raw(cls, full: str) -> Namespace:
+        """A namespace spelled out in full, taken verbatim (no version added)."""
+        if not isinstance(full, str) or not full:
+            raise ValueError(f"a namespace must be a non-empty str, got {full!r}")
+        name, _, rest = full.partition("/")
+        version, _, path = rest.partition("/")
+        made = object.__new__(cls)
+        made.__attrs_init__(name=name, path=path, version=version, full=full)
+        return made
+
+    @classmethod
+    def coerce(cls, namespace: Namespace | str) -> Namespace:
+        """A `Namespace` as given, or a full string taken verbatim."""
+        return namespace if isinstance(namespace, Namespace) else cls.raw(namespace)
+
+    def __str__(self) -> str:
+        return self.full
+
+    def __repr__(self) -> str:
+        return f"Namespace({self.full!r})"
+
+
+def matches_prefix(namespace: str, prefix: str) -> bool:
+    """Whether `namespace` is `prefix` or lies below it, segment by segment."""
+    prefix = prefix.rstrip("/")
+    if not prefix:
+        return True
+    return namespace == prefix or namespace.startswith(prefix + "/")
+
+
+def matches_any(namespace: str, prefixes: list[str] | None) -> bool:
+    """`matches_prefix` against several prefixes; `None` matches everything."""
+    return prefixes is None or any(matches_prefix(namespace, p) for p in prefixes)

@@ -1,0 +1,172 @@
+"""The storage contract: what every backend of a namespace promises.
+
+The insert rules live here, once, in `may_replace`, and every backend calls
+it (SQLite registers it as an SQL function for its bulk paths): a value never
+overwrites another of the same origin, a value computed here replaces one that
+came from a bundle (so a stale bundle can never wedge an application), and an
+imported value replaces nothing. Storage is a cache, so its failures are
+outcomes rather than exceptions: a read that fails is a miss, a write that
+fails is `Failed`. Only programming errors raise.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from typing import Protocol, TypeAlias
+
+import attrs
+
+__all__ = [
+    "Conflict",
+    "Failed",
+    "InsertItems",
+    "InsertSummary",
+    "Insertion",
+    "NamespaceSummary",
+    "Origin",
+    "Purged",
+    "Storage",
+    "Stored",
+    "may_replace",
+]
+
+log = logging.getLogger("warmenv.storage")
+
+DEFAULT_SCAN_BATCH = 1024
+
+
+class Origin(enum.IntEnum):
+    """Where a stored value came from."""
+
+    LOCAL = 0
+    """Computed on this machine."""
+    IMPORTED = 1
+    """Copied in from a bundle."""
+
+
+def may_replace(existing: int, incoming: int) -> bool:
+    """The insert rule: may a value of origin `incoming` replace one of `existing`?
+
+    Only a local value replaces an imported one; equal origins never replace.
+    """
+    return incoming == Origin.LOCAL and existing == Origin.IMPORTED
+
+
+@attrs.frozen
+class Stored:
+    """The value is now in the storage."""
+
+
+@attrs.frozen
+class Conflict:
+    """The storage kept the value it already had (someone got there first)."""
+
+    existing: bytes
+
+
+@attrs.frozen
+class Failed:
+    """Nothing was stored; `reason` says why (full disk, lock timeout, read-only file)."""
+
+    reason: str
+
+
+Insertion: TypeAlias = Stored | Conflict | Failed
+
+
+@attrs.frozen
+class Purged:
+    """How many entries a purge removed."""
+
+    count: int
+
+
+@attrs.frozen
+class InsertSummary:
+    """The outcome of `insert_many`; the three counts add up to the items given."""
+
+    stored: int
+    conflict: int
+    failed: int
+    reason: str | None = None
+    """Why the failed items failed, when any did."""
+
+
+@attrs.frozen
+class NamespaceSummary:
+    """How many entries a namespace holds, and their size (keys plus values)."""
+
+    namespace: str
+    entries: int
+    bytes: int
+
+
+InsertItems: TypeAlias = Iterable[tuple[bytes, bytes]] | AsyncIterable[tuple[bytes, bytes]]
+
+
+class Storage(Protocol):
+    """Byte keys to byte values in one namespace, under the insert rules above.
+
+    Failure contract: `get`, `get_many`, `scan` and `summary` treat a failing
+    read as a miss (logged); every write returns `Failed` rather than raising.
+    A closed environment or a key that is not `bytes` raises.
+    """
+
+    @property
+    def namespace(self) -> str: ...
+
+    async def get(self, key: bytes) -> bytes | None: ...
+
+    async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes]: ...
+
+    async def insert(self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL) -> Insertion:
+        """Store `value` unless the rules keep the existing one (`Conflict`)."""
+        ...
+
+    async def insert_many(self, items: InsertItems, origin: Origin = Origin.LOCAL) -> InsertSummary:
+        """Insert every item in one transaction: all of them are applied or none."""
+        ...
+
+    async def replace(
+        self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL
+    ) -> Stored | Failed:
+        """Store `value` whatever is there (to repair a value that no longer decodes)."""
+        ...
+
+    def scan(self, batch_size: int = DEFAULT_SCAN_BATCH) -> AsyncIterator[tuple[bytes, bytes]]:
+        """Every entry in key order, `batch_size` at a time in memory."""
+        ...
+
+    async def purge(self) -> Purged | Failed: ...
+
+    async def purge_key(self, key: bytes) -> Purged | Failed: ...
+
+    async def summary(self) -> NamespaceSummary: ...
+
+    def describe(self) -> str: ...
+
+
+def check_key(key: object) -> bytes:
+    if not isinstance(key, bytes):
+        raise TypeError(f"storage keys are bytes, got {type(key).__name__}; encode it first")
+    return key
+
+
+def check_value(value: object) -> bytes:
+    if not isinstance(value, bytes):
+        raise TypeError(f"storage values are bytes, got {type(value).__name__}; encode it first")
+    return value
+
+
+def check_item(item: object) -> tuple[bytes, bytes]:
+    if not isinstance(item, tuple) or len(item) != 2:
+        raise TypeError(f"insert_many takes (key, value) pairs, got {item!r:.80}")
+    return check_key(item[0]), check_value(item[1])
+
+
+def check_batch_size(batch_size: int) -> int:
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    return batch_size
