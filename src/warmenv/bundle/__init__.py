@@ -1,0 +1,71 @@
+"""Bundles: pre-warmed entries packaged under a name, imported to skip a cold start.
+
+A bundle is only ever used to fill the local storage: import copies its
+entries into an environment (origin IMPORTED), after which the file can be
+deleted. There is no read path in which a bundle participates, so no cache
+hit ever depends on a file staying installed.
+"""
+
+from __future__ import annotations
+
+from warmenv.bundle.base import (
+    Bundle,
+    BundleError,
+    BundleTooLargeError,
+    CorruptBundleError,
+    InvalidManifestError,
+    NotABundleError,
+    UnsupportedSchemaError,
+)
+from warmenv.bundle.events import (
+    Event,
+    ExportReport,
+    Finished,
+    ImportReport,
+    Progress,
+    Started,
+)
+from warmenv.bundle.exporting import (
+    BundleFormat,
+    ExportProgress,
+    InvalidSourceError,
+    export_bundle,
+    exporting,
+)
+from warmenv.bundle.flat import FlatBundle
+from warmenv.bundle.importing import ImportProgress, import_bundle, importing
+from warmenv.bundle.manifest import BundleManifest, EnvironmentInfo
+from warmenv.bundle.open import open_bundle
+from warmenv.bundle.preflight import Preflight, preflight
+from warmenv.bundle.sqlite import SqliteBundle
+
+__all__ = [
+    "Bundle",
+    "BundleError",
+    "BundleFormat",
+    "BundleManifest",
+    "BundleTooLargeError",
+    "CorruptBundleError",
+    "EnvironmentInfo",
+    "Event",
+    "ExportProgress",
+    "ExportReport",
+    "Finished",
+    "FlatBundle",
+    "ImportProgress",
+    "ImportReport",
+    "InvalidManifestError",
+    "InvalidSourceError",
+    "NotABundleError",
+    "Preflight",
+    "Progress",
+    "SqliteBundle",
+    "Started",
+    "UnsupportedSchemaError",
+    "export_bundle",
+    "exporting",
+    "import_bundle",
+    "importing",
+    "open_bundle",
+    "preflight",
+]

@@ -1,0 +1,81 @@
+"""What every bundle reader offers, and the errors a bundle can raise.
+
+A bundle is untrusted input: a file from another machine, a download, a
+container layer. Readers validate it completely when it is opened, and
+whatever is wrong with it surfaces as one of the `BundleError` subclasses
+below (or `OSError` for a file that cannot be read at all), never as a
+crash from deep inside a parser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Protocol, Self
+
+from warmenv._errors import WarmenvError
+from warmenv.bundle.manifest import BundleManifest
+from warmenv.persistence.namespace import Namespace
+from warmenv.persistence.storage import NamespaceSummary
+
+__all__ = [
+    "Bundle",
+    "BundleError",
+    "BundleTooLargeError",
+    "CorruptBundleError",
+    "InvalidManifestError",
+    "NotABundleError",
+    "UnsupportedSchemaError",
+]
+
+
+class BundleError(WarmenvError):
+    """Something is wrong with a bundle; nothing was imported from it."""
+
+
+class NotABundleError(BundleError):
+    """The file is neither a SQLite bundle nor a flat bundle."""
+
+
+class InvalidManifestError(BundleError):
+    """The manifest does not parse, or a field holds the wrong thing."""
+
+
+class UnsupportedSchemaError(BundleError):
+    """The manifest's schema (or the flat format version) is newer than this warmenv."""
+
+
+class CorruptBundleError(BundleError):
+    """The bundle's structure is damaged or its content does not match its digest."""
+
+
+class BundleTooLargeError(BundleError):
+    """The entries do not fit the format (a flat bundle's data is limited to 4 GiB)."""
+
+
+class Bundle(Protocol):
+    """A read-only set of entries with a manifest; an async context manager."""
+
+    @property
+    def manifest(self) -> BundleManifest: ...
+
+    async def get(self, namespace: Namespace | str, key: bytes) -> bytes | None: ...
+
+    def scan(
+        self, namespace: Namespace | str, batch_size: int = 1024
+    ) -> AsyncIterator[tuple[bytes, bytes]]: ...
+
+    async def namespaces(self) -> list[NamespaceSummary]: ...
+
+    def describe(self) -> str: ...
+
+    async def aclose(self) -> None: ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...

@@ -1,0 +1,473 @@
+"""Export: write the entries of one or more environments into a bundle file.
+
+Several sources merge into one sorted stream (first source wins on a
+repeated namespace and key), read twice under one snapshot per source: once
+for the counts and sizes (the flat format puts its index before its data,
+and progress events want totals), once to write. Memory holds one batch per
+source, whatever the bundle's size.
+
+The bundle is written to a staging file beside `out`, synced, and renamed
+onto `out` only when complete, so a failed, cancelled or killed export leaves
+the previous bundle (or nothing) at `out`. Staging files that a killed export
+left behind are removed by the next export to the same `out`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import os
+import secrets
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import final
+
+import anyio
+import anyio.to_thread
+
+from warmenv.bundle.base import BundleError
+from warmenv.bundle.events import Event, ExportReport, Finished, Progress, Started
+from warmenv.bundle.flat import FLAT_MAGIC, FlatWriter
+from warmenv.bundle.manifest import (
+    DIGEST_PLACEHOLDER,
+    BundleManifest,
+    Digest,
+    EnvironmentInfo,
+    now_iso,
+    this_machine,
+)
+from warmenv.bundle.sqlite import SQLITE_MAGIC, bundle_uri
+from warmenv.environment import Environment
+from warmenv.persistence.sqlite import SCHEMA
+from warmenv.persistence.storage import NamespaceSummary, Origin
+
+__all__ = ["BundleFormat", "ExportProgress", "InvalidSourceError", "export_bundle", "exporting"]
+
+_STAGING_SUFFIX = ".warmenv-staging"
+_BATCH = 1024
+
+Source = Environment | str | Path
+
+
+class InvalidSourceError(BundleError):
+    """An export source is not an environment, an environment database or a root."""
+
+
+class BundleFormat:
+    """The two bundle formats (`BundleFormat.SQLITE`, `BundleFormat.FLAT`)."""
+
+    SQLITE = "sqlite"
+    FLAT = "flat"
+
+
+async def export_bundle(
+    sources: Source | Sequence[Source],
+    out: str | Path,
+    *,
+    name: str,
+    format: str = BundleFormat.SQLITE,
+    namespaces: list[str] | None = None,
+    environments: Sequence[EnvironmentInfo] | None = None,
+    version: str | None = None,
+) -> ExportReport:
+    """Write the entries of `sources` to the bundle `out`; see the module docstring."""
+    async with exporting(
+        sources,
+        out,
+        name=name,
+        format=format,
+        namespaces=namespaces,
+        environments=environments,
+        version=version,
+    ) as progress:
+        async for _ in progress:
+            pass
+    return progress.report
+
+
+@asynccontextmanager
+async def exporting(
+    sources: Source | Sequence[Source],
+    out: str | Path,
+    *,
+    name: str,
+    format: str = BundleFormat.SQLITE,
+    namespaces: list[str] | None = None,
+    environments: Sequence[EnvironmentInfo] | None = None,
+    version: str | None = None,
+) -> AsyncIterator[ExportProgress]:
+    """`async with exporting(...) as progress: async for event in progress:` runs the export."""
+    if format not in (BundleFormat.SQLITE, BundleFormat.FLAT):
+        raise ValueError(f"unknown bundle format {format!r}; use 'sqlite' or 'flat'")
+    if not isinstance(name, str) or not name:
+        raise ValueError("a bundle needs a non-empty name")
+    from warmenv import __version__
+
+    paths = await anyio.to_thread.run_sync(_source_paths, _as_list(sources))
+    manifest = BundleManifest(
+        name=name,
+        version=__version__ if version is None else version,
+        created=now_iso(),
+        environments=tuple(environments) if environments is not None else (this_machine(),),
+        digest=DIGEST_PLACEHOLDER,
+    )
+    progress = ExportProgress(paths, Path(out), format, namespaces, manifest)
+    try:
+        yield progress
+    finally:
+        with anyio.CancelScope(shield=True):
+            await progress.aclose()
+
+
+def _as_list(sources: Source | Sequence[Source]) -> list[Source]:
+    if isinstance(sources, Environment | str | Path):
+        return [sources]
+    return list(sources)
+
+
+def _source_paths(sources: list[Source]) -> list[Path]:
+    paths: list[Path] = []
+    for source in sources:
+        if isinstance(source, Environment):
+            if source.in_memory:
+                raise InvalidSourceError(
+                    f"{source.describe()} lives in memory only; there is no file to export"
+                )
+            paths.append(source.path)
+            continue
+        path = Path(source).expanduser()
+        if path.is_dir():
+            found = sorted(path.glob("*.db"))
+            if not found:
+                raise InvalidSourceError(f"{path} holds no environment (*.db) to export")
+            paths.extend(found)
+        elif path.is_file():
+            paths.append(path)
+        else:
+            raise InvalidSourceError(f"{path} does not exist; name an environment, file or root")
+    if not paths:
+        raise InvalidSourceError("no sources given to export")
+    return paths
+
+
+@final
+class ExportProgress:
+    """The events of one export; `report` once it has finished."""
+
+    def __init__(
+        self,
+        sources: list[Path],
+        out: Path,
+        format: str,
+        prefixes: list[str] | None,
+        manifest: BundleManifest,
+    ) -> None:
+        self._sources = sources
+        self._out = out
+        self._format = format
+        self._prefixes = prefixes
+        self._manifest = manifest
+        self._job: _ExportJob | None = None
+        self._report: ExportReport | None = None
+
+    @property
+    def report(self) -> ExportReport:
+        if self._report is None:
+            raise RuntimeError("the export has not finished; iterate over the events first")
+        return self._report
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._run()
+
+    async def _run(self) -> AsyncIterator[Event]:
+        started_at = time.perf_counter()
+        job = self._job = await anyio.to_thread.run_sync(
+            _ExportJob, self._sources, self._out, self._format, self._prefixes, self._manifest
+        )
+        yield Started(tuple(job.totals), job.total_entries, job.total_bytes)
+        while (step := await anyio.to_thread.run_sync(job.step)) is not None:
+            yield Progress(step, job.done, job.total_entries, job.bytes_done, job.total_bytes)
+        manifest = await anyio.to_thread.run_sync(job.commit)
+        report = ExportReport(
+            manifest=manifest,
+            path=self._out,
+            entries=job.total_entries,
+            bytes=job.total_bytes,
+            namespaces=tuple(
+                NamespaceSummary(ns, entries, size) for ns, (entries, size) in job.totals.items()
+            ),
+            elapsed=time.perf_counter() - started_at,
+        )
+        self._report = report
+        yield Finished(report)
+
+    async def aclose(self) -> None:
+        if self._job is not None:
+            await anyio.to_thread.run_sync(self._job.abandon)
+
+
+def _open_source(path: Path) -> sqlite3.Connection:
+    last: sqlite3.Error | None = None
+    for immutable in (False, True):
+        try:
+            conn = sqlite3.connect(
+                bundle_uri(path, immutable=immutable),
+                uri=True,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.execute("BEGIN")  # one snapshot for both passes
+            columns = [row[1] for row in conn.execute("PRAGMA table_info(entries)")]
+            if columns[:3] != ["namespace", "key", "value"]:
+                conn.close()
+                raise InvalidSourceError(f"{path} is not a warmenv environment (no entries table)")
+            return conn
+        except sqlite3.Error as exc:
+            last = exc
+    raise InvalidSourceError(f"{path} cannot be read as a warmenv environment ({last})")
+
+
+def _where(prefixes: list[str] | None) -> tuple[str, list[str]]:
+    clauses = ["typeof(key) = 'blob'", "typeof(value) = 'blob'", "typeof(namespace) = 'text'"]
+    params: list[str] = []
+    if prefixes is not None:
+        parts: list[str] = []
+        for prefix in (p.rstrip("/") for p in prefixes):
+            if not prefix:
+                parts = []
+                params = []
+                break
+            # '0' follows '/': the range is exactly "starts with prefix/", no LIKE wildcards.
+            parts.append("(namespace = ? OR (namespace >= ? AND namespace < ?))")
+            params += [prefix, prefix + "/", prefix + "0"]
+        if parts:
+            clauses.append("(" + " OR ".join(parts) + ")")
+    return " AND ".join(clauses), params
+
+
+def _merged(
+    conns: list[sqlite3.Connection], columns: str, where: str, params: list[str]
+) -> Iterator[tuple[str, bytes, object]]:
+    """One sorted stream of (namespace, key, x) over every source, first source winning."""
+    sql = f"SELECT namespace, key, {columns} FROM entries WHERE {where} ORDER BY namespace, key"
+
+    def rows(conn: sqlite3.Connection) -> Iterator[tuple[str, bytes, object]]:
+        cursor = conn.execute(sql, params)
+        while batch := cursor.fetchmany(_BATCH):
+            yield from batch
+
+    previous: tuple[str, bytes] | None = None
+    for row in heapq.merge(*(rows(c) for c in conns), key=lambda r: (r[0], r[1])):
+        if previous is not None and (row[0], row[1]) == previous:
+            continue
+        previous = (row[0], row[1])
+        yield row
+
+
+class _ExportJob:
+    """The synchronous export, advanced one batch at a time from worker threads."""
+
+    def __init__(
+        self,
+        sources: list[Path],
+        out: Path,
+        format: str,
+        prefixes: list[str] | None,
+        manifest: BundleManifest,
+    ) -> None:
+        self.out = out
+        self.format = format
+        self.manifest = manifest
+        self.done = self.bytes_done = 0
+        self.staging: Path | None = None
+        self._writer: FlatWriter | None = None
+        self._sqlite: sqlite3.Connection | None = None
+        self._file: object = None
+        _check_out(out)
+        _remove_stale_staging(out)
+        self.conns = [_open_source(p) for p in sources]
+        try:
+            self.where, self.params = _where(prefixes)
+            self.totals: dict[str, tuple[int, int]] = {}
+            for namespace, key, value_len in _merged(
+                self.conns, "length(value)", self.where, self.params
+            ):
+                entries, size = self.totals.get(namespace, (0, 0))
+                self.totals[namespace] = (entries + 1, size + len(key) + int(value_len))  # type: ignore[call-overload]
+            self.total_entries = sum(e for e, _ in self.totals.values())
+            self.total_bytes = sum(b for _, b in self.totals.values())
+            self._digest = Digest()
+            self._rows = _merged(self.conns, "value", self.where, self.params)
+            self._start_output()
+        except BaseException:
+            self.abandon()
+            raise
+
+    def _start_output(self) -> None:
+        token = f"{os.getpid()}.{secrets.token_hex(4)}"
+        self.staging = self.out.with_name(f".{self.out.name}.{token}{_STAGING_SUFFIX}")
+        if self.format == BundleFormat.FLAT:
+            handle = open(self.staging, "wb+")
+            self._file = handle
+            self._writer = FlatWriter(
+                handle, self.manifest, sorted(self.totals), self.total_entries, self.total_bytes
+            )
+        else:
+            conn = sqlite3.connect(self.staging, isolation_level=None, check_same_thread=False)
+            self._sqlite = conn
+            conn.execute("PRAGMA journal_mode=OFF")  # a staging file: no rollback needed
+            conn.execute("PRAGMA synchronous=OFF")
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute("BEGIN")
+
+    def step(self) -> str | None:
+        """Write one batch; the last namespace written, or `None` when all are."""
+        batch: list[tuple[str, bytes, bytes]] = []
+        for row in self._rows:
+            batch.append(row)  # type: ignore[arg-type]
+            if len(batch) >= _BATCH:
+                break
+        if not batch:
+            return None
+        digest = self._digest
+        for namespace, key, value in batch:
+            digest.update(namespace.encode("utf-8"), key, value)
+            self.bytes_done += len(key) + len(value)
+        if self._writer is not None:
+            for namespace, key, value in batch:
+                self._writer.add(namespace, key, value)
+        else:
+            assert self._sqlite is not None
+            origin = int(Origin.IMPORTED)
+            self._sqlite.executemany(
+                "INSERT INTO entries (namespace, key, value, origin) VALUES (?, ?, ?, ?)",
+                [(n, k, v, origin) for n, k, v in batch],
+            )
+        self.done += len(batch)
+        return batch[-1][0]
+
+    def commit(self) -> BundleManifest:
+        """Finish the staging file, sync it and rename it onto `out`."""
+        import attrs
+
+        manifest = attrs.evolve(self.manifest, digest=self._digest.value())
+        assert self.staging is not None
+        if self._writer is not None:
+            self._writer.finish(manifest.digest)
+            handle = self._file
+            assert hasattr(handle, "fileno")
+            handle.flush()  # type: ignore[attr-defined]
+            os.fsync(handle.fileno())
+            handle.close()  # type: ignore[attr-defined]
+            self._file = None
+        else:
+            conn = self._sqlite
+            assert conn is not None
+            conn.execute(
+                "INSERT INTO meta (k, v) VALUES ('schema_version', '1'), ('manifest', ?)",
+                (manifest.to_json().decode("utf-8"),),
+            )
+            conn.execute("COMMIT")
+            conn.execute("PRAGMA journal_mode=DELETE")
+            conn.close()
+            self._sqlite = None
+            with open(self.staging, "rb+") as handle:
+                os.fsync(handle.fileno())
+        _check_out(self.out)  # something foreign may have appeared meanwhile
+        os.replace(self.staging, self.out)
+        self.staging = None
+        _fsync_dir(self.out.parent)
+        self._close_sources()
+        return manifest
+
+    def abandon(self) -> None:
+        """Close everything and remove the staging file (after failure or cancellation)."""
+        if self._sqlite is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._sqlite.close()
+            self._sqlite = None
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()  # type: ignore[attr-defined]
+            self._file = None
+        if self.staging is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.staging.unlink()
+            self.staging = None
+        self._close_sources()
+
+    def _close_sources(self) -> None:
+        for conn in getattr(self, "conns", []):
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+        self.conns = []
+
+
+def _check_out(out: Path) -> None:
+    """`out` may be replaced only if it is absent or already a warmenv bundle."""
+    if not out.exists() and not out.is_symlink():
+        if not out.parent.is_dir():
+            raise FileNotFoundError(f"{out.parent} does not exist; create it first")
+        return
+    if out.is_dir() or not _is_bundle_file(out):
+        raise FileExistsError(f"'{out}' exists and is not a warmenv bundle; remove it first")
+
+
+def _is_bundle_file(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(SQLITE_MAGIC))
+    except OSError:
+        return False
+    if head.startswith(FLAT_MAGIC):
+        return True
+    if head != SQLITE_MAGIC:
+        return False
+    try:
+        conn = sqlite3.connect(bundle_uri(path), uri=True)
+        try:
+            row = conn.execute("SELECT 1 FROM meta WHERE k = 'manifest'").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
+    return row is not None
+
+
+def _remove_stale_staging(out: Path) -> None:
+    for staging in out.parent.glob(f".{out.name}.*{_STAGING_SUFFIX}"):
+        pid_text = staging.name[len(out.name) + 2 :].split(".", 1)[0]
+        if pid_text.isdigit() and _alive(int(pid_text)):
+            continue  # another export to the same place is running right now
+        with contextlib.suppress(FileNotFoundError):
+            staging.unlink()
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

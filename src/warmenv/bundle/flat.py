@@ -1,0 +1,416 @@
+"""The flat bundle: one blob read in place, for readers in any language.
+
+Layout (all integers little-endian u32; docs/bundle-format.md has the
+details): magic `WARMENV\\x01`, format version, manifest length and JSON,
+namespace count and sorted (length, UTF-8) names, entry count and sorted
+20-byte index entries (namespace id, key offset, key length, value offset,
+value length; offsets relative to the data section), then the data.
+
+Everything is validated once, at open: every length is checked against the
+bytes that remain before anything is allocated for it, every offset against
+the data section, the index order entry by entry. After that a lookup is two
+binary searches with no further checks.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import os
+import struct
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import BinaryIO, Self, final
+
+import anyio
+import anyio.to_thread
+from anyio.lowlevel import checkpoint
+
+from warmenv.bundle.base import (
+    BundleError,
+    BundleTooLargeError,
+    CorruptBundleError,
+    InvalidManifestError,
+    NotABundleError,
+    UnsupportedSchemaError,
+)
+from warmenv.bundle.manifest import DIGEST_PLACEHOLDER, BundleManifest, Digest
+from warmenv.persistence.namespace import Namespace
+from warmenv.persistence.storage import NamespaceSummary, check_batch_size, check_key
+
+__all__ = ["FLAT_MAGIC", "FlatBundle", "FlatWriter"]
+
+FLAT_MAGIC = b"WARMENV\x01"
+FORMAT_VERSION = 1
+_U32 = struct.Struct("<I")
+_ENTRY = struct.Struct("<IIIII")
+_MAX_U32 = 0xFFFFFFFF
+_FENCE = 16  # one key in this many is kept for the first, coarse search
+
+
+class _Reader:
+    """Bounds-checked reading of the header; every failure is a CorruptBundleError."""
+
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: memoryview) -> None:
+        self.data = data
+        self.pos = 0
+
+    def u32(self, what: str) -> int:
+        return _U32.unpack(self.take(4, what))[0]  # type: ignore[no-any-return]
+
+    def take(self, size: int, what: str) -> memoryview:
+        end = self.pos + size
+        if end > len(self.data):
+            raise CorruptBundleError(
+                f"flat bundle truncated: {what} needs {size} bytes at offset {self.pos}, "
+                f"only {len(self.data) - self.pos} remain"
+            )
+        chunk = self.data[self.pos : end]
+        self.pos = end
+        return chunk
+
+
+@final
+class FlatBundle:
+    """A flat bundle held in memory or mapped from a file, validated at open."""
+
+    __slots__ = (
+        "_closer",
+        "_data",
+        "_fences",
+        "_index",
+        "_manifest",
+        "_namespaces",
+        "_ranges",
+        "_source",
+        "_summaries",
+    )
+
+    def __init__(
+        self, data: memoryview, source: str, closer: Callable[[], None] | None = None
+    ) -> None:
+        self._source = source
+        self._closer = closer
+        try:
+            self._parse(data)
+        except BundleError:
+            self._release(data)
+            raise
+        except (ValueError, OverflowError, UnicodeDecodeError) as exc:  # pragma: no cover
+            self._release(data)
+            raise CorruptBundleError(f"{source}: {exc}") from None
+
+    @classmethod
+    def from_bytes(cls, data: bytes | bytearray | memoryview) -> FlatBundle:
+        """A bundle over `data`, read in place (no copy of the entries)."""
+        view = data if isinstance(data, memoryview) else memoryview(data)
+        return cls(view.cast("B") if view.format != "B" else view, "flat bundle in memory")
+
+    @classmethod
+    def open(cls, path: str | Path) -> _FlatOpener:
+        """`async with FlatBundle.open(path) as bundle:` maps the file and validates it."""
+        return _FlatOpener(Path(path))
+
+    @property
+    def manifest(self) -> BundleManifest:
+        return self._manifest
+
+    def describe(self) -> str:
+        return f"flat bundle {self._source} ({self._manifest.name!r})"
+
+    async def namespaces(self) -> list[NamespaceSummary]:
+        await checkpoint()
+        return list(self._summaries)
+
+    async def get(self, namespace: Namespace | str, key: bytes) -> bytes | None:
+        check_key(key)
+        await checkpoint()
+        return self.get_nowait(namespace, key)
+
+    def get_nowait(self, namespace: Namespace | str, key: bytes) -> bytes | None:
+        """The value without yielding to the event loop (the lookup never blocks)."""
+        ns_id = self._namespaces.get(str(namespace))
+        if ns_id is None:
+            return None
+        start, end = self._ranges[ns_id]
+        fences = self._fences[ns_id]
+        block = bisect.bisect_right(fences, key) - 1
+        if block < 0:
+            return None
+        lo = start + block * _FENCE
+        hi = min(lo + _FENCE, end)
+        data, index = self._data, self._index
+        while lo < hi:
+            mid = (lo + hi) // 2
+            _, k_off, k_len, _, _ = _ENTRY.unpack_from(index, mid * 20)
+            probe = bytes(data[k_off : k_off + k_len])
+            if probe < key:
+                lo = mid + 1
+            elif probe == key:
+                _, _, _, v_off, v_len = _ENTRY.unpack_from(index, mid * 20)
+                return bytes(data[v_off : v_off + v_len])
+            else:
+                hi = mid
+        return None
+
+    async def scan(
+        self, namespace: Namespace | str, batch_size: int = 1024
+    ) -> AsyncIterator[tuple[bytes, bytes]]:
+        check_batch_size(batch_size)
+        ns_id = self._namespaces.get(str(namespace))
+        if ns_id is None:
+            return
+        start, end = self._ranges[ns_id]
+        for position in range(start, end):
+            if (position - start) % batch_size == 0:
+                await checkpoint()
+            yield self._entry(position)
+
+    def entries(self) -> Iterator[tuple[str, bytes, bytes]]:
+        """Every entry in order, synchronously (for digest checks in a worker thread)."""
+        names = list(self._namespaces)
+        for position in range(len(self._index) // 20):
+            ns_id = _ENTRY.unpack_from(self._index, position * 20)[0]
+            key, value = self._entry(position)
+            yield names[ns_id], key, value
+
+    def compute_digest(self) -> str:
+        digest = Digest()
+        for namespace, key, value in self.entries():
+            digest.update(namespace.encode("utf-8"), key, value)
+        return digest.value()
+
+    def _entry(self, position: int) -> tuple[bytes, bytes]:
+        _, k_off, k_len, v_off, v_len = _ENTRY.unpack_from(self._index, position * 20)
+        data = self._data
+        return bytes(data[k_off : k_off + k_len]), bytes(data[v_off : v_off + v_len])
+
+    async def aclose(self) -> None:
+        self._release(self._data)
+
+    def _release(self, data: memoryview) -> None:
+        closer, self._closer = self._closer, None
+        for attr in ("_data", "_index"):
+            view = getattr(self, attr, None)
+            if isinstance(view, memoryview):
+                view.release()
+        data.release()
+        if closer is not None:
+            closer()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def _parse(self, data: memoryview) -> None:
+        reader = _Reader(data)
+        if bytes(reader.take(len(FLAT_MAGIC), "the magic")) != FLAT_MAGIC:
+            raise NotABundleError(f"{self._source} is not a flat warmenv bundle (bad magic)")
+        version = reader.u32("the format version")
+        if version != FORMAT_VERSION:
+            raise UnsupportedSchemaError(
+                f"{self._source}: flat format version {version} is not supported "
+                f"(this warmenv reads version {FORMAT_VERSION}); upgrade warmenv"
+            )
+        manifest_len = reader.u32("the manifest length")
+        manifest_bytes = bytes(reader.take(manifest_len, "the manifest"))
+        try:
+            self._manifest = BundleManifest.from_json(manifest_bytes)
+        except (InvalidManifestError, UnsupportedSchemaError) as exc:
+            raise type(exc)(f"{self._source}: {exc}") from None
+
+        ns_count = reader.u32("the namespace count")
+        if ns_count * 4 > len(data) - reader.pos:
+            raise CorruptBundleError(
+                f"{self._source}: header claims {ns_count} namespaces, more than the file holds"
+            )
+        names: list[str] = []
+        previous = b""
+        for i in range(ns_count):
+            raw = bytes(reader.take(reader.u32(f"namespace {i} length"), f"namespace {i}"))
+            if i and raw <= previous:
+                raise CorruptBundleError(f"{self._source}: namespace table not sorted at {i}")
+            try:
+                names.append(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise CorruptBundleError(f"{self._source}: namespace {i} is not UTF-8") from None
+            previous = raw
+        entry_count = reader.u32("the entry count")
+        if entry_count * 20 > len(data) - reader.pos:
+            raise CorruptBundleError(
+                f"{self._source}: header claims {entry_count} entries, more than the file holds"
+            )
+        index = reader.take(entry_count * 20, "the index")
+        body = data[reader.pos :]
+        self._index = index
+        self._data = body
+        self._namespaces = {name: i for i, name in enumerate(names)}
+        self._check_index(index, body, names)
+
+    def _check_index(self, index: memoryview, body: memoryview, names: list[str]) -> None:
+        size = len(body)
+        ranges: list[list[int]] = [[0, 0] for _ in names]
+        fences: list[list[bytes]] = [[] for _ in names]
+        counts = [0] * len(names)
+        sizes = [0] * len(names)
+        previous_ns = -1
+        previous_key = b""
+        for position, (ns_id, k_off, k_len, v_off, v_len) in enumerate(_ENTRY.iter_unpack(index)):
+            if ns_id >= len(names):
+                raise CorruptBundleError(
+                    f"{self._source}: entry {position} names namespace {ns_id} of {len(names)}"
+                )
+            if k_off + k_len > size or v_off + v_len > size:
+                raise CorruptBundleError(
+                    f"{self._source}: entry {position} points past the end of the data"
+                )
+            key = bytes(body[k_off : k_off + k_len])
+            if ns_id < previous_ns or (ns_id == previous_ns and key <= previous_key):
+                raise CorruptBundleError(
+                    f"{self._source}: index not sorted (or a key repeats) at entry {position}"
+                )
+            if ns_id != previous_ns:
+                ranges[ns_id][0] = position
+            ranges[ns_id][1] = position + 1
+            if (position - ranges[ns_id][0]) % _FENCE == 0:
+                fences[ns_id].append(key)
+            counts[ns_id] += 1
+            sizes[ns_id] += k_len + v_len
+            previous_ns, previous_key = ns_id, key
+        self._ranges = [(a, b) for a, b in ranges]
+        self._fences = fences
+        self._summaries = [
+            NamespaceSummary(namespace=name, entries=counts[i], bytes=sizes[i])
+            for i, name in enumerate(names)
+            if counts[i]
+        ]
+
+
+@final
+class _FlatOpener:
+    """The async context manager `FlatBundle.open` returns."""
+
+    __slots__ = ("_bundle", "_path")
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._bundle: FlatBundle | None = None
+
+    async def __aenter__(self) -> FlatBundle:
+        self._bundle = await anyio.to_thread.run_sync(map_file, self._path)
+        return self._bundle
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._bundle is not None:
+            await self._bundle.aclose()
+
+
+def map_file(path: Path) -> FlatBundle:
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size == 0:
+            raise NotABundleError(f"{path} is empty, not a warmenv bundle")
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    return FlatBundle(memoryview(mapped), str(path), mapped.close)
+
+
+@final
+class FlatWriter:
+    """Writes a flat bundle whose shape (namespaces, entries, sizes) is known up front.
+
+    The index and the data go to two positions of the same file as entries
+    arrive in sorted order, so nothing but the current entry is in memory;
+    the digest placeholder is overwritten once the last entry is written.
+    """
+
+    __slots__ = (
+        "_data_at",
+        "_data_buffer",
+        "_data_pos",
+        "_digest_at",
+        "_file",
+        "_index_at",
+        "_index_buffer",
+        "_ns_ids",
+    )
+
+    _FLUSH_AT = 1 << 20
+
+    def __init__(
+        self,
+        file: BinaryIO,
+        manifest: BundleManifest,
+        namespaces: list[str],
+        entries: int,
+        data_bytes: int,
+    ) -> None:
+        if data_bytes > _MAX_U32 or entries > _MAX_U32 // 20:
+            raise BundleTooLargeError(
+                f"{entries} entries with {data_bytes} bytes of data do not fit a flat bundle "
+                "(4 GiB of data at most); export to the SQLite format instead"
+            )
+        manifest_json = manifest.to_json()
+        header = bytearray(FLAT_MAGIC)
+        header += _U32.pack(FORMAT_VERSION)
+        header += _U32.pack(len(manifest_json))
+        self._digest_at = len(header) + manifest_json.index(manifest.digest.encode())
+        header += manifest_json
+        header += _U32.pack(len(namespaces))
+        for name in namespaces:
+            raw = name.encode("utf-8")
+            header += _U32.pack(len(raw)) + raw
+        header += _U32.pack(entries)
+        self._file = file
+        file.write(header)
+        file.flush()
+        self._index_at = len(header)
+        self._data_at = self._index_at + entries * 20
+        self._data_pos = 0
+        self._index_buffer = bytearray()
+        self._data_buffer = bytearray()
+        self._ns_ids = {name: i for i, name in enumerate(namespaces)}
+
+    def add(self, namespace: str, key: bytes, value: bytes) -> None:
+        k_off = self._data_pos + len(self._data_buffer)
+        v_off = k_off + len(key)
+        self._index_buffer += _ENTRY.pack(
+            self._ns_ids[namespace], k_off, len(key), v_off, len(value)
+        )
+        self._data_buffer += key
+        self._data_buffer += value
+        if len(self._data_buffer) >= self._FLUSH_AT:
+            self._flush()
+
+    def _flush(self) -> None:
+        fd = self._file.fileno()
+        _pwrite_all(fd, self._index_buffer, self._index_at)
+        _pwrite_all(fd, self._data_buffer, self._data_at + self._data_pos)
+        self._index_at += len(self._index_buffer)
+        self._data_pos += len(self._data_buffer)
+        self._index_buffer.clear()
+        self._data_buffer.clear()
+
+    def finish(self, digest: str) -> None:
+        """Write what is buffered and the real digest over its placeholder."""
+        self._flush()
+        if len(digest) != len(DIGEST_PLACEHOLDER):
+            raise ValueError("digest of unexpected length")
+        _pwrite_all(self._file.fileno(), digest.encode(), self._digest_at)
+
+
+def _pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written

@@ -1,0 +1,365 @@
+"""Import: copy a bundle's entries into an environment, as IMPORTED.
+
+Import is insert-only and idempotent: entries already present are skipped,
+and a value computed locally is never overwritten (the storage's insert rule
+decides, as for every write). The digest is checked before the first batch
+is committed, so a bundle whose content does not match its manifest imports
+nothing. Each batch is one transaction, so an import that is cancelled or
+killed leaves whole batches behind, and running it again completes it.
+
+A SQLite bundle going into a SQLite environment is copied inside SQLite
+(ATTACH, then INSERT ... SELECT over rowid ranges); anything else streams
+scan batches into `insert_many`. Either way memory stays bounded by the
+batch size, whatever the bundle's size.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+from typing import final
+
+import anyio
+
+from warmenv.bundle.base import Bundle, CorruptBundleError
+from warmenv.bundle.events import Event, Finished, ImportReport, Progress, Started
+from warmenv.bundle.flat import FlatBundle
+from warmenv.bundle.open import open_any
+from warmenv.bundle.sqlite import SqliteBundle, bundle_uri
+from warmenv.environment import Environment
+from warmenv.persistence.namespace import matches_any
+from warmenv.persistence.sqlite import SqliteDatabase, transaction
+from warmenv.persistence.storage import NamespaceSummary, Origin, Storage, check_batch_size
+
+__all__ = ["ImportProgress", "import_bundle", "importing"]
+
+Validate = Callable[[str, bytes, bytes], bool]
+_ALIAS = "warmenv_bundle"
+log = logging.getLogger("warmenv.bundle")
+
+
+async def import_bundle(
+    source: str | Path | Bundle,
+    env: Environment,
+    *,
+    namespaces: list[str] | None = None,
+    batch_size: int = 1024,
+    validate: Validate | None = None,
+    verify: bool = True,
+) -> ImportReport:
+    """Import every entry of `source` (a path or an open bundle) into `env`."""
+    async with importing(
+        source, env, namespaces=namespaces, batch_size=batch_size, validate=validate, verify=verify
+    ) as progress:
+        async for _ in progress:
+            pass
+    return progress.report
+
+
+@asynccontextmanager
+async def importing(
+    source: str | Path | Bundle,
+    env: Environment,
+    *,
+    namespaces: list[str] | None = None,
+    batch_size: int = 1024,
+    validate: Validate | None = None,
+    verify: bool = True,
+) -> AsyncIterator[ImportProgress]:
+    """`async with importing(...) as progress: async for event in progress:` runs the import.
+
+    The import advances as the events are consumed; leaving the block early
+    stops it after the last whole batch.
+    """
+    check_batch_size(batch_size)
+    owned = not _is_bundle(source)
+    bundle = await open_any(Path(source)) if owned else source  # type: ignore[arg-type]
+    assert not isinstance(bundle, str | Path)
+    try:
+        yield ImportProgress(bundle, env, namespaces, batch_size, validate, verify)
+    finally:
+        if owned:
+            with anyio.CancelScope(shield=True):
+                await bundle.aclose()
+
+
+def _is_bundle(source: object) -> bool:
+    return isinstance(source, SqliteBundle | FlatBundle) or hasattr(source, "manifest")
+
+
+@final
+class ImportProgress:
+    """The events of one import; `report` once it has finished."""
+
+    def __init__(
+        self,
+        bundle: Bundle,
+        env: Environment,
+        prefixes: list[str] | None,
+        batch_size: int,
+        validate: Validate | None,
+        verify: bool,
+    ) -> None:
+        self._bundle = bundle
+        self._env = env
+        self._prefixes = prefixes
+        self._batch_size = batch_size
+        self._validate = validate
+        self._verify = verify
+        self._report: ImportReport | None = None
+
+    @property
+    def report(self) -> ImportReport:
+        if self._report is None:
+            raise RuntimeError("the import has not finished; iterate over the events first")
+        return self._report
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._run()
+
+    async def _run(self) -> AsyncIterator[Event]:
+        started_at = time.perf_counter()
+        selected = [
+            s for s in await self._bundle.namespaces() if matches_any(s.namespace, self._prefixes)
+        ]
+        total_entries = sum(s.entries for s in selected)
+        total_bytes = sum(s.bytes for s in selected)
+        yield Started(tuple(s.namespace for s in selected), total_entries, total_bytes)
+        if self._verify:
+            await _verify(self._bundle)
+        tally = _Tally()
+        for summary in selected:
+            tally.by_ns[summary.namespace] = (0, 0)
+        db = self._env.database
+        if isinstance(self._bundle, SqliteBundle) and db is not None and self._validate is None:
+            batches = _copy_in_sql(self._bundle, db, self._prefixes, self._batch_size, tally)
+        else:
+            batches = _copy_by_scan(self._bundle, self._env, selected, self, tally)
+        async for namespace in batches:
+            yield Progress(namespace, tally.done, total_entries, tally.bytes_done, total_bytes)
+        report = ImportReport(
+            namespaces=tuple(
+                NamespaceSummary(ns, entries, size) for ns, (entries, size) in tally.by_ns.items()
+            ),
+            imported=tally.imported,
+            skipped=tally.skipped,
+            failed=tally.failed,
+            rejected=tally.rejected,
+            bytes=tally.imported_bytes,
+            elapsed=time.perf_counter() - started_at,
+        )
+        self._report = report
+        yield Finished(report)
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.imported = self.skipped = self.failed = self.rejected = 0
+        self.imported_bytes = self.done = self.bytes_done = 0
+        self.by_ns: dict[str, tuple[int, int]] = {}
+
+    def add_imported(self, namespace: str, entries: int, size: int) -> None:
+        old = self.by_ns.get(namespace, (0, 0))
+        self.by_ns[namespace] = (old[0] + entries, old[1] + size)
+        self.imported += entries
+        self.imported_bytes += size
+
+
+async def _verify(bundle: Bundle) -> None:
+    expected = bundle.manifest.digest
+    if isinstance(bundle, FlatBundle):
+        actual = await anyio.to_thread.run_sync(bundle.compute_digest)
+    elif isinstance(bundle, SqliteBundle):
+        actual = await bundle.compute_digest()
+    else:  # any other Bundle: stream it in order
+        from warmenv.bundle.manifest import Digest
+
+        digest = Digest()
+        for summary in await bundle.namespaces():
+            raw = summary.namespace.encode("utf-8")
+            async for key, value in bundle.scan(summary.namespace):
+                digest.update(raw, key, value)
+        actual = digest.value()
+    if actual != expected:
+        raise CorruptBundleError(
+            f"{bundle.describe()}: its content does not match its digest (manifest says "
+            f"{expected}, content hashes to {actual}); nothing was imported"
+        )
+
+
+async def _copy_by_scan(
+    bundle: Bundle,
+    env: Environment,
+    selected: list[NamespaceSummary],
+    progress: ImportProgress,
+    tally: _Tally,
+) -> AsyncIterator[str]:
+    validate = progress._validate
+    for summary in selected:
+        namespace = summary.namespace
+        storage = env.storage(namespace)
+        batch: list[tuple[bytes, bytes]] = []
+        async for key, value in bundle.scan(namespace, progress._batch_size):
+            batch.append((key, value))
+            if len(batch) >= progress._batch_size:
+                await _insert_batch(storage, namespace, batch, validate, tally)
+                batch = []
+                yield namespace
+        if batch:
+            await _insert_batch(storage, namespace, batch, validate, tally)
+        yield namespace
+
+
+async def _insert_batch(
+    storage: Storage,
+    namespace: str,
+    batch: list[tuple[bytes, bytes]],
+    validate: Validate | None,
+    tally: _Tally,
+) -> None:
+    accepted = batch
+    if validate is not None:
+        accepted = [(k, v) for k, v in batch if validate(namespace, k, v)]
+        tally.rejected += len(batch) - len(accepted)
+    summary = await storage.insert_many(accepted, Origin.IMPORTED)
+    size = sum(len(k) + len(v) for k, v in accepted)
+    # insert_many counts but does not name what it stored; when only some
+    # were, their bytes are estimated by their share of the batch.
+    stored_bytes = (
+        size
+        if summary.stored == len(accepted)
+        else (size * summary.stored // max(len(accepted), 1))
+    )
+    tally.add_imported(namespace, summary.stored, stored_bytes)
+    tally.skipped += summary.conflict
+    tally.failed += summary.failed
+    tally.done += len(batch)
+    tally.bytes_done += sum(len(k) + len(v) for k, v in batch)
+
+
+def _prefix_clause(prefixes: list[str] | None) -> tuple[str, list[str]]:
+    """An SQL condition matching whole-segment prefixes, with no LIKE wildcards."""
+    if prefixes is None:
+        return "1", []
+    parts: list[str] = []
+    params: list[str] = []
+    for prefix in prefixes:
+        prefix = prefix.rstrip("/")
+        if not prefix:
+            return "1", []
+        # '0' is the character after '/', so this range is "starts with prefix/".
+        parts.append("(b.namespace = ? OR (b.namespace >= ? AND b.namespace < ?))")
+        params += [prefix, prefix + "/", prefix + "0"]
+    return "(" + " OR ".join(parts) + ")", params
+
+
+async def _copy_in_sql(
+    bundle: SqliteBundle,
+    db: SqliteDatabase,
+    prefixes: list[str] | None,
+    batch_size: int,
+    tally: _Tally,
+) -> AsyncIterator[str]:
+    try:
+        await db.run(partial(_attach, bundle_uri(bundle.path)))
+    except sqlite3.Error:
+        await db.run(partial(_attach, bundle_uri(bundle.path, immutable=True)))
+    try:
+        clause, params = _prefix_clause(prefixes)
+        start: int | None = await db.run(_first_rowid)
+        while start is not None:
+            end, following = await db.run(partial(_batch_end, start, batch_size))
+            seen, seen_bytes = await db.run(partial(_count_range, start, end, clause, params))
+            try:
+                imported = await db.run(partial(_copy_range, start, end, clause, params))
+            except sqlite3.Error as exc:
+                log.warning("importing %s into %s: a batch failed: %s", bundle.path, db.path, exc)
+                tally.failed += seen
+                imported = []
+            else:
+                tally.skipped += seen - sum(entries for _, entries, _ in imported)
+            for namespace, entries, size in imported:
+                tally.add_imported(namespace, entries, size)
+            tally.done += seen
+            tally.bytes_done += seen_bytes
+            start = following
+            if seen:
+                yield imported[-1][0] if imported else ""
+    finally:
+        with anyio.CancelScope(shield=True):
+            try:
+                await db.run(_detach)
+            except sqlite3.Error:
+                pass
+
+
+def _attach(uri: str, conn: sqlite3.Connection) -> None:
+    conn.execute(f"ATTACH DATABASE ? AS {_ALIAS}", (uri,))
+
+
+def _detach(conn: sqlite3.Connection) -> None:
+    conn.execute(f"DETACH DATABASE {_ALIAS}")
+
+
+def _first_rowid(conn: sqlite3.Connection) -> int | None:
+    row = conn.execute(f"SELECT min(rowid) FROM {_ALIAS}.entries").fetchone()
+    return None if row[0] is None else int(row[0])
+
+
+def _batch_end(start: int, batch_size: int, conn: sqlite3.Connection) -> tuple[int, int | None]:
+    """The last rowid of the batch starting at `start`, and the first of the next."""
+    rows = conn.execute(
+        f"SELECT rowid FROM {_ALIAS}.entries WHERE rowid >= ? ORDER BY rowid LIMIT 1 OFFSET ?",
+        (start, batch_size - 1),
+    ).fetchone()
+    end = (
+        int(rows[0])
+        if rows
+        else int(conn.execute(f"SELECT max(rowid) FROM {_ALIAS}.entries").fetchone()[0])
+    )
+    following = conn.execute(
+        f"SELECT min(rowid) FROM {_ALIAS}.entries WHERE rowid > ?", (end,)
+    ).fetchone()[0]
+    return end, None if following is None else int(following)
+
+
+def _count_range(
+    start: int, end: int, clause: str, params: list[str], conn: sqlite3.Connection
+) -> tuple[int, int]:
+    row = conn.execute(
+        "SELECT count(*), coalesce(sum(length(key) + length(value)), 0) "
+        f"FROM {_ALIAS}.entries AS b WHERE b.rowid BETWEEN ? AND ? AND {clause}",
+        (start, end, *params),
+    ).fetchone()
+    return int(row[0]), int(row[1])
+
+
+def _copy_range(
+    start: int, end: int, clause: str, params: list[str], conn: sqlite3.Connection
+) -> list[tuple[str, int, int]]:
+    """Copy one rowid range in one transaction; what was inserted, per namespace."""
+
+    def body(conn: sqlite3.Connection) -> list[tuple[str, int, int]]:
+        rows = conn.execute(
+            "INSERT INTO main.entries (namespace, key, value, origin) "
+            f"SELECT b.namespace, b.key, b.value, {int(Origin.IMPORTED)} "
+            f"FROM {_ALIAS}.entries AS b WHERE b.rowid BETWEEN ? AND ? AND {clause} "
+            "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value, "
+            "origin = excluded.origin "
+            "WHERE warmenv_may_replace(entries.origin, excluded.origin) "
+            "RETURNING namespace, length(key) + length(value)",
+            (start, end, *params),
+        ).fetchall()
+        by_ns: dict[str, list[int]] = {}
+        for namespace, size in rows:
+            entry = by_ns.setdefault(namespace, [0, 0])
+            entry[0] += 1
+            entry[1] += size
+        return [(n, c, b) for n, (c, b) in by_ns.items()]
+
+    return transaction(conn, body)

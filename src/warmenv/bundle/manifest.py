@@ -1,0 +1,180 @@
+"""The manifest: what a bundle says about itself, and the digest that proves it.
+
+The digest is BLAKE2b-256 over the entries sorted by (namespace, key), each
+field preceded by its length as a little-endian u64, so no two different
+entry streams can hash alike and the two formats give the same digest for the
+same entries. The manifest names the algorithm, so a later warmenv can change
+it without misreading old bundles.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import platform
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+__all__ = ["DIGEST_ALGORITHM", "BundleManifest", "Digest", "EnvironmentInfo", "this_machine"]
+
+SCHEMA = 1
+DIGEST_ALGORITHM = "blake2b-256"
+_DIGEST_PREFIX = DIGEST_ALGORITHM + ":"
+# A placeholder of the final length, so a writer can reserve the digest's bytes.
+DIGEST_PLACEHOLDER = _DIGEST_PREFIX + "0" * 64
+_MAX_TEXT = 4096
+
+
+def _os_name() -> str:
+    return {"darwin": "macos", "win32": "windows"}.get(sys.platform, platform.system().lower())
+
+
+def _arch_name() -> str:
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
+@attrs.frozen(kw_only=True)
+class EnvironmentInfo:
+    """A machine a bundle's entries were captured on."""
+
+    label: str
+    os: str = attrs.field(factory=_os_name)
+    arch: str = attrs.field(factory=_arch_name)
+    devices: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "os": self.os,
+            "arch": self.arch,
+            "devices": list(self.devices),
+        }
+
+
+def this_machine(label: str | None = None, devices: tuple[str, ...] = ()) -> EnvironmentInfo:
+    """The machine this process runs on, labelled (by default) "<OS> <arch>"."""
+    info = EnvironmentInfo(label="", devices=devices)
+    return attrs.evolve(info, label=label or f"{platform.system()} {info.arch}")
+
+
+@attrs.frozen(kw_only=True)
+class BundleManifest:
+    """Name, version, origin machines and content digest of a bundle."""
+
+    schema: int = SCHEMA
+    name: str
+    version: str
+    created: str
+    environments: tuple[EnvironmentInfo, ...]
+    digest: str
+
+    @property
+    def digest_algorithm(self) -> str:
+        return self.digest.partition(":")[0]
+
+    def to_json(self) -> bytes:
+        document = {
+            "schema": self.schema,
+            "name": self.name,
+            "version": self.version,
+            "created": self.created,
+            "environments": [e.to_json() for e in self.environments],
+            "digest": self.digest,
+        }
+        return json.dumps(document, sort_keys=True, ensure_ascii=False).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> BundleManifest:
+        """Parse and check a manifest; `InvalidManifestError` names what is wrong."""
+        from warmenv.bundle.base import InvalidManifestError, UnsupportedSchemaError
+
+        try:
+            document = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            raise InvalidManifestError(f"the manifest is not JSON: {exc}") from None
+        if not isinstance(document, dict):
+            raise InvalidManifestError("the manifest must be a JSON object")
+        schema = document.get("schema")
+        if type(schema) is not int:
+            raise InvalidManifestError("manifest field 'schema' must be an integer")
+        if schema != SCHEMA:
+            raise UnsupportedSchemaError(
+                f"manifest schema {schema} is not supported (this warmenv reads schema "
+                f"{SCHEMA}); upgrade warmenv to read this bundle"
+            )
+        environments = document.get("environments")
+        if not isinstance(environments, list):
+            raise InvalidManifestError("manifest field 'environments' must be a list")
+        digest = _text(document, "digest")
+        if not digest.startswith(_DIGEST_PREFIX) or len(digest) != len(DIGEST_PLACEHOLDER):
+            raise InvalidManifestError(
+                f"manifest field 'digest' must be '{DIGEST_ALGORITHM}:' and 64 hex digits"
+            )
+        return cls(
+            schema=schema,
+            name=_text(document, "name"),
+            version=_text(document, "version"),
+            created=_text(document, "created"),
+            environments=tuple(_environment(e, i) for i, e in enumerate(environments)),
+            digest=digest,
+        )
+
+
+def _text(document: Mapping[str, Any], field: str, where: str = "") -> str:
+    from warmenv.bundle.base import InvalidManifestError
+
+    value = document.get(field)
+    if not isinstance(value, str):
+        raise InvalidManifestError(f"manifest field '{where}{field}' must be a string")
+    if len(value) > _MAX_TEXT:
+        raise InvalidManifestError(
+            f"manifest field '{where}{field}' is longer than {_MAX_TEXT} characters"
+        )
+    return value
+
+
+def _environment(document: object, index: int) -> EnvironmentInfo:
+    from warmenv.bundle.base import InvalidManifestError
+
+    where = f"environments[{index}]."
+    if not isinstance(document, dict):
+        raise InvalidManifestError(f"manifest field 'environments[{index}]' must be an object")
+    devices = document.get("devices", [])
+    if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
+        raise InvalidManifestError(f"manifest field '{where}devices' must be a list of strings")
+    return EnvironmentInfo(
+        label=_text(document, "label", where),
+        os=_text(document, "os", where),
+        arch=_text(document, "arch", where),
+        devices=tuple(devices),
+    )
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
+
+
+class Digest:
+    """The running content digest of a sorted entry stream."""
+
+    __slots__ = ("_hash",)
+
+    def __init__(self) -> None:
+        self._hash = hashlib.blake2b(digest_size=32, person=b"warmenv-entries")
+
+    def update(self, namespace: bytes, key: bytes, value: bytes) -> None:
+        update = self._hash.update
+        update(len(namespace).to_bytes(8, "little"))
+        update(namespace)
+        update(len(key).to_bytes(8, "little"))
+        update(key)
+        update(len(value).to_bytes(8, "little"))
+        update(value)
+
+    def value(self) -> str:
+        return _DIGEST_PREFIX + self._hash.hexdigest()

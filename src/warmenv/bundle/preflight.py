@@ -1,0 +1,110 @@
+"""Preflight: will a bundle's entries hit here, and if not, why not?
+
+Every system that ships warm caches today shares one complaint: the cache
+"silently doesn't hit". The usual reasons are a different machine (another
+OS or architecture than the one the entries were captured on) or a different
+version of the application (namespaces carry a version segment, so entries
+written by 1.2 are never read by 1.3). Preflight checks both before import
+and says so in words.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+
+from warmenv.bundle.base import Bundle
+from warmenv.bundle.manifest import EnvironmentInfo, this_machine
+from warmenv.bundle.open import open_any
+from warmenv.persistence.namespace import Namespace
+
+__all__ = ["Preflight", "preflight"]
+
+
+@attrs.frozen
+class Preflight:
+    """The verdict (`ok`) and the reasons behind it; `str()` explains it."""
+
+    ok: bool
+    bundle: str
+    machine: EnvironmentInfo
+    matching: tuple[EnvironmentInfo, ...]
+    captured_on: tuple[EnvironmentInfo, ...]
+    version: str | None
+    other_versions: tuple[str, ...]
+    matching_namespaces: tuple[str, ...]
+    reasons: tuple[str, ...]
+
+    def __str__(self) -> str:
+        verdict = "can hit" if self.ok else "will not hit"
+        lines = [f"bundle {self.bundle!r} {verdict} on this machine ({_where(self.machine)})."]
+        lines += [f"- {reason}" for reason in self.reasons]
+        return "\n".join(lines)
+
+
+def _where(info: EnvironmentInfo) -> str:
+    return f"{info.os} {info.arch}"
+
+
+async def preflight(source: str | Path | Bundle, *, version: str | None = None) -> Preflight:
+    """Check a bundle (a path or an open bundle) against this machine and `version`."""
+    if isinstance(source, str | Path):
+        bundle = await open_any(Path(source))
+        try:
+            return await _check(bundle, version)
+        finally:
+            await bundle.aclose()
+    return await _check(source, version)
+
+
+async def _check(bundle: Bundle, version: str | None) -> Preflight:
+    machine = this_machine()
+    manifest = bundle.manifest
+    captured = manifest.environments
+    matching = tuple(e for e in captured if (e.os, e.arch) == (machine.os, machine.arch))
+    reasons: list[str] = []
+    ok = True
+    if not captured:
+        reasons.append("the manifest names no machine, so the platform cannot be checked")
+    elif matching:
+        reasons.append(f"captured on {matching[0].label!r}, the same OS and architecture")
+    else:
+        ok = False
+        seen = ", ".join(f"{e.label!r} ({_where(e)})" for e in captured)
+        reasons.append(f"captured on {seen}; this machine is {_where(machine)}")
+    namespaces = [s.namespace for s in await bundle.namespaces()]
+    other: list[str] = []
+    same: list[str] = []
+    if version is not None:
+        for namespace in namespaces:
+            (same if Namespace.raw(namespace).version == version else other).append(namespace)
+        if namespaces and not same:
+            ok = False
+            found = sorted({Namespace.raw(n).version for n in other})
+            reasons.append(
+                f"no namespace is for version {version!r} (the bundle holds {', '.join(found)}); "
+                "re-export it from this version"
+            )
+        elif other:
+            reasons.append(
+                f"{len(other)} of {len(namespaces)} namespaces carry another version than "
+                f"{version!r} and will not be read: {', '.join(other[:5])}"
+                + (" ..." if len(other) > 5 else "")
+            )
+        else:
+            reasons.append(f"all {len(namespaces)} namespaces are for version {version!r}")
+    if not namespaces:
+        ok = False
+        reasons.append("the bundle holds no entries")
+    return Preflight(
+        ok=ok,
+        bundle=manifest.name,
+        machine=machine,
+        matching=matching,
+        captured_on=captured,
+        version=version,
+        other_versions=tuple(other),
+        matching_namespaces=tuple(same),
+        reasons=tuple(reasons),
+    )
