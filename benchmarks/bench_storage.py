@@ -21,7 +21,6 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _report import Row, per_call_us, print_table
-
 from warmenv import CacheMode, Namespace, Store, open_environment
 
 NS = Namespace("bench", "storage", version="1")

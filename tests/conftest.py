@@ -86,3 +86,65 @@ def shared_tmp() -> Iterator[Path]:
             if sub.is_dir():
                 sub.chmod(0o755)
         shutil.rmtree(path, ignore_errors=True)
+
+
+# --- bundles -----------------------------------------------------------------------
+
+KERNELS = Namespace("app", "kernels", version="1")
+CONFIGS = Namespace("app", "configs", version="1")
+OTHER_APP = Namespace("app2", "kernels", version="1")
+
+
+def sample_entries() -> dict[str, dict[bytes, bytes]]:
+    return {
+        str(KERNELS): {b"k%03d" % i: b"kernel-%d" % i for i in range(120)},
+        str(CONFIGS): {b"c%02d" % i: b"config-%d" % i for i in range(30)},
+        str(OTHER_APP): {b"x": b"other"},
+    }
+
+
+@pytest.fixture
+async def warm_env(root: Path) -> AsyncIterator[Environment]:
+    """An environment holding `sample_entries()`."""
+    async with open_environment("warm", root=root) as environment:
+        for namespace, items in sample_entries().items():
+            await environment.storage(namespace).insert_many(items.items())
+        yield environment
+
+
+@pytest.fixture
+async def cold_env(root: Path) -> AsyncIterator[Environment]:
+    async with open_environment("cold", root=root) as environment:
+        yield environment
+
+
+@pytest.fixture(params=["sqlite", "flat"])
+def bundle_format(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def bundle_path(warm_env: Environment, tmp_path: Path, bundle_format: str) -> Path:
+    """A bundle of `warm_env` in each format."""
+    from warmenv.bundle import export_bundle
+
+    out = tmp_path / f"warm.{bundle_format}.bundle"
+    await export_bundle(warm_env, out, name="H100 Linux", format=bundle_format)
+    return out
+
+
+async def env_contents(environment: Environment) -> dict[str, dict[bytes, bytes]]:
+    """Everything an environment holds, namespace by namespace."""
+    contents: dict[str, dict[bytes, bytes]] = {}
+    for summary in await environment.namespaces():
+        storage = environment.storage(summary.namespace)
+        contents[summary.namespace] = {k: v async for k, v in storage.scan()}
+    return contents
+
+
+@pytest.fixture
+def out_dir(tmp_path: Path) -> Path:
+    """An empty directory for bundles, apart from the environments' root."""
+    path = tmp_path / "out"
+    path.mkdir()
+    return path

@@ -20,7 +20,7 @@ import os
 import secrets
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import final
@@ -172,6 +172,7 @@ class ExportProgress:
         self._manifest = manifest
         self._job: _ExportJob | None = None
         self._report: ExportReport | None = None
+        self._events: AsyncGenerator[Event, None] | None = None
 
     @property
     def report(self) -> ExportReport:
@@ -180,9 +181,12 @@ class ExportProgress:
         return self._report
 
     def __aiter__(self) -> AsyncIterator[Event]:
-        return self._run()
+        events = self._events
+        if events is None:
+            events = self._events = self._run()
+        return events
 
-    async def _run(self) -> AsyncIterator[Event]:
+    async def _run(self) -> AsyncGenerator[Event, None]:
         started_at = time.perf_counter()
         job = self._job = await anyio.to_thread.run_sync(
             _ExportJob, self._sources, self._out, self._format, self._prefixes, self._manifest
@@ -205,6 +209,9 @@ class ExportProgress:
         yield Finished(report)
 
     async def aclose(self) -> None:
+        """Stop the export if it is still running and remove its staging file."""
+        if self._events is not None:
+            await self._events.aclose()
         if self._job is not None:
             await anyio.to_thread.run_sync(self._job.abandon)
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing, asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import final
@@ -80,11 +80,13 @@ async def importing(
     owned = not _is_bundle(source)
     bundle = await open_any(Path(source)) if owned else source  # type: ignore[arg-type]
     assert not isinstance(bundle, str | Path)
+    progress = ImportProgress(bundle, env, namespaces, batch_size, validate, verify)
     try:
-        yield ImportProgress(bundle, env, namespaces, batch_size, validate, verify)
+        yield progress
     finally:
-        if owned:
-            with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
+            await progress.aclose()
+            if owned:
                 await bundle.aclose()
 
 
@@ -112,6 +114,7 @@ class ImportProgress:
         self._validate = validate
         self._verify = verify
         self._report: ImportReport | None = None
+        self._events: AsyncGenerator[Event, None] | None = None
 
     @property
     def report(self) -> ImportReport:
@@ -119,10 +122,18 @@ class ImportProgress:
             raise RuntimeError("the import has not finished; iterate over the events first")
         return self._report
 
-    def __aiter__(self) -> AsyncIterator[Event]:
-        return self._run()
+    async def aclose(self) -> None:
+        """Stop the import after its last whole batch."""
+        if self._events is not None:
+            await self._events.aclose()
 
-    async def _run(self) -> AsyncIterator[Event]:
+    def __aiter__(self) -> AsyncIterator[Event]:
+        events = self._events
+        if events is None:
+            events = self._events = self._run()
+        return events
+
+    async def _run(self) -> AsyncGenerator[Event, None]:
         started_at = time.perf_counter()
         selected = [
             s for s in await self._bundle.namespaces() if matches_any(s.namespace, self._prefixes)
@@ -140,8 +151,9 @@ class ImportProgress:
             batches = _copy_in_sql(self._bundle, db, self._prefixes, self._batch_size, tally)
         else:
             batches = _copy_by_scan(self._bundle, self._env, selected, self, tally)
-        async for namespace in batches:
-            yield Progress(namespace, tally.done, total_entries, tally.bytes_done, total_bytes)
+        async with aclosing(batches):
+            async for namespace in batches:
+                yield Progress(namespace, tally.done, total_entries, tally.bytes_done, total_bytes)
         report = ImportReport(
             namespaces=tuple(
                 NamespaceSummary(ns, entries, size) for ns, (entries, size) in tally.by_ns.items()
@@ -198,18 +210,20 @@ async def _copy_by_scan(
     selected: list[NamespaceSummary],
     progress: ImportProgress,
     tally: _Tally,
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     validate = progress._validate
     for summary in selected:
         namespace = summary.namespace
         storage = env.storage(namespace)
         batch: list[tuple[bytes, bytes]] = []
-        async for key, value in bundle.scan(namespace, progress._batch_size):
-            batch.append((key, value))
-            if len(batch) >= progress._batch_size:
-                await _insert_batch(storage, namespace, batch, validate, tally)
-                batch = []
-                yield namespace
+        scan = bundle.scan(namespace, progress._batch_size)
+        async with aclosing(scan):  # type: ignore[type-var]
+            async for key, value in scan:
+                batch.append((key, value))
+                if len(batch) >= progress._batch_size:
+                    await _insert_batch(storage, namespace, batch, validate, tally)
+                    batch = []
+                    yield namespace
         if batch:
             await _insert_batch(storage, namespace, batch, validate, tally)
         yield namespace
@@ -264,7 +278,7 @@ async def _copy_in_sql(
     prefixes: list[str] | None,
     batch_size: int,
     tally: _Tally,
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     try:
         await db.run(partial(_attach, bundle_uri(bundle.path)))
     except sqlite3.Error:

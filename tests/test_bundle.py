@@ -1,0 +1,518 @@
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import textwrap
+from pathlib import Path
+
+import anyio
+import pytest
+
+from conftest import CONFIGS, KERNELS, OTHER_APP, env_contents, sample_entries
+from helpers import json_lines, run_python, unprivileged_user
+from warmenv import Environment, Namespace, Origin, Stored, open_environment
+from warmenv.bundle import (
+    BundleError,
+    BundleFormat,
+    CorruptBundleError,
+    EnvironmentInfo,
+    Finished,
+    FlatBundle,
+    ImportReport,
+    InvalidManifestError,
+    NotABundleError,
+    Progress,
+    SqliteBundle,
+    Started,
+    UnsupportedSchemaError,
+    export_bundle,
+    exporting,
+    import_bundle,
+    importing,
+    open_bundle,
+    preflight,
+)
+from warmenv.persistence.sqlite import SqliteStorage
+
+pytestmark = pytest.mark.anyio
+
+TOTAL = sum(len(items) for items in sample_entries().values())
+
+
+async def test_import_fills_the_environment_and_the_bundle_can_then_be_deleted(
+    bundle_path: Path, cold_env: Environment
+) -> None:
+    report = await import_bundle(bundle_path, cold_env)
+    bundle_path.unlink()
+    assert report.imported == TOTAL
+    assert (report.skipped, report.failed, report.rejected) == (0, 0, 0)
+    assert await env_contents(cold_env) == sample_entries()
+
+
+async def test_imported_entries_have_origin_imported(
+    bundle_path: Path, cold_env: Environment
+) -> None:
+    await import_bundle(bundle_path, cold_env)
+    storage = cold_env.storage(KERNELS)
+    assert isinstance(storage, SqliteStorage)
+    assert await storage.origin_of(b"k000") is Origin.IMPORTED
+
+
+async def test_import_is_idempotent(bundle_path: Path, cold_env: Environment) -> None:
+    await import_bundle(bundle_path, cold_env)
+    again = await import_bundle(bundle_path, cold_env)
+    assert (again.imported, again.skipped) == (0, TOTAL)
+    assert await env_contents(cold_env) == sample_entries()
+
+
+async def test_import_never_overwrites_a_local_value(
+    bundle_path: Path, cold_env: Environment
+) -> None:
+    await cold_env.storage(KERNELS).insert(b"k000", b"computed here")
+    report = await import_bundle(bundle_path, cold_env)
+    assert report.skipped == 1
+    assert await cold_env.storage(KERNELS).get(b"k000") == b"computed here"
+
+
+async def test_a_local_value_replaces_a_stale_imported_one(
+    bundle_path: Path, cold_env: Environment
+) -> None:
+    await import_bundle(bundle_path, cold_env)
+    assert await cold_env.storage(KERNELS).insert(b"k000", b"fresh") == Stored()
+    assert await cold_env.storage(KERNELS).get(b"k000") == b"fresh"
+
+
+async def test_the_report_counts_entries_and_bytes_per_namespace(
+    bundle_path: Path, cold_env: Environment
+) -> None:
+    report = await import_bundle(bundle_path, cold_env)
+    expected = {
+        ns: (len(items), sum(len(k) + len(v) for k, v in items.items()))
+        for ns, items in sample_entries().items()
+    }
+    assert {s.namespace: (s.entries, s.bytes) for s in report.namespaces} == expected
+    assert report.bytes == sum(b for _, b in expected.values())
+
+
+async def test_import_prefixes_match_whole_segments(
+    bundle_path: Path, cold_env: Environment
+) -> None:
+    report = await import_bundle(bundle_path, cold_env, namespaces=["app"])
+    contents = await env_contents(cold_env)
+    assert set(contents) == {str(KERNELS), str(CONFIGS)}  # not app2
+    assert report.imported == TOTAL - 1
+
+
+async def test_import_with_a_validate_callback_rejects_entries(
+    bundle_path: Path, cold_env: Environment
+) -> None:
+    def only_configs(namespace: str, key: bytes, value: bytes) -> bool:
+        return namespace == str(CONFIGS)
+
+    report = await import_bundle(bundle_path, cold_env, validate=only_configs)
+    assert report.imported == 30
+    assert report.rejected == TOTAL - 30
+    assert set(await env_contents(cold_env)) == {str(CONFIGS)}
+
+
+async def test_import_events_are_started_cumulative_progress_then_finished(
+    bundle_path: Path, cold_env: Environment
+) -> None:
+    async with importing(bundle_path, cold_env, batch_size=16) as progress:
+        events = [event async for event in progress]
+    assert isinstance(events[0], Started)
+    assert events[0].total_entries == TOTAL
+    assert isinstance(events[-1], Finished)
+    assert events[-1].report == progress.report
+    steps = [e for e in events if isinstance(e, Progress)]
+    assert len(steps) >= TOTAL // 16
+    done = [s.entries_done for s in steps]
+    assert done == sorted(done)
+    assert done[-1] == TOTAL
+    assert steps[-1].bytes_done == steps[-1].total_bytes
+
+
+async def test_an_open_bundle_can_be_imported(bundle_path: Path, cold_env: Environment) -> None:
+    async with open_bundle(bundle_path) as bundle:
+        report = await import_bundle(bundle, cold_env)
+        assert await bundle.get(KERNELS, b"k001") == b"kernel-1"  # still open
+    assert report.imported == TOTAL
+
+
+async def test_both_formats_serve_the_same_entries(warm_env: Environment, tmp_path: Path) -> None:
+    served = []
+    for fmt in (BundleFormat.SQLITE, BundleFormat.FLAT):
+        out = tmp_path / f"b.{fmt}"
+        await export_bundle(warm_env, out, name="b", format=fmt)
+        async with open_bundle(out) as bundle:
+            namespaces = await bundle.namespaces()
+            scanned = {
+                s.namespace: [item async for item in bundle.scan(s.namespace, batch_size=7)]
+                for s in namespaces
+            }
+            probes = [
+                await bundle.get(KERNELS, b"k050"),
+                await bundle.get(KERNELS, b"nope"),
+                await bundle.get("no/such/ns", b"k050"),
+                await bundle.get(OTHER_APP, b"x"),
+            ]
+            served.append((namespaces, scanned, probes, bundle.manifest.digest))
+    assert served[0] == served[1]
+    assert served[0][2] == [b"kernel-50", None, None, b"other"]
+
+
+async def test_export_merges_sources_first_source_winning(
+    warm_env: Environment, root: Path, tmp_path: Path, bundle_format: str
+) -> None:
+    async with open_environment("second", root=root) as second:
+        await second.storage(KERNELS).insert(b"k000", b"from second")
+        await second.storage(KERNELS).insert(b"only-second", b"v")
+        out = tmp_path / "merged.bundle"
+        report = await export_bundle([warm_env, second], out, name="m", format=bundle_format)
+    assert report.entries == TOTAL + 1
+    async with open_bundle(out) as bundle:
+        assert await bundle.get(KERNELS, b"k000") == b"kernel-0"
+        assert await bundle.get(KERNELS, b"only-second") == b"v"
+
+
+async def test_export_sources_may_be_files_and_roots(
+    warm_env: Environment, root: Path, tmp_path: Path
+) -> None:
+    by_file = await export_bundle(warm_env.path, tmp_path / "f.bundle", name="f")
+    by_root = await export_bundle(root, tmp_path / "r.bundle", name="r")
+    assert by_file.entries == by_root.entries == TOTAL
+    assert by_file.manifest.digest == by_root.manifest.digest
+
+
+async def test_export_prefixes_match_whole_segments_without_wildcards(
+    warm_env: Environment, tmp_path: Path, bundle_format: str
+) -> None:
+    await warm_env.storage("a_p/1/x").insert(b"k", b"v")
+    await warm_env.storage("app%/1/x").insert(b"k", b"v")
+    out = tmp_path / "p.bundle"
+    await export_bundle(warm_env, out, name="p", format=bundle_format, namespaces=["app"])
+    async with open_bundle(out) as bundle:
+        assert {s.namespace for s in await bundle.namespaces()} == {str(KERNELS), str(CONFIGS)}
+    await export_bundle(warm_env, out, name="p", format=bundle_format, namespaces=["a_p"])
+    async with open_bundle(out) as bundle:
+        assert {s.namespace for s in await bundle.namespaces()} == {"a_p/1/x"}
+
+
+async def test_export_report_and_manifest(
+    warm_env: Environment, tmp_path: Path, bundle_format: str
+) -> None:
+    info = EnvironmentInfo(label="H100 Linux", os="linux", arch="x86_64", devices=("H100",))
+    out = tmp_path / "m.bundle"
+    report = await export_bundle(
+        warm_env, out, name="H100 Linux", format=bundle_format, environments=[info], version="2.0"
+    )
+    assert report.entries == TOTAL
+    assert report.path == out
+    assert {s.namespace for s in report.namespaces} == set(sample_entries())
+    async with open_bundle(out) as bundle:
+        assert bundle.manifest == report.manifest
+        assert bundle.manifest.environments == (info,)
+        assert bundle.manifest.version == "2.0"
+        assert bundle.manifest.digest.startswith("blake2b-256:")
+
+
+async def test_os_and_arch_are_filled_in_automatically() -> None:
+    info = EnvironmentInfo(label="here")
+    assert info.os and info.arch
+
+
+async def test_reexport_replaces_the_previous_bundle(
+    warm_env: Environment, tmp_path: Path, bundle_format: str
+) -> None:
+    out = tmp_path / "b.bundle"
+    await export_bundle(warm_env, out, name="first", format=bundle_format)
+    await export_bundle(warm_env, out, name="second", format=bundle_format)
+    async with open_bundle(out) as bundle:
+        assert bundle.manifest.name == "second"
+
+
+async def test_a_foreign_file_at_out_survives_byte_for_byte(
+    warm_env: Environment, out_dir: Path, bundle_format: str
+) -> None:
+    out = out_dir / "precious.txt"
+    out.write_bytes(b"not a bundle\x00\x01")
+    with pytest.raises(FileExistsError, match="not a warmenv bundle; remove it first"):
+        await export_bundle(warm_env, out, name="x", format=bundle_format)
+    assert out.read_bytes() == b"not a bundle\x00\x01"
+    assert sorted(p.name for p in out_dir.iterdir()) == ["precious.txt"]
+
+
+async def test_an_environment_database_at_out_is_not_replaced(
+    warm_env: Environment, root: Path, tmp_path: Path
+) -> None:
+    before = warm_env.path.read_bytes()
+    with pytest.raises(FileExistsError):
+        await export_bundle(warm_env, warm_env.path, name="x")
+    assert warm_env.path.read_bytes() == before
+
+
+async def test_a_failed_export_leaves_the_previous_bundle_alone(
+    warm_env: Environment, out_dir: Path, bundle_format: str
+) -> None:
+    out = out_dir / "b.bundle"
+    await export_bundle(warm_env, out, name="previous", format=bundle_format)
+    before = out.read_bytes()
+    with pytest.raises(BundleError):
+        await export_bundle([warm_env, out_dir / "missing.db"], out, name="x")
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in out_dir.iterdir()) == ["b.bundle"]
+
+
+async def test_a_cancelled_export_leaves_the_previous_bundle_and_no_staging_file(
+    warm_env: Environment, out_dir: Path, bundle_format: str
+) -> None:
+    await warm_env.storage("big/1/x").insert_many((b"%06d" % i, b"v" * 100) for i in range(5000))
+    out = out_dir / "b.bundle"
+    await export_bundle(warm_env, out, name="previous", format=bundle_format)
+    before = out.read_bytes()
+    async with exporting(warm_env, out, name="new", format=bundle_format) as progress:
+        async for event in progress:
+            if isinstance(event, Progress):
+                break
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in out_dir.iterdir()) == ["b.bundle"]
+    with anyio.move_on_after(0.01):
+        await export_bundle(warm_env, out, name="new", format=bundle_format)
+    assert sorted(p.name for p in out_dir.iterdir()) == ["b.bundle"]
+    async with open_bundle(out) as bundle:
+        assert bundle.manifest.name in ("previous", "new")
+
+
+async def test_the_next_export_removes_staging_files_a_killed_one_left(
+    warm_env: Environment, out_dir: Path
+) -> None:
+    out = out_dir / "b.bundle"
+    dead_pid = 2**22 + 12345  # above the default pid_max, so no such process
+    leftover = out_dir / f".b.bundle.{dead_pid}.deadbeef.warmenv-staging"
+    leftover.write_bytes(b"half a bundle")
+    unrelated = out_dir / ".other.bundle.1.x.warmenv-staging"
+    unrelated.write_bytes(b"not ours")
+    await export_bundle(warm_env, out, name="b")
+    assert not leftover.exists()
+    assert unrelated.exists()
+
+
+async def test_a_digest_mismatch_imports_nothing(
+    bundle_path: Path, cold_env: Environment, bundle_format: str
+) -> None:
+    _tamper(bundle_path, bundle_format)
+    with pytest.raises(CorruptBundleError, match="does not match its digest"):
+        await import_bundle(bundle_path, cold_env)
+    assert await cold_env.namespaces() == []
+
+
+async def test_verify_false_skips_the_digest_check(
+    bundle_path: Path, cold_env: Environment, bundle_format: str
+) -> None:
+    _tamper(bundle_path, bundle_format)
+    report = await import_bundle(bundle_path, cold_env, verify=False)
+    assert report.imported == TOTAL
+
+
+def _tamper(path: Path, fmt: str) -> None:
+    """Change one value's content, keeping the structure valid."""
+    if fmt == BundleFormat.SQLITE:
+        with sqlite3.connect(path) as conn:
+            conn.execute("UPDATE entries SET value = x'00' WHERE key = ?", (b"k007",))
+        conn.close()
+    else:
+        data = bytearray(path.read_bytes())
+        at = data.rindex(b"kernel-7")
+        data[at] ^= 0x20
+        path.write_bytes(bytes(data))
+
+
+async def test_cancelling_an_import_leaves_whole_batches_and_a_rerun_completes_it(
+    bundle_path: Path, cold_env: Environment
+) -> None:
+    batch = 10
+    async with importing(bundle_path, cold_env, batch_size=batch) as progress:
+        async for event in progress:
+            if isinstance(event, Progress) and event.entries_done >= 3 * batch:
+                break
+    partial = sum(s.entries for s in await cold_env.namespaces())
+    assert 0 < partial < TOTAL
+    report = await import_bundle(bundle_path, cold_env)
+    assert report.imported + report.skipped == TOTAL
+    assert report.skipped == partial
+    assert await env_contents(cold_env) == sample_entries()
+
+
+async def test_a_bundle_in_a_read_only_directory_imports_completely(
+    warm_env: Environment, shared_tmp: Path, bundle_format: str, backend_name: str
+) -> None:
+    shipped = shared_tmp / "site-packages"
+    shipped.mkdir()
+    out = shipped / "warm.bundle"
+    await export_bundle(warm_env, out, name="shipped", format=bundle_format)
+    out.chmod(0o444)
+    shipped.chmod(0o555)
+    target = shared_tmp / "target"
+    target.mkdir()
+    target.chmod(0o777)
+    child = run_python(_IMPORT_CHILD, str(out), str(target), backend_name, user=unprivileged_user())
+    [report] = json_lines(child)
+    assert report == {"imported": TOTAL, "failed": 0}
+    assert sorted(p.name for p in shipped.iterdir()) == ["warm.bundle"]
+
+
+_IMPORT_CHILD = textwrap.dedent(
+    """
+    import json, sys, anyio
+    from warmenv import open_environment
+    from warmenv.bundle import import_bundle
+
+    async def main():
+        async with open_environment("target", root=sys.argv[2]) as env:
+            report = await import_bundle(sys.argv[1], env)
+            print(json.dumps({"imported": report.imported, "failed": report.failed}))
+
+    anyio.run(main, backend=sys.argv[3])
+    """
+)
+
+
+async def test_open_bundle_rejects_what_is_not_a_bundle(tmp_path: Path) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    with pytest.raises(NotABundleError):
+        async with open_bundle(text):
+            pass
+    with pytest.raises(FileNotFoundError):
+        async with open_bundle(tmp_path / "missing"):
+            pass
+
+
+async def test_a_sqlite_file_that_is_not_a_bundle_is_corrupt(
+    warm_env: Environment, tmp_path: Path
+) -> None:
+    with pytest.raises(InvalidManifestError, match="no manifest"):
+        async with open_bundle(warm_env.path):
+            pass
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).execute("CREATE TABLE t (x)").connection.close()
+    with pytest.raises(CorruptBundleError, match="no 'meta' table"):
+        async with SqliteBundle.open(empty):
+            pass
+
+
+async def test_rows_whose_key_or_value_is_not_a_blob_are_malformed(
+    bundle_path: Path, bundle_format: str
+) -> None:
+    if bundle_format != BundleFormat.SQLITE:
+        return  # only the SQLite format has typed columns; the flat format has none
+    with sqlite3.connect(bundle_path) as conn:
+        conn.execute("UPDATE entries SET value = 'text' WHERE key = ?", (b"k001",))
+    conn.close()
+    with pytest.raises(CorruptBundleError, match="wrong type"):
+        async with open_bundle(bundle_path):
+            pass
+
+
+async def test_an_unknown_manifest_schema_is_unsupported(
+    bundle_path: Path, bundle_format: str
+) -> None:
+    _rewrite_manifest(bundle_path, bundle_format, {"schema": 2})
+    with pytest.raises(UnsupportedSchemaError, match="schema 2"):
+        async with open_bundle(bundle_path):
+            pass
+
+
+async def test_a_manifest_with_a_wrong_field_names_the_field(
+    bundle_path: Path, bundle_format: str
+) -> None:
+    _rewrite_manifest(bundle_path, bundle_format, {"name": 7})
+    with pytest.raises(InvalidManifestError, match="'name'"):
+        async with open_bundle(bundle_path):
+            pass
+
+
+def _rewrite_manifest(path: Path, fmt: str, changes: dict[str, object]) -> None:
+    if fmt == BundleFormat.SQLITE:
+        with sqlite3.connect(path) as conn:
+            document = json.loads(
+                conn.execute("SELECT v FROM meta WHERE k='manifest'").fetchone()[0]
+            )
+            document.update(changes)
+            conn.execute("UPDATE meta SET v = ? WHERE k = 'manifest'", (json.dumps(document),))
+        conn.close()
+        return
+    data = path.read_bytes()
+    length = int.from_bytes(data[12:16], "little")
+    document = json.loads(data[16 : 16 + length])
+    document.update(changes)
+    new = json.dumps(document).encode()
+    path.write_bytes(data[:12] + len(new).to_bytes(4, "little") + new + data[16 + length :])
+
+
+async def test_a_flat_header_claiming_billions_of_entries_fails_before_allocating() -> None:
+    from warmenv.bundle.manifest import DIGEST_PLACEHOLDER
+
+    manifest = json.dumps(
+        {
+            "schema": 1,
+            "name": "n",
+            "version": "1",
+            "created": "c",
+            "environments": [],
+            "digest": DIGEST_PLACEHOLDER,
+        }
+    ).encode()
+    blob = b"WARMENV\x01" + (1).to_bytes(4, "little") + len(manifest).to_bytes(4, "little")
+    blob += manifest + (0).to_bytes(4, "little") + (4_000_000_000).to_bytes(4, "little")
+    with pytest.raises(CorruptBundleError, match="more than the file holds"):
+        FlatBundle.from_bytes(blob)
+
+
+async def test_a_flat_bundle_reads_from_bytes(bundle_path: Path, bundle_format: str) -> None:
+    if bundle_format != BundleFormat.FLAT:
+        return  # from_bytes is the flat format's
+    bundle = FlatBundle.from_bytes(bundle_path.read_bytes())
+    assert await bundle.get(KERNELS, b"k010") == b"kernel-10"
+    assert bundle.compute_digest() == bundle.manifest.digest
+    await bundle.aclose()
+
+
+async def test_preflight_says_the_bundle_can_hit_here(bundle_path: Path) -> None:
+    report = await preflight(bundle_path, version="1")
+    assert report.ok
+    assert "can hit" in str(report)
+
+
+async def test_preflight_explains_another_platform(warm_env: Environment, tmp_path: Path) -> None:
+    elsewhere = EnvironmentInfo(label="Mac M3", os="macos", arch="riscv128")
+    out = tmp_path / "b.bundle"
+    await export_bundle(warm_env, out, name="mac", environments=[elsewhere])
+    report = await preflight(out)
+    assert not report.ok
+    assert "'Mac M3' (macos riscv128)" in str(report)
+    assert "will not hit" in str(report)
+
+
+async def test_preflight_lists_namespaces_of_another_version(bundle_path: Path) -> None:
+    report = await preflight(bundle_path, version="2")
+    assert not report.ok
+    assert set(report.other_versions) == set(sample_entries())
+    assert "re-export" in str(report)
+
+
+async def test_namespace_prefix_helpers_match_whole_segments() -> None:
+    from warmenv.persistence.namespace import matches_prefix
+
+    assert matches_prefix("app/1/x", "app")
+    assert matches_prefix("app/1/x", "app/1/")
+    assert not matches_prefix("app2/1/x", "app")
+    assert Namespace.raw("app/1/x/y").path == "x/y"
+
+
+async def test_import_report_is_a_frozen_value() -> None:
+    report = ImportReport((), 0, 0, 0, 0, 0, 0.0)
+    with pytest.raises(AttributeError):
+        report.imported = 1  # type: ignore[misc]
+    assert os.sep  # keep os imported for path helpers above
