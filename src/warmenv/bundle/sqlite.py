@@ -77,6 +77,14 @@ def _validate(conn: sqlite3.Connection) -> tuple[BundleManifest, list[tuple[str,
 
 
 def _digest(conn: sqlite3.Connection) -> str:
+    """The content digest, after SQLite's own check that table and index agree.
+
+    The digest reads keys in index order; a file whose table rows differ from
+    its index could otherwise pass the digest and still import damaged rows.
+    """
+    problems = [row[0] for row in conn.execute("PRAGMA integrity_check(5)")]
+    if problems != ["ok"]:
+        raise CorruptBundleError(f"SQLite finds it damaged: {'; '.join(problems)}")
     digest = Digest()
     cursor = conn.execute("SELECT namespace, key, value FROM entries ORDER BY namespace, key")
     while rows := cursor.fetchmany(512):
@@ -137,12 +145,16 @@ class SqliteBundle:
             after = rows[-1][0]
 
     async def compute_digest(self) -> str:
-        return await self._run(_digest)
+        """Check the file's integrity and hash its entries; `CorruptBundleError` if damaged."""
+        try:
+            return await self._run(_digest)
+        except CorruptBundleError as exc:
+            raise CorruptBundleError(f"{self.path}: {exc}") from None
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         try:
             return await self._connection.run(fn)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, UnicodeDecodeError) as exc:
             raise CorruptBundleError(f"{self.path}: reading failed ({exc})") from None
 
     async def aclose(self) -> None:
@@ -217,6 +229,9 @@ async def open_sqlite_bundle(path: Path) -> SqliteBundle:
         except (InvalidManifestError, UnsupportedSchemaError, CorruptBundleError) as exc:
             await connection.close()
             raise type(exc)(f"{path}: {exc}") from None
+        except UnicodeDecodeError as exc:
+            await connection.close()
+            raise CorruptBundleError(f"{path}: text that is not UTF-8 ({exc})") from None
         except sqlite3.Error as exc:
             await connection.close()
             last = exc
