@@ -266,12 +266,33 @@ def _merged(
         while batch := cursor.fetchmany(_BATCH):
             yield from batch
 
+    if len(conns) == 1:  # one sorted source has nothing to merge or deduplicate
+        yield from rows(conns[0])
+        return
     previous: tuple[str, bytes] | None = None
     for row in heapq.merge(*(rows(c) for c in conns), key=lambda r: (r[0], r[1])):
         if previous is not None and (row[0], row[1]) == previous:
             continue
         previous = (row[0], row[1])
         yield row
+
+
+def _totals(
+    conns: list[sqlite3.Connection], where: str, params: list[str]
+) -> dict[str, tuple[int, int]]:
+    """Entries and bytes per namespace, as the merged stream will hold them."""
+    if len(conns) == 1:
+        rows = conns[0].execute(
+            "SELECT namespace, count(*), coalesce(sum(length(key) + length(value)), 0) "
+            f"FROM entries WHERE {where} GROUP BY namespace ORDER BY namespace",
+            params,
+        )
+        return {namespace: (int(count), int(size)) for namespace, count, size in rows}
+    totals: dict[str, tuple[int, int]] = {}
+    for namespace, key, value_len in _merged(conns, "length(value)", where, params):
+        entries, size = totals.get(namespace, (0, 0))
+        totals[namespace] = (entries + 1, size + len(key) + int(value_len))  # type: ignore[call-overload]
+    return totals
 
 
 class _ExportJob:
@@ -298,12 +319,7 @@ class _ExportJob:
         self.conns = [_open_source(p) for p in sources]
         try:
             self.where, self.params = _where(prefixes)
-            self.totals: dict[str, tuple[int, int]] = {}
-            for namespace, key, value_len in _merged(
-                self.conns, "length(value)", self.where, self.params
-            ):
-                entries, size = self.totals.get(namespace, (0, 0))
-                self.totals[namespace] = (entries + 1, size + len(key) + int(value_len))  # type: ignore[call-overload]
+            self.totals = _totals(self.conns, self.where, self.params)
             self.total_entries = sum(e for e, _ in self.totals.values())
             self.total_bytes = sum(b for _, b in self.totals.values())
             self._digest = Digest()
@@ -341,19 +357,22 @@ class _ExportJob:
                 break
         if not batch:
             return None
-        digest = self._digest
+        update = self._digest.update
+        size = 0
         for namespace, key, value in batch:
-            digest.update(namespace.encode("utf-8"), key, value)
-            self.bytes_done += len(key) + len(value)
+            update(namespace.encode("utf-8"), key, value)
+            size += len(key) + len(value)
+        self.bytes_done += size
         if self._writer is not None:
+            add = self._writer.add
             for namespace, key, value in batch:
-                self._writer.add(namespace, key, value)
+                add(namespace, key, value)
         else:
             assert self._sqlite is not None
-            origin = int(Origin.IMPORTED)
             self._sqlite.executemany(
-                "INSERT INTO entries (namespace, key, value, origin) VALUES (?, ?, ?, ?)",
-                [(n, k, v, origin) for n, k, v in batch],
+                f"INSERT INTO entries (namespace, key, value, origin) "
+                f"VALUES (?, ?, ?, {int(Origin.IMPORTED)})",
+                batch,
             )
         self.done += len(batch)
         return batch[-1][0]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import final
 
 import anyio
+import attrs
 
 from warmenv.bundle.base import Bundle, CorruptBundleError
 from warmenv.bundle.events import Event, Finished, ImportReport, Progress, Started
@@ -287,23 +288,25 @@ async def _copy_in_sql(
         clause, params = _prefix_clause(prefixes)
         start: int | None = await db.run(_first_rowid)
         while start is not None:
-            end, following = await db.run(partial(_batch_end, start, batch_size))
-            seen, seen_bytes = await db.run(partial(_count_range, start, end, clause, params))
+            copy = partial(_copy_batch, start, batch_size, clause, params)
             try:
-                imported = await db.run(partial(_copy_range, start, end, clause, params))
+                batch = await db.run(copy)
             except sqlite3.Error as exc:
                 log.warning("importing %s into %s: a batch failed: %s", bundle.path, db.path, exc)
-                tally.failed += seen
-                imported = []
-            else:
-                tally.skipped += seen - sum(entries for _, entries, _ in imported)
-            for namespace, entries, size in imported:
+                batch = await db.run(
+                    partial(_count_failed_batch, start, batch_size, clause, params)
+                )
+            start = batch.following
+            for namespace, entries, size in batch.imported:
                 tally.add_imported(namespace, entries, size)
-            tally.done += seen
-            tally.bytes_done += seen_bytes
-            start = following
-            if seen:
-                yield imported[-1][0] if imported else ""
+            if batch.failed:
+                tally.failed += batch.seen
+            else:
+                tally.skipped += batch.seen - sum(entries for _, entries, _ in batch.imported)
+            tally.done += batch.seen
+            tally.bytes_done += batch.seen_bytes
+            if batch.seen:
+                yield batch.last_namespace
     finally:
         with anyio.CancelScope(shield=True):
             try:
@@ -325,55 +328,104 @@ def _first_rowid(conn: sqlite3.Connection) -> int | None:
     return None if row[0] is None else int(row[0])
 
 
-def _batch_end(start: int, batch_size: int, conn: sqlite3.Connection) -> tuple[int, int | None]:
+@attrs.frozen
+class _Batch:
+    seen: int
+    seen_bytes: int
+    imported: list[tuple[str, int, int]]
+    last_namespace: str
+    following: int | None
+    failed: bool = False
+
+
+def _batch_bounds(start: int, batch_size: int, conn: sqlite3.Connection) -> tuple[int, int | None]:
     """The last rowid of the batch starting at `start`, and the first of the next."""
-    rows = conn.execute(
-        f"SELECT rowid FROM {_ALIAS}.entries WHERE rowid >= ? ORDER BY rowid LIMIT 1 OFFSET ?",
-        (start, batch_size - 1),
-    ).fetchone()
-    end = (
-        int(rows[0])
-        if rows
-        else int(conn.execute(f"SELECT max(rowid) FROM {_ALIAS}.entries").fetchone()[0])
-    )
-    following = conn.execute(
-        f"SELECT min(rowid) FROM {_ALIAS}.entries WHERE rowid > ?", (end,)
-    ).fetchone()[0]
-    return end, None if following is None else int(following)
-
-
-def _count_range(
-    start: int, end: int, clause: str, params: list[str], conn: sqlite3.Connection
-) -> tuple[int, int]:
     row = conn.execute(
-        "SELECT count(*), coalesce(sum(length(key) + length(value)), 0) "
-        f"FROM {_ALIAS}.entries AS b WHERE b.rowid BETWEEN ? AND ? AND {clause}",
-        (start, end, *params),
+        f"SELECT rowid FROM {_ALIAS}.entries WHERE rowid >= ? ORDER BY rowid LIMIT 1 OFFSET ?",
+        (start, batch_size),
     ).fetchone()
-    return int(row[0]), int(row[1])
+    if row is None:
+        end = conn.execute(f"SELECT max(rowid) FROM {_ALIAS}.entries").fetchone()[0]
+        return int(end), None
+    following = int(row[0])
+    return following - 1, following
 
 
-def _copy_range(
+def _seen(
     start: int, end: int, clause: str, params: list[str], conn: sqlite3.Connection
 ) -> list[tuple[str, int, int]]:
-    """Copy one rowid range in one transaction; what was inserted, per namespace."""
+    return conn.execute(
+        "SELECT namespace, count(*), coalesce(sum(length(key) + length(value)), 0) "
+        f"FROM {_ALIAS}.entries AS b WHERE b.rowid BETWEEN ? AND ? AND {clause} "
+        "GROUP BY namespace ORDER BY namespace",
+        (start, end, *params),
+    ).fetchall()
 
-    def body(conn: sqlite3.Connection) -> list[tuple[str, int, int]]:
-        rows = conn.execute(
-            "INSERT INTO main.entries (namespace, key, value, origin) "
-            f"SELECT b.namespace, b.key, b.value, {int(Origin.IMPORTED)} "
-            f"FROM {_ALIAS}.entries AS b WHERE b.rowid BETWEEN ? AND ? AND {clause} "
-            "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value, "
-            "origin = excluded.origin "
-            "WHERE warmenv_may_replace(entries.origin, excluded.origin) "
-            "RETURNING namespace, length(key) + length(value)",
-            (start, end, *params),
-        ).fetchall()
-        by_ns: dict[str, list[int]] = {}
-        for namespace, size in rows:
-            entry = by_ns.setdefault(namespace, [0, 0])
-            entry[0] += 1
-            entry[1] += size
-        return [(n, c, b) for n, (c, b) in by_ns.items()]
+
+def _count_failed_batch(
+    start: int, batch_size: int, clause: str, params: list[str], conn: sqlite3.Connection
+) -> _Batch:
+    end, following = _batch_bounds(start, batch_size, conn)
+    seen = _seen(start, end, clause, params, conn)
+    return _Batch(
+        seen=sum(c for _, c, _ in seen),
+        seen_bytes=sum(b for _, _, b in seen),
+        imported=[],
+        last_namespace=seen[-1][0] if seen else "",
+        following=following,
+        failed=True,
+    )
+
+
+_COPY = (
+    "INSERT INTO main.entries (namespace, key, value, origin) "
+    "SELECT b.namespace, b.key, b.value, {origin} "
+    "FROM {alias}.entries AS b WHERE b.rowid BETWEEN ? AND ? AND {clause} "
+    "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value, "
+    "origin = excluded.origin WHERE warmenv_may_replace(entries.origin, excluded.origin)"
+)
+
+
+def _copy_batch(
+    start: int, batch_size: int, clause: str, params: list[str], conn: sqlite3.Connection
+) -> _Batch:
+    """Copy one rowid range in one transaction, in one call into the worker.
+
+    Which rows were new is known without asking SQLite row by row when all
+    or none of the batch went in; only a batch where some did (a resumed
+    import, a few local values) is redone with RETURNING to count them.
+    """
+    end, following = _batch_bounds(start, batch_size, conn)
+    sql = _COPY.format(origin=int(Origin.IMPORTED), alias=_ALIAS, clause=clause)
+    args = (start, end, *params)
+
+    def body(conn: sqlite3.Connection) -> _Batch:
+        seen = _seen(start, end, clause, params, conn)
+        total = sum(c for _, c, _ in seen)
+        conn.execute("SAVEPOINT warmenv_batch")
+        before = conn.total_changes
+        conn.execute(sql, args)
+        changes = conn.total_changes - before
+        if changes == total:
+            imported = seen
+        elif changes == 0:
+            imported = []
+        else:
+            conn.execute("ROLLBACK TO warmenv_batch")
+            rows = conn.execute(sql + " RETURNING namespace, length(key) + length(value)", args)
+            by_ns: dict[str, list[int]] = {}
+            for namespace, size in rows.fetchall():
+                entry = by_ns.setdefault(namespace, [0, 0])
+                entry[0] += 1
+                entry[1] += size
+            imported = [(n, c, b) for n, (c, b) in sorted(by_ns.items())]
+        conn.execute("RELEASE warmenv_batch")
+        return _Batch(
+            seen=total,
+            seen_bytes=sum(b for _, _, b in seen),
+            imported=imported,
+            last_namespace=seen[-1][0] if seen else "",
+            following=following,
+        )
 
     return transaction(conn, body)
