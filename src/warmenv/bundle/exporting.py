@@ -47,6 +47,7 @@ from warmenv.persistence.storage import NamespaceSummary, Origin
 __all__ = ["BundleFormat", "ExportProgress", "InvalidSourceError", "export_bundle", "exporting"]
 
 _STAGING_SUFFIX = ".warmenv-staging"
+_SOURCE = "warmenv_source"
 _BATCH = 1024
 
 Source = Environment | str | Path
@@ -314,42 +315,90 @@ class _ExportJob:
         self._writer: FlatWriter | None = None
         self._sqlite: sqlite3.Connection | None = None
         self._file: object = None
+        self.conns: list[sqlite3.Connection] = []
+        self._digest = Digest()
+        # One source into the SQLite format is copied inside SQLite; the digest
+        # is then taken from the rows as written, read back while still cached.
+        self._copy_from: tuple[str, bytes] | None = None
+        self._copied_rowid = 0
         _check_out(out)
         _remove_stale_staging(out)
-        self.conns = [_open_source(p) for p in sources]
         try:
             self.where, self.params = _where(prefixes)
-            self.totals = _totals(self.conns, self.where, self.params)
+            if format == BundleFormat.SQLITE and len(sources) == 1:
+                self._start_sql_copy(sources[0])
+            else:
+                self.conns = [_open_source(p) for p in sources]
+                self.totals = _totals(self.conns, self.where, self.params)
+                self._rows = _merged(self.conns, "value", self.where, self.params)
+                self._start_output()
             self.total_entries = sum(e for e, _ in self.totals.values())
             self.total_bytes = sum(b for _, b in self.totals.values())
-            self._digest = Digest()
-            self._rows = _merged(self.conns, "value", self.where, self.params)
-            self._start_output()
         except BaseException:
             self.abandon()
             raise
 
-    def _start_output(self) -> None:
+    def _new_staging(self) -> Path:
         token = f"{os.getpid()}.{secrets.token_hex(4)}"
         self.staging = self.out.with_name(f".{self.out.name}.{token}{_STAGING_SUFFIX}")
-        if self.format == BundleFormat.FLAT:
-            handle = open(self.staging, "wb+")
-            self._file = handle
-            self._writer = FlatWriter(
-                handle, self.manifest, sorted(self.totals), self.total_entries, self.total_bytes
-            )
+        return self.staging
+
+    def _staging_database(self) -> sqlite3.Connection:
+        staging = self._new_staging()
+        conn = sqlite3.connect(
+            f"{staging.resolve().as_uri()}?mode=rwc",
+            uri=True,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        self._sqlite = conn
+        conn.execute("PRAGMA journal_mode=OFF")  # a staging file: no rollback needed
+        conn.execute("PRAGMA synchronous=OFF")
+        for statement in SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        return conn
+
+    def _start_sql_copy(self, source: Path) -> None:
+        conn = self._staging_database()
+        for immutable in (False, True):
+            try:
+                conn.execute(
+                    f"ATTACH DATABASE ? AS {_SOURCE}", (bundle_uri(source, immutable=immutable),)
+                )
+                columns = [r[1] for r in conn.execute(f"PRAGMA {_SOURCE}.table_info(entries)")]
+                break
+            except sqlite3.Error as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute(f"DETACH DATABASE {_SOURCE}")
+                error = exc
         else:
-            conn = sqlite3.connect(self.staging, isolation_level=None, check_same_thread=False)
-            self._sqlite = conn
-            conn.execute("PRAGMA journal_mode=OFF")  # a staging file: no rollback needed
-            conn.execute("PRAGMA synchronous=OFF")
-            for statement in SCHEMA.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-            conn.execute("BEGIN")
+            raise InvalidSourceError(f"{source} cannot be read as a warmenv environment ({error})")
+        if columns[:3] != ["namespace", "key", "value"]:
+            raise InvalidSourceError(f"{source} is not a warmenv environment (no entries table)")
+        conn.execute("BEGIN")  # one snapshot of the source for the totals and the copy
+        rows = conn.execute(
+            "SELECT namespace, count(*), coalesce(sum(length(key) + length(value)), 0) "
+            f"FROM {_SOURCE}.entries WHERE {self.where} GROUP BY namespace ORDER BY namespace",
+            self.params,
+        )
+        self.totals = {namespace: (int(count), int(size)) for namespace, count, size in rows}
+        self._copy_from = ("", b"")
+
+    def _start_output(self) -> None:
+        if self.format == BundleFormat.FLAT:
+            handle = open(self._new_staging(), "wb+")
+            self._file = handle
+            entries = sum(e for e, _ in self.totals.values())
+            size = sum(b for _, b in self.totals.values())
+            self._writer = FlatWriter(handle, self.manifest, sorted(self.totals), entries, size)
+        else:
+            self._staging_database().execute("BEGIN")
 
     def step(self) -> str | None:
         """Write one batch; the last namespace written, or `None` when all are."""
+        if self._copy_from is not None:
+            return self._copy_step()
         batch: list[tuple[str, bytes, bytes]] = []
         for row in self._rows:
             batch.append(row)  # type: ignore[arg-type]
@@ -377,6 +426,37 @@ class _ExportJob:
         self.done += len(batch)
         return batch[-1][0]
 
+    def _copy_step(self) -> str | None:
+        conn = self._sqlite
+        assert conn is not None and self._copy_from is not None
+        after, params = "", list[object](self.params)
+        if self._copied_rowid:  # past the first batch: continue after the last row copied
+            after = " AND (namespace, key) > (?, ?)"
+            params += self._copy_from
+        conn.execute(
+            "INSERT INTO main.entries (namespace, key, value, origin) "
+            f"SELECT namespace, key, value, {int(Origin.IMPORTED)} FROM {_SOURCE}.entries "
+            f"WHERE {self.where}{after} ORDER BY namespace, key LIMIT {_BATCH}",
+            params,
+        )
+        rows = conn.execute(
+            "SELECT rowid, namespace, key, value FROM main.entries WHERE rowid > ? ORDER BY rowid",
+            (self._copied_rowid,),
+        ).fetchall()
+        if not rows:
+            return None
+        update = self._digest.update
+        size = 0
+        for _, namespace, key, value in rows:
+            update(namespace.encode("utf-8"), key, value)
+            size += len(key) + len(value)
+        last = rows[-1]
+        self._copied_rowid = last[0]
+        self._copy_from = (last[1], last[2])
+        self.bytes_done += size
+        self.done += len(rows)
+        return str(last[1])
+
     def commit(self) -> BundleManifest:
         """Finish the staging file, sync it and rename it onto `out`."""
         import attrs
@@ -399,6 +479,8 @@ class _ExportJob:
                 (manifest.to_json().decode("utf-8"),),
             )
             conn.execute("COMMIT")
+            if self._copy_from is not None:
+                conn.execute(f"DETACH DATABASE {_SOURCE}")
             conn.execute("PRAGMA journal_mode=DELETE")
             conn.close()
             self._sqlite = None

@@ -14,10 +14,12 @@ binary searches with no further checks.
 
 from __future__ import annotations
 
+import array
 import bisect
 import mmap
 import os
 import struct
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from types import TracebackType
@@ -28,7 +30,6 @@ import anyio.to_thread
 from anyio.lowlevel import checkpoint, checkpoint_if_cancelled
 
 from warmenv.bundle.base import (
-    BundleError,
     BundleTooLargeError,
     CorruptBundleError,
     InvalidManifestError,
@@ -46,7 +47,7 @@ FORMAT_VERSION = 1
 _U32 = struct.Struct("<I")
 _ENTRY = struct.Struct("<IIIII")
 _MAX_U32 = 0xFFFFFFFF
-_FENCE = 16  # one key in this many is kept for the first, coarse search
+_FENCE = 8  # one key in this many is kept for the first, coarse search
 
 
 class _Reader:
@@ -78,36 +79,43 @@ class FlatBundle:
     """A flat bundle held in memory or mapped from a file, validated at open."""
 
     __slots__ = (
+        "_base",
+        "_blob",
         "_closer",
-        "_data",
         "_fences",
-        "_index",
         "_manifest",
+        "_names",
         "_namespaces",
         "_ranges",
         "_source",
         "_summaries",
+        "_view",
+        "_words",
     )
+    _words: memoryview | array.array[int]
 
     def __init__(
-        self, data: memoryview, source: str, closer: Callable[[], None] | None = None
+        self,
+        blob: bytes | bytearray | mmap.mmap | memoryview,
+        source: str,
+        closer: Callable[[], None] | None = None,
     ) -> None:
         self._source = source
         self._closer = closer
+        # Slicing bytes or an mmap yields bytes in one step; anything else is
+        # read through a memoryview and copied per slice.
+        self._blob = blob if isinstance(blob, bytes | mmap.mmap) else None
+        self._view = memoryview(blob).cast("B")
         try:
-            self._parse(data)
-        except BundleError:
-            self._release(data)
+            self._parse(self._view)
+        except BaseException:
+            self._release()
             raise
-        except (ValueError, OverflowError, UnicodeDecodeError) as exc:  # pragma: no cover
-            self._release(data)
-            raise CorruptBundleError(f"{source}: {exc}") from None
 
     @classmethod
     def from_bytes(cls, data: bytes | bytearray | memoryview) -> FlatBundle:
         """A bundle over `data`, read in place (no copy of the entries)."""
-        view = data if isinstance(data, memoryview) else memoryview(data)
-        return cls(view.cast("B") if view.format != "B" else view, "flat bundle in memory")
+        return cls(data, "flat bundle in memory")
 
     @classmethod
     def open(cls, path: str | Path) -> _FlatOpener:
@@ -134,29 +142,35 @@ class FlatBundle:
 
     def get_nowait(self, namespace: Namespace | str, key: bytes) -> bytes | None:
         """The value without yielding to the event loop (the lookup never blocks)."""
-        ns_id = self._namespaces.get(str(namespace))
+        ns_id = self._namespaces.get(namespace if type(namespace) is str else str(namespace))
         if ns_id is None:
             return None
         start, end = self._ranges[ns_id]
-        fences = self._fences[ns_id]
-        block = bisect.bisect_right(fences, key) - 1
+        block = bisect.bisect_right(self._fences[ns_id], key) - 1
         if block < 0:
             return None
         lo = start + block * _FENCE
         hi = min(lo + _FENCE, end)
-        data, index = self._data, self._index
+        words, read = self._words, self._read
         while lo < hi:
-            mid = (lo + hi) // 2
-            _, k_off, k_len, _, _ = _ENTRY.unpack_from(index, mid * 20)
-            probe = bytes(data[k_off : k_off + k_len])
+            mid = (lo + hi) >> 1
+            at = mid * 5
+            k_off = words[at + 1]
+            probe = read(k_off, k_off + words[at + 2])
             if probe < key:
                 lo = mid + 1
             elif probe == key:
-                _, _, _, v_off, v_len = _ENTRY.unpack_from(index, mid * 20)
-                return bytes(data[v_off : v_off + v_len])
+                v_off = words[at + 3]
+                return read(v_off, v_off + words[at + 4])
             else:
                 hi = mid
         return None
+
+    def _read(self, start: int, end: int) -> bytes:
+        base = self._base
+        if self._blob is not None:
+            return self._blob[base + start : base + end]
+        return bytes(self._view[base + start : base + end])
 
     async def scan(
         self, namespace: Namespace | str, batch_size: int = 1024
@@ -173,33 +187,42 @@ class FlatBundle:
 
     def entries(self) -> Iterator[tuple[str, bytes, bytes]]:
         """Every entry in order, synchronously (for digest checks in a worker thread)."""
-        names = list(self._namespaces)
-        for position in range(len(self._index) // 20):
-            ns_id = _ENTRY.unpack_from(self._index, position * 20)[0]
-            key, value = self._entry(position)
-            yield names[ns_id], key, value
+        words = self._words
+        for ns_id, name in enumerate(self._names):
+            start, end = self._ranges[ns_id]
+            for position in range(start, end):
+                at = position * 5
+                assert words[at] == ns_id
+                key, value = self._entry(position)
+                yield name, key, value
 
     def compute_digest(self) -> str:
         digest = Digest()
-        for namespace, key, value in self.entries():
-            digest.update(namespace.encode("utf-8"), key, value)
+        update = digest.update
+        for ns_id, name in enumerate(self._names):
+            raw_name = name.encode("utf-8")
+            start, end = self._ranges[ns_id]
+            for position in range(start, end):
+                key, value = self._entry(position)
+                update(raw_name, key, value)
         return digest.value()
 
     def _entry(self, position: int) -> tuple[bytes, bytes]:
-        _, k_off, k_len, v_off, v_len = _ENTRY.unpack_from(self._index, position * 20)
-        data = self._data
-        return bytes(data[k_off : k_off + k_len]), bytes(data[v_off : v_off + v_len])
+        at = position * 5
+        words, read = self._words, self._read
+        k_off, v_off = words[at + 1], words[at + 3]
+        return read(k_off, k_off + words[at + 2]), read(v_off, v_off + words[at + 4])
 
     async def aclose(self) -> None:
-        self._release(self._data)
+        self._release()
 
-    def _release(self, data: memoryview) -> None:
+    def _release(self) -> None:
         closer, self._closer = self._closer, None
-        for attr in ("_data", "_index"):
-            view = getattr(self, attr, None)
-            if isinstance(view, memoryview):
-                view.release()
-        data.release()
+        words = getattr(self, "_words", None)
+        if isinstance(words, memoryview):
+            words.release()
+        self._view.release()
+        self._blob = None
         if closer is not None:
             closer()
 
@@ -252,22 +275,30 @@ class FlatBundle:
             raise CorruptBundleError(
                 f"{self._source}: header claims {entry_count} entries, more than the file holds"
             )
-        index = reader.take(entry_count * 20, "the index")
-        body = data[reader.pos :]
-        self._index = index
-        self._data = body
+        index_at = reader.pos
+        self._base = index_at + entry_count * 20
+        self._names = names
         self._namespaces = {name: i for i, name in enumerate(names)}
-        self._check_index(index, body, names)
+        if sys.byteorder == "little":
+            self._words = data[index_at : self._base].cast("I")
+        else:  # pragma: no cover - big-endian hosts read a converted copy of the index
+            words = array.array("I", data[index_at : self._base])
+            words.byteswap()
+            self._words = words
+        self._check_index(len(data) - self._base)
 
-    def _check_index(self, index: memoryview, body: memoryview, names: list[str]) -> None:
-        size = len(body)
+    def _check_index(self, size: int) -> None:
+        names = self._names
         ranges: list[list[int]] = [[0, 0] for _ in names]
         fences: list[list[bytes]] = [[] for _ in names]
         counts = [0] * len(names)
         sizes = [0] * len(names)
         previous_ns = -1
         previous_key = b""
-        for position, (ns_id, k_off, k_len, v_off, v_len) in enumerate(_ENTRY.iter_unpack(index)):
+        words = self._words
+        for position in range(len(words) // 5):
+            at = position * 5
+            ns_id, k_off, k_len, v_off, v_len = words[at : at + 5]
             if ns_id >= len(names):
                 raise CorruptBundleError(
                     f"{self._source}: entry {position} names namespace {ns_id} of {len(names)}"
@@ -276,7 +307,7 @@ class FlatBundle:
                 raise CorruptBundleError(
                     f"{self._source}: entry {position} points past the end of the data"
                 )
-            key = bytes(body[k_off : k_off + k_len])
+            key = self._read(k_off, k_off + k_len)
             if ns_id < previous_ns or (ns_id == previous_ns and key <= previous_key):
                 raise CorruptBundleError(
                     f"{self._source}: index not sorted (or a key repeats) at entry {position}"
@@ -323,7 +354,7 @@ def map_file(path: Path) -> FlatBundle:
         if size == 0:
             raise NotABundleError(f"{path} is empty, not a warmenv bundle")
         mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-    return FlatBundle(memoryview(mapped), str(path), mapped.close)
+    return FlatBundle(mapped, str(path), mapped.close)
 
 
 @final
