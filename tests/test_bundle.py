@@ -516,3 +516,19 @@ async def test_import_report_is_a_frozen_value() -> None:
     with pytest.raises(AttributeError):
         report.imported = 1  # type: ignore[misc]
     assert os.sep  # keep os imported for path helpers above
+
+
+async def test_a_sqlite_bundle_whose_rows_are_not_in_key_order_still_verifies(
+    warm_env: Environment, out_dir: Path, cold_env: Environment
+) -> None:
+    out = out_dir / "shuffled.bundle"
+    await export_bundle(warm_env, out, name="shuffled")
+    with sqlite3.connect(out) as conn:
+        conn.execute("CREATE TABLE t AS SELECT * FROM entries ORDER BY namespace DESC, key DESC")
+        conn.execute("DELETE FROM entries")
+        conn.execute("INSERT INTO entries SELECT * FROM t")
+        conn.execute("DROP TABLE t")
+    conn.close()
+    report = await import_bundle(out, cold_env)
+    assert report.imported == TOTAL
+    assert await env_contents(cold_env) == sample_entries()

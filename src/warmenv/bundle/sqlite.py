@@ -63,25 +63,48 @@ def _validate(conn: sqlite3.Connection) -> tuple[BundleManifest, list[tuple[str,
     if not isinstance(row[0], str):
         raise InvalidManifestError("its manifest is not text")
     manifest = BundleManifest.from_json(row[0])
-    bad = conn.execute(
-        "SELECT count(*) FROM entries WHERE typeof(namespace) != 'text' "
-        "OR typeof(key) != 'blob' OR typeof(value) != 'blob'"
-    ).fetchone()[0]
-    if bad:
-        raise CorruptBundleError(f"{bad} rows have a namespace, key or value of the wrong type")
-    namespaces = conn.execute(
-        "SELECT namespace, count(*), coalesce(sum(length(key) + length(value)), 0) "
+    rows = conn.execute(
+        "SELECT namespace, count(*), coalesce(sum(length(key) + length(value)), 0), "
+        "sum(typeof(namespace) != 'text' OR typeof(key) != 'blob' OR typeof(value) != 'blob') "
         "FROM entries GROUP BY namespace ORDER BY namespace"
     ).fetchall()
+    bad = sum(row[3] for row in rows)
+    if bad:
+        raise CorruptBundleError(f"{bad} rows have a namespace, key or value of the wrong type")
+    namespaces = [(str(n), int(c), int(b)) for n, c, b, _ in rows]
     return manifest, namespaces
 
 
 def _digest(conn: sqlite3.Connection) -> str:
-    """The content digest, after SQLite's own check that table and index agree.
+    """The content digest of exactly the rows an import copies.
 
-    The digest reads keys in index order; a file whose table rows differ from
-    its index could otherwise pass the digest and still import damaged rows.
+    Bundles are written in key order, so the table is read in rowid order
+    (sequentially, and the same rows the copy reads) while checking that
+    each row sorts after the last. A bundle whose rows are not in key order
+    falls back to SQLite's integrity check and a read in index order.
     """
+    digest = Digest()
+    update = digest.update
+    namespace_bytes = b""
+    previous_namespace: str | None = None
+    previous_key = b""
+    for namespace, key, value in conn.execute(
+        "SELECT namespace, key, value FROM entries ORDER BY rowid"
+    ):
+        if namespace != previous_namespace:
+            if previous_namespace is not None and namespace < previous_namespace:
+                return _digest_in_index_order(conn)
+            namespace_bytes = namespace.encode("utf-8")
+            previous_namespace = namespace
+        elif key <= previous_key:
+            return _digest_in_index_order(conn)
+        previous_key = key
+        update(namespace_bytes, key, value)
+    return digest.value()
+
+
+def _digest_in_index_order(conn: sqlite3.Connection) -> str:
+    # Reading in index order trusts the index to match the table: check that.
     problems = [row[0] for row in conn.execute("PRAGMA integrity_check(5)")]
     if problems != ["ok"]:
         raise CorruptBundleError(f"SQLite finds it damaged: {'; '.join(problems)}")
