@@ -23,7 +23,6 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _report import Row, per_call_us, print_table
-
 from warmenv import Namespace, open_environment
 from warmenv.bundle import FlatBundle, export_bundle, import_bundle
 

@@ -6,10 +6,10 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import sample_entries
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import sample_entries
 from warmenv import Environment, open_environment
 from warmenv.bundle import BundleError, BundleFormat, export_bundle, import_bundle, open_bundle
 
