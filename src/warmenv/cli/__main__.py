@@ -1,0 +1,5 @@
+"""`python -m warmenv.cli` runs the command line."""
+
+from warmenv.cli import entry_point
+
+entry_point()

@@ -1,0 +1,49 @@
+"""`warmenv inspect BUNDLE`: the manifest and the namespaces of a bundle."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from warmenv.bundle import open_bundle
+from warmenv.cli._common import Output, as_json, size
+
+
+def register(commands: Any, parent: argparse.ArgumentParser) -> None:
+    parser = commands.add_parser(
+        "inspect", parents=[parent], help="show a bundle's manifest and namespaces"
+    )
+    parser.add_argument("bundle", metavar="BUNDLE", type=Path)
+    parser.set_defaults(run=run)
+
+
+async def run(args: argparse.Namespace, out: Output) -> int:
+    async with open_bundle(args.bundle) as bundle:
+        manifest = bundle.manifest
+        namespaces = await bundle.namespaces()
+        kind = bundle.describe()
+    out.line(kind)
+    out.line(f"  name     {manifest.name}")
+    out.line(f"  version  {manifest.version}")
+    out.line(f"  created  {manifest.created}")
+    out.line(f"  digest   {manifest.digest}")
+    for info in manifest.environments:
+        devices = f", devices: {', '.join(info.devices)}" if info.devices else ""
+        out.line(f"  captured on {info.label!r} ({info.os} {info.arch}{devices})")
+    out.table(
+        "namespaces",
+        ["namespace", "entries", "size"],
+        [[s.namespace, f"{s.entries:,}", size(s.bytes)] for s in namespaces],
+    )
+    out.result(
+        {
+            "path": str(args.bundle),
+            "format": "flat" if kind.startswith("flat") else "sqlite",
+            "manifest": as_json(manifest),
+            "namespaces": as_json(namespaces),
+            "entries": sum(s.entries for s in namespaces),
+            "bytes": sum(s.bytes for s in namespaces),
+        }
+    )
+    return 0

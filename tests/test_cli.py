@@ -1,0 +1,285 @@
+"""The `warmenv` command, run as users run it: in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from conftest import KERNELS, sample_entries
+from warmenv import open_environment
+
+TOTAL = sum(len(items) for items in sample_entries().values())
+
+
+def warmenv(*args: str, root: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "warmenv", *args, "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        input=stdin,
+        env={**os.environ, "COLUMNS": "120"},
+    )
+
+
+def as_json(completed: subprocess.CompletedProcess[str]) -> Any:
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout)
+
+
+@pytest.fixture
+def warm_root(tmp_path: Path) -> Path:
+    """A root whose environment 'warm' holds `sample_entries()`."""
+    root = tmp_path / "root"
+
+    async def fill() -> None:
+        async with open_environment("warm", root=root) as env:
+            for namespace, items in sample_entries().items():
+                await env.storage(namespace).insert_many(items.items())
+
+    anyio.run(fill)
+    return root
+
+
+@pytest.fixture
+def bundle(warm_root: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "warm.bundle"
+    completed = warmenv("export", str(out), "--name", "H100 Linux", "--env", "warm", root=warm_root)
+    assert completed.returncode == 0, completed.stderr
+    return out
+
+
+def test_demo_runs_the_whole_story_and_the_warm_start_is_ten_times_faster(
+    tmp_path: Path,
+) -> None:
+    report = as_json(warmenv("demo", "--json", root=tmp_path / "demo"))
+    assert report["cold_computed"] == report["keys"] >= 24
+    assert report["warm_computed"] == 0
+    assert report["same_choices"] is True
+    assert report["preflight_ok"] is True
+    assert report["imported"] == report["keys"]
+    assert report["cold_seconds"] >= 10 * report["warm_seconds"]
+    assert Path(report["bundle"]["path"]).is_file()
+
+
+def test_demo_prints_a_table_of_cold_and_warm_start(tmp_path: Path) -> None:
+    completed = warmenv("demo", root=tmp_path / "demo")
+    assert completed.returncode == 0, completed.stderr
+    assert "cold start vs warm start" in completed.stdout
+    assert "faster and chose the same implementations" in completed.stdout
+
+
+def test_ls_lists_environments_and_namespaces(warm_root: Path) -> None:
+    report = as_json(warmenv("ls", "--env", "warm", "--json", root=warm_root))
+    assert [e["name"] for e in report["environments"]] == ["warm"]
+    assert {n["namespace"]: n["entries"] for n in report["namespaces"]} == {
+        ns: len(items) for ns, items in sample_entries().items()
+    }
+    table = warmenv("ls", "--env", "warm", root=warm_root)
+    assert str(KERNELS) in table.stdout
+
+
+def test_export_writes_a_bundle_and_reports_it(warm_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "b.flat"
+    report = as_json(
+        warmenv(
+            "export",
+            str(out),
+            "--name",
+            "n",
+            "--format",
+            "flat",
+            "--namespace",
+            "app",
+            "--env",
+            "warm",
+            "--json",
+            root=warm_root,
+        )
+    )
+    assert report["entries"] == TOTAL - 1
+    assert out.is_file()
+
+
+def test_export_takes_explicit_sources(warm_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "b.bundle"
+    report = as_json(
+        warmenv(
+            "export",
+            str(out),
+            str(warm_root / "warm.db"),
+            "--name",
+            "n",
+            "--json",
+            root=tmp_path / "elsewhere",
+        )
+    )
+    assert report["entries"] == TOTAL
+
+
+def test_import_fills_an_environment(bundle: Path, tmp_path: Path) -> None:
+    root = tmp_path / "other"
+    report = as_json(warmenv("import", str(bundle), "--env", "fresh", "--json", root=root))
+    assert report["imported"] == TOTAL
+    again = as_json(warmenv("import", str(bundle), "--env", "fresh", "--json", root=root))
+    assert (again["imported"], again["skipped"]) == (0, TOTAL)
+
+
+def test_plain_output_shows_progress_lines_and_a_summary(bundle: Path, tmp_path: Path) -> None:
+    completed = warmenv("import", str(bundle), "--env", "fresh", root=tmp_path / "r")
+    assert completed.returncode == 0
+    assert f"importing warm.bundle: {TOTAL}/{TOTAL} (100%)" in completed.stdout
+    assert f"imported {TOTAL} entries" in completed.stdout
+
+
+def test_inspect_shows_the_manifest_and_namespaces(bundle: Path, tmp_path: Path) -> None:
+    report = as_json(warmenv("inspect", str(bundle), "--json", root=tmp_path))
+    assert report["manifest"]["name"] == "H100 Linux"
+    assert report["entries"] == TOTAL
+    text = warmenv("inspect", str(bundle), root=tmp_path).stdout
+    assert "H100 Linux" in text
+    assert str(KERNELS) in text
+
+
+def test_verify_accepts_a_sound_bundle(bundle: Path, tmp_path: Path) -> None:
+    report = as_json(warmenv("verify", str(bundle), "--json", root=tmp_path))
+    assert report["ok"] is True
+
+
+def test_verify_rejects_a_tampered_bundle_in_one_line(bundle: Path, tmp_path: Path) -> None:
+    import sqlite3
+
+    with sqlite3.connect(bundle) as conn:
+        conn.execute("UPDATE entries SET value = x'00' WHERE key = ?", (b"k001",))
+    conn.close()
+    completed = warmenv("verify", str(bundle), root=tmp_path)
+    assert completed.returncode == 1
+    assert completed.stderr.count("\n") == 1
+    assert "does not match its digest" in completed.stderr
+    assert "Traceback" not in completed.stderr
+
+
+def test_check_reports_the_preflight(bundle: Path, tmp_path: Path) -> None:
+    report = as_json(warmenv("check", str(bundle), "--version", "1", "--json", root=tmp_path))
+    assert report["ok"] is True
+    other = warmenv("check", str(bundle), "--version", "9", root=tmp_path)
+    assert other.returncode == 1
+    assert "will not hit" in other.stdout
+
+
+def test_purge_needs_confirmation_then_deletes(warm_root: Path) -> None:
+    refused = warmenv("purge", "--env", "warm", root=warm_root)
+    assert refused.returncode == 2
+    assert "--yes" in refused.stderr
+    report = as_json(
+        warmenv("purge", "--env", "warm", "--namespace", "app2", "--yes", "--json", root=warm_root)
+    )
+    assert report["deleted"] == 1
+    left = as_json(warmenv("ls", "--env", "warm", "--json", root=warm_root))
+    assert "app2/1/kernels" not in {n["namespace"] for n in left["namespaces"]}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["import", "/nonexistent/missing.bundle"],
+        ["inspect", "/nonexistent/missing.bundle"],
+    ],
+)
+def test_a_missing_bundle_fails_with_one_line_and_no_traceback(
+    args: list[str], tmp_path: Path
+) -> None:
+    completed = warmenv(*args, root=tmp_path)
+    assert completed.returncode == 1
+    assert completed.stderr.strip().count("\n") == 0
+    assert "missing.bundle" in completed.stderr
+    assert "Traceback" not in completed.stderr
+
+
+def test_a_corrupt_bundle_fails_with_one_line(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.bundle"
+    junk.write_bytes(b"WARMENV\x01" + b"\xff" * 64)
+    completed = warmenv("import", str(junk), root=tmp_path / "r")
+    assert completed.returncode == 1
+    assert completed.stderr.strip().count("\n") == 0
+    assert completed.stderr.startswith("warmenv: error: ")
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    completed = warmenv("inspect", str(tmp_path / "missing"), "--debug", root=tmp_path)
+    assert completed.returncode == 1
+    assert "Traceback" in completed.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["export", "out.bundle"],  # --name is required
+        ["import"],
+        ["no-such-command"],
+        ["export", "o", "--name", "n", "--format", "zip"],
+        ["ls", "--env", "bad name"],
+    ],
+)
+def test_bad_usage_exits_2(args: list[str], tmp_path: Path) -> None:
+    completed = warmenv(*args, root=tmp_path)
+    assert completed.returncode == 2
+    assert "Traceback" not in completed.stderr
+
+
+def test_an_existing_foreign_file_is_not_overwritten(warm_root: Path, tmp_path: Path) -> None:
+    precious = tmp_path / "notes.txt"
+    precious.write_text("keep me")
+    completed = warmenv("export", str(precious), "--name", "n", "--env", "warm", root=warm_root)
+    assert completed.returncode == 1
+    assert "not a warmenv bundle; remove it first" in completed.stderr
+    assert precious.read_text() == "keep me"
+
+
+def test_import_in_a_terminal_draws_a_progress_bar(bundle: Path, tmp_path: Path) -> None:
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a terminal user running the command
+        os.environ.update(COLUMNS="100", TERM="xterm-256color")
+        os.execv(
+            sys.executable,
+            [
+                sys.executable,
+                "-m",
+                "warmenv",
+                "import",
+                str(bundle),
+                "--env",
+                "tty",
+                "--root",
+                str(tmp_path / "tty"),
+            ],
+        )
+    output = b""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 1.0)
+        if not ready:
+            continue
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # the terminal closes when the child exits
+            break
+        if not chunk:
+            break
+        output += chunk
+    _, status = os.waitpid(pid, 0)
+    text = output.decode("utf-8", "replace")
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    assert "━" in text  # rich's bar
+    assert f"{TOTAL}/{TOTAL}" in text
+    assert f"imported {TOTAL} entries" in text
