@@ -46,6 +46,13 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """Build the documentation with warnings as errors (mkdocs --strict)."""
+    session.install("-e", ".", "mkdocs>=1.6", "mkdocstrings[python]>=0.26")
+    session.run("mkdocs", "build", "--strict", "--site-dir", "site")
+
+
+@nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
     """The main job: `warmenv demo`."""
     session.install(".[cli]")
