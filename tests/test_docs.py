@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 
-def _examples() -> list[object]:
+def _examples() -> list[Any]:
     found = []
     for page in PAGES:
         for number, match in enumerate(BLOCK.finditer(page.read_text()), 1):
