@@ -1,0 +1,504 @@
+"""Fault injection: kills, cancellation, concurrency, full disks, inert data.
+
+Each scenario runs here in a short form; `nox -s reliability` runs the long
+forms (`-m slow`) and, with WARMENV_RELIABILITY_REPORT set, records the
+trials for docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle  # only to build a hostile payload; the library never imports it
+import random
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import anyio
+import pytest
+
+from conftest import env_contents
+from warmenv import Environment, Failed, Namespace, Store, Stored, open_environment
+from warmenv.bundle import BundleFormat, export_bundle, import_bundle, open_bundle
+
+pytestmark = pytest.mark.anyio
+
+WORKLOAD = Path(__file__).with_name("workload.py")
+NS = Namespace("reliability", "batches", version="1")
+BATCH = 50
+
+
+def record(scenario: str, trials: int, failures: int, checked: str) -> None:
+    """Append a row for docs/reliability.md when a long run asks for it."""
+    report = os.environ.get("WARMENV_RELIABILITY_REPORT")
+    if report:
+        with open(report, "a") as handle:
+            row = {"scenario": scenario, "trials": trials, "failures": failures, "checked": checked}
+            handle.write(json.dumps(row) + "\n")
+
+
+def integrity_ok(path: Path) -> None:
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    finally:
+        conn.close()
+
+
+def keys_in(path: Path) -> list[bytes]:
+    conn = sqlite3.connect(path)
+    try:
+        rows = conn.execute(
+            "SELECT key FROM entries WHERE namespace = ? ORDER BY key", (str(NS),)
+        ).fetchall()
+    finally:
+        conn.close()
+    return [row[0] for row in rows]
+
+
+def batches_whole(keys: list[bytes], size: int) -> None:
+    """Every batch written by insert_many is there completely or not at all."""
+    per_batch = Counter(key.split(b"-")[0] for key in keys)
+    partial = {batch: n for batch, n in per_batch.items() if n != size}
+    assert not partial, f"partial batches: {partial}"
+
+
+def staging_files(directory: Path) -> list[Path]:
+    return list(directory.glob(".*.warmenv-staging"))
+
+
+def spawn(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(WORKLOAD), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def duration(process: subprocess.Popen[str]) -> float:
+    """How long the operation runs from "started" to its end, when nobody kills it."""
+    with process:
+        assert process.stdout is not None and process.stderr is not None
+        assert process.stdout.readline().startswith("started"), process.stderr.read()
+        begun = last = time.monotonic()
+        for line in process.stdout:
+            if not line.startswith("done"):
+                last = time.monotonic()  # the last batch; closing is not the operation
+        process.wait()
+    assert process.returncode == 0
+    return last - begun
+
+
+def kill_mid_operation(process: subprocess.Popen[str], rng: random.Random, within: float) -> None:
+    """SIGKILL the child at a random moment after it reports the operation started."""
+    with process:
+        assert process.stdout is not None and process.stderr is not None
+        line = process.stdout.readline()
+        assert line.startswith(("started", "done")), process.stderr.read()
+        time.sleep(rng.uniform(0, within))  # the random moment of the kill, not synchronisation
+        process.kill()
+        process.wait()
+
+
+# --- 1. killed mid-operation -----------------------------------------------------------
+
+
+def kill_insert_many(tmp: Path, trials: int, backend: str) -> None:
+    rng = random.Random(1)
+    within = 0.9 * duration(spawn("insert_many", str(tmp / "timing"), "400", str(BATCH), backend))
+    for trial in range(trials):
+        root = tmp / f"insert-{trial}"
+        kill_mid_operation(spawn("insert_many", str(root), "400", str(BATCH), backend), rng, within)
+        path = root / "target.db"
+        integrity_ok(path)
+        batches_whole(keys_in(path), BATCH)
+
+        async def complete(root: Path) -> None:
+            async with open_environment("target", root=root) as env:
+                storage = env.storage(NS)
+                for batch in range(400):
+                    items = [(b"b%05d-%05d" % (batch, i), b"v" * 512) for i in range(BATCH)]
+                    summary = await storage.insert_many(items)
+                    assert summary.failed == 0
+
+        anyio.run(complete, root, backend=backend)
+        assert len(keys_in(path)) == 400 * BATCH
+
+
+async def _make_bundle(tmp: Path, entries: int, fmt: str = BundleFormat.SQLITE) -> Path:
+    source = tmp / "source"
+    async with open_environment("source", root=source) as env:
+        await env.storage(NS).insert_many((b"k%06d" % i, os.urandom(256)) for i in range(entries))
+        out = tmp / f"source.{fmt}"
+        await export_bundle(env, out, name="source", format=fmt)
+    return out
+
+
+def kill_import(tmp: Path, trials: int, backend: str) -> None:
+    rng = random.Random(2)
+    entries, size = 20_000, 200
+    bundle = anyio.run(_make_bundle, tmp, entries)
+    expected = sorted(b"k%06d" % i for i in range(entries))
+    within = 0.9 * duration(spawn("import", str(tmp / "timing"), str(bundle), str(size), backend))
+    for trial in range(trials):
+        root = tmp / f"import-{trial}"
+        kill_mid_operation(spawn("import", str(root), str(bundle), str(size), backend), rng, within)
+        path = root / "target.db"
+        integrity_ok(path)
+        got = keys_in(path)
+        assert got == expected[: len(got)], "an import commits whole batches in bundle order"
+        assert len(got) % size == 0 or len(got) == entries, f"partial batch: {len(got)}"
+
+        async def rerun(root: Path, already: int) -> None:
+            async with open_environment("target", root=root) as env:
+                report = await import_bundle(bundle, env, batch_size=size)
+                assert report.imported + report.skipped == entries
+                assert report.skipped == already
+
+        anyio.run(rerun, root, len(got), backend=backend)
+        assert keys_in(path) == expected
+
+
+def kill_export(tmp: Path, trials: int, backend: str, fmt: str) -> None:
+    rng = random.Random(3)
+    root = tmp / "export-root"
+
+    async def prepare() -> bytes:
+        async with open_environment("target", root=root) as env:
+            await env.storage(NS).insert_many(
+                (b"k%06d" % i, os.urandom(512)) for i in range(30_000)
+            )
+            await export_bundle(env, tmp / "out.bundle", name="previous", format=fmt)
+        return (tmp / "out.bundle").read_bytes()
+
+    previous = anyio.run(prepare)
+    out = tmp / "out.bundle"
+    within = 0.9 * duration(spawn("export", str(root), str(tmp / "timing.bundle"), fmt, backend))
+    for _ in range(trials):
+        kill_mid_operation(spawn("export", str(root), str(out), fmt, backend), rng, within)
+        if out.read_bytes() != previous:  # the kill came after the rename: it must be whole
+
+            async def check_whole() -> None:
+                async with open_bundle(out) as bundle:
+                    assert bundle.manifest.name == "killed"
+                    compute = getattr(bundle, "compute_digest")  # noqa: B009
+                    digest = compute() if fmt == BundleFormat.FLAT else await compute()
+                    assert digest == bundle.manifest.digest
+
+            anyio.run(check_whole, backend=backend)
+
+        async def export_again() -> bytes:
+            await export_bundle(root / "target.db", out, name="previous", format=fmt)
+            return out.read_bytes()
+
+        previous = anyio.run(export_again, backend=backend)
+        assert staging_files(tmp) == [], "the next export removes what a killed one left"
+        integrity_ok(root / "target.db")
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_killed_insert_many_leaves_whole_batches(tmp_path: Path, backend: str) -> None:
+    kill_insert_many(tmp_path, 2, backend)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_killed_import_leaves_whole_batches_and_completes_on_rerun(
+    tmp_path: Path, backend: str
+) -> None:
+    kill_import(tmp_path, 2, backend)
+
+
+@pytest.mark.parametrize("fmt", [BundleFormat.SQLITE, BundleFormat.FLAT])
+def test_killed_export_leaves_the_previous_bundle_or_a_whole_one(tmp_path: Path, fmt: str) -> None:
+    kill_export(tmp_path, 2, "asyncio", fmt)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_long_kills(tmp_path: Path, backend: str) -> None:
+    trials = int(os.environ.get("WARMENV_KILL_TRIALS", "20"))
+    kill_insert_many(tmp_path / "i", trials, backend)
+    record(
+        f"SIGKILL during insert_many ({backend})",
+        trials,
+        0,
+        "integrity_check; every 50-item batch whole or absent; rerun completes",
+    )
+    kill_import(tmp_path / "m", trials, backend)
+    record(
+        f"SIGKILL during import ({backend})",
+        trials,
+        0,
+        "integrity_check; committed keys a whole-batch prefix of the bundle; rerun imports "
+        "the rest",
+    )
+    for fmt in (BundleFormat.SQLITE, BundleFormat.FLAT):
+        kill_export(tmp_path / f"e-{fmt}", trials, backend, fmt)
+        record(
+            f"SIGKILL during export to {fmt} ({backend})",
+            trials,
+            0,
+            "out is byte-identical to the previous bundle or a whole new one (digest "
+            "verified); the next export removes staging files",
+        )
+
+
+# --- 2. cancelled mid-operation -----------------------------------------------------------
+
+
+async def cancel_insert_many(env: Environment, trials: int, rng: random.Random) -> None:
+    storage = env.storage(NS)
+    for trial in range(trials):
+        items = [(b"b%05d-%05d" % (trial, i), b"v" * 512) for i in range(2_000)]
+        with anyio.move_on_after(rng.uniform(0, 0.05)):
+            await storage.insert_many(items)
+        count = sum(1 for key in keys_in(env.path) if key.startswith(b"b%05d-" % trial))
+        assert count in (0, 2_000)
+    integrity_ok(env.path)
+
+
+async def cancel_import(env: Environment, bundle: Path, trials: int, rng: random.Random) -> None:
+    entries, size = 3_000, 100
+    expected = sorted(b"k%06d" % i for i in range(entries))
+    for _ in range(trials):
+        await env.storage(NS).purge()
+        with anyio.move_on_after(rng.uniform(0, 0.1)):
+            await import_bundle(bundle, env, batch_size=size)
+        got = keys_in(env.path)
+        assert got == expected[: len(got)]
+        assert len(got) % size == 0 or len(got) == entries
+        report = await import_bundle(bundle, env, batch_size=size)
+        assert report.skipped == len(got)
+        assert keys_in(env.path) == expected
+
+
+async def cancel_export(env: Environment, out: Path, trials: int, rng: random.Random) -> None:
+    await env.storage(NS).insert_many((b"e%06d" % i, os.urandom(256)) for i in range(5_000))
+    for fmt in (BundleFormat.SQLITE, BundleFormat.FLAT):
+        await export_bundle(env, out, name="previous", format=fmt)
+        previous = out.read_bytes()
+        for _ in range(trials):
+            with anyio.move_on_after(rng.uniform(0, 0.1)):
+                await export_bundle(env, out, name="new", format=fmt)
+            assert staging_files(out.parent) == []
+            if out.read_bytes() != previous:
+                async with open_bundle(out) as bundle:
+                    assert bundle.manifest.name == "new"
+                await export_bundle(env, out, name="previous", format=fmt)
+                previous = out.read_bytes()
+
+
+async def cancel_purge(env: Environment, trials: int, rng: random.Random) -> None:
+    storage = env.storage(Namespace("reliability", "purge", version="1"))
+    for _ in range(trials):
+        await storage.insert_many((b"p%06d" % i, b"v" * 256) for i in range(3_000))
+        with anyio.move_on_after(rng.uniform(0, 0.02)):
+            await storage.purge()
+        assert (await storage.summary()).entries in (0, 3_000)
+        await storage.purge()
+
+
+async def run_cancellations(tmp: Path, trials: int) -> None:
+    rng = random.Random(4)
+    bundle = await _make_bundle(tmp, 3_000)
+    async with open_environment("cancel", root=tmp / "root") as env:
+        await cancel_insert_many(env, trials, rng)
+        await cancel_import(env, bundle, trials, rng)
+        out_dir = tmp / "out"
+        out_dir.mkdir()
+        await cancel_export(env, out_dir / "b.bundle", trials, rng)
+        await cancel_purge(env, trials, rng)
+
+
+async def test_cancelled_writes_leave_all_or_nothing(tmp_path: Path) -> None:
+    await run_cancellations(tmp_path, 4)
+
+
+@pytest.mark.slow
+async def test_long_cancellations(tmp_path: Path, anyio_backend: object) -> None:
+    trials = int(os.environ.get("WARMENV_CANCEL_TRIALS", "50"))
+    await run_cancellations(tmp_path, trials)
+    name = anyio_backend if isinstance(anyio_backend, str) else "asyncio+uvloop"
+    for operation in ("insert_many", "import", "export (both formats)", "purge"):
+        record(
+            f"cancelled {operation} ({name})",
+            trials,
+            0,
+            "all or nothing per transaction; import resumes; no staging file left",
+        )
+
+
+# --- 3. concurrency soak --------------------------------------------------------------------
+
+
+def soak(tmp: Path, seconds: float, backend: str) -> dict[str, int]:
+    root = tmp / "soak"
+    bundle = anyio.run(_make_bundle, tmp, 500)
+
+    async def create() -> None:
+        async with open_environment("target", root=root):
+            pass
+
+    anyio.run(create)
+    workers = [
+        spawn("soak", str(root), str(seconds), str(me), str(bundle), backend) for me in range(4)
+    ]
+    exporter = spawn("soak_export", str(root), str(seconds), str(tmp / "soak.bundle"), backend)
+    reports = []
+    for process in [*workers, exporter]:
+        out, err = process.communicate(timeout=seconds + 120)
+        assert process.returncode == 0, err
+        assert "locked" not in err
+        reports.append(json.loads(out))
+    *views, exported = reports
+    conn = sqlite3.connect(root / "target.db")
+    stored = dict(conn.execute("SELECT key, value FROM entries").fetchall())
+    conn.close()
+    for view in views:
+        assert view["errors"] == []
+        for key in view["own"]:
+            assert key.encode() in stored, f"lost {key}"
+        for key, value in view["shared"].items():
+            assert stored[key.encode()] == value.encode(), "two winners for one key"
+    for i in range(500):
+        assert b"k%06d" % i in stored, "an imported entry was lost"
+    assert exported["errors"] == []
+    assert exported["exports"] >= 1
+    integrity_ok(root / "target.db")
+    return {
+        "inserts": sum(v["counts"]["inserts"] for v in views),
+        "imports": sum(v["counts"]["imports"] for v in views),
+        "exports": exported["exports"],
+    }
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_short_soak_of_four_writers_and_an_exporter(tmp_path: Path, backend: str) -> None:
+    soak(tmp_path, 3, backend)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_long_soak(tmp_path: Path, backend: str) -> None:
+    seconds = float(os.environ.get("WARMENV_SOAK_SECONDS", "60"))
+    counts = soak(tmp_path, seconds, backend)
+    record(
+        f"soak {seconds:.0f}s: 4 processes + exporter ({backend})",
+        1,
+        0,
+        f"{counts['inserts']} inserts, {counts['imports']} imports, {counts['exports']} "
+        "exports: every own key present, one winner per shared key, every export valid, "
+        "no error escaped",
+    )
+
+
+# --- 4. full disk -----------------------------------------------------------------------------
+
+
+async def _limit_pages(env: Environment, extra: int | None) -> None:
+    db = env.database
+    assert db is not None
+    if extra is None:
+        await db.run(lambda c: c.execute("PRAGMA max_page_count = 1073741823"))
+        return
+    pages = await db.run(lambda c: c.execute("PRAGMA page_count").fetchone()[0])
+    await db.run(lambda c: c.execute(f"PRAGMA max_page_count = {pages + extra}"))
+
+
+@pytest.mark.parametrize("fmt", [BundleFormat.SQLITE, BundleFormat.FLAT])
+async def test_a_full_disk_fails_imports_with_counts_and_recovers(tmp_path: Path, fmt: str) -> None:
+    bundle = await _make_bundle(tmp_path, 2_000, fmt)
+    async with open_environment("full", root=tmp_path / "root") as env:
+        await env.storage(NS).insert(b"before", b"kept")
+        await _limit_pages(env, 20)
+        report = await import_bundle(bundle, env, batch_size=100)
+        assert report.failed > 0
+        assert report.imported + report.skipped + report.failed == 2_000
+        assert await env.storage(NS).get(b"before") == b"kept"
+        result = await env.storage(NS).insert(b"more", b"x" * 200_000)
+        assert isinstance(result, Failed) and "full" in result.reason
+        await _limit_pages(env, None)
+        again = await import_bundle(bundle, env, batch_size=100)
+        assert again.failed == 0
+        assert again.imported + again.skipped == 2_000
+        assert await env.storage(NS).insert(b"more", b"x" * 200_000) == Stored()
+    integrity_ok(tmp_path / "root" / "full.db")
+
+
+# --- 6. read-only everywhere --------------------------------------------------------------------
+
+
+_READ_ONLY_IMPORT = """
+import json, sys, warnings, anyio
+from warmenv import open_environment
+from warmenv.bundle import import_bundle
+warnings.simplefilter("ignore")
+
+async def main():
+    async with open_environment("ro", root=sys.argv[1]) as env:
+        report = await import_bundle(sys.argv[2], env)
+        print(json.dumps({"read_only": env.read_only, "imported": report.imported,
+                          "failed": report.failed, "skipped": report.skipped}))
+
+anyio.run(main, backend=sys.argv[3])
+"""
+
+
+async def test_importing_into_a_read_only_environment_reports_failures(
+    shared_tmp: Path, backend_name: str
+) -> None:
+    from helpers import json_lines, run_python, unprivileged_user
+
+    bundle = await _make_bundle(shared_tmp, 500)
+    bundle.chmod(0o444)
+    root = shared_tmp / "ro"
+    async with open_environment("ro", root=root) as env:
+        await env.storage(NS).insert(b"x", b"y")
+    (root / "ro.db").chmod(0o444)
+    root.chmod(0o555)
+    child = run_python(
+        _READ_ONLY_IMPORT, str(root), str(bundle), backend_name, user=unprivileged_user()
+    )
+    [report] = json_lines(child)
+    assert report == {"read_only": True, "imported": 0, "failed": 500, "skipped": 0}
+
+
+# --- 7. no code execution from data ---------------------------------------------------------------
+
+
+class _Boom:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (Path.touch, (Path(self.marker),))  # type: ignore[return-value]
+
+
+async def test_a_pickle_payload_is_imported_as_inert_bytes(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps(_Boom(str(marker)))
+    async with open_environment("evil", root=tmp_path / "src") as env:
+        await env.storage(NS).insert(b"payload", payload)
+        await env.storage(NS).insert(b'"payload"', payload)
+        out = tmp_path / "evil.bundle"
+        await export_bundle(env, out, name="evil\u202e", format=BundleFormat.FLAT)
+    async with open_environment("victim", root=tmp_path / "dst") as env:
+        await import_bundle(out, env)
+        assert await env.storage(NS).get(b"payload") == payload
+        store: Store[str, object] = await env.store(NS)
+        assert await store.get("payload") is None  # not JSON: a miss, never unpickled
+        assert (await env_contents(env))[str(NS)][b"payload"] == payload
+    assert not marker.exists()
+
+
+def test_the_library_never_imports_pickle_or_evaluates_data() -> None:
+    src = Path(__file__).parent.parent / "src" / "warmenv"
+    for module in src.rglob("*.py"):
+        text = module.read_text()
+        for forbidden in ("import pickle", "from pickle", "marshal.loads", "eval(", "exec("):
+            assert forbidden not in text, f"{module} uses {forbidden}"
