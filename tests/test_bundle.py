@@ -532,3 +532,35 @@ async def test_a_sqlite_bundle_whose_rows_are_not_in_key_order_still_verifies(
     report = await import_bundle(out, cold_env)
     assert report.imported == TOTAL
     assert await env_contents(cold_env) == sample_entries()
+
+
+async def test_two_imports_into_one_environment_may_overlap(
+    warm_env: Environment, out_dir: Path, cold_env: Environment
+) -> None:
+    first, second = out_dir / "a.bundle", out_dir / "b.bundle"
+    await export_bundle(warm_env, first, name="a", namespaces=["app"])
+    await export_bundle(warm_env, second, name="b", namespaces=["app2"])
+    reports: list[ImportReport] = []
+
+    async def run(path: Path) -> None:
+        reports.append(await import_bundle(path, cold_env, batch_size=8))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run, first)
+        tg.start_soon(run, second)
+    assert sum(r.imported for r in reports) == TOTAL
+    assert await env_contents(cold_env) == sample_entries()
+
+
+async def test_an_import_cancelled_at_once_leaves_the_environment_importable(
+    bundle_path: Path, cold_env: Environment
+) -> None:
+    for _ in range(5):
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await import_bundle(bundle_path, cold_env)
+        with anyio.move_on_after(0.001):
+            await import_bundle(bundle_path, cold_env)
+    report = await import_bundle(bundle_path, cold_env)
+    assert report.imported + report.skipped == TOTAL
+    assert await env_contents(cold_env) == sample_entries()

@@ -123,7 +123,7 @@ async def soak_export(root: Path, seconds: float, out: Path) -> None:
     import json
     import time
 
-    from warmenv.bundle import export_bundle, open_bundle
+    from warmenv.bundle import SqliteBundle, export_bundle, open_bundle
 
     exports, errors = 0, []
     deadline = time.monotonic() + seconds
@@ -132,7 +132,7 @@ async def soak_export(root: Path, seconds: float, out: Path) -> None:
             report = await export_bundle(root / f"{ENV}.db", out, name="soak")
             async with open_bundle(out) as bundle:
                 entries = sum(s.entries for s in await bundle.namespaces())
-                if hasattr(bundle, "compute_digest"):
+                if isinstance(bundle, SqliteBundle):
                     digest = await bundle.compute_digest()
                     if digest != bundle.manifest.digest:
                         errors.append("digest mismatch")

@@ -16,9 +16,11 @@ from collections.abc import Callable
 from functools import partial
 from typing import Protocol, TypeVar
 
+import anyio
+
 from warmenv._backend import current_backend
 
-__all__ = ["Connection", "connect"]
+__all__ = ["Connection", "connect", "open_with"]
 
 T = TypeVar("T")
 
@@ -55,3 +57,20 @@ async def connect(target: str, *, uri: bool = False) -> Connection:
     from warmenv._sqlite._asyncio import AiosqliteConnection
 
     return await AiosqliteConnection.open(connector)
+
+
+async def open_with(
+    target: str, prepare: Callable[[sqlite3.Connection], T], *, uri: bool = False
+) -> tuple[Connection, T]:
+    """Connect, then run `prepare` on the new connection (a schema check, say).
+
+    If `prepare` fails or the caller is cancelled, the connection is closed
+    before the exception goes on: an open that did not finish leaks nothing.
+    """
+    connection = await connect(target, uri=uri)
+    try:
+        return connection, await connection.run(prepare)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await connection.close()
+        raise

@@ -9,9 +9,9 @@ crash from deep inside a parser.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
-from typing import Protocol, Self
+from typing import Generic, Protocol, Self, TypeVar, final
 
 from warmenv._errors import WarmenvError
 from warmenv.bundle.manifest import BundleManifest
@@ -20,6 +20,8 @@ from warmenv.persistence.storage import NamespaceSummary
 
 __all__ = [
     "Bundle",
+    "BundleOpener",
+    "ClosesOnExit",
     "BundleError",
     "BundleTooLargeError",
     "CorruptBundleError",
@@ -79,3 +81,45 @@ class Bundle(Protocol):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
+
+
+class ClosesOnExit:
+    """`async with bundle:` closes the bundle on exit (a bundle reader's mixin)."""
+
+    __slots__ = ()
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+B = TypeVar("B", bound=ClosesOnExit)
+
+
+@final
+class BundleOpener(Generic[B]):
+    """What every `open` returns: opens (and validates) on entry, closes on exit."""
+
+    __slots__ = ("_bundle", "_open")
+
+    def __init__(self, open: Callable[[], Awaitable[B]]) -> None:
+        self._open = open
+        self._bundle: B | None = None
+
+    async def __aenter__(self) -> B:
+        self._bundle = await self._open()
+        return self._bundle
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._bundle is not None:
+            await self._bundle.aclose()

@@ -8,15 +8,24 @@ all read the same events.
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
-from typing import TypeAlias
+from typing import Generic, TypeAlias, TypeVar
 
 import attrs
 
 from warmenv.bundle.manifest import BundleManifest
 from warmenv.persistence.storage import NamespaceSummary
 
-__all__ = ["Event", "ExportReport", "Finished", "ImportReport", "Progress", "Started"]
+__all__ = [
+    "Event",
+    "EventStream",
+    "ExportReport",
+    "Finished",
+    "ImportReport",
+    "Progress",
+    "Started",
+]
 
 
 @attrs.frozen
@@ -66,3 +75,42 @@ class Finished:
 
 
 Event: TypeAlias = Started | Progress | Finished
+
+
+R = TypeVar("R", ImportReport, ExportReport)
+
+
+class EventStream(Generic[R]):
+    """The events of one import or export, produced as they are consumed.
+
+    The operation advances only while someone iterates; `aclose()` (which
+    `importing` and `exporting` call when their block exits) stops it after
+    its last whole batch. `report` is there once `Finished` has been seen.
+    """
+
+    _operation = "operation"
+
+    def __init__(self) -> None:
+        self._report: R | None = None
+        self._events: AsyncGenerator[Event, None] | None = None
+
+    @property
+    def report(self) -> R:
+        if self._report is None:
+            raise RuntimeError(
+                f"the {self._operation} has not finished; iterate over the events first"
+            )
+        return self._report
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        events = self._events
+        if events is None:
+            events = self._events = self._run()
+        return events
+
+    async def aclose(self) -> None:
+        if self._events is not None:
+            await self._events.aclose()
+
+    def _run(self) -> AsyncGenerator[Event, None]:
+        raise NotImplementedError

@@ -29,7 +29,7 @@ import anyio
 import anyio.to_thread
 
 from warmenv.bundle.base import BundleError
-from warmenv.bundle.events import Event, ExportReport, Finished, Progress, Started
+from warmenv.bundle.events import Event, EventStream, ExportReport, Finished, Progress, Started
 from warmenv.bundle.flat import FLAT_MAGIC, FlatWriter
 from warmenv.bundle.manifest import (
     DIGEST_PLACEHOLDER,
@@ -41,6 +41,7 @@ from warmenv.bundle.manifest import (
 )
 from warmenv.bundle.sqlite import SQLITE_MAGIC, bundle_uri
 from warmenv.environment import Environment
+from warmenv.persistence.namespace import prefix_sql
 from warmenv.persistence.sqlite import SCHEMA
 from warmenv.persistence.storage import NamespaceSummary, Origin
 
@@ -155,8 +156,10 @@ def _source_paths(sources: list[Source]) -> list[Path]:
 
 
 @final
-class ExportProgress:
+class ExportProgress(EventStream[ExportReport]):
     """The events of one export; `report` once it has finished."""
+
+    _operation = "export"
 
     def __init__(
         self,
@@ -172,26 +175,14 @@ class ExportProgress:
         self._prefixes = prefixes
         self._manifest = manifest
         self._job: _ExportJob | None = None
-        self._report: ExportReport | None = None
-        self._events: AsyncGenerator[Event, None] | None = None
-
-    @property
-    def report(self) -> ExportReport:
-        if self._report is None:
-            raise RuntimeError("the export has not finished; iterate over the events first")
-        return self._report
-
-    def __aiter__(self) -> AsyncIterator[Event]:
-        events = self._events
-        if events is None:
-            events = self._events = self._run()
-        return events
+        super().__init__()
 
     async def _run(self) -> AsyncGenerator[Event, None]:
         started_at = time.perf_counter()
-        job = self._job = await anyio.to_thread.run_sync(
-            _ExportJob, self._sources, self._out, self._format, self._prefixes, self._manifest
+        job = self._job = _ExportJob(
+            self._sources, self._out, self._format, self._prefixes, self._manifest
         )
+        await anyio.to_thread.run_sync(job.start)
         yield Started(tuple(job.totals), job.total_entries, job.total_bytes)
         while (step := await anyio.to_thread.run_sync(job.step)) is not None:
             yield Progress(step, job.done, job.total_entries, job.bytes_done, job.total_bytes)
@@ -211,8 +202,7 @@ class ExportProgress:
 
     async def aclose(self) -> None:
         """Stop the export if it is still running and remove its staging file."""
-        if self._events is not None:
-            await self._events.aclose()
+        await super().aclose()
         if self._job is not None:
             await anyio.to_thread.run_sync(self._job.abandon)
 
@@ -239,21 +229,10 @@ def _open_source(path: Path) -> sqlite3.Connection:
 
 
 def _where(prefixes: list[str] | None) -> tuple[str, list[str]]:
-    clauses = ["typeof(key) = 'blob'", "typeof(value) = 'blob'", "typeof(namespace) = 'text'"]
-    params: list[str] = []
-    if prefixes is not None:
-        parts: list[str] = []
-        for prefix in (p.rstrip("/") for p in prefixes):
-            if not prefix:
-                parts = []
-                params = []
-                break
-            # '0' follows '/': the range is exactly "starts with prefix/", no LIKE wildcards.
-            parts.append("(namespace = ? OR (namespace >= ? AND namespace < ?))")
-            params += [prefix, prefix + "/", prefix + "0"]
-        if parts:
-            clauses.append("(" + " OR ".join(parts) + ")")
-    return " AND ".join(clauses), params
+    """Rows worth exporting: the right types, under the prefixes."""
+    matches, params = prefix_sql(prefixes)
+    types = "typeof(key) = 'blob' AND typeof(value) = 'blob' AND typeof(namespace) = 'text'"
+    return f"{types} AND {matches}", params
 
 
 def _merged(
@@ -321,11 +300,20 @@ class _ExportJob:
         # is then taken from the rows as written, read back while still cached.
         self._copy_from: tuple[str, bytes] | None = None
         self._copied_rowid = 0
-        _check_out(out)
-        _remove_stale_staging(out)
+        self._sources = sources
+        self.where, self.params = _where(prefixes)
+
+    def start(self) -> None:
+        """Open the sources and the staging file, and count what will be written.
+
+        Separate from `__init__` so the caller holds the job before any file
+        exists: whatever happens from here on, `abandon()` can clean it up.
+        """
+        _check_out(self.out)
+        _remove_stale_staging(self.out)
         try:
-            self.where, self.params = _where(prefixes)
-            if format == BundleFormat.SQLITE and len(sources) == 1:
+            sources = self._sources
+            if self.format == BundleFormat.SQLITE and len(sources) == 1:
                 self._start_sql_copy(sources[0])
             else:
                 self.conns = [_open_source(p) for p in sources]

@@ -21,16 +21,18 @@ import os
 import struct
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
 from pathlib import Path
-from types import TracebackType
-from typing import BinaryIO, Self, final
+from typing import BinaryIO, final
 
 import anyio
 import anyio.to_thread
 from anyio.lowlevel import checkpoint, checkpoint_if_cancelled
 
 from warmenv.bundle.base import (
+    BundleOpener,
     BundleTooLargeError,
+    ClosesOnExit,
     CorruptBundleError,
     InvalidManifestError,
     NotABundleError,
@@ -75,7 +77,7 @@ class _Reader:
 
 
 @final
-class FlatBundle:
+class FlatBundle(ClosesOnExit):
     """A flat bundle held in memory or mapped from a file, validated at open."""
 
     __slots__ = (
@@ -118,9 +120,9 @@ class FlatBundle:
         return cls(data, "flat bundle in memory")
 
     @classmethod
-    def open(cls, path: str | Path) -> _FlatOpener:
+    def open(cls, path: str | Path) -> BundleOpener[FlatBundle]:
         """`async with FlatBundle.open(path) as bundle:` maps the file and validates it."""
-        return _FlatOpener(Path(path))
+        return BundleOpener(partial(anyio.to_thread.run_sync, map_file, Path(path)))
 
     @property
     def manifest(self) -> BundleManifest:
@@ -226,17 +228,6 @@ class FlatBundle:
         if closer is not None:
             closer()
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     def _parse(self, data: memoryview) -> None:
         reader = _Reader(data)
         if bytes(reader.take(len(FLAT_MAGIC), "the magic")) != FLAT_MAGIC:
@@ -327,25 +318,6 @@ class FlatBundle:
             for i, name in enumerate(names)
             if counts[i]
         ]
-
-
-@final
-class _FlatOpener:
-    """The async context manager `FlatBundle.open` returns."""
-
-    __slots__ = ("_bundle", "_path")
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._bundle: FlatBundle | None = None
-
-    async def __aenter__(self) -> FlatBundle:
-        self._bundle = await anyio.to_thread.run_sync(map_file, self._path)
-        return self._bundle
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._bundle is not None:
-            await self._bundle.aclose()
 
 
 def map_file(path: Path) -> FlatBundle:

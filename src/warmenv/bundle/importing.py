@@ -15,6 +15,7 @@ batch size, whatever the bundle's size.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sqlite3
 import time
@@ -28,19 +29,26 @@ import anyio
 import attrs
 
 from warmenv.bundle.base import Bundle, CorruptBundleError
-from warmenv.bundle.events import Event, Finished, ImportReport, Progress, Started
+from warmenv.bundle.events import (
+    Event,
+    EventStream,
+    Finished,
+    ImportReport,
+    Progress,
+    Started,
+)
 from warmenv.bundle.flat import FlatBundle
 from warmenv.bundle.open import open_any
 from warmenv.bundle.sqlite import SqliteBundle, bundle_uri
 from warmenv.environment import Environment
-from warmenv.persistence.namespace import matches_any
+from warmenv.persistence.namespace import matches_any, prefix_sql
 from warmenv.persistence.sqlite import SqliteDatabase, transaction
 from warmenv.persistence.storage import NamespaceSummary, Origin, Storage, check_batch_size
 
 __all__ = ["ImportProgress", "import_bundle", "importing"]
 
 Validate = Callable[[str, bytes, bytes], bool]
-_ALIAS = "warmenv_bundle"
+_aliases = itertools.count(1)
 log = logging.getLogger("warmenv.bundle")
 
 
@@ -96,8 +104,10 @@ def _is_bundle(source: object) -> bool:
 
 
 @final
-class ImportProgress:
+class ImportProgress(EventStream[ImportReport]):
     """The events of one import; `report` once it has finished."""
+
+    _operation = "import"
 
     def __init__(
         self,
@@ -114,25 +124,7 @@ class ImportProgress:
         self._batch_size = batch_size
         self._validate = validate
         self._verify = verify
-        self._report: ImportReport | None = None
-        self._events: AsyncGenerator[Event, None] | None = None
-
-    @property
-    def report(self) -> ImportReport:
-        if self._report is None:
-            raise RuntimeError("the import has not finished; iterate over the events first")
-        return self._report
-
-    async def aclose(self) -> None:
-        """Stop the import after its last whole batch."""
-        if self._events is not None:
-            await self._events.aclose()
-
-    def __aiter__(self) -> AsyncIterator[Event]:
-        events = self._events
-        if events is None:
-            events = self._events = self._run()
-        return events
+        super().__init__()
 
     async def _run(self) -> AsyncGenerator[Event, None]:
         started_at = time.perf_counter()
@@ -257,22 +249,6 @@ async def _insert_batch(
     tally.bytes_done += sum(len(k) + len(v) for k, v in batch)
 
 
-def _prefix_clause(prefixes: list[str] | None) -> tuple[str, list[str]]:
-    """An SQL condition matching whole-segment prefixes, with no LIKE wildcards."""
-    if prefixes is None:
-        return "1", []
-    parts: list[str] = []
-    params: list[str] = []
-    for prefix in prefixes:
-        prefix = prefix.rstrip("/")
-        if not prefix:
-            return "1", []
-        # '0' is the character after '/', so this range is "starts with prefix/".
-        parts.append("(b.namespace = ? OR (b.namespace >= ? AND b.namespace < ?))")
-        params += [prefix, prefix + "/", prefix + "0"]
-    return "(" + " OR ".join(parts) + ")", params
-
-
 async def _copy_in_sql(
     bundle: SqliteBundle,
     db: SqliteDatabase,
@@ -280,21 +256,23 @@ async def _copy_in_sql(
     batch_size: int,
     tally: _Tally,
 ) -> AsyncGenerator[str, None]:
+    # A name of its own, so that imports into one environment can overlap.
+    alias = f"warmenv_bundle_{next(_aliases)}"
     try:
-        await db.run(partial(_attach, bundle_uri(bundle.path)))
-    except sqlite3.Error:
-        await db.run(partial(_attach, bundle_uri(bundle.path, immutable=True)))
-    try:
-        clause, params = _prefix_clause(prefixes)
-        start: int | None = await db.run(_first_rowid)
+        try:
+            await db.run(partial(_attach, alias, bundle_uri(bundle.path)))
+        except sqlite3.Error:
+            await db.run(partial(_attach, alias, bundle_uri(bundle.path, immutable=True)))
+        clause, params = prefix_sql(prefixes, column="b.namespace")
+        start: int | None = await db.run(partial(_first_rowid, alias))
         while start is not None:
-            copy = partial(_copy_batch, start, batch_size, clause, params)
+            copy = partial(_copy_batch, alias, start, batch_size, clause, params)
             try:
                 batch = await db.run(copy)
             except sqlite3.Error as exc:
                 log.warning("importing %s into %s: a batch failed: %s", bundle.path, db.path, exc)
                 batch = await db.run(
-                    partial(_count_failed_batch, start, batch_size, clause, params)
+                    partial(_count_failed_batch, alias, start, batch_size, clause, params)
                 )
             start = batch.following
             for namespace, entries, size in batch.imported:
@@ -308,23 +286,25 @@ async def _copy_in_sql(
             if batch.seen:
                 yield batch.last_namespace
     finally:
+        # The worker runs calls in order, so this detach follows even an
+        # attach whose caller was cancelled while it ran.
         with anyio.CancelScope(shield=True):
             try:
-                await db.run(_detach)
+                await db.run(partial(_detach, alias))
             except sqlite3.Error:
                 pass
 
 
-def _attach(uri: str, conn: sqlite3.Connection) -> None:
-    conn.execute(f"ATTACH DATABASE ? AS {_ALIAS}", (uri,))
+def _attach(alias: str, uri: str, conn: sqlite3.Connection) -> None:
+    conn.execute(f"ATTACH DATABASE ? AS {alias}", (uri,))
 
 
-def _detach(conn: sqlite3.Connection) -> None:
-    conn.execute(f"DETACH DATABASE {_ALIAS}")
+def _detach(alias: str, conn: sqlite3.Connection) -> None:
+    conn.execute(f"DETACH DATABASE {alias}")
 
 
-def _first_rowid(conn: sqlite3.Connection) -> int | None:
-    row = conn.execute(f"SELECT min(rowid) FROM {_ALIAS}.entries").fetchone()
+def _first_rowid(alias: str, conn: sqlite3.Connection) -> int | None:
+    row = conn.execute(f"SELECT min(rowid) FROM {alias}.entries").fetchone()
     return None if row[0] is None else int(row[0])
 
 
@@ -338,35 +318,42 @@ class _Batch:
     failed: bool = False
 
 
-def _batch_bounds(start: int, batch_size: int, conn: sqlite3.Connection) -> tuple[int, int | None]:
+def _batch_bounds(
+    alias: str, start: int, batch_size: int, conn: sqlite3.Connection
+) -> tuple[int, int | None]:
     """The last rowid of the batch starting at `start`, and the first of the next."""
     row = conn.execute(
-        f"SELECT rowid FROM {_ALIAS}.entries WHERE rowid >= ? ORDER BY rowid LIMIT 1 OFFSET ?",
+        f"SELECT rowid FROM {alias}.entries WHERE rowid >= ? ORDER BY rowid LIMIT 1 OFFSET ?",
         (start, batch_size),
     ).fetchone()
     if row is None:
-        end = conn.execute(f"SELECT max(rowid) FROM {_ALIAS}.entries").fetchone()[0]
+        end = conn.execute(f"SELECT max(rowid) FROM {alias}.entries").fetchone()[0]
         return int(end), None
     following = int(row[0])
     return following - 1, following
 
 
 def _seen(
-    start: int, end: int, clause: str, params: list[str], conn: sqlite3.Connection
+    alias: str, start: int, end: int, clause: str, params: list[str], conn: sqlite3.Connection
 ) -> list[tuple[str, int, int]]:
     return conn.execute(
         "SELECT namespace, count(*), coalesce(sum(length(key) + length(value)), 0) "
-        f"FROM {_ALIAS}.entries AS b WHERE b.rowid BETWEEN ? AND ? AND {clause} "
+        f"FROM {alias}.entries AS b WHERE b.rowid BETWEEN ? AND ? AND {clause} "
         "GROUP BY namespace ORDER BY namespace",
         (start, end, *params),
     ).fetchall()
 
 
 def _count_failed_batch(
-    start: int, batch_size: int, clause: str, params: list[str], conn: sqlite3.Connection
+    alias: str,
+    start: int,
+    batch_size: int,
+    clause: str,
+    params: list[str],
+    conn: sqlite3.Connection,
 ) -> _Batch:
-    end, following = _batch_bounds(start, batch_size, conn)
-    seen = _seen(start, end, clause, params, conn)
+    end, following = _batch_bounds(alias, start, batch_size, conn)
+    seen = _seen(alias, start, end, clause, params, conn)
     return _Batch(
         seen=sum(c for _, c, _ in seen),
         seen_bytes=sum(b for _, _, b in seen),
@@ -387,7 +374,12 @@ _COPY = (
 
 
 def _copy_batch(
-    start: int, batch_size: int, clause: str, params: list[str], conn: sqlite3.Connection
+    alias: str,
+    start: int,
+    batch_size: int,
+    clause: str,
+    params: list[str],
+    conn: sqlite3.Connection,
 ) -> _Batch:
     """Copy one rowid range in one transaction, in one call into the worker.
 
@@ -395,12 +387,12 @@ def _copy_batch(
     or none of the batch went in; only a batch where some did (a resumed
     import, a few local values) is redone with RETURNING to count them.
     """
-    end, following = _batch_bounds(start, batch_size, conn)
-    sql = _COPY.format(origin=int(Origin.IMPORTED), alias=_ALIAS, clause=clause)
+    end, following = _batch_bounds(alias, start, batch_size, conn)
+    sql = _COPY.format(origin=int(Origin.IMPORTED), alias=alias, clause=clause)
     args = (start, end, *params)
 
     def body(conn: sqlite3.Connection) -> _Batch:
-        seen = _seen(start, end, clause, params, conn)
+        seen = _seen(alias, start, end, clause, params, conn)
         total = sum(c for _, c, _ in seen)
         conn.execute("SAVEPOINT warmenv_batch")
         before = conn.total_changes

@@ -14,13 +14,14 @@ import sqlite3
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
-from types import TracebackType
-from typing import Self, TypeVar, final
+from typing import TypeVar, final
 
 import anyio.to_thread
 
 from warmenv import _sqlite
 from warmenv.bundle.base import (
+    BundleOpener,
+    ClosesOnExit,
     CorruptBundleError,
     InvalidManifestError,
     NotABundleError,
@@ -117,7 +118,7 @@ def _digest_in_index_order(conn: sqlite3.Connection) -> str:
 
 
 @final
-class SqliteBundle:
+class SqliteBundle(ClosesOnExit):
     """A SQLite bundle opened read-only and validated."""
 
     __slots__ = ("_connection", "_manifest", "_summaries", "path")
@@ -135,9 +136,9 @@ class SqliteBundle:
         self._summaries = [NamespaceSummary(n, c, b) for n, c, b in namespaces]
 
     @classmethod
-    def open(cls, path: str | Path) -> _SqliteOpener:
+    def open(cls, path: str | Path) -> BundleOpener[SqliteBundle]:
         """`async with SqliteBundle.open(path) as bundle:` opens and validates it."""
-        return _SqliteOpener(Path(path))
+        return BundleOpener(partial(open_sqlite_bundle, Path(path)))
 
     @property
     def manifest(self) -> BundleManifest:
@@ -183,17 +184,6 @@ class SqliteBundle:
     async def aclose(self) -> None:
         await self._connection.close()
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
 
 def _get(namespace: str, key: bytes, conn: sqlite3.Connection) -> bytes | None:
     row = conn.execute(
@@ -212,23 +202,6 @@ def _page(
     return conn.execute(sql, (namespace, after, limit)).fetchall()
 
 
-@final
-class _SqliteOpener:
-    __slots__ = ("_bundle", "_path")
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._bundle: SqliteBundle | None = None
-
-    async def __aenter__(self) -> SqliteBundle:
-        self._bundle = await open_sqlite_bundle(self._path)
-        return self._bundle
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._bundle is not None:
-            await self._bundle.aclose()
-
-
 def read_head(path: Path) -> bytes:
     """The first bytes of `path`, enough to tell the formats apart."""
     with open(path, "rb") as handle:
@@ -242,21 +215,16 @@ async def open_sqlite_bundle(path: Path) -> SqliteBundle:
         raise NotABundleError(f"{path} is not a SQLite file, so not a SQLite bundle")
     last: Exception | None = None
     for immutable in (False, True):
+        target = bundle_uri(path, immutable=immutable)
         try:
-            connection = await _sqlite.connect(bundle_uri(path, immutable=immutable), uri=True)
-        except sqlite3.Error as exc:
-            last = exc
-            continue
-        try:
-            manifest, namespaces = await connection.run(_validate)
+            connection, (manifest, namespaces) = await _sqlite.open_with(
+                target, _validate, uri=True
+            )
         except (InvalidManifestError, UnsupportedSchemaError, CorruptBundleError) as exc:
-            await connection.close()
             raise type(exc)(f"{path}: {exc}") from None
         except UnicodeDecodeError as exc:
-            await connection.close()
             raise CorruptBundleError(f"{path}: text that is not UTF-8 ({exc})") from None
         except sqlite3.Error as exc:
-            await connection.close()
             last = exc
             if "not a database" in str(exc) or "malformed" in str(exc):
                 break

@@ -33,6 +33,17 @@ def shared_options() -> argparse.ArgumentParser:
     return parent
 
 
+def add_namespace_option(parser: argparse.ArgumentParser) -> None:
+    """`--namespace PREFIX`, repeatable, matching whole segments."""
+    parser.add_argument(
+        "--namespace",
+        metavar="PREFIX",
+        action="append",
+        dest="namespaces",
+        help="only namespaces under PREFIX (whole segments; repeatable)",
+    )
+
+
 def describe_error(exc: BaseException) -> str:
     if isinstance(exc, FileNotFoundError) and exc.filename:
         return f"{exc.filename}: no such file"

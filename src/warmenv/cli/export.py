@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from warmenv.bundle import BundleFormat, ExportReport, exporting
-from warmenv.cli._common import Output, as_json, environment, follow, size
+from warmenv.cli._common import Output, add_namespace_option, as_json, environment, follow, size
 
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
@@ -24,13 +24,7 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--format", choices=[BundleFormat.SQLITE, BundleFormat.FLAT], default=BundleFormat.SQLITE
     )
-    parser.add_argument(
-        "--namespace",
-        metavar="PREFIX",
-        action="append",
-        dest="namespaces",
-        help="only namespaces under PREFIX (whole segments; repeatable)",
-    )
+    add_namespace_option(parser)
     parser.set_defaults(run=run)
 
 

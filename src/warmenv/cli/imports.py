@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from warmenv.bundle import ImportReport, importing
-from warmenv.cli._common import Output, as_json, environment, follow, size
+from warmenv.cli._common import Output, add_namespace_option, as_json, environment, follow, size
 
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
@@ -15,13 +15,7 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         "import", parents=[parent], help="import a bundle into an environment"
     )
     parser.add_argument("bundle", metavar="BUNDLE", type=Path)
-    parser.add_argument(
-        "--namespace",
-        metavar="PREFIX",
-        action="append",
-        dest="namespaces",
-        help="only namespaces under PREFIX (whole segments; repeatable)",
-    )
+    add_namespace_option(parser)
     parser.add_argument(
         "--no-verify",
         dest="verify",

@@ -8,7 +8,7 @@ from typing import Any
 
 import anyio.to_thread
 
-from warmenv.cli._common import Output, UsageError, environment
+from warmenv.cli._common import Output, UsageError, add_namespace_option, environment
 from warmenv.persistence.namespace import matches_any
 from warmenv.persistence.storage import Failed
 
@@ -17,13 +17,7 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
     parser = commands.add_parser(
         "purge", parents=[parent], help="delete entries from an environment"
     )
-    parser.add_argument(
-        "--namespace",
-        metavar="PREFIX",
-        action="append",
-        dest="namespaces",
-        help="only namespaces under PREFIX (whole segments; repeatable)",
-    )
+    add_namespace_option(parser)
     parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     parser.set_defaults(run=run)
 

@@ -175,26 +175,19 @@ async def open_database(path: Path, *, create: bool = True) -> SqliteDatabase:
     if not exists and not create:
         raise FileNotFoundError(path)
     try:
-        connection = await _sqlite.connect(str(path))
+        connection, rebuilt = await _sqlite.open_with(str(path), _prepare_writable)
     except sqlite3.Error:
         if not exists:
             raise
     else:
-        try:
-            rebuilt = await connection.run(_prepare_writable)
-        except sqlite3.Error:
-            await connection.close()
-            if not exists:
-                raise
-        else:
-            if rebuilt is not None:
-                warnings.warn(
-                    f"{path}: schema version {rebuilt} is not {SCHEMA_VERSION}; "
-                    "its entries were dropped and the table rebuilt",
-                    WarmenvWarning,
-                    stacklevel=3,
-                )
-            return SqliteDatabase(connection, path, read_only=False)
+        if rebuilt is not None:
+            warnings.warn(
+                f"{path}: schema version {rebuilt} is not {SCHEMA_VERSION}; "
+                "its entries were dropped and the table rebuilt",
+                WarmenvWarning,
+                stacklevel=3,
+            )
+        return SqliteDatabase(connection, path, read_only=False)
     return await _open_readonly(path)
 
 
@@ -203,15 +196,9 @@ async def _open_readonly(path: Path) -> SqliteDatabase:
     error: sqlite3.Error | None = None
     for query in ("mode=ro", "immutable=1"):
         try:
-            connection = await _sqlite.connect(f"{uri}?{query}", uri=True)
+            connection, _ = await _sqlite.open_with(f"{uri}?{query}", _prepare_readonly, uri=True)
         except sqlite3.Error as exc:
             error = exc
-            continue
-        try:
-            await connection.run(_prepare_readonly)
-        except sqlite3.Error as exc:
-            error = exc
-            await connection.close()
             continue
         return SqliteDatabase(connection, path, read_only=True)
     assert error is not None
