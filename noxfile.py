@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nox
 
 nox.options.sessions = ["tests", "lint", "typecheck"]
@@ -19,9 +21,18 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def reliability(session: nox.Session) -> None:
-    """The long forms of the fault-injection scenarios."""
+    """The long forms of the fault-injection scenarios; rewrites docs/reliability.md's table."""
     session.install("-e", ".[test]")
-    session.run("pytest", "-m", "slow", *session.posargs)
+    report = Path(session.create_tmp()) / "reliability.jsonl"
+    report.unlink(missing_ok=True)
+    session.run(
+        "pytest",
+        "-m",
+        "slow",
+        *session.posargs,
+        env={"WARMENV_RELIABILITY_REPORT": str(report)},
+    )
+    session.run("python", "benchmarks/reliability_report.py", str(report), "docs/reliability.md")
 
 
 @nox.session(python=PYTHON)
