@@ -428,6 +428,13 @@ async def test_a_full_disk_fails_imports_with_counts_and_recovers(tmp_path: Path
         assert again.imported + again.skipped == 2_000
         assert await env.storage(NS).insert(b"more", b"x" * 200_000) == Stored()
     integrity_ok(tmp_path / "root" / "full.db")
+    record(
+        f"full disk (max_page_count) during import of a {fmt} bundle",
+        1,
+        0,
+        "failed counts reported, no exception; reads served; after space returns the "
+        "insert and a re-import complete; integrity_check",
+    )
 
 
 # --- 6. read-only everywhere --------------------------------------------------------------------
@@ -466,6 +473,12 @@ async def test_importing_into_a_read_only_environment_reports_failures(
     )
     [report] = json_lines(child)
     assert report == {"read_only": True, "imported": 0, "failed": 500, "skipped": 0}
+    record(
+        f"import into a read-only environment, as nobody ({backend_name})",
+        1,
+        0,
+        "500 of 500 reported failed, no exception, the database untouched",
+    )
 
 
 # --- 7. no code execution from data ---------------------------------------------------------------
@@ -494,6 +507,13 @@ async def test_a_pickle_payload_is_imported_as_inert_bytes(tmp_path: Path) -> No
         assert await store.get("payload") is None  # not JSON: a miss, never unpickled
         assert (await env_contents(env))[str(NS)][b"payload"] == payload
     assert not marker.exists()
+    record(
+        "bundle carrying a pickle payload",
+        1,
+        0,
+        "stored as the same inert bytes; a JSON Store reads a miss; the payload's side "
+        "effect (a marker file) never happens",
+    )
 
 
 def test_the_library_never_imports_pickle_or_evaluates_data() -> None:
