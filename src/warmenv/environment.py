@@ -142,6 +142,7 @@ class Environment:
             await self._db.close()
 
     def describe(self) -> str:
+        """The environment's name and file, and whether it is in memory or read-only."""
         mode = " (in memory)" if self.in_memory else " (read-only)" if self.read_only else ""
         return f"environment {self.name!r} at {self.path}{mode}"
 

@@ -129,6 +129,7 @@ class RWLock:
         return _WriteGuard(self)
 
     def statistics(self) -> RWLockStatistics:
+        """Who holds the lock and who waits, for debugging."""
         return RWLockStatistics(
             readers=self._readers,
             writer=self._writer,
@@ -137,6 +138,7 @@ class RWLock:
         )
 
     async def acquire_read(self) -> None:
+        """Hold the lock shared; waits while a writer holds it or is waiting."""
         await checkpoint_if_cancelled()
         if not self._writer and not self._writers:
             self._readers += 1
@@ -153,12 +155,14 @@ class RWLock:
         self._readers += 1
 
     def release_read(self) -> None:
+        """Give up one shared hold; `RuntimeError` if no reader holds the lock."""
         if self._readers == 0:
             raise RuntimeError("RWLock.release_read() called with no reader holding the lock")
         self._readers -= 1
         self._wake()
 
     async def acquire_write(self) -> None:
+        """Hold the lock exclusively; writers are served in the order they came."""
         await checkpoint_if_cancelled()
         if not self._writer and not self._readers and not self._writers:
             self._writer = True
@@ -178,6 +182,7 @@ class RWLock:
         self._writer = True
 
     def release_write(self) -> None:
+        """Give up the exclusive hold; `RuntimeError` if no writer holds the lock."""
         if not self._writer:
             raise RuntimeError("RWLock.release_write() called with no writer holding the lock")
         self._writer = False
@@ -256,6 +261,7 @@ class OnceCell(Generic[T]):
         return None if value is _UNSET else value  # type: ignore[return-value]
 
     def is_set(self) -> bool:
+        """Whether an initialiser has completed."""
         return self._value is not _UNSET
 
     async def get_or_init(self, init: Callable[[], Awaitable[T]]) -> T:

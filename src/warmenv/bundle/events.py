@@ -55,6 +55,8 @@ class ExportReport:
 
 @attrs.frozen
 class Started:
+    """The operation began: which namespaces, and how many entries and bytes in all."""
+
     namespaces: tuple[str, ...]
     total_entries: int
     total_bytes: int
@@ -62,6 +64,8 @@ class Started:
 
 @attrs.frozen
 class Progress:
+    """Cumulative counts after a batch; `namespace` is the one last written."""
+
     namespace: str
     entries_done: int
     total_entries: int
@@ -71,6 +75,8 @@ class Progress:
 
 @attrs.frozen
 class Finished:
+    """The operation completed; `report` says what it did."""
+
     report: ImportReport | ExportReport
 
 
@@ -96,6 +102,7 @@ class EventStream(Generic[R]):
 
     @property
     def report(self) -> R:
+        """What the operation did; `RuntimeError` until `Finished` has been seen."""
         if self._report is None:
             raise RuntimeError(
                 f"the {self._operation} has not finished; iterate over the events first"
@@ -109,6 +116,7 @@ class EventStream(Generic[R]):
         return events
 
     async def aclose(self) -> None:
+        """Stop the operation after its last whole batch (idempotent)."""
         if self._events is not None:
             await self._events.aclose()
 

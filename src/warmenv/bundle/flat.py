@@ -30,6 +30,7 @@ import anyio.to_thread
 from anyio.lowlevel import checkpoint, checkpoint_if_cancelled
 
 from warmenv.bundle.base import (
+    Bundle,
     BundleOpener,
     BundleTooLargeError,
     ClosesOnExit,
@@ -77,7 +78,7 @@ class _Reader:
 
 
 @final
-class FlatBundle(ClosesOnExit):
+class FlatBundle(ClosesOnExit, Bundle):
     """A flat bundle held in memory or mapped from a file, validated at open."""
 
     __slots__ = (
@@ -199,6 +200,7 @@ class FlatBundle(ClosesOnExit):
                 yield name, key, value
 
     def compute_digest(self) -> str:
+        """The content digest of the entries (compare with `manifest.digest`)."""
         digest = Digest()
         update = digest.update
         for ns_id, name in enumerate(self._names):

@@ -48,6 +48,7 @@ class EnvironmentInfo:
     devices: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
+        """This machine's description as a JSON object."""
         return {
             "label": self.label,
             "os": self.os,
@@ -75,9 +76,11 @@ class BundleManifest:
 
     @property
     def digest_algorithm(self) -> str:
+        """The algorithm the digest names (`blake2b-256`)."""
         return self.digest.partition(":")[0]
 
     def to_json(self) -> bytes:
+        """The manifest as UTF-8 JSON, keys sorted."""
         document = {
             "schema": self.schema,
             "name": self.name,

@@ -20,6 +20,7 @@ import anyio.to_thread
 
 from warmenv import _sqlite
 from warmenv.bundle.base import (
+    Bundle,
     BundleOpener,
     ClosesOnExit,
     CorruptBundleError,
@@ -118,7 +119,7 @@ def _digest_in_index_order(conn: sqlite3.Connection) -> str:
 
 
 @final
-class SqliteBundle(ClosesOnExit):
+class SqliteBundle(ClosesOnExit, Bundle):
     """A SQLite bundle opened read-only and validated."""
 
     __slots__ = ("_connection", "_manifest", "_summaries", "path")

@@ -9,7 +9,7 @@ from elsewhere, and unpickling untrusted bytes runs code.
 from __future__ import annotations
 
 import json
-from typing import Any, Generic, Protocol, TypeVar, final
+from typing import Any, Protocol, TypeVar, final
 
 __all__ = ["BytesCodec", "Codec", "JsonCodec"]
 
@@ -21,9 +21,13 @@ K_contra = TypeVar("K_contra", contravariant=True)
 class Codec(Protocol[K_contra, V]):
     """Encodes keys and values to bytes, and values back."""
 
-    def encode_key(self, key: K_contra) -> bytes: ...
+    def encode_key(self, key: K_contra) -> bytes:
+        """The bytes a key is stored under; equal keys must give equal bytes."""
+        ...
 
-    def encode_value(self, value: V) -> bytes: ...
+    def encode_value(self, value: V) -> bytes:
+        """The bytes a value is stored as."""
+        ...
 
     def decode_value(self, data: bytes) -> V:
         """The value, or `ValueError` if `data` does not decode (a miss, then repaired)."""
@@ -31,7 +35,7 @@ class Codec(Protocol[K_contra, V]):
 
 
 @final
-class JsonCodec(Generic[K, V]):
+class JsonCodec(Codec[K, V]):
     """Canonical JSON for keys and values."""
 
     __slots__ = ()
@@ -57,7 +61,7 @@ class JsonCodec(Generic[K, V]):
 
 
 @final
-class BytesCodec:
+class BytesCodec(Codec[bytes, bytes]):
     """Passes `bytes` keys and values through unchanged."""
 
     __slots__ = ()

@@ -24,6 +24,7 @@ from warmenv.persistence.storage import (
     NamespaceSummary,
     Origin,
     Purged,
+    Storage,
     Stored,
     check_batch_size,
     check_item,
@@ -64,7 +65,7 @@ def _apply(rows: Rows, key: bytes, value: bytes, origin: int) -> Insertion:
 
 
 @final
-class MemoryStorage:
+class MemoryStorage(Storage):
     """A namespace held in a dict; the same contract as the SQLite storage."""
 
     __slots__ = ("_namespace", "_table")

@@ -34,6 +34,7 @@ from warmenv.persistence.storage import (
     NamespaceSummary,
     Origin,
     Purged,
+    Storage,
     Stored,
     check_batch_size,
     check_item,
@@ -206,7 +207,7 @@ async def _open_readonly(path: Path) -> SqliteDatabase:
 
 
 @final
-class SqliteStorage:
+class SqliteStorage(Storage):
     """One namespace of an environment database."""
 
     __slots__ = ("_db", "_namespace")

@@ -69,10 +69,12 @@ class Store(Generic[K, V]):
 
     @property
     def storage(self) -> Storage:
+        """The storage under this store."""
         return self._storage
 
     @property
     def mode(self) -> CacheMode:
+        """When this store reads its storage."""
         return self._mode
 
     def __len__(self) -> int:
@@ -139,12 +141,14 @@ class Store(Generic[K, V]):
                 del self._inflight[encoded]
 
     async def purge_key(self, key: K) -> Purged | Failed:
+        """Forget one key here and delete it from the storage."""
         encoded = self._encode_key(key)
         self._values.pop(encoded, None)
         self._undecodable.discard(encoded)
         return await self._storage.purge_key(encoded)
 
     async def purge(self) -> Purged | Failed:
+        """Forget everything here and delete the namespace from the storage."""
         self._values.clear()
         self._undecodable.clear()
         return await self._storage.purge()
