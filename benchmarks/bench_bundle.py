@@ -95,7 +95,7 @@ async def flat_get_us(path: Path, n: int) -> float:
 
 _RSS_CHILD = textwrap.dedent(
     """
-    import resource, sys, anyio
+    import sys, anyio
     from pathlib import Path
     from warmenv import open_environment
     from warmenv.bundle import export_bundle, import_bundle
@@ -103,6 +103,13 @@ _RSS_CHILD = textwrap.dedent(
     def rss_mib():
         for line in open("/proc/self/status"):
             if line.startswith("VmRSS"):
+                return int(line.split()[1]) / 1024
+
+    def peak_mib():
+        # VmHWM, not ru_maxrss: ru_maxrss survives exec and so includes the
+        # memory of the (large) benchmark process this child was forked from.
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM"):
                 return int(line.split()[1]) / 1024
 
     async def main():
@@ -114,7 +121,7 @@ _RSS_CHILD = textwrap.dedent(
         else:
             async with open_environment("imported-" + sys.argv[4], root=root) as env:
                 await import_bundle(root / sys.argv[3], env)
-        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before)
+        print(peak_mib() - before)
 
     anyio.run(main)
     """

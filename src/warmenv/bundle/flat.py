@@ -20,7 +20,7 @@ import mmap
 import os
 import struct
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
 from typing import BinaryIO, final
@@ -51,6 +51,7 @@ _U32 = struct.Struct("<I")
 _ENTRY = struct.Struct("<IIIII")
 _MAX_U32 = 0xFFFFFFFF
 _FENCE = 8  # one key in this many is kept for the first, coarse search
+_FORGET_EVERY = 4096  # entries between releases of mapped pages already read
 
 
 class _Reader:
@@ -85,7 +86,9 @@ class FlatBundle(ClosesOnExit, Bundle):
         "_base",
         "_blob",
         "_closer",
+        "_count",
         "_fences",
+        "_index_at",
         "_manifest",
         "_names",
         "_namespaces",
@@ -183,33 +186,53 @@ class FlatBundle(ClosesOnExit, Bundle):
         if ns_id is None:
             return
         start, end = self._ranges[ns_id]
+        marks = self._first_marks()
         for position in range(start, end):
             if (position - start) % batch_size == 0:
+                self._forget_before(position, marks)
                 await checkpoint()
             yield self._entry(position)
-
-    def entries(self) -> Iterator[tuple[str, bytes, bytes]]:
-        """Every entry in order, synchronously (for digest checks in a worker thread)."""
-        words = self._words
-        for ns_id, name in enumerate(self._names):
-            start, end = self._ranges[ns_id]
-            for position in range(start, end):
-                at = position * 5
-                assert words[at] == ns_id
-                key, value = self._entry(position)
-                yield name, key, value
 
     def compute_digest(self) -> str:
         """The content digest of the entries (compare with `manifest.digest`)."""
         digest = Digest()
         update = digest.update
+        marks = self._first_marks()
         for ns_id, name in enumerate(self._names):
             raw_name = name.encode("utf-8")
             start, end = self._ranges[ns_id]
             for position in range(start, end):
+                if position % _FORGET_EVERY == 0:
+                    self._forget_before(position, marks)
                 key, value = self._entry(position)
                 update(raw_name, key, value)
         return digest.value()
+
+    def _first_marks(self) -> list[int]:
+        return [self._index_at, self._base]
+
+    def _forget_before(self, position: int, marks: list[int]) -> None:
+        """Let the kernel drop the mapped pages a sequential pass has left behind.
+
+        Pages of a mapped file count as the process's memory once read, so a
+        pass over a 1 GiB bundle would otherwise end with all of it resident.
+        Dropped pages are read again from the page cache if they are needed.
+        `marks` is the pass's own record of how far it has released.
+        """
+        blob = self._blob
+        if not isinstance(blob, mmap.mmap) or position >= self._count:
+            return
+        index_upto = self._index_at + position * 20
+        # Clamped: validation calls this before it has checked the offset.
+        data_upto = min(self._base + self._words[position * 5 + 1], len(blob))
+        regions = ((self._index_at, index_upto), (self._base, data_upto))
+        for region, (start, upto) in enumerate(regions):
+            begin = max(start, marks[region])
+            begin -= begin % mmap.PAGESIZE
+            upto -= upto % mmap.PAGESIZE
+            if upto > begin:
+                blob.madvise(mmap.MADV_DONTNEED, begin, upto - begin)
+                marks[region] = upto
 
     def _entry(self, position: int) -> tuple[bytes, bytes]:
         at = position * 5
@@ -270,6 +293,8 @@ class FlatBundle(ClosesOnExit, Bundle):
             )
         index_at = reader.pos
         self._base = index_at + entry_count * 20
+        self._index_at = index_at
+        self._count = entry_count
         self._names = names
         self._namespaces = {name: i for i, name in enumerate(names)}
         if sys.byteorder == "little":
@@ -289,7 +314,10 @@ class FlatBundle(ClosesOnExit, Bundle):
         previous_ns = -1
         previous_key = b""
         words = self._words
+        marks = self._first_marks()
         for position in range(len(words) // 5):
+            if position % _FORGET_EVERY == 0:
+                self._forget_before(position, marks)
             at = position * 5
             ns_id, k_off, k_len, v_off, v_len = words[at : at + 5]
             if ns_id >= len(names):
