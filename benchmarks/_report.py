@@ -10,6 +10,22 @@ from collections.abc import Awaitable, Callable
 
 import attrs
 
+# Prepended to the source of the child processes that measure memory.
+MEMORY_PROBE = """
+def rss_mib():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS"):
+            return int(line.split()[1]) / 1024
+
+
+def peak_mib():
+    # VmHWM, not ru_maxrss: ru_maxrss survives exec and so includes the
+    # memory of the (large) benchmark process this child was forked from.
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM"):
+            return int(line.split()[1]) / 1024
+"""
+
 
 @attrs.frozen
 class Row:

@@ -22,7 +22,7 @@ from pathlib import Path
 import anyio
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _report import Row, per_call_us, print_table
+from _report import MEMORY_PROBE, Row, per_call_us, print_table
 from warmenv import Namespace, open_environment
 from warmenv.bundle import FlatBundle, export_bundle, import_bundle
 
@@ -93,24 +93,12 @@ async def flat_get_us(path: Path, n: int) -> float:
         return await per_call_us(one, 20_000)
 
 
-_RSS_CHILD = textwrap.dedent(
+_RSS_CHILD = MEMORY_PROBE + textwrap.dedent(
     """
     import sys, anyio
     from pathlib import Path
     from warmenv import open_environment
     from warmenv.bundle import export_bundle, import_bundle
-
-    def rss_mib():
-        for line in open("/proc/self/status"):
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) / 1024
-
-    def peak_mib():
-        # VmHWM, not ru_maxrss: ru_maxrss survives exec and so includes the
-        # memory of the (large) benchmark process this child was forked from.
-        for line in open("/proc/self/status"):
-            if line.startswith("VmHWM"):
-                return int(line.split()[1]) / 1024
 
     async def main():
         root = Path(sys.argv[1])

@@ -20,7 +20,7 @@ import aiosqlite
 import anyio
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _report import Row, per_call_us, print_table
+from _report import MEMORY_PROBE, Row, per_call_us, print_table
 from warmenv import CacheMode, Namespace, Store, open_environment
 
 NS = Namespace("bench", "storage", version="1")
@@ -154,22 +154,10 @@ async def store_hit_us(root: Path, n: int) -> tuple[float, float]:
         return await per_call_us(hit, n), await per_call_us(dict_get, n)
 
 
-_RSS_CHILD = textwrap.dedent(
+_RSS_CHILD = MEMORY_PROBE + textwrap.dedent(
     """
     import sys, sqlite3, anyio
     from warmenv import Namespace, open_environment
-
-    def rss_mib():
-        for line in open("/proc/self/status"):
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) / 1024
-
-    def peak_mib():
-        # VmHWM, not ru_maxrss: ru_maxrss survives exec and so includes the
-        # memory of the (large) benchmark process this child was forked from.
-        for line in open("/proc/self/status"):
-            if line.startswith("VmHWM"):
-                return int(line.split()[1]) / 1024
 
     async def scan():
         async with open_environment("big", root=sys.argv[1]) as env:
