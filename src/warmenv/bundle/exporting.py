@@ -33,8 +33,8 @@ from warmenv.bundle.events import Event, EventStream, ExportReport, Finished, Pr
 from warmenv.bundle.flat import FLAT_MAGIC, FlatWriter
 from warmenv.bundle.manifest import (
     DIGEST_PLACEHOLDER,
+    BackgroundDigest,
     BundleManifest,
-    Digest,
     EnvironmentInfo,
     now_iso,
     this_machine,
@@ -295,7 +295,7 @@ class _ExportJob:
         self._sqlite: sqlite3.Connection | None = None
         self._file: object = None
         self.conns: list[sqlite3.Connection] = []
-        self._digest = Digest()
+        self._digest = BackgroundDigest()
         # One source into the SQLite format is copied inside SQLite; the digest
         # is then taken from the rows as written, read back while still cached.
         self._copy_from: tuple[str, bytes] | None = None
@@ -394,11 +394,8 @@ class _ExportJob:
                 break
         if not batch:
             return None
-        update = self._digest.update
-        size = 0
-        for namespace, key, value in batch:
-            update(namespace.encode("utf-8"), key, value)
-            size += len(key) + len(value)
+        self._digest.add(batch)
+        size = sum(len(key) + len(value) for _, key, value in batch)
         self.bytes_done += size
         if self._writer is not None:
             add = self._writer.add
@@ -433,11 +430,8 @@ class _ExportJob:
         ).fetchall()
         if not rows:
             return None
-        update = self._digest.update
-        size = 0
-        for _, namespace, key, value in rows:
-            update(namespace.encode("utf-8"), key, value)
-            size += len(key) + len(value)
+        self._digest.add((namespace, key, value) for _, namespace, key, value in rows)
+        size = sum(len(key) + len(value) for _, _, key, value in rows)
         last = rows[-1]
         self._copied_rowid = last[0]
         self._copy_from = (last[1], last[2])
@@ -483,6 +477,7 @@ class _ExportJob:
 
     def abandon(self) -> None:
         """Close everything and remove the staging file (after failure or cancellation)."""
+        self._digest.close()
         if self._sqlite is not None:
             with contextlib.suppress(sqlite3.Error):
                 self._sqlite.close()

@@ -39,7 +39,7 @@ from warmenv.bundle.base import (
     NotABundleError,
     UnsupportedSchemaError,
 )
-from warmenv.bundle.manifest import DIGEST_PLACEHOLDER, BundleManifest, Digest
+from warmenv.bundle.manifest import DIGEST_PLACEHOLDER, BackgroundDigest, BundleManifest
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import NamespaceSummary, check_batch_size, check_key
 
@@ -195,18 +195,18 @@ class FlatBundle(ClosesOnExit, Bundle):
 
     def compute_digest(self) -> str:
         """The content digest of the entries (compare with `manifest.digest`)."""
-        digest = Digest()
-        update = digest.update
+        digest = BackgroundDigest()
         marks = self._first_marks()
-        for ns_id, name in enumerate(self._names):
-            raw_name = name.encode("utf-8")
-            start, end = self._ranges[ns_id]
-            for position in range(start, end):
-                if position % _FORGET_EVERY == 0:
-                    self._forget_before(position, marks)
-                key, value = self._entry(position)
-                update(raw_name, key, value)
-        return digest.value()
+        try:
+            for ns_id, name in enumerate(self._names):
+                start, end = self._ranges[ns_id]
+                for batch in range(start, end, _FORGET_EVERY):
+                    self._forget_before(batch, marks)
+                    positions = range(batch, min(batch + _FORGET_EVERY, end))
+                    digest.add((name, *self._entry(position)) for position in positions)
+            return digest.value()
+        finally:
+            digest.close()
 
     def _first_marks(self) -> list[int]:
         return [self._index_at, self._base]

@@ -13,13 +13,23 @@ import datetime
 import hashlib
 import json
 import platform
+import queue
+import struct
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
 
-__all__ = ["DIGEST_ALGORITHM", "BundleManifest", "Digest", "EnvironmentInfo", "this_machine"]
+__all__ = [
+    "DIGEST_ALGORITHM",
+    "BackgroundDigest",
+    "BundleManifest",
+    "Digest",
+    "EnvironmentInfo",
+    "this_machine",
+]
 
 SCHEMA = 1
 DIGEST_ALGORITHM = "blake2b-256"
@@ -181,3 +191,52 @@ class Digest:
 
     def value(self) -> str:
         return _DIGEST_PREFIX + self._hash.hexdigest()
+
+
+_U64 = struct.Struct("<Q").pack
+
+
+class BackgroundDigest:
+    """The same digest, fed a batch at a time and computed on a thread of its own.
+
+    hashlib lets go of the GIL while it hashes a large buffer, so hashing one
+    batch overlaps reading and writing the next; on two cores that hides most
+    of the hashing. At most a few batches wait, so memory stays bounded.
+    """
+
+    def __init__(self) -> None:
+        self._digest = Digest()
+        self._prefixes: dict[str, bytes] = {}
+        self._batches: queue.Queue[bytes | None] = queue.Queue(maxsize=4)
+        self._thread = threading.Thread(target=self._hash, name="warmenv-digest", daemon=True)
+        self._thread.start()
+        self._done = False
+
+    def add(self, entries: Iterable[tuple[str, bytes, bytes]]) -> None:
+        """Hash `(namespace, key, value)` entries, in the order of the digest."""
+        parts: list[bytes] = []
+        prefixes = self._prefixes
+        for namespace, key, value in entries:
+            prefix = prefixes.get(namespace)
+            if prefix is None:
+                raw = namespace.encode("utf-8")
+                prefix = prefixes[namespace] = _U64(len(raw)) + raw
+            parts += (prefix, _U64(len(key)), key, _U64(len(value)), value)
+        self._batches.put(b"".join(parts))
+
+    def value(self) -> str:
+        """The digest of everything added; ends the thread."""
+        self.close()
+        return self._digest.value()
+
+    def close(self) -> None:
+        """End the thread (after what is queued); safe to call twice."""
+        if not self._done:
+            self._done = True
+            self._batches.put(None)
+            self._thread.join()
+
+    def _hash(self) -> None:
+        update = self._digest._hash.update
+        while (batch := self._batches.get()) is not None:
+            update(batch)

@@ -28,7 +28,7 @@ from warmenv.bundle.base import (
     NotABundleError,
     UnsupportedSchemaError,
 )
-from warmenv.bundle.manifest import BundleManifest, Digest
+from warmenv.bundle.manifest import BackgroundDigest, BundleManifest
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import NamespaceSummary, check_batch_size, check_key
 
@@ -85,24 +85,24 @@ def _digest(conn: sqlite3.Connection) -> str:
     each row sorts after the last. A bundle whose rows are not in key order
     falls back to SQLite's integrity check and a read in index order.
     """
-    digest = Digest()
-    update = digest.update
-    namespace_bytes = b""
-    previous_namespace: str | None = None
-    previous_key = b""
-    for namespace, key, value in conn.execute(
-        "SELECT namespace, key, value FROM entries ORDER BY rowid"
-    ):
-        if namespace != previous_namespace:
-            if previous_namespace is not None and namespace < previous_namespace:
-                return _digest_in_index_order(conn)
-            namespace_bytes = namespace.encode("utf-8")
-            previous_namespace = namespace
-        elif key <= previous_key:
-            return _digest_in_index_order(conn)
-        previous_key = key
-        update(namespace_bytes, key, value)
-    return digest.value()
+    digest = BackgroundDigest()
+    try:
+        cursor = conn.execute("SELECT namespace, key, value FROM entries ORDER BY rowid")
+        previous_namespace: str | None = None
+        previous_key = b""
+        while rows := cursor.fetchmany(1024):
+            for namespace, key, _ in rows:
+                if namespace != previous_namespace:
+                    if previous_namespace is not None and namespace < previous_namespace:
+                        return _digest_in_index_order(conn)
+                    previous_namespace = namespace
+                elif key <= previous_key:
+                    return _digest_in_index_order(conn)
+                previous_key = key
+            digest.add(rows)
+        return digest.value()
+    finally:
+        digest.close()
 
 
 def _digest_in_index_order(conn: sqlite3.Connection) -> str:
@@ -110,12 +110,14 @@ def _digest_in_index_order(conn: sqlite3.Connection) -> str:
     problems = [row[0] for row in conn.execute("PRAGMA integrity_check(5)")]
     if problems != ["ok"]:
         raise CorruptBundleError(f"SQLite finds it damaged: {'; '.join(problems)}")
-    digest = Digest()
-    cursor = conn.execute("SELECT namespace, key, value FROM entries ORDER BY namespace, key")
-    while rows := cursor.fetchmany(512):
-        for namespace, key, value in rows:
-            digest.update(namespace.encode("utf-8"), key, value)
-    return digest.value()
+    digest = BackgroundDigest()
+    try:
+        cursor = conn.execute("SELECT namespace, key, value FROM entries ORDER BY namespace, key")
+        while rows := cursor.fetchmany(1024):
+            digest.add(rows)
+        return digest.value()
+    finally:
+        digest.close()
 
 
 @final
