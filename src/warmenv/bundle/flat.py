@@ -89,6 +89,7 @@ class FlatBundle(ClosesOnExit, Bundle):
         "_count",
         "_fences",
         "_index_at",
+        "_lookup",
         "_manifest",
         "_names",
         "_namespaces",
@@ -148,11 +149,11 @@ class FlatBundle(ClosesOnExit, Bundle):
 
     def get_nowait(self, namespace: Namespace | str, key: bytes) -> bytes | None:
         """The value without yielding to the event loop (the lookup never blocks)."""
-        ns_id = self._namespaces.get(namespace if type(namespace) is str else str(namespace))
-        if ns_id is None:
+        found = self._lookup.get(namespace if type(namespace) is str else str(namespace))
+        if found is None:
             return None
-        start, end = self._ranges[ns_id]
-        block = bisect.bisect_right(self._fences[ns_id], key) - 1
+        start, end, fences = found
+        block = bisect.bisect_right(fences, key) - 1
         if block < 0:
             return None
         lo = start + block * _FENCE
@@ -343,6 +344,8 @@ class FlatBundle(ClosesOnExit, Bundle):
             previous_ns, previous_key = ns_id, key
         self._ranges = [(a, b) for a, b in ranges]
         self._fences = fences
+        # One dict lookup per get: a namespace's index range and its fence keys.
+        self._lookup = {name: (*self._ranges[i], fences[i]) for i, name in enumerate(names)}
         self._summaries = [
             NamespaceSummary(namespace=name, entries=counts[i], bytes=sizes[i])
             for i, name in enumerate(names)
