@@ -52,6 +52,7 @@ _ENTRY = struct.Struct("<IIIII")
 _MAX_U32 = 0xFFFFFFFF
 _FENCE = 8  # one key in this many is kept for the first, coarse search
 _FORGET_EVERY = 4096  # entries between releases of mapped pages already read
+_DIGEST_BATCH = 1024  # entries hashed at a time (a few such batches wait at most)
 
 
 class _Reader:
@@ -201,9 +202,9 @@ class FlatBundle(ClosesOnExit, Bundle):
         try:
             for ns_id, name in enumerate(self._names):
                 start, end = self._ranges[ns_id]
-                for batch in range(start, end, _FORGET_EVERY):
+                for batch in range(start, end, _DIGEST_BATCH):
                     self._forget_before(batch, marks)
-                    positions = range(batch, min(batch + _FORGET_EVERY, end))
+                    positions = range(batch, min(batch + _DIGEST_BATCH, end))
                     digest.add((name, *self._entry(position)) for position in positions)
             return digest.value()
         finally:
