@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import textwrap
 from pathlib import Path
@@ -411,10 +410,11 @@ async def test_a_sqlite_file_that_is_not_a_bundle_is_corrupt(
 
 
 async def test_rows_whose_key_or_value_is_not_a_blob_are_malformed(
-    bundle_path: Path, bundle_format: str
+    warm_env: Environment, out_dir: Path
 ) -> None:
-    if bundle_format != BundleFormat.SQLITE:
-        return  # only the SQLite format has typed columns; the flat format has none
+    # Only the SQLite format has typed columns to get wrong.
+    bundle_path = out_dir / "typed.bundle"
+    await export_bundle(warm_env, bundle_path, name="typed", format=BundleFormat.SQLITE)
     with sqlite3.connect(bundle_path) as conn:
         conn.execute("UPDATE entries SET value = 'text' WHERE key = ?", (b"k001",))
     conn.close()
@@ -478,9 +478,9 @@ async def test_a_flat_header_claiming_billions_of_entries_fails_before_allocatin
         FlatBundle.from_bytes(blob)
 
 
-async def test_a_flat_bundle_reads_from_bytes(bundle_path: Path, bundle_format: str) -> None:
-    if bundle_format != BundleFormat.FLAT:
-        return  # from_bytes is the flat format's
+async def test_a_flat_bundle_reads_from_bytes(warm_env: Environment, out_dir: Path) -> None:
+    bundle_path = out_dir / "flat.bundle"
+    await export_bundle(warm_env, bundle_path, name="flat", format=BundleFormat.FLAT)
     bundle = FlatBundle.from_bytes(bundle_path.read_bytes())
     assert await bundle.get(KERNELS, b"k010") == b"kernel-10"
     assert bundle.compute_digest() == bundle.manifest.digest
@@ -523,7 +523,6 @@ async def test_import_report_is_a_frozen_value() -> None:
     report = ImportReport((), 0, 0, 0, 0, 0, 0.0)
     with pytest.raises(AttributeError):
         report.imported = 1  # type: ignore[misc]
-    assert os.sep  # keep os imported for path helpers above
 
 
 async def test_a_sqlite_bundle_whose_rows_are_not_in_key_order_still_verifies(
