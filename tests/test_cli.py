@@ -6,6 +6,7 @@ import json
 import os
 import pty
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -120,6 +121,25 @@ def test_export_takes_explicit_sources(warm_root: Path, tmp_path: Path) -> None:
             str(warm_root / "warm.db"),
             "--name",
             "n",
+            "--json",
+            root=tmp_path / "elsewhere",
+        )
+    )
+    assert report["entries"] == TOTAL
+
+
+def test_export_sources_may_follow_the_options(warm_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "b.bundle"
+    report = as_json(
+        warmenv(
+            "export",
+            str(out),
+            "--name",
+            "n",
+            "--format",
+            "flat",
+            str(warm_root / "warm.db"),
+            str(warm_root),
             "--json",
             root=tmp_path / "elsewhere",
         )
@@ -283,3 +303,78 @@ def test_import_in_a_terminal_draws_a_progress_bar(bundle: Path, tmp_path: Path)
     assert "━" in text  # rich's bar
     assert f"{TOTAL}/{TOTAL}" in text
     assert f"imported {TOTAL} entries" in text
+
+
+def _interrupt_after_first_progress(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the command and press Ctrl-C (SIGINT) once it reports progress."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "warmenv", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    first = process.stdout.readline()
+    assert "/" in first, first  # a progress line: the operation is under way
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(process.args, process.returncode, first + out, err)
+
+
+@pytest.fixture
+def big_flat_bundle(tmp_path: Path) -> Path:
+    root = tmp_path / "big"
+
+    async def make() -> None:
+        async with open_environment("big", root=root) as env:
+            await env.storage(KERNELS).insert_many(
+                (b"%08d" % i, os.urandom(512)) for i in range(150_000)
+            )
+
+    anyio.run(make)
+    out = tmp_path / "big.bundle"
+    completed = warmenv(
+        "export", str(out), "--name", "big", "--format", "flat", str(root / "big.db"), root=root
+    )
+    assert completed.returncode == 0, completed.stderr
+    return out
+
+
+def test_ctrl_c_during_import_exits_130_and_leaves_whole_batches(
+    big_flat_bundle: Path, tmp_path: Path
+) -> None:
+    import sqlite3
+
+    root = tmp_path / "target"
+    completed = _interrupt_after_first_progress(
+        "import", str(big_flat_bundle), "--env", "t", "--root", str(root)
+    )
+    assert completed.returncode == 130
+    assert completed.stderr.count("\n") == 1
+    assert "interrupted" in completed.stderr
+    conn = sqlite3.connect(root / "t.db")
+    assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    (count,) = conn.execute("SELECT count(*) FROM entries").fetchone()
+    conn.close()
+    assert count % 1024 == 0 or count == 150_000
+
+
+def test_ctrl_c_during_export_exits_130_and_leaves_the_previous_bundle(
+    big_flat_bundle: Path, tmp_path: Path
+) -> None:
+    before = big_flat_bundle.read_bytes()
+    completed = _interrupt_after_first_progress(
+        "export",
+        str(big_flat_bundle),
+        "--name",
+        "again",
+        "--format",
+        "flat",
+        str(tmp_path / "big" / "big.db"),
+        "--root",
+        str(tmp_path / "big"),
+    )
+    assert completed.returncode == 130
+    assert "interrupted" in completed.stderr
+    assert big_flat_bundle.read_bytes() == before
+    assert list(tmp_path.glob(".*.warmenv-staging")) == []

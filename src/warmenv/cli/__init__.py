@@ -13,6 +13,7 @@ import argparse
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
 import anyio
 
@@ -41,7 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # argparse takes OUT and SOURCE... in one go, so sources written after the
+    # options (`export OUT --name N SOURCE`) come back unrecognised: they are
+    # sources all the same.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if getattr(args, "sources", None) is None or any(a.startswith("-") for a in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.sources = [*args.sources, *(Path(a) for a in extra)]
     out = _common.Output(json=args.json)
     try:
         status = anyio.run(args.run, args, out, backend="asyncio")
