@@ -23,10 +23,11 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import final
+from typing import BinaryIO, final
 
 import anyio
 import anyio.to_thread
+import attrs
 
 from warmenv.bundle.base import BundleError
 from warmenv.bundle.events import Event, EventStream, ExportReport, Finished, Progress, Started
@@ -293,7 +294,7 @@ class _ExportJob:
         self.staging: Path | None = None
         self._writer: FlatWriter | None = None
         self._sqlite: sqlite3.Connection | None = None
-        self._file: object = None
+        self._file: BinaryIO | None = None
         self.conns: list[sqlite3.Connection] = []
         self._digest = BackgroundDigest()
         # One source into the SQLite format is copied inside SQLite; the digest
@@ -441,17 +442,15 @@ class _ExportJob:
 
     def commit(self) -> BundleManifest:
         """Finish the staging file, sync it and rename it onto `out`."""
-        import attrs
-
         manifest = attrs.evolve(self.manifest, digest=self._digest.value())
         assert self.staging is not None
         if self._writer is not None:
             self._writer.finish(manifest.digest)
             handle = self._file
-            assert hasattr(handle, "fileno")
-            handle.flush()  # type: ignore[attr-defined]
+            assert handle is not None
+            handle.flush()
             os.fsync(handle.fileno())
-            handle.close()  # type: ignore[attr-defined]
+            handle.close()
             self._file = None
         else:
             conn = self._sqlite
@@ -484,7 +483,7 @@ class _ExportJob:
             self._sqlite = None
         if self._file is not None:
             with contextlib.suppress(OSError):
-                self._file.close()  # type: ignore[attr-defined]
+                self._file.close()
             self._file = None
         if self.staging is not None:
             with contextlib.suppress(FileNotFoundError):

@@ -243,8 +243,9 @@ async def _demo(args: argparse.Namespace, out: Output, root: Path) -> int:
     async with open_environment("machine-b", root=root) as second:
         await second.storage(NAMESPACE).purge()
         async with importing(bundle_path, second) as progress:
-            imported = await follow(out, aiter(progress), "importing")
-        out.line(f"   imported {imported.imported} entries in {imported.elapsed:.2f}s")  # type: ignore[union-attr]
+            await follow(out, aiter(progress), "importing")
+        imported = progress.report
+        out.line(f"   imported {imported.imported} entries in {imported.elapsed:.2f}s")
         out.line("")
         out.line("4. the same start-up on the imported environment")
         warm_choices, warm_misses, warm = await _timed_start_up(out, second, "starting")
@@ -281,7 +282,7 @@ async def _demo(args: argparse.Namespace, out: Output, root: Path) -> int:
                 "digest": exported.manifest.digest,
             },
             "preflight_ok": check.ok,
-            "imported": imported.imported,  # type: ignore[union-attr]
+            "imported": imported.imported,
         }
     )
     return 0 if same and warm_misses == 0 else 1
