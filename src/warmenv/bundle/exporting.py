@@ -117,7 +117,7 @@ async def exporting(
         environments=tuple(environments) if environments is not None else (this_machine(),),
         digest=DIGEST_PLACEHOLDER,
     )
-    progress = ExportProgress(paths, Path(out), format, namespaces, manifest)
+    progress = ExportProgress(_ExportJob(paths, Path(out), format, namespaces, manifest))
     try:
         yield progress
     finally:
@@ -162,27 +162,15 @@ class ExportProgress(EventStream[ExportReport]):
 
     _operation = "export"
 
-    def __init__(
-        self,
-        sources: list[Path],
-        out: Path,
-        format: str,
-        prefixes: list[str] | None,
-        manifest: BundleManifest,
-    ) -> None:
-        self._sources = sources
-        self._out = out
-        self._format = format
-        self._prefixes = prefixes
-        self._manifest = manifest
-        self._job: _ExportJob | None = None
+    def __init__(self, job: _ExportJob) -> None:
+        # The job opens nothing until started, so holding it from here on
+        # means every file it creates can be cleaned up by aclose().
+        self._job = job
         super().__init__()
 
     async def _run(self) -> AsyncGenerator[Event, None]:
         started_at = time.perf_counter()
-        job = self._job = _ExportJob(
-            self._sources, self._out, self._format, self._prefixes, self._manifest
-        )
+        job = self._job
         await anyio.to_thread.run_sync(job.start)
         yield Started(tuple(job.totals), job.total_entries, job.total_bytes)
         while (step := await anyio.to_thread.run_sync(job.step)) is not None:
@@ -190,7 +178,7 @@ class ExportProgress(EventStream[ExportReport]):
         manifest = await anyio.to_thread.run_sync(job.commit)
         report = ExportReport(
             manifest=manifest,
-            path=self._out,
+            path=job.out,
             entries=job.total_entries,
             bytes=job.total_bytes,
             namespaces=tuple(
@@ -204,8 +192,7 @@ class ExportProgress(EventStream[ExportReport]):
     async def aclose(self) -> None:
         """Stop the export if it is still running and remove its staging file."""
         await super().aclose()
-        if self._job is not None:
-            await anyio.to_thread.run_sync(self._job.abandon)
+        await anyio.to_thread.run_sync(self._job.abandon)
 
 
 def _open_source(path: Path) -> sqlite3.Connection:

@@ -208,9 +208,7 @@ class BackgroundDigest:
         self._digest = Digest()
         self._prefixes: dict[str, bytes] = {}
         self._batches: queue.Queue[bytes | None] = queue.Queue(maxsize=4)
-        self._thread = threading.Thread(target=self._hash, name="warmenv-digest", daemon=True)
-        self._thread.start()
-        self._done = False
+        self._thread: threading.Thread | None = None  # started by the first batch
 
     def add(self, entries: Iterable[tuple[str, bytes, bytes]]) -> None:
         """Hash `(namespace, key, value)` entries, in the order of the digest."""
@@ -222,6 +220,9 @@ class BackgroundDigest:
                 raw = namespace.encode("utf-8")
                 prefix = prefixes[namespace] = _U64(len(raw)) + raw
             parts += (prefix, _U64(len(key)), key, _U64(len(value)), value)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._hash, name="warmenv-digest", daemon=True)
+            self._thread.start()
         self._batches.put(b"".join(parts))
 
     def value(self) -> str:
@@ -231,10 +232,10 @@ class BackgroundDigest:
 
     def close(self) -> None:
         """End the thread (after what is queued); safe to call twice."""
-        if not self._done:
-            self._done = True
+        thread, self._thread = self._thread, None
+        if thread is not None:
             self._batches.put(None)
-            self._thread.join()
+            thread.join()
 
     def _hash(self) -> None:
         update = self._digest._hash.update
