@@ -24,6 +24,7 @@ import pytest
 from conftest import env_contents
 from warmenv import Environment, Failed, Namespace, Store, Stored, open_environment
 from warmenv.bundle import BundleFormat, export_bundle, import_bundle, open_bundle
+from warmenv.bundle.importing import content_digest
 
 pytestmark = pytest.mark.anyio
 
@@ -186,9 +187,7 @@ def kill_export(tmp: Path, trials: int, backend: str, fmt: str) -> None:
             async def check_whole() -> None:
                 async with open_bundle(out) as bundle:
                     assert bundle.manifest.name == "killed"
-                    compute = getattr(bundle, "compute_digest")  # noqa: B009
-                    digest = compute() if fmt == BundleFormat.FLAT else await compute()
-                    assert digest == bundle.manifest.digest
+                    assert await content_digest(bundle) == bundle.manifest.digest
 
             anyio.run(check_whole, backend=backend)
 

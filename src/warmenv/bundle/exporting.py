@@ -40,7 +40,7 @@ from warmenv.bundle.manifest import (
     now_iso,
     this_machine,
 )
-from warmenv.bundle.sqlite import SQLITE_MAGIC, bundle_uri
+from warmenv.bundle.sqlite import SQLITE_MAGIC, bundle_uri, read_head
 from warmenv.environment import Environment
 from warmenv.persistence.namespace import prefix_sql
 from warmenv.persistence.sqlite import SCHEMA
@@ -497,8 +497,7 @@ def _check_out(out: Path) -> None:
 
 def _is_bundle_file(path: Path) -> bool:
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(len(SQLITE_MAGIC))
+        head = read_head(path)
     except OSError:
         return False
     if head.startswith(FLAT_MAGIC):

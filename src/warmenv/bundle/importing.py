@@ -45,7 +45,7 @@ from warmenv.persistence.namespace import matches_any, prefix_sql
 from warmenv.persistence.sqlite import SqliteDatabase, transaction
 from warmenv.persistence.storage import NamespaceSummary, Origin, Storage, check_batch_size
 
-__all__ = ["ImportProgress", "import_bundle", "importing"]
+__all__ = ["ImportProgress", "content_digest", "import_bundle", "importing"]
 
 Validate = Callable[[str, bytes, bytes], bool]
 _aliases = itertools.count(1)
@@ -175,8 +175,8 @@ class _Tally:
         self.imported_bytes += size
 
 
-async def _verify(bundle: Bundle) -> None:
-    expected = bundle.manifest.digest
+async def content_digest(bundle: Bundle) -> str:
+    """The digest of what `bundle` holds, to compare with `bundle.manifest.digest`."""
     if isinstance(bundle, FlatBundle):
         actual = await anyio.to_thread.run_sync(bundle.compute_digest)
     elif isinstance(bundle, SqliteBundle):
@@ -190,6 +190,12 @@ async def _verify(bundle: Bundle) -> None:
             async for key, value in bundle.scan(summary.namespace):
                 digest.update(raw, key, value)
         actual = digest.value()
+    return actual
+
+
+async def _verify(bundle: Bundle) -> None:
+    expected = bundle.manifest.digest
+    actual = await content_digest(bundle)
     if actual != expected:
         raise CorruptBundleError(
             f"{bundle.describe()}: its content does not match its digest (manifest says "

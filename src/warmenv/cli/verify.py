@@ -6,9 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import anyio.to_thread
-
-from warmenv.bundle import CorruptBundleError, FlatBundle, SqliteBundle, open_bundle
+from warmenv.bundle import CorruptBundleError, open_bundle
+from warmenv.bundle.importing import content_digest
 from warmenv.cli._common import Output
 
 
@@ -22,11 +21,7 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
 
 async def run(args: argparse.Namespace, out: Output) -> int:
     async with open_bundle(args.bundle) as bundle:
-        if isinstance(bundle, FlatBundle):
-            actual = await anyio.to_thread.run_sync(bundle.compute_digest)
-        else:
-            assert isinstance(bundle, SqliteBundle)
-            actual = await bundle.compute_digest()
+        actual = await content_digest(bundle)
         expected = bundle.manifest.digest
         entries = sum(s.entries for s in await bundle.namespaces())
     if actual != expected:
