@@ -396,16 +396,24 @@ async def test_open_bundle_rejects_what_is_not_a_bundle(tmp_path: Path) -> None:
             pass
 
 
-async def test_a_sqlite_file_that_is_not_a_bundle_is_corrupt(
+async def test_a_sqlite_file_that_is_not_a_bundle_is_not_a_bundle_rather_than_corrupt(
     warm_env: Environment, tmp_path: Path
 ) -> None:
-    with pytest.raises(InvalidManifestError, match="no manifest"):
+    with pytest.raises(NotABundleError, match="without a manifest"):
         async with open_bundle(warm_env.path):
             pass
     empty = tmp_path / "empty.db"
     sqlite3.connect(empty).execute("CREATE TABLE t (x)").connection.close()
-    with pytest.raises(CorruptBundleError, match="no 'meta' table"):
+    with pytest.raises(NotABundleError, match="no 'entries' or 'meta' table"):
         async with SqliteBundle.open(empty):
+            pass
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE meta (k, v)")
+        conn.execute("CREATE TABLE entries (a, b)")
+    conn.close()
+    with pytest.raises(NotABundleError, match="not warmenv's"):
+        async with open_bundle(other):
             pass
 
 
@@ -483,7 +491,7 @@ async def test_a_flat_bundle_reads_from_bytes(warm_env: Environment, out_dir: Pa
     await export_bundle(warm_env, bundle_path, name="flat", format=BundleFormat.FLAT)
     bundle = FlatBundle.from_bytes(bundle_path.read_bytes())
     assert await bundle.get(KERNELS, b"k010") == b"kernel-10"
-    assert bundle.compute_digest() == bundle.manifest.digest
+    assert bundle.compute_digest_sync() == bundle.manifest.digest
     await bundle.aclose()
 
 

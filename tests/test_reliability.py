@@ -24,7 +24,6 @@ import pytest
 from conftest import env_contents
 from warmenv import Environment, Failed, Namespace, Store, Stored, open_environment
 from warmenv.bundle import BundleFormat, export_bundle, import_bundle, open_bundle
-from warmenv.bundle.importing import content_digest
 
 pytestmark = pytest.mark.anyio
 
@@ -187,7 +186,7 @@ def kill_export(tmp: Path, trials: int, backend: str, fmt: str) -> None:
             async def check_whole() -> None:
                 async with open_bundle(out) as bundle:
                     assert bundle.manifest.name == "killed"
-                    assert await content_digest(bundle) == bundle.manifest.digest
+                    assert await bundle.compute_digest() == bundle.manifest.digest
 
             anyio.run(check_whole, backend=backend)
 

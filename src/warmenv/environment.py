@@ -13,7 +13,7 @@ import logging
 import sqlite3
 import threading
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -26,7 +26,7 @@ from warmenv.config import is_valid_name, load_config
 from warmenv.persistence.codec import Codec
 from warmenv.persistence.memory import MemoryStorage, MemoryTable
 from warmenv.persistence.namespace import Namespace
-from warmenv.persistence.sqlite import SqliteDatabase, SqliteStorage, open_database
+from warmenv.persistence.sqlite import CopiedBatch, SqliteDatabase, SqliteStorage, open_database
 from warmenv.persistence.storage import NamespaceSummary, Storage
 from warmenv.persistence.store import CacheMode, Store
 
@@ -124,6 +124,26 @@ class Environment:
     ) -> Store[K, V]:
         """A typed `Store` over one namespace."""
         return await Store.open(self.storage(namespace), codec, mode)
+
+    def bulk_copy(
+        self, file: Path, prefixes: list[str] | None, batch_size: int
+    ) -> AsyncGenerator[CopiedBatch, None] | None:
+        """Batches copying the entry file `file` in as IMPORTED, or `None` if not possible here.
+
+        Only a file no other process can change may be passed (an import's
+        private, verified copy): it is read by path.
+        """
+        self._check_open()
+        if self._db is None:
+            return None
+        return self._db.copy_from(file, prefixes, batch_size)
+
+    def snapshot_directory(self) -> Path | None:
+        """Where an import's private copy of a bundle should go (`None`: the temp directory)."""
+        self._check_open()
+        if self._db is None or self._db.read_only:
+            return None
+        return self.path.parent
 
     async def namespaces(self) -> list[NamespaceSummary]:
         """Every namespace holding entries, with counts and sizes."""

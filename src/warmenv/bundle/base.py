@@ -1,4 +1,4 @@
-"""What every bundle reader offers, and the errors a bundle can raise.
+"""What every bundle reader offers, and what the readers share.
 
 A bundle is untrusted input: a file from another machine, a download, a
 container layer. Readers validate it completely when it is opened, and
@@ -9,17 +9,28 @@ crash from deep inside a parser.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from types import TracebackType
-from typing import Generic, Protocol, Self, TypeVar, final
+from typing import ClassVar, Generic, Protocol, Self, TypeVar, final
 
-from warmenv._errors import WarmenvError
-from warmenv.bundle.manifest import BundleManifest
+from warmenv.bundle.errors import (
+    BundleError,
+    BundleTooLargeError,
+    CorruptBundleError,
+    InvalidManifestError,
+    NotABundleError,
+    UnsupportedSchemaError,
+)
+from warmenv.bundle.manifest import BundleManifest, Digest
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import NamespaceSummary
 
 __all__ = [
     "Bundle",
+    "BundleFormat",
+    "BundleReader",
     "BundleOpener",
     "ClosesOnExit",
     "BundleError",
@@ -31,32 +42,41 @@ __all__ = [
 ]
 
 
-class BundleError(WarmenvError):
-    """Something is wrong with a bundle; nothing was imported from it."""
+class BundleFormat(enum.StrEnum):
+    """The two bundle formats; `BundleFormat("flat")` works."""
 
-
-class NotABundleError(BundleError):
-    """The file is neither a SQLite bundle nor a flat bundle."""
-
-
-class InvalidManifestError(BundleError):
-    """The manifest does not parse, or a field holds the wrong thing."""
-
-
-class UnsupportedSchemaError(BundleError):
-    """The manifest's schema (or the flat format version) is newer than this warmenv."""
-
-
-class CorruptBundleError(BundleError):
-    """The bundle's structure is damaged or its content does not match its digest."""
-
-
-class BundleTooLargeError(BundleError):
-    """The entries do not fit the format (a flat bundle's data is limited to 4 GiB)."""
+    SQLITE = "sqlite"
+    FLAT = "flat"
 
 
 class Bundle(Protocol):
-    """A read-only set of entries with a manifest; an async context manager."""
+    """A read-only set of entries with a manifest; an async context manager.
+
+    Subclass `BundleReader` to get `verify`, `private_copy` and `entry_file`
+    with their usual meaning.
+    """
+
+    @property
+    def format(self) -> BundleFormat:
+        """The bundle's format."""
+        ...
+
+    @property
+    def entry_file(self) -> Path | None:
+        """A SQLite file of the environment schema an environment may copy in bulk."""
+        ...
+
+    async def compute_digest(self) -> str:
+        """The content digest of what the bundle holds (compare with the manifest's)."""
+        ...
+
+    async def verify(self) -> None:
+        """`CorruptBundleError` unless the content matches the manifest's digest."""
+        ...
+
+    async def private_copy(self, near: Path | None) -> Bundle | None:
+        """A copy no other process can change, opened, for an import; `None` if this is one."""
+        ...
 
     @property
     def manifest(self) -> BundleManifest:
@@ -113,6 +133,53 @@ class ClosesOnExit:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+class BundleReader(ClosesOnExit):
+    """What the readers share: verification against the manifest, and the defaults."""
+
+    __slots__ = ()
+    format: ClassVar[BundleFormat]
+
+    @property
+    def manifest(self) -> BundleManifest:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    async def namespaces(self) -> list[NamespaceSummary]:
+        raise NotImplementedError
+
+    def scan(
+        self, namespace: Namespace | str, batch_size: int = 1024
+    ) -> AsyncIterator[tuple[bytes, bytes]]:
+        raise NotImplementedError
+
+    @property
+    def entry_file(self) -> Path | None:
+        return None
+
+    async def compute_digest(self) -> str:
+        """The digest by streaming every namespace in order (readers do it faster)."""
+        digest = Digest()
+        for summary in await self.namespaces():
+            raw = summary.namespace.encode("utf-8")
+            async for key, value in self.scan(summary.namespace):
+                digest.update(raw, key, value)
+        return digest.value()
+
+    async def verify(self) -> None:
+        expected = self.manifest.digest
+        actual = await self.compute_digest()
+        if actual != expected:
+            raise CorruptBundleError(
+                f"{self.describe()}: its content does not match its digest (manifest says "
+                f"{expected}, content hashes to {actual})"
+            )
+
+    async def private_copy(self, near: Path | None) -> Bundle | None:
+        return None
 
 
 B = TypeVar("B", bound=ClosesOnExit)

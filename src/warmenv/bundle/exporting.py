@@ -15,10 +15,8 @@ left behind are removed by the next export to the same `out`.
 from __future__ import annotations
 
 import contextlib
-import heapq
+import itertools
 import os
-import secrets
-import sqlite3
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
@@ -29,7 +27,9 @@ import anyio
 import anyio.to_thread
 import attrs
 
-from warmenv.bundle.base import BundleError
+from warmenv.bundle import _files
+from warmenv.bundle.base import BundleFormat
+from warmenv.bundle.errors import BundleError, NotABundleError
 from warmenv.bundle.events import Event, EventStream, ExportReport, Finished, Progress, Started
 from warmenv.bundle.flat import FLAT_MAGIC, FlatWriter
 from warmenv.bundle.manifest import (
@@ -40,16 +40,19 @@ from warmenv.bundle.manifest import (
     now_iso,
     this_machine,
 )
-from warmenv.bundle.sqlite import SQLITE_MAGIC, bundle_uri, read_head
+from warmenv.bundle.sqlite import SQLITE_MAGIC
 from warmenv.environment import Environment
-from warmenv.persistence.namespace import prefix_sql
-from warmenv.persistence.sqlite import SCHEMA
-from warmenv.persistence.storage import NamespaceSummary, Origin
+from warmenv.persistence.files import (
+    EntryFileError,
+    ExportSources,
+    StagingFile,
+    StagingWriteError,
+    manifest_of,
+)
+from warmenv.persistence.storage import NamespaceSummary
 
 __all__ = ["BundleFormat", "ExportProgress", "InvalidSourceError", "export_bundle", "exporting"]
 
-_STAGING_SUFFIX = ".warmenv-staging"
-_SOURCE = "warmenv_source"
 _BATCH = 1024
 
 Source = Environment | str | Path
@@ -57,13 +60,6 @@ Source = Environment | str | Path
 
 class InvalidSourceError(BundleError):
     """An export source is not an environment, an environment database or a root."""
-
-
-class BundleFormat:
-    """The two bundle formats (`BundleFormat.SQLITE`, `BundleFormat.FLAT`)."""
-
-    SQLITE = "sqlite"
-    FLAT = "flat"
 
 
 async def export_bundle(
@@ -103,13 +99,14 @@ async def exporting(
     version: str | None = None,
 ) -> AsyncIterator[ExportProgress]:
     """`async with exporting(...) as progress: async for event in progress:` runs the export."""
-    if format not in (BundleFormat.SQLITE, BundleFormat.FLAT):
-        raise ValueError(f"unknown bundle format {format!r}; use 'sqlite' or 'flat'")
+    try:
+        bundle_format = BundleFormat(format)
+    except ValueError:
+        raise ValueError(f"unknown bundle format {format!r}; use 'sqlite' or 'flat'") from None
     if not isinstance(name, str) or not name:
         raise ValueError("a bundle needs a non-empty name")
     from warmenv import __version__
 
-    paths = await anyio.to_thread.run_sync(_source_paths, _as_list(sources))
     manifest = BundleManifest(
         name=name,
         version=__version__ if version is None else version,
@@ -117,7 +114,9 @@ async def exporting(
         environments=tuple(environments) if environments is not None else (this_machine(),),
         digest=DIGEST_PLACEHOLDER,
     )
-    progress = ExportProgress(_ExportJob(paths, Path(out), format, namespaces, manifest))
+    manifest.check_readable()
+    paths = await anyio.to_thread.run_sync(_source_paths, _as_list(sources))
+    progress = ExportProgress(_ExportJob(paths, Path(out), bundle_format, namespaces, manifest))
     try:
         yield progress
     finally:
@@ -195,74 +194,6 @@ class ExportProgress(EventStream[ExportReport]):
         await anyio.to_thread.run_sync(self._job.abandon)
 
 
-def _open_source(path: Path) -> sqlite3.Connection:
-    last: sqlite3.Error | None = None
-    for immutable in (False, True):
-        try:
-            conn = sqlite3.connect(
-                bundle_uri(path, immutable=immutable),
-                uri=True,
-                isolation_level=None,
-                check_same_thread=False,
-            )
-            conn.execute("BEGIN")  # one snapshot for both passes
-            columns = [row[1] for row in conn.execute("PRAGMA table_info(entries)")]
-            if columns[:3] != ["namespace", "key", "value"]:
-                conn.close()
-                raise InvalidSourceError(f"{path} is not a warmenv environment (no entries table)")
-            return conn
-        except sqlite3.Error as exc:
-            last = exc
-    raise InvalidSourceError(f"{path} cannot be read as a warmenv environment ({last})")
-
-
-def _where(prefixes: list[str] | None) -> tuple[str, list[str]]:
-    """Rows worth exporting: the right types, under the prefixes."""
-    matches, params = prefix_sql(prefixes)
-    types = "typeof(key) = 'blob' AND typeof(value) = 'blob' AND typeof(namespace) = 'text'"
-    return f"{types} AND {matches}", params
-
-
-def _merged(
-    conns: list[sqlite3.Connection], columns: str, where: str, params: list[str]
-) -> Iterator[tuple[str, bytes, object]]:
-    """One sorted stream of (namespace, key, x) over every source, first source winning."""
-    sql = f"SELECT namespace, key, {columns} FROM entries WHERE {where} ORDER BY namespace, key"
-
-    def rows(conn: sqlite3.Connection) -> Iterator[tuple[str, bytes, object]]:
-        cursor = conn.execute(sql, params)
-        while batch := cursor.fetchmany(_BATCH):
-            yield from batch
-
-    if len(conns) == 1:  # one sorted source has nothing to merge or deduplicate
-        yield from rows(conns[0])
-        return
-    previous: tuple[str, bytes] | None = None
-    for row in heapq.merge(*(rows(c) for c in conns), key=lambda r: (r[0], r[1])):
-        if previous is not None and (row[0], row[1]) == previous:
-            continue
-        previous = (row[0], row[1])
-        yield row
-
-
-def _totals(
-    conns: list[sqlite3.Connection], where: str, params: list[str]
-) -> dict[str, tuple[int, int]]:
-    """Entries and bytes per namespace, as the merged stream will hold them."""
-    if len(conns) == 1:
-        rows = conns[0].execute(
-            "SELECT namespace, count(*), coalesce(sum(length(key) + length(value)), 0) "
-            f"FROM entries WHERE {where} GROUP BY namespace ORDER BY namespace",
-            params,
-        )
-        return {namespace: (int(count), int(size)) for namespace, count, size in rows}
-    totals: dict[str, tuple[int, int]] = {}
-    for namespace, key, value_len in _merged(conns, "length(value)", where, params):
-        entries, size = totals.get(namespace, (0, 0))
-        totals[namespace] = (entries + 1, size + len(key) + int(value_len))  # type: ignore[call-overload]
-    return totals
-
-
 class _ExportJob:
     """The synchronous export, advanced one batch at a time from worker threads."""
 
@@ -270,7 +201,7 @@ class _ExportJob:
         self,
         sources: list[Path],
         out: Path,
-        format: str,
+        format: BundleFormat,
         prefixes: list[str] | None,
         manifest: BundleManifest,
     ) -> None:
@@ -278,18 +209,20 @@ class _ExportJob:
         self.format = format
         self.manifest = manifest
         self.done = self.bytes_done = 0
+        self.skipped = 0
         self.staging: Path | None = None
         self._writer: FlatWriter | None = None
-        self._sqlite: sqlite3.Connection | None = None
         self._file: BinaryIO | None = None
-        self.conns: list[sqlite3.Connection] = []
+        self._bundle: StagingFile | None = None
+        self._sources_reader: ExportSources | None = None
+        self._rows: Iterator[tuple[str, bytes, bytes]] = iter(())
         self._digest = BackgroundDigest()
         # One source into the SQLite format is copied inside SQLite; the digest
         # is then taken from the rows as written, read back while still cached.
-        self._copy_from: tuple[str, bytes] | None = None
-        self._copied_rowid = 0
+        self._copying = False
         self._sources = sources
-        self.where, self.params = _where(prefixes)
+        self._prefixes = prefixes
+        self.totals: dict[str, tuple[int, int]] = {}
 
     def start(self) -> None:
         """Open the sources and the staging file, and count what will be written.
@@ -298,16 +231,23 @@ class _ExportJob:
         exists: whatever happens from here on, `abandon()` can clean it up.
         """
         _check_out(self.out)
-        _remove_stale_staging(self.out)
+        _files.remove_stale(
+            self.out.parent, prefix=f".{self.out.name}.", suffix=_files.STAGING_SUFFIX
+        )
         try:
-            sources = self._sources
-            if self.format == BundleFormat.SQLITE and len(sources) == 1:
-                self._start_sql_copy(sources[0])
-            else:
-                self.conns = [_open_source(p) for p in sources]
-                self.totals = _totals(self.conns, self.where, self.params)
-                self._rows = _merged(self.conns, "value", self.where, self.params)
-                self._start_output()
+            with _as_os_errors(), _as_source_errors():
+                sources = self._sources
+                if self.format == BundleFormat.SQLITE and len(sources) == 1:
+                    staging = self._staging_bundle()
+                    self.totals = staging.attach_source(sources[0], self._prefixes)
+                    self.skipped = staging.skipped
+                    self._copying = True
+                else:
+                    reader = self._sources_reader = ExportSources(sources, self._prefixes)
+                    self.skipped = reader.skipped
+                    self.totals = reader.totals()
+                    self._rows = reader.rows()
+                    self._start_output()
             self.total_entries = sum(e for e, _ in self.totals.values())
             self.total_bytes = sum(b for _, b in self.totals.values())
         except BaseException:
@@ -315,51 +255,14 @@ class _ExportJob:
             raise
 
     def _new_staging(self) -> Path:
-        token = f"{os.getpid()}.{secrets.token_hex(4)}"
-        self.staging = self.out.with_name(f".{self.out.name}.{token}{_STAGING_SUFFIX}")
+        self.staging = _files.staging_path(self.out)
+        # Created here, so a directory we may not write fails with the usual OSError.
+        os.close(os.open(self.staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         return self.staging
 
-    def _staging_database(self) -> sqlite3.Connection:
-        staging = self._new_staging()
-        conn = sqlite3.connect(
-            f"{staging.resolve().as_uri()}?mode=rwc",
-            uri=True,
-            isolation_level=None,
-            check_same_thread=False,
-        )
-        self._sqlite = conn
-        conn.execute("PRAGMA journal_mode=OFF")  # a staging file: no rollback needed
-        conn.execute("PRAGMA synchronous=OFF")
-        for statement in SCHEMA.split(";"):
-            if statement.strip():
-                conn.execute(statement)
-        return conn
-
-    def _start_sql_copy(self, source: Path) -> None:
-        conn = self._staging_database()
-        for immutable in (False, True):
-            try:
-                conn.execute(
-                    f"ATTACH DATABASE ? AS {_SOURCE}", (bundle_uri(source, immutable=immutable),)
-                )
-                columns = [r[1] for r in conn.execute(f"PRAGMA {_SOURCE}.table_info(entries)")]
-                break
-            except sqlite3.Error as exc:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute(f"DETACH DATABASE {_SOURCE}")
-                error = exc
-        else:
-            raise InvalidSourceError(f"{source} cannot be read as a warmenv environment ({error})")
-        if columns[:3] != ["namespace", "key", "value"]:
-            raise InvalidSourceError(f"{source} is not a warmenv environment (no entries table)")
-        conn.execute("BEGIN")  # one snapshot of the source for the totals and the copy
-        rows = conn.execute(
-            "SELECT namespace, count(*), coalesce(sum(length(key) + length(value)), 0) "
-            f"FROM {_SOURCE}.entries WHERE {self.where} GROUP BY namespace ORDER BY namespace",
-            self.params,
-        )
-        self.totals = {namespace: (int(count), int(size)) for namespace, count, size in rows}
-        self._copy_from = ("", b"")
+    def _staging_bundle(self) -> StagingFile:
+        self._bundle = StagingFile(self._new_staging())
+        return self._bundle
 
     def _start_output(self) -> None:
         if self.format == BundleFormat.FLAT:
@@ -369,105 +272,66 @@ class _ExportJob:
             size = sum(b for _, b in self.totals.values())
             self._writer = FlatWriter(handle, self.manifest, sorted(self.totals), entries, size)
         else:
-            self._staging_database().execute("BEGIN")
+            self._staging_bundle().begin()
 
     def step(self) -> str | None:
         """Write one batch; the last namespace written, or `None` when all are."""
-        if self._copy_from is not None:
-            return self._copy_step()
-        batch: list[tuple[str, bytes, bytes]] = []
-        for row in self._rows:
-            batch.append(row)  # type: ignore[arg-type]
-            if len(batch) >= _BATCH:
-                break
+        with _as_os_errors(), _as_source_errors():
+            if self._copying:
+                assert self._bundle is not None
+                batch = self._bundle.copy_step()
+            else:
+                batch = list(itertools.islice(self._rows, _BATCH))
+                if batch:
+                    self._write(batch)
         if not batch:
             return None
         self._digest.add(batch)
-        size = sum(len(key) + len(value) for _, key, value in batch)
-        self.bytes_done += size
+        self.bytes_done += sum(len(key) + len(value) for _, key, value in batch)
+        self.done += len(batch)
+        return batch[-1][0]
+
+    def _write(self, batch: list[tuple[str, bytes, bytes]]) -> None:
         if self._writer is not None:
             add = self._writer.add
             for namespace, key, value in batch:
                 add(namespace, key, value)
         else:
-            assert self._sqlite is not None
-            self._sqlite.executemany(
-                f"INSERT INTO entries (namespace, key, value, origin) "
-                f"VALUES (?, ?, ?, {int(Origin.IMPORTED)})",
-                batch,
-            )
-        self.done += len(batch)
-        return batch[-1][0]
-
-    def _copy_step(self) -> str | None:
-        conn = self._sqlite
-        assert conn is not None and self._copy_from is not None
-        after, params = "", list[object](self.params)
-        if self._copied_rowid:  # past the first batch: continue after the last row copied
-            after = " AND (namespace, key) > (?, ?)"
-            params += self._copy_from
-        conn.execute(
-            "INSERT INTO main.entries (namespace, key, value, origin) "
-            f"SELECT namespace, key, value, {int(Origin.IMPORTED)} FROM {_SOURCE}.entries "
-            f"WHERE {self.where}{after} ORDER BY namespace, key LIMIT {_BATCH}",
-            params,
-        )
-        rows = conn.execute(
-            "SELECT rowid, namespace, key, value FROM main.entries WHERE rowid > ? ORDER BY rowid",
-            (self._copied_rowid,),
-        ).fetchall()
-        if not rows:
-            return None
-        self._digest.add((namespace, key, value) for _, namespace, key, value in rows)
-        size = sum(len(key) + len(value) for _, _, key, value in rows)
-        last = rows[-1]
-        self._copied_rowid = last[0]
-        self._copy_from = (last[1], last[2])
-        self.bytes_done += size
-        self.done += len(rows)
-        return str(last[1])
+            assert self._bundle is not None
+            self._bundle.add(batch)
 
     def commit(self) -> BundleManifest:
         """Finish the staging file, sync it and rename it onto `out`."""
         manifest = attrs.evolve(self.manifest, digest=self._digest.value())
         assert self.staging is not None
-        if self._writer is not None:
-            self._writer.finish(manifest.digest)
-            handle = self._file
-            assert handle is not None
-            handle.flush()
-            os.fsync(handle.fileno())
-            handle.close()
-            self._file = None
-        else:
-            conn = self._sqlite
-            assert conn is not None
-            conn.execute(
-                "INSERT INTO meta (k, v) VALUES ('schema_version', '1'), ('manifest', ?)",
-                (manifest.to_json().decode("utf-8"),),
-            )
-            conn.execute("COMMIT")
-            if self._copy_from is not None:
-                conn.execute(f"DETACH DATABASE {_SOURCE}")
-            conn.execute("PRAGMA journal_mode=DELETE")
-            conn.close()
-            self._sqlite = None
-            with open(self.staging, "rb+") as handle:
+        with _as_os_errors():
+            if self._writer is not None:
+                self._writer.finish(manifest.digest)
+                handle = self._file
+                assert handle is not None
+                handle.flush()
                 os.fsync(handle.fileno())
+                handle.close()
+                self._file = None
+            else:
+                assert self._bundle is not None
+                self._bundle.finish(manifest.to_json().decode("utf-8"))
+                self._bundle = None
+                with open(self.staging, "rb+") as handle:
+                    os.fsync(handle.fileno())
         _check_out(self.out)  # something foreign may have appeared meanwhile
         os.replace(self.staging, self.out)
         self.staging = None
-        _fsync_dir(self.out.parent)
+        _files.fsync_dir(self.out.parent)
         self._close_sources()
         return manifest
 
     def abandon(self) -> None:
         """Close everything and remove the staging file (after failure or cancellation)."""
         self._digest.close()
-        if self._sqlite is not None:
-            with contextlib.suppress(sqlite3.Error):
-                self._sqlite.close()
-            self._sqlite = None
+        if self._bundle is not None:
+            self._bundle.close()
+            self._bundle = None
         if self._file is not None:
             with contextlib.suppress(OSError):
                 self._file.close()
@@ -479,10 +343,26 @@ class _ExportJob:
         self._close_sources()
 
     def _close_sources(self) -> None:
-        for conn in getattr(self, "conns", []):
-            with contextlib.suppress(sqlite3.Error):
-                conn.close()
-        self.conns = []
+        if self._sources_reader is not None:
+            self._sources_reader.close()
+            self._sources_reader = None
+
+
+@contextlib.contextmanager
+def _as_source_errors() -> Iterator[None]:
+    try:
+        yield
+    except EntryFileError as exc:
+        raise InvalidSourceError(str(exc)) from None
+
+
+@contextlib.contextmanager
+def _as_os_errors() -> Iterator[None]:
+    """The staging file's SQLite errors as the `OSError` they stand for."""
+    try:
+        yield
+    except StagingWriteError as exc:
+        raise OSError(exc.errno, exc.strerror, exc.filename) from None
 
 
 def _check_out(out: Path) -> None:
@@ -491,59 +371,18 @@ def _check_out(out: Path) -> None:
         if not out.parent.is_dir():
             raise FileNotFoundError(f"{out.parent} does not exist; create it first")
         return
-    if out.is_dir() or not _is_bundle_file(out):
-        raise FileExistsError(f"'{out}' exists and is not a warmenv bundle; remove it first")
-
-
-def _is_bundle_file(path: Path) -> bool:
     try:
-        head = read_head(path)
-    except OSError:
-        return False
-    if head.startswith(FLAT_MAGIC):
-        return True
-    if head != SQLITE_MAGIC:
-        return False
+        fd = _files.open_regular(out)
+    except (NotABundleError, OSError) as exc:
+        raise FileExistsError(
+            f"'{out}' exists and is not a warmenv bundle ({exc}); remove it first"
+        ) from None
     try:
-        conn = sqlite3.connect(bundle_uri(path), uri=True)
-        try:
-            row = conn.execute("SELECT 1 FROM meta WHERE k = 'manifest'").fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return False
-    return row is not None
-
-
-def _remove_stale_staging(out: Path) -> None:
-    for staging in out.parent.glob(f".{out.name}.*{_STAGING_SUFFIX}"):
-        pid_text = staging.name[len(out.name) + 2 :].split(".", 1)[0]
-        if pid_text.isdigit() and _alive(int(pid_text)):
-            continue  # another export to the same place is running right now
-        with contextlib.suppress(FileNotFoundError):
-            staging.unlink()
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        head = _files.read_head(fd)
     finally:
         os.close(fd)
+    if head.startswith(FLAT_MAGIC):
+        return
+    if head == SQLITE_MAGIC and manifest_of(out) is not None:
+        return
+    raise FileExistsError(f"'{out}' exists and is not a warmenv bundle; remove it first")

@@ -23,17 +23,16 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
-from typing import BinaryIO, final
+from typing import BinaryIO, ClassVar, final
 
 import anyio
 import anyio.to_thread
 from anyio.lowlevel import checkpoint, checkpoint_if_cancelled
 
-from warmenv.bundle.base import (
-    Bundle,
-    BundleOpener,
+from warmenv.bundle import _files
+from warmenv.bundle.base import Bundle, BundleFormat, BundleOpener, BundleReader
+from warmenv.bundle.errors import (
     BundleTooLargeError,
-    ClosesOnExit,
     CorruptBundleError,
     InvalidManifestError,
     NotABundleError,
@@ -80,14 +79,21 @@ class _Reader:
 
 
 @final
-class FlatBundle(ClosesOnExit, Bundle):
-    """A flat bundle held in memory or mapped from a file, validated at open."""
+class FlatBundle(BundleReader, Bundle):
+    """A flat bundle held in memory or mapped from a file, validated at open.
 
+    A mapping of a file that another process truncates faults (SIGBUS) when
+    read past the new end, so an import never reads this mapping: it maps a
+    private copy instead (`private_copy`), which nobody else can change.
+    """
+
+    format: ClassVar[BundleFormat] = BundleFormat.FLAT
     __slots__ = (
         "_base",
         "_blob",
         "_closer",
         "_count",
+        "_fd",
         "_fences",
         "_index_at",
         "_lookup",
@@ -107,9 +113,11 @@ class FlatBundle(ClosesOnExit, Bundle):
         blob: bytes | bytearray | mmap.mmap | memoryview,
         source: str,
         closer: Callable[[], None] | None = None,
+        fd: int | None = None,
     ) -> None:
         self._source = source
         self._closer = closer
+        self._fd = fd  # the file as opened, for a private copy; None: nothing to copy
         # Slicing bytes or an mmap yields bytes in one step; anything else is
         # read through a memoryview and copied per slice.
         self._blob = blob if isinstance(blob, bytes | mmap.mmap) else None
@@ -117,6 +125,7 @@ class FlatBundle(ClosesOnExit, Bundle):
         try:
             self._parse(self._view)
         except BaseException:
+            self._fd = None  # a bundle that failed to open leaves its file to the caller
             self._release()
             raise
 
@@ -129,6 +138,12 @@ class FlatBundle(ClosesOnExit, Bundle):
     def open(cls, path: str | Path) -> BundleOpener[FlatBundle]:
         """`async with FlatBundle.open(path) as bundle:` maps the file and validates it."""
         return BundleOpener(partial(anyio.to_thread.run_sync, map_file, Path(path)))
+
+    async def private_copy(self, near: Path | None) -> FlatBundle | None:
+        fd = self._fd
+        if fd is None:  # in memory, or already a private copy
+            return None
+        return await anyio.to_thread.run_sync(_map_private_copy, fd, near, self._source)
 
     @property
     def manifest(self) -> BundleManifest:
@@ -195,8 +210,11 @@ class FlatBundle(ClosesOnExit, Bundle):
                 await checkpoint()
             yield self._entry(position)
 
-    def compute_digest(self) -> str:
-        """The content digest of the entries (compare with `manifest.digest`)."""
+    async def compute_digest(self) -> str:
+        return await anyio.to_thread.run_sync(self.compute_digest_sync)
+
+    def compute_digest_sync(self) -> str:
+        """The content digest of the entries, on the calling thread."""
         digest = BackgroundDigest()
         marks = self._first_marks()
         try:
@@ -247,6 +265,9 @@ class FlatBundle(ClosesOnExit, Bundle):
 
     def _release(self) -> None:
         closer, self._closer = self._closer, None
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
         words = getattr(self, "_words", None)
         if isinstance(words, memoryview):
             words.release()
@@ -355,12 +376,39 @@ class FlatBundle(ClosesOnExit, Bundle):
 
 
 def map_file(path: Path) -> FlatBundle:
-    with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        if size == 0:
-            raise NotABundleError(f"{path} is empty, not a warmenv bundle")
-        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-    return FlatBundle(mapped, str(path), mapped.close)
+    """Map and validate the regular file `path`; the bundle keeps it open."""
+    fd = _files.open_regular(path)
+    try:
+        return _map(fd, str(path), keep=True)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _map(fd: int, source: str, *, keep: bool) -> FlatBundle:
+    size = os.fstat(fd).st_size
+    if size == 0:
+        raise NotABundleError(f"{source} is empty, not a warmenv bundle")
+    mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    try:
+        return FlatBundle(mapped, source, mapped.close, fd if keep else None)
+    except BaseException:
+        mapped.close()
+        raise
+
+
+def _map_private_copy(fd: int, near: Path | None, source: str) -> FlatBundle:
+    # The copy loses its name as soon as it is mapped: nobody can open it to
+    # truncate or rewrite it, and nothing is left behind however we exit.
+    copy = _files.copy_to_private(fd, near, "bundle.flat")
+    try:
+        private = os.open(copy, os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        _files.remove_private(copy)
+    try:
+        return _map(private, source, keep=False)
+    finally:
+        os.close(private)
 
 
 @final

@@ -22,6 +22,8 @@ from typing import Any
 
 import attrs
 
+from warmenv.bundle.errors import InvalidManifestError, UnsupportedSchemaError
+
 __all__ = [
     "DIGEST_ALGORITHM",
     "BackgroundDigest",
@@ -101,11 +103,29 @@ class BundleManifest:
         }
         return json.dumps(document, sort_keys=True, ensure_ascii=False).encode("utf-8")
 
+    def check_readable(self) -> None:
+        """`ValueError` unless every reader would accept this manifest as written.
+
+        Export calls it before writing anything, so it never publishes a
+        bundle that inspect and import would then reject.
+        """
+        try:
+            document = self.to_json()
+        except UnicodeEncodeError as exc:
+            field = next(
+                (f for f in ("name", "version") if not _encodes(getattr(self, f))), "a field"
+            )
+            raise ValueError(
+                f"the bundle's {field} is not valid text ({exc.reason}); pass a UTF-8 string"
+            ) from None
+        try:
+            BundleManifest.from_json(document)
+        except (InvalidManifestError, UnsupportedSchemaError) as exc:
+            raise ValueError(f"no reader would accept this bundle: {exc}") from None
+
     @classmethod
     def from_json(cls, data: bytes | str) -> BundleManifest:
         """Parse and check a manifest; `InvalidManifestError` names what is wrong."""
-        from warmenv.bundle.base import InvalidManifestError, UnsupportedSchemaError
-
         try:
             document = json.loads(data)
         except (ValueError, RecursionError) as exc:
@@ -139,8 +159,6 @@ class BundleManifest:
 
 
 def _text(document: Mapping[str, Any], field: str, where: str = "") -> str:
-    from warmenv.bundle.base import InvalidManifestError
-
     value = document.get(field)
     if not isinstance(value, str):
         raise InvalidManifestError(f"manifest field '{where}{field}' must be a string")
@@ -152,8 +170,6 @@ def _text(document: Mapping[str, Any], field: str, where: str = "") -> str:
 
 
 def _environment(document: object, index: int) -> EnvironmentInfo:
-    from warmenv.bundle.base import InvalidManifestError
-
     where = f"environments[{index}]."
     if not isinstance(document, dict):
         raise InvalidManifestError(f"manifest field 'environments[{index}]' must be an object")
@@ -166,6 +182,14 @@ def _environment(document: object, index: int) -> EnvironmentInfo:
         arch=_text(document, "arch", where),
         devices=tuple(devices),
     )
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def now_iso() -> str:

@@ -1,15 +1,23 @@
-"""Opening a bundle of either format, chosen by its first bytes."""
+"""Opening a bundle of either format, chosen by its first bytes.
+
+Only a regular file (or a symlink to one) is opened: a FIFO, a device, a
+socket or a directory raises `NotABundleError` at once. `open_private`
+opens a private copy instead, for an import (see `warmenv.bundle._files`).
+"""
 
 from __future__ import annotations
 
+import os
 from functools import partial
 from pathlib import Path
 
 import anyio.to_thread
 
-from warmenv.bundle.base import BundleOpener, NotABundleError
-from warmenv.bundle.flat import FLAT_MAGIC, FlatBundle, map_file
-from warmenv.bundle.sqlite import SQLITE_MAGIC, SqliteBundle, open_sqlite_bundle, read_head
+from warmenv.bundle import _files
+from warmenv.bundle.base import BundleOpener
+from warmenv.bundle.errors import NotABundleError
+from warmenv.bundle.flat import FLAT_MAGIC, FlatBundle, _map_private_copy, map_file
+from warmenv.bundle.sqlite import SQLITE_MAGIC, SqliteBundle, open_sqlite_bundle
 
 __all__ = ["open_bundle"]
 
@@ -19,13 +27,40 @@ def open_bundle(path: str | Path) -> BundleOpener[FlatBundle | SqliteBundle]:
     return BundleOpener(partial(open_any, Path(path)))
 
 
+def _not_a_bundle(path: Path) -> NotABundleError:
+    return NotABundleError(
+        f"{path} is not a warmenv bundle (it starts with neither the SQLite nor the flat magic)"
+    )
+
+
 async def open_any(path: Path) -> FlatBundle | SqliteBundle:
     """Open and validate `path`; the caller closes it."""
-    head = await anyio.to_thread.run_sync(read_head, path)
+    fd = await anyio.to_thread.run_sync(_files.open_regular, path)
+    try:
+        head = await anyio.to_thread.run_sync(_files.read_head, fd)
+    finally:
+        os.close(fd)
     if head.startswith(FLAT_MAGIC):
         return await anyio.to_thread.run_sync(map_file, path)
     if head == SQLITE_MAGIC:
         return await open_sqlite_bundle(path)
-    raise NotABundleError(
-        f"{path} is not a warmenv bundle (it starts with neither the SQLite nor the flat magic)"
-    )
+    raise _not_a_bundle(path)
+
+
+async def open_private(path: Path, near: Path | None) -> FlatBundle | SqliteBundle:
+    """A private copy of the bundle at `path`, opened and validated; the caller closes it.
+
+    The file is read once, through the descriptor that was checked, into a
+    directory beside `near` (or the temporary directory); nothing reads the
+    path, or maps the original file, after that.
+    """
+    fd = await anyio.to_thread.run_sync(_files.open_regular, path)
+    try:
+        head = await anyio.to_thread.run_sync(_files.read_head, fd)
+        if head.startswith(FLAT_MAGIC):
+            return await anyio.to_thread.run_sync(_map_private_copy, fd, near, str(path))
+        if head == SQLITE_MAGIC:
+            return await SqliteBundle.from_private_copy(fd, near, str(path))
+        raise _not_a_bundle(path)
+    finally:
+        os.close(fd)

@@ -1,142 +1,66 @@
 """The SQLite bundle: the environment schema in one file, with its manifest.
 
 It is the native format: importing it into a SQLite environment is a copy
-inside SQLite (ATTACH, then INSERT ... SELECT), never a trip through Python.
-It is written in journal mode DELETE so it reads from a read-only directory
-(a container layer, site-packages, a Nix store) without needing to create a
+inside SQLite (persistence's bulk copy), never a trip through Python. It is
+written in journal mode DELETE so it reads from a read-only directory (a
+container layer, site-packages, a Nix store) without needing to create a
 shared-memory file next to it. Rows whose key or value is not a BLOB are
-malformed and make the whole bundle corrupt; nothing is ever coerced.
+malformed and make the whole bundle corrupt; nothing is ever coerced. The
+SQL lives in `warmenv.persistence.files`; this module speaks bundles.
 """
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import AsyncIterator, Callable
+import os
+from collections.abc import AsyncIterator, Awaitable
 from functools import partial
 from pathlib import Path
-from typing import TypeVar, final
+from typing import ClassVar, TypeVar, final
 
+import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
-from warmenv import _sqlite
-from warmenv.bundle.base import (
-    Bundle,
-    BundleOpener,
-    ClosesOnExit,
+from warmenv.bundle import _files
+from warmenv.bundle.base import Bundle, BundleFormat, BundleOpener, BundleReader
+from warmenv.bundle.errors import (
     CorruptBundleError,
     InvalidManifestError,
     NotABundleError,
     UnsupportedSchemaError,
 )
 from warmenv.bundle.manifest import BackgroundDigest, BundleManifest
+from warmenv.persistence.files import DamagedEntryFileError, EntryFile, NotEntryFileError
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import NamespaceSummary, check_batch_size, check_key
 
-__all__ = ["SQLITE_MAGIC", "SqliteBundle", "bundle_uri"]
+__all__ = ["SQLITE_MAGIC", "SqliteBundle"]
 
 T = TypeVar("T")
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
-_COLUMNS = [
-    ("namespace", "TEXT"),
-    ("key", "BLOB"),
-    ("value", "BLOB"),
-    ("origin", "INTEGER"),
-]
-
-
-def bundle_uri(path: Path, *, immutable: bool = False) -> str:
-    """A read-only URI for `path` (immutable where no lock file can be made)."""
-    return f"{path.resolve().as_uri()}?{'immutable=1' if immutable else 'mode=ro'}"
-
-
-def _validate(conn: sqlite3.Connection) -> tuple[BundleManifest, list[tuple[str, int, int]]]:
-    """Check the schema, the manifest and every row's types; list the namespaces."""
-    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    for table in ("meta", "entries"):
-        if table not in tables:
-            raise CorruptBundleError(f"it has no '{table}' table")
-    columns = [(row[1], row[2].upper()) for row in conn.execute("PRAGMA table_info(entries)")]
-    if columns != _COLUMNS:
-        raise CorruptBundleError(f"its entries table has columns {columns}, not {_COLUMNS}")
-    row = conn.execute("SELECT v FROM meta WHERE k = 'manifest'").fetchone()
-    if row is None:
-        raise InvalidManifestError("it has no manifest (meta key 'manifest')")
-    if not isinstance(row[0], str):
-        raise InvalidManifestError("its manifest is not text")
-    manifest = BundleManifest.from_json(row[0])
-    rows = conn.execute(
-        "SELECT namespace, count(*), coalesce(sum(length(key) + length(value)), 0), "
-        "sum(typeof(namespace) != 'text' OR typeof(key) != 'blob' OR typeof(value) != 'blob') "
-        "FROM entries GROUP BY namespace ORDER BY namespace"
-    ).fetchall()
-    bad = sum(row[3] for row in rows)
-    if bad:
-        raise CorruptBundleError(f"{bad} rows have a namespace, key or value of the wrong type")
-    namespaces = [(str(n), int(c), int(b)) for n, c, b, _ in rows]
-    return manifest, namespaces
-
-
-def _digest(conn: sqlite3.Connection) -> str:
-    """The content digest of exactly the rows an import copies.
-
-    Bundles are written in key order, so the table is read in rowid order
-    (sequentially, and the same rows the copy reads) while checking that
-    each row sorts after the last. A bundle whose rows are not in key order
-    falls back to SQLite's integrity check and a read in index order.
-    """
-    digest = BackgroundDigest()
-    try:
-        cursor = conn.execute("SELECT namespace, key, value FROM entries ORDER BY rowid")
-        previous_namespace: str | None = None
-        previous_key = b""
-        while rows := cursor.fetchmany(1024):
-            for namespace, key, _ in rows:
-                if namespace != previous_namespace:
-                    if previous_namespace is not None and namespace < previous_namespace:
-                        return _digest_in_index_order(conn)
-                    previous_namespace = namespace
-                elif key <= previous_key:
-                    return _digest_in_index_order(conn)
-                previous_key = key
-            digest.add(rows)
-        return digest.value()
-    finally:
-        digest.close()
-
-
-def _digest_in_index_order(conn: sqlite3.Connection) -> str:
-    # Reading in index order trusts the index to match the table: check that.
-    problems = [row[0] for row in conn.execute("PRAGMA integrity_check(5)")]
-    if problems != ["ok"]:
-        raise CorruptBundleError(f"SQLite finds it damaged: {'; '.join(problems)}")
-    digest = BackgroundDigest()
-    try:
-        cursor = conn.execute("SELECT namespace, key, value FROM entries ORDER BY namespace, key")
-        while rows := cursor.fetchmany(1024):
-            digest.add(rows)
-        return digest.value()
-    finally:
-        digest.close()
 
 
 @final
-class SqliteBundle(ClosesOnExit, Bundle):
+class SqliteBundle(BundleReader, Bundle):
     """A SQLite bundle opened read-only and validated."""
 
-    __slots__ = ("_connection", "_manifest", "_summaries", "path")
+    __slots__ = ("_fd", "_file", "_label", "_manifest", "_private")
+    format: ClassVar[BundleFormat] = BundleFormat.SQLITE
 
     def __init__(
         self,
-        connection: _sqlite.Connection,
-        path: Path,
+        file: EntryFile,
         manifest: BundleManifest,
-        namespaces: list[tuple[str, int, int]],
+        fd: int | None,
+        label: str,
+        private: bool,
     ) -> None:
-        self._connection = connection
-        self.path = path
+        self._file = file
         self._manifest = manifest
-        self._summaries = [NamespaceSummary(n, c, b) for n, c, b in namespaces]
+        self._fd = fd
+        self._label = label
+        self._private = private
 
     @classmethod
     def open(cls, path: str | Path) -> BundleOpener[SqliteBundle]:
@@ -144,19 +68,28 @@ class SqliteBundle(ClosesOnExit, Bundle):
         return BundleOpener(partial(open_sqlite_bundle, Path(path)))
 
     @property
+    def path(self) -> Path:
+        return self._file.path
+
+    @property
     def manifest(self) -> BundleManifest:
         return self._manifest
 
+    @property
+    def entry_file(self) -> Path | None:
+        # Only a private copy may be read again by path: nobody else can swap it.
+        return self._file.path if self._private else None
+
     def describe(self) -> str:
-        return f"SQLite bundle {self.path} ({self._manifest.name!r})"
+        return f"SQLite bundle {self._label} ({self._manifest.name!r})"
 
     async def namespaces(self) -> list[NamespaceSummary]:
         await anyio.lowlevel.checkpoint()
-        return list(self._summaries)
+        return list(self._file.namespaces)
 
     async def get(self, namespace: Namespace | str, key: bytes) -> bytes | None:
         check_key(key)
-        return await self._run(partial(_get, str(namespace), key))
+        return await self._read(self._file.get(str(namespace), key))
 
     async def scan(
         self, namespace: Namespace | str, batch_size: int = 1024
@@ -164,7 +97,7 @@ class SqliteBundle(ClosesOnExit, Bundle):
         check_batch_size(batch_size)
         after: bytes | None = None
         while True:
-            rows = await self._run(partial(_page, str(namespace), after, batch_size))
+            rows = await self._read(self._file.page(str(namespace), after, batch_size))
             for row in rows:
                 yield row
             if len(rows) < batch_size:
@@ -172,65 +105,76 @@ class SqliteBundle(ClosesOnExit, Bundle):
             after = rows[-1][0]
 
     async def compute_digest(self) -> str:
-        """Check the file's integrity and hash its entries; `CorruptBundleError` if damaged."""
-        try:
-            return await self._run(_digest)
-        except CorruptBundleError as exc:
-            raise CorruptBundleError(f"{self.path}: {exc}") from None
+        return await self._read(self._file.hash_entries(BackgroundDigest))
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def private_copy(self, near: Path | None) -> SqliteBundle | None:
+        if self._private or self._fd is None:
+            return None
+        return await self.from_private_copy(self._fd, near, self._label)
+
+    @classmethod
+    async def from_private_copy(cls, fd: int, near: Path | None, label: str) -> SqliteBundle:
+        """Copy the open file `fd` to a private directory and open the copy."""
+        copy = await anyio.to_thread.run_sync(_files.copy_to_private, fd, near, "bundle.sqlite")
         try:
-            return await self._connection.run(fn)
-        except (sqlite3.Error, UnicodeDecodeError) as exc:
-            raise CorruptBundleError(f"{self.path}: reading failed ({exc})") from None
+            return await _open_checked(copy, None, label, private=True)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_files.remove_private, copy)
+            raise
+
+    async def _read(self, reading: Awaitable[T]) -> T:
+        try:
+            return await reading
+        except DamagedEntryFileError as exc:
+            raise CorruptBundleError(f"{self._label}: {exc}") from None
 
     async def aclose(self) -> None:
-        await self._connection.close()
-
-
-def _get(namespace: str, key: bytes, conn: sqlite3.Connection) -> bytes | None:
-    row = conn.execute(
-        "SELECT value FROM entries WHERE namespace = ? AND key = ?", (namespace, key)
-    ).fetchone()
-    return None if row is None else bytes(row[0])
-
-
-def _page(
-    namespace: str, after: bytes | None, limit: int, conn: sqlite3.Connection
-) -> list[tuple[bytes, bytes]]:
-    if after is None:
-        sql = "SELECT key, value FROM entries WHERE namespace = ? ORDER BY key LIMIT ?"
-        return conn.execute(sql, (namespace, limit)).fetchall()
-    sql = "SELECT key, value FROM entries WHERE namespace = ? AND key > ? ORDER BY key LIMIT ?"
-    return conn.execute(sql, (namespace, after, limit)).fetchall()
-
-
-def read_head(path: Path) -> bytes:
-    """The first bytes of `path`, enough to tell the formats apart."""
-    with open(path, "rb") as handle:
-        return handle.read(len(SQLITE_MAGIC))
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+        with anyio.CancelScope(shield=True):
+            await self._file.close()
+            if self._private:
+                await anyio.to_thread.run_sync(_files.remove_private, self._file.path)
 
 
 async def open_sqlite_bundle(path: Path) -> SqliteBundle:
-    """Open and validate; every failure is a `BundleError` (or `OSError` if missing)."""
-    head = await anyio.to_thread.run_sync(read_head, path)
-    if head != SQLITE_MAGIC:
-        raise NotABundleError(f"{path} is not a SQLite file, so not a SQLite bundle")
-    last: Exception | None = None
-    for immutable in (False, True):
-        target = bundle_uri(path, immutable=immutable)
-        try:
-            connection, (manifest, namespaces) = await _sqlite.open_with(
-                target, _validate, uri=True
+    """Open and validate; every failure is a `BundleError` (or `OSError` if unreadable)."""
+    fd = await anyio.to_thread.run_sync(_files.open_regular, path)
+    try:
+        head = await anyio.to_thread.run_sync(_files.read_head, fd)
+        if head != SQLITE_MAGIC:
+            raise NotABundleError(f"{path} is not a SQLite file, so not a SQLite bundle")
+        return await _open_checked(path, fd, str(path), private=False)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+async def _open_checked(path: Path, fd: int | None, label: str, *, private: bool) -> SqliteBundle:
+    try:
+        file = await EntryFile.open(path)
+    except NotEntryFileError as exc:
+        raise NotABundleError(
+            f"{label} is a SQLite database but not a warmenv bundle: {exc}"
+        ) from None
+    except DamagedEntryFileError as exc:
+        raise CorruptBundleError(f"{label}: {exc}") from None
+    try:
+        manifest_text = file.meta.get("manifest")
+        if manifest_text is None:
+            raise NotABundleError(
+                f"{label} is a SQLite database of warmenv's schema without a manifest "
+                "(an environment, not a bundle); export it to make a bundle"
             )
-        except (InvalidManifestError, UnsupportedSchemaError, CorruptBundleError) as exc:
-            raise type(exc)(f"{path}: {exc}") from None
-        except UnicodeDecodeError as exc:
-            raise CorruptBundleError(f"{path}: text that is not UTF-8 ({exc})") from None
-        except sqlite3.Error as exc:
-            last = exc
-            if "not a database" in str(exc) or "malformed" in str(exc):
-                break
-            continue
-        return SqliteBundle(connection, path, manifest, namespaces)
-    raise CorruptBundleError(f"{path}: SQLite cannot read it ({last})")
+        if not isinstance(manifest_text, str):
+            raise InvalidManifestError(f"{label}: its manifest is not text")
+        try:
+            manifest = BundleManifest.from_json(manifest_text)
+        except (InvalidManifestError, UnsupportedSchemaError) as exc:
+            raise type(exc)(f"{label}: {exc}") from None
+    except BaseException:
+        await file.close()
+        raise
+    return SqliteBundle(file, manifest, fd, label, private)

@@ -39,7 +39,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     out.result(
         {
             "path": str(args.bundle),
-            "format": "flat" if kind.startswith("flat") else "sqlite",
+            "format": str(bundle.format),
             "manifest": as_json(manifest),
             "namespaces": as_json(namespaces),
             "entries": sum(s.entries for s in namespaces),

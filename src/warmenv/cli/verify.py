@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from warmenv.bundle import CorruptBundleError, open_bundle
-from warmenv.bundle.importing import content_digest
 from warmenv.cli._common import Output
 
 
@@ -21,7 +20,7 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
 
 async def run(args: argparse.Namespace, out: Output) -> int:
     async with open_bundle(args.bundle) as bundle:
-        actual = await content_digest(bundle)
+        actual = await bundle.compute_digest()
         expected = bundle.manifest.digest
         entries = sum(s.entries for s in await bundle.namespaces())
     if actual != expected:

@@ -10,19 +10,30 @@ the busy timeout makes writers of several processes queue rather than fail.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sqlite3
 import warnings
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Iterator,
+)
 from functools import partial
 from pathlib import Path
 from typing import TypeVar, final
 
 import anyio
 import anyio.to_thread
+import attrs
 
 from warmenv import _sqlite
 from warmenv._errors import WarmenvWarning
+from warmenv.persistence import schema
+from warmenv.persistence.files import read_only_uri
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import (
     DEFAULT_SCAN_BATCH,
@@ -43,93 +54,13 @@ from warmenv.persistence.storage import (
     may_replace,
 )
 
-__all__ = ["SCHEMA_VERSION", "SqliteDatabase", "SqliteStorage", "open_database"]
+__all__ = ["SqliteDatabase", "SqliteStorage", "open_database"]
 
 log = logging.getLogger("warmenv.storage")
 T = TypeVar("T")
 
-SCHEMA_VERSION = "1"
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS entries (
-    namespace TEXT NOT NULL,
-    key BLOB NOT NULL,
-    value BLOB NOT NULL,
-    origin INTEGER NOT NULL,
-    PRIMARY KEY (namespace, key)
-);
-"""
-# The bulk insert states the insert rule through may_replace, registered below.
-UPSERT = (
-    "INSERT INTO entries (namespace, key, value, origin) VALUES (?, ?, ?, ?) "
-    "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value, "
-    "origin = excluded.origin WHERE warmenv_may_replace(entries.origin, excluded.origin)"
-)
 _GET_MANY_CHUNK = 500
-
-
-def install_functions(conn: sqlite3.Connection) -> None:
-    """Register the insert rule so SQL statements can apply it."""
-    conn.create_function("warmenv_may_replace", 2, may_replace, deterministic=True)
-
-
-def transaction(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
-    """Run `body` inside BEGIN IMMEDIATE ... COMMIT, rolling back if it raises."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        result = body(conn)
-    except BaseException:
-        conn.rollback()
-        raise
-    conn.execute("COMMIT")
-    return result
-
-
-def _prepare_writable(conn: sqlite3.Connection) -> str | None:
-    """Create or check the schema; returns the old version when it was rebuilt."""
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    install_functions(conn)
-
-    def body(conn: sqlite3.Connection) -> str | None:
-        fresh = (
-            conn.execute(
-                "SELECT count(*) FROM sqlite_master WHERE name IN ('meta', 'entries')"
-            ).fetchone()[0]
-            == 0
-        )
-        _create_schema(conn)
-        row = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
-        found = None if row is None else row[0]
-        if found == SCHEMA_VERSION and _entries_shape_ok(conn):
-            return None
-        if not fresh:
-            conn.execute("DROP TABLE IF EXISTS entries")
-            _create_schema(conn)
-        conn.execute(
-            "INSERT OR REPLACE INTO meta (k, v) VALUES ('schema_version', ?)", (SCHEMA_VERSION,)
-        )
-        return None if fresh else repr(found)
-
-    return transaction(conn, body)
-
-
-def _create_schema(conn: sqlite3.Connection) -> None:
-    for statement in SCHEMA.split(";"):
-        if statement.strip():
-            conn.execute(statement)
-
-
-def _entries_shape_ok(conn: sqlite3.Connection) -> bool:
-    columns = [row[1] for row in conn.execute("PRAGMA table_info(entries)")]
-    return columns == ["namespace", "key", "value", "origin"]
-
-
-def _prepare_readonly(conn: sqlite3.Connection) -> None:
-    install_functions(conn)
-    row = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
-    if row is None or row[0] != SCHEMA_VERSION or not _entries_shape_ok(conn):
-        raise sqlite3.DatabaseError(f"schema version {row and row[0]!r}, not {SCHEMA_VERSION}")
+_INSERT = schema.UPSERT.format(table="entries", source="VALUES (?, ?, ?, ?)")
 
 
 @final
@@ -157,12 +88,54 @@ class SqliteDatabase:
             return []
         return [NamespaceSummary(namespace=n, entries=c, bytes=b) for n, c, b in rows]
 
+    async def copy_from(
+        self, source: Path, prefixes: list[str] | None, batch_size: int
+    ) -> AsyncGenerator[CopiedBatch, None]:
+        """Copy the entries of the entry file `source` in, as IMPORTED, a batch at a time.
+
+        The copy stays inside SQLite (ATTACH, then INSERT ... SELECT over rowid
+        ranges); each batch is one transaction and obeys the insert rule. The
+        caller must own `source` (a private, verified snapshot): it is read by
+        path. A batch that fails is reported `failed` and the copy goes on.
+        """
+        # A name of its own, so that imports into one environment can overlap.
+        alias = f"warmenv_bundle_{next(_aliases)}"
+        try:
+            try:
+                await self.run(partial(_attach, alias, read_only_uri(source)))
+            except sqlite3.Error:
+                await self.run(partial(_attach, alias, read_only_uri(source, immutable=True)))
+            clause, params = schema.prefix_sql(prefixes, column="b.namespace")
+            start: int | None = await self.run(partial(_first_rowid, alias))
+            while start is not None:
+                copy = partial(_copy_batch, alias, start, batch_size, clause, params)
+                try:
+                    batch = await self.run(copy)
+                except sqlite3.Error as exc:
+                    log.warning("importing %s into %s: a batch failed: %s", source, self.path, exc)
+                    batch = await self.run(
+                        partial(_count_failed_batch, alias, start, batch_size, clause, params)
+                    )
+                start = batch.following
+                yield batch
+        finally:
+            # The worker runs calls in order, so this detach follows even an
+            # attach whose caller was cancelled while it ran.
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self.run(partial(_detach, alias))
+                except sqlite3.Error:
+                    pass
+
 
 def _namespaces(conn: sqlite3.Connection) -> list[tuple[str, int, int]]:
-    return conn.execute(
-        "SELECT namespace, count(*), coalesce(sum(length(key) + length(value)), 0) "
-        "FROM entries GROUP BY namespace ORDER BY namespace"
-    ).fetchall()
+    # A namespace that is not UTF-8 (written by something else) is listed, not hidden.
+    previous = conn.text_factory
+    conn.text_factory = lambda raw: raw.decode("utf-8", "surrogateescape")
+    try:
+        return schema.namespace_totals(conn)
+    finally:
+        conn.text_factory = previous
 
 
 async def open_database(path: Path, *, create: bool = True) -> SqliteDatabase:
@@ -176,14 +149,14 @@ async def open_database(path: Path, *, create: bool = True) -> SqliteDatabase:
     if not exists and not create:
         raise FileNotFoundError(path)
     try:
-        connection, rebuilt = await _sqlite.open_with(str(path), _prepare_writable)
+        connection, rebuilt = await _sqlite.open_with(str(path), schema.prepare_writable)
     except sqlite3.Error:
         if not exists:
             raise
     else:
         if rebuilt is not None:
             warnings.warn(
-                f"{path}: schema version {rebuilt} is not {SCHEMA_VERSION}; "
+                f"{path}: schema version {rebuilt} is not {schema.SCHEMA_VERSION}; "
                 "its entries were dropped and the table rebuilt",
                 WarmenvWarning,
                 stacklevel=3,
@@ -197,7 +170,9 @@ async def _open_readonly(path: Path) -> SqliteDatabase:
     error: sqlite3.Error | None = None
     for query in ("mode=ro", "immutable=1"):
         try:
-            connection, _ = await _sqlite.open_with(f"{uri}?{query}", _prepare_readonly, uri=True)
+            connection, _ = await _sqlite.open_with(
+                f"{uri}?{query}", schema.prepare_readonly, uri=True
+            )
         except sqlite3.Error as exc:
             error = exc
             continue
@@ -393,16 +368,16 @@ def _insert(
         )
         return Stored()
 
-    return transaction(conn, body)
+    return schema.transaction(conn, body)
 
 
 def _insert_many(namespace: str, counter: _Counter, origin: int, conn: sqlite3.Connection) -> int:
     def body(conn: sqlite3.Connection) -> int:
         before = conn.total_changes
-        conn.executemany(UPSERT, counter.rows(namespace, origin))
+        conn.executemany(_INSERT, counter.rows(namespace, origin))
         return conn.total_changes - before
 
-    return transaction(conn, body)
+    return schema.transaction(conn, body)
 
 
 def _replace(
@@ -414,7 +389,7 @@ def _replace(
             (namespace, key, value, origin),
         )
 
-    transaction(conn, body)
+    schema.transaction(conn, body)
 
 
 def _page(
@@ -446,16 +421,15 @@ def _purge(namespace: str, key: bytes | None, conn: sqlite3.Connection) -> int:
             )
         return cursor.rowcount
 
-    return transaction(conn, body)
+    return schema.transaction(conn, body)
 
 
 def _summary(namespace: str, conn: sqlite3.Connection) -> tuple[int, int]:
-    row = conn.execute(
-        "SELECT count(*), coalesce(sum(length(key) + length(value)), 0) "
-        "FROM entries WHERE namespace = ?",
-        (namespace,),
-    ).fetchone()
-    return int(row[0]), int(row[1])
+    for _, entries, size in schema.namespace_totals(
+        conn, where="namespace = ?", params=(namespace,)
+    ):
+        return entries, size
+    return 0, 0
 
 
 def _origin(namespace: str, key: bytes, conn: sqlite3.Connection) -> int | None:
@@ -463,3 +437,133 @@ def _origin(namespace: str, key: bytes, conn: sqlite3.Connection) -> int | None:
         "SELECT origin FROM entries WHERE namespace = ? AND key = ?", (namespace, key)
     ).fetchone()
     return None if row is None else int(row[0])
+
+
+# --- the bulk copy of an import -------------------------------------------------
+
+_aliases = itertools.count(1)
+
+
+@attrs.frozen
+class CopiedBatch:
+    """One batch of a bulk copy: rows seen, and what was imported per namespace."""
+
+    seen: int
+    seen_bytes: int
+    imported: list[tuple[str, int, int]]
+    last_namespace: str
+    following: int | None
+    failed: bool = False
+
+
+def _attach(alias: str, uri: str, conn: sqlite3.Connection) -> None:
+    conn.execute(f"ATTACH DATABASE ? AS {alias}", (uri,))
+
+
+def _detach(alias: str, conn: sqlite3.Connection) -> None:
+    conn.execute(f"DETACH DATABASE {alias}")
+
+
+def _first_rowid(alias: str, conn: sqlite3.Connection) -> int | None:
+    row = conn.execute(f"SELECT min(rowid) FROM {alias}.entries").fetchone()
+    return None if row[0] is None else int(row[0])
+
+
+def _batch_bounds(
+    alias: str, start: int, batch_size: int, conn: sqlite3.Connection
+) -> tuple[int, int | None]:
+    """The last rowid of the batch starting at `start`, and the first of the next."""
+    row = conn.execute(
+        f"SELECT rowid FROM {alias}.entries WHERE rowid >= ? ORDER BY rowid LIMIT 1 OFFSET ?",
+        (start, batch_size),
+    ).fetchone()
+    if row is None:
+        end = conn.execute(f"SELECT max(rowid) FROM {alias}.entries").fetchone()[0]
+        return int(end), None
+    following = int(row[0])
+    return following - 1, following
+
+
+def _seen(
+    alias: str, start: int, end: int, clause: str, params: list[str], conn: sqlite3.Connection
+) -> list[tuple[str, int, int]]:
+    return schema.namespace_totals(
+        conn,
+        table=f"{alias}.entries AS b",
+        where=f"b.rowid BETWEEN ? AND ? AND {clause}",
+        params=(start, end, *params),
+    )
+
+
+def _count_failed_batch(
+    alias: str,
+    start: int,
+    batch_size: int,
+    clause: str,
+    params: list[str],
+    conn: sqlite3.Connection,
+) -> CopiedBatch:
+    end, following = _batch_bounds(alias, start, batch_size, conn)
+    seen = _seen(alias, start, end, clause, params, conn)
+    return CopiedBatch(
+        seen=sum(c for _, c, _ in seen),
+        seen_bytes=sum(b for _, _, b in seen),
+        imported=[],
+        last_namespace=seen[-1][0] if seen else "",
+        following=following,
+        failed=True,
+    )
+
+
+def _copy_batch(
+    alias: str,
+    start: int,
+    batch_size: int,
+    clause: str,
+    params: list[str],
+    conn: sqlite3.Connection,
+) -> CopiedBatch:
+    """Copy one rowid range in one transaction, in one call into the worker.
+
+    Which rows were new is known without asking SQLite row by row when all
+    or none of the batch went in; only a batch where some did (a resumed
+    import, a few local values) is redone with RETURNING to count them.
+    """
+    end, following = _batch_bounds(alias, start, batch_size, conn)
+    source = (
+        f"SELECT b.namespace, b.key, b.value, {int(Origin.IMPORTED)} "
+        f"FROM {alias}.entries AS b WHERE b.rowid BETWEEN ? AND ? AND {clause}"
+    )
+    sql = schema.UPSERT.format(table="main.entries", source=source)
+    args = (start, end, *params)
+
+    def body(conn: sqlite3.Connection) -> CopiedBatch:
+        seen = _seen(alias, start, end, clause, params, conn)
+        total = sum(c for _, c, _ in seen)
+        conn.execute("SAVEPOINT warmenv_batch")
+        before = conn.total_changes
+        conn.execute(sql, args)
+        changes = conn.total_changes - before
+        if changes == total:
+            imported = seen
+        elif changes == 0:
+            imported = []
+        else:
+            conn.execute("ROLLBACK TO warmenv_batch")
+            rows = conn.execute(sql + " RETURNING namespace, length(key) + length(value)", args)
+            by_ns: dict[str, list[int]] = {}
+            for namespace, size in rows.fetchall():
+                entry = by_ns.setdefault(namespace, [0, 0])
+                entry[0] += 1
+                entry[1] += size
+            imported = [(n, c, b) for n, (c, b) in sorted(by_ns.items())]
+        conn.execute("RELEASE warmenv_batch")
+        return CopiedBatch(
+            seen=total,
+            seen_bytes=sum(b for _, _, b in seen),
+            imported=imported,
+            last_namespace=seen[-1][0] if seen else "",
+            following=following,
+        )
+
+    return schema.transaction(conn, body)

@@ -1,0 +1,191 @@
+"""The files around bundles: opening only regular files, private snapshots, staging.
+
+A path names whatever is there when it is opened, so a bundle file is opened
+once, checked through its descriptor (a FIFO, a device, a socket or a
+directory is refused before anything reads or blocks on it), and everything
+after that reads the descriptor, never the path again. An import copies the
+descriptor's content into a private snapshot in a directory only this
+process's user may enter, and verifies and imports that copy: what was
+verified is what is imported, whatever happens to the path or to the file
+in place meanwhile (a rename over it, a rewrite, a truncation), and no
+mapping of a file someone else can truncate is ever read.
+
+Export writes a staging file beside its target and renames it into place;
+the names of staging files and snapshots carry the writer's process id, so
+the next run can remove those whose process is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+from warmenv.bundle.errors import NotABundleError
+
+__all__ = [
+    "HEAD_SIZE",
+    "copy_to_private",
+    "fsync_dir",
+    "open_regular",
+    "read_head",
+    "remove_stale",
+    "staging_path",
+]
+
+HEAD_SIZE = 16  # enough bytes to tell the formats apart
+STAGING_SUFFIX = ".warmenv-staging"
+SNAPSHOT_PREFIX = ".warmenv-import."
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
+
+
+def kind_of(mode: int) -> str | None:
+    """What a non-regular file is ("a FIFO"), or `None` for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def open_regular(path: Path) -> int:
+    """A read-only descriptor of `path` if it is a regular file (symlinks followed).
+
+    Opened non-blocking, so a FIFO cannot hang the open; anything but a
+    regular file raises `NotABundleError` at once.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except IsADirectoryError:
+        raise NotABundleError(f"{path} is a directory, not a bundle file") from None
+    try:
+        kind = kind_of(os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    if kind is not None:
+        os.close(fd)
+        raise NotABundleError(f"{path} is {kind}, not a bundle file")
+    return fd
+
+
+def check_regular(path: Path) -> None:
+    """`NotABundleError` unless `path` is a regular file (or a symlink to one)."""
+    os.close(open_regular(path))
+
+
+def read_head(fd: int) -> bytes:
+    """The first bytes of the file, enough to tell the formats apart."""
+    return os.pread(fd, HEAD_SIZE, 0)
+
+
+def copy_to_private(fd: int, near: Path | None, name: str) -> Path:
+    """Copy the open file into a fresh private directory; the copy's path.
+
+    The directory (mode 0700, named for this process) goes beside `near` when
+    that is a writable directory, so the copy stays on the same file system
+    as the environment it feeds, else in the system's temporary directory.
+    The caller removes it with `remove_private`.
+    """
+    directory = _private_directory(near)
+    target = directory / name
+    try:
+        out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            _copy(fd, out)
+        finally:
+            os.close(out)
+    except BaseException:
+        remove_private(target)
+        raise
+    return target
+
+
+def _private_directory(near: Path | None) -> Path:
+    prefix = f"{SNAPSHOT_PREFIX}{os.getpid()}."
+    if near is not None:
+        with contextlib.suppress(OSError):
+            remove_stale(near, prefix=SNAPSHOT_PREFIX, suffix="")
+            return Path(tempfile.mkdtemp(prefix=prefix, dir=near))
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+def _copy(source: int, out: int) -> None:
+    offset = 0
+    copy_range = getattr(os, "copy_file_range", None)
+    while copy_range is not None:
+        try:
+            copied = copy_range(source, out, 1 << 30, offset, offset)
+        except OSError as exc:
+            if exc.errno in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                break  # not between these files: copy through user space instead
+            raise
+        if copied == 0:
+            return
+        offset += copied
+    while chunk := os.pread(source, 1 << 20, offset):
+        view = memoryview(chunk)
+        while view:
+            written = os.pwrite(out, view, offset)
+            view = view[written:]
+            offset += written
+
+
+def remove_private(path: Path) -> None:
+    """Remove a private copy and its directory (whatever remains of them)."""
+    shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def staging_path(out: Path) -> Path:
+    """A fresh staging name beside `out`, naming this process."""
+    token = f"{os.getpid()}.{secrets.token_hex(4)}"
+    return out.with_name(f".{out.name}.{token}{STAGING_SUFFIX}")
+
+
+def remove_stale(directory: Path, *, prefix: str, suffix: str) -> None:
+    """Remove what `prefix<pid>.*suffix` names whose process is gone."""
+    for found in directory.glob(f"{prefix}*{suffix}"):
+        pid_text = found.name[len(prefix) :].split(".", 1)[0]
+        if pid_text.isdigit() and _alive(int(pid_text)):
+            continue  # its writer is running right now
+        if found.is_dir() and not found.is_symlink():
+            shutil.rmtree(found, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                found.unlink()
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename in `directory` durable (best effort: not every system allows it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,43 @@
+"""The errors a bundle can raise, in a module of their own.
+
+Every module of the bundle package raises these, so they live apart from
+the readers and the manifest: nothing has to import a reader to raise one,
+and no two modules import each other for them.
+"""
+
+from __future__ import annotations
+
+from warmenv._errors import WarmenvError
+
+__all__ = [
+    "BundleError",
+    "BundleTooLargeError",
+    "CorruptBundleError",
+    "InvalidManifestError",
+    "NotABundleError",
+    "UnsupportedSchemaError",
+]
+
+
+class BundleError(WarmenvError):
+    """Something is wrong with a bundle; nothing was imported from it."""
+
+
+class NotABundleError(BundleError):
+    """The file is not a bundle at all: not a regular file, or of neither format."""
+
+
+class InvalidManifestError(BundleError):
+    """The manifest does not parse, or a field holds the wrong thing."""
+
+
+class UnsupportedSchemaError(BundleError):
+    """The manifest's schema (or the flat format version) is newer than this warmenv."""
+
+
+class CorruptBundleError(BundleError):
+    """A bundle is damaged, its content does not match its digest, or it changed mid-import."""
+
+
+class BundleTooLargeError(BundleError):
+    """The entries do not fit the format (a flat bundle's data is limited to 4 GiB)."""
