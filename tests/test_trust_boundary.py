@@ -191,7 +191,7 @@ async def test_export_refuses_a_name_no_reader_accepts(
 
 def test_bundle_format_is_a_str_enum() -> None:
     assert BundleFormat("flat") is BundleFormat.FLAT
-    assert BundleFormat.SQLITE == "sqlite"
+    assert str(BundleFormat.SQLITE) == "sqlite"
 
 
 async def test_exporting_from_a_database_file_leaves_no_wal_or_shm_beside_it(
