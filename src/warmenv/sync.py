@@ -6,6 +6,8 @@ lock (anyio issue 563), a read-write lock (trio issue 528) and a cell that is
 initialised once however many tasks race for it. They are built here on
 anyio's own primitives, so cancellation semantics are anyio's: a task
 cancelled while waiting leaves the primitive exactly as if it had never come.
+Like anyio's, each has a form that never waits (raising `anyio.WouldBlock`)
+and a `statistics()` snapshot for debugging.
 """
 
 from __future__ import annotations
