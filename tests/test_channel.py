@@ -2,6 +2,10 @@ from __future__ import annotations
 
 import gc
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import anyio
 import pytest
@@ -112,3 +116,126 @@ async def test_oneshot_receiver_cancelled_while_waiting_can_receive_later() -> N
     assert scope.cancelled_caught
     sender.send("late")
     assert await receiver.receive() == "late"
+
+
+async def test_subscripted_channels_carry_their_items_at_runtime() -> None:
+    send, receive = bounded[tuple[str, int]](1)
+    send.send_nowait(("block", 128))
+    assert receive.receive_nowait() == ("block", 128)
+    usend, ureceive = unbounded[int]()
+    usend.send_nowait(7)
+    assert ureceive.receive_nowait() == 7
+    sender, receiver = oneshot[str]()
+    sender.send("ready")
+    assert await receiver.receive() == "ready"
+    for stream in (send, receive, usend, ureceive):
+        stream.close()
+
+
+async def test_subscripted_bounded_still_rejects_a_negative_capacity() -> None:
+    with pytest.raises(ValueError, match="capacity"):
+        bounded[int](-1)
+
+
+# --- static typing: what `mypy --strict` says about code using the channels ---------
+
+_REJECTED = """\
+from warmenv.channel import bounded, oneshot, unbounded
+
+send, receive = bounded[tuple[str, int]](4)
+send.send_nowait(b"not a tuple")
+usend, _ = unbounded[tuple[str, int]]()
+usend.send_nowait(b"not a tuple")
+sender, _r = oneshot[tuple[str, int]]()
+sender.send(b"not a tuple")
+"""
+
+_ACCEPTED = """\
+from typing import reveal_type
+
+from warmenv.channel import bounded, oneshot, unbounded
+
+
+async def main() -> None:
+    send, receive = bounded[tuple[str, int]](4)
+    send.send_nowait(("block", 128))
+    reveal_type(await receive.receive())
+    _, ureceive = unbounded[int]()
+    reveal_type(ureceive)
+    sender, receiver = oneshot[str]()
+    sender.send("ready")
+    reveal_type(await receiver.receive())
+"""
+
+# The 0.1 spelling: no subscript, no annotation, and no "Need type annotation" error.
+_UNSUBSCRIPTED = """\
+from warmenv.channel import bounded, oneshot, unbounded
+
+
+async def main() -> None:
+    send, receive = bounded(4)
+    send.send_nowait(b"anything")
+    usend, ureceive = unbounded()
+    usend.send_nowait(1)
+    sender, receiver = oneshot()
+    sender.send(None)
+    await receiver.receive()
+"""
+
+
+@pytest.fixture(scope="module")
+def mypy_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """One `mypy --strict` run over the snippets above: its output lines, per file."""
+    workdir = tmp_path_factory.mktemp("mypy")
+    snippets = {"rejected": _REJECTED, "accepted": _ACCEPTED, "unsubscripted": _UNSUBSCRIPTED}
+    for name, code in snippets.items():
+        (workdir / f"{name}.py").write_text(code)
+    src = Path(__file__).parent.parent / "src"
+    completed = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(workdir / ".cache")]
+        + [f"{name}.py" for name in snippets],
+        cwd=workdir,  # no project configuration: exactly --strict
+        env={**os.environ, "MYPYPATH": str(src)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert completed.stderr == "", completed.stderr
+    report: dict[str, list[str]] = {name: [] for name in snippets}
+    for line in completed.stdout.splitlines():
+        name = line.partition(".py:")[0]
+        if name in report:
+            report[name].append(line)
+    return report
+
+
+def test_mypy_strict_rejects_bytes_sent_into_a_tuple_str_int_channel(
+    mypy_report: dict[str, list[str]],
+) -> None:
+    expected = 'has incompatible type "bytes"; expected "tuple[str, int]"  [arg-type]'
+    errors = [line for line in mypy_report["rejected"] if ": error: " in line]
+    assert [line.split(":")[1] for line in errors] == ["4", "6", "8"], errors
+    assert all(expected in line for line in errors), errors
+
+
+def test_mypy_strict_accepts_typed_channels_and_infers_their_item_type(
+    mypy_report: dict[str, list[str]],
+) -> None:
+    lines = mypy_report["accepted"]
+    assert not [line for line in lines if ": error: " in line], lines
+    revealed = [
+        line.partition("Revealed type is ")[2].replace("builtins.", "")  # mypy < 2 spells them out
+        for line in lines
+        if "Revealed" in line
+    ]
+    assert revealed == [
+        '"tuple[str, int]"',
+        '"anyio.streams.memory.MemoryObjectReceiveStream[int]"',
+        '"str"',
+    ]
+
+
+def test_mypy_strict_accepts_the_unsubscripted_forms_without_annotations(
+    mypy_report: dict[str, list[str]],
+) -> None:
+    assert mypy_report["unsubscripted"] == []

@@ -1,11 +1,16 @@
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import anyio.to_thread
+import attrs
 import pytest
+import trio
 
 from warmenv.future import (
     Future,
@@ -85,3 +90,69 @@ def test_spawn_detached_carries_the_exception() -> None:
     future = spawn_detached(_fail)
     with pytest.raises(ValueError, match="nope"):
         future.result(timeout=30)
+
+
+class _RunCounter(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def before_run(self) -> None:
+        self.runs += 1
+
+
+@attrs.frozen
+class OptionsCase:
+    """Backend options and a probe, run inside the loop, that sees whether they took."""
+
+    backend: str
+    options: dict[str, Any]
+    took_effect: Callable[[], Awaitable[bool]]
+
+
+@pytest.fixture(params=["asyncio", "uvloop", "trio"])
+def options_case(request: pytest.FixtureRequest) -> OptionsCase:
+    if request.param == "trio":
+        counter = _RunCounter()
+
+        async def instrumented() -> bool:
+            return counter.runs == 1
+
+        return OptionsCase("trio", {"instruments": [counter]}, instrumented)
+    if request.param == "uvloop":
+
+        async def on_uvloop() -> bool:
+            return type(asyncio.get_running_loop()).__module__.startswith("uvloop")
+
+        return OptionsCase("asyncio", {"use_uvloop": True}, on_uvloop)
+
+    async def in_debug_mode() -> bool:
+        return asyncio.get_running_loop().get_debug()
+
+    return OptionsCase("asyncio", {"debug": True}, in_debug_mode)
+
+
+def test_block_on_makes_its_loop_with_the_backend_options(options_case: OptionsCase) -> None:
+    took = block_on(
+        options_case.took_effect,
+        backend=options_case.backend,
+        backend_options=options_case.options,
+    )
+    assert took
+
+
+def test_spawn_detached_makes_its_loop_with_the_backend_options(
+    options_case: OptionsCase,
+) -> None:
+    future = spawn_detached(
+        options_case.took_effect,
+        backend=options_case.backend,
+        backend_options=options_case.options,
+    )
+    assert future.result(timeout=30)
+
+
+def test_block_on_without_backend_options_runs_plain_asyncio() -> None:
+    async def loop_module() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    assert block_on(loop_module).startswith("asyncio")

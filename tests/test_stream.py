@@ -1,21 +1,21 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from pathlib import Path
 
 import anyio
 import pytest
 from anyio import wait_all_tasks_blocked
 
-from warmenv import stream
+from warmenv import ConfigError, load_config, open_environment, stream
 from warmenv.stream import StreamId, StreamPolicy
 
 
 @pytest.fixture(autouse=True)
-def _restore_policy() -> Iterator[None]:
-    before = stream.policy()
-    yield
-    stream.set_policy(before)
+def _restore_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test leaves the process-wide policy (and whether code chose it) as it found it."""
+    monkeypatch.setattr(stream, "_policy", stream.policy())
+    monkeypatch.setattr(stream, "_chosen", stream.policy_chosen())
 
 
 def test_the_default_policy_is_per_thread() -> None:
@@ -135,3 +135,74 @@ async def test_enter_in_one_task_does_not_leak_into_a_sibling() -> None:
         await wait_all_tasks_blocked()
         tg.cancel_scope.cancel()
     assert sibling_saw == [StreamId(0)]
+
+
+# --- the configured policy --------------------------------------------------------
+
+
+@pytest.fixture
+def per_task_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The working directory holds a warmenv.toml asking for per-task streams; no code chose."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "warmenv.toml").write_text('stream_policy = "per_task"\n')
+    monkeypatch.chdir(project)
+    monkeypatch.setattr(stream, "_policy", StreamPolicy.PER_THREAD)
+    monkeypatch.setattr(stream, "_chosen", False)
+    return project
+
+
+@pytest.mark.anyio
+async def test_open_environment_applies_the_configured_stream_policy(
+    per_task_project: Path, root: Path
+) -> None:
+    async with open_environment("app", root=root):
+        assert stream.policy() is StreamPolicy.PER_TASK
+        seen: list[StreamId] = []
+
+        async def task() -> None:
+            seen.append(stream.current())
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(task)
+            tg.start_soon(task)
+    assert len(set(seen)) == 2  # one stream per task, not one for the thread
+
+
+@pytest.mark.anyio
+async def test_open_environment_with_its_defaults_applies_the_configured_policy_too(
+    per_task_project: Path,
+) -> None:
+    async with open_environment():
+        assert stream.policy() is StreamPolicy.PER_TASK
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("how", ["set_policy", "apply_config"])
+async def test_a_policy_chosen_in_code_wins_over_the_configuration(
+    per_task_project: Path, root: Path, how: str
+) -> None:
+    if how == "set_policy":
+        stream.set_policy(StreamPolicy.SINGLE)
+    else:
+        (per_task_project / "elsewhere").mkdir()
+        (per_task_project / "elsewhere" / "warmenv.toml").write_text('stream_policy = "single"\n')
+        stream.apply_config(load_config(per_task_project / "elsewhere"))
+    async with open_environment("app", root=root):
+        assert stream.policy() is StreamPolicy.SINGLE
+
+
+def test_apply_config_sets_the_policy_the_configuration_names(per_task_project: Path) -> None:
+    stream.apply_config(load_config())
+    assert stream.policy() is StreamPolicy.PER_TASK
+    assert stream.policy_chosen()
+
+
+@pytest.mark.anyio
+async def test_open_environment_refuses_an_invalid_configured_stream_policy(
+    per_task_project: Path, root: Path
+) -> None:
+    (per_task_project / "warmenv.toml").write_text('stream_policy = "per_core"\n')
+    with pytest.raises(ConfigError, match=r"warmenv\.toml: key 'stream_policy'"):
+        async with open_environment("app", root=root):
+            pass  # pragma: no cover - the open fails

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import anyio
 import pytest
-from anyio import wait_all_tasks_blocked
+from anyio import WouldBlock, wait_all_tasks_blocked
 
 from warmenv.sync import (
     CapacityLimiter,
@@ -10,8 +10,11 @@ from warmenv.sync import (
     Event,
     Lock,
     OnceCell,
+    OnceCellStatistics,
     RLock,
+    RLockStatistics,
     RWLock,
+    RWLockStatistics,
     Semaphore,
 )
 
@@ -315,3 +318,131 @@ async def test_oncecell_is_retried_after_the_initializer_is_cancelled() -> None:
                 scope.cancel()
     assert waiter_results == ["second"]
     assert cell.get() == "second"
+
+
+async def test_rlock_statistics_show_the_owner_its_depth_and_the_waiters() -> None:
+    lock = RLock()
+    assert lock.statistics() == RLockStatistics(locked=False, owner=None, depth=0, tasks_waiting=0)
+    await lock.acquire()
+    await lock.acquire()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lock.acquire)
+        tg.start_soon(lock.acquire)
+        await wait_all_tasks_blocked()
+        stats = lock.statistics()
+        tg.cancel_scope.cancel()
+    assert stats.locked
+    assert stats.owner == anyio.get_current_task()
+    assert (stats.depth, stats.tasks_waiting) == (2, 2)
+    lock.release()
+    lock.release()
+    assert lock.statistics().depth == 0
+
+
+async def test_rlock_statistics_are_a_frozen_value() -> None:
+    stats = RLock().statistics()
+    with pytest.raises(AttributeError):
+        stats.depth = 3  # type: ignore[misc]
+
+
+async def test_rlock_acquire_nowait_takes_a_free_lock_and_reenters_for_its_owner() -> None:
+    lock = RLock()
+    lock.acquire_nowait()
+    lock.acquire_nowait()
+    assert lock.statistics().depth == 2
+    lock.release()
+    assert lock.locked()
+    lock.release()
+    assert not lock.locked()
+
+
+async def test_rlock_acquire_nowait_would_block_while_another_task_holds_it() -> None:
+    lock = RLock()
+    outcomes: list[str] = []
+
+    async def try_it() -> None:
+        try:
+            lock.acquire_nowait()
+        except WouldBlock:
+            outcomes.append("would block")
+
+    async with lock:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(try_it)
+    assert outcomes == ["would block"]
+    assert lock.statistics() == RLockStatistics(False, None, 0, 0)
+
+
+async def test_rwlock_acquire_read_nowait_shares_and_would_block_behind_a_writer() -> None:
+    lock = RWLock()
+    lock.acquire_read_nowait()
+    lock.acquire_read_nowait()
+    assert lock.statistics() == RWLockStatistics(2, False, 0, 0)
+    with pytest.raises(WouldBlock):
+        lock.acquire_write_nowait()
+    lock.release_read()
+    lock.release_read()
+    lock.acquire_write_nowait()
+    with pytest.raises(WouldBlock):
+        lock.acquire_read_nowait()
+    with pytest.raises(WouldBlock):
+        lock.acquire_write_nowait()
+    lock.release_write()
+    assert lock.statistics() == RWLockStatistics(0, False, 0, 0)
+
+
+async def test_rwlock_acquire_read_nowait_would_block_while_a_writer_waits() -> None:
+    lock = RWLock()
+    await lock.acquire_read()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lock.acquire_write)
+        await wait_all_tasks_blocked()
+        with pytest.raises(WouldBlock):
+            lock.acquire_read_nowait()
+        lock.release_read()
+    assert lock.statistics() == RWLockStatistics(0, True, 0, 0)
+    lock.release_write()
+
+
+async def test_oncecell_statistics_show_a_running_initializer_and_its_waiters() -> None:
+    cell: OnceCell[int] = OnceCell()
+    gate = Event()
+
+    async def init() -> int:
+        await gate.wait()
+        return 1
+
+    assert cell.statistics() == OnceCellStatistics(
+        is_set=False, initializing=False, tasks_waiting=0
+    )
+    async with anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(cell.get_or_init, init)
+        await wait_all_tasks_blocked()
+        during = cell.statistics()
+        gate.set()
+    assert during == OnceCellStatistics(is_set=False, initializing=True, tasks_waiting=2)
+    assert cell.statistics() == OnceCellStatistics(is_set=True, initializing=False, tasks_waiting=0)
+
+
+async def test_oncecell_get_nowait_would_block_until_an_initializer_completes() -> None:
+    cell: OnceCell[int] = OnceCell()
+    with pytest.raises(WouldBlock):
+        cell.get_nowait()
+
+    async def init() -> int:
+        return 5
+
+    await cell.get_or_init(init)
+    assert cell.get_nowait() == 5
+
+
+async def test_oncecell_get_nowait_tells_a_stored_none_from_an_empty_cell() -> None:
+    cell: OnceCell[int | None] = OnceCell()
+
+    async def init() -> int | None:
+        return None
+
+    await cell.get_or_init(init)
+    assert cell.get() is None
+    assert cell.get_nowait() is None  # a value, where an empty cell raises WouldBlock

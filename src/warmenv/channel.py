@@ -5,17 +5,28 @@ as they are so that every anyio idiom (cloning, `async for`, closing) works.
 The one shape anyio lacks is the oneshot: a single value handed from one task
 to another, where the receiver must learn if the sender went away without
 answering instead of waiting forever.
+
+The constructors are classes for the same reason anyio's
+`create_memory_object_stream` is one: `bounded[T](n)` names the item type
+at the call, so a type checker holds every send and receive to it. Written
+without a subscript they make `Any` channels, as they always did.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Generic, TypeVar, final
+import sys
+from typing import Any, Generic, final
 
 from anyio import Event, WouldBlock, create_memory_object_stream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from warmenv._errors import WarmenvError
+
+if sys.version_info >= (3, 13):
+    from typing import TypeVar
+else:
+    from typing_extensions import TypeVar
 
 __all__ = [
     "ChannelClosed",
@@ -27,24 +38,41 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+# The item type of an unsubscripted `bounded(n)` is `Any`, not an error
+# asking for an annotation: the 0.1 spelling keeps type-checking.
+T_Item = TypeVar("T_Item", default=Any)
 
 
 class ChannelClosed(WarmenvError):
     """The sending side of a oneshot channel closed without sending a value."""
 
 
-def bounded(
-    capacity: int,
-) -> tuple[MemoryObjectSendStream[Any], MemoryObjectReceiveStream[Any]]:
-    """A channel holding at most `capacity` items; senders wait when it is full."""
-    if capacity < 0:
-        raise ValueError(f"capacity must be >= 0, got {capacity}")
-    return create_memory_object_stream[Any](capacity)
+@final
+class bounded(tuple[MemoryObjectSendStream[T_Item], MemoryObjectReceiveStream[T_Item]]):
+    """A channel holding at most `capacity` items; senders wait when it is full.
+
+    `send, receive = bounded[T](capacity)` types both ends by `T`.
+    """
+
+    def __new__(  # type: ignore[misc]  # returns the pair, like anyio's constructor
+        cls, capacity: int
+    ) -> tuple[MemoryObjectSendStream[T_Item], MemoryObjectReceiveStream[T_Item]]:
+        if capacity < 0:
+            raise ValueError(f"capacity must be >= 0, got {capacity}")
+        return create_memory_object_stream[T_Item](capacity)
 
 
-def unbounded() -> tuple[MemoryObjectSendStream[Any], MemoryObjectReceiveStream[Any]]:
-    """A channel whose senders never wait (memory grows with the backlog)."""
-    return create_memory_object_stream[Any](math.inf)
+@final
+class unbounded(tuple[MemoryObjectSendStream[T_Item], MemoryObjectReceiveStream[T_Item]]):
+    """A channel whose senders never wait (memory grows with the backlog).
+
+    `send, receive = unbounded[T]()` types both ends by `T`.
+    """
+
+    def __new__(  # type: ignore[misc]  # returns the pair, like anyio's constructor
+        cls,
+    ) -> tuple[MemoryObjectSendStream[T_Item], MemoryObjectReceiveStream[T_Item]]:
+        return create_memory_object_stream[T_Item](math.inf)
 
 
 @final
@@ -119,7 +147,15 @@ class OneshotReceiver(Generic[T]):
         )
 
 
-def oneshot() -> tuple[OneshotSender[Any], OneshotReceiver[Any]]:
-    """A channel for a single value: `(sender, receiver)`."""
-    slot: _Slot[Any] = _Slot()
-    return OneshotSender(slot), OneshotReceiver(slot)
+@final
+class oneshot(tuple[OneshotSender[T_Item], OneshotReceiver[T_Item]]):
+    """A channel for a single value: `(sender, receiver)`.
+
+    `sender, receiver = oneshot[T]()` types both ends by `T`.
+    """
+
+    def __new__(  # type: ignore[misc]  # returns the pair, like anyio's constructor
+        cls,
+    ) -> tuple[OneshotSender[T_Item], OneshotReceiver[T_Item]]:
+        slot: _Slot[T_Item] = _Slot()
+        return OneshotSender(slot), OneshotReceiver(slot)

@@ -29,6 +29,7 @@ from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.sqlite import CopiedBatch, SqliteDatabase, SqliteStorage, open_database
 from warmenv.persistence.storage import NamespaceSummary, Storage
 from warmenv.persistence.store import CacheMode, Store
+from warmenv.stream import adopt_config, policy_chosen
 
 __all__ = ["Environment", "activate", "active", "open_environment", "set_root"]
 
@@ -215,6 +216,8 @@ def _locate(name: str | None, root: str | Path | None, file: str | Path | None) 
 
 async def _open(name: str | None, root: str | Path | None, file: str | Path | None) -> Environment:
     env_name, path = _locate(name, root, file)
+    if not policy_chosen():  # the configured stream_policy, unless code chose one
+        adopt_config(await anyio.to_thread.run_sync(load_config))
     try:
         await anyio.to_thread.run_sync(partial(path.parent.mkdir, parents=True, exist_ok=True))
         db = await open_database(path)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from collections.abc import Awaitable, Callable
-from typing import TypeVar, TypeVarTuple, Unpack
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 import anyio
 import anyio.from_thread
@@ -34,16 +34,24 @@ def _loop_is_running_here() -> bool:
     return True
 
 
+def _options(backend_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    # A copy: the caller's mapping may change (or be a read-only view) before the loop starts.
+    return None if backend_options is None else dict(backend_options)
+
+
 def block_on(
     fn: Callable[[Unpack[Ts]], Awaitable[T]],
     *args: *Ts,
     backend: str = "asyncio",
+    backend_options: Mapping[str, Any] | None = None,
 ) -> T:
     """Run `fn(*args)` to completion from synchronous code and return its result.
 
     From an anyio worker thread (`anyio.to_thread.run_sync`) it runs on the
-    event loop that started the thread; elsewhere it runs a fresh event loop of
-    `backend`. It refuses to run on a thread whose loop is running, where
+    event loop that started the thread (and `backend` does not apply);
+    elsewhere it runs a fresh event loop of `backend`, made with
+    `backend_options` as `anyio.run` takes them (`{"use_uvloop": True}` for
+    uvloop). It refuses to run on a thread whose loop is running, where
     blocking would deadlock that very loop.
     """
     if _loop_is_running_here():
@@ -64,21 +72,25 @@ def block_on(
     except anyio.NoEventLoopError:
         if started:
             raise
-    return anyio.run(run, backend=backend)
+    return anyio.run(run, backend=backend, backend_options=_options(backend_options))
 
 
 def spawn_detached(
     fn: Callable[[Unpack[Ts]], Awaitable[T]],
     *args: *Ts,
     backend: str = "asyncio",
+    backend_options: Mapping[str, Any] | None = None,
 ) -> concurrent.futures.Future[T]:
     """Run `fn(*args)` on a daemon thread with its own event loop.
 
     For a synchronous entry point that starts a warm-up and carries on; the
     returned future holds the result or the exception. Cancelling the future
-    before the thread starts the function prevents it from running.
+    before the thread starts the function prevents it from running. The loop
+    is `backend`'s, made with `backend_options` as `anyio.run` takes them
+    (`{"use_uvloop": True}` for uvloop).
     """
     future: concurrent.futures.Future[T] = concurrent.futures.Future()
+    options = _options(backend_options)
 
     async def run() -> T:
         return await fn(*args)
@@ -87,7 +99,7 @@ def spawn_detached(
         if not future.set_running_or_notify_cancel():
             return
         try:
-            result = anyio.run(run, backend=backend)
+            result = anyio.run(run, backend=backend, backend_options=options)
         except BaseException as exc:  # the future carries whatever happened
             future.set_exception(exc)
         else:

@@ -8,6 +8,11 @@ thread, a task, or the whole process.
 Stream ids come from a counter, never from `id()` of a thread or task: Python
 reuses those numbers once their owner is gone, and two streams must never
 share an id while either is in use.
+
+The policy is process-wide. Configuration (`stream_policy` in warmenv.toml)
+supplies it when `open_environment` runs, unless the program chose one
+itself with `set_policy` or `apply_config`: code says what it needs, and a
+file on the machine must not overrule it.
 """
 
 from __future__ import annotations
@@ -19,12 +24,25 @@ import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import attrs
 
 from warmenv._backend import native_task
 
-__all__ = ["StreamId", "StreamPolicy", "current", "enter", "new", "policy", "set_policy"]
+if TYPE_CHECKING:
+    from warmenv.config import Config
+
+__all__ = [
+    "StreamId",
+    "StreamPolicy",
+    "apply_config",
+    "current",
+    "enter",
+    "new",
+    "policy",
+    "set_policy",
+]
 
 
 class StreamPolicy(enum.Enum):
@@ -48,6 +66,7 @@ class StreamId:
 _ids = itertools.count(1)
 _counter_lock = threading.Lock()
 _policy = StreamPolicy.PER_THREAD
+_chosen = False  # set_policy or apply_config was called: configuration no longer applies
 _thread_streams = threading.local()
 _task_streams: weakref.WeakKeyDictionary[object, StreamId] = weakref.WeakKeyDictionary()
 _pinned: contextvars.ContextVar[StreamId | None] = contextvars.ContextVar(
@@ -56,11 +75,29 @@ _pinned: contextvars.ContextVar[StreamId | None] = contextvars.ContextVar(
 
 
 def set_policy(policy: StreamPolicy) -> None:
-    """Set the process-wide stream policy."""
-    global _policy
+    """Set the process-wide stream policy; configuration no longer changes it."""
+    global _policy, _chosen
     if not isinstance(policy, StreamPolicy):
         raise TypeError(f"expected a StreamPolicy, got {policy!r}")
     _policy = policy
+    _chosen = True
+
+
+def apply_config(config: Config) -> None:
+    """Set the policy a configuration names (`load_config().stream_policy`)."""
+    set_policy(config.stream_policy)
+
+
+def adopt_config(config: Config) -> None:
+    """Take the configured policy unless the program chose one; `open_environment` calls it."""
+    global _policy
+    if not _chosen:
+        _policy = config.stream_policy
+
+
+def policy_chosen() -> bool:
+    """Whether the program set the policy itself (so configuration is not consulted)."""
+    return _chosen
 
 
 def policy() -> StreamPolicy:

@@ -6,6 +6,8 @@ lock (anyio issue 563), a read-write lock (trio issue 528) and a cell that is
 initialised once however many tasks race for it. They are built here on
 anyio's own primitives, so cancellation semantics are anyio's: a task
 cancelled while waiting leaves the primitive exactly as if it had never come.
+Like anyio's, each has a form that never waits (raising `anyio.WouldBlock`)
+and a `statistics()` snapshot for debugging.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from types import TracebackType
 from typing import Generic, TypeVar, final
 
 import attrs
-from anyio import CapacityLimiter, Condition, Event, Lock, Semaphore
+from anyio import CapacityLimiter, Condition, Event, Lock, Semaphore, TaskInfo, WouldBlock
 from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint, checkpoint_if_cancelled
 
 from warmenv._backend import native_task
@@ -27,13 +29,29 @@ __all__ = [
     "Event",
     "Lock",
     "OnceCell",
+    "OnceCellStatistics",
     "RLock",
+    "RLockStatistics",
     "RWLock",
     "RWLockStatistics",
     "Semaphore",
 ]
 
 T = TypeVar("T")
+
+
+@attrs.frozen
+class RLockStatistics:
+    """A snapshot of an `RLock`, for debugging.
+
+    `depth` is how many times the owner holds it (0 when free); `owner` is
+    anyio's `TaskInfo` of the owning task, as in anyio's `LockStatistics`.
+    """
+
+    locked: bool
+    owner: TaskInfo | None
+    depth: int
+    tasks_waiting: int
 
 
 @final
@@ -63,6 +81,16 @@ class RLock:
         self._owner = task
         self._count = 1
 
+    def acquire_nowait(self) -> None:
+        """Acquire the lock without waiting; `anyio.WouldBlock` if another task holds it."""
+        task = native_task()
+        if self._owner is task:
+            self._count += 1
+            return
+        self._lock.acquire_nowait()
+        self._owner = task
+        self._count = 1
+
     def release(self) -> None:
         """Release one level of ownership; `RuntimeError` if this task does not own it."""
         if self._owner is not native_task():
@@ -78,6 +106,16 @@ class RLock:
     def locked(self) -> bool:
         """Whether any task holds the lock."""
         return self._lock.locked()
+
+    def statistics(self) -> RLockStatistics:
+        """Who holds the lock, how deeply, and how many tasks wait for it."""
+        inner = self._lock.statistics()
+        return RLockStatistics(
+            locked=inner.locked,
+            owner=inner.owner,
+            depth=self._count,
+            tasks_waiting=inner.tasks_waiting,
+        )
 
     async def __aenter__(self) -> None:
         await self.acquire()
@@ -154,6 +192,12 @@ class RWLock:
             self._waiting_readers -= 1
         self._readers += 1
 
+    def acquire_read_nowait(self) -> None:
+        """Hold the lock shared without waiting; `anyio.WouldBlock` if a writer holds or waits."""
+        if self._writer or self._writers:
+            raise WouldBlock
+        self._readers += 1
+
     def release_read(self) -> None:
         """Give up one shared hold; `RuntimeError` if no reader holds the lock."""
         if self._readers == 0:
@@ -179,6 +223,12 @@ class RWLock:
         # Woken only when the lock was free; nobody can take it before us
         # because every newcomer sees us queued.
         self._writers.popleft()
+        self._writer = True
+
+    def acquire_write_nowait(self) -> None:
+        """Hold the lock exclusively without waiting; `anyio.WouldBlock` unless it is free."""
+        if self._writer or self._readers or self._writers:
+            raise WouldBlock
         self._writer = True
 
     def release_write(self) -> None:
@@ -240,6 +290,19 @@ class _WriteGuard:
 _UNSET: object = object()
 
 
+@attrs.frozen
+class OnceCellStatistics:
+    """A snapshot of a `OnceCell`, for debugging.
+
+    `initializing` is whether an initialiser is running now, and
+    `tasks_waiting` how many callers wait for it to finish.
+    """
+
+    is_set: bool
+    initializing: bool
+    tasks_waiting: int
+
+
 @final
 class OnceCell(Generic[T]):
     """A value computed once, however many tasks ask for it at the same time.
@@ -247,6 +310,10 @@ class OnceCell(Generic[T]):
     A hit returns without yielding to the event loop: it is a plain attribute
     read, which is the point of caching it. If the initialiser raises or is
     cancelled the cell stays empty and the next caller runs it again.
+
+    The non-waiting form is `get_nowait()`: it cannot run an initialiser
+    (that needs an await), so it reads the value or raises `WouldBlock`.
+    Unlike `get()`, it tells an empty cell from one holding `None`.
     """
 
     __slots__ = ("_lock", "_value")
@@ -260,9 +327,25 @@ class OnceCell(Generic[T]):
         value = self._value
         return None if value is _UNSET else value  # type: ignore[return-value]
 
+    def get_nowait(self) -> T:
+        """The value; `anyio.WouldBlock` while no initialiser has completed."""
+        value = self._value
+        if value is _UNSET:
+            raise WouldBlock
+        return value  # type: ignore[return-value]
+
     def is_set(self) -> bool:
         """Whether an initialiser has completed."""
         return self._value is not _UNSET
+
+    def statistics(self) -> OnceCellStatistics:
+        """Whether the value is there, and whether callers wait for an initialiser."""
+        inner = self._lock.statistics()
+        return OnceCellStatistics(
+            is_set=self._value is not _UNSET,
+            initializing=inner.locked,
+            tasks_waiting=inner.tasks_waiting,
+        )
 
     async def get_or_init(self, init: Callable[[], Awaitable[T]]) -> T:
         """The value, running `init` first if no caller has completed it yet."""

@@ -7,6 +7,10 @@ token. A connection offers one operation, `run(fn)`: call `fn` with the
 sqlite3 connection on the worker thread, in one hop. A transaction is one
 such function, BEGIN to COMMIT, so a caller cancelled mid-way can never
 leave it open: the worker finishes it (or rolls it back) on its own.
+
+A connection belongs to the event loop that opened it; `run` and `close`
+from any other loop or backend raise a `WarmenvError` naming both (see
+`_loop`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Protocol, TypeVar
 import anyio
 
 from warmenv._backend import current_backend
+from warmenv._sqlite._loop import database_label
 
 __all__ = ["Connection", "connect", "open_with"]
 
@@ -31,7 +36,11 @@ class Connection(Protocol):
     """An async SQLite connection whose every call is one hop to its worker thread."""
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Call `fn(connection)` on the worker thread and return its result."""
+        """Call `fn(connection)` on the worker thread and return its result.
+
+        `WarmenvError` if called from another event loop than the one that
+        opened the connection.
+        """
         ...
 
     async def close(self) -> None:
@@ -50,13 +59,14 @@ async def connect(target: str, *, uri: bool = False) -> Connection:
         check_same_thread=False,
         cached_statements=256,
     )
+    database = database_label(target, uri=uri)
     if current_backend() == "trio":
         from warmenv._sqlite._trio import TrioConnection
 
-        return await TrioConnection.open(connector)
+        return await TrioConnection.open(connector, database)
     from warmenv._sqlite._asyncio import AiosqliteConnection
 
-    return await AiosqliteConnection.open(connector)
+    return await AiosqliteConnection.open(connector, database)
 
 
 async def open_with(

@@ -9,6 +9,7 @@ aiosqlite internals, and it checks for them at import.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Callable
 from typing import Any, TypeVar, final
@@ -16,7 +17,8 @@ from typing import Any, TypeVar, final
 import aiosqlite
 import anyio
 
-from warmenv._errors import ClosedError
+from warmenv._errors import ClosedError, WarmenvError
+from warmenv._sqlite._loop import asyncio_loop_label, foreign_loop_error
 
 T = TypeVar("T")
 
@@ -29,23 +31,30 @@ if not hasattr(aiosqlite.Connection, "_execute"):  # pragma: no cover - version 
 
 @final
 class AiosqliteConnection:
-    __slots__ = ("_aio", "_raw")
+    __slots__ = ("_aio", "_database", "_loop", "_opened_on", "_raw")
 
-    def __init__(self, aio: aiosqlite.Connection, raw: sqlite3.Connection) -> None:
+    def __init__(self, aio: aiosqlite.Connection, raw: sqlite3.Connection, database: str) -> None:
         self._aio = aio
         self._raw: sqlite3.Connection | None = raw
+        self._loop = asyncio.get_running_loop()
+        self._opened_on = asyncio_loop_label(self._loop)
+        self._database = database
 
     @classmethod
-    async def open(cls, connector: Callable[[], sqlite3.Connection]) -> AiosqliteConnection:
+    async def open(
+        cls, connector: Callable[[], sqlite3.Connection], database: str
+    ) -> AiosqliteConnection:
         aio = aiosqlite.Connection(connector, iter_chunk_size=64)
         await aio
         raw: sqlite3.Connection = aio._conn
-        return cls(aio, raw)
+        return cls(aio, raw, database)
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         raw = self._raw
         if raw is None:
             raise ClosedError("this SQLite connection is closed; open the environment again")
+        if asyncio._get_running_loop() is not self._loop:
+            raise self._foreign()
         execute: Any = self._aio._execute
         result: T = await execute(fn, raw)
         return result
@@ -53,6 +62,11 @@ class AiosqliteConnection:
     async def close(self) -> None:
         if self._raw is None:
             return
+        if asyncio._get_running_loop() is not self._loop:
+            raise self._foreign()
         self._raw = None
         with anyio.CancelScope(shield=True):
             await self._aio.close()
+
+    def _foreign(self) -> WarmenvError:
+        return foreign_loop_error(self._database, self._opened_on)

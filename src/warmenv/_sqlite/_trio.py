@@ -20,7 +20,8 @@ import anyio
 import outcome
 import trio
 
-from warmenv._errors import ClosedError
+from warmenv._errors import ClosedError, WarmenvError
+from warmenv._sqlite._loop import foreign_loop_error, trio_run_label
 
 T = TypeVar("T")
 _Job = Callable[[], None] | None
@@ -33,19 +34,24 @@ def _worker(jobs: SimpleQueue[_Job]) -> None:
 
 @final
 class TrioConnection:
-    __slots__ = ("_jobs", "_raw")
+    __slots__ = ("_database", "_jobs", "_opened_on", "_raw", "_token")
 
-    def __init__(self, jobs: SimpleQueue[_Job]) -> None:
+    def __init__(self, jobs: SimpleQueue[_Job], database: str) -> None:
         self._jobs = jobs
         self._raw: sqlite3.Connection | None = None
+        self._token = trio.lowlevel.current_trio_token()
+        self._opened_on = trio_run_label(self._token)
+        self._database = database
 
     @classmethod
-    async def open(cls, connector: Callable[[], sqlite3.Connection]) -> TrioConnection:
+    async def open(
+        cls, connector: Callable[[], sqlite3.Connection], database: str
+    ) -> TrioConnection:
         jobs: SimpleQueue[_Job] = SimpleQueue()
+        self = cls(jobs, database)
         threading.Thread(target=_worker, args=(jobs,), name="warmenv-sqlite", daemon=True).start()
-        self = cls(jobs)
         try:
-            self._raw = await self._call(connector)
+            self._raw = await self._call(connector, self._token)
         except BaseException:
             jobs.put(None)
             raise
@@ -55,23 +61,38 @@ class TrioConnection:
         raw = self._raw
         if raw is None:
             raise ClosedError("this SQLite connection is closed; open the environment again")
-        return await self._call(partial(fn, raw))
+        # The token _call needs anyway, fetched here: the loop check costs one `is`.
+        try:
+            token = trio.lowlevel.current_trio_token()
+        except RuntimeError:  # not in a trio run: asyncio, or no loop in this thread
+            raise self._foreign() from None
+        if token is not self._token:
+            raise self._foreign()
+        return await self._call(partial(fn, raw), token)
 
     async def close(self) -> None:
         raw = self._raw
         if raw is None:
             return
+        try:
+            token = trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            raise self._foreign() from None
+        if token is not self._token:
+            raise self._foreign()
         self._raw = None
         with anyio.CancelScope(shield=True):
             try:
-                await self._call(raw.close)
+                await self._call(raw.close, token)
             finally:
                 self._jobs.put(None)
 
-    async def _call(self, thunk: Callable[[], T]) -> T:
+    def _foreign(self) -> WarmenvError:
+        return foreign_loop_error(self._database, self._opened_on)
+
+    async def _call(self, thunk: Callable[[], T], token: trio.lowlevel.TrioToken) -> T:
         await trio.lowlevel.checkpoint_if_cancelled()
         task = trio.lowlevel.current_task()
-        token = trio.lowlevel.current_trio_token()
         waiting = True
 
         def deliver(result: outcome.Outcome[T]) -> None:
