@@ -146,7 +146,9 @@ async def test_describe_names_the_backend_and_namespace(storage: Storage) -> Non
 
 @pytest.mark.parametrize("outcome", [Stored(), Conflict(b"x"), Failed("disk full")])
 def test_an_insert_outcome_is_never_read_as_a_bool(outcome: Stored | Conflict | Failed) -> None:
-    with pytest.raises(TypeError, match=r"cannot be used as a bool; .*isinstance\(result, Stored\)"):
+    with pytest.raises(
+        TypeError, match=r"cannot be used as a bool; .*isinstance\(result, Stored\)"
+    ):
         bool(outcome)
 
 

@@ -35,9 +35,7 @@ async def test_max_entries_bounds_what_is_held_and_the_rest_is_read_through(
 
 
 async def test_the_least_recently_used_value_is_dropped_first(env: Environment) -> None:
-    store: Store[str, int] = await Store.open(
-        env.storage(NS), mode=CacheMode.LAZY, max_entries=2
-    )
+    store: Store[str, int] = await Store.open(env.storage(NS), mode=CacheMode.LAZY, max_entries=2)
     await store.insert("a", 1)
     await store.insert("b", 2)
     assert await store.get("a") == 1  # "b" is now the least recently used

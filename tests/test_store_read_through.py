@@ -8,9 +8,9 @@ from pathlib import Path
 import anyio
 import pytest
 from anyio import wait_all_tasks_blocked
+
 from conftest import KERNELS
 from helpers import run_python
-
 from warmenv import BytesCodec, CacheMode, Environment, Namespace, Store, open_environment
 from warmenv.bundle import import_bundle
 from warmenv.persistence import (

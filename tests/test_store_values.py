@@ -192,9 +192,7 @@ async def test_waiters_of_one_run_each_get_their_own_copy(env: Environment) -> N
 
 
 @pytest.mark.parametrize("mode", list(CacheMode))
-async def test_a_stored_none_is_returned_not_recomputed(
-    env: Environment, mode: CacheMode
-) -> None:
+async def test_a_stored_none_is_returned_not_recomputed(env: Environment, mode: CacheMode) -> None:
     store: Store[str, int | None] = await env.store(NS, mode=mode)
     runs = 0
 

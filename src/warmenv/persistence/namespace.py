@@ -36,7 +36,7 @@ class Namespace:
         if version is None:
             raise TypeError(
                 f"Namespace({name!r}, {path!r}) needs a version: pass your application's"
-                f" own, e.g. Namespace({name!r}, {path!r}, version=\"1\")"
+                f' own, e.g. Namespace({name!r}, {path!r}, version="1")'
             )
         _check_segment("name", name, allow_slash=False)
         _check_segment("path", path, allow_slash=True)

@@ -11,8 +11,9 @@ entry another process computed, is found rather than recomputed.
 Each value is held once, in the form that lets every caller have its own
 copy: immutable values (`str`, `int`, `float`, `bool`, `None`, `bytes`) as
 they are, anything else as `marshal` bytes rebuilt on each hit, the fastest
-deep copy CPython has, and about as compact as the JSON it came from. A caller that mutates what it got therefore never
-changes what the next caller gets. (`marshal` only ever reads bytes this
+deep copy CPython has and about as compact as the JSON it came from. A
+caller that mutates what it got therefore never changes what the next
+caller gets. (`marshal` only ever reads bytes this
 process wrote from an already decoded value; it never sees storage bytes.)
 
 Concurrent askers of one missing key share one storage read and, in
@@ -38,7 +39,6 @@ from typing import (
     ParamSpec,
     TypeVar,
     TypeVarTuple,
-    Unpack,
     final,
     overload,
 )
@@ -207,7 +207,14 @@ class Store(Generic[K, V]):
         A stored `None` is a value; pass `MISSING` as `default` to tell it apart
         from a miss.
         """
-        encoded = self._encode_key(key)
+        # _encode_key, inlined for the common str key: this is the hit path.
+        if type(key) is str and self._json_keys:
+            try:
+                encoded = _encode_json_str(key).encode()  # type: ignore[arg-type]
+            except UnicodeEncodeError:
+                encoded = self._codec.encode_key(key)
+        else:
+            encoded = self._codec.encode_key(key)
         held = self._values.get(encoded, _ABSENT)
         if held is _ABSENT:
             held = await self._read(encoded)
@@ -243,9 +250,7 @@ class Store(Generic[K, V]):
         result, _ = await self._put(encoded, self._codec.encode_value(value), keep_failed=False)
         return result
 
-    async def get_or_compute(
-        self, key: K, fn: Callable[[Unpack[Ts]], Awaitable[V]], *args: Unpack[Ts]
-    ) -> V:
+    async def get_or_compute(self, key: K, fn: Callable[[*Ts], Awaitable[V]], *args: *Ts) -> V:
         """The stored value, or `await fn(*args)` run once for every concurrent asker.
 
         Askers that arrive while a run is in progress wait for it and share its
@@ -257,7 +262,13 @@ class Store(Generic[K, V]):
         If the storage already holds another value for the key (another
         process got there first), that value wins and is returned.
         """
-        encoded = self._encode_key(key)
+        if type(key) is str and self._json_keys:
+            try:
+                encoded = _encode_json_str(key).encode()  # type: ignore[arg-type]
+            except UnicodeEncodeError:
+                encoded = self._codec.encode_key(key)
+        else:
+            encoded = self._codec.encode_key(key)
         held = self._values.get(encoded, _ABSENT)
         if held is _ABSENT:
             held = await self._share(
@@ -425,7 +436,7 @@ class Store(Generic[K, V]):
         return _ABSENT if data is None else self._remember(encoded, data)
 
     async def _fill(
-        self, encoded: bytes, fn: Callable[[Unpack[Ts]], Awaitable[V]], args: tuple[Unpack[Ts]]
+        self, encoded: bytes, fn: Callable[[*Ts], Awaitable[V]], args: tuple[*Ts]
     ) -> Any:
         held = await self._read(encoded)
         if held is not _ABSENT:
@@ -434,7 +445,9 @@ class Store(Generic[K, V]):
         _, held = await self._put(encoded, data, keep_failed=True)
         return held
 
-    async def _put(self, encoded: bytes, data: bytes, *, keep_failed: bool) -> tuple[Insertion, Any]:
+    async def _put(
+        self, encoded: bytes, data: bytes, *, keep_failed: bool
+    ) -> tuple[Insertion, Any]:
         """Insert `data`, returning the outcome and what this store now holds for the key."""
         held = self._values.get(encoded, _ABSENT)
         if held is not _ABSENT and self._data_of(held) == data:
