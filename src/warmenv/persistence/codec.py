@@ -15,9 +15,10 @@ that is at fault, rather than coming back changed on the next start.
 from __future__ import annotations
 
 import json
+import json.scanner
 import math
 from collections.abc import Callable
-from typing import Protocol, TypeVar, final
+from typing import Any, Protocol, TypeVar, final
 
 __all__ = ["BytesCodec", "Codec", "JsonCodec"]
 
@@ -111,6 +112,18 @@ class BytesCodec(Codec[bytes, bytes]):
 # What json.dumps(s, ensure_ascii=False) does for a str, without its dispatch:
 # the hit path of a store encodes a str key on every call.
 _encode_str: Callable[[str], str] = json.encoder.encode_basestring
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+# json.loads without its checks for untrusted input (encoding detection,
+# whitespace, trailing data): for text that has already decoded once, as a
+# store's held values have. Returns (value, end), as JSONDecoder.scan_once.
+_scan_canonical: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(
+    json.JSONDecoder(parse_constant=_reject_constant)  # type: ignore[arg-type]
+)
 
 
 def canonical_arguments(arguments: dict[str, object], where: str) -> bytes:
@@ -217,7 +230,3 @@ def _check(obj: object, tuples: bool, utf8: bool = False) -> None:
                 f" plain {base.__name__}; convert it first"
             )
     raise _NotJson(f"{kind.__name__} is not JSON")
-
-
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not JSON")

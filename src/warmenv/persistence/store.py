@@ -10,11 +10,11 @@ entry another process computed, is found rather than recomputed.
 
 Each value is held once, in the form that lets every caller have its own
 copy: immutable values (`str`, `int`, `float`, `bool`, `None`, `bytes`) as
-they are, anything else as `marshal` bytes rebuilt on each hit, the fastest
-deep copy CPython has and about as compact as the JSON it came from. A
-caller that mutates what it got therefore never changes what the next
-caller gets. (`marshal` only ever reads bytes this
-process wrote from an already decoded value; it never sees storage bytes.)
+they are, anything else as its encoded bytes (what the storage holds),
+decoded afresh on each hit. A caller that mutates what it got therefore
+never changes what the next caller gets. For JSON, bytes that already
+decoded once are decoded by the C scanner directly, skipping the checks
+`json.loads` makes for untrusted input.
 
 Concurrent askers of one missing key share one storage read and, in
 `get_or_compute`, one run of the computation and its outcome, value or
@@ -28,7 +28,6 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
-import marshal
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from types import TracebackType
@@ -48,6 +47,7 @@ import attrs
 
 from warmenv.persistence.codec import Codec, JsonCodec, canonical_arguments
 from warmenv.persistence.codec import _encode_str as _encode_json_str
+from warmenv.persistence.codec import _scan_canonical as _scan_json
 from warmenv.persistence.storage import Conflict, Failed, Insertion, Purged, Storage, Stored
 
 __all__ = ["MISSING", "CacheMode", "Missing", "Store"]
@@ -82,19 +82,10 @@ MISSING: Final = Missing.MISSING
 
 
 # How a value is held (the hit path tells them apart by exact type):
-#   bytes      a mutable value packed by marshal; each hit rebuilds a fresh copy
+#   bytes      a mutable value as its codec bytes; each hit decodes a fresh copy
 #   tuple      a 1-tuple boxing a `bytes` value, which is immutable
-#   _Encoded   a value marshal cannot hold, as its codec bytes; decoded per hit
 #   otherwise  an immutable value, handed out as it is
 # Plain bytes for the common case: a bytes subclass would carry a GC header.
-
-
-class _Encoded(bytes):
-    """A value `marshal` cannot hold, kept as its codec bytes and decoded per hit."""
-
-    __slots__ = ()
-
-
 _ABSENT: Any = object()
 # Values handed out as they are: nothing a caller does can change them.
 _IMMUTABLE = frozenset({str, int, float, bool, type(None)})
@@ -121,6 +112,7 @@ class Store(Generic[K, V]):
         "_computes",
         "_epoch",
         "_json_keys",
+        "_json_values",
         "_limit",
         "_lru",
         "_memoized",
@@ -146,7 +138,7 @@ class Store(Generic[K, V]):
         self._limit = max_entries
         self._lru: OrderedDict[bytes, Any] | None = None if max_entries is None else OrderedDict()
         self._values: dict[bytes, Any] = {} if self._lru is None else self._lru
-        self._json_keys = type(codec) is JsonCodec
+        self._json_keys = self._json_values = type(codec) is JsonCodec
         self._undecodable: set[bytes] = set()
         self._reads: dict[bytes, _Flight] = {}
         self._computes: dict[bytes, _Flight] = {}
@@ -224,11 +216,11 @@ class Store(Generic[K, V]):
             self._lru.move_to_end(encoded)
         kind = type(held)
         if kind is bytes:
-            return marshal.loads(held)
+            if self._json_values:
+                return _scan_json(held.decode(), 0)[0]
+            return self._codec.decode_value(held)
         if kind is tuple:
             return held[0]
-        if kind is _Encoded:
-            return self._codec.decode_value(held)
         return held
 
     def get_nowait(self, key: K) -> V:
@@ -278,11 +270,11 @@ class Store(Generic[K, V]):
             self._lru.move_to_end(encoded)
         kind = type(held)
         if kind is bytes:
-            return marshal.loads(held)  # type: ignore[no-any-return]
+            if self._json_values:
+                return _scan_json(held.decode(), 0)[0]  # type: ignore[no-any-return]
+            return self._codec.decode_value(held)
         if kind is tuple:
             return held[0]  # type: ignore[no-any-return]
-        if kind is _Encoded:
-            return self._codec.decode_value(held)
         return held  # type: ignore[no-any-return]
 
     @overload
@@ -367,11 +359,11 @@ class Store(Generic[K, V]):
     def _unpack(self, held: Any) -> Any:
         kind = type(held)
         if kind is bytes:
-            return marshal.loads(held)
+            if self._json_values:
+                return _scan_json(held.decode(), 0)[0]
+            return self._codec.decode_value(held)
         if kind is tuple:
             return held[0]
-        if kind is _Encoded:
-            return self._codec.decode_value(held)
         return held
 
     def _pack(self, value: object, data: bytes) -> Any:
@@ -380,14 +372,11 @@ class Store(Generic[K, V]):
             return value
         if kind is bytes:
             return (value,)
-        try:
-            return marshal.dumps(value)  # type: ignore[arg-type]
-        except ValueError:
-            return _Encoded(data)
+        return data
 
     def _data_of(self, held: Any) -> bytes:
-        if type(held) is _Encoded:
-            return bytes(held)
+        if type(held) is bytes:
+            return held
         return self._codec.encode_value(self._unpack(held))
 
     def _keep(self, encoded: bytes, held: Any) -> None:
