@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import pytest
 from anyio import wait_all_tasks_blocked
 
@@ -168,6 +169,13 @@ async def test_get_nowait_answers_from_memory_or_says_it_would_block(
         store.get_nowait("late")
     assert await store.get("late") == [3]
     assert store.get_nowait("late") == [3]
+
+
+async def test_get_nowait_answers_on_another_thread(env: Environment) -> None:
+    store: Store[str, dict[str, int]] = await Store.open(env.storage(NS), max_entries=2)
+    await store.insert("k", {"block": 64})
+    found = await anyio.to_thread.run_sync(store.get_nowait, "k")
+    assert found == {"block": 64}
 
 
 async def test_waiters_of_one_run_each_get_their_own_copy(env: Environment) -> None:

@@ -228,12 +228,18 @@ class Store(Generic[K, V]):
 
         Raises `anyio.WouldBlock` when answering needs a storage read (then
         `await get(key)`). Safe to call from another thread than the store's
-        event loop: it only reads dicts.
+        event loop: it only looks up and reorders dicts, each step atomic under
+        the GIL.
         """
         encoded = self._encode_key(key)
         held = self._values.get(encoded, _ABSENT)
         if held is _ABSENT:
             raise anyio.WouldBlock
+        if self._lru is not None:
+            try:
+                self._lru.move_to_end(encoded)
+            except KeyError:
+                pass  # evicted by the event loop's thread just now: still a hit
         return self._unpack(held)  # type: ignore[no-any-return]
 
     async def insert(self, key: K, value: V) -> Insertion:
