@@ -111,8 +111,7 @@ class Store(Generic[K, V]):
         "_codec",
         "_computes",
         "_epoch",
-        "_json_keys",
-        "_json_values",
+        "_json",
         "_limit",
         "_lru",
         "_memoized",
@@ -138,7 +137,7 @@ class Store(Generic[K, V]):
         self._limit = max_entries
         self._lru: OrderedDict[bytes, Any] | None = None if max_entries is None else OrderedDict()
         self._values: dict[bytes, Any] = {} if self._lru is None else self._lru
-        self._json_keys = self._json_values = type(codec) is JsonCodec
+        self._json = type(codec) is JsonCodec
         self._undecodable: set[bytes] = set()
         self._reads: dict[bytes, _Flight] = {}
         self._computes: dict[bytes, _Flight] = {}
@@ -200,7 +199,7 @@ class Store(Generic[K, V]):
         from a miss.
         """
         # _encode_key, inlined for the common str key: this is the hit path.
-        if type(key) is str and self._json_keys:
+        if type(key) is str and self._json:
             try:
                 encoded = _encode_json_str(key).encode()  # type: ignore[arg-type]
             except UnicodeEncodeError:
@@ -216,7 +215,7 @@ class Store(Generic[K, V]):
             self._lru.move_to_end(encoded)
         kind = type(held)
         if kind is bytes:
-            if self._json_values:
+            if self._json:
                 return _scan_json(held.decode(), 0)[0]
             return self._codec.decode_value(held)
         if kind is tuple:
@@ -260,7 +259,7 @@ class Store(Generic[K, V]):
         If the storage already holds another value for the key (another
         process got there first), that value wins and is returned.
         """
-        if type(key) is str and self._json_keys:
+        if type(key) is str and self._json:
             try:
                 encoded = _encode_json_str(key).encode()  # type: ignore[arg-type]
             except UnicodeEncodeError:
@@ -269,14 +268,12 @@ class Store(Generic[K, V]):
             encoded = self._codec.encode_key(key)
         held = self._values.get(encoded, _ABSENT)
         if held is _ABSENT:
-            held = await self._share(
-                self._computes, encoded, functools.partial(self._fill, encoded, fn, args)
-            )
+            held = await self._compute(encoded, fn, args)
         elif self._lru is not None:
             self._lru.move_to_end(encoded)
         kind = type(held)
         if kind is bytes:
-            if self._json_values:
+            if self._json:
                 return _scan_json(held.decode(), 0)[0]  # type: ignore[no-any-return]
             return self._codec.decode_value(held)
         if kind is tuple:
@@ -325,10 +322,7 @@ class Store(Generic[K, V]):
                     encoded = canonical_arguments(bound.arguments, f"{name}()")
                 held = self._values.get(encoded, _ABSENT)
                 if held is _ABSENT:
-                    call = functools.partial(fn, *args, **kwargs)
-                    held = await self._share(
-                        self._computes, encoded, functools.partial(self._fill, encoded, call, ())
-                    )
+                    held = await self._compute(encoded, functools.partial(fn, *args, **kwargs), ())
                 elif self._lru is not None:
                     self._lru.move_to_end(encoded)
                 return self._unpack(held)  # type: ignore[no-any-return]
@@ -355,7 +349,7 @@ class Store(Generic[K, V]):
     # --- internals -------------------------------------------------------------
 
     def _encode_key(self, key: K) -> bytes:
-        if self._json_keys and type(key) is str:
+        if self._json and type(key) is str:
             try:
                 return _encode_json_str(key).encode("utf-8")  # type: ignore[arg-type]
             except UnicodeEncodeError:
@@ -365,7 +359,7 @@ class Store(Generic[K, V]):
     def _unpack(self, held: Any) -> Any:
         kind = type(held)
         if kind is bytes:
-            if self._json_values:
+            if self._json:
                 return _scan_json(held.decode(), 0)[0]
             return self._codec.decode_value(held)
         if kind is tuple:
@@ -429,6 +423,14 @@ class Store(Generic[K, V]):
             # An insert or purge here overtook the read: it is newer than what was read.
             return held
         return _ABSENT if data is None else self._remember(encoded, data)
+
+    async def _compute(
+        self, encoded: bytes, fn: Callable[[*Ts], Awaitable[V]], args: tuple[*Ts]
+    ) -> Any:
+        """The held value for a key not in memory: read through, else one shared run."""
+        return await self._share(
+            self._computes, encoded, functools.partial(self._fill, encoded, fn, args)
+        )
 
     async def _fill(
         self, encoded: bytes, fn: Callable[[*Ts], Awaitable[V]], args: tuple[*Ts]
