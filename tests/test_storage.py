@@ -8,7 +8,9 @@ import pytest
 
 from warmenv.persistence import (
     Conflict,
+    Failed,
     InsertSummary,
+    Namespace,
     NamespaceSummary,
     Origin,
     Purged,
@@ -140,3 +142,33 @@ async def test_summary_counts_entries_and_bytes(storage: Storage) -> None:
 
 async def test_describe_names_the_backend_and_namespace(storage: Storage) -> None:
     assert storage.namespace in storage.describe()
+
+
+@pytest.mark.parametrize("outcome", [Stored(), Conflict(b"x"), Failed("disk full")])
+def test_an_insert_outcome_is_never_read_as_a_bool(outcome: Stored | Conflict | Failed) -> None:
+    with pytest.raises(
+        TypeError, match=r"cannot be used as a bool; .*isinstance\(result, Stored\)"
+    ):
+        bool(outcome)
+
+
+async def test_a_failed_insert_cannot_pass_an_if(storage: Storage) -> None:
+    result = await storage.insert(b"k", b"v")
+    with pytest.raises(TypeError, match="isinstance"):
+        if result:
+            pass
+
+
+def test_a_namespace_takes_the_applications_version() -> None:
+    ns = Namespace("myapp", "kernels", "2.1")
+    assert str(ns) == "myapp/2.1/kernels"
+    assert Namespace("myapp", "kernels", version="2.1") == ns
+
+
+def test_a_namespace_without_a_version_is_refused() -> None:
+    with pytest.raises(TypeError, match="version"):
+        Namespace("myapp", "kernels")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"needs a version: pass your application's own"):
+        Namespace("myapp", "kernels", None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="non-empty version"):
+        Namespace("myapp", "kernels", "")

@@ -17,9 +17,10 @@ from warmenv.persistence.storage import (
     Storage,
     Stored,
 )
-from warmenv.persistence.store import CacheMode, Store
+from warmenv.persistence.store import MISSING, CacheMode, Missing, Store
 
 __all__ = [
+    "MISSING",
     "BytesCodec",
     "CacheMode",
     "Codec",
@@ -29,6 +30,7 @@ __all__ = [
     "Insertion",
     "JsonCodec",
     "MemoryStorage",
+    "Missing",
     "Namespace",
     "NamespaceSummary",
     "Origin",

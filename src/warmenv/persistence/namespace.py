@@ -3,8 +3,10 @@
 A namespace is the `/`-separated string `<name>/<version>/<path>`. The version
 segment is what keeps a new release of an application from reading entries
 an older one wrote in another shape; `preflight` reads it back to tell a
-user why a bundle would not hit. Prefix filters (import, export, purge)
-match whole segments, so `"kernels"` never matches `"kernels2/..."`.
+user why a bundle would not hit. It is the application's version and always
+given: warmenv never substitutes its own, because upgrading warmenv must not
+cold-start every application. Prefix filters (import, export, purge) match
+whole segments, so `"kernels"` never matches `"kernels2/..."`.
 """
 
 from __future__ import annotations
@@ -12,12 +14,6 @@ from __future__ import annotations
 import attrs
 
 __all__ = ["Namespace", "matches_prefix"]
-
-
-def _default_version() -> str:
-    from warmenv import __version__
-
-    return __version__
 
 
 def _check_segment(label: str, value: str, *, allow_slash: bool) -> None:
@@ -36,13 +32,19 @@ class Namespace:
     version: str
     full: str = attrs.field(eq=True)
 
-    def __init__(self, name: str, path: str = "", version: str | None = None) -> None:
+    def __init__(self, name: str, path: str, version: str) -> None:
+        if version is None:
+            raise TypeError(
+                f"Namespace({name!r}, {path!r}) needs a version: pass your application's"
+                f' own, e.g. Namespace({name!r}, {path!r}, version="1")'
+            )
         _check_segment("name", name, allow_slash=False)
         _check_segment("path", path, allow_slash=True)
+        _check_segment("version", version, allow_slash=False)
         if not name:
             raise ValueError("a namespace needs a non-empty name")
-        version = _default_version() if version is None else version
-        _check_segment("version", version, allow_slash=False)
+        if not version:
+            raise ValueError(f"namespace {name!r} needs a non-empty version (the application's)")
         full = "/".join(part for part in (name, version, path.strip("/")) if part)
         self.__attrs_init__(name=name, path=path.strip("/"), version=version, full=full)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
-from typing import Protocol, TypeAlias
+from typing import NoReturn, Protocol, TypeAlias
 
 import attrs
 
@@ -54,20 +54,36 @@ def may_replace(existing: int, incoming: int) -> bool:
     return incoming == Origin.LOCAL and existing == Origin.IMPORTED
 
 
+class _Outcome:
+    """An insert's outcome, which is never read as a truth value.
+
+    `if await store.insert(...)` would pass for a `Failed` write, so asking
+    raises and says what to ask instead (as trio's `Event.__bool__` does).
+    """
+
+    __slots__ = ()
+
+    def __bool__(self) -> NoReturn:
+        raise TypeError(
+            f"{type(self).__name__} cannot be used as a bool; test the outcome with"
+            " isinstance(result, Stored) (or Conflict, Failed)"
+        )
+
+
 @attrs.frozen
-class Stored:
+class Stored(_Outcome):
     """The value is now in the storage."""
 
 
 @attrs.frozen
-class Conflict:
+class Conflict(_Outcome):
     """The storage kept the value it already had (someone got there first)."""
 
     existing: bytes
 
 
 @attrs.frozen
-class Failed:
+class Failed(_Outcome):
     """Nothing was stored; `reason` says why (full disk, lock timeout, read-only file)."""
 
     reason: str

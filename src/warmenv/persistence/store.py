@@ -1,57 +1,148 @@
 """A typed map over one namespace's storage, with an in-process copy.
 
 The storage is the shared truth (other processes, imported bundles); the
-store keeps what it has seen in a dict so a hit costs a dict lookup, not a
-thread hop. `EAGER` loads the whole namespace at open and never reads the
-storage again, the mode for start-up caches small enough to hold; `LAZY`
-reads a key from storage the first time it is asked for. A value that no
-longer decodes (written by another version, or damaged) is a miss, and the
-next insert replaces it, so one bad row can never wedge an application.
+store keeps what it has seen in memory so a hit costs a dict lookup, not a
+thread hop. `EAGER` loads the whole namespace at open, the mode for start-up
+caches; `LAZY` reads each key the first time it is asked for. In both modes
+a key the store does not hold is looked up in the storage before it is
+reported missing, so a bundle imported while the application serves, or an
+entry another process computed, is found rather than recomputed.
+
+Each value is held once, in the form that lets every caller have its own
+copy: immutable values (`str`, `int`, `float`, `bool`, `None`, `bytes`) as
+they are, anything else as its encoded bytes (what the storage holds),
+decoded afresh on each hit. A caller that mutates what it got therefore
+never changes what the next caller gets. For JSON, bytes that already
+decoded once are decoded by the C scanner directly, skipping the checks
+`json.loads` makes for untrusted input.
+
+Concurrent askers of one missing key share one storage read and, in
+`get_or_compute`, one run of the computation and its outcome, value or
+exception. This is single flight within one store in one process; other
+processes each run their own computation, and the insert rules decide whose
+value the storage keeps.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable
-from typing import Any, Generic, TypeVar, final
+import functools
+import inspect
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
+from types import TracebackType
+from typing import (
+    Any,
+    Final,
+    Generic,
+    ParamSpec,
+    TypeVar,
+    TypeVarTuple,
+    final,
+    overload,
+)
 
-from warmenv.persistence.codec import Codec, JsonCodec
+import anyio
+import attrs
+
+from warmenv.persistence.codec import Codec, JsonCodec, canonical_arguments
+from warmenv.persistence.codec import _encode_str as _encode_json_str
+from warmenv.persistence.codec import _scan_canonical as _scan_json
 from warmenv.persistence.storage import Conflict, Failed, Insertion, Purged, Storage, Stored
-from warmenv.sync import OnceCell
 
-__all__ = ["CacheMode", "Store"]
+__all__ = ["MISSING", "CacheMode", "Missing", "Store"]
 
 K = TypeVar("K")
 V = TypeVar("V")
-
-# Key types whose Python equality matches their canonical encoding, so a
-# store can remember their encoded form instead of encoding on every hit.
-_MEMO_TYPES = (str, int, bytes)
+D = TypeVar("D")
+P = ParamSpec("P")
+Ts = TypeVarTuple("Ts")
 
 
 class CacheMode(enum.Enum):
     """When a `Store` reads its storage."""
 
     EAGER = "eager"
-    """Load the namespace at open; never read the storage again."""
+    """Load the namespace at open; keys not held are read through on demand."""
     LAZY = "lazy"
     """Read each key from storage on first access."""
+
+
+class Missing(enum.Enum):
+    """The type of `MISSING`, for `store.get(key, MISSING)`."""
+
+    MISSING = "MISSING"
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Final = Missing.MISSING
+"""A default for `Store.get` that no stored value can equal (a stored `None` can)."""
+
+
+# How a value is held (the hit path tells them apart by exact type):
+#   bytes      a mutable value as its codec bytes; each hit decodes a fresh copy
+#   tuple      a 1-tuple boxing a `bytes` value, which is immutable
+#   otherwise  an immutable value, handed out as it is
+# Plain bytes for the common case: a bytes subclass would carry a GC header.
+_ABSENT: Any = object()
+# Values handed out as they are: nothing a caller does can change them.
+_IMMUTABLE = frozenset({str, int, float, bool, type(None)})
+
+
+@attrs.define(eq=False)
+class _Flight:
+    """One shared run (a storage read, or a computation) for one key."""
+
+    done: anyio.Event = attrs.field(factory=anyio.Event)
+    outcome: Any = _ABSENT
+    error: Exception | None = None
+    traceback: TracebackType | None = None
+    abandoned: bool = False
+    """The starter was cancelled (or interrupted): a waiter starts a new run."""
 
 
 @final
 class Store(Generic[K, V]):
     """Typed keys to typed values over a `Storage`, with a local copy."""
 
-    __slots__ = ("_codec", "_inflight", "_keys", "_mode", "_storage", "_undecodable", "_values")
+    __slots__ = (
+        "_codec",
+        "_computes",
+        "_epoch",
+        "_json",
+        "_limit",
+        "_lru",
+        "_memoized",
+        "_mode",
+        "_reads",
+        "_storage",
+        "_undecodable",
+        "_values",
+    )
 
-    def __init__(self, storage: Storage, codec: Codec[K, V], mode: CacheMode) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        codec: Codec[K, V],
+        mode: CacheMode,
+        max_entries: int | None = None,
+    ) -> None:
+        if max_entries is not None and (type(max_entries) is not int or max_entries < 1):
+            raise ValueError(f"max_entries must be a positive int or None, got {max_entries!r}")
         self._storage = storage
         self._codec = codec
         self._mode = mode
-        self._values: dict[bytes, tuple[bytes, V]] = {}
-        self._keys: dict[tuple[type, Any], bytes] = {}
+        self._limit = max_entries
+        self._lru: OrderedDict[bytes, Any] | None = None if max_entries is None else OrderedDict()
+        self._values: dict[bytes, Any] = {} if self._lru is None else self._lru
+        self._json = type(codec) is JsonCodec
         self._undecodable: set[bytes] = set()
-        self._inflight: dict[bytes, OnceCell[V]] = {}
+        self._reads: dict[bytes, _Flight] = {}
+        self._computes: dict[bytes, _Flight] = {}
+        self._epoch = 0
+        self._memoized: str | None = None
 
     @classmethod
     async def open(
@@ -59,12 +150,20 @@ class Store(Generic[K, V]):
         storage: Storage,
         codec: Codec[K, V] | None = None,
         mode: CacheMode = CacheMode.EAGER,
+        *,
+        max_entries: int | None = None,
     ) -> Store[K, V]:
-        """A store over `storage`; in `EAGER` mode this loads the whole namespace."""
-        store: Store[K, V] = cls(storage, JsonCodec() if codec is None else codec, mode)
+        """A store over `storage`; in `EAGER` mode this loads the namespace.
+
+        `max_entries` bounds the values held in memory (least recently used
+        dropped first; they stay in the storage and are read back on demand).
+        An `EAGER` store with a bound loads the first `max_entries` in key order.
+        """
+        store: Store[K, V] = cls(
+            storage, JsonCodec() if codec is None else codec, mode, max_entries
+        )
         if mode is CacheMode.EAGER:
-            async for key, data in storage.scan():
-                store._remember(key, data)
+            await store._load()
         return store
 
     @property
@@ -77,98 +176,320 @@ class Store(Generic[K, V]):
         """When this store reads its storage."""
         return self._mode
 
+    @property
+    def max_entries(self) -> int | None:
+        """The most values held in memory, or `None` for no bound."""
+        return self._limit
+
     def __len__(self) -> int:
-        """Entries held in memory (in `LAZY` mode, those faulted in so far)."""
+        """Values held in memory (in `LAZY` mode, or with a bound, not all stored ones)."""
         return len(self._values)
 
-    async def get(self, key: K) -> V | None:
-        """The value for `key`, or `None` on a miss."""
+    # A hit returns without a checkpoint: it is a dict lookup, and yielding to
+    # the event loop would cost several times the answer. Misses always await.
+
+    @overload
+    async def get(self, key: K) -> V | None: ...
+    @overload
+    async def get(self, key: K, default: D) -> V | D: ...
+    async def get(self, key: K, default: Any = None) -> Any:
+        """The value for `key`, or `default` if neither memory nor the storage holds it.
+
+        A stored `None` is a value; pass `MISSING` as `default` to tell it apart
+        from a miss.
+        """
+        # _encode_key, inlined for the common str key: this is the hit path.
+        if type(key) is str and self._json:
+            try:
+                encoded = _encode_json_str(key).encode()  # type: ignore[arg-type]
+            except UnicodeEncodeError:
+                encoded = self._codec.encode_key(key)
+        else:
+            encoded = self._codec.encode_key(key)
+        held = self._values.get(encoded, _ABSENT)
+        if held is _ABSENT:
+            held = await self._read(encoded)
+            if held is _ABSENT:
+                return default
+        elif self._lru is not None:
+            self._lru.move_to_end(encoded)
+        kind = type(held)
+        if kind is bytes:
+            if self._json:
+                return _scan_json(held.decode(), 0)[0]
+            return self._codec.decode_value(held)
+        if kind is tuple:
+            return held[0]
+        return held
+
+    def get_nowait(self, key: K) -> V:
+        """The value for `key` if it is held in memory, without awaiting.
+
+        Raises `anyio.WouldBlock` when answering needs a storage read (then
+        `await get(key)`). Safe to call from another thread than the store's
+        event loop: it only looks up and reorders dicts, each step atomic under
+        the GIL.
+        """
         encoded = self._encode_key(key)
-        held = self._values.get(encoded)
-        if held is not None:
-            return held[1]
-        if self._mode is CacheMode.EAGER:
-            return None
-        data = await self._storage.get(encoded)
-        return None if data is None else self._remember(encoded, data)
+        held = self._values.get(encoded, _ABSENT)
+        if held is _ABSENT:
+            raise anyio.WouldBlock
+        if self._lru is not None:
+            try:
+                self._lru.move_to_end(encoded)
+            except KeyError:
+                pass  # evicted by the event loop's thread just now: still a hit
+        return self._unpack(held)  # type: ignore[no-any-return]
 
     async def insert(self, key: K, value: V) -> Insertion:
         """Store `value`; a value the store already holds does not reach the storage."""
         encoded = self._encode_key(key)
-        data = self._codec.encode_value(value)
-        held = self._values.get(encoded)
-        if held is not None and held[0] == data:
-            return Stored()
-        if encoded in self._undecodable:
-            result: Insertion = await self._storage.replace(encoded, data)
-        else:
-            result = await self._storage.insert(encoded, data)
-            if isinstance(result, Conflict) and self._remember(encoded, result.existing) is None:
-                result = await self._storage.replace(encoded, data)
-        if isinstance(result, Stored):
-            self._undecodable.discard(encoded)
-            self._values[encoded] = (data, value)
+        result, _ = await self._put(encoded, self._codec.encode_value(value), keep_failed=False)
         return result
 
-    async def get_or_compute(self, key: K, compute: Callable[[], Awaitable[V]]) -> V:
-        """The stored value, or `await compute()` run once for all concurrent askers.
+    async def get_or_compute(self, key: K, fn: Callable[[*Ts], Awaitable[V]], *args: *Ts) -> V:
+        """The stored value, or `await fn(*args)` run once for every concurrent asker.
 
+        Askers that arrive while a run is in progress wait for it and share its
+        outcome: its value, or the exception it raised (the next call then
+        starts a new run). A waiter that is cancelled stops waiting and the run
+        goes on. If the task running `fn` is cancelled, the run is abandoned and
+        one of the waiters starts a new one with its own `fn(*args)`, so no
+        waiter is left without an answer or handed a cancellation not its own.
         If the storage already holds another value for the key (another
         process got there first), that value wins and is returned.
         """
-        found = await self.get(key)
-        if found is not None:
-            return found
-        encoded = self._encode_key(key)
-        cell = self._inflight.get(encoded)
-        if cell is None:
-            cell = self._inflight[encoded] = OnceCell()
+        if type(key) is str and self._json:
+            try:
+                encoded = _encode_json_str(key).encode()  # type: ignore[arg-type]
+            except UnicodeEncodeError:
+                encoded = self._codec.encode_key(key)
+        else:
+            encoded = self._codec.encode_key(key)
+        held = self._values.get(encoded, _ABSENT)
+        if held is _ABSENT:
+            held = await self._compute(encoded, fn, args)
+        elif self._lru is not None:
+            self._lru.move_to_end(encoded)
+        kind = type(held)
+        if kind is bytes:
+            if self._json:
+                return _scan_json(held.decode(), 0)[0]  # type: ignore[no-any-return]
+            return self._codec.decode_value(held)
+        if kind is tuple:
+            return held[0]  # type: ignore[no-any-return]
+        return held  # type: ignore[no-any-return]
 
-        async def fill() -> V:
-            value = await compute()
-            result = await self.insert(key, value)
-            if isinstance(result, Conflict):
-                return self._values[encoded][1]
-            if isinstance(result, Failed):
-                # Keep serving it from memory: the storage is a cache.
-                self._values[encoded] = (self._codec.encode_value(value), value)
-            return value
+    @overload
+    def memoize(
+        self, fn: Callable[P, Coroutine[Any, Any, V]], /
+    ) -> Callable[P, Coroutine[Any, Any, V]]: ...
+    @overload
+    def memoize(
+        self, *, key: Callable[P, K]
+    ) -> Callable[[Callable[P, Coroutine[Any, Any, V]]], Callable[P, Coroutine[Any, Any, V]]]: ...
+    def memoize(self, fn: Any = None, *, key: Any = None) -> Any:
+        """Decorate an async function so its calls go through `get_or_compute`.
 
-        try:
-            return await cell.get_or_init(fill)
-        finally:
-            if cell.is_set() and self._inflight.get(encoded) is cell:
-                del self._inflight[encoded]
+        The key is the JSON list of the call's arguments, defaults applied (so
+        `f(1)` and `f(1, b=2)` with default `b=2` share an entry, and
+        `store.get([1, 2])` reads it), or `key(*args, **kwargs)` encoded by the
+        store's codec. Without `key`, a store memoizes one function: a second
+        one would share its keys.
+        """
+
+        def decorate(
+            fn: Callable[..., Coroutine[Any, Any, V]],
+        ) -> Callable[..., Coroutine[Any, Any, V]]:
+            name = getattr(fn, "__qualname__", repr(fn))
+            signature = None
+            if key is None:
+                if self._memoized not in (None, name):
+                    raise ValueError(
+                        f"{self._storage.describe()} already memoizes {self._memoized}();"
+                        f" give {name}() its own namespace, or pass key= to tell their keys apart"
+                    )
+                self._memoized = name
+                signature = inspect.signature(fn)
+
+            @functools.wraps(fn)
+            async def memoized(*args: Any, **kwargs: Any) -> V:
+                if signature is None:
+                    encoded = self._encode_key(key(*args, **kwargs))
+                else:
+                    bound = signature.bind(*args, **kwargs)
+                    bound.apply_defaults()
+                    encoded = canonical_arguments(bound.arguments, f"{name}()")
+                held = self._values.get(encoded, _ABSENT)
+                if held is _ABSENT:
+                    held = await self._compute(encoded, functools.partial(fn, *args, **kwargs), ())
+                elif self._lru is not None:
+                    self._lru.move_to_end(encoded)
+                return self._unpack(held)  # type: ignore[no-any-return]
+
+            return memoized
+
+        return decorate if fn is None else decorate(fn)
 
     async def purge_key(self, key: K) -> Purged | Failed:
         """Forget one key here and delete it from the storage."""
         encoded = self._encode_key(key)
+        self._epoch += 1
         self._values.pop(encoded, None)
         self._undecodable.discard(encoded)
         return await self._storage.purge_key(encoded)
 
     async def purge(self) -> Purged | Failed:
         """Forget everything here and delete the namespace from the storage."""
+        self._epoch += 1
         self._values.clear()
         self._undecodable.clear()
         return await self._storage.purge()
 
+    # --- internals -------------------------------------------------------------
+
     def _encode_key(self, key: K) -> bytes:
-        if type(key) in _MEMO_TYPES:
-            memo = (type(key), key)
-            encoded = self._keys.get(memo)
-            if encoded is None:
-                encoded = self._keys[memo] = self._codec.encode_key(key)
-            return encoded
+        if self._json and type(key) is str:
+            try:
+                return _encode_json_str(key).encode("utf-8")  # type: ignore[arg-type]
+            except UnicodeEncodeError:
+                pass  # the codec says where and why
         return self._codec.encode_key(key)
 
-    def _remember(self, encoded: bytes, data: bytes) -> V | None:
+    def _unpack(self, held: Any) -> Any:
+        kind = type(held)
+        if kind is bytes:
+            if self._json:
+                return _scan_json(held.decode(), 0)[0]
+            return self._codec.decode_value(held)
+        if kind is tuple:
+            return held[0]
+        return held
+
+    def _pack(self, value: object, data: bytes) -> Any:
+        kind = type(value)
+        if kind in _IMMUTABLE:
+            return value
+        if kind is bytes:
+            return (value,)
+        return data
+
+    def _data_of(self, held: Any) -> bytes:
+        if type(held) is bytes:
+            return held
+        return self._codec.encode_value(self._unpack(held))
+
+    def _keep(self, encoded: bytes, held: Any) -> None:
+        self._undecodable.discard(encoded)
+        self._values[encoded] = held
+        lru = self._lru
+        if lru is not None:
+            lru.move_to_end(encoded)
+            while len(lru) > self._limit:  # type: ignore[operator]
+                lru.popitem(last=False)
+
+    def _remember(self, encoded: bytes, data: bytes) -> Any:
+        """Hold the value `data` decodes to; `_ABSENT` (and noted) if it does not."""
         try:
             value = self._codec.decode_value(data)
         except ValueError:
             self._undecodable.add(encoded)
             self._values.pop(encoded, None)
-            return None
-        self._undecodable.discard(encoded)
-        self._values[encoded] = (data, value)
-        return value
+            return _ABSENT
+        held = self._pack(value, data)
+        self._keep(encoded, held)
+        return held
+
+    async def _load(self) -> None:
+        rows = self._storage.scan()
+        try:
+            async for encoded, data in rows:
+                self._remember(encoded, data)
+                if self._limit is not None and len(self._values) >= self._limit:
+                    break
+        finally:
+            if isinstance(rows, AsyncGenerator):
+                await rows.aclose()
+
+    async def _read(self, encoded: bytes) -> Any:
+        """Read one key through to the storage, sharing the read with concurrent askers."""
+        return await self._share(self._reads, encoded, functools.partial(self._fetch, encoded))
+
+    async def _fetch(self, encoded: bytes) -> Any:
+        epoch = self._epoch
+        data = await self._storage.get(encoded)
+        held = self._values.get(encoded, _ABSENT)
+        if held is not _ABSENT or epoch != self._epoch:
+            # An insert or purge here overtook the read: it is newer than what was read.
+            return held
+        return _ABSENT if data is None else self._remember(encoded, data)
+
+    async def _compute(
+        self, encoded: bytes, fn: Callable[[*Ts], Awaitable[V]], args: tuple[*Ts]
+    ) -> Any:
+        """The held value for a key not in memory: read through, else one shared run."""
+        return await self._share(
+            self._computes, encoded, functools.partial(self._fill, encoded, fn, args)
+        )
+
+    async def _fill(
+        self, encoded: bytes, fn: Callable[[*Ts], Awaitable[V]], args: tuple[*Ts]
+    ) -> Any:
+        held = await self._read(encoded)
+        if held is not _ABSENT:
+            return held
+        data = self._codec.encode_value(await fn(*args))
+        _, held = await self._put(encoded, data, keep_failed=True)
+        return held
+
+    async def _put(
+        self, encoded: bytes, data: bytes, *, keep_failed: bool
+    ) -> tuple[Insertion, Any]:
+        """Insert `data`, returning the outcome and what this store now holds for the key."""
+        held = self._values.get(encoded, _ABSENT)
+        if held is not _ABSENT and self._data_of(held) == data:
+            return Stored(), held
+        if encoded in self._undecodable:
+            result: Insertion = await self._storage.replace(encoded, data)
+        else:
+            result = await self._storage.insert(encoded, data)
+            if isinstance(result, Conflict):
+                existing = self._remember(encoded, result.existing)
+                if existing is not _ABSENT:
+                    return result, existing
+                result = await self._storage.replace(encoded, data)
+        held = self._pack(self._codec.decode_value(data), data)
+        if isinstance(result, Stored) or keep_failed:
+            # After a failed write the value is still served from memory: the
+            # storage is a cache, and recomputing would not make it writable.
+            self._keep(encoded, held)
+        return result, held
+
+    async def _share(
+        self, flights: dict[bytes, _Flight], encoded: bytes, run: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        """`await run()` once for every concurrent caller with this key; all share its outcome."""
+        while True:
+            flight = flights.get(encoded)
+            if flight is None:
+                flight = flights[encoded] = _Flight()
+                try:
+                    flight.outcome = await run()
+                except Exception as exc:
+                    flight.error, flight.traceback = exc, exc.__traceback__
+                    raise
+                except BaseException:
+                    # Cancellation is the starter's, not an outcome to share.
+                    flight.abandoned = True
+                    raise
+                finally:
+                    if flights.get(encoded) is flight:
+                        del flights[encoded]
+                    flight.done.set()
+                return flight.outcome
+            await flight.done.wait()
+            if flight.abandoned:
+                continue
+            if flight.error is not None:
+                raise flight.error.with_traceback(flight.traceback)
+            return flight.outcome

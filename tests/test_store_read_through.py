@@ -1,0 +1,203 @@
+"""Both modes read through on a miss: entries that arrive after a store opened are found."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+
+import anyio
+import pytest
+from anyio import wait_all_tasks_blocked
+
+from conftest import KERNELS
+from helpers import run_python
+from warmenv import BytesCodec, CacheMode, Environment, Namespace, Store, open_environment
+from warmenv.bundle import import_bundle
+from warmenv.persistence import (
+    Failed,
+    Insertion,
+    InsertSummary,
+    NamespaceSummary,
+    Origin,
+    Purged,
+    Storage,
+    Stored,
+)
+from warmenv.persistence.storage import DEFAULT_SCAN_BATCH, InsertItems
+
+pytestmark = pytest.mark.anyio
+
+NS = Namespace("app", "tuned", version="1")
+
+
+class GatedStorage:
+    """A real storage that counts its reads and can hold them at a gate.
+
+    The gate lets a test gather every concurrent asker before the first
+    read completes, without sleeping.
+    """
+
+    def __init__(self, inner: Storage) -> None:
+        self.inner = inner
+        self.gets = 0
+        self.gate: anyio.Event | None = None
+        self.arrived = anyio.Event()
+
+    @property
+    def namespace(self) -> str:
+        return self.inner.namespace
+
+    async def get(self, key: bytes) -> bytes | None:
+        self.gets += 1
+        found = await self.inner.get(key)
+        self.arrived.set()
+        if self.gate is not None:
+            await self.gate.wait()  # the read is done; its answer is held back
+        return found
+
+    async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
+        return await self.inner.get_many(keys)
+
+    async def insert(self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL) -> Insertion:
+        return await self.inner.insert(key, value, origin)
+
+    async def insert_many(self, items: InsertItems, origin: Origin = Origin.LOCAL) -> InsertSummary:
+        return await self.inner.insert_many(items, origin)
+
+    async def replace(
+        self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL
+    ) -> Stored | Failed:
+        return await self.inner.replace(key, value, origin)
+
+    def scan(self, batch_size: int = DEFAULT_SCAN_BATCH) -> AsyncIterator[tuple[bytes, bytes]]:
+        return self.inner.scan(batch_size)
+
+    async def purge(self) -> Purged | Failed:
+        return await self.inner.purge()
+
+    async def purge_key(self, key: bytes) -> Purged | Failed:
+        return await self.inner.purge_key(key)
+
+    async def summary(self) -> NamespaceSummary:
+        return await self.inner.summary()
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+
+@pytest.mark.parametrize("mode", list(CacheMode))
+async def test_a_store_finds_an_entry_written_after_it_opened(
+    env: Environment, mode: CacheMode
+) -> None:
+    store: Store[str, dict[str, int]] = await env.store(NS, mode=mode)
+    assert await store.get("k") is None
+    await env.storage(NS).insert(b'"k"', b'{"block":64}')
+    assert await store.get("k") == {"block": 64}
+
+
+async def test_an_eager_store_finds_an_entry_another_process_wrote_after_it_opened(
+    root: Path,
+) -> None:
+    async with open_environment("shared", root=root) as env:
+        store: Store[str, int] = await env.store(NS, mode=CacheMode.EAGER)
+        assert await store.get("from-elsewhere") is None
+        child = run_python(
+            "import sys, anyio\n"
+            "from warmenv import Namespace, open_environment\n"
+            "async def main():\n"
+            "    async with open_environment('shared', root=sys.argv[1]) as env:\n"
+            "        ns = Namespace('app', 'tuned', version='1')\n"
+            "        store = await env.store(ns)\n"
+            "        print(await store.insert('from-elsewhere', 42))\n"
+            "anyio.run(main)\n",
+            str(root),
+        )
+        assert child.returncode == 0, child.stderr
+        assert await store.get("from-elsewhere") == 42
+
+
+async def test_an_eager_store_finds_a_bundle_imported_while_it_serves(
+    bundle_path: Path, cold_env: Environment
+) -> None:
+    store: Store[bytes, bytes] = await cold_env.store(KERNELS, codec=BytesCodec())
+    assert len(store) == 0
+    assert await store.get(b"k007") is None
+    await import_bundle(bundle_path, cold_env)
+    assert await store.get(b"k007") == b"kernel-7"
+
+    computed: list[bytes] = []
+
+    async def compute(key: bytes) -> bytes:
+        computed.append(key)
+        return b"recomputed"
+
+    assert await store.get_or_compute(b"k008", compute, b"k008") == b"kernel-8"
+    assert computed == []
+
+
+async def test_concurrent_reads_of_one_key_share_one_storage_read(env: Environment) -> None:
+    gated = GatedStorage(env.storage(NS))
+    await gated.insert(b'"k"', b"5")
+    store: Store[str, int] = await Store.open(gated, mode=CacheMode.LAZY)
+    gated.gate = anyio.Event()
+    results: list[int | None] = []
+
+    async def ask() -> None:
+        results.append(await store.get("k"))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(10):
+            tg.start_soon(ask)
+        await wait_all_tasks_blocked()
+        gated.gate.set()
+    assert gated.gets == 1
+    assert results == [5] * 10
+
+
+async def test_concurrent_gets_of_a_missing_key_share_one_read_and_all_miss(
+    env: Environment,
+) -> None:
+    gated = GatedStorage(env.storage(NS))
+    store: Store[str, int] = await Store.open(gated, mode=CacheMode.EAGER)
+    gated.gate = anyio.Event()
+    results: list[int | None] = []
+
+    async def ask() -> None:
+        results.append(await store.get("nowhere"))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(10):
+            tg.start_soon(ask)
+        await wait_all_tasks_blocked()
+        gated.gate.set()
+    assert gated.gets == 1
+    assert results == [None] * 10
+
+
+async def test_a_hit_does_not_read_the_storage(env: Environment) -> None:
+    gated = GatedStorage(env.storage(NS))
+    await gated.insert(b'"k"', b"5")
+    store: Store[str, int] = await Store.open(gated, mode=CacheMode.EAGER)
+    for _ in range(3):
+        assert await store.get("k") == 5
+        assert await store.get_or_compute("k", _never) == 5
+    assert gated.gets == 0
+
+
+async def test_a_purge_during_a_read_is_not_undone_by_the_read(env: Environment) -> None:
+    gated = GatedStorage(env.storage(NS))
+    await gated.insert(b'"k"', b"5")
+    store: Store[str, int] = await Store.open(gated, mode=CacheMode.LAZY)
+    gated.gate = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(store.get, "k")
+        await gated.arrived.wait()  # the read has read 5 and waits at the gate
+        assert await store.purge_key("k") == Purged(1)
+        gated.gate.set()
+    gated.gate = None
+    assert len(store) == 0
+    assert await store.get("k") is None
+
+
+async def _never() -> int:
+    raise AssertionError("a hit must not compute")
