@@ -81,9 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = _parse(arguments)
             out.subject = getattr(args, "out", None) or getattr(args, "bundle", None)
             backend, options = _backend()
-            return int(
-                anyio.run(_supervised, args, out, backend=backend, backend_options=options)
-            )
+            return int(anyio.run(_supervised, args, out, backend=backend, backend_options=options))
         except SystemExit:  # --help, --version
             raise
         except BaseException as exc:  # every way out becomes one line and a status
@@ -178,9 +176,7 @@ async def _supervised(args: argparse.Namespace, out: Output) -> int:
     return int(status)
 
 
-async def _watch(
-    signals: Any, work: anyio.CancelScope, stopped: list[int], out: Output
-) -> None:
+async def _watch(signals: Any, work: anyio.CancelScope, stopped: list[int], out: Output) -> None:
     async for signum in signals:
         if stopped:  # a second signal: the user means now
             _exit_now(stopped[0], out, "stopped again")
@@ -247,4 +243,3 @@ def entry_point() -> None:  # pragma: no cover - the console script
         # the interpreter would wait for it at exit, and the user would not.
         os._exit(status)
     sys.exit(status)
-

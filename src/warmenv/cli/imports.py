@@ -18,6 +18,7 @@ import anyio
 import anyio.to_thread
 import attrs
 
+from warmenv._errors import WarmenvError
 from warmenv.bundle import ImportReport, importing, open_bundle
 from warmenv.bundle.base import Bundle
 from warmenv.cli._common import (
@@ -32,7 +33,6 @@ from warmenv.cli._common import (
     namespace_prefixes,
     size,
 )
-from warmenv._errors import WarmenvError
 from warmenv.environment import Environment, active
 
 
@@ -128,25 +128,24 @@ async def _not_there_yet(args: argparse.Namespace) -> _Made:
         except WarmenvError:
             return _Made()  # the open says what is wrong
         name, root = name or default_name, root or default_root
-    root = Path(root).expanduser()
+    return await anyio.to_thread.run_sync(_missing, Path(root), f"{name}.db")
 
-    def missing() -> _Made:
-        directories: list[Path] = []
-        directory = root
-        while not directory.exists() and directory != directory.parent:
-            directories.insert(0, directory)
-            directory = directory.parent
-        database = root / f"{name}.db"
-        return _Made(tuple(directories), None if database.exists() else database)
 
-    return await anyio.to_thread.run_sync(missing)
+def _missing(root: Path, file_name: str) -> _Made:
+    directories: list[Path] = []
+    directory = root = root.expanduser()
+    while not directory.exists() and directory != directory.parent:
+        directories.insert(0, directory)
+        directory = directory.parent
+    database = root / file_name
+    return _Made(tuple(directories), None if database.exists() else database)
 
 
 def _remove(made: _Made) -> None:
     """Remove what the import created, if it is still there and empty."""
     if made.database is not None:
         for companion in ("", "-wal", "-shm", "-journal"):
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 made.database.with_name(made.database.name + companion).unlink()
     for directory in reversed(made.directories):
         with contextlib.suppress(OSError):  # not empty: someone else uses it now
