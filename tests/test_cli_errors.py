@@ -373,3 +373,26 @@ def test_check_of_a_sound_bundle_says_its_digest_matches(bundle: Path, tmp_path:
     assert completed.returncode == 0, completed.stderr
     assert "can hit" in completed.stdout
     assert f"its content matches its digest ({TOTAL} entries)" in completed.stdout
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+
+    async def fill() -> None:
+        async with open_environment("many", root=root) as env:
+            for i in range(3000):  # a table far larger than a pipe holds
+                await env.storage(f"app/1/namespace-{i:05d}").insert(b"k", b"v")
+
+    anyio.run(fill)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "warmenv", "ls", "--env", "many", "--root", str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout.readline().startswith(b"environments in")
+    process.stdout.close()  # `| head -1`
+    err = process.stderr.read()
+    process.stderr.close()
+    assert process.wait(timeout=60) == 1
+    assert err == b""

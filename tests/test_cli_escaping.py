@@ -103,9 +103,9 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Hostile:
             conn.close()
         bundles[form] = target
     tampered = base / "tampered\x1b[2J.bundle"
-    blob = bytearray(bundles["flat"].read_bytes())
-    blob[-1] ^= 0xFF  # the last value byte: the structure stays valid, the digest does not
-    tampered.write_bytes(bytes(blob))
+    damaged = bytearray(bundles["flat"].read_bytes())
+    damaged[-1] ^= 0xFF  # the last value byte: the structure stays valid, the digest does not
+    tampered.write_bytes(bytes(damaged))
     return Hostile(root, bundles, tampered)
 
 
@@ -151,20 +151,25 @@ COMMANDS: dict[str, Command] = {
         str(shutil.copytree(h.root, tmp / "copy")),
     ],
 }
-for _form in ("sqlite", "flat"):
-    COMMANDS |= {
-        f"inspect-{_form}": lambda h, tmp, f=_form: ["inspect", str(h.bundles[f])],
-        f"verify-{_form}": lambda h, tmp, f=_form: ["verify", str(h.bundles[f])],
-        f"check-{_form}": lambda h, tmp, f=_form: ["check", str(h.bundles[f]), "--version", "2"],
-        f"import-{_form}": lambda h, tmp, f=_form: [
+
+
+def _bundle_commands(form: str) -> dict[str, Command]:
+    return {
+        f"inspect-{form}": lambda h, tmp: ["inspect", str(h.bundles[form])],
+        f"verify-{form}": lambda h, tmp: ["verify", str(h.bundles[form])],
+        f"check-{form}": lambda h, tmp: ["check", str(h.bundles[form]), "--version", "2"],
+        f"import-{form}": lambda h, tmp: [
             "import",
-            str(h.bundles[f]),
+            str(h.bundles[form]),
             "--env",
             "fresh",
             "--root",
             str(tmp / "fresh"),
         ],
     }
+
+
+COMMANDS |= _bundle_commands("sqlite") | _bundle_commands("flat")
 # Commands that fail: their one error line names a hostile file or value.
 FAILING: dict[str, Command] = {
     "verify-tampered": lambda h, tmp: ["verify", str(h.tampered)],

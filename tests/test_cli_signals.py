@@ -174,7 +174,7 @@ def test_ctrl_c_ends_a_command_blocked_on_a_file_without_a_second_ctrl_c(
         started = time.monotonic()
         for _ in range(presses):
             process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=60)
+        _, err = process.communicate(timeout=60)
         took = time.monotonic() - started
     finally:
         os.close(writer)

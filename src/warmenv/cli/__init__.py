@@ -136,9 +136,10 @@ def _fail(out: Output, exc: BaseException, debug: bool) -> int:
         )
     if debug and status not in (0, 2):
         traceback.print_exception(exc)
-    if isinstance(leaf, BrokenPipeError):  # stdout went away (`warmenv ls | head`)
+    if isinstance(leaf, BrokenPipeError) and leaf.filename is None:
+        # Whoever read stdout has had enough (`warmenv ls | head`): nothing to say.
         _silence_stdout()
-        out.json = False
+        return 1
     out.fail(message, status, document)
     return status
 
@@ -154,21 +155,30 @@ def _leaf(exc: BaseException) -> BaseException:
 
 async def _supervised(args: argparse.Namespace, out: Output) -> int:
     """Run the command; the first stop signal cancels it, as Ctrl-C would."""
+    if threading.current_thread() is not threading.main_thread():
+        # Signal handlers belong to the main thread; called from any other,
+        # the command runs without them (stopping it is the caller's business).
+        return int(await args.run(args, out))
     stopped: list[int] = []
+    deadline: list[threading.Timer] = []
     failure: list[BaseException] = []
     status = 1
     work = anyio.CancelScope()
-    with anyio.open_signal_receiver(*_STOP_SIGNALS) as signals:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_watch, signals, work, stopped, out)
-            with work:
-                try:
-                    status = await args.run(args, out)
-                except anyio.get_cancelled_exc_class():
-                    raise
-                except BaseException as exc:  # raised after the watcher is stopped
-                    failure.append(exc)
-            tg.cancel_scope.cancel()
+    try:
+        with anyio.open_signal_receiver(*_STOP_SIGNALS) as signals:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_watch, signals, work, stopped, deadline, out)
+                with work:
+                    try:
+                        status = await args.run(args, out)
+                    except anyio.get_cancelled_exc_class():
+                        raise
+                    except BaseException as exc:  # raised once the watcher is stopped
+                        failure.append(exc)
+                tg.cancel_scope.cancel()
+    finally:
+        for timer in deadline:  # it stopped in time: no forced exit later
+            timer.cancel()
     if stopped and (work.cancelled_caught or failure):
         raise Stopped(stopped[0])
     if failure:
@@ -176,7 +186,13 @@ async def _supervised(args: argparse.Namespace, out: Output) -> int:
     return int(status)
 
 
-async def _watch(signals: Any, work: anyio.CancelScope, stopped: list[int], out: Output) -> None:
+async def _watch(
+    signals: Any,
+    work: anyio.CancelScope,
+    stopped: list[int],
+    deadline: list[threading.Timer],
+    out: Output,
+) -> None:
     async for signum in signals:
         if stopped:  # a second signal: the user means now
             _exit_now(stopped[0], out, "stopped again")
@@ -189,6 +205,7 @@ async def _watch(signals: Any, work: anyio.CancelScope, stopped: list[int], out:
         )
         timer.daemon = True
         timer.start()
+        deadline.append(timer)
 
 
 def _exit_now(signum: int, out: Output, why: str) -> None:
@@ -207,6 +224,9 @@ def _signals_before_the_loop() -> Iterator[None]:
         raise Stopped(signum)
 
     previous = {}
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     for signum in _STOP_SIGNALS:
         if signum != signal.SIGINT:  # Python's own handler raises KeyboardInterrupt
             previous[signum] = signal.signal(signum, stop)

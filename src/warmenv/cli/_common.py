@@ -196,7 +196,7 @@ def describe_error(exc: BaseException, subject: object = None) -> str:
         hint = _SQLITE_HINTS.get(name) or _SQLITE_HINTS.get("_".join(primary[:2]))
         return f"{where}{exc}" + (f" ({hint})" if hint else "")
     if isinstance(exc, UnicodeError):
-        return f"{where}text that is not valid UTF-8 ({exc.reason})"
+        return f"{where}text that is not valid UTF-8 ({exc})"
     return str(exc) or type(exc).__name__
 
 

@@ -46,7 +46,7 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
 
 async def run(args: argparse.Namespace, out: Output) -> int:
     name = text_argument(args.name, "--name")
-    if not name.strip():
+    if not name:
         raise UsageError('--name must not be empty: name the bundle, e.g. --name "H100 Linux"')
     prefixes = namespace_prefixes(args)
     out.when_interrupted = f"no bundle was written, and {args.out} is as it was"

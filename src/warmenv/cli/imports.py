@@ -77,7 +77,8 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     )
     if report.failed:
         raise Failure(
-            f"{report.failed:,} entries could not be stored in {target}; see the warnings above",
+            f"{report.failed:,} entries could not be stored in {target}; run the import "
+            "again once the cause (above, or a full disk) is fixed",
             as_json(report),
         )
     out.result(as_json(report))
