@@ -27,9 +27,10 @@ from warmenv import open_environment
 from warmenv.bundle import export_bundle
 
 CONTROLS = [chr(c) for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)]]
-PAYLOAD = "\x1b[2J\x1b]0;pwned\x07\x9b31mFAKE\r\n- bundle 'x' can hit: ok"
+PAYLOAD = "\x1b[2J\x1b]0;pwned\x07\x9b31m[bold red]FAKE[/] :warning:\r\n- bundle 'x' can hit: ok"
 NAME = "evil " + "".join(CONTROLS) + PAYLOAD
-ESCAPED_PAYLOAD = "\\x1b[2J\\x1b]0;pwned\\x07\\x9b31mFAKE\\r\\n- bundle"
+# Escaped, and literal: rich markup and emoji codes are not interpreted either.
+ESCAPED_PAYLOAD = "\\x1b[2J\\x1b]0;pwned\\x07\\x9b31m[bold red]FAKE[/] :warning:\\r\\n- bundle"
 UNSAFE = {"Cc", "Cf", "Cs", "Zl", "Zp"}
 # What rich itself writes to a terminal: CSI sequences (colour, cursor, erase),
 # a redrawn progress line starting with a carriage return.

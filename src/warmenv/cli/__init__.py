@@ -258,8 +258,9 @@ def entry_point() -> None:  # pragma: no cover - the console script
     status = main()
     _flush()
     main_thread = threading.main_thread()
-    if any(t is not main_thread and t.is_alive() and not t.daemon for t in threading.enumerate()):
-        # A worker thread is still blocked (on a file that never answers):
-        # the interpreter would wait for it at exit, and the user would not.
+    if any(t is not main_thread and t.is_alive() for t in threading.enumerate()):
+        # A thread is still blocked (reading an abandoned prompt, or a file
+        # that never answers): the interpreter would wait for it at exit, or
+        # abort on the lock it holds, and the user would not want either.
         os._exit(status)
     sys.exit(status)
