@@ -22,15 +22,68 @@ from warmenv import open_environment
 TOTAL = sum(len(items) for items in sample_entries().values())
 
 
-def warmenv(*args: str, root: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "warmenv", *args, "--root", str(root)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        input=stdin,
-        env={**os.environ, "COLUMNS": "120"},
+def warmenv(
+    *args: str | bytes,
+    root: Path | None,
+    stdin: str | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run `python -m warmenv ARGS --root ROOT` as a user would, output captured as text."""
+    completed = run_raw(*args, *(["--root", str(root)] if root is not None else []), env=env)
+    return subprocess.CompletedProcess(
+        completed.args,
+        completed.returncode,
+        completed.stdout.decode("utf-8"),
+        completed.stderr.decode("utf-8"),
     )
+
+
+def run_raw(
+    *args: str | bytes, env: dict[str, str] | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """Run `python -m warmenv ARGS` with its output as the bytes it wrote."""
+    return subprocess.run(
+        [sys.executable, "-m", "warmenv", *args],
+        capture_output=True,
+        timeout=120,
+        input=None if stdin is None else stdin.encode(),
+        env={**os.environ, "COLUMNS": "120", **(env or {})},
+    )
+
+
+def terminal(
+    *args: str, keys: tuple[tuple[bytes, bytes], ...] = (), env: dict[str, str] | None = None
+) -> tuple[int, bytes]:
+    """Run `python -m warmenv ARGS` on a pseudo-terminal: its exit status and every byte shown.
+
+    `keys` are (prompt, typed) pairs: once `prompt` has appeared, `typed` is
+    written to the terminal as a user would type it (b"\x03" is Ctrl-C).
+    """
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a terminal user running the command
+        os.environ.update(COLUMNS="400", LINES="50", TERM="xterm-256color", **(env or {}))
+        os.execv(sys.executable, [sys.executable, "-m", "warmenv", *args])
+    output = b""
+    pending = list(keys)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 1.0)
+        if not ready:
+            continue
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # the terminal closes when the child exits
+            break
+        if not chunk:
+            break
+        output += chunk
+        if pending and pending[0][0] in output:
+            os.write(fd, pending.pop(0)[1])
+    else:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return os.waitstatus_to_exitcode(status), output
 
 
 def as_json(completed: subprocess.CompletedProcess[str]) -> Any:
@@ -267,39 +320,9 @@ def test_an_existing_foreign_file_is_not_overwritten(warm_root: Path, tmp_path: 
 
 
 def test_import_in_a_terminal_draws_a_progress_bar(bundle: Path, tmp_path: Path) -> None:
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: a terminal user running the command
-        os.environ.update(COLUMNS="100", TERM="xterm-256color")
-        os.execv(
-            sys.executable,
-            [
-                sys.executable,
-                "-m",
-                "warmenv",
-                "import",
-                str(bundle),
-                "--env",
-                "tty",
-                "--root",
-                str(tmp_path / "tty"),
-            ],
-        )
-    output = b""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 1.0)
-        if not ready:
-            continue
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:  # the terminal closes when the child exits
-            break
-        if not chunk:
-            break
-        output += chunk
-    _, status = os.waitpid(pid, 0)
+    status, output = terminal("import", str(bundle), "--env", "tty", "--root", str(tmp_path / "t"))
     text = output.decode("utf-8", "replace")
-    assert os.waitstatus_to_exitcode(status) == 0, text
+    assert status == 0, text
     assert "━" in text  # rich's bar
     assert f"{TOTAL}/{TOTAL}" in text
     assert f"imported {TOTAL} entries" in text

@@ -9,6 +9,7 @@ crashes its application on a read-only container layer is worse than none.
 
 from __future__ import annotations
 
+import errno
 import logging
 import sqlite3
 import threading
@@ -184,13 +185,16 @@ async def open_environment(
     *,
     root: str | Path | None = None,
     file: str | Path | None = None,
+    create: bool = True,
 ) -> AsyncIterator[Environment]:
     """Open an environment for the duration of the block.
 
     `name` and `root` default to `active()`; `file` opens that database file
-    instead of `<root>/<name>.db`.
+    instead of `<root>/<name>.db`. With `create=False` an environment that
+    does not exist yet raises `FileNotFoundError` and nothing is created (for
+    callers that only read, such as `warmenv ls`).
     """
-    env = await _open(name, root, file)
+    env = await _open(name, root, file, create=create)
     try:
         yield env
     finally:
@@ -214,13 +218,20 @@ def _locate(name: str | None, root: str | Path | None, file: str | Path | None) 
     return env_name, path
 
 
-async def _open(name: str | None, root: str | Path | None, file: str | Path | None) -> Environment:
+async def _open(
+    name: str | None, root: str | Path | None, file: str | Path | None, *, create: bool = True
+) -> Environment:
     env_name, path = _locate(name, root, file)
+    if not create and not await anyio.to_thread.run_sync(path.is_file):
+        raise FileNotFoundError(
+            errno.ENOENT, f"no environment {env_name!r} (no file {path})", str(path)
+        )
     if not policy_chosen():  # the configured stream_policy, unless code chose one
         adopt_config(await anyio.to_thread.run_sync(load_config))
     try:
-        await anyio.to_thread.run_sync(partial(path.parent.mkdir, parents=True, exist_ok=True))
-        db = await open_database(path)
+        if create:
+            await anyio.to_thread.run_sync(partial(path.parent.mkdir, parents=True, exist_ok=True))
+        db = await open_database(path, create=create)
     except (OSError, sqlite3.Error) as exc:
         warnings.warn(
             f"environment {env_name!r}: cannot use {path} ({exc}); "

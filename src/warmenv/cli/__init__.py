@@ -1,32 +1,62 @@
 """The `warmenv` command: inspect, move and manage warm environments.
 
 Each sub-command lives in its own module and registers itself on the parser;
-this module only dispatches and turns failures into one clear line and an
-exit status (0 done, 1 failed, 2 bad usage, 130 interrupted). rich is
-imported here and nowhere in the library, and only when it is installed
-(`pip install warmenv[cli]`); without it the command prints plain lines.
+this module only dispatches and turns every way a command can end into one
+line and an exit status: 0 done, 1 failed, 2 bad usage, 128 + the signal
+when stopped (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP). No exception reaches the
+user as a traceback unless `--debug` asks for it.
+
+Signals are turned into cancellation of the running command, on asyncio and
+trio alike, so SIGTERM from a service manager cleans up exactly as Ctrl-C
+does (an export's staging file removed, an import's batches whole). A
+command that cannot stop (a thread blocked on a file that never answers) is
+given a few seconds; a second signal, or the end of that grace, exits at
+once. rich is imported only when installed (`pip install warmenv[cli]`);
+without it the command prints plain lines.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import sqlite3
 import sys
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 
 from warmenv._errors import WarmenvError
 from warmenv.cli import _common, check, demo, export, imports, inspect, ls, purge, verify
+from warmenv.cli._common import Failure, Output, Stopped, UsageError, describe_error
 
 __all__ = ["main"]
 
 _COMMANDS = (demo, ls, export, imports, inspect, verify, check, purge)
 
+# How long a stopped command may take to clean up before the process exits anyway.
+GRACE_SECONDS = 5.0
+
+_STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+# WARMENV_CLI_BACKEND picks the event loop the command runs on (the tests run
+# every command on each); asyncio is the default.
+_BACKENDS: dict[str, tuple[str, dict[str, Any]]] = {
+    "asyncio": ("asyncio", {}),
+    "uvloop": ("asyncio", {"use_uvloop": True}),
+    "trio": ("trio", {}),
+}
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _common.ArgumentParser(
         prog="warmenv",
         description="Keep expensive start-up results warm, and ship them between machines.",
     )
@@ -41,31 +71,196 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    # Known before parsing, so that a usage error is JSON too when asked for.
+    out = Output(json="--json" in arguments)
+    debug = "--debug" in arguments
+    args: argparse.Namespace | None = None
+    with out.routing(), _signals_before_the_loop():
+        try:
+            args = _parse(arguments)
+            out.subject = getattr(args, "out", None) or getattr(args, "bundle", None)
+            backend, options = _backend()
+            return int(anyio.run(_supervised, args, out, backend=backend, backend_options=options))
+        except SystemExit:  # --help, --version
+            raise
+        except BaseException as exc:  # every way out becomes one line and a status
+            return _fail(out, exc, debug)
+
+
+def _parse(arguments: list[str]) -> argparse.Namespace:
     parser = build_parser()
     # argparse takes OUT and SOURCE... in one go, so sources written after the
     # options (`export OUT --name N SOURCE`) come back unrecognised: they are
     # sources all the same.
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(arguments)
     if extra:
         if getattr(args, "sources", None) is None or any(a.startswith("-") for a in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.sources = [*args.sources, *(Path(a) for a in extra)]
-    out = _common.Output(json=args.json)
-    try:
-        status = anyio.run(args.run, args, out, backend="asyncio")
-    except KeyboardInterrupt:
-        out.error("interrupted; what was committed is whole, and the bundle file is untouched")
-        return 130
-    except _common.UsageError as exc:
-        out.error(str(exc))
-        return 2
-    except (WarmenvError, OSError) as exc:
-        if args.debug:
-            traceback.print_exc()
-        out.error(_common.describe_error(exc))
+    return args
+
+
+def _backend() -> tuple[str, dict[str, Any]]:
+    name = os.environ.get("WARMENV_CLI_BACKEND", "asyncio")
+    if name not in _BACKENDS:
+        raise UsageError(
+            f"WARMENV_CLI_BACKEND={name!r} is not one of {', '.join(_BACKENDS)}; unset it"
+        )
+    return _BACKENDS[name]
+
+
+def _fail(out: Output, exc: BaseException, debug: bool) -> int:
+    """Say how the command ended, in one line; returns the exit status."""
+    leaf = _leaf(exc)
+    document: dict[str, Any] = {}
+    if isinstance(leaf, Stopped):
+        status, message = leaf.status, leaf.why
+        if out.when_interrupted:
+            message = f"{message}; {out.when_interrupted}"
+    elif isinstance(leaf, KeyboardInterrupt):
+        status, message = 130, "interrupted"
+        if out.when_interrupted:
+            message = f"{message}; {out.when_interrupted}"
+    elif isinstance(leaf, UsageError):
+        status, message = 2, str(leaf)
+    elif isinstance(leaf, Failure):
+        status, message, document = 1, str(leaf), leaf.document
+    elif isinstance(leaf, WarmenvError | OSError | sqlite3.Error | UnicodeError):
+        status, message = 1, describe_error(leaf, out.subject)
+    else:
+        status = 1
+        message = (
+            f"unexpected {type(leaf).__name__}: {leaf}; run again with --debug and report "
+            "the traceback"
+        )
+    if debug and status not in (0, 2):
+        traceback.print_exception(exc)
+    if isinstance(leaf, BrokenPipeError) and leaf.filename is None:
+        # Whoever read stdout has had enough (`warmenv ls | head`): nothing to say.
+        _silence_stdout()
         return 1
+    out.fail(message, status, document)
+    return status
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The exception that says what happened, out of any exception groups around it."""
+    while isinstance(exc, BaseExceptionGroup):
+        leaves = list(exc.exceptions)
+        # A stop or interrupt says more than the cancellations it caused.
+        exc = next((e for e in leaves if isinstance(e, Stopped | KeyboardInterrupt)), leaves[0])
+    return exc
+
+
+async def _supervised(args: argparse.Namespace, out: Output) -> int:
+    """Run the command; the first stop signal cancels it, as Ctrl-C would."""
+    if threading.current_thread() is not threading.main_thread():
+        # Signal handlers belong to the main thread; called from any other,
+        # the command runs without them (stopping it is the caller's business).
+        return int(await args.run(args, out))
+    stopped: list[int] = []
+    deadline: list[threading.Timer] = []
+    failure: list[BaseException] = []
+    status = 1
+    work = anyio.CancelScope()
+    try:
+        with anyio.open_signal_receiver(*_STOP_SIGNALS) as signals:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_watch, signals, work, stopped, deadline, out)
+                with work:
+                    try:
+                        status = await args.run(args, out)
+                    except anyio.get_cancelled_exc_class():
+                        raise
+                    except BaseException as exc:  # raised once the watcher is stopped
+                        failure.append(exc)
+                tg.cancel_scope.cancel()
+    finally:
+        for timer in deadline:  # it stopped in time: no forced exit later
+            timer.cancel()
+    if stopped and (work.cancelled_caught or failure):
+        raise Stopped(stopped[0])
+    if failure:
+        raise failure[0]
     return int(status)
 
 
+async def _watch(
+    signals: Any,
+    work: anyio.CancelScope,
+    stopped: list[int],
+    deadline: list[threading.Timer],
+    out: Output,
+) -> None:
+    async for signum in signals:
+        if stopped:  # a second signal: the user means now
+            _exit_now(stopped[0], out, "stopped again")
+        stopped.append(signum)
+        work.cancel()
+        timer = threading.Timer(
+            GRACE_SECONDS,
+            _exit_now,
+            (signum, out, f"it did not stop within {GRACE_SECONDS:g}s"),
+        )
+        timer.daemon = True
+        timer.start()
+        deadline.append(timer)
+
+
+def _exit_now(signum: int, out: Output, why: str) -> None:
+    """End the process without waiting for anything (a thread blocked on a file, say)."""
+    stop = Stopped(signum)
+    out.fail(f"{stop.why}; {why}, so it exits at once without cleaning up", stop.status)
+    _flush()
+    os._exit(stop.status)
+
+
+@contextmanager
+def _signals_before_the_loop() -> Iterator[None]:
+    """SIGTERM and SIGHUP before (or after) the event loop runs: stop like Ctrl-C."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise Stopped(signum)
+
+    previous = {}
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    for signum in _STOP_SIGNALS:
+        if signum != signal.SIGINT:  # Python's own handler raises KeyboardInterrupt
+            previous[signum] = signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 def entry_point() -> None:  # pragma: no cover - the console script
-    sys.exit(main())
+    status = main()
+    _flush()
+    main_thread = threading.main_thread()
+    if any(t is not main_thread and t.is_alive() for t in threading.enumerate()):
+        # A thread is still blocked (reading an abandoned prompt, or a file
+        # that never answers): the interpreter would wait for it at exit, or
+        # abort on the lock it holds, and the user would not want either.
+        os._exit(status)
+    sys.exit(status)

@@ -1,31 +1,142 @@
-"""What every sub-command shares: options, output, progress display, errors."""
+"""What every sub-command shares: options, output, progress display, errors.
+
+Everything the command prints goes through `Output`, and every piece of text
+`Output` prints goes through `clean()` first. Bundles, environments and
+paths are untrusted input: a bundle name holding `ESC [2J` would otherwise
+clear the user's screen, and one holding a newline could forge an "ok" line.
+Escaping at the one place where text leaves the process, rather than at
+each call site, means no new command can forget it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json as jsonlib
+import logging
+import os
+import signal
+import sqlite3
 import sys
+import threading
 import time
+import unicodedata
+import warnings
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
 import attrs
 
 from warmenv.bundle import Finished, Progress, Started
 from warmenv.bundle.events import Event, ExportReport, ImportReport
-from warmenv.environment import Environment, open_environment
+from warmenv.environment import Environment, check_name, open_environment
 
 
 class UsageError(Exception):
     """The command line asked for something it cannot mean (exit status 2)."""
 
 
+class Failure(Exception):
+    """The operation failed (exit status 1); `document` joins the `--json` error."""
+
+    def __init__(self, message: str, document: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.document = document or {}
+
+
+class Stopped(BaseException):
+    """The command was stopped by a signal, or a prompt went unanswered (exit 128 + signal).
+
+    A `BaseException`, like `KeyboardInterrupt`, so no `except Exception` on
+    the way out mistakes it for a failure of the operation.
+    """
+
+    _WORDS: ClassVar[dict[int, str]] = {
+        signal.SIGINT: "interrupted",
+        signal.SIGTERM: "terminated (SIGTERM)",
+        **({signal.SIGHUP: "hung up (SIGHUP)"} if hasattr(signal, "SIGHUP") else {}),
+    }
+
+    def __init__(self, signum: int, why: str | None = None) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.why = why or self._WORDS.get(signum, f"stopped by signal {signum}")
+
+    @property
+    def status(self) -> int:
+        return 128 + self.signum
+
+
+# --- text from outside ---------------------------------------------------------
+
+# Control characters (C0, DEL, C1), invisible format characters (bidi overrides,
+# zero-width joiners), line and paragraph separators, and lone surrogates (a
+# byte that was not UTF-8 in a file name or argument): none of them may reach a
+# terminal as they are.
+_UNSAFE = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+_SHORT = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def clean(text: object) -> str:
+    """`text` with every character that could steer a terminal written as an escape.
+
+    `"\\x1b[2J"` prints as `\\x1b[2J`, a newline as `\\n`, and a byte that was
+    not UTF-8 (carried by Python as a lone surrogate) as `\\xff`.
+    """
+    value = text if isinstance(text, str) else str(text)
+    if value.isprintable():  # the fast path: nothing to escape (spaces included)
+        return value
+    return "".join(_escape(ch) if unicodedata.category(ch) in _UNSAFE else ch for ch in value)
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if ch in _SHORT:
+        return _SHORT[ch]
+    if 0xDC80 <= code <= 0xDCFF:  # surrogateescape: the original byte
+        return f"\\x{code - 0xDC00:02x}"
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+def text_argument(value: str, option: str) -> str:
+    """`value` if it is valid text; a usage error (before any work) if not.
+
+    An argument holding bytes that are not UTF-8 reaches Python as lone
+    surrogates, which cannot be written into a manifest or a database.
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(
+            f"{option} {clean(value)!s} is not valid UTF-8 text; spell it in UTF-8"
+        ) from None
+    return value
+
+
+# --- options -------------------------------------------------------------------
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is a `UsageError` (one line, `--json` aware)."""
+
+    def error(self, message: str) -> Any:
+        raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
+
+
 def shared_options() -> argparse.ArgumentParser:
     """`--env`, `--root`, `--json` and `--debug`, accepted after every sub-command."""
-    parent = argparse.ArgumentParser(add_help=False)
+    parent = ArgumentParser(add_help=False)
     parent.add_argument("--env", metavar="NAME", help="environment name (default: configured)")
     parent.add_argument("--root", metavar="DIR", type=Path, help="where environments live")
     parent.add_argument("--json", action="store_true", help="print machine-readable JSON")
@@ -44,23 +155,133 @@ def add_namespace_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def describe_error(exc: BaseException) -> str:
+def namespace_prefixes(args: argparse.Namespace) -> list[str] | None:
+    """The `--namespace` prefixes, each checked to be text."""
+    if args.namespaces is None:
+        return None
+    return [text_argument(p, "--namespace") for p in args.namespaces]
+
+
+# --- errors --------------------------------------------------------------------
+
+# What a failed SQLite call means for the user, by its primary result code.
+_SQLITE_HINTS = {
+    "SQLITE_CANTOPEN": "cannot create or open a file there; check that the directory "
+    "exists and is writable",
+    "SQLITE_FULL": "the disk is full; free space and retry",
+    "SQLITE_READONLY": "the file or its directory is read-only",
+    "SQLITE_PERM": "permission denied",
+    "SQLITE_IOERR": "an I/O error (a full or failing disk?)",
+    "SQLITE_BUSY": "another process holds the database locked; retry when it is done",
+    "SQLITE_LOCKED": "the database is locked; retry",
+    "SQLITE_CORRUPT": "the file is damaged",
+    "SQLITE_NOTADB": "the file is not a SQLite database",
+}
+
+
+def describe_error(exc: BaseException, subject: object = None) -> str:
+    """One line for `exc`, naming its file (or `subject`, what the command worked on)."""
+    where = f"{subject}: " if subject is not None else ""
     if isinstance(exc, FileNotFoundError) and exc.filename:
+        if exc.strerror and not exc.strerror.startswith("No such file"):
+            return str(exc.strerror)
         return f"{exc.filename}: no such file"
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        return f"{exc.filename or 'the disk'} is full ({exc.strerror}); free space and retry"
-    if isinstance(exc, OSError) and exc.strerror and exc.filename:
-        return f"{exc.filename}: {exc.strerror}"
+        return f"{exc.filename or subject or 'the disk'}: the disk is full; free space and retry"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename or subject or 'a file'}: {exc.strerror}"
+    if isinstance(exc, sqlite3.Error):
+        name = getattr(exc, "sqlite_errorname", "") or ""
+        primary = name.split("_", 2)
+        hint = _SQLITE_HINTS.get(name) or _SQLITE_HINTS.get("_".join(primary[:2]))
+        return f"{where}{exc}" + (f" ({hint})" if hint else "")
+    if isinstance(exc, UnicodeError):
+        return f"{where}text that is not valid UTF-8 ({exc})"
     return str(exc) or type(exc).__name__
 
 
+# --- environments --------------------------------------------------------------
+
+
 @asynccontextmanager
-async def environment(args: argparse.Namespace) -> AsyncIterator[Environment]:
-    try:
-        async with open_environment(args.env, root=args.root) as env:
-            yield env
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+async def environment(
+    args: argparse.Namespace, out: Output, *, create: bool = False, write: bool = False
+) -> AsyncIterator[Environment]:
+    """The environment `--env`/`--root` name, refused unless it can do the job.
+
+    `create=False` (commands that only read, and purge) never creates a file
+    or directory: a missing environment is a `Failure` naming what exists.
+    An environment that fell back to memory is refused always (it is not the
+    file the user asked about), a read-only one when `write` is asked for.
+    """
+    if args.env is not None:
+        try:
+            check_name(args.env)
+        except ValueError as exc:
+            raise UsageError(clean(exc)) from None
+    async with AsyncExitStack() as stack:
+        with out.holding() as notes:
+            try:
+                env = await stack.enter_async_context(
+                    open_environment(args.env, root=args.root, create=create)
+                )
+            except FileNotFoundError as exc:
+                if create or not exc.filename:
+                    raise
+                raise Failure(await _no_environment(Path(exc.filename))) from None
+        if env.in_memory or (write and env.read_only):
+            raise Failure(await anyio.to_thread.run_sync(_cannot_use, env, notes, write))
+        for note in notes:
+            out.warning(note)
+        if out.subject is None:
+            out.subject = env.path
+        yield env
+
+
+async def _no_environment(path: Path) -> str:
+    def existing() -> list[str]:
+        try:
+            return sorted(p.stem for p in path.parent.glob("*.db") if p.is_file())
+        except OSError:
+            return []
+
+    if not await anyio.to_thread.run_sync(path.parent.is_dir):
+        return f"no environment {path.stem!r}: {path.parent} does not exist"
+    names = await anyio.to_thread.run_sync(existing)
+    there = f"environments there: {', '.join(names)}" if names else "it holds no environments"
+    return f"no environment {path.stem!r} in {path.parent} ({there})"
+
+
+def _cannot_use(env: Environment, notes: list[str], write: bool) -> str:
+    """Why `env` cannot be used: found on disk where possible, else what the library said."""
+    path = env.path
+    why = ""
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        why = f"{ancestor} is not a directory"
+    elif not path.exists() and not os.access(ancestor, os.W_OK | os.X_OK):
+        why = f"{ancestor} is not writable by this user"
+    elif path.exists() and not os.access(path, os.W_OK if write else os.R_OK):
+        why = f"{path} is not {'writable' if write else 'readable'} by this user"
+    elif env.read_only:
+        why = f"{path} can only be opened read-only (its directory is not writable)"
+    elif notes:
+        why = notes[-1]
+    else:
+        why = f"{path} cannot be opened"
+    if env.in_memory and write:
+        return (
+            f"cannot write environment {env.name!r}: {why}; nothing would persist, so nothing "
+            "was done (point --root or WARMENV_ROOT at a directory you can write)"
+        )
+    if env.in_memory:
+        return f"cannot read environment {env.name!r}: {why}"
+    return f"environment {env.name!r} is read-only: {why}; nothing was done"
+
+
+# --- output --------------------------------------------------------------------
 
 
 def _rich_console() -> Any | None:
@@ -70,57 +291,128 @@ def _rich_console() -> Any | None:
         from rich.console import Console
     except ImportError:
         return None
-    return Console()
+    # Markup, emoji codes and highlighting off: every string printed is literal.
+    return Console(markup=False, emoji=False, highlight=False)
+
+
+class _LogToOutput(logging.Handler):
+    """warmenv's log warnings as one clean line each on stderr."""
+
+    def __init__(self, out: Output) -> None:
+        super().__init__(logging.WARNING)
+        self._out = out
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._out.warning(record.getMessage())
 
 
 class Output:
-    """Writes tables, progress and results as rich output, plain lines or JSON."""
+    """Writes tables, progress and results as rich output, plain lines or JSON.
+
+    Also the command's state on the way out: `when_interrupted` is what an
+    interrupted command says it left behind.
+    """
 
     def __init__(self, *, json: bool) -> None:
         self.json = json
         self.console = None if json else _rich_console()
+        self.when_interrupted = ""
+        self.subject: object = None  # the file the command works on, for errors without one
+        self._held: list[str] | None = None
 
-    def line(self, text: str = "") -> None:
+    @contextmanager
+    def routing(self) -> Iterator[None]:
+        """Route Python warnings and warmenv's log warnings here while the command runs."""
+        handler = _LogToOutput(self)
+        logger = logging.getLogger("warmenv")
+        propagate, level = logger.propagate, logger.level
+        logger.addHandler(handler)
+        logger.propagate = False
+        if logger.level == logging.NOTSET or logger.level > logging.WARNING:
+            logger.setLevel(logging.WARNING)
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            warnings.showwarning = self._show_warning
+            try:
+                yield
+            finally:
+                logger.removeHandler(handler)
+                logger.propagate, logger.level = propagate, level
+
+    def _show_warning(self, message: Any, *_: Any, **__: Any) -> None:
+        self.warning(str(message))
+
+    @contextmanager
+    def holding(self) -> Iterator[list[str]]:
+        """Collect warnings instead of printing them; the caller decides what to say."""
+        held: list[str] = []
+        previous, self._held = self._held, held
+        try:
+            yield held
+        finally:
+            self._held = previous
+
+    def line(self, text: object = "") -> None:
         if self.json:
             return
         if self.console is not None:
-            self.console.print(text, highlight=False, markup=False)
+            self.console.print(clean(text))
         else:
-            print(text, flush=True)
+            print(clean(text), flush=True)
 
-    def error(self, text: str) -> None:
-        print(f"warmenv: error: {text}", file=sys.stderr, flush=True)
+    def prompt(self, text: object) -> None:
+        """A question, the cursor left after it for the answer."""
+        if self.console is not None:
+            self.console.print(clean(text), end="")
+        else:
+            print(clean(text), end="", flush=True)
+
+    def warning(self, text: object) -> None:
+        if self._held is not None:
+            self._held.append(str(text))
+            return
+        print(f"warmenv: warning: {clean(text)}", file=sys.stderr, flush=True)
+
+    def fail(self, text: object, status: int, document: dict[str, Any] | None = None) -> None:
+        """The command's last word: one line on stderr, and a JSON object with `--json`."""
+        message = clean(text)
+        print(f"warmenv: error: {message}", file=sys.stderr, flush=True)
+        if self.json:
+            self.result({"error": message, "exit": status, **(document or {})})
 
     def result(self, document: dict[str, Any]) -> None:
         """The final answer: JSON in --json mode; otherwise nothing (already shown)."""
         if self.json:
+            # ensure_ascii (the default) writes every control character as \\u escape.
             print(jsonlib.dumps(document, indent=2, default=_jsonable), flush=True)
 
     def table(self, title: str, columns: list[str], rows: list[list[object]]) -> None:
         if self.json:
             return
+        title = clean(title)
+        cells = [[clean(cell) for cell in row] for row in rows]
         if self.console is not None:
             from rich.table import Table
+            from rich.text import Text
 
-            table = Table(title=title, title_justify="left")
+            table = Table(title=Text(title), title_justify="left")
             for i, column in enumerate(columns):
-                table.add_column(column, justify="right" if i else "left")
-            for row in rows:
-                table.add_row(*(str(cell) for cell in row))
+                table.add_column(Text(column), justify="right" if i else "left")
+            for row in cells:
+                table.add_row(*(Text(cell) for cell in row))
             self.console.print(table)
             return
         widths = [
-            max(len(str(c)) for c in [column, *(r[i] for r in rows)])
+            max(len(c) for c in [column, *(r[i] for r in cells)])
             for i, column in enumerate(columns)
         ]
         print(title)
         print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
-        for row in rows:
-            cells = [str(c) for c in row]
+        for row in cells:
             print(
                 "  ".join(
                     c.ljust(w) if i == 0 else c.rjust(w)
-                    for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+                    for i, (c, w) in enumerate(zip(row, widths, strict=True))
                 )
             )
         print(flush=True)
@@ -128,6 +420,7 @@ class Output:
     @contextmanager
     def bar(self, label: str, total: float) -> Iterator[ProgressBar]:
         """A progress bar on a terminal, periodic plain lines elsewhere, silence for JSON."""
+        label = clean(label)
         if self.console is not None:
             from rich.progress import (
                 BarColumn,
@@ -140,7 +433,7 @@ class Output:
             )
 
             with RichProgress(
-                TextColumn("{task.description}"),
+                TextColumn("{task.description}", markup=False),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
@@ -173,6 +466,29 @@ class ProgressBar:
 
     def update(self, done: float) -> None:
         self._update(done)
+
+
+async def ask(out: Output, question: str) -> str | None:
+    """The line typed at the terminal after `question`; `None` at end of input (Ctrl-D).
+
+    The read runs on a daemon thread the command does not wait for, so
+    Ctrl-C at the prompt ends the command at once rather than after Enter.
+    """
+    out.prompt(question)
+    token = anyio.lowlevel.current_token()
+    answered = anyio.Event()
+    answer: list[str] = []
+
+    def read() -> None:
+        try:
+            answer.append(sys.stdin.readline())
+        finally:
+            with contextlib.suppress(Exception):  # the command may be gone already
+                anyio.from_thread.run_sync(answered.set, token=token)
+
+    threading.Thread(target=read, name="warmenv-prompt", daemon=True).start()
+    await answered.wait()
+    return answer[0] if answer and answer[0] else None
 
 
 async def follow(

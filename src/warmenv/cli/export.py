@@ -1,4 +1,9 @@
-"""`warmenv export OUT --name NAME`: write environments into a bundle."""
+"""`warmenv export OUT --name NAME`: write environments into a bundle.
+
+The arguments are checked before any file is touched (an empty or non-UTF-8
+name is bad usage, exit 2), and the default source, `--env`, is only read:
+exporting an environment that does not exist creates nothing.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,18 @@ from pathlib import Path
 from typing import Any
 
 from warmenv.bundle import BundleFormat, ExportReport, exporting
-from warmenv.cli._common import Output, add_namespace_option, as_json, environment, follow, size
+from warmenv.cli._common import (
+    Output,
+    UsageError,
+    add_namespace_option,
+    as_json,
+    clean,
+    environment,
+    follow,
+    namespace_prefixes,
+    size,
+    text_argument,
+)
 
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
@@ -29,11 +45,16 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace, out: Output) -> int:
+    name = text_argument(args.name, "--name")
+    if not name:
+        raise UsageError('--name must not be empty: name the bundle, e.g. --name "H100 Linux"')
+    prefixes = namespace_prefixes(args)
+    out.when_interrupted = f"no bundle was written, and {args.out} is as it was"
     if args.sources:
-        report = await _export(args, out, list(args.sources))
+        report = await _export(args, out, list(args.sources), name, prefixes)
     else:
-        async with environment(args) as env:
-            report = await _export(args, out, [env])
+        async with environment(args, out) as env:
+            report = await _export(args, out, [env], name, prefixes)
     out.line(
         f"exported {report.entries:,} entries ({size(report.bytes)}) in "
         f"{len(report.namespaces)} namespaces to {report.path} in {report.elapsed:.2f}s"
@@ -42,10 +63,18 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
-async def _export(args: argparse.Namespace, out: Output, sources: list[Any]) -> ExportReport:
-    async with exporting(
-        sources, args.out, name=args.name, format=args.format, namespaces=args.namespaces
-    ) as progress:
-        report = await follow(out, aiter(progress), f"exporting to {args.out.name}")
+async def _export(
+    args: argparse.Namespace, out: Output, sources: list[Any], name: str, prefixes: list[str] | None
+) -> ExportReport:
+    try:
+        async with exporting(
+            sources, args.out, name=name, format=args.format, namespaces=prefixes
+        ) as progress:
+            report = await follow(out, aiter(progress), f"exporting to {args.out.name}")
+    except ValueError as exc:
+        if isinstance(exc, UnicodeError):
+            raise
+        # The library refuses arguments no reader would accept (a name too long, say).
+        raise UsageError(clean(exc)) from None
     assert isinstance(report, ExportReport)
     return report

@@ -1,13 +1,39 @@
-"""`warmenv import BUNDLE`: copy a bundle's entries into an environment."""
+"""`warmenv import BUNDLE`: copy a bundle's entries into an environment.
+
+The bundle is opened and checked before the environment is touched, and an
+environment the import created is removed again if the import fails before
+storing anything: a failed import leaves no trace. An environment that cannot
+persist (it fell back to memory, or opened read-only) is refused up front,
+never reported as a success that vanishes with the process.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 from typing import Any
 
-from warmenv.bundle import ImportReport, importing
-from warmenv.cli._common import Output, add_namespace_option, as_json, environment, follow, size
+import anyio
+import anyio.to_thread
+import attrs
+
+from warmenv._errors import WarmenvError
+from warmenv.bundle import ImportReport, importing, open_bundle
+from warmenv.bundle.base import Bundle
+from warmenv.cli._common import (
+    Failure,
+    Output,
+    UsageError,
+    add_namespace_option,
+    as_json,
+    clean,
+    environment,
+    follow,
+    namespace_prefixes,
+    size,
+)
+from warmenv.environment import Environment, active
 
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
@@ -26,17 +52,102 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace, out: Output) -> int:
-    async with environment(args) as env:
-        async with importing(
-            args.bundle, env, namespaces=args.namespaces, verify=args.verify
-        ) as progress:
-            report = await follow(out, aiter(progress), f"importing {args.bundle.name}")
-        assert isinstance(report, ImportReport)
-        target = env.describe()
+    prefixes = namespace_prefixes(args)
+    out.when_interrupted = "nothing was imported"
+    async with open_bundle(args.bundle) as bundle:  # a bad bundle fails before anything exists
+        made = await _not_there_yet(args)
+        try:
+            async with environment(args, out, create=True, write=True) as env:
+                try:
+                    report = await _import(args, out, bundle, env, prefixes)
+                except BaseException:
+                    with anyio.CancelScope(shield=True):
+                        if await _holds_entries(env):
+                            made = _Made()  # whole batches went in: keep them for the next run
+                    raise
+                target = env.describe()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_remove, made)
+            raise
     out.line(
         f"imported {report.imported:,} entries ({size(report.bytes)}) into {target}; "
         f"{report.skipped:,} already present, {report.failed:,} failed, "
         f"{report.rejected:,} rejected, in {report.elapsed:.2f}s"
     )
+    if report.failed:
+        raise Failure(
+            f"{report.failed:,} entries could not be stored in {target}; run the import "
+            "again once the cause (above, or a full disk) is fixed",
+            as_json(report),
+        )
     out.result(as_json(report))
-    return 1 if report.failed else 0
+    return 0
+
+
+async def _import(
+    args: argparse.Namespace,
+    out: Output,
+    bundle: Bundle,
+    env: Environment,
+    prefixes: list[str] | None,
+) -> ImportReport:
+    out.when_interrupted = (
+        "what was imported so far is in whole batches; run the import again to finish it"
+    )
+    try:
+        async with importing(bundle, env, namespaces=prefixes, verify=args.verify) as progress:
+            report = await follow(out, aiter(progress), f"importing {args.bundle.name}")
+    except ValueError as exc:
+        if isinstance(exc, UnicodeError):
+            raise
+        raise UsageError(clean(exc)) from None
+    assert isinstance(report, ImportReport)
+    return report
+
+
+async def _holds_entries(env: Environment) -> bool:
+    try:
+        return bool(await env.namespaces())
+    except Exception:
+        return True  # cannot tell: keep it
+
+
+@attrs.frozen
+class _Made:
+    """What opening the environment creates: directories, outermost first, and its file."""
+
+    directories: tuple[Path, ...] = ()
+    database: Path | None = None
+
+
+async def _not_there_yet(args: argparse.Namespace) -> _Made:
+    name, root = args.env, args.root
+    if name is None or root is None:
+        try:
+            default_name, default_root = active()
+        except WarmenvError:
+            return _Made()  # the open says what is wrong
+        name, root = name or default_name, root or default_root
+    return await anyio.to_thread.run_sync(_missing, Path(root), f"{name}.db")
+
+
+def _missing(root: Path, file_name: str) -> _Made:
+    directories: list[Path] = []
+    directory = root = root.expanduser()
+    while not directory.exists() and directory != directory.parent:
+        directories.insert(0, directory)
+        directory = directory.parent
+    database = root / file_name
+    return _Made(tuple(directories), None if database.exists() else database)
+
+
+def _remove(made: _Made) -> None:
+    """Remove what the import created, if it is still there and empty."""
+    if made.database is not None:
+        for companion in ("", "-wal", "-shm", "-journal"):
+            with contextlib.suppress(OSError):
+                made.database.with_name(made.database.name + companion).unlink()
+    for directory in reversed(made.directories):
+        with contextlib.suppress(OSError):  # not empty: someone else uses it now
+            directory.rmdir()

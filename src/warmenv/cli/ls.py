@@ -1,4 +1,8 @@
-"""`warmenv ls`: the environments under the root, and one environment's namespaces."""
+"""`warmenv ls`: the environments under the root, and one environment's namespaces.
+
+`ls` only reads: an environment that does not exist is an error (exit 1)
+naming the environments that do, never a new empty file.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace, out: Output) -> int:
-    async with environment(args) as env:
+    async with environment(args, out) as env:
         root = env.path.parent
         files = await anyio.to_thread.run_sync(lambda: sorted(root.glob("*.db")))
         stats = await anyio.to_thread.run_sync(lambda: [f.stat().st_size for f in files])

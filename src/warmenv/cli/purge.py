@@ -1,14 +1,27 @@
-"""`warmenv purge`: delete an environment's entries (all, or under a prefix)."""
+"""`warmenv purge`: delete an environment's entries (all, or under a prefix).
+
+Nothing is created (purging an environment that does not exist is an error
+naming those that do), and nothing is deleted until the answer is "y":
+Ctrl-C or Ctrl-D at the prompt ends the command at once (exit 130).
+"""
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import Any
 
-import anyio.to_thread
-
-from warmenv.cli._common import Output, UsageError, add_namespace_option, environment
+from warmenv.cli._common import (
+    Failure,
+    Output,
+    Stopped,
+    UsageError,
+    add_namespace_option,
+    ask,
+    environment,
+    namespace_prefixes,
+)
 from warmenv.persistence.namespace import matches_any
 from warmenv.persistence.storage import Failed
 
@@ -23,8 +36,10 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace, out: Output) -> int:
-    async with environment(args) as env:
-        doomed = [s for s in await env.namespaces() if matches_any(s.namespace, args.namespaces)]
+    prefixes = namespace_prefixes(args)
+    out.when_interrupted = "nothing deleted"
+    async with environment(args, out, write=True) as env:
+        doomed = [s for s in await env.namespaces() if matches_any(s.namespace, prefixes)]
         entries = sum(s.entries for s in doomed)
         if doomed and not args.yes:
             if not sys.stdin.isatty() or args.json:
@@ -35,20 +50,27 @@ async def run(args: argparse.Namespace, out: Output) -> int:
             question = (
                 f"delete {entries:,} entries in {len(doomed)} namespaces of {env.name!r}? [y/N] "
             )
-            answer = await anyio.to_thread.run_sync(input, question)
+            answer = await ask(out, question)
+            if answer is None:  # Ctrl-D
+                out.line("")
+                raise Stopped(signal.SIGINT, "no answer (end of input)")
             if answer.strip().lower() not in ("y", "yes"):
-                out.line("nothing deleted")
-                return 1
+                raise Failure("nothing deleted")
+        out.when_interrupted = (
+            "the namespaces purged so far are empty, the others untouched; run it again"
+        )
         removed = 0
         failures = []
         for summary in doomed:
             result = await env.storage(summary.namespace).purge()
             if isinstance(result, Failed):
                 failures.append(result.reason)
+                out.warning(f"{summary.namespace}: {result.reason}")
             else:
                 removed += result.count
-    for reason in failures:
-        out.error(reason)
     out.line(f"deleted {removed:,} entries in {len(doomed) - len(failures)} namespaces")
-    out.result({"environment": env.name, "deleted": removed, "failed": failures})
-    return 1 if failures else 0
+    document = {"environment": env.name, "deleted": removed, "failed": failures}
+    if failures:
+        raise Failure(f"{len(failures)} namespaces could not be purged", document)
+    out.result(document)
+    return 0

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from warmenv.bundle import CorruptBundleError, open_bundle
+from warmenv.bundle.base import Bundle
 from warmenv.cli._common import Output
 
 
@@ -18,16 +19,22 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
     parser.set_defaults(run=run)
 
 
-async def run(args: argparse.Namespace, out: Output) -> int:
-    async with open_bundle(args.bundle) as bundle:
-        actual = await bundle.compute_digest()
-        expected = bundle.manifest.digest
-        entries = sum(s.entries for s in await bundle.namespaces())
+async def verified(bundle: Bundle, path: Path) -> tuple[str, int]:
+    """The digest and entry count of `bundle`; `CorruptBundleError` if its content is not
+    what its manifest says (`verify` and `check` both refuse such a bundle)."""
+    actual = await bundle.compute_digest()
+    expected = bundle.manifest.digest
     if actual != expected:
         raise CorruptBundleError(
-            f"{args.bundle}: content does not match its digest (manifest {expected}, "
+            f"{path}: content does not match its digest (manifest {expected}, "
             f"content {actual}); do not import it"
         )
-    out.line(f"{args.bundle}: ok ({entries:,} entries, digest {expected})")
-    out.result({"path": str(args.bundle), "ok": True, "entries": entries, "digest": expected})
+    return expected, sum(s.entries for s in await bundle.namespaces())
+
+
+async def run(args: argparse.Namespace, out: Output) -> int:
+    async with open_bundle(args.bundle) as bundle:
+        digest, entries = await verified(bundle, args.bundle)
+    out.line(f"{args.bundle}: ok ({entries:,} entries, digest {digest})")
+    out.result({"path": str(args.bundle), "ok": True, "entries": entries, "digest": digest})
     return 0

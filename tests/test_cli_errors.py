@@ -1,0 +1,398 @@
+"""Every way a command can fail: one line, the documented exit status, nothing left behind.
+
+Run as users run it, in a child process: bad arguments (exit 2, before any
+work), files that cannot be written (exit 1, naming the file), environments
+that cannot persist an import, read-only commands that must create nothing,
+bundles that fail their digest, and the JSON error object for scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+import test_cli
+from conftest import KERNELS
+from helpers import run_python, unprivileged_user
+from test_cli import TOTAL, run_raw, warmenv
+from warmenv import open_environment
+
+# The fixtures these tests share with test_cli.py.
+warm_root = test_cli.warm_root
+bundle = test_cli.bundle
+
+CLI = "import sys; from warmenv.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def files_under(path: Path) -> set[str]:
+    """Every file and directory below `path` (to prove a command created nothing)."""
+    return {str(p.relative_to(path)) for p in path.rglob("*")}
+
+
+def assert_one_error_line(completed: subprocess.CompletedProcess[str], status: int) -> str:
+    assert completed.returncode == status, (completed.stdout, completed.stderr)
+    assert "Traceback" not in completed.stderr
+    assert completed.stderr.startswith("warmenv: error: "), completed.stderr
+    assert completed.stderr.count("\n") == 1, completed.stderr
+    return completed.stderr
+
+
+def tampered(bundle: Path) -> Path:
+    """`bundle` with one value changed behind its digest's back."""
+    with sqlite3.connect(bundle) as conn:
+        conn.execute("UPDATE entries SET value = x'00' WHERE key = ?", (b"k001",))
+    conn.close()
+    return bundle
+
+
+# --- bad usage: exit 2, before any work -------------------------------------------
+
+
+def test_an_empty_bundle_name_is_bad_usage_and_writes_nothing(
+    warm_root: Path, tmp_path: Path
+) -> None:
+    before = files_under(tmp_path)
+    completed = warmenv("export", str(tmp_path / "b.bundle"), "--name", "", root=warm_root)
+    assert "--name must not be empty" in assert_one_error_line(completed, 2)
+    assert files_under(tmp_path) == before
+
+
+def test_a_bundle_name_that_is_not_utf8_is_bad_usage_before_any_work(
+    warm_root: Path, tmp_path: Path
+) -> None:
+    before = files_under(tmp_path)
+    completed = run_raw(
+        "export",
+        str(tmp_path / "b.bundle"),
+        "--name",
+        b"H100 \xff\xfe",
+        "--env",
+        "warm",
+        "--root",
+        str(warm_root),
+    )
+    assert completed.returncode == 2
+    assert completed.stdout == b""  # no progress: refused before the export started
+    assert (
+        completed.stderr == b"warmenv: error: --name H100 \\xff\\xfe is not valid UTF-8 text; "
+        b"spell it in UTF-8\n"
+    )
+    assert files_under(tmp_path) == before
+
+
+def test_a_namespace_prefix_that_is_not_utf8_is_bad_usage(bundle: Path, tmp_path: Path) -> None:
+    completed = run_raw(
+        "import", str(bundle), "--namespace", b"app\xff", "--root", str(tmp_path / "r")
+    )
+    assert completed.returncode == 2
+    assert completed.stderr.count(b"\n") == 1
+    assert b"Traceback" not in completed.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_usage_error_is_one_line(tmp_path: Path) -> None:
+    completed = warmenv("export", "out.bundle", root=tmp_path)
+    assert "--name" in assert_one_error_line(completed, 2)
+
+
+def test_an_unknown_backend_is_bad_usage(tmp_path: Path) -> None:
+    completed = warmenv("ls", root=tmp_path, env={"WARMENV_CLI_BACKEND": "curio"})
+    assert "WARMENV_CLI_BACKEND" in assert_one_error_line(completed, 2)
+
+
+# --- --json: the error is a JSON object as well -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "status"),
+    [
+        (["inspect", "/nonexistent/missing.bundle"], 1),
+        (["export", "out.bundle"], 2),
+        (["ls", "--env", "bad name"], 2),
+        (["ls", "--env", "typo"], 1),
+    ],
+)
+def test_with_json_an_error_is_also_a_json_object_on_stdout(
+    args: list[str], status: int, tmp_path: Path
+) -> None:
+    completed = warmenv(*args, "--json", root=tmp_path)
+    line = assert_one_error_line(completed, status)
+    document = json.loads(completed.stdout)
+    assert document == {"error": line.removeprefix("warmenv: error: ").rstrip("\n"), "exit": status}
+
+
+def test_with_json_a_failed_check_carries_the_report_and_the_error(
+    bundle: Path, tmp_path: Path
+) -> None:
+    completed = warmenv("check", str(bundle), "--version", "9", "--json", root=tmp_path)
+    assert_one_error_line(completed, 1)
+    document = json.loads(completed.stdout)
+    assert document["exit"] == 1
+    assert "will not hit" in document["error"]
+    assert document["ok"] is False
+
+
+# --- files that cannot be written: exit 1, one line naming the file ----------------
+
+
+@pytest.mark.parametrize("form", ["sqlite", "flat"])
+def test_export_into_an_unwritable_directory_fails_in_one_line(shared_tmp: Path, form: str) -> None:
+    source = shared_tmp / "source"
+    _fill(source)
+    locked = shared_tmp / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    out = locked / "out.bundle"
+    child = run_python(
+        CLI,
+        "export",
+        str(out),
+        str(source / "warm.db"),
+        "--name",
+        "n",
+        "--format",
+        form,
+        "--root",
+        str(shared_tmp / "r"),
+        user=unprivileged_user(),
+    )
+    line = assert_one_error_line(child, 1)
+    assert str(locked) in line
+    assert list(locked.iterdir()) == []
+
+
+@pytest.mark.parametrize("form", ["sqlite", "flat"])
+def test_export_past_the_file_size_limit_fails_in_one_line(tmp_path: Path, form: str) -> None:
+    # A file-size limit makes writes fail as a full disk does, without a disk to fill.
+    source = tmp_path / "source"
+    _fill(source, values=4000)
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
+
+    out = tmp_path / "out" / "b.bundle"
+    out.parent.mkdir()
+    completed = subprocess.run(
+        [
+            *(sys.executable, "-m", "warmenv", "export", str(out), str(source / "warm.db")),
+            *("--name", "n", "--format", form, "--root", str(tmp_path / "r")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=limited,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    line = assert_one_error_line(completed, 1)
+    assert "out" in line
+    assert list(out.parent.iterdir()) == []  # no bundle, no staging file
+
+
+def _fill(root: Path, values: int = 10) -> None:
+    async def fill() -> None:
+        async with open_environment("warm", root=root) as env:
+            await env.storage(KERNELS).insert_many((b"%06d" % i, b"v" * 512) for i in range(values))
+
+    anyio.run(fill)
+    for path in [root, *root.iterdir()]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+# --- import into an environment that cannot persist: exit 1, and why ---------------
+
+
+@pytest.mark.parametrize("json_mode", [False, True], ids=["plain", "json"])
+def test_import_into_a_root_that_is_a_file_fails_and_says_why(
+    bundle: Path, tmp_path: Path, json_mode: bool
+) -> None:
+    a_file = tmp_path / "not-a-directory"
+    a_file.write_text("")
+    completed = warmenv(
+        "import",
+        str(bundle),
+        *(["--json"] if json_mode else []),
+        root=None,
+        env={"WARMENV_ROOT": str(a_file)},
+    )
+    line = assert_one_error_line(completed, 1)
+    assert "not a directory" in line
+    assert "nothing" in line
+    assert "imported" not in completed.stdout.replace("nothing was imported", "")
+    if json_mode:
+        assert json.loads(completed.stdout)["exit"] == 1
+
+
+def test_import_into_an_unwritable_directory_fails_and_says_why(
+    warm_root: Path, shared_tmp: Path
+) -> None:
+    shipped = shared_tmp / "warm.bundle"
+    completed = warmenv("export", str(shipped), "--name", "n", "--env", "warm", root=warm_root)
+    assert completed.returncode == 0, completed.stderr
+    shipped.chmod(0o644)
+    root = shared_tmp / "locked"
+    root.mkdir()
+    root.chmod(0o555)
+    child = run_python(
+        CLI, "import", str(shipped), "--env", "e", "--root", str(root), user=unprivileged_user()
+    )
+    line = assert_one_error_line(child, 1)
+    assert "not writable" in line
+    assert list(root.iterdir()) == []
+
+
+def test_import_into_a_read_only_environment_fails_and_says_why(
+    warm_root: Path, shared_tmp: Path
+) -> None:
+    shipped = shared_tmp / "warm.bundle"
+    completed = warmenv("export", str(shipped), "--name", "n", "--env", "warm", root=warm_root)
+    assert completed.returncode == 0, completed.stderr
+    shipped.chmod(0o644)
+    root = shared_tmp / "ro"
+    _fill(root)
+    (root / "warm.db").chmod(0o444)
+    root.chmod(0o555)
+    child = run_python(
+        CLI,
+        "import",
+        str(shipped),
+        "--env",
+        "warm",
+        "--root",
+        str(root),
+        "--json",
+        user=unprivileged_user(),
+    )
+    line = assert_one_error_line(child, 1)
+    assert "read-only" in line
+    assert json.loads(child.stdout)["exit"] == 1
+
+
+# --- commands that only read create nothing ----------------------------------------
+
+
+def test_ls_of_an_environment_that_does_not_exist_creates_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "R"
+    completed = warmenv("ls", "--env", "typo", root=root)
+    assert "no environment 'typo'" in assert_one_error_line(completed, 1)
+    assert not root.exists()
+
+
+def test_ls_of_a_misspelt_environment_names_those_that_exist(warm_root: Path) -> None:
+    before = files_under(warm_root)
+    completed = warmenv("ls", "--env", "wram", root=warm_root)
+    line = assert_one_error_line(completed, 1)
+    assert "no environment 'wram'" in line
+    assert "warm" in line.replace("'wram'", "")
+    assert files_under(warm_root) == before
+
+
+def test_ls_of_an_existing_environment_leaves_its_directory_as_it_was(warm_root: Path) -> None:
+    before = files_under(warm_root)
+    completed = warmenv("ls", "--env", "warm", root=warm_root)
+    assert completed.returncode == 0, completed.stderr
+    assert files_under(warm_root) == before
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "check"])
+@pytest.mark.parametrize("which", ["sound", "tampered", "missing"])
+def test_commands_that_read_a_bundle_create_nothing(
+    bundle: Path, tmp_path: Path, command: str, which: str
+) -> None:
+    target = {"sound": bundle, "tampered": bundle, "missing": tmp_path / "gone"}[which]
+    if which == "tampered":
+        tampered(bundle)
+    before = files_under(tmp_path)
+    completed = warmenv(command, str(target), root=tmp_path / "R")
+    fails = which == "missing" or (which == "tampered" and command != "inspect")
+    assert completed.returncode == (1 if fails else 0), completed.stderr
+    assert "Traceback" not in completed.stderr
+    assert files_under(tmp_path) == before
+    assert not Path(os.environ["WARMENV_ROOT"]).exists()
+
+
+@pytest.mark.parametrize("which", ["tampered", "missing", "not-a-bundle"])
+def test_a_failing_import_leaves_no_environment_behind(
+    bundle: Path, tmp_path: Path, which: str
+) -> None:
+    junk = tmp_path / "junk.bundle"
+    junk.write_bytes(b"not a bundle at all")
+    target = {"tampered": bundle, "missing": tmp_path / "gone", "not-a-bundle": junk}
+    if which == "tampered":
+        tampered(bundle)
+    root = tmp_path / "new" / "root"
+    completed = warmenv("import", str(target[which]), "--env", "fresh", root=root)
+    assert_one_error_line(completed, 1)
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_failing_import_into_an_existing_environment_keeps_it(
+    bundle: Path, warm_root: Path
+) -> None:
+    before = files_under(warm_root)
+    completed = warmenv("import", str(tampered(bundle)), "--env", "warm", root=warm_root)
+    assert_one_error_line(completed, 1)
+    assert files_under(warm_root) == before
+    left = json.loads(warmenv("ls", "--env", "warm", "--json", root=warm_root).stdout)
+    assert sum(n["entries"] for n in left["namespaces"]) == TOTAL
+
+
+def test_purge_of_an_environment_that_does_not_exist_creates_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "R"
+    completed = warmenv("purge", "--env", "typo", "--yes", root=root)
+    assert "no environment 'typo'" in assert_one_error_line(completed, 1)
+    assert not root.exists()
+
+
+def test_export_of_an_environment_that_does_not_exist_creates_nothing(tmp_path: Path) -> None:
+    completed = warmenv("export", str(tmp_path / "b.bundle"), "--name", "n", root=tmp_path / "R")
+    assert "no environment" in assert_one_error_line(completed, 1)
+    assert files_under(tmp_path) == set()
+
+
+# --- check runs the digest check ---------------------------------------------------
+
+
+def test_check_refuses_a_bundle_that_fails_its_digest(bundle: Path, tmp_path: Path) -> None:
+    completed = warmenv("check", str(tampered(bundle)), "--version", "1", root=tmp_path)
+    assert "does not match its digest" in assert_one_error_line(completed, 1)
+    assert "can hit" not in completed.stdout
+
+
+def test_check_of_a_sound_bundle_says_its_digest_matches(bundle: Path, tmp_path: Path) -> None:
+    completed = warmenv("check", str(bundle), "--version", "1", root=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    assert "can hit" in completed.stdout
+    assert f"its content matches its digest ({TOTAL} entries)" in completed.stdout
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+
+    async def fill() -> None:
+        async with open_environment("many", root=root) as env:
+            for i in range(3000):  # a table far larger than a pipe holds
+                await env.storage(f"app/1/namespace-{i:05d}").insert(b"k", b"v")
+
+    anyio.run(fill)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "warmenv", "ls", "--env", "many", "--root", str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout.readline().startswith(b"environments in")
+    process.stdout.close()  # `| head -1`
+    err = process.stderr.read()
+    process.stderr.close()
+    assert process.wait(timeout=60) == 1
+    assert err == b""
