@@ -159,9 +159,10 @@ class Environment:
         """Close the database; the environment and its storages are unusable after."""
         if self._closed:
             return
-        self._closed = True
         if self._db is not None:
+            # Closed first: a close refused (from another event loop) can be retried.
             await self._db.close()
+        self._closed = True
 
     def describe(self) -> str:
         """The environment's name and file, and whether it is in memory or read-only."""

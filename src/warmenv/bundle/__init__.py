@@ -8,8 +8,8 @@ hit ever depends on a file staying installed.
 
 from __future__ import annotations
 
-from warmenv.bundle.base import (
-    Bundle,
+from warmenv.bundle.base import Bundle
+from warmenv.bundle.errors import (
     BundleError,
     BundleTooLargeError,
     CorruptBundleError,

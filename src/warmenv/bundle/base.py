@@ -15,14 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Generic, Protocol, Self, TypeVar, final
 
-from warmenv.bundle.errors import (
-    BundleError,
-    BundleTooLargeError,
-    CorruptBundleError,
-    InvalidManifestError,
-    NotABundleError,
-    UnsupportedSchemaError,
-)
+from warmenv.bundle.errors import CorruptBundleError
 from warmenv.bundle.manifest import BundleManifest, Digest
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import NamespaceSummary
@@ -33,12 +26,6 @@ __all__ = [
     "BundleReader",
     "BundleOpener",
     "ClosesOnExit",
-    "BundleError",
-    "BundleTooLargeError",
-    "CorruptBundleError",
-    "InvalidManifestError",
-    "NotABundleError",
-    "UnsupportedSchemaError",
 ]
 
 

@@ -82,22 +82,3 @@ def matches_prefix(namespace: str, prefix: str) -> bool:
 def matches_any(namespace: str, prefixes: list[str] | None) -> bool:
     """`matches_prefix` against several prefixes; `None` matches everything."""
     return prefixes is None or any(matches_prefix(namespace, p) for p in prefixes)
-
-
-def prefix_sql(prefixes: list[str] | None, column: str = "namespace") -> tuple[str, list[str]]:
-    """`matches_any` as an SQL condition on `column`, with its parameters.
-
-    A range comparison rather than LIKE, so `_` and `%` in a prefix match only
-    themselves, and so the condition can use the (namespace, key) index.
-    """
-    if prefixes is None:
-        return "1", []
-    parts: list[str] = []
-    params: list[str] = []
-    for prefix in (p.rstrip("/") for p in prefixes):
-        if not prefix:
-            return "1", []
-        # '0' is the character after '/': the range is exactly "starts with prefix/".
-        parts.append(f"({column} = ? OR ({column} >= ? AND {column} < ?))")
-        params += [prefix, prefix + "/", prefix + "0"]
-    return "(" + " OR ".join(parts) + ")", params
