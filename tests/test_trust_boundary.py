@@ -17,10 +17,11 @@ import pytest
 
 from conftest import KERNELS, env_contents, sample_entries
 from helpers import run_python
-from warmenv import Environment, Failed, Stored, open_environment
+from warmenv import Environment, Failed, Stored, WarmenvWarning, open_environment
 from warmenv.bundle import (
     BundleFormat,
     CorruptBundleError,
+    InvalidSourceError,
     NotABundleError,
     export_bundle,
     import_bundle,
@@ -301,3 +302,20 @@ async def test_a_corrupt_bundle_fails_verify(bundle_path: Path) -> None:
     with pytest.raises(CorruptBundleError):
         async with open_bundle(bundle_path) as bundle:
             await bundle.verify()
+
+
+async def test_an_environment_file_that_is_a_fifo_degrades_to_memory_at_once(
+    tmp_path: Path,
+) -> None:
+    fifo = tmp_path / "pipe.db"
+    os.mkfifo(fifo)
+    with anyio.fail_after(10), pytest.warns(WarmenvWarning, match="FIFO"):
+        async with open_environment(file=fifo) as env:
+            assert env.in_memory
+
+
+async def test_a_fifo_as_export_source_is_refused_at_once(tmp_path: Path, out_dir: Path) -> None:
+    fifo = tmp_path / "pipe.db"
+    os.mkfifo(fifo)
+    with anyio.fail_after(10), pytest.raises(InvalidSourceError, match="FIFO"):
+        await export_bundle(fifo, out_dir / "x.bundle", name="x")

@@ -22,10 +22,10 @@ import errno
 import os
 import secrets
 import shutil
-import stat
 import tempfile
 from pathlib import Path
 
+from warmenv._fs import kind_of
 from warmenv.bundle.errors import NotABundleError
 
 __all__ = [
@@ -41,20 +41,6 @@ __all__ = [
 HEAD_SIZE = 16  # enough bytes to tell the formats apart
 STAGING_SUFFIX = ".warmenv-staging"
 SNAPSHOT_PREFIX = ".warmenv-import."
-_KINDS = {
-    stat.S_IFIFO: "a FIFO",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFDIR: "a directory",
-}
-
-
-def kind_of(mode: int) -> str | None:
-    """What a non-regular file is ("a FIFO"), or `None` for a regular file."""
-    if stat.S_ISREG(mode):
-        return None
-    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
 def open_regular(path: Path) -> int:

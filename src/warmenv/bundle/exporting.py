@@ -27,6 +27,7 @@ import anyio
 import anyio.to_thread
 import attrs
 
+from warmenv._fs import non_regular_kind
 from warmenv.bundle import _files
 from warmenv.bundle.base import BundleFormat
 from warmenv.bundle.errors import BundleError, NotABundleError
@@ -142,12 +143,14 @@ def _source_paths(sources: list[Source]) -> list[Path]:
             continue
         path = Path(source).expanduser()
         if path.is_dir():
-            found = sorted(path.glob("*.db"))
+            found = sorted(p for p in path.glob("*.db") if p.is_file())
             if not found:
                 raise InvalidSourceError(f"{path} holds no environment (*.db) to export")
             paths.extend(found)
         elif path.is_file():
             paths.append(path)
+        elif (kind := non_regular_kind(path)) is not None:
+            raise InvalidSourceError(f"{path} is {kind}, not an environment database")
         else:
             raise InvalidSourceError(f"{path} does not exist; name an environment, file or root")
     if not paths:

@@ -10,6 +10,7 @@ the busy timeout makes writers of several processes queue rather than fail.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import sqlite3
@@ -32,6 +33,7 @@ import attrs
 
 from warmenv import _sqlite
 from warmenv._errors import WarmenvWarning
+from warmenv._fs import non_regular_kind
 from warmenv.persistence import schema
 from warmenv.persistence.files import read_only_uri
 from warmenv.persistence.namespace import Namespace
@@ -145,6 +147,9 @@ async def open_database(path: Path, *, create: bool = True) -> SqliteDatabase:
     directory cannot hold the shared-memory file) when the file exists but
     cannot be written. Raises `sqlite3.Error` or `OSError` when neither works.
     """
+    kind = await anyio.to_thread.run_sync(non_regular_kind, path)
+    if kind is not None:  # SQLite would block on a FIFO or read a device forever
+        raise OSError(errno.EINVAL, f"{path} is {kind}, not a database file", str(path))
     exists = await anyio.to_thread.run_sync(path.exists)
     if not exists and not create:
         raise FileNotFoundError(path)

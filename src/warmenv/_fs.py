@@ -1,0 +1,38 @@
+"""What kind of file a path names, for refusing anything but regular files.
+
+Opening a FIFO blocks until a writer appears and reading a device never
+ends, so every file warmenv opens by path (environment databases, bundles,
+export sources and targets) is checked to be a regular file first.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+__all__ = ["kind_of", "non_regular_kind"]
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
+
+
+def kind_of(mode: int) -> str | None:
+    """What a non-regular file is ("a FIFO"), or `None` for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def non_regular_kind(path: Path) -> str | None:
+    """What `path` is if it exists and is not a regular file (symlinks followed), else `None`."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return kind_of(mode)
