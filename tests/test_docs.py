@@ -42,3 +42,20 @@ def test_example_runs(code: str, tmp_path: Path) -> None:
         timeout=120,
     )
     assert completed.returncode == 0, completed.stderr
+
+
+def test_every_example_passes_mypy_strict(tmp_path: Path) -> None:
+    """Examples are code users copy: each one type-checks under `mypy --strict`."""
+    from mypy import api
+
+    files = []
+    for param in EXAMPLES:
+        (code,) = param.values
+        name = str(param.id).replace(".", "_").replace("-", "_")
+        path = tmp_path / f"{name}.py"
+        path.write_text(code)
+        files.append(str(path))
+    stdout, stderr, status = api.run(
+        ["--strict", "--no-incremental", "--cache-dir", str(tmp_path / ".mypy_cache"), *files]
+    )
+    assert status == 0, stdout + stderr
