@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import final
 
 import anyio
+import anyio.lowlevel
 
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.errors import CorruptBundleError
@@ -250,7 +251,10 @@ async def _insert_batch(
     if validate is not None:
         accepted = [(k, v) for k, v in batch if validate(namespace, k, v)]
         tally.rejected += len(batch) - len(accepted)
-    summary = await storage.insert_many(accepted, Origin.IMPORTED)
+    # Shielded for the same reason as a bulk batch: the tally must match the commit.
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    with anyio.CancelScope(shield=True):
+        summary = await storage.insert_many(accepted, Origin.IMPORTED)
     size = sum(len(k) + len(v) for k, v in accepted)
     # insert_many counts but does not name what it stored; when only some
     # were, their bytes are estimated by their share of the batch.
@@ -270,7 +274,15 @@ async def _copy_in_bulk(
     copier: AsyncGenerator[CopiedBatch, None], tally: _Tally
 ) -> AsyncGenerator[str, None]:
     async with aclosing(copier):
-        async for batch in copier:
+        while True:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            # A batch whose caller is cancelled still commits in the worker;
+            # shielding the step (one batch) keeps the tally, and so a
+            # partial report, equal to what was committed.
+            with anyio.CancelScope(shield=True):
+                batch = await anext(copier, None)
+            if batch is None:
+                return
             for namespace, entries, size in batch.imported:
                 tally.add_imported(namespace, entries, size)
             if batch.failed:
