@@ -135,10 +135,8 @@ async def test_the_bundle_names_are_the_classes_the_old_names_denote(
     assert Event == BundleEvent
     for name in ("BundleStarted", "BundleProgress", "BundleFinished", "BundleEvent"):
         assert name in warmenv.bundle.__all__
-    kinds: list[type] = []
     async with importing(bundle_path, cold_env, batch_size=BATCH) as progress:
-        async for event in progress:
-            kinds.append(type(event))
+        kinds = [type(event) async for event in progress]
     assert kinds[0] is BundleStarted
     assert set(kinds[1:-1]) == {BundleProgress}
     assert kinds[-1] is BundleFinished
@@ -189,9 +187,7 @@ async def test_a_cancelled_import_reports_what_was_committed(
     assert report.imported == await entry_count(cold_env)
 
 
-async def test_a_finished_import_reports_complete(
-    bundle_path: Path, cold_env: Environment
-) -> None:
+async def test_a_finished_import_reports_complete(bundle_path: Path, cold_env: Environment) -> None:
     report = await import_bundle(bundle_path, cold_env, batch_size=BATCH)
     assert report.complete
     assert report.imported == TOTAL
@@ -242,14 +238,10 @@ async def test_events_carry_the_report_of_their_direction(
     warm_env: Environment, cold_env: Environment, out_dir: Path
 ) -> None:
     out = out_dir / "b.bundle"
-    exported: list[ExportEvent] = []
     async with exporting(warm_env, out, name="b", version="1") as export_progress:
-        async for export_event in export_progress:
-            exported.append(export_event)
-    imported: list[ImportEvent] = []
+        exported: list[ExportEvent] = [event async for event in export_progress]
     async with importing(out, cold_env) as import_progress:
-        async for import_event in import_progress:
-            imported.append(import_event)
+        imported: list[ImportEvent] = [event async for event in import_progress]
     last_export, last_import = exported[-1], imported[-1]
     assert isinstance(last_export, BundleFinished)
     assert isinstance(last_export.report, ExportReport)
