@@ -78,7 +78,7 @@ async def import_per_s(bundle: Path, root: Path, name: str, n: int, verify: bool
 
 async def export_per_s(source: Path, out: Path, fmt: str, n: int) -> float:
     start = time.perf_counter()
-    report = await export_bundle(source, out, name="bench", format=fmt)
+    report = await export_bundle(source, out, name="bench", version="1", format=fmt)
     elapsed = time.perf_counter() - start
     assert report.entries == n
     return n / elapsed
@@ -108,7 +108,7 @@ _RSS_CHILD = MEMORY_PROBE + textwrap.dedent(
         root = Path(sys.argv[1])
         before = rss_mib()
         if sys.argv[2] == "export":
-            await export_bundle(root / "source.db", root / sys.argv[3], name="large",
+            await export_bundle(root / "source.db", root / sys.argv[3], name="large", version="1",
                                 format=sys.argv[4])
         else:
             async with open_environment("imported-" + sys.argv[4], root=root) as env:

@@ -129,7 +129,7 @@ async def bundle_path(warm_env: Environment, tmp_path: Path, bundle_format: str)
     from warmenv.bundle import export_bundle
 
     out = tmp_path / f"warm.{bundle_format}.bundle"
-    await export_bundle(warm_env, out, name="H100 Linux", format=bundle_format)
+    await export_bundle(warm_env, out, name="H100 Linux", version="1", format=bundle_format)
     return out
 
 

@@ -143,7 +143,7 @@ async def test_both_formats_serve_the_same_entries(warm_env: Environment, tmp_pa
     served = []
     for fmt in (BundleFormat.SQLITE, BundleFormat.FLAT):
         out = tmp_path / f"b.{fmt}"
-        await export_bundle(warm_env, out, name="b", format=fmt)
+        await export_bundle(warm_env, out, name="b", version="1", format=fmt)
         async with open_bundle(out) as bundle:
             namespaces = await bundle.namespaces()
             scanned = {
@@ -168,7 +168,9 @@ async def test_export_merges_sources_first_source_winning(
         await second.storage(KERNELS).insert(b"k000", b"from second")
         await second.storage(KERNELS).insert(b"only-second", b"v")
         out = tmp_path / "merged.bundle"
-        report = await export_bundle([warm_env, second], out, name="m", format=bundle_format)
+        report = await export_bundle(
+            [warm_env, second], out, name="m", version="1", format=bundle_format
+        )
     assert report.entries == TOTAL + 1
     async with open_bundle(out) as bundle:
         assert await bundle.get(KERNELS, b"k000") == b"kernel-0"
@@ -178,8 +180,8 @@ async def test_export_merges_sources_first_source_winning(
 async def test_export_sources_may_be_files_and_roots(
     warm_env: Environment, root: Path, tmp_path: Path
 ) -> None:
-    by_file = await export_bundle(warm_env.path, tmp_path / "f.bundle", name="f")
-    by_root = await export_bundle(root, tmp_path / "r.bundle", name="r")
+    by_file = await export_bundle(warm_env.path, tmp_path / "f.bundle", name="f", version="1")
+    by_root = await export_bundle(root, tmp_path / "r.bundle", name="r", version="1")
     assert by_file.entries == by_root.entries == TOTAL
     assert by_file.manifest.digest == by_root.manifest.digest
 
@@ -190,10 +192,14 @@ async def test_export_prefixes_match_whole_segments_without_wildcards(
     await warm_env.storage("a_p/1/x").insert(b"k", b"v")
     await warm_env.storage("app%/1/x").insert(b"k", b"v")
     out = tmp_path / "p.bundle"
-    await export_bundle(warm_env, out, name="p", format=bundle_format, namespaces=["app"])
+    await export_bundle(
+        warm_env, out, name="p", version="1", format=bundle_format, namespaces=["app"]
+    )
     async with open_bundle(out) as bundle:
         assert {s.namespace for s in await bundle.namespaces()} == {str(KERNELS), str(CONFIGS)}
-    await export_bundle(warm_env, out, name="p", format=bundle_format, namespaces=["a_p"])
+    await export_bundle(
+        warm_env, out, name="p", version="1", format=bundle_format, namespaces=["a_p"]
+    )
     async with open_bundle(out) as bundle:
         assert {s.namespace for s in await bundle.namespaces()} == {"a_p/1/x"}
 
@@ -225,8 +231,8 @@ async def test_reexport_replaces_the_previous_bundle(
     warm_env: Environment, tmp_path: Path, bundle_format: str
 ) -> None:
     out = tmp_path / "b.bundle"
-    await export_bundle(warm_env, out, name="first", format=bundle_format)
-    await export_bundle(warm_env, out, name="second", format=bundle_format)
+    await export_bundle(warm_env, out, name="first", version="1", format=bundle_format)
+    await export_bundle(warm_env, out, name="second", version="1", format=bundle_format)
     async with open_bundle(out) as bundle:
         assert bundle.manifest.name == "second"
 
@@ -237,7 +243,7 @@ async def test_a_foreign_file_at_out_survives_byte_for_byte(
     out = out_dir / "precious.txt"
     out.write_bytes(b"not a bundle\x00\x01")
     with pytest.raises(FileExistsError, match="not a warmenv bundle; remove it first"):
-        await export_bundle(warm_env, out, name="x", format=bundle_format)
+        await export_bundle(warm_env, out, name="x", version="1", format=bundle_format)
     assert out.read_bytes() == b"not a bundle\x00\x01"
     assert sorted(p.name for p in out_dir.iterdir()) == ["precious.txt"]
 
@@ -247,7 +253,7 @@ async def test_an_environment_database_at_out_is_not_replaced(
 ) -> None:
     before = warm_env.path.read_bytes()
     with pytest.raises(FileExistsError):
-        await export_bundle(warm_env, warm_env.path, name="x")
+        await export_bundle(warm_env, warm_env.path, name="x", version="1")
     assert warm_env.path.read_bytes() == before
 
 
@@ -255,10 +261,10 @@ async def test_a_failed_export_leaves_the_previous_bundle_alone(
     warm_env: Environment, out_dir: Path, bundle_format: str
 ) -> None:
     out = out_dir / "b.bundle"
-    await export_bundle(warm_env, out, name="previous", format=bundle_format)
+    await export_bundle(warm_env, out, name="previous", version="1", format=bundle_format)
     before = out.read_bytes()
     with pytest.raises(BundleError):
-        await export_bundle([warm_env, out_dir / "missing.db"], out, name="x")
+        await export_bundle([warm_env, out_dir / "missing.db"], out, name="x", version="1")
     assert out.read_bytes() == before
     assert sorted(p.name for p in out_dir.iterdir()) == ["b.bundle"]
 
@@ -268,16 +274,16 @@ async def test_a_cancelled_export_leaves_the_previous_bundle_and_no_staging_file
 ) -> None:
     await warm_env.storage("big/1/x").insert_many((b"%06d" % i, b"v" * 100) for i in range(5000))
     out = out_dir / "b.bundle"
-    await export_bundle(warm_env, out, name="previous", format=bundle_format)
+    await export_bundle(warm_env, out, name="previous", version="1", format=bundle_format)
     before = out.read_bytes()
-    async with exporting(warm_env, out, name="new", format=bundle_format) as progress:
+    async with exporting(warm_env, out, name="new", version="1", format=bundle_format) as progress:
         async for event in progress:
             if isinstance(event, Progress):
                 break
     assert out.read_bytes() == before
     assert sorted(p.name for p in out_dir.iterdir()) == ["b.bundle"]
     with anyio.move_on_after(0.01):
-        await export_bundle(warm_env, out, name="new", format=bundle_format)
+        await export_bundle(warm_env, out, name="new", version="1", format=bundle_format)
     assert sorted(p.name for p in out_dir.iterdir()) == ["b.bundle"]
     async with open_bundle(out) as bundle:
         assert bundle.manifest.name in ("previous", "new")
@@ -292,7 +298,7 @@ async def test_the_next_export_removes_staging_files_a_killed_one_left(
     leftover.write_bytes(b"half a bundle")
     unrelated = out_dir / ".other.bundle.1.x.warmenv-staging"
     unrelated.write_bytes(b"not ours")
-    await export_bundle(warm_env, out, name="b")
+    await export_bundle(warm_env, out, name="b", version="1")
     assert not leftover.exists()
     assert unrelated.exists()
 
@@ -349,7 +355,7 @@ async def test_a_bundle_in_a_read_only_directory_imports_completely(
     shipped = shared_tmp / "site-packages"
     shipped.mkdir()
     out = shipped / "warm.bundle"
-    await export_bundle(warm_env, out, name="shipped", format=bundle_format)
+    await export_bundle(warm_env, out, name="shipped", version="1", format=bundle_format)
     out.chmod(0o444)
     shipped.chmod(0o555)
     target = shared_tmp / "target"
@@ -422,7 +428,9 @@ async def test_rows_whose_key_or_value_is_not_a_blob_are_malformed(
 ) -> None:
     # Only the SQLite format has typed columns to get wrong.
     bundle_path = out_dir / "typed.bundle"
-    await export_bundle(warm_env, bundle_path, name="typed", format=BundleFormat.SQLITE)
+    await export_bundle(
+        warm_env, bundle_path, name="typed", version="1", format=BundleFormat.SQLITE
+    )
     with sqlite3.connect(bundle_path) as conn:
         conn.execute("UPDATE entries SET value = 'text' WHERE key = ?", (b"k001",))
     conn.close()
@@ -488,7 +496,7 @@ async def test_a_flat_header_claiming_billions_of_entries_fails_before_allocatin
 
 async def test_a_flat_bundle_reads_from_bytes(warm_env: Environment, out_dir: Path) -> None:
     bundle_path = out_dir / "flat.bundle"
-    await export_bundle(warm_env, bundle_path, name="flat", format=BundleFormat.FLAT)
+    await export_bundle(warm_env, bundle_path, name="flat", version="1", format=BundleFormat.FLAT)
     bundle = FlatBundle.from_bytes(bundle_path.read_bytes())
     assert await bundle.get(KERNELS, b"k010") == b"kernel-10"
     assert bundle.compute_digest_sync() == bundle.manifest.digest
@@ -504,7 +512,7 @@ async def test_preflight_says_the_bundle_can_hit_here(bundle_path: Path) -> None
 async def test_preflight_explains_another_platform(warm_env: Environment, tmp_path: Path) -> None:
     elsewhere = EnvironmentInfo(label="Mac M3", os="macos", arch="riscv128")
     out = tmp_path / "b.bundle"
-    await export_bundle(warm_env, out, name="mac", environments=[elsewhere])
+    await export_bundle(warm_env, out, name="mac", version="1", environments=[elsewhere])
     report = await preflight(out)
     assert not report.ok
     assert "'Mac M3' (macos riscv128)" in str(report)
@@ -537,7 +545,7 @@ async def test_a_sqlite_bundle_whose_rows_are_not_in_key_order_still_verifies(
     warm_env: Environment, out_dir: Path, cold_env: Environment
 ) -> None:
     out = out_dir / "shuffled.bundle"
-    await export_bundle(warm_env, out, name="shuffled")
+    await export_bundle(warm_env, out, name="shuffled", version="1")
     with sqlite3.connect(out) as conn:
         conn.execute("CREATE TABLE t AS SELECT * FROM entries ORDER BY namespace DESC, key DESC")
         conn.execute("DELETE FROM entries")
@@ -553,8 +561,8 @@ async def test_two_imports_into_one_environment_may_overlap(
     warm_env: Environment, out_dir: Path, cold_env: Environment
 ) -> None:
     first, second = out_dir / "a.bundle", out_dir / "b.bundle"
-    await export_bundle(warm_env, first, name="a", namespaces=["app"])
-    await export_bundle(warm_env, second, name="b", namespaces=["app2"])
+    await export_bundle(warm_env, first, name="a", version="1", namespaces=["app"])
+    await export_bundle(warm_env, second, name="b", version="1", namespaces=["app2"])
     reports: list[ImportReport] = []
 
     async def run(path: Path) -> None:

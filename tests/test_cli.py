@@ -108,7 +108,17 @@ def warm_root(tmp_path: Path) -> Path:
 @pytest.fixture
 def bundle(warm_root: Path, tmp_path: Path) -> Path:
     out = tmp_path / "warm.bundle"
-    completed = warmenv("export", str(out), "--name", "H100 Linux", "--env", "warm", root=warm_root)
+    completed = warmenv(
+        "export",
+        str(out),
+        "--name",
+        "H100 Linux",
+        "--app-version",
+        "1",
+        "--env",
+        "warm",
+        root=warm_root,
+    )
     assert completed.returncode == 0, completed.stderr
     return out
 
@@ -151,6 +161,8 @@ def test_export_writes_a_bundle_and_reports_it(warm_root: Path, tmp_path: Path) 
             str(out),
             "--name",
             "n",
+            "--app-version",
+            "1",
             "--format",
             "flat",
             "--namespace",
@@ -174,6 +186,8 @@ def test_export_takes_explicit_sources(warm_root: Path, tmp_path: Path) -> None:
             str(warm_root / "warm.db"),
             "--name",
             "n",
+            "--app-version",
+            "1",
             "--json",
             root=tmp_path / "elsewhere",
         )
@@ -189,6 +203,8 @@ def test_export_sources_may_follow_the_options(warm_root: Path, tmp_path: Path) 
             str(out),
             "--name",
             "n",
+            "--app-version",
+            "1",
             "--format",
             "flat",
             str(warm_root / "warm.db"),
@@ -300,7 +316,7 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
         ["export", "out.bundle"],  # --name is required
         ["import"],
         ["no-such-command"],
-        ["export", "o", "--name", "n", "--format", "zip"],
+        ["export", "o", "--name", "n", "--app-version", "1", "--format", "zip"],
         ["ls", "--env", "bad name"],
     ],
 )
@@ -313,7 +329,17 @@ def test_bad_usage_exits_2(args: list[str], tmp_path: Path) -> None:
 def test_an_existing_foreign_file_is_not_overwritten(warm_root: Path, tmp_path: Path) -> None:
     precious = tmp_path / "notes.txt"
     precious.write_text("keep me")
-    completed = warmenv("export", str(precious), "--name", "n", "--env", "warm", root=warm_root)
+    completed = warmenv(
+        "export",
+        str(precious),
+        "--name",
+        "n",
+        "--app-version",
+        "1",
+        "--env",
+        "warm",
+        root=warm_root,
+    )
     assert completed.returncode == 1
     assert "not a warmenv bundle; remove it first" in completed.stderr
     assert precious.read_text() == "keep me"
@@ -357,7 +383,16 @@ def big_flat_bundle(tmp_path: Path) -> Path:
     anyio.run(make)
     out = tmp_path / "big.bundle"
     completed = warmenv(
-        "export", str(out), "--name", "big", "--format", "flat", str(root / "big.db"), root=root
+        "export",
+        str(out),
+        "--name",
+        "big",
+        "--app-version",
+        "1",
+        "--format",
+        "flat",
+        str(root / "big.db"),
+        root=root,
     )
     assert completed.returncode == 0, completed.stderr
     return out
@@ -391,6 +426,8 @@ def test_ctrl_c_during_export_exits_130_and_leaves_the_previous_bundle(
         str(big_flat_bundle),
         "--name",
         "again",
+        "--app-version",
+        "1",
         "--format",
         "flat",
         str(tmp_path / "big" / "big.db"),

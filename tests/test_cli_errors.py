@@ -61,7 +61,9 @@ def test_an_empty_bundle_name_is_bad_usage_and_writes_nothing(
     warm_root: Path, tmp_path: Path
 ) -> None:
     before = files_under(tmp_path)
-    completed = warmenv("export", str(tmp_path / "b.bundle"), "--name", "", root=warm_root)
+    completed = warmenv(
+        "export", str(tmp_path / "b.bundle"), "--name", "", "--app-version", "1", root=warm_root
+    )
     assert "--name must not be empty" in assert_one_error_line(completed, 2)
     assert files_under(tmp_path) == before
 
@@ -75,6 +77,8 @@ def test_a_bundle_name_that_is_not_utf8_is_bad_usage_before_any_work(
         str(tmp_path / "b.bundle"),
         "--name",
         b"H100 \xff\xfe",
+        "--app-version",
+        "1",
         "--env",
         "warm",
         "--root",
@@ -159,6 +163,8 @@ def test_export_into_an_unwritable_directory_fails_in_one_line(shared_tmp: Path,
         str(source / "warm.db"),
         "--name",
         "n",
+        "--app-version",
+        "1",
         "--format",
         form,
         "--root",
@@ -185,7 +191,7 @@ def test_export_past_the_file_size_limit_fails_in_one_line(tmp_path: Path, form:
     completed = subprocess.run(
         [
             *(sys.executable, "-m", "warmenv", "export", str(out), str(source / "warm.db")),
-            *("--name", "n", "--format", form, "--root", str(tmp_path / "r")),
+            *("--name", "n", "--app-version", "1", "--format", form, "--root", str(tmp_path / "r")),
         ],
         capture_output=True,
         text=True,
@@ -236,7 +242,9 @@ def test_import_into_an_unwritable_directory_fails_and_says_why(
     warm_root: Path, shared_tmp: Path
 ) -> None:
     shipped = shared_tmp / "warm.bundle"
-    completed = warmenv("export", str(shipped), "--name", "n", "--env", "warm", root=warm_root)
+    completed = warmenv(
+        "export", str(shipped), "--name", "n", "--app-version", "1", "--env", "warm", root=warm_root
+    )
     assert completed.returncode == 0, completed.stderr
     shipped.chmod(0o644)
     root = shared_tmp / "locked"
@@ -254,7 +262,9 @@ def test_import_into_a_read_only_environment_fails_and_says_why(
     warm_root: Path, shared_tmp: Path
 ) -> None:
     shipped = shared_tmp / "warm.bundle"
-    completed = warmenv("export", str(shipped), "--name", "n", "--env", "warm", root=warm_root)
+    completed = warmenv(
+        "export", str(shipped), "--name", "n", "--app-version", "1", "--env", "warm", root=warm_root
+    )
     assert completed.returncode == 0, completed.stderr
     shipped.chmod(0o644)
     root = shared_tmp / "ro"
@@ -354,7 +364,15 @@ def test_purge_of_an_environment_that_does_not_exist_creates_nothing(tmp_path: P
 
 
 def test_export_of_an_environment_that_does_not_exist_creates_nothing(tmp_path: Path) -> None:
-    completed = warmenv("export", str(tmp_path / "b.bundle"), "--name", "n", root=tmp_path / "R")
+    completed = warmenv(
+        "export",
+        str(tmp_path / "b.bundle"),
+        "--name",
+        "n",
+        "--app-version",
+        "1",
+        root=tmp_path / "R",
+    )
     assert "no environment" in assert_one_error_line(completed, 1)
     assert files_under(tmp_path) == set()
 

@@ -79,7 +79,11 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Hostile:
                 await env.storage(namespace).insert(b"key\x1b[2J", b"value")
         for form in ("sqlite", "flat"):
             await export_bundle(
-                root / "evil.db", base / f"plain.{form}", name="placeholder", format=form
+                root / "evil.db",
+                base / f"plain.{form}",
+                name="placeholder",
+                version="1",
+                format=form,
             )
 
     anyio.run(fill)
@@ -138,6 +142,8 @@ COMMANDS: dict[str, Command] = {
         str(tmp / "out\x1b[2J\x9b.bundle"),
         "--name",
         NAME.replace("\x00", ""),  # argv cannot carry NUL
+        "--app-version",
+        "1",
         "--env",
         "evil",
         "--root",
@@ -184,6 +190,8 @@ FAILING: dict[str, Command] = {
         str(_foreign_file(tmp)),
         "--name",
         "n",
+        "--app-version",
+        "1",
         "--env",
         "evil",
         "--root",

@@ -53,7 +53,16 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     anyio.run(make)
     out = root / "big.bundle"
     completed = warmenv(
-        "export", str(out), "--name", "big", "--format", "flat", str(root / "big.db"), root=root
+        "export",
+        str(out),
+        "--name",
+        "big",
+        "--app-version",
+        "1",
+        "--format",
+        "flat",
+        str(root / "big.db"),
+        root=root,
     )
     assert completed.returncode == 0, completed.stderr
     return root / "big.db", out
@@ -93,7 +102,17 @@ def test_a_signal_mid_export_leaves_the_previous_bundle_and_no_staging_file(
     before = digest(out)
     completed = stop_after_first_progress(
         getattr(signal, name),
-        *("export", str(out), "--name", "again", "--format", "flat", str(source)),
+        *(
+            "export",
+            str(out),
+            "--name",
+            "again",
+            "--app-version",
+            "1",
+            "--format",
+            "flat",
+            str(source),
+        ),
         *("--root", str(tmp_path / "r")),
         backend=backend,
     )
@@ -112,7 +131,17 @@ def test_sigterm_mid_sqlite_export_removes_its_staging_file(
     out = tmp_path / "b.bundle"
     completed = stop_after_first_progress(
         signal.SIGTERM,
-        *("export", str(out), "--name", "again", str(source), "--root", str(tmp_path / "r")),
+        *(
+            "export",
+            str(out),
+            "--name",
+            "again",
+            "--app-version",
+            "1",
+            str(source),
+            "--root",
+            str(tmp_path / "r"),
+        ),
         backend=backend,
     )
     assert completed.returncode == 143, completed.stderr

@@ -26,7 +26,7 @@ async def _template(fmt: str, tmp: Path) -> bytes:
             for namespace, items in sample_entries().items():
                 await env.storage(namespace).insert_many(list(items.items())[:8])
             out = tmp / f"template.{fmt}"
-            await export_bundle(env, out, name="fuzz", format=fmt)
+            await export_bundle(env, out, name="fuzz", version="1", format=fmt)
         _templates[fmt] = out.read_bytes()
     return _templates[fmt]
 

@@ -31,8 +31,8 @@ async def _valid_bundles(tmp: Path) -> tuple[bytes, Path]:
         for namespace, items in sample_entries().items():
             await env.storage(namespace).insert_many(list(items.items())[:8])
         flat, sqlite = tmp / "valid.flat", tmp / "valid.sqlite"
-        await export_bundle(env, flat, name="valid", format=BundleFormat.FLAT)
-        await export_bundle(env, sqlite, name="valid", format=BundleFormat.SQLITE)
+        await export_bundle(env, flat, name="valid", version="1", format=BundleFormat.FLAT)
+        await export_bundle(env, sqlite, name="valid", version="1", format=BundleFormat.SQLITE)
     return flat.read_bytes(), sqlite
 
 

@@ -135,7 +135,7 @@ async def _make_bundle(tmp: Path, entries: int, fmt: str = BundleFormat.SQLITE) 
     async with open_environment("source", root=source) as env:
         await env.storage(NS).insert_many((b"k%06d" % i, os.urandom(256)) for i in range(entries))
         out = tmp / f"source.{fmt}"
-        await export_bundle(env, out, name="source", format=fmt)
+        await export_bundle(env, out, name="source", version="1", format=fmt)
     return out
 
 
@@ -173,7 +173,7 @@ def kill_export(tmp: Path, trials: int, backend: str, fmt: str) -> None:
             await env.storage(NS).insert_many(
                 (b"k%06d" % i, os.urandom(512)) for i in range(30_000)
             )
-            await export_bundle(env, tmp / "out.bundle", name="previous", format=fmt)
+            await export_bundle(env, tmp / "out.bundle", name="previous", version="1", format=fmt)
         return (tmp / "out.bundle").read_bytes()
 
     previous = anyio.run(prepare)
@@ -191,7 +191,7 @@ def kill_export(tmp: Path, trials: int, backend: str, fmt: str) -> None:
             anyio.run(check_whole, backend=backend)
 
         async def export_again() -> bytes:
-            await export_bundle(root / "target.db", out, name="previous", format=fmt)
+            await export_bundle(root / "target.db", out, name="previous", version="1", format=fmt)
             return out.read_bytes()
 
         previous = anyio.run(export_again, backend=backend)
@@ -278,16 +278,16 @@ async def cancel_import(env: Environment, bundle: Path, trials: int, rng: random
 async def cancel_export(env: Environment, out: Path, trials: int, rng: random.Random) -> None:
     await env.storage(NS).insert_many((b"e%06d" % i, os.urandom(256)) for i in range(5_000))
     for fmt in (BundleFormat.SQLITE, BundleFormat.FLAT):
-        await export_bundle(env, out, name="previous", format=fmt)
+        await export_bundle(env, out, name="previous", version="1", format=fmt)
         previous = out.read_bytes()
         for _ in range(trials):
             with anyio.move_on_after(rng.uniform(0, 0.1)):
-                await export_bundle(env, out, name="new", format=fmt)
+                await export_bundle(env, out, name="new", version="1", format=fmt)
             assert staging_files(out.parent) == []
             if out.read_bytes() != previous:
                 async with open_bundle(out) as bundle:
                     assert bundle.manifest.name == "new"
-                await export_bundle(env, out, name="previous", format=fmt)
+                await export_bundle(env, out, name="previous", version="1", format=fmt)
                 previous = out.read_bytes()
 
 
@@ -500,7 +500,7 @@ async def test_a_pickle_payload_is_imported_as_inert_bytes(tmp_path: Path) -> No
         await env.storage(NS).insert(b"payload", payload)
         await env.storage(NS).insert(b'"payload"', payload)
         out = tmp_path / "evil.bundle"
-        await export_bundle(env, out, name="evil\u202e", format=BundleFormat.FLAT)
+        await export_bundle(env, out, name="evil\u202e", version="1", format=BundleFormat.FLAT)
     async with open_environment("victim", root=tmp_path / "dst") as env:
         await import_bundle(out, env)
         assert await env.storage(NS).get(b"payload") == payload

@@ -41,7 +41,7 @@ async def _other_bundle(root: Path, out: Path, fmt: str) -> dict[str, dict[bytes
     async with open_environment("other", root=root) as env:
         for namespace, items in other.items():
             await env.storage(namespace).insert_many(items.items())
-        await export_bundle(env, out, name="other", format=fmt)
+        await export_bundle(env, out, name="other", version="1", format=fmt)
     return other
 
 
@@ -140,7 +140,7 @@ async def test_a_fifo_as_export_target_is_refused_at_once(
     fifo = tmp_path / "out.bundle"
     os.mkfifo(fifo)
     with anyio.fail_after(10), pytest.raises(FileExistsError, match="FIFO"):
-        await export_bundle(warm_env, fifo, name="x")
+        await export_bundle(warm_env, fifo, name="x", version="1")
 
 
 async def test_a_failed_commit_is_rolled_back_and_the_connection_stays_usable(
@@ -186,7 +186,7 @@ async def test_export_refuses_a_name_no_reader_accepts(
 ) -> None:
     out = out_dir / "refused.bundle"
     with pytest.raises(ValueError, match=match):
-        await export_bundle(warm_env, out, name=name)
+        await export_bundle(warm_env, out, name=name, version="1")
     assert list(out_dir.iterdir()) == []
 
 
@@ -202,7 +202,9 @@ async def test_exporting_from_a_database_file_leaves_no_wal_or_shm_beside_it(
     await warm_env.close()
     assert not Path(f"{path}-wal").exists() and not Path(f"{path}-shm").exists()
     for fmt in BundleFormat:
-        await export_bundle(path, out_dir / f"from-file.{fmt}", name="from file", format=fmt)
+        await export_bundle(
+            path, out_dir / f"from-file.{fmt}", name="from file", version="1", format=fmt
+        )
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
 
 
@@ -216,7 +218,7 @@ async def test_a_namespace_that_is_not_utf8_is_listed_and_left_out_of_exports(
     listed = [s.namespace for s in await warm_env.namespaces()]
     assert "\udcff/a" in listed
     out = out_dir / "skips.bundle"
-    report = await export_bundle(warm_env, out, name="skips", format=bundle_format)
+    report = await export_bundle(warm_env, out, name="skips", version="1", format=bundle_format)
     assert report.entries == sum(len(v) for v in sample_entries().values())
     async with open_bundle(out) as bundle:
         await bundle.verify()
@@ -246,7 +248,7 @@ async def test_an_export_onto_a_full_disk_is_an_oserror_and_leaves_nothing(
     await storage.insert_many((b"big%04d" % i, os.urandom(1024)) for i in range(600))
     out = tiny_disk / "full.bundle"
     with pytest.raises(OSError) as caught:
-        await export_bundle(warm_env, out, name="full", format=bundle_format)
+        await export_bundle(warm_env, out, name="full", version="1", format=bundle_format)
     assert not isinstance(caught.value, sqlite3.Error)
     assert "No space left" in str(caught.value)
     assert list(tiny_disk.iterdir()) == []
@@ -258,7 +260,7 @@ from warmenv.bundle import export_bundle
 
 async def main():
     try:
-        await export_bundle(sys.argv[1], sys.argv[2], name="n", format=sys.argv[3])
+        await export_bundle(sys.argv[1], sys.argv[2], name="n", version="1", format=sys.argv[3])
     except PermissionError as exc:
         print("PermissionError", exc.filename)
 

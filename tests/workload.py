@@ -45,7 +45,9 @@ async def import_(root: Path, bundle: Path, size: int) -> None:
 
 
 async def export(root: Path, out: Path, fmt: str) -> None:
-    async with exporting(root / f"{ENV}.db", out, name="killed", format=fmt) as progress:
+    async with exporting(
+        root / f"{ENV}.db", out, name="killed", version="1", format=fmt
+    ) as progress:
         async for event in progress:
             if isinstance(event, Progress):
                 print("started", event.entries_done, flush=True)
@@ -129,7 +131,7 @@ async def soak_export(root: Path, seconds: float, out: Path) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
-            report = await export_bundle(root / f"{ENV}.db", out, name="soak")
+            report = await export_bundle(root / f"{ENV}.db", out, name="soak", version="1")
             async with open_bundle(out) as bundle:
                 entries = sum(s.entries for s in await bundle.namespaces())
                 if isinstance(bundle, SqliteBundle):

@@ -1,9 +1,20 @@
 """Progress events and reports of import and export.
 
-An import or export yields `Started` once, `Progress` at least once per batch
-(cumulative counts, so a consumer that drops events still shows the truth),
-and `Finished` with the report. Command-line progress bars, logs and tests
-all read the same events.
+An import or export yields `BundleStarted` once, `BundleProgress` at least
+once per batch (cumulative counts, so a consumer that drops events still
+shows the truth), and `BundleFinished` with the report. Command-line
+progress bars, logs and tests all read the same events.
+
+`BundleFinished` is generic in its report, so an import's events carry an
+`ImportReport` and an export's an `ExportReport` for the type checker too:
+`event.report.imported` needs no cast in an import loop. The short names of
+0.1 (`Started`, `Progress`, `Finished`, `Event`) stay as aliases; the
+`Bundle*` names exist because `Progress` and `Event` collide with rich's
+`Progress` and `warmenv.sync.Event` in the same module.
+
+The operation runs as its events are consumed. Leaving the `async with`
+block without having iterated runs it to completion (it is what was asked
+for); leaving it after iterating stops it after its last whole batch.
 """
 
 from __future__ import annotations
@@ -14,23 +25,40 @@ from typing import Generic, TypeAlias, TypeVar
 
 import attrs
 
+from warmenv._errors import WarmenvError
 from warmenv.bundle.manifest import BundleManifest
 from warmenv.persistence.storage import NamespaceSummary
 
 __all__ = [
+    "BundleEvent",
+    "BundleFinished",
+    "BundleProgress",
+    "BundleStarted",
     "Event",
     "EventStream",
+    "ExportEvent",
     "ExportReport",
     "Finished",
+    "ImportEvent",
     "ImportReport",
+    "NotFinishedError",
     "Progress",
     "Started",
 ]
 
 
+class NotFinishedError(WarmenvError, RuntimeError):
+    """A report was asked of an operation that did not run to its end."""
+
+
 @attrs.frozen
 class ImportReport:
-    """What an import did; `namespaces` counts the entries and bytes imported per namespace."""
+    """What an import did; `namespaces` counts the entries and bytes imported per namespace.
+
+    `complete` is false for the report of an import that was stopped early
+    (the block left while iterating, cancelled, or failed): the counts are
+    then those of the batches committed before it stopped.
+    """
 
     namespaces: tuple[NamespaceSummary, ...]
     imported: int
@@ -39,6 +67,7 @@ class ImportReport:
     rejected: int
     bytes: int
     elapsed: float
+    complete: bool = True
 
 
 @attrs.frozen
@@ -54,7 +83,7 @@ class ExportReport:
 
 
 @attrs.frozen
-class Started:
+class BundleStarted:
     """The operation began: which namespaces, and how many entries and bytes in all."""
 
     namespaces: tuple[str, ...]
@@ -63,7 +92,7 @@ class Started:
 
 
 @attrs.frozen
-class Progress:
+class BundleProgress:
     """Cumulative counts after a batch; `namespace` is the one last written."""
 
     namespace: str
@@ -73,52 +102,106 @@ class Progress:
     total_bytes: int
 
 
-@attrs.frozen
-class Finished:
-    """The operation completed; `report` says what it did."""
-
-    report: ImportReport | ExportReport
-
-
-Event: TypeAlias = Started | Progress | Finished
-
-
 R = TypeVar("R", ImportReport, ExportReport)
+
+
+@attrs.frozen
+class BundleFinished(Generic[R]):
+    """The operation completed; `report` says what it did (typed by the direction)."""
+
+    report: R
+
+
+ImportEvent: TypeAlias = BundleStarted | BundleProgress | BundleFinished[ImportReport]
+ExportEvent: TypeAlias = BundleStarted | BundleProgress | BundleFinished[ExportReport]
+BundleEvent: TypeAlias = ImportEvent | ExportEvent
+
+# The 0.1 names, kept working.
+Started = BundleStarted
+Progress = BundleProgress
+Finished = BundleFinished
+Event: TypeAlias = BundleEvent
 
 
 class EventStream(Generic[R]):
     """The events of one import or export, produced as they are consumed.
 
-    The operation advances only while someone iterates; `aclose()` (which
-    `importing` and `exporting` call when their block exits) stops it after
-    its last whole batch. `report` is there once `Finished` has been seen.
+    `aclose()` (which `importing` and `exporting` call when their block
+    exits) stops the operation after its last whole batch; `finish()` runs
+    it to its end when nobody iterated. `report` is there once
+    `BundleFinished` has been seen; see the subclasses for what it says
+    after an early stop.
     """
 
     _operation = "operation"
 
     def __init__(self) -> None:
         self._report: R | None = None
-        self._events: AsyncGenerator[Event, None] | None = None
+        self._events: (
+            AsyncGenerator[BundleStarted | BundleProgress | BundleFinished[R], None] | None
+        )
+        self._events = None
+        # Set by the operation's first step, so "never iterated" is exact
+        # even when `aiter()` was called but no event was asked for.
+        self._started = False
+        self._closed = False
 
     @property
     def report(self) -> R:
-        """What the operation did; `RuntimeError` until `Finished` has been seen."""
-        if self._report is None:
-            raise RuntimeError(
-                f"the {self._operation} has not finished; iterate over the events first"
-            )
-        return self._report
+        """What the operation did; `NotFinishedError` if it did not run to its end."""
+        if self._report is not None:
+            return self._report
+        partial = self._partial_report()
+        if partial is not None:
+            return partial
+        raise NotFinishedError(self._not_finished())
 
-    def __aiter__(self) -> AsyncIterator[Event]:
+    def _not_finished(self) -> str:
+        if not self._started:
+            if self._closed:
+                return (
+                    f"the {self._operation} did not run: the block was left with an error "
+                    "before any event was read"
+                )
+            return (
+                f"the {self._operation} has not run yet: iterate over the events, or leave "
+                "the block to run it to its end"
+            )
+        return f"the {self._operation} has not finished yet; iterate over the events first"
+
+    def _partial_report(self) -> R | None:
+        """The report of an operation stopped early, where one means something."""
+        return None
+
+    def __aiter__(self) -> AsyncIterator[BundleStarted | BundleProgress | BundleFinished[R]]:
         events = self._events
         if events is None:
-            events = self._events = self._run()
+            events = self._events = self._events_once()
         return events
+
+    async def _events_once(
+        self,
+    ) -> AsyncGenerator[BundleStarted | BundleProgress | BundleFinished[R], None]:
+        self._started = True
+        run = self._run()
+        try:
+            async for event in run:
+                yield event
+        finally:
+            await run.aclose()
+
+    async def finish(self) -> None:
+        """Run the operation to its end if nobody has started iterating (else do nothing)."""
+        if self._started or self._closed:
+            return
+        async for _ in self:
+            pass
 
     async def aclose(self) -> None:
         """Stop the operation after its last whole batch (idempotent)."""
+        self._closed = True
         if self._events is not None:
             await self._events.aclose()
 
-    def _run(self) -> AsyncGenerator[Event, None]:
+    def _run(self) -> AsyncGenerator[BundleStarted | BundleProgress | BundleFinished[R], None]:
         raise NotImplementedError

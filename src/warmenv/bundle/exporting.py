@@ -31,7 +31,14 @@ from warmenv._fs import non_regular_kind
 from warmenv.bundle import _files
 from warmenv.bundle.base import BundleFormat
 from warmenv.bundle.errors import BundleError, NotABundleError
-from warmenv.bundle.events import Event, EventStream, ExportReport, Finished, Progress, Started
+from warmenv.bundle.events import (
+    BundleFinished,
+    BundleProgress,
+    BundleStarted,
+    EventStream,
+    ExportEvent,
+    ExportReport,
+)
 from warmenv.bundle.flat import FLAT_MAGIC, FlatWriter
 from warmenv.bundle.manifest import (
     DIGEST_PLACEHOLDER,
@@ -68,12 +75,16 @@ async def export_bundle(
     out: str | Path,
     *,
     name: str,
+    version: str,
     format: str = BundleFormat.SQLITE,
     namespaces: list[str] | None = None,
     environments: Sequence[EnvironmentInfo] | None = None,
-    version: str | None = None,
 ) -> ExportReport:
-    """Write the entries of `sources` to the bundle `out`; see the module docstring."""
+    """Write the entries of `sources` to the bundle `out`; see the module docstring.
+
+    `version` is the application's version, recorded in the manifest; it is
+    required because warmenv's own version says nothing about the entries.
+    """
     async with exporting(
         sources,
         out,
@@ -94,23 +105,37 @@ async def exporting(
     out: str | Path,
     *,
     name: str,
+    version: str,
     format: str = BundleFormat.SQLITE,
     namespaces: list[str] | None = None,
     environments: Sequence[EnvironmentInfo] | None = None,
-    version: str | None = None,
 ) -> AsyncIterator[ExportProgress]:
-    """`async with exporting(...) as progress: async for event in progress:` runs the export."""
+    """`async with exporting(...) as progress: async for event in progress:` runs the export.
+
+    The export advances as the events are consumed. Leaving the block without
+    having read an event runs it to its end, as `export_bundle` would;
+    leaving it early (a `break`, an error, cancellation) publishes nothing:
+    `out` is as it was, the staging file is removed, and `progress.report`
+    raises `NotFinishedError`.
+    """
     try:
         bundle_format = BundleFormat(format)
     except ValueError:
         raise ValueError(f"unknown bundle format {format!r}; use 'sqlite' or 'flat'") from None
     if not isinstance(name, str) or not name:
         raise ValueError("a bundle needs a non-empty name")
-    from warmenv import __version__
-
+    if version is None:
+        raise TypeError(
+            "export_bundle() needs version=: pass your application's own version, "
+            'e.g. version="1.2" (warmenv never substitutes its own)'
+        )
+    if not isinstance(version, str) or not version:
+        raise ValueError(
+            f"a bundle's version must be non-empty text (the application's), got {version!r}"
+        )
     manifest = BundleManifest(
         name=name,
-        version=__version__ if version is None else version,
+        version=version,
         created=now_iso(),
         environments=tuple(environments) if environments is not None else (this_machine(),),
         digest=DIGEST_PLACEHOLDER,
@@ -120,6 +145,7 @@ async def exporting(
     progress = ExportProgress(_ExportJob(paths, Path(out), bundle_format, namespaces, manifest))
     try:
         yield progress
+        await progress.finish()
     finally:
         with anyio.CancelScope(shield=True):
             await progress.aclose()
@@ -170,13 +196,21 @@ class ExportProgress(EventStream[ExportReport]):
         self._job = job
         super().__init__()
 
-    async def _run(self) -> AsyncGenerator[Event, None]:
+    def _not_finished(self) -> str:
+        if self._started and self._closed:
+            return (
+                f"the export was stopped before it finished; nothing was published and "
+                f"'{self._job.out}' is as it was"
+            )
+        return super()._not_finished()
+
+    async def _run(self) -> AsyncGenerator[ExportEvent, None]:
         started_at = time.perf_counter()
         job = self._job
         await anyio.to_thread.run_sync(job.start)
-        yield Started(tuple(job.totals), job.total_entries, job.total_bytes)
+        yield BundleStarted(tuple(job.totals), job.total_entries, job.total_bytes)
         while (step := await anyio.to_thread.run_sync(job.step)) is not None:
-            yield Progress(step, job.done, job.total_entries, job.bytes_done, job.total_bytes)
+            yield BundleProgress(step, job.done, job.total_entries, job.bytes_done, job.total_bytes)
         manifest = await anyio.to_thread.run_sync(job.commit)
         report = ExportReport(
             manifest=manifest,
@@ -189,7 +223,7 @@ class ExportProgress(EventStream[ExportReport]):
             elapsed=time.perf_counter() - started_at,
         )
         self._report = report
-        yield Finished(report)
+        yield BundleFinished(report)
 
     async def aclose(self) -> None:
         """Stop the export if it is still running and remove its staging file."""

@@ -31,16 +31,17 @@ from pathlib import Path
 from typing import final
 
 import anyio
+import anyio.lowlevel
 
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.errors import CorruptBundleError
 from warmenv.bundle.events import (
-    Event,
+    BundleFinished,
+    BundleProgress,
+    BundleStarted,
     EventStream,
-    Finished,
+    ImportEvent,
     ImportReport,
-    Progress,
-    Started,
 )
 from warmenv.bundle.open import open_private
 from warmenv.environment import Environment
@@ -84,8 +85,12 @@ async def importing(
 ) -> AsyncIterator[ImportProgress]:
     """`async with importing(...) as progress: async for event in progress:` runs the import.
 
-    The import advances as the events are consumed; leaving the block early
-    stops it after the last whole batch.
+    The import advances as the events are consumed. Leaving the block early
+    (a `break`, an error, cancellation) stops it after the last whole batch,
+    and `progress.report` then says what was committed (`complete=False`).
+    Leaving the block without having read an event runs the import to its
+    end, as `import_bundle` would; leaving it with an error before reading
+    any imports nothing.
     """
     check_batch_size(batch_size)
     near = env.snapshot_directory()
@@ -98,6 +103,7 @@ async def importing(
     progress = ImportProgress(bundle, env, namespaces, batch_size, validate, verify)
     try:
         yield progress
+        await progress.finish()
     finally:
         with anyio.CancelScope(shield=True):
             await progress.aclose()
@@ -107,7 +113,7 @@ async def importing(
 
 @final
 class ImportProgress(EventStream[ImportReport]):
-    """The events of one import; `report` once it has finished."""
+    """The events of one import; `report` once it has finished, or what it committed so far."""
 
     _operation = "import"
 
@@ -126,19 +132,32 @@ class ImportProgress(EventStream[ImportReport]):
         self._batch_size = batch_size
         self._validate = validate
         self._verify = verify
+        self._tally: _Tally | None = None
+        self._started_at = 0.0
+        self._stopped_at: float | None = None
         super().__init__()
 
-    async def _run(self) -> AsyncGenerator[Event, None]:
-        started_at = time.perf_counter()
+    def _partial_report(self) -> ImportReport | None:
+        if self._tally is None:
+            return None
+        return self._tally.report(self._started_at, self._stopped_at, complete=False)
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        if self._stopped_at is None:
+            self._stopped_at = time.perf_counter()
+
+    async def _run(self) -> AsyncGenerator[ImportEvent, None]:
+        started_at = self._started_at = time.perf_counter()
+        tally = self._tally = _Tally()
         selected = [
             s for s in await self._bundle.namespaces() if matches_any(s.namespace, self._prefixes)
         ]
         total_entries = sum(s.entries for s in selected)
         total_bytes = sum(s.bytes for s in selected)
-        yield Started(tuple(s.namespace for s in selected), total_entries, total_bytes)
+        yield BundleStarted(tuple(s.namespace for s in selected), total_entries, total_bytes)
         if self._verify:
             await _verify(self._bundle)
-        tally = _Tally()
         for summary in selected:
             tally.by_ns[summary.namespace] = (0, 0)
         entry_file = self._bundle.entry_file
@@ -151,20 +170,12 @@ class ImportProgress(EventStream[ImportReport]):
             batches = _copy_by_scan(self._bundle, self._env, selected, self, tally)
         async with aclosing(batches):
             async for namespace in batches:
-                yield Progress(namespace, tally.done, total_entries, tally.bytes_done, total_bytes)
-        report = ImportReport(
-            namespaces=tuple(
-                NamespaceSummary(ns, entries, size) for ns, (entries, size) in tally.by_ns.items()
-            ),
-            imported=tally.imported,
-            skipped=tally.skipped,
-            failed=tally.failed,
-            rejected=tally.rejected,
-            bytes=tally.imported_bytes,
-            elapsed=time.perf_counter() - started_at,
-        )
+                yield BundleProgress(
+                    namespace, tally.done, total_entries, tally.bytes_done, total_bytes
+                )
+        report = tally.report(started_at, None, complete=True)
         self._report = report
-        yield Finished(report)
+        yield BundleFinished(report)
 
 
 class _Tally:
@@ -178,6 +189,23 @@ class _Tally:
         self.by_ns[namespace] = (old[0] + entries, old[1] + size)
         self.imported += entries
         self.imported_bytes += size
+
+    def report(
+        self, started_at: float, stopped_at: float | None, *, complete: bool
+    ) -> ImportReport:
+        ended = time.perf_counter() if stopped_at is None else stopped_at
+        return ImportReport(
+            namespaces=tuple(
+                NamespaceSummary(ns, entries, size) for ns, (entries, size) in self.by_ns.items()
+            ),
+            imported=self.imported,
+            skipped=self.skipped,
+            failed=self.failed,
+            rejected=self.rejected,
+            bytes=self.imported_bytes,
+            elapsed=ended - started_at,
+            complete=complete,
+        )
 
 
 async def _verify(bundle: Bundle) -> None:
@@ -223,7 +251,10 @@ async def _insert_batch(
     if validate is not None:
         accepted = [(k, v) for k, v in batch if validate(namespace, k, v)]
         tally.rejected += len(batch) - len(accepted)
-    summary = await storage.insert_many(accepted, Origin.IMPORTED)
+    # Shielded for the same reason as a bulk batch: the tally must match the commit.
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    with anyio.CancelScope(shield=True):
+        summary = await storage.insert_many(accepted, Origin.IMPORTED)
     size = sum(len(k) + len(v) for k, v in accepted)
     # insert_many counts but does not name what it stored; when only some
     # were, their bytes are estimated by their share of the batch.
@@ -243,7 +274,15 @@ async def _copy_in_bulk(
     copier: AsyncGenerator[CopiedBatch, None], tally: _Tally
 ) -> AsyncGenerator[str, None]:
     async with aclosing(copier):
-        async for batch in copier:
+        while True:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            # A batch whose caller is cancelled still commits in the worker;
+            # shielding the step (one batch) keeps the tally, and so a
+            # partial report, equal to what was committed.
+            with anyio.CancelScope(shield=True):
+                batch = await anext(copier, None)
+            if batch is None:
+                return
             for namespace, entries, size in batch.imported:
                 tally.add_imported(namespace, entries, size)
             if batch.failed:

@@ -1,8 +1,11 @@
-"""`warmenv export OUT --name NAME`: write environments into a bundle.
+"""`warmenv export OUT --name NAME --app-version VERSION`: write environments into a bundle.
 
 The arguments are checked before any file is touched (an empty or non-UTF-8
-name is bad usage, exit 2), and the default source, `--env`, is only read:
-exporting an environment that does not exist creates nothing.
+name or version is bad usage, exit 2), and the default source, `--env`, is
+only read: exporting an environment that does not exist creates nothing.
+The version recorded in the manifest is the application's, so it is asked
+for: warmenv cannot know it, and guessing from the namespaces would record
+one application's version for a bundle that holds several.
 """
 
 from __future__ import annotations
@@ -38,6 +41,12 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
     parser.add_argument("sources", metavar="SOURCE", type=Path, nargs="*")
     parser.add_argument("--name", required=True, help='the bundle\'s name, e.g. "H100 Linux"')
     parser.add_argument(
+        "--app-version",
+        required=True,
+        metavar="VERSION",
+        help="your application's version, recorded in the manifest, e.g. 1.2",
+    )
+    parser.add_argument(
         "--format", choices=[BundleFormat.SQLITE, BundleFormat.FLAT], default=BundleFormat.SQLITE
     )
     add_namespace_option(parser)
@@ -48,13 +57,19 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     name = text_argument(args.name, "--name")
     if not name:
         raise UsageError('--name must not be empty: name the bundle, e.g. --name "H100 Linux"')
+    version = text_argument(args.app_version, "--app-version")
+    if not version:
+        raise UsageError(
+            "--app-version must not be empty: give your application's version, "
+            "e.g. --app-version 1.2"
+        )
     prefixes = namespace_prefixes(args)
     out.when_interrupted = f"no bundle was written, and {args.out} is as it was"
     if args.sources:
-        report = await _export(args, out, list(args.sources), name, prefixes)
+        report = await _export(args, out, list(args.sources), name, version, prefixes)
     else:
         async with environment(args, out) as env:
-            report = await _export(args, out, [env], name, prefixes)
+            report = await _export(args, out, [env], name, version, prefixes)
     out.line(
         f"exported {report.entries:,} entries ({size(report.bytes)}) in "
         f"{len(report.namespaces)} namespaces to {report.path} in {report.elapsed:.2f}s"
@@ -64,11 +79,16 @@ async def run(args: argparse.Namespace, out: Output) -> int:
 
 
 async def _export(
-    args: argparse.Namespace, out: Output, sources: list[Any], name: str, prefixes: list[str] | None
+    args: argparse.Namespace,
+    out: Output,
+    sources: list[Any],
+    name: str,
+    version: str,
+    prefixes: list[str] | None,
 ) -> ExportReport:
     try:
         async with exporting(
-            sources, args.out, name=name, format=args.format, namespaces=prefixes
+            sources, args.out, name=name, version=version, format=args.format, namespaces=prefixes
         ) as progress:
             report = await follow(out, aiter(progress), f"exporting to {args.out.name}")
     except ValueError as exc:
