@@ -320,4 +320,4 @@ async def test_a_fifo_as_export_source_is_refused_at_once(tmp_path: Path, out_di
     fifo = tmp_path / "pipe.db"
     os.mkfifo(fifo)
     with anyio.fail_after(10), pytest.raises(InvalidSourceError, match="FIFO"):
-        await export_bundle(fifo, out_dir / "x.bundle", name="x")
+        await export_bundle(fifo, out_dir / "x.bundle", name="x", version="1")
