@@ -119,7 +119,10 @@ class _LoopThread:
 
     @staticmethod
     def _main(ready: concurrent.futures.Future[BlockingPortal]) -> None:
+        loops: list[object] = []
+
         async def serve() -> None:
+            loops.append(asyncio.get_running_loop())
             async with BlockingPortal() as portal:
                 ready.set_result(portal)
                 await portal.sleep_until_stopped()
@@ -131,6 +134,12 @@ class _LoopThread:
                 ready.set_exception(exc)
             else:
                 raise
+        finally:
+            # anyio tells its worker threads to stop when the loop ends but does
+            # not wait for them; wait, so none outlives the loop thread.
+            for thread in threading.enumerate():
+                if loops and getattr(thread, "loop", None) is loops[0]:
+                    thread.join(timeout=10)
 
     def stop(self) -> None:
         """Cancel what still runs, end the loop (and its worker threads), join the thread."""
@@ -460,7 +469,12 @@ def _run_events(
     operation: Callable[[], AbstractAsyncContextManager[Any]],
     progress: Callable[[Event], object] | None,
 ) -> Any:
-    """Run an import or export on the loop thread, calling `progress` on this thread."""
+    """Run an import or export on the loop thread, calling `progress` on this thread.
+
+    With a callback the two go in lockstep, as `async for` over the events
+    does: the operation waits at each event until the callback has returned,
+    so a callback that raises stops it right there.
+    """
     portal = _portal()
     events: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
@@ -468,19 +482,23 @@ def _run_events(
         try:
             async with operation() as stream:
                 async for event in stream:
-                    events.put(event)
+                    if progress is not None:
+                        handled = anyio.Event()
+                        events.put((event, handled))
+                        await handled.wait()
             return stream.report
         finally:
             events.put(_DONE)  # after the block: whole batches, files closed
 
     future = portal.start_task_soon(run)
     try:
-        while (event := events.get()) is not _DONE:
-            if progress is not None:
-                progress(event)
+        while (item := events.get()) is not _DONE:
+            event, handled = item
+            progress(event)  # type: ignore[misc]  # only events with a callback are queued
+            portal.call(handled.set)
     except BaseException:
         # The callback failed or the caller was interrupted: stop the
-        # operation after its last whole batch, and wait until it has.
+        # operation (after its last whole batch) and wait until it has.
         future.cancel()
         while events.get() is not _DONE:
             pass
