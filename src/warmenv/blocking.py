@@ -48,8 +48,8 @@ from warmenv.environment import Environment
 from warmenv.environment import open_environment as _open_async
 from warmenv.persistence.codec import BytesCodec, Codec, JsonCodec, canonical_arguments
 from warmenv.persistence.namespace import Namespace
-from warmenv.persistence.storage import Insertion, NamespaceSummary, Purged
 from warmenv.persistence.storage import Failed as _Failed
+from warmenv.persistence.storage import Insertion, NamespaceSummary, Purged
 from warmenv.persistence.store import MISSING, CacheMode, Store
 
 __all__ = [
@@ -248,17 +248,29 @@ class BlockingEnvironment:
     def describe(self) -> str:
         return self._env.describe()
 
+    @overload
+    def store(
+        self, namespace: Namespace | str, codec: None = None, mode: CacheMode = CacheMode.EAGER
+    ) -> BlockingStore[Any, Any]: ...
+    @overload
+    def store(
+        self, namespace: Namespace | str, codec: Codec[K, V], mode: CacheMode = CacheMode.EAGER
+    ) -> BlockingStore[K, V]: ...
     def store(
         self,
         namespace: Namespace | str,
-        codec: Codec[K, V] | None = None,
+        codec: Codec[Any, Any] | None = None,
         mode: CacheMode = CacheMode.EAGER,
-    ) -> BlockingStore[K, V]:
-        """A typed store over one namespace (an `EAGER` one loads it now)."""
+    ) -> BlockingStore[Any, Any]:
+        """A store over one namespace (an `EAGER` one loads it now).
+
+        Without a codec it is a `JsonCodec` store whose types the annotation
+        gives: `store: BlockingStore[str, int] = env.store(ns)`.
+        """
         _refuse_event_loop_thread("BlockingEnvironment.store()")
         self._check_open()
         codec = JsonCodec() if codec is None else codec
-        store: Store[K, V] = self._portal.call(self._env.store, namespace, codec, mode)
+        store: Store[Any, Any] = self._portal.call(self._env.store, namespace, codec, mode)
         return BlockingStore(store, codec, self._portal)
 
     def namespaces(self) -> list[NamespaceSummary]:
