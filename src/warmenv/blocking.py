@@ -79,13 +79,18 @@ _running_asyncio_loop = asyncio._get_running_loop
 
 
 def _in_trio_run() -> bool:
+    sniffio = sys.modules.get("sniffio")
+    if sniffio is None:
+        return False  # trio imports sniffio: nothing can be running trio
+    # trio (>= 0.23) names itself here while it runs on this thread; a plain
+    # attribute read, where trio's own in_trio_run() raises and catches.
+    local = getattr(sniffio, "thread_local", None)  # sniffio >= 1.3
+    if local is not None and local.name is not None:
+        return True
     trio = sys.modules.get("trio")
-    if trio is None:
-        return False  # nothing can be running trio without having imported it
-    in_trio_run: Callable[[], bool] | None = getattr(trio.lowlevel, "in_trio_run", None)
-    if in_trio_run is not None:
-        return in_trio_run()
-    try:  # trio < 0.26
+    if trio is None or hasattr(trio.lowlevel, "in_trio_run"):
+        return False
+    try:  # a trio too old to say so through sniffio
         trio.lowlevel.current_task()
     except RuntimeError:
         return False
