@@ -14,9 +14,11 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiosqlite
 import anyio
@@ -25,7 +27,16 @@ import attrs
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _report import MEMORY_PROBE, Row, per_call_us, print_table
-from warmenv import CacheMode, Environment, JsonCodec, Namespace, Store, open_environment
+from warmenv import (
+    BytesCodec,
+    CacheMode,
+    Environment,
+    JsonCodec,
+    Namespace,
+    Store,
+    blocking,
+    open_environment,
+)
 
 NS = Namespace("bench", "storage", version="1")
 GET_SQL = "SELECT value FROM entries WHERE namespace = ? AND key = ?"
@@ -164,10 +175,12 @@ async def fill_store(env: Environment, shape: str, n: int) -> Namespace:
     return namespace
 
 
-async def per_key_us(fn: Callable[[str], Awaitable[object]], keys: list[str]) -> float:
-    """Best-of-5 mean time of `await fn(key)` over `keys`, in microseconds."""
+async def per_key_us(
+    fn: Callable[[str], Awaitable[object]], keys: list[str], repeat: int = 5
+) -> float:
+    """Best-of-`repeat` mean time of `await fn(key)` over `keys`, in microseconds."""
     best = float("inf")
-    for _ in range(5):
+    for _ in range(repeat):
         start = time.perf_counter()
         for key in keys:
             await fn(key)
@@ -288,6 +301,89 @@ async def hits_under_load(root: Path, askers: int = 200, keys: int = 10) -> Row:
         "p99 dict.get in a coroutine, same load",
         percentile(theirs, 99),
         "",
+    )
+
+
+def per_key_sync_us(fn: Callable[[Any], object], keys: list[Any], repeat: int = 5) -> float:
+    """Best-of-`repeat` mean time of `fn(key)` over `keys`, in microseconds."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for key in keys:
+            fn(key)
+        best = min(best, time.perf_counter() - start)
+    return best / len(keys) * 1e6
+
+
+def blocking_hits(root: Path, shape: str, n: int) -> list[Row]:
+    """warmenv.blocking hits in the EAGER store `store_hits` filled, beside a locked dict."""
+    with blocking.open_environment("hits", root=root) as env:
+        store: blocking.BlockingStore[str, object] = env.store(
+            Namespace("bench", f"hits-{shape}", version="1")
+        )
+        assert len(store) == n
+        plain = {f"key-{i:06d}": shaped_value(shape, i) for i in range(n)}
+        lock = threading.Lock()
+        keys = [f"key-{i:06d}" for i in range(0, n, 7)] * 3
+
+        def locked_get(key: str) -> object:
+            with lock:
+                return plain.get(key)
+
+        def locked_copy(key: str) -> object:
+            with lock:
+                return copy.deepcopy(plain.get(key))
+
+        runs: dict[str, Callable[[str], object]] = {
+            "dict": locked_get,
+            "get": store.get,
+            "copy": locked_copy,
+        }
+        best = dict.fromkeys(runs, float("inf"))
+        for _ in range(3):
+            for name, run in runs.items():
+                best[name] = min(best[name], per_key_sync_us(run, keys))
+    name = f"warmenv.blocking get hit ({n // 1000}k EAGER, {shape} values)"
+    baseline = "dict.get under a threading.Lock"
+    rows = [
+        Row(name, best["get"], "µs", baseline, best["dict"], "<= 1.2x"),
+        Row(name, best["get"], "µs", "absolute target", 2.0, "< 2 µs"),
+    ]
+    if shape == "dict":
+        rows.append(
+            Row(name, best["get"], "µs", "dict.get + copy.deepcopy under a Lock", best["copy"])
+        )
+    return rows
+
+
+def blocking_misses(root: Path, per_round: int = 2000) -> Row:
+    """A warmenv.blocking miss that reads through, beside the async `Store.get` doing so."""
+    every = keys(SMALL)
+
+    def sync_round(chosen: list[bytes]) -> float:
+        with blocking.open_environment("small", root=root) as env:
+            store: blocking.BlockingStore[bytes, bytes] = env.store(
+                NS, codec=BytesCodec(), mode=CacheMode.LAZY
+            )
+            return per_key_sync_us(store.get, chosen, repeat=1)
+
+    async def async_round(chosen: list[bytes]) -> float:
+        async with open_environment("small", root=root) as env:
+            store = await env.store(NS, codec=BytesCodec(), mode=CacheMode.LAZY)
+            return await per_key_us(store.get, chosen, repeat=1)  # type: ignore[arg-type]
+
+    best = {"sync": float("inf"), "async": float("inf")}
+    for _ in range(5):  # alternate: neither gets a quieter moment of the machine
+        chosen = random.sample(every, per_round)  # each key once: every call is a miss
+        best["sync"] = min(best["sync"], sync_round(chosen))
+        best["async"] = min(best["async"], anyio.run(async_round, chosen))
+    return Row(
+        "warmenv.blocking get miss, read through (LAZY, 10k x 256 B)",
+        best["sync"],
+        "µs",
+        "await Store.get miss, read through, on asyncio",
+        best["async"],
+        "<= 1.3x",
     )
 
 
@@ -451,6 +547,9 @@ def main() -> None:
             for row in trio_rows
             if row.name.startswith(("Store.get", "get_or_compute", "p99"))
         ]
+        for shape in ("str", "dict"):
+            rows += blocking_hits(root / "asyncio", shape, HITS)
+        rows.append(blocking_misses(root))
         for shape in ("str", "dict"):
             rows += store_rss(root / "asyncio", shape)
         big = root / "bigroot"

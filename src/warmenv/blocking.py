@@ -1,0 +1,630 @@
+"""warmenv from synchronous code: scripts, notebooks, thread pools, WSGI workers.
+
+Every blocking environment in a process is served by one event-loop thread
+(started on first use, a daemon, stopped at interpreter exit), so a sync
+caller pays a thread hop only when there is I/O to wait for, never an event
+loop per call. A hit is answered on the caller's own thread from the store's
+memory (`Store.get_nowait`), as cheap as a dict lookup; a miss crosses to the
+loop thread once and waits there for the storage read.
+
+`get_or_compute` runs the computation on the caller's thread: it is the
+application's plain function, free to block, and running it on the loop
+thread would stall every other thread's misses behind it. Threads asking
+for a key that is being computed wait for that run and share its outcome,
+its value (each thread gets its own copy) or its exception. This is single
+flight within one `BlockingStore` in one process, as for the async `Store`.
+
+Calling into this module from a thread that runs an event loop raises
+`EventLoopThreadError`: blocking there would stall that loop (or deadlock
+it), and the async API is the one to use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import functools
+import inspect
+import os
+import queue
+import sys
+import threading
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, contextmanager
+from pathlib import Path
+from typing import Any, Generic, ParamSpec, TypeVar, TypeVarTuple, final, overload
+
+import anyio
+import attrs
+from anyio.from_thread import BlockingPortal
+
+from warmenv._errors import ClosedError, WarmenvError
+from warmenv.bundle.events import Event, ExportReport, ImportReport
+from warmenv.bundle.exporting import BundleFormat, exporting
+from warmenv.bundle.importing import Validate, importing
+from warmenv.bundle.manifest import EnvironmentInfo
+from warmenv.environment import Environment
+from warmenv.environment import open_environment as _open_async
+from warmenv.persistence.codec import BytesCodec, Codec, JsonCodec, canonical_arguments
+from warmenv.persistence.namespace import Namespace
+from warmenv.persistence.storage import Failed as _Failed
+from warmenv.persistence.storage import Insertion, NamespaceSummary, Purged
+from warmenv.persistence.store import MISSING, CacheMode, Store
+
+__all__ = [
+    "BlockingEnvironment",
+    "BlockingStore",
+    "EventLoopThreadError",
+    "export_bundle",
+    "import_bundle",
+    "open_environment",
+]
+
+K = TypeVar("K")
+V = TypeVar("V")
+D = TypeVar("D")
+R = TypeVar("R")
+P = ParamSpec("P")
+Ts = TypeVarTuple("Ts")
+
+
+class EventLoopThreadError(WarmenvError, RuntimeError):
+    """warmenv.blocking was called on a thread running an event loop."""
+
+
+# --- where we are ------------------------------------------------------------
+
+_running_asyncio_loop = asyncio._get_running_loop
+
+
+def _in_trio_run() -> bool:
+    sniffio = sys.modules.get("sniffio")
+    if sniffio is None:
+        return False  # trio imports sniffio: nothing can be running trio
+    # trio (>= 0.23) names itself here while it runs on this thread; a plain
+    # attribute read, where trio's own in_trio_run() raises and catches.
+    local = getattr(sniffio, "thread_local", None)  # sniffio >= 1.3
+    if local is not None and local.name is not None:
+        return True
+    trio = sys.modules.get("trio")
+    if trio is None or hasattr(trio.lowlevel, "in_trio_run"):
+        return False
+    try:  # a trio too old to say so through sniffio
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _refuse_event_loop_thread(what: str) -> None:
+    # Checked on every call, hits included: a hit would work, but the same
+    # line would block (or deadlock) the loop on its first miss.
+    if _running_asyncio_loop() is not None or _in_trio_run():
+        raise EventLoopThreadError(
+            f"warmenv.blocking {what} was called on a thread running an event loop, where"
+            " waiting would block that loop; use the async API (warmenv.open_environment,"
+            " await store.get(...)) there"
+        )
+
+
+# --- the one event-loop thread -------------------------------------------------
+
+
+@final
+class _LoopThread:
+    """An event loop on a daemon thread, reached through a blocking portal."""
+
+    def __init__(self) -> None:
+        ready: concurrent.futures.Future[tuple[BlockingPortal, asyncio.AbstractEventLoop]] = (
+            concurrent.futures.Future()
+        )
+        self.thread = threading.Thread(
+            target=self._main, args=(ready,), name="warmenv-blocking-loop", daemon=True
+        )
+        self.thread.start()
+        self.portal, self.loop = ready.result()
+
+    @staticmethod
+    def _main(
+        ready: concurrent.futures.Future[tuple[BlockingPortal, asyncio.AbstractEventLoop]],
+    ) -> None:
+        loops: list[object] = []
+
+        async def serve() -> None:
+            loop = asyncio.get_running_loop()
+            loops.append(loop)
+            async with BlockingPortal() as portal:
+                ready.set_result((portal, loop))
+                await portal.sleep_until_stopped()
+
+        try:
+            anyio.run(serve)
+        except BaseException as exc:  # reported to the thread that started the loop
+            if not ready.done():
+                ready.set_exception(exc)
+            else:
+                raise
+        finally:
+            # anyio tells its worker threads to stop when the loop ends but does
+            # not wait for them; wait, so none outlives the loop thread.
+            for thread in threading.enumerate():
+                if loops and getattr(thread, "loop", None) is loops[0]:
+                    thread.join(timeout=10)
+
+    def call(self, fn: Callable[[*Ts], Coroutine[Any, Any, R]], *args: *Ts) -> R:
+        """`await fn(*args)` in a task on the loop, waiting for it on this thread.
+
+        What `portal.call` does, at half its cost: this is every miss's round
+        trip. The loop is always asyncio's (the thread is ours), and anyio code
+        runs in any asyncio task.
+        """
+        done = threading.Lock()
+        done.acquire()
+        tasks: list[asyncio.Task[R]] = []
+
+        def start() -> None:
+            task = self.loop.create_task(fn(*args))
+            tasks.append(task)
+            task.add_done_callback(lambda _: done.release())
+
+        try:
+            self.loop.call_soon_threadsafe(start)
+        except RuntimeError:
+            raise ClosedError("warmenv.blocking's event-loop thread has stopped") from None
+        try:
+            done.acquire()
+        except BaseException:  # interrupted: the task is ours to cancel and wait for
+            self.loop.call_soon_threadsafe(lambda: tasks[0].cancel())
+            done.acquire()
+            raise
+        return tasks[0].result()
+
+    def stop(self) -> None:
+        """Cancel what still runs, end the loop (and its worker threads), join the thread."""
+        try:
+            self.portal.call(self.portal.stop, True)
+        except RuntimeError:
+            pass  # already stopped
+        self.thread.join(timeout=10)
+
+
+_loop_lock = threading.Lock()
+_loop: _LoopThread | None = None
+
+
+def _shared_loop() -> _LoopThread:
+    loop = _loop
+    return _start_loop() if loop is None else loop
+
+
+def _start_loop() -> _LoopThread:
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            _loop = _LoopThread()
+            atexit.register(_stop_loop)
+        return _loop
+
+
+def _stop_loop() -> None:
+    global _loop
+    with _loop_lock:
+        loop, _loop = _loop, None
+    if loop is not None:
+        loop.stop()
+
+
+def _forget_loop_after_fork() -> None:
+    # The child has the parent's memory but not its threads: start afresh.
+    global _loop, _loop_lock
+    _loop = None
+    _loop_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_loop_after_fork)
+
+
+# --- environments ---------------------------------------------------------------
+
+
+@contextmanager
+def open_environment(
+    name: str | None = None, *, root: str | Path | None = None, file: str | Path | None = None
+) -> Iterator[BlockingEnvironment]:
+    """Open an environment for the duration of the block, from synchronous code.
+
+    Arguments as for `warmenv.open_environment`. The environment may be
+    shared by any number of threads; it is closed (on the loop thread) when
+    the block exits.
+    """
+    _refuse_event_loop_thread("open_environment()")
+    loop = _shared_loop()
+    with loop.portal.wrap_async_context_manager(_open_async(name, root=root, file=file)) as env:
+        blocking = BlockingEnvironment(env, loop)
+        try:
+            yield blocking
+        finally:
+            blocking._closed = True
+
+
+@final
+class BlockingEnvironment:
+    """An open environment for synchronous code; see `warmenv.Environment`."""
+
+    __slots__ = ("_closed", "_env", "_loop")
+
+    def __init__(self, env: Environment, loop: _LoopThread) -> None:
+        self._env = env
+        self._loop = loop
+        self._closed = False
+
+    @property
+    def environment(self) -> Environment:
+        """The async environment underneath (usable only on the loop thread)."""
+        return self._env
+
+    @property
+    def name(self) -> str:
+        return self._env.name
+
+    @property
+    def path(self) -> Path:
+        return self._env.path
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether this environment degraded to memory (nothing persists)."""
+        return self._env.in_memory
+
+    @property
+    def read_only(self) -> bool:
+        """Whether writes fail because the database could only be opened read-only."""
+        return self._env.read_only
+
+    def describe(self) -> str:
+        return self._env.describe()
+
+    @overload
+    def store(
+        self, namespace: Namespace | str, codec: None = None, mode: CacheMode = CacheMode.EAGER
+    ) -> BlockingStore[Any, Any]: ...
+    @overload
+    def store(
+        self, namespace: Namespace | str, codec: Codec[K, V], mode: CacheMode = CacheMode.EAGER
+    ) -> BlockingStore[K, V]: ...
+    def store(
+        self,
+        namespace: Namespace | str,
+        codec: Codec[Any, Any] | None = None,
+        mode: CacheMode = CacheMode.EAGER,
+    ) -> BlockingStore[Any, Any]:
+        """A store over one namespace (an `EAGER` one loads it now).
+
+        Without a codec it is a `JsonCodec` store whose types the annotation
+        gives: `store: BlockingStore[str, int] = env.store(ns)`.
+        """
+        _refuse_event_loop_thread("BlockingEnvironment.store()")
+        self._check_open()
+        codec = JsonCodec() if codec is None else codec
+        store: Store[Any, Any] = self._loop.call(self._env.store, namespace, codec, mode)
+        return BlockingStore(store, codec, self._loop)
+
+    def namespaces(self) -> list[NamespaceSummary]:
+        """Every namespace holding entries, with counts and sizes."""
+        _refuse_event_loop_thread("BlockingEnvironment.namespaces()")
+        self._check_open()
+        return self._loop.call(self._env.namespaces)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"{self._env.describe()} is closed; open it again to use it")
+
+
+# --- stores ----------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _Run:
+    """One computation of one key, run by the thread `owner`, awaited by the others."""
+
+    owner: int
+    done: threading.Event = attrs.field(factory=threading.Event)
+    error: Exception | None = None
+
+
+async def _given(value: V) -> V:
+    return value
+
+
+@final
+class BlockingStore(Generic[K, V]):
+    """A `Store` for synchronous callers; hits never leave the calling thread."""
+
+    __slots__ = ("_codec", "_get_nowait", "_lock", "_loop", "_memoized", "_runs", "_store")
+
+    def __init__(self, store: Store[K, V], codec: Codec[K, V], loop: _LoopThread) -> None:
+        self._store = store
+        self._get_nowait = store.get_nowait
+        self._codec = codec
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._runs: dict[bytes, _Run] = {}
+        self._memoized: str | None = None
+
+    @property
+    def store(self) -> Store[K, V]:
+        """The async store underneath (usable only on the loop thread)."""
+        return self._store
+
+    @property
+    def mode(self) -> CacheMode:
+        return self._store.mode
+
+    def __len__(self) -> int:
+        """Values held in memory."""
+        return len(self._store)
+
+    @overload
+    def get(self, key: K) -> V | None: ...
+    @overload
+    def get(self, key: K, default: D) -> V | D: ...
+    def get(self, key: K, default: Any = None) -> Any:
+        """The value for `key`, or `default`; a miss reads the storage (on the loop thread)."""
+        _refuse_event_loop_thread("get()")
+        try:
+            return self._get_nowait(key)
+        except anyio.WouldBlock:
+            return self._loop.call(self._store.get, key, default)
+
+    def insert(self, key: K, value: V) -> Insertion:
+        """Store `value`; see `Store.insert`."""
+        _refuse_event_loop_thread("insert()")
+        return self._loop.call(self._store.insert, key, value)
+
+    def get_or_compute(self, key: K, fn: Callable[[*Ts], V], *args: *Ts) -> V:
+        """The stored value, or `fn(*args)` run once, on this thread, for every concurrent asker.
+
+        Threads that ask while a run is in progress wait for it: they get the
+        value it stored (each its own copy) or the exception it raised, and
+        the next call starts a new run. If the storage already holds a value
+        from another process, that value wins and is returned.
+        """
+        _refuse_event_loop_thread("get_or_compute()")
+        try:
+            return self._get_nowait(key)
+        except anyio.WouldBlock:
+            return self._compute(key, self._codec.encode_key(key), fn, args)
+
+    @overload
+    def memoize(self, fn: Callable[P, V], /) -> Callable[P, V]: ...
+    @overload
+    def memoize(self, *, key: Callable[P, K]) -> Callable[[Callable[P, V]], Callable[P, V]]: ...
+    def memoize(self, fn: Any = None, *, key: Any = None) -> Any:
+        """Decorate a plain function so its calls go through `get_or_compute`.
+
+        Keys as for `Store.memoize`: the JSON list of the call's arguments,
+        defaults applied (so `store.get([1, 2])` reads what `f(1, 2)` stored,
+        and an async `Store.memoize` of the same namespace shares the entries),
+        or `key(*args, **kwargs)`.
+        """
+
+        def decorate(fn: Callable[..., V]) -> Callable[..., V]:
+            name = getattr(fn, "__qualname__", repr(fn))
+            signature = None
+            if key is None:
+                if not isinstance(self._codec, JsonCodec | BytesCodec):
+                    raise TypeError(
+                        f"{self._store.storage.describe()} uses {type(self._codec).__name__},"
+                        f" which cannot encode {name}()'s arguments; pass key= to memoize()"
+                    )
+                if self._memoized not in (None, name):
+                    raise ValueError(
+                        f"{self._store.storage.describe()} already memoizes {self._memoized}();"
+                        f" give {name}() its own namespace, or pass key= to tell their keys apart"
+                    )
+                self._memoized = name
+                signature = inspect.signature(fn)
+            as_bytes = isinstance(self._codec, BytesCodec)
+
+            @functools.wraps(fn)
+            def memoized(*args: Any, **kwargs: Any) -> V:
+                _refuse_event_loop_thread(f"{name}() (memoized)")
+                if signature is None:
+                    k = key(*args, **kwargs)
+                else:
+                    bound = signature.bind(*args, **kwargs)
+                    bound.apply_defaults()
+                    if as_bytes:
+                        k = canonical_arguments(bound.arguments, f"{name}()")
+                    else:
+                        # Encodes as canonical_arguments does; an unencodable
+                        # argument is reported by name below.
+                        k = list(bound.arguments.values())
+                try:
+                    return self._get_nowait(k)
+                except anyio.WouldBlock:
+                    pass
+                except TypeError:
+                    if signature is not None:
+                        canonical_arguments(bound.arguments, f"{name}()")
+                    raise
+                call = functools.partial(fn, *args, **kwargs)
+                return self._compute(k, self._codec.encode_key(k), call, ())
+
+            return memoized
+
+        return decorate if fn is None else decorate(fn)
+
+    def purge_key(self, key: K) -> Purged | _Failed:
+        """Forget one key here and delete it from the storage."""
+        _refuse_event_loop_thread("purge_key()")
+        return self._loop.call(self._store.purge_key, key)
+
+    def purge(self) -> Purged | _Failed:
+        """Forget everything here and delete the namespace from the storage."""
+        _refuse_event_loop_thread("purge()")
+        return self._loop.call(self._store.purge)
+
+    def _compute(self, key: K, encoded: bytes, fn: Callable[..., V], args: tuple[Any, ...]) -> V:
+        me = threading.get_ident()
+        while True:
+            with self._lock:
+                run = self._runs.get(encoded)
+                leading = run is None
+                if run is None:
+                    run = self._runs[encoded] = _Run(me)
+            if leading:
+                return self._lead(run, key, encoded, fn, args)
+            if run.owner == me:
+                raise WarmenvError(
+                    f"{getattr(fn, '__qualname__', fn)!s} asked {self._store.storage.describe()}"
+                    f" for {key!r} while computing that very key; it would wait for itself"
+                )
+            run.done.wait()
+            if run.error is not None:
+                raise run.error
+            try:
+                return self._get_nowait(key)  # the value the run left, a copy of our own
+            except anyio.WouldBlock:
+                continue  # abandoned, or already dropped again: this thread runs it
+
+    def _lead(
+        self, run: _Run, key: K, encoded: bytes, fn: Callable[..., V], args: tuple[Any, ...]
+    ) -> V:
+        try:
+            found = self._loop.call(self._store.get, key, MISSING)
+            if found is not MISSING:
+                return found
+            value = fn(*args)
+            return self._loop.call(self._store.get_or_compute, key, _given, value)
+        except Exception as exc:
+            run.error = exc
+            raise
+        finally:
+            # A BaseException (KeyboardInterrupt) leaves no error: a waiter runs it anew.
+            with self._lock:
+                if self._runs.get(encoded) is run:
+                    del self._runs[encoded]
+            run.done.set()
+
+
+# --- bundles ----------------------------------------------------------------------
+
+_DONE: Any = object()
+
+
+def _run_events(
+    operation: Callable[[], AbstractAsyncContextManager[Any]],
+    progress: Callable[[Event], object] | None,
+) -> Any:
+    """Run an import or export on the loop thread, calling `progress` on this thread.
+
+    With a callback the two go in lockstep, as `async for` over the events
+    does: the operation waits at each event until the callback has returned,
+    so a callback that raises stops it right there.
+    """
+    loop = _shared_loop()
+    events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    async def run() -> Any:
+        try:
+            async with operation() as stream:
+                async for event in stream:
+                    if progress is not None:
+                        handled = anyio.Event()
+                        events.put((event, handled))
+                        await handled.wait()
+            return stream.report
+        finally:
+            events.put(_DONE)  # after the block: whole batches, files closed
+
+    future = loop.portal.start_task_soon(run)
+    try:
+        while (item := events.get()) is not _DONE:
+            event, handled = item
+            progress(event)  # type: ignore[misc]  # only events with a callback are queued
+            loop.loop.call_soon_threadsafe(handled.set)
+    except BaseException:
+        # The callback failed or the caller was interrupted: stop the
+        # operation (after its last whole batch) and wait until it has.
+        future.cancel()
+        while events.get() is not _DONE:
+            pass
+        raise
+    return future.result()
+
+
+def import_bundle(
+    source: str | Path,
+    env: BlockingEnvironment,
+    *,
+    progress: Callable[[Event], object] | None = None,
+    namespaces: list[str] | None = None,
+    batch_size: int = 1024,
+    validate: Validate | None = None,
+    verify: bool = True,
+) -> ImportReport:
+    """Import a bundle into `env`, as `warmenv.bundle.import_bundle` does.
+
+    `progress` is called on this thread with each event (`Started`,
+    `Progress`..., `Finished`); if it raises, the import stops after its last
+    whole batch and the exception propagates.
+    """
+    _refuse_event_loop_thread("import_bundle()")
+    env._check_open()
+    report: ImportReport = _run_events(
+        functools.partial(
+            importing,
+            source,
+            env._env,
+            namespaces=namespaces,
+            batch_size=batch_size,
+            validate=validate,
+            verify=verify,
+        ),
+        progress,
+    )
+    return report
+
+
+def export_bundle(
+    sources: BlockingEnvironment | str | Path | Sequence[BlockingEnvironment | str | Path],
+    out: str | Path,
+    *,
+    name: str,
+    progress: Callable[[Event], object] | None = None,
+    format: str = BundleFormat.SQLITE,
+    namespaces: list[str] | None = None,
+    environments: Sequence[EnvironmentInfo] | None = None,
+    version: str | None = None,
+) -> ExportReport:
+    """Write the entries of `sources` to the bundle `out`, as `warmenv.bundle.export_bundle`.
+
+    `progress` is called on this thread with each event; if it raises, the
+    export stops, leaves the previous bundle at `out`, and the exception
+    propagates.
+    """
+    _refuse_event_loop_thread("export_bundle()")
+    items = [sources] if isinstance(sources, BlockingEnvironment | str | Path) else sources
+    unwrapped: list[Environment | str | Path] = []
+    for source in items:
+        if isinstance(source, BlockingEnvironment):
+            source._check_open()
+            unwrapped.append(source._env)
+        else:
+            unwrapped.append(source)
+    report: ExportReport = _run_events(
+        functools.partial(
+            exporting,
+            unwrapped,
+            out,
+            name=name,
+            format=format,
+            namespaces=namespaces,
+            environments=environments,
+            version=version,
+        ),
+        progress,
+    )
+    return report

@@ -1,0 +1,451 @@
+"""warmenv.blocking: real threads, real files, one shared event-loop thread."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+import pytest
+
+from helpers import run_python
+from warmenv import ClosedError, Namespace, Stored, WarmenvError, open_environment
+from warmenv.blocking import (
+    BlockingEnvironment,
+    BlockingStore,
+    EventLoopThreadError,
+    export_bundle,
+    import_bundle,
+)
+from warmenv.blocking import open_environment as open_blocking
+from warmenv.bundle import Event, ExportReport, Finished, ImportReport, Progress, Started
+
+NS = Namespace("app", "blocking", version="1")
+
+
+class TracingCodec:
+    """JSON values, recording which thread decodes and how often each thread encodes a key."""
+
+    def __init__(self) -> None:
+        self.decoded_on: list[int] = []
+        self.key_encodings: Counter[int] = Counter()
+        self.changed = threading.Condition()
+
+    def encode_key(self, key: str) -> bytes:
+        with self.changed:
+            self.key_encodings[threading.get_ident()] += 1
+            self.changed.notify_all()
+        return json.dumps(key).encode()
+
+    def encode_value(self, value: dict[str, Any]) -> bytes:
+        return json.dumps(value, sort_keys=True).encode()
+
+    def decode_value(self, data: bytes) -> dict[str, Any]:
+        self.decoded_on.append(threading.get_ident())
+        decoded: dict[str, Any] = json.loads(data)
+        return decoded
+
+    def wait_for(self, threads: list[threading.Thread], encodings: int) -> None:
+        """Until each thread in `threads` has encoded a key `encodings` times."""
+        with self.changed:
+            assert self.changed.wait_for(
+                lambda: all(self.key_encodings[t.ident or 0] >= encodings for t in threads),
+                timeout=30,
+            )
+
+
+@pytest.fixture
+def env(root: Path) -> Iterator[BlockingEnvironment]:
+    with open_blocking("test", root=root) as environment:
+        yield environment
+
+
+def in_threads(n: int, target: Callable[[], object]) -> tuple[list[threading.Thread], list[Any]]:
+    """Start `n` threads running `target`; each result or exception lands in the list."""
+    outcomes: list[Any] = []
+    lock = threading.Lock()
+
+    def run() -> None:
+        try:
+            outcome = target()
+        except Exception as exc:
+            outcome = exc
+        with lock:
+            outcomes.append(outcome)
+
+    threads = [threading.Thread(target=run) for _ in range(n)]
+    for thread in threads:
+        thread.start()
+    return threads, outcomes
+
+
+def join(threads: list[threading.Thread]) -> None:
+    for thread in threads:
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+
+
+def loop_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "warmenv-blocking-loop"]
+
+
+# --- stores --------------------------------------------------------------------
+
+
+def test_a_blocking_store_gets_inserts_and_purges(env: BlockingEnvironment) -> None:
+    store: BlockingStore[str, dict[str, int]] = env.store(NS)
+    assert store.get("k") is None
+    assert store.insert("k", {"block": 128}) == Stored()
+    assert store.get("k") == {"block": 128}
+    store.purge_key("k")
+    assert store.get("k", "gone") == "gone"
+    store.insert("a", {"x": 1})
+    store.purge()
+    assert env.store(NS).get("a") is None
+
+
+def test_a_hit_is_answered_on_the_calling_thread(env: BlockingEnvironment) -> None:
+    env.store(NS).insert("k", {"block": 128})
+    codec = TracingCodec()
+    store = env.store(NS, codec=codec)  # EAGER: loads (and decodes) on the loop thread
+    loop_thread = loop_threads()[0].ident
+    assert codec.decoded_on == [loop_thread]
+    codec.decoded_on.clear()
+
+    threads, outcomes = in_threads(4, lambda: store.get("k"))
+    join(threads)
+
+    assert outcomes == [{"block": 128}] * 4
+    assert sorted(codec.decoded_on) == sorted(t.ident or 0 for t in threads)
+
+
+def test_a_miss_reads_through_to_entries_written_after_the_store_opened(
+    env: BlockingEnvironment,
+) -> None:
+    store: BlockingStore[str, int] = env.store(NS)
+    env.store(NS).insert("late", 7)  # another store, as another process would
+    assert store.get("late") == 7
+
+
+def test_a_mutated_value_does_not_change_what_the_next_caller_gets(
+    env: BlockingEnvironment,
+) -> None:
+    store: BlockingStore[str, dict[str, list[int]]] = env.store(NS)
+    store.insert("k", {"sizes": [1]})
+    got = store.get("k")
+    assert got is not None
+    got["sizes"].append(2)
+    assert store.get("k") == {"sizes": [1]}
+
+
+def test_get_or_compute_runs_fn_on_the_calling_thread_with_its_arguments(
+    env: BlockingEnvironment,
+) -> None:
+    store: BlockingStore[str, str] = env.store(NS)
+    ran_on: list[int] = []
+
+    def tune(key: str) -> str:
+        ran_on.append(threading.get_ident())
+        return f"tuned {key}"
+
+    results = {key: store.get_or_compute(key, tune, key) for key in ("a", "b", "c")}
+
+    assert results == {"a": "tuned a", "b": "tuned b", "c": "tuned c"}
+    assert ran_on == [threading.get_ident()] * 3
+    assert store.get_or_compute("a", tune, "a") == "tuned a"
+    assert len(ran_on) == 3
+
+
+def test_a_stored_none_is_a_value_not_recomputed(env: BlockingEnvironment) -> None:
+    store: BlockingStore[str, None] = env.store(NS)
+    runs: list[str] = []
+    assert store.get_or_compute("k", runs.append, "k") is None
+    assert store.get_or_compute("k", runs.append, "k") is None
+    assert runs == ["k"]
+
+
+def test_eight_threads_asking_one_missing_key_compute_it_once(env: BlockingEnvironment) -> None:
+    codec = TracingCodec()
+    store = env.store(NS, codec=codec)
+    started, release = threading.Event(), threading.Event()
+    computes: list[int] = []
+
+    def tune(key: str) -> dict[str, Any]:
+        computes.append(threading.get_ident())
+        started.set()
+        assert release.wait(timeout=30)
+        return {"key": key}
+
+    first, outcomes = in_threads(1, lambda: store.get_or_compute("k", tune, "k"))
+    assert started.wait(timeout=30)
+    others, more = in_threads(7, lambda: store.get_or_compute("k", tune, "k"))
+    # Twice: once to look in memory, once on the way to the run (where a store
+    # without single flight would call tune).
+    codec.wait_for(others, encodings=2)
+    release.set()
+    join(first + others)
+
+    assert computes == [first[0].ident]
+    assert outcomes + more == [{"key": "k"}] * 8
+    assert len({id(value) for value in outcomes + more}) == 8  # each thread its own copy
+
+
+def test_a_failed_compute_raises_in_every_waiting_thread_and_the_next_call_reruns(
+    env: BlockingEnvironment,
+) -> None:
+    codec = TracingCodec()
+    store = env.store(NS, codec=codec)
+    started, release = threading.Event(), threading.Event()
+    computes: list[int] = []
+
+    def tune(key: str) -> dict[str, Any]:
+        computes.append(threading.get_ident())
+        started.set()
+        assert release.wait(timeout=30)
+        raise ValueError(f"no kernel fits {key}")
+
+    first, outcomes = in_threads(1, lambda: store.get_or_compute("k", tune, "k"))
+    assert started.wait(timeout=30)
+    others, more = in_threads(7, lambda: store.get_or_compute("k", tune, "k"))
+    codec.wait_for(others, encodings=2)
+    release.set()
+    join(first + others)
+
+    assert len(computes) == 1
+    assert len(outcomes + more) == 8
+    assert all(isinstance(o, ValueError) and str(o) == "no kernel fits k" for o in outcomes + more)
+    assert store.get_or_compute("k", lambda: {"second": True}) == {"second": True}
+
+
+def test_a_compute_asking_for_its_own_key_raises_instead_of_waiting_forever(
+    env: BlockingEnvironment,
+) -> None:
+    store: BlockingStore[str, int] = env.store(NS)
+
+    def recurse() -> int:
+        return store.get_or_compute("k", recurse) + 1
+
+    with pytest.raises(WarmenvError, match="while computing that very key"):
+        store.get_or_compute("k", recurse)
+    assert store.get_or_compute("k", lambda: 1) == 1
+
+
+def test_memoize_keys_sync_calls_by_their_arguments(env: BlockingEnvironment) -> None:
+    store: BlockingStore[list[object], int] = env.store(NS)
+    calls: list[tuple[int, int]] = []
+
+    @store.memoize
+    def add(a: int, b: int = 2) -> int:
+        calls.append((a, b))
+        return a + b
+
+    assert [add(1), add(1, b=2), add(1, 3), add(1)] == [3, 3, 4, 3]
+    assert calls == [(1, 2), (1, 3)]
+    assert store.get([1, 2]) == 3
+
+
+def test_memoize_names_an_argument_that_cannot_be_part_of_a_key(
+    env: BlockingEnvironment,
+) -> None:
+    store: BlockingStore[list[object], int] = env.store(NS)
+
+    @store.memoize
+    def size(shape: object) -> int:
+        return 1
+
+    with pytest.raises(TypeError, match="'shape'"):
+        size({1, 2})
+
+
+def test_memoize_with_a_key_function(env: BlockingEnvironment) -> None:
+    store: BlockingStore[str, str] = env.store(NS)
+
+    def by_name(name: str, *, punctuation: str = "!") -> str:
+        return name
+
+    @store.memoize(key=by_name)
+    def greet(name: str, *, punctuation: str = "!") -> str:
+        return f"hello {name}{punctuation}"
+
+    assert greet("ada") == "hello ada!"
+    assert greet("ada", punctuation="?") == "hello ada!"
+    assert store.get("ada") == "hello ada!"
+
+
+# --- environments ------------------------------------------------------------------
+
+
+def test_an_environment_is_shared_by_threads_over_one_loop_thread(
+    root: Path, env: BlockingEnvironment
+) -> None:
+    def work(i: int) -> None:
+        store: BlockingStore[str, int] = env.store(NS)
+        store.insert(f"k{i}", i)
+        with open_blocking("other", root=root) as other:
+            other.store(NS).insert("x", i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    join(threads)
+
+    store: BlockingStore[str, int] = env.store(NS)
+    assert [store.get(f"k{i}") for i in range(8)] == list(range(8))
+    assert len(loop_threads()) == 1
+
+
+def test_closing_closes_the_environment_and_keeps_what_was_written(root: Path) -> None:
+    with open_blocking("test", root=root) as env:
+        store: BlockingStore[str, int] = env.store(NS)
+        store.insert("k", 1)
+    with pytest.raises(ClosedError):
+        env.store(NS)
+    with pytest.raises(ClosedError):
+        store.get("missing")
+    with pytest.raises(ClosedError):
+        env.environment.database  # noqa: B018 (closed on the loop thread)
+    with open_blocking("test", root=root) as again:
+        assert again.store(NS).get("k") == 1
+
+
+def test_no_thread_outlives_the_interpreter(root: Path) -> None:
+    code = f"""
+import atexit, json, threading
+def report(when):
+    print(json.dumps([when, sorted(t.name for t in threading.enumerate()
+                                   if t is not threading.main_thread())]))
+atexit.register(report, "exit")  # before warmenv's own hook, so it runs after it
+from warmenv import Namespace
+from warmenv.blocking import open_environment
+with open_environment("t", root={str(root)!r}) as env:
+    store = env.store(Namespace("a", "b", version="1"))
+    store.get_or_compute("k", str.upper, "v")
+    store.get("missing")
+report("closed")
+"""
+    completed = run_python(code)
+    assert completed.returncode == 0, completed.stderr
+    lines = [json.loads(line) for line in completed.stdout.splitlines()]
+    # In use: one loop thread (and whatever worker threads its loop keeps idle).
+    assert lines[0][0] == "closed" and lines[0][1].count("warmenv-blocking-loop") == 1
+    assert lines[1:] == [["exit", []]]
+
+
+# --- from inside an event loop -------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_opening_on_an_event_loop_thread_says_to_use_the_async_api(root: Path) -> None:
+    with pytest.raises(EventLoopThreadError, match="use the async API"):
+        with open_blocking("test", root=root):
+            pass  # pragma: no cover
+
+
+@pytest.mark.anyio
+async def test_a_store_used_on_an_event_loop_thread_raises_even_for_a_hit(root: Path) -> None:
+    with ExitStack() as stack:
+        # Worker threads may block: they are not the loop's thread.
+        env = await anyio.to_thread.run_sync(stack.enter_context, open_blocking("t", root=root))
+        store: BlockingStore[str, int] = await anyio.to_thread.run_sync(env.store, NS)
+        await anyio.to_thread.run_sync(store.insert, "k", 1)
+        assert await anyio.to_thread.run_sync(store.get, "k") == 1
+
+        calls: list[Callable[[], object]] = [
+            lambda: store.get("k"),
+            lambda: store.get("missing"),
+            lambda: store.get_or_compute("k", int),
+            lambda: store.insert("j", 2),
+            lambda: env.store(NS),
+        ]
+        for call in calls:
+            with pytest.raises(EventLoopThreadError, match="use the async API"):
+                call()
+        with pytest.raises(EventLoopThreadError):
+            import_bundle(root / "x.bundle", env)
+        await anyio.to_thread.run_sync(stack.close)
+
+
+# --- bundles --------------------------------------------------------------------
+
+
+def recorder() -> tuple[list[Event], list[int], Callable[[Event], None]]:
+    events: list[Event] = []
+    threads: list[int] = []
+
+    def record(event: Event) -> None:
+        events.append(event)
+        threads.append(threading.get_ident())
+
+    return events, threads, record
+
+
+def test_export_and_import_call_progress_on_the_calling_thread(
+    root: Path, env: BlockingEnvironment, tmp_path: Path
+) -> None:
+    store: BlockingStore[str, int] = env.store(NS)
+    for i in range(50):
+        store.insert(f"k{i}", i)
+    out = tmp_path / "warm.bundle"
+
+    events, threads, record = recorder()
+    exported = export_bundle(env, out, name="warm", version="1", progress=record)
+
+    assert isinstance(exported, ExportReport) and exported.entries == 50
+    assert isinstance(events[0], Started)
+    assert all(isinstance(e, Progress) for e in events[1:-1]) and len(events) >= 3
+    assert events[-1] == Finished(exported)
+    assert set(threads) == {threading.get_ident()}
+
+    events, threads, record = recorder()
+    with open_blocking("fresh", root=root) as fresh:
+        imported = import_bundle(out, fresh, progress=record, batch_size=16)
+        assert fresh.store(NS).get("k49") == 49
+
+    assert isinstance(imported, ImportReport) and imported.imported == 50
+    assert isinstance(events[0], Started)
+    assert sum(isinstance(e, Progress) for e in events) >= 4  # 50 entries, 16 a batch
+    assert events[-1] == Finished(imported)
+    assert set(threads) == {threading.get_ident()}
+
+
+def test_the_blocking_forms_report_what_the_async_forms_report(
+    root: Path, env: BlockingEnvironment, tmp_path: Path
+) -> None:
+    env.store(NS).insert("k", 1)
+    out = tmp_path / "warm.bundle"
+    export_bundle([env], out, name="warm", version="1")
+    with open_blocking("one", root=root) as one:
+        ours = import_bundle(str(out), one)
+
+    async def theirs() -> ImportReport:
+        from warmenv.bundle import import_bundle as async_import
+
+        async with open_environment("two", root=root) as two:
+            return await async_import(out, two)
+
+    assert attrs_without_elapsed(ours) == attrs_without_elapsed(anyio.run(theirs))
+
+
+def attrs_without_elapsed(report: ImportReport) -> tuple[object, ...]:
+    return (report.namespaces, report.imported, report.skipped, report.failed, report.bytes)
+
+
+def test_a_progress_callback_that_raises_stops_the_export_and_leaves_no_bundle(
+    env: BlockingEnvironment, tmp_path: Path
+) -> None:
+    env.store(NS).insert("k", 1)
+    out = tmp_path / "bundles" / "warm.bundle"
+    out.parent.mkdir()
+
+    def refuse(event: Event) -> None:
+        if isinstance(event, Progress):
+            raise KeyError("stop here")
+
+    with pytest.raises(KeyError, match="stop here"):
+        export_bundle(env, out, name="warm", version="1", progress=refuse)
+    assert list(out.parent.iterdir()) == []
