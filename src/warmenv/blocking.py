@@ -593,11 +593,11 @@ def export_bundle(
     out: str | Path,
     *,
     name: str,
+    version: str,
     progress: Callable[[Event], object] | None = None,
     format: str = BundleFormat.SQLITE,
     namespaces: list[str] | None = None,
     environments: Sequence[EnvironmentInfo] | None = None,
-    version: str | None = None,
 ) -> ExportReport:
     """Write the entries of `sources` to the bundle `out`, as `warmenv.bundle.export_bundle`.
 
