@@ -321,3 +321,45 @@ async def test_a_fifo_as_export_source_is_refused_at_once(tmp_path: Path, out_di
     os.mkfifo(fifo)
     with anyio.fail_after(10), pytest.raises(InvalidSourceError, match="FIFO"):
         await export_bundle(fifo, out_dir / "x.bundle", name="x", version="1")
+
+
+async def test_a_socket_is_refused_as_not_a_bundle_file(tmp_path: Path) -> None:
+    import socket
+
+    path = tmp_path / "sock.bundle"
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(path))
+        with pytest.raises(NotABundleError, match="socket"):
+            async with open_bundle(path):
+                pass
+
+
+async def test_an_environment_behind_a_dangling_symlink_creates_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere" / "target.db"
+    (tmp_path / "root").mkdir()
+    link = tmp_path / "root" / "dangling.db"
+    link.symlink_to(target)
+    with pytest.warns(WarmenvWarning, match="missing file"):
+        async with open_environment("dangling", root=tmp_path / "root") as env:
+            assert env.in_memory
+    assert not target.parent.exists()
+
+
+async def test_inspection_and_import_read_the_same_bytes_of_a_wal_mode_bundle(
+    warm_env: Environment, out_dir: Path, cold_env: Environment
+) -> None:
+    path = out_dir / "wal.bundle"
+    await export_bundle(warm_env, path, name="wal", version="1", format=BundleFormat.SQLITE)
+    writer = sqlite3.connect(path)
+    writer.execute("PRAGMA journal_mode=WAL")
+    writer.execute("UPDATE entries SET value = X'00'")  # lands in -wal, left uncheckpointed
+    writer.commit()
+    try:
+        before = sorted(p.name for p in out_dir.iterdir())
+        async with open_bundle(path) as bundle:
+            await bundle.verify()  # the main file alone, as an import reads it
+        await import_bundle(path, cold_env)
+        assert await env_contents(cold_env) == sample_entries()
+        assert sorted(p.name for p in out_dir.iterdir()) == before
+    finally:
+        writer.close()

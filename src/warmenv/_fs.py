@@ -30,9 +30,15 @@ def kind_of(mode: int) -> str | None:
 
 
 def non_regular_kind(path: Path) -> str | None:
-    """What `path` is if it exists and is not a regular file (symlinks followed), else `None`."""
+    """What `path` is if it is there and not a regular file (symlinks followed), else `None`.
+
+    A symlink whose target is missing counts: opening it to write would
+    create a file wherever it points.
+    """
     try:
         mode = os.stat(path).st_mode
     except OSError:
+        if os.path.islink(path):
+            return "a symlink to a missing file"
         return None
     return kind_of(mode)

@@ -25,7 +25,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from warmenv._fs import kind_of
+from warmenv._fs import kind_of, non_regular_kind
 from warmenv.bundle.errors import NotABundleError
 
 __all__ = [
@@ -50,10 +50,11 @@ def open_regular(path: Path) -> int:
     regular file raises `NotABundleError` at once.
     """
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except IsADirectoryError:
-        raise NotABundleError(f"{path} is a directory, not a bundle file") from None
+    # Checked before opening too: a socket cannot be opened at all (ENXIO).
+    kind = non_regular_kind(path)
+    if kind is not None:
+        raise NotABundleError(f"{path} is {kind}, not a bundle file")
+    fd = os.open(path, flags)
     try:
         kind = kind_of(os.fstat(fd).st_mode)
     except BaseException:

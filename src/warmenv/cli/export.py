@@ -47,7 +47,7 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         help="your application's version, recorded in the manifest, e.g. 1.2",
     )
     parser.add_argument(
-        "--format", choices=[BundleFormat.SQLITE, BundleFormat.FLAT], default=BundleFormat.SQLITE
+        "--format", choices=[str(f) for f in BundleFormat], default=str(BundleFormat.SQLITE)
     )
     add_namespace_option(parser)
     parser.set_defaults(run=run)

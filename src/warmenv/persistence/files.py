@@ -132,23 +132,19 @@ class EntryFile:
     @classmethod
     async def open(cls, path: Path) -> EntryFile:
         """Open read-only and check the schema and every row's types."""
-        last: sqlite3.Error | None = None
-        for immutable in (False, True):
-            try:
-                connection, (meta, namespaces) = await _sqlite.open_with(
-                    read_only_uri(path, immutable=immutable), _check_file, uri=True
-                )
-            except UnicodeDecodeError as exc:
-                raise DamagedEntryFileError(f"text that is not UTF-8 ({exc})") from None
-            except sqlite3.Error as exc:
-                last = exc
-                if _is_not_database(exc):
-                    raise NotEntryFileError(f"SQLite cannot read it ({exc})") from None
-                if "malformed" in str(exc):
-                    break
-                continue
-            return cls(connection, path, meta, namespaces)
-        raise DamagedEntryFileError(f"SQLite cannot read it ({last})")
+        # Immutable: the main file alone is read, exactly the bytes an import's
+        # private copy holds (never a -wal file beside it), and nothing is created.
+        try:
+            connection, (meta, namespaces) = await _sqlite.open_with(
+                read_only_uri(path, immutable=True), _check_file, uri=True
+            )
+        except UnicodeDecodeError as exc:
+            raise DamagedEntryFileError(f"text that is not UTF-8 ({exc})") from None
+        except sqlite3.Error as exc:
+            if _is_not_database(exc):
+                raise NotEntryFileError(f"SQLite cannot read it ({exc})") from None
+            raise DamagedEntryFileError(f"SQLite cannot read it ({exc})") from None
+        return cls(connection, path, meta, namespaces)
 
     async def get(self, namespace: str, key: bytes) -> bytes | None:
         return await self._run(partial(_get, namespace, key))
