@@ -17,7 +17,6 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -143,34 +142,41 @@ def rss_growth(root: Path, action: str, bundle: str, fmt: str) -> float:
     return float(out.stdout.split()[-1])
 
 
-async def best_of(times: int, measure: Callable[[int], Awaitable[float]]) -> float:
-    """The best of `times` runs; each run gets its own index for fresh targets."""
-    return max([await measure(i) for i in range(times)])
-
-
 async def bench(root: Path, n: int) -> list[Row]:
     source = await make_source(root, n, 1024)
     sqlite_bundle = root / "b.sqlite"
     flat_bundle = root / "b.flat"
     # Every figure is the best of three, like its baseline, so that no figure
     # is the one run that met a cold cache or a busy moment of the machine.
-    export_sqlite = await best_of(3, lambda i: export_per_s(source, sqlite_bundle, "sqlite", n))
-    export_flat = await best_of(3, lambda i: export_per_s(source, flat_bundle, "flat", n))
-    baseline = max(raw_copy_per_s(sqlite_bundle, root, n) for _ in range(3))
-    no_digest = await best_of(
-        3, lambda i: import_per_s(sqlite_bundle, root, f"plain{i}", n, verify=False)
-    )
-    with_digest = await best_of(
-        3, lambda i: import_per_s(sqlite_bundle, root, f"checked{i}", n, verify=True)
-    )
-    flat_import = await best_of(
-        3, lambda i: import_per_s(flat_bundle, root, f"flat{i}", n, verify=True)
-    )
+    # The three rounds interleave every measure with the baseline, so that a
+    # change of load on a shared machine reaches the baseline and the
+    # figures alike instead of whichever block happened to run then.
+    runs: dict[str, list[float]] = {}
+
+    def record(measure: str, value: float) -> None:
+        runs.setdefault(measure, []).append(value)
+
+    for i in range(3):
+        record("export sqlite", await export_per_s(source, sqlite_bundle, "sqlite", n))
+        record("export flat", await export_per_s(source, flat_bundle, "flat", n))
+        record("baseline", raw_copy_per_s(sqlite_bundle, root, n))
+        record(
+            "no digest", await import_per_s(sqlite_bundle, root, f"plain{i}", n, verify=False)
+        )
+        record(
+            "with digest", await import_per_s(sqlite_bundle, root, f"checked{i}", n, verify=True)
+        )
+        record("flat import", await import_per_s(flat_bundle, root, f"flat{i}", n, verify=True))
+        # The private copy on its own (it is part of every import above).
+        record("copy sqlite", private_copy_s(sqlite_bundle, root) * 1e3)
+        record("copy flat", private_copy_s(flat_bundle, root) * 1e3)
+    export_sqlite, export_flat = max(runs["export sqlite"]), max(runs["export flat"])
+    baseline = max(runs["baseline"])
+    no_digest, with_digest = max(runs["no digest"]), max(runs["with digest"])
+    flat_import = max(runs["flat import"])
+    copy_sqlite, copy_flat = min(runs["copy sqlite"]), min(runs["copy flat"])
     get = await flat_get_us(flat_bundle, n)
-    # The private copy on its own (it is part of every import above), beside
-    # the import it is part of: the ratio is its share of that import's time.
-    copy_sqlite = min(private_copy_s(sqlite_bundle, root) for _ in range(3)) * 1e3
-    copy_flat = min(private_copy_s(flat_bundle, root) for _ in range(3)) * 1e3
+    # The copy beside the import it is part of: the ratio is its share of that import's time.
     unit = "entries/s"
     raw = "raw sqlite3 ATTACH + INSERT OR IGNORE"
     return [
