@@ -160,9 +160,7 @@ async def bench(root: Path, n: int) -> list[Row]:
         record("export sqlite", await export_per_s(source, sqlite_bundle, "sqlite", n))
         record("export flat", await export_per_s(source, flat_bundle, "flat", n))
         record("baseline", raw_copy_per_s(sqlite_bundle, root, n))
-        record(
-            "no digest", await import_per_s(sqlite_bundle, root, f"plain{i}", n, verify=False)
-        )
+        record("no digest", await import_per_s(sqlite_bundle, root, f"plain{i}", n, verify=False))
         record(
             "with digest", await import_per_s(sqlite_bundle, root, f"checked{i}", n, verify=True)
         )
