@@ -53,6 +53,19 @@ def reliability(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def fuzz(session: nox.Session) -> None:
+    """Fuzz the bundle readers and the manifest parser; `-- --minutes N` (default 10).
+
+    Prints a summary (inputs tried, outcomes, findings) and fails if anything
+    but a BundleError/OSError, a hang or a crash was found; findings (each
+    input's bytes and the exception) are kept under .nox/fuzz/tmp/fuzz-run.
+    """
+    session.install("-e", ".[test]")
+    out = Path(session.create_tmp()) / "fuzz-run"
+    session.run("python", "benchmarks/fuzz_bundles.py", "--out", str(out), *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     session.install("ruff>=0.6")
     session.run("ruff", "check", ".")
