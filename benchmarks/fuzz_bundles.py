@@ -110,21 +110,22 @@ class Worker:
         ours = [f for f in frames if "/warmenv/" in f.filename] or frames
         where = f"{ours[-1].filename}:{ours[-1].lineno} in {ours[-1].name}" if ours else "?"
         raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-        self.last_failure = {
+        failure = {
             "target": target,
             "input": description,
             "data": raw.hex(),
             "exception": type(exc).__name__,
             "message": str(exc)[:2000],
-            "notes": getattr(exc, "__notes__", []),
+            "notes": list(getattr(exc, "__notes__", [])),  # hypothesis adds to it later
             "where": where,
             "traceback": "".join(traceback.format_exception(exc))[-6000:],
         }
-        signature = _signature(self.last_failure)
+        signature = _signature(failure)
         if signature in self.known:
             self.counts[f"known finding met again: {' '.join(signature)}"] += 1
             self.after(target, time.perf_counter(), description)
             return False
+        self.last_failure = failure  # hypothesis replays the smallest failing input last
         return True
 
     def record_finding(self) -> None:
