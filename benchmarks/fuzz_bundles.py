@@ -146,7 +146,6 @@ class Worker:
         import anyio.from_thread
 
         from fuzz import seed_bundles
-        from warmenv import open_environment
 
         seed_bundles()
         workdir = Path(tempfile.mkdtemp(prefix="warmenv-fuzz-"))
@@ -155,14 +154,12 @@ class Worker:
             backend, options = BACKENDS[round_number % len(BACKENDS)]
             round_number += 1
             with anyio.from_thread.start_blocking_portal(backend, options) as portal:
-                env_context = open_environment("fuzz", root=workdir / f"root-{round_number}")
-                with portal.wrap_async_context_manager(env_context) as env:
-                    label = backend + ("+uvloop" if options else "")
-                    self._round("bundle", self._bundles(portal, env, workdir, label))
+                label = backend + ("+uvloop" if options else "")
+                self._round("bundle", self._bundles(portal, workdir, label))
             self._round("manifest", self._manifests())
         self.save(force=True)
 
-    def _bundles(self, portal: Any, env: Any, workdir: Path, label: str) -> Any:
+    def _bundles(self, portal: Any, workdir: Path, label: str) -> Any:
         from hypothesis import given, settings
 
         from fuzz import Case, bundle_cases, exercise_bundle
@@ -174,7 +171,7 @@ class Worker:
             self.before("bundle", description, case.data)
             started = time.perf_counter()
             try:
-                outcomes = portal.call(exercise_bundle, case, workdir, env)
+                outcomes = portal.call(exercise_bundle, case, workdir)
             except BaseException as exc:
                 faulthandler.cancel_dump_traceback_later()
                 if self.failed("bundle", description, case.data, exc):

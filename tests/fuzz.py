@@ -24,6 +24,7 @@ import functools
 import hashlib
 import json
 import random
+import shutil
 import sqlite3
 import struct
 import tempfile
@@ -659,11 +660,16 @@ async def _stage(name: str, outcomes: dict[str, str], run: Callable[[], Awaitabl
         outcomes[name] = "ok"
 
 
-async def exercise_bundle(case: Case, workdir: Path, env: Environment) -> dict[str, str]:
-    """Every reader over `case`; the outcome of each stage ("ok" or the BundleError/OSError)."""
+async def exercise_bundle(case: Case, workdir: Path) -> dict[str, str]:
+    """Every reader over `case`; the outcome of each stage ("ok" or the BundleError/OSError).
+
+    Imports go into a new environment, so that nothing one case leaves behind
+    can change what the next one does.
+    """
     path = workdir / "case.bundle"
     for stale in workdir.glob("case.bundle*"):
         stale.unlink()
+    shutil.rmtree(workdir / "env", ignore_errors=True)
     path.write_bytes(case.data)
     outcomes: dict[str, str] = {}
     if case.reseal:
@@ -692,8 +698,9 @@ async def exercise_bundle(case: Case, workdir: Path, env: Environment) -> dict[s
     await _stage("open_bundle", outcomes, lambda: via(open_bundle))
     await _stage("FlatBundle.open", outcomes, lambda: via(FlatBundle.open))
     await _stage("SqliteBundle.open", outcomes, lambda: via(SqliteBundle.open))
-    await _stage("FlatBundle.from_bytes", outcomes, in_memory)
-    await _stage("import_bundle", outcomes, imported)
+    async with open_environment("fuzz", root=workdir / "env") as env:
+        await _stage("FlatBundle.from_bytes", outcomes, in_memory)
+        await _stage("import_bundle", outcomes, imported)
     await _stage("preflight", outcomes, lambda: preflight(path, version="1"))
     return outcomes
 

@@ -31,7 +31,6 @@ from fuzz import (
     write_flat,
     write_sqlite,
 )
-from warmenv import open_environment
 
 pytestmark = pytest.mark.fuzz
 
@@ -57,13 +56,12 @@ async def test_any_bundle_bytes_open_read_verify_and_import_or_raise_a_bundle_er
     tmp_path_factory: pytest.TempPathFactory, case: Case
 ) -> None:
     workdir = tmp_path_factory.mktemp("fuzz")
-    async with open_environment("fuzz", root=workdir / "root") as env:
-        try:
-            outcomes = await exercise_bundle(case, workdir, env)
-        except Exception as exc:
-            if known_defect(exc) is None:
-                raise
-            return
+    try:
+        outcomes = await exercise_bundle(case, workdir)
+    except Exception as exc:
+        if known_defect(exc) is None:
+            raise
+        return
     assert set(outcomes) >= {"open_bundle", "import_bundle", "FlatBundle.from_bytes"}
 
 
@@ -81,12 +79,11 @@ def test_any_manifest_text_parses_or_raises_a_bundle_error(data: bytes | str) ->
 async def test_the_fuzz_inputs_reach_past_verification(tmp_path: Path) -> None:
     """A fuzz run that never got past the digest would prove little about the import."""
     seeds = seed_bundles()
-    async with open_environment("fuzz", root=tmp_path / "root") as env:
-        for kind, data in (("flat", seeds.flat[1]), ("sqlite", seeds.sqlite[1])):
-            case = Case(kind=kind, steps=(), data=data, reseal=False)
-            outcomes = await exercise_bundle(case, tmp_path, env)
-            assert outcomes["import_bundle"] == "ok"
-            assert outcomes["open_bundle"] == "ok"
+    for kind, data in (("flat", seeds.flat[1]), ("sqlite", seeds.sqlite[1])):
+        case = Case(kind=kind, steps=(), data=data, reseal=False)
+        outcomes = await exercise_bundle(case, tmp_path)
+        assert outcomes["import_bundle"] == "ok"
+        assert outcomes["open_bundle"] == "ok"
 
 
 def test_known_defects_are_matched_by_type_and_message() -> None:
@@ -115,8 +112,7 @@ async def test_a_bundle_whose_namespace_is_empty_raises_only_bundle_errors(
 ) -> None:
     """Found by the fuzz run: import_bundle and preflight(version=...) raise ValueError
     (from Namespace.raw), and `warmenv verify`/`check` call such a bundle ok."""
-    async with open_environment("fuzz", root=tmp_path / "root") as env:
-        await exercise_bundle(_sealed(kind, {"": {b"k": b"v"}}), tmp_path, env)
+    await exercise_bundle(_sealed(kind, {"": {b"k": b"v"}}), tmp_path)
 
 
 @pytest.mark.xfail(
@@ -143,15 +139,10 @@ async def test_a_sqlite_table_page_claiming_one_cell_more_raises_only_bundle_err
     seed = seed_bundles().sqlite[1]
     page_size = struct.unpack_from(">H", seed, 16)[0]
     leaves = [p for p in range(1, len(seed) // page_size) if seed[p * page_size] == 0x0D]
-    async with open_environment("fuzz", root=tmp_path / "root") as env:
-        for page in leaves:
-            damaged = bytearray(seed)
-            at = page * page_size + 3
-            struct.pack_into(">H", damaged, at, struct.unpack_from(">H", seed, at)[0] + 1)
-            case = Case(
-                kind="sqlite",
-                steps=(f"page {page + 1} cells +1",),
-                data=bytes(damaged),
-                reseal=False,
-            )
-            await exercise_bundle(case, tmp_path, env)
+    for page in leaves:
+        damaged = bytearray(seed)
+        at = page * page_size + 3
+        struct.pack_into(">H", damaged, at, struct.unpack_from(">H", seed, at)[0] + 1)
+        step = f"page {page + 1} cells +1"
+        case = Case(kind="sqlite", steps=(step,), data=bytes(damaged), reseal=False)
+        await exercise_bundle(case, tmp_path)
