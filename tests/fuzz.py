@@ -83,6 +83,10 @@ KNOWN_DEFECTS: dict[str, tuple[type[BaseException], str]] = {
     "empty namespace": (ValueError, "a namespace must be a non-empty str, got ''"),
     "lone surrogate in a manifest": (UnicodeEncodeError, "surrogates not allowed"),
     "phantom SQLite row": (TypeError, "'<' not supported between instances of 'NoneType'"),
+    "UTF-16 SQLite bundle": (
+        sqlite3.OperationalError,
+        "attached databases must use the same text encoding as main database",
+    ),
 }
 
 
@@ -504,19 +508,34 @@ def write_flat(entries: dict[str, dict[bytes, bytes]], manifest: bytes) -> bytes
     return bytes(out + u32(len(index) // 20) + index + data)
 
 
-def write_sqlite(seed: bytes, entries: dict[str, dict[bytes, bytes]], manifest: bytes) -> bytes:
-    """A SQLite bundle of `entries`: a valid seed with its rows and manifest replaced."""
+def write_sqlite(
+    seed: bytes,
+    entries: dict[str, dict[bytes, bytes]],
+    manifest: bytes,
+    encoding: str = "UTF-8",
+) -> bytes:
+    """A SQLite bundle of `entries`: a valid seed's schema and meta rows, its manifest
+    replaced, in a new database of the given text encoding (SQLite offers three)."""
+    source = sqlite3.connect(":memory:")
+    try:
+        source.deserialize(seed)
+        schema = [r[0] for r in source.execute("SELECT sql FROM sqlite_master WHERE sql NOT NULL")]
+        meta = source.execute("SELECT k, v FROM meta WHERE k != 'manifest'").fetchall()
+    finally:
+        source.close()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "sealed.db"
-        path.write_bytes(seed)
         conn = sqlite3.connect(path, isolation_level=None)
         try:
-            conn.execute("DELETE FROM entries")
+            conn.execute(f"PRAGMA encoding = '{encoding}'")
+            for statement in schema:
+                conn.execute(statement)
+            conn.executemany("INSERT INTO meta VALUES (?, ?)", meta)
+            conn.execute("INSERT INTO meta VALUES ('manifest', ?)", (manifest.decode(),))
             conn.executemany(
                 "INSERT INTO entries VALUES (?, ?, ?, 1)",
                 [(n, k, v) for n in sorted(entries) for k, v in sorted(entries[n].items())],
             )
-            conn.execute("UPDATE meta SET v = ? WHERE k = 'manifest'", (manifest.decode(),))
         finally:
             conn.close()
         return path.read_bytes()
@@ -550,7 +569,9 @@ def bundle_cases(draw: st.DrawFn) -> Case:
         if kind == "flat-sealed":
             data = write_flat(entries, manifest)
         else:
-            data = write_sqlite(seeds.sqlite[0], entries, manifest)
+            encoding = draw(st.sampled_from(["UTF-8", "UTF-8", "UTF-16le", "UTF-16be"]))
+            steps.append(f"text encoding {encoding}")
+            data = write_sqlite(seeds.sqlite[0], entries, manifest, encoding)
         return Case(kind=kind, steps=tuple(steps), data=data, reseal=False)
     if kind == "flat-data":
         seed = seeds.flat[1]
@@ -568,10 +589,8 @@ def bundle_cases(draw: st.DrawFn) -> Case:
         blob = bytearray(seed)
         steps.append(f"flat seed {seed_index}")
         if draw(st.integers(0, 5)) == 0:
-            manifest = draw(manifest_inputs)
-            raw = (
-                manifest.encode("utf-8", "surrogatepass") if isinstance(manifest, str) else manifest
-            )
+            text = draw(manifest_inputs)
+            raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
             old = struct.unpack_from("<I", blob, 12)[0]
             blob[12 : 16 + old] = struct.pack("<I", len(raw)) + raw
             steps.append(f"manifest replaced by {raw[:80]!r}")

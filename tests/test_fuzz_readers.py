@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import struct
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from fuzz import (
 
 pytestmark = pytest.mark.fuzz
 
-EXAMPLES = int(os.environ.get("WARMENV_FUZZ_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("WARMENV_FUZZ_EXAMPLES", "40"))
 _SHORT = settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -95,12 +96,12 @@ def test_known_defects_are_matched_by_type_and_message() -> None:
 # --- the defects the fuzz run found (docs/reliability.md) ------------------------------------
 
 
-def _sealed(kind: str, entries: dict[str, dict[bytes, bytes]], name: str = "sealed") -> Case:
-    manifest = json.dumps(dict(_GOOD_MANIFEST, name=name, digest=sealed_digest(entries)))
+def _sealed(kind: str, entries: dict[str, dict[bytes, bytes]], encoding: str = "UTF-8") -> Case:
+    manifest = json.dumps(dict(_GOOD_MANIFEST, digest=sealed_digest(entries)))
     if kind == "flat":
         data = write_flat(entries, manifest.encode())
     else:
-        data = write_sqlite(seed_bundles().sqlite[0], entries, manifest.encode())
+        data = write_sqlite(seed_bundles().sqlite[0], entries, manifest.encode(), encoding)
     return Case(kind=f"{kind}-sealed", steps=(repr(entries),), data=data, reseal=False)
 
 
@@ -146,3 +147,20 @@ async def test_a_sqlite_table_page_claiming_one_cell_more_raises_only_bundle_err
         step = f"page {page + 1} cells +1"
         case = Case(kind="sqlite", steps=(step,), data=bytes(damaged), reseal=False)
         await exercise_bundle(case, tmp_path)
+
+
+@pytest.mark.anyio
+@pytest.mark.xfail(
+    strict=True,
+    raises=sqlite3.OperationalError,
+    reason=KNOWN_DEFECTS["UTF-16 SQLite bundle"][1],
+)
+@pytest.mark.parametrize("encoding", ["UTF-16le", "UTF-16be"])
+async def test_a_sqlite_bundle_in_utf16_imports_or_raises_only_bundle_errors(
+    tmp_path: Path, encoding: str
+) -> None:
+    """Found by the fuzz run: a SQLite bundle whose text encoding is UTF-16 opens and
+    verifies (`warmenv verify` says ok), then the import's ATTACH raises
+    sqlite3.OperationalError (bundle/importing.py `_attach`) into a UTF-8 environment."""
+    entries = {"app/1/kernels": {b"k%d" % i: b"v%d" % i for i in range(5)}}
+    await exercise_bundle(_sealed("sqlite", entries, encoding), tmp_path)
