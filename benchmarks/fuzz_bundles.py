@@ -211,7 +211,10 @@ class Worker:
         started = time.perf_counter()
         try:
             test()
-        except Exception:
+        except Exception as exc:
+            if self.last_failure is None:  # hypothesis itself gave up: the harness is wrong
+                self.counts[f"harness error: {type(exc).__name__}"] += 1
+                traceback.print_exc()
             self.record_finding()
         self.counts[f"seconds {target}"] += round(time.perf_counter() - started)
         self.save(force=True)
