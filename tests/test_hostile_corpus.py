@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import sample_entries
+from helpers import Trials, backend_label, reliability_row
 from hostile import Case, flat_cases, random_cases, sqlite_cases
 from warmenv import Environment, open_environment
 from warmenv.bundle import BundleError, BundleFormat, export_bundle, import_bundle, open_bundle
@@ -73,14 +74,15 @@ async def check_case(case: Case, path: Path, env: Environment) -> str:
     return outcome
 
 
-async def run_corpus(tmp: Path, sample: int | None) -> tuple[int, int]:
+async def run_corpus(tmp: Path, sample: int | None, row: Trials) -> tuple[int, int]:
     cases = await corpus(tmp / "valid", seed=5)
     if sample is not None:
         cases = random.Random(6).sample(cases, sample)
     outcomes = {"rejected": 0, "imported": 0}
     async with open_environment("corpus-target", root=tmp / "target") as env:
         for case in cases:
-            outcomes[await check_case(case, tmp / "case.bundle", env)] += 1
+            with row.trial():
+                outcomes[await check_case(case, tmp / "case.bundle", env)] += 1
     return len(cases), outcomes["rejected"]
 
 
@@ -95,21 +97,22 @@ async def test_the_corpus_is_large_enough(tmp: Path) -> None:
 
 async def test_a_sample_of_hostile_bundles_raises_only_bundle_errors(tmp: Path) -> None:
     total, rejected = await run_corpus(
-        tmp, sample=int(os.environ.get("WARMENV_CORPUS_SAMPLE", "250"))
+        tmp,
+        sample=int(os.environ.get("WARMENV_CORPUS_SAMPLE", "250")),
+        row=Trials("hostile bundles, a sample", checked=""),
     )
     assert rejected > total // 2  # most of the corpus is damaged beyond use
 
 
 @pytest.mark.slow
 async def test_the_whole_hostile_corpus(tmp: Path, anyio_backend: object) -> None:
-    from test_reliability import record
-
-    total, rejected = await run_corpus(tmp, sample=None)
-    name = anyio_backend if isinstance(anyio_backend, str) else "asyncio+uvloop"
-    record(
-        f"hostile bundles, both formats ({name})",
-        total,
-        0,
-        f"{rejected} rejected with a BundleError and nothing written; {total - rejected} "
-        "still valid and imported whole; each under 1 s and 4 MiB beyond its size",
-    )
+    checked = "each rejected with a BundleError having written nothing, or imported whole; "
+    checked += "each under 1 s and 4 MiB beyond its size"
+    with reliability_row(
+        f"hostile bundles, both formats ({backend_label(anyio_backend)})", checked
+    ) as row:
+        total, rejected = await run_corpus(tmp, sample=None, row=row)
+        row.checked = (
+            f"{rejected} rejected with a BundleError and nothing written; {total - rejected} "
+            "still valid and imported whole; each under 1 s and 4 MiB beyond its size"
+        )

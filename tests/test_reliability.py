@@ -2,7 +2,9 @@
 
 Each scenario runs here in a short form; `nox -s reliability` runs the long
 forms (`-m slow`) and, with WARMENV_RELIABILITY_REPORT set, records the
-trials for docs/reliability.md.
+trials for docs/reliability.md: every scenario loop counts its trials through
+`helpers.Trials`, so a row holds what was observed (a failing trial is
+recorded with its failure, then the test fails), never an assumed count.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from contextlib import ExitStack
 from pathlib import Path
 
 import anyio
 import pytest
 
 from conftest import env_contents
+from helpers import Trials, backend_label, one_trial, reliability_row
 from warmenv import Environment, Failed, Namespace, Store, Stored, open_environment
 from warmenv.bundle import BundleFormat, export_bundle, import_bundle, open_bundle
 
@@ -32,13 +36,9 @@ NS = Namespace("reliability", "batches", version="1")
 BATCH = 50
 
 
-def record(scenario: str, trials: int, failures: int, checked: str) -> None:
-    """Append a row for docs/reliability.md when a long run asks for it."""
-    report = os.environ.get("WARMENV_RELIABILITY_REPORT")
-    if report:
-        with open(report, "a") as handle:
-            row = {"scenario": scenario, "trials": trials, "failures": failures, "checked": checked}
-            handle.write(json.dumps(row) + "\n")
+def unrecorded(scenario: str) -> Trials:
+    """Counts for a short form, which the report never shows."""
+    return Trials(scenario, checked="")
 
 
 def integrity_ok(path: Path) -> None:
@@ -108,26 +108,29 @@ def kill_mid_operation(process: subprocess.Popen[str], rng: random.Random, withi
 # --- 1. killed mid-operation -----------------------------------------------------------
 
 
-def kill_insert_many(tmp: Path, trials: int, backend: str) -> None:
+def kill_insert_many(tmp: Path, trials: int, backend: str, row: Trials) -> None:
     rng = random.Random(1)
     within = 0.9 * duration(spawn("insert_many", str(tmp / "timing"), "400", str(BATCH), backend))
     for trial in range(trials):
-        root = tmp / f"insert-{trial}"
-        kill_mid_operation(spawn("insert_many", str(root), "400", str(BATCH), backend), rng, within)
-        path = root / "target.db"
-        integrity_ok(path)
-        batches_whole(keys_in(path), BATCH)
+        with row.trial():
+            root = tmp / f"insert-{trial}"
+            kill_mid_operation(
+                spawn("insert_many", str(root), "400", str(BATCH), backend), rng, within
+            )
+            path = root / "target.db"
+            integrity_ok(path)
+            batches_whole(keys_in(path), BATCH)
 
-        async def complete(root: Path) -> None:
-            async with open_environment("target", root=root) as env:
-                storage = env.storage(NS)
-                for batch in range(400):
-                    items = [(b"b%05d-%05d" % (batch, i), b"v" * 512) for i in range(BATCH)]
-                    summary = await storage.insert_many(items)
-                    assert summary.failed == 0
+            async def complete(root: Path) -> None:
+                async with open_environment("target", root=root) as env:
+                    storage = env.storage(NS)
+                    for batch in range(400):
+                        items = [(b"b%05d-%05d" % (batch, i), b"v" * 512) for i in range(BATCH)]
+                        summary = await storage.insert_many(items)
+                        assert summary.failed == 0
 
-        anyio.run(complete, root, backend=backend)
-        assert len(keys_in(path)) == 400 * BATCH
+            anyio.run(complete, root, backend=backend)
+            assert len(keys_in(path)) == 400 * BATCH
 
 
 async def _make_bundle(tmp: Path, entries: int, fmt: str = BundleFormat.SQLITE) -> Path:
@@ -139,32 +142,35 @@ async def _make_bundle(tmp: Path, entries: int, fmt: str = BundleFormat.SQLITE) 
     return out
 
 
-def kill_import(tmp: Path, trials: int, backend: str) -> None:
+def kill_import(tmp: Path, trials: int, backend: str, row: Trials) -> None:
     rng = random.Random(2)
     entries, size = 20_000, 200
     bundle = anyio.run(_make_bundle, tmp, entries)
     expected = sorted(b"k%06d" % i for i in range(entries))
     within = 0.9 * duration(spawn("import", str(tmp / "timing"), str(bundle), str(size), backend))
     for trial in range(trials):
-        root = tmp / f"import-{trial}"
-        kill_mid_operation(spawn("import", str(root), str(bundle), str(size), backend), rng, within)
-        path = root / "target.db"
-        integrity_ok(path)
-        got = keys_in(path)
-        assert got == expected[: len(got)], "an import commits whole batches in bundle order"
-        assert len(got) % size == 0 or len(got) == entries, f"partial batch: {len(got)}"
+        with row.trial():
+            root = tmp / f"import-{trial}"
+            kill_mid_operation(
+                spawn("import", str(root), str(bundle), str(size), backend), rng, within
+            )
+            path = root / "target.db"
+            integrity_ok(path)
+            got = keys_in(path)
+            assert got == expected[: len(got)], "an import commits whole batches in bundle order"
+            assert len(got) % size == 0 or len(got) == entries, f"partial batch: {len(got)}"
 
-        async def rerun(root: Path, already: int) -> None:
-            async with open_environment("target", root=root) as env:
-                report = await import_bundle(bundle, env, batch_size=size)
-                assert report.imported + report.skipped == entries
-                assert report.skipped == already
+            async def rerun(root: Path, already: int) -> None:
+                async with open_environment("target", root=root) as env:
+                    report = await import_bundle(bundle, env, batch_size=size)
+                    assert report.imported + report.skipped == entries
+                    assert report.skipped == already
 
-        anyio.run(rerun, root, len(got), backend=backend)
-        assert keys_in(path) == expected
+            anyio.run(rerun, root, len(got), backend=backend)
+            assert keys_in(path) == expected
 
 
-def kill_export(tmp: Path, trials: int, backend: str, fmt: str) -> None:
+def kill_export(tmp: Path, trials: int, backend: str, fmt: str, row: Trials) -> None:
     rng = random.Random(3)
     root = tmp / "export-root"
 
@@ -180,158 +186,173 @@ def kill_export(tmp: Path, trials: int, backend: str, fmt: str) -> None:
     out = tmp / "out.bundle"
     within = 0.9 * duration(spawn("export", str(root), str(tmp / "timing.bundle"), fmt, backend))
     for _ in range(trials):
-        kill_mid_operation(spawn("export", str(root), str(out), fmt, backend), rng, within)
-        if out.read_bytes() != previous:  # the kill came after the rename: it must be whole
+        with row.trial():
+            kill_mid_operation(spawn("export", str(root), str(out), fmt, backend), rng, within)
+            if out.read_bytes() != previous:  # the kill came after the rename: it must be whole
 
-            async def check_whole() -> None:
-                async with open_bundle(out) as bundle:
-                    assert bundle.manifest.name == "killed"
-                    assert await bundle.compute_digest() == bundle.manifest.digest
+                async def check_whole() -> None:
+                    async with open_bundle(out) as bundle:
+                        assert bundle.manifest.name == "killed"
+                        assert await bundle.compute_digest() == bundle.manifest.digest
 
-            anyio.run(check_whole, backend=backend)
+                anyio.run(check_whole, backend=backend)
 
-        async def export_again() -> bytes:
-            await export_bundle(root / "target.db", out, name="previous", version="1", format=fmt)
-            return out.read_bytes()
+            async def export_again() -> bytes:
+                await export_bundle(
+                    root / "target.db", out, name="previous", version="1", format=fmt
+                )
+                return out.read_bytes()
 
-        previous = anyio.run(export_again, backend=backend)
-        assert staging_files(tmp) == [], "the next export removes what a killed one left"
-        integrity_ok(root / "target.db")
+            previous = anyio.run(export_again, backend=backend)
+            assert staging_files(tmp) == [], "the next export removes what a killed one left"
+            integrity_ok(root / "target.db")
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_killed_insert_many_leaves_whole_batches(tmp_path: Path, backend: str) -> None:
-    kill_insert_many(tmp_path, 2, backend)
+    kill_insert_many(tmp_path, 2, backend, unrecorded("SIGKILL during insert_many"))
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_killed_import_leaves_whole_batches_and_completes_on_rerun(
     tmp_path: Path, backend: str
 ) -> None:
-    kill_import(tmp_path, 2, backend)
+    kill_import(tmp_path, 2, backend, unrecorded("SIGKILL during import"))
 
 
 @pytest.mark.parametrize("fmt", [BundleFormat.SQLITE, BundleFormat.FLAT])
 def test_killed_export_leaves_the_previous_bundle_or_a_whole_one(tmp_path: Path, fmt: str) -> None:
-    kill_export(tmp_path, 2, "asyncio", fmt)
+    kill_export(tmp_path, 2, "asyncio", fmt, unrecorded("SIGKILL during export"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_long_kills(tmp_path: Path, backend: str) -> None:
     trials = int(os.environ.get("WARMENV_KILL_TRIALS", "20"))
-    kill_insert_many(tmp_path / "i", trials, backend)
-    record(
+    with reliability_row(
         f"SIGKILL during insert_many ({backend})",
-        trials,
-        0,
         "integrity_check; every 50-item batch whole or absent; rerun completes",
-    )
-    kill_import(tmp_path / "m", trials, backend)
-    record(
+    ) as row:
+        kill_insert_many(tmp_path / "i", trials, backend, row)
+    with reliability_row(
         f"SIGKILL during import ({backend})",
-        trials,
-        0,
         "integrity_check; committed keys a whole-batch prefix of the bundle; rerun imports "
         "the rest",
-    )
+    ) as row:
+        kill_import(tmp_path / "m", trials, backend, row)
     for fmt in (BundleFormat.SQLITE, BundleFormat.FLAT):
-        kill_export(tmp_path / f"e-{fmt}", trials, backend, fmt)
-        record(
+        with reliability_row(
             f"SIGKILL during export to {fmt} ({backend})",
-            trials,
-            0,
             "out is byte-identical to the previous bundle or a whole new one (digest "
             "verified); the next export removes staging files",
-        )
+        ) as row:
+            kill_export(tmp_path / f"e-{fmt}", trials, backend, fmt, row)
 
 
 # --- 2. cancelled mid-operation -----------------------------------------------------------
 
 
-async def cancel_insert_many(env: Environment, trials: int, rng: random.Random) -> None:
+async def cancel_insert_many(
+    env: Environment, trials: int, rng: random.Random, row: Trials
+) -> None:
     storage = env.storage(NS)
     for trial in range(trials):
-        items = [(b"b%05d-%05d" % (trial, i), b"v" * 512) for i in range(2_000)]
-        with anyio.move_on_after(rng.uniform(0, 0.05)):
-            await storage.insert_many(items)
-        count = sum(1 for key in keys_in(env.path) if key.startswith(b"b%05d-" % trial))
-        assert count in (0, 2_000)
+        with row.trial():
+            items = [(b"b%05d-%05d" % (trial, i), b"v" * 512) for i in range(2_000)]
+            with anyio.move_on_after(rng.uniform(0, 0.05)):
+                await storage.insert_many(items)
+            count = sum(1 for key in keys_in(env.path) if key.startswith(b"b%05d-" % trial))
+            assert count in (0, 2_000)
     integrity_ok(env.path)
 
 
-async def cancel_import(env: Environment, bundle: Path, trials: int, rng: random.Random) -> None:
+async def cancel_import(
+    env: Environment, bundle: Path, trials: int, rng: random.Random, row: Trials
+) -> None:
     entries, size = 3_000, 100
     expected = sorted(b"k%06d" % i for i in range(entries))
     for _ in range(trials):
-        await env.storage(NS).purge()
-        with anyio.move_on_after(rng.uniform(0, 0.1)):
-            await import_bundle(bundle, env, batch_size=size)
-        got = keys_in(env.path)
-        assert got == expected[: len(got)]
-        assert len(got) % size == 0 or len(got) == entries
-        report = await import_bundle(bundle, env, batch_size=size)
-        assert report.skipped == len(got)
-        assert keys_in(env.path) == expected
+        with row.trial():
+            await env.storage(NS).purge()
+            with anyio.move_on_after(rng.uniform(0, 0.1)):
+                await import_bundle(bundle, env, batch_size=size)
+            got = keys_in(env.path)
+            assert got == expected[: len(got)]
+            assert len(got) % size == 0 or len(got) == entries
+            report = await import_bundle(bundle, env, batch_size=size)
+            assert report.skipped == len(got)
+            assert keys_in(env.path) == expected
 
 
-async def cancel_export(env: Environment, out: Path, trials: int, rng: random.Random) -> None:
+async def cancel_export(
+    env: Environment, out: Path, trials: int, rng: random.Random, row: Trials
+) -> None:
     await env.storage(NS).insert_many((b"e%06d" % i, os.urandom(256)) for i in range(5_000))
     for fmt in (BundleFormat.SQLITE, BundleFormat.FLAT):
         await export_bundle(env, out, name="previous", version="1", format=fmt)
         previous = out.read_bytes()
         for _ in range(trials):
-            with anyio.move_on_after(rng.uniform(0, 0.1)):
-                await export_bundle(env, out, name="new", version="1", format=fmt)
-            assert staging_files(out.parent) == []
-            if out.read_bytes() != previous:
-                async with open_bundle(out) as bundle:
-                    assert bundle.manifest.name == "new"
-                await export_bundle(env, out, name="previous", version="1", format=fmt)
-                previous = out.read_bytes()
+            with row.trial():
+                with anyio.move_on_after(rng.uniform(0, 0.1)):
+                    await export_bundle(env, out, name="new", version="1", format=fmt)
+                assert staging_files(out.parent) == []
+                if out.read_bytes() != previous:
+                    async with open_bundle(out) as bundle:
+                        assert bundle.manifest.name == "new"
+                    await export_bundle(env, out, name="previous", version="1", format=fmt)
+                    previous = out.read_bytes()
 
 
-async def cancel_purge(env: Environment, trials: int, rng: random.Random) -> None:
+async def cancel_purge(env: Environment, trials: int, rng: random.Random, row: Trials) -> None:
     storage = env.storage(Namespace("reliability", "purge", version="1"))
     for _ in range(trials):
-        await storage.insert_many((b"p%06d" % i, b"v" * 256) for i in range(3_000))
-        with anyio.move_on_after(rng.uniform(0, 0.02)):
+        with row.trial():
+            await storage.insert_many((b"p%06d" % i, b"v" * 256) for i in range(3_000))
+            with anyio.move_on_after(rng.uniform(0, 0.02)):
+                await storage.purge()
+            assert (await storage.summary()).entries in (0, 3_000)
             await storage.purge()
-        assert (await storage.summary()).entries in (0, 3_000)
-        await storage.purge()
 
 
-async def run_cancellations(tmp: Path, trials: int) -> None:
+async def run_cancellations(tmp: Path, trials: int, rows: dict[str, Trials]) -> None:
     rng = random.Random(4)
     bundle = await _make_bundle(tmp, 3_000)
     async with open_environment("cancel", root=tmp / "root") as env:
-        await cancel_insert_many(env, trials, rng)
-        await cancel_import(env, bundle, trials, rng)
+        await cancel_insert_many(env, trials, rng, rows["insert_many"])
+        await cancel_import(env, bundle, trials, rng, rows["import"])
         out_dir = tmp / "out"
         out_dir.mkdir()
-        await cancel_export(env, out_dir / "b.bundle", trials, rng)
-        await cancel_purge(env, trials, rng)
+        await cancel_export(env, out_dir / "b.bundle", trials, rng, rows["export (both formats)"])
+        await cancel_purge(env, trials, rng, rows["purge"])
+
+
+CANCELLATION_CHECKS = {
+    "insert_many": "each 2,000-item call wholly present or absent; integrity_check",
+    "import": "committed keys a whole-batch prefix of the bundle; the next import skips "
+    "exactly those and completes",
+    "export (both formats)": "out byte-identical to the previous bundle or a whole new "
+    "one; no staging file left",
+    "purge": "the namespace holds all 3,000 entries or none",
+}
 
 
 async def test_cancelled_writes_leave_all_or_nothing(tmp_path: Path) -> None:
-    await run_cancellations(tmp_path, 4)
+    rows = {operation: unrecorded(operation) for operation in CANCELLATION_CHECKS}
+    await run_cancellations(tmp_path, 4, rows)
 
 
 @pytest.mark.slow
 async def test_long_cancellations(tmp_path: Path, anyio_backend: object) -> None:
     trials = int(os.environ.get("WARMENV_CANCEL_TRIALS", "50"))
-    await run_cancellations(tmp_path, trials)
-    name = anyio_backend if isinstance(anyio_backend, str) else "asyncio+uvloop"
-    checks = {
-        "insert_many": "each 2,000-item call wholly present or absent; integrity_check",
-        "import": "committed keys a whole-batch prefix of the bundle; the next import skips "
-        "exactly those and completes",
-        "export (both formats)": "out byte-identical to the previous bundle or a whole new "
-        "one; no staging file left",
-        "purge": "the namespace holds all 3,000 entries or none",
-    }
-    for operation, checked in checks.items():
-        record(f"cancelled {operation} ({name})", trials, 0, checked)
+    name = backend_label(anyio_backend)
+    with ExitStack() as stack:
+        rows = {
+            operation: stack.enter_context(
+                reliability_row(f"cancelled {operation} ({name})", checked)
+            )
+            for operation, checked in CANCELLATION_CHECKS.items()
+        }
+        await run_cancellations(tmp_path, trials, rows)
 
 
 # --- 3. concurrency soak --------------------------------------------------------------------
@@ -387,15 +408,15 @@ def test_a_short_soak_of_four_writers_and_an_exporter(tmp_path: Path, backend: s
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_long_soak(tmp_path: Path, backend: str) -> None:
     seconds = float(os.environ.get("WARMENV_SOAK_SECONDS", "60"))
-    counts = soak(tmp_path, seconds, backend)
-    record(
-        f"soak {seconds:.0f}s: 4 processes + exporter ({backend})",
-        1,
-        0,
-        f"{counts['inserts']} inserts, {counts['imports']} imports, {counts['exports']} "
-        "exports: every own key present, one winner per shared key, every export valid, "
-        "no error escaped",
+    checked = (
+        "every own key present, one winner per shared key, every export valid, no error escaped"
     )
+    with one_trial(f"soak {seconds:.0f}s: 4 processes + exporter ({backend})", checked) as row:
+        counts = soak(tmp_path, seconds, backend)
+        row.checked = (
+            f"{counts['inserts']} inserts, {counts['imports']} imports, {counts['exports']} "
+            f"exports: {checked}"
+        )
 
 
 # --- 4. full disk -----------------------------------------------------------------------------
@@ -413,29 +434,27 @@ async def _limit_pages(env: Environment, extra: int | None) -> None:
 
 @pytest.mark.parametrize("fmt", [BundleFormat.SQLITE, BundleFormat.FLAT])
 async def test_a_full_disk_fails_imports_with_counts_and_recovers(tmp_path: Path, fmt: str) -> None:
-    bundle = await _make_bundle(tmp_path, 2_000, fmt)
-    async with open_environment("full", root=tmp_path / "root") as env:
-        await env.storage(NS).insert(b"before", b"kept")
-        await _limit_pages(env, 20)
-        report = await import_bundle(bundle, env, batch_size=100)
-        assert report.failed > 0
-        assert report.imported + report.skipped + report.failed == 2_000
-        assert await env.storage(NS).get(b"before") == b"kept"
-        result = await env.storage(NS).insert(b"more", b"x" * 200_000)
-        assert isinstance(result, Failed) and "full" in result.reason
-        await _limit_pages(env, None)
-        again = await import_bundle(bundle, env, batch_size=100)
-        assert again.failed == 0
-        assert again.imported + again.skipped == 2_000
-        assert await env.storage(NS).insert(b"more", b"x" * 200_000) == Stored()
-    integrity_ok(tmp_path / "root" / "full.db")
-    record(
+    with one_trial(
         f"full disk (max_page_count) during import of a {fmt} bundle",
-        1,
-        0,
         "failed counts reported, no exception; reads served; after space returns the "
         "insert and a re-import complete; integrity_check",
-    )
+    ):
+        bundle = await _make_bundle(tmp_path, 2_000, fmt)
+        async with open_environment("full", root=tmp_path / "root") as env:
+            await env.storage(NS).insert(b"before", b"kept")
+            await _limit_pages(env, 20)
+            report = await import_bundle(bundle, env, batch_size=100)
+            assert report.failed > 0
+            assert report.imported + report.skipped + report.failed == 2_000
+            assert await env.storage(NS).get(b"before") == b"kept"
+            result = await env.storage(NS).insert(b"more", b"x" * 200_000)
+            assert isinstance(result, Failed) and "full" in result.reason
+            await _limit_pages(env, None)
+            again = await import_bundle(bundle, env, batch_size=100)
+            assert again.failed == 0
+            assert again.imported + again.skipped == 2_000
+            assert await env.storage(NS).insert(b"more", b"x" * 200_000) == Stored()
+        integrity_ok(tmp_path / "root" / "full.db")
 
 
 # --- 6. read-only everywhere --------------------------------------------------------------------
@@ -458,28 +477,26 @@ anyio.run(main, backend=sys.argv[3])
 
 
 async def test_importing_into_a_read_only_environment_reports_failures(
-    shared_tmp: Path, backend_name: str
+    shared_tmp: Path, backend_name: str, anyio_backend: object
 ) -> None:
     from helpers import json_lines, run_python, unprivileged_user
 
-    bundle = await _make_bundle(shared_tmp, 500)
-    bundle.chmod(0o444)
-    root = shared_tmp / "ro"
-    async with open_environment("ro", root=root) as env:
-        await env.storage(NS).insert(b"x", b"y")
-    (root / "ro.db").chmod(0o444)
-    root.chmod(0o555)
-    child = run_python(
-        _READ_ONLY_IMPORT, str(root), str(bundle), backend_name, user=unprivileged_user()
-    )
-    [report] = json_lines(child)
-    assert report == {"read_only": True, "imported": 0, "failed": 500, "skipped": 0}
-    record(
-        f"import into a read-only environment, as nobody ({backend_name})",
-        1,
-        0,
+    with one_trial(
+        f"import into a read-only environment, as nobody ({backend_label(anyio_backend)})",
         "500 of 500 reported failed, no exception, the database untouched",
-    )
+    ):
+        bundle = await _make_bundle(shared_tmp, 500)
+        bundle.chmod(0o444)
+        root = shared_tmp / "ro"
+        async with open_environment("ro", root=root) as env:
+            await env.storage(NS).insert(b"x", b"y")
+        (root / "ro.db").chmod(0o444)
+        root.chmod(0o555)
+        child = run_python(
+            _READ_ONLY_IMPORT, str(root), str(bundle), backend_name, user=unprivileged_user()
+        )
+        [report] = json_lines(child)
+        assert report == {"read_only": True, "imported": 0, "failed": 500, "skipped": 0}
 
 
 # --- 7. no code execution from data ---------------------------------------------------------------
@@ -494,27 +511,25 @@ class _Boom:
 
 
 async def test_a_pickle_payload_is_imported_as_inert_bytes(tmp_path: Path) -> None:
-    marker = tmp_path / "pwned"
-    payload = pickle.dumps(_Boom(str(marker)))
-    async with open_environment("evil", root=tmp_path / "src") as env:
-        await env.storage(NS).insert(b"payload", payload)
-        await env.storage(NS).insert(b'"payload"', payload)
-        out = tmp_path / "evil.bundle"
-        await export_bundle(env, out, name="evil\u202e", version="1", format=BundleFormat.FLAT)
-    async with open_environment("victim", root=tmp_path / "dst") as env:
-        await import_bundle(out, env)
-        assert await env.storage(NS).get(b"payload") == payload
-        store: Store[str, object] = await env.store(NS)
-        assert await store.get("payload") is None  # not JSON: a miss, never unpickled
-        assert (await env_contents(env))[str(NS)][b"payload"] == payload
-    assert not marker.exists()
-    record(
+    with one_trial(
         "bundle carrying a pickle payload",
-        1,
-        0,
         "stored as the same inert bytes; a JSON Store reads a miss; the payload's side "
         "effect (a marker file) never happens",
-    )
+    ):
+        marker = tmp_path / "pwned"
+        payload = pickle.dumps(_Boom(str(marker)))
+        async with open_environment("evil", root=tmp_path / "src") as env:
+            await env.storage(NS).insert(b"payload", payload)
+            await env.storage(NS).insert(b'"payload"', payload)
+            out = tmp_path / "evil.bundle"
+            await export_bundle(env, out, name="evil\u202e", version="1", format=BundleFormat.FLAT)
+        async with open_environment("victim", root=tmp_path / "dst") as env:
+            await import_bundle(out, env)
+            assert await env.storage(NS).get(b"payload") == payload
+            store: Store[str, object] = await env.store(NS)
+            assert await store.get("payload") is None  # not JSON: a miss, never unpickled
+            assert (await env_contents(env))[str(NS)][b"payload"] == payload
+        assert not marker.exists()
 
 
 def test_the_library_never_imports_pickle_or_evaluates_data() -> None:
@@ -523,3 +538,105 @@ def test_the_library_never_imports_pickle_or_evaluates_data() -> None:
         text = module.read_text()
         for forbidden in ("import pickle", "from pickle", "marshal.loads", "eval(", "exec("):
             assert forbidden not in text, f"{module} uses {forbidden}"
+
+
+# --- the report counts what it observed ------------------------------------------------------
+
+
+def _recorded(report: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in report.read_text().splitlines()]
+
+
+def test_a_failing_trial_is_recorded_with_its_failure_before_the_test_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    report = tmp_path / "rows.jsonl"
+    monkeypatch.setenv("WARMENV_RELIABILITY_REPORT", str(report))
+    with pytest.raises(AssertionError, match="trial 3 lost a batch"):
+        with reliability_row("flaky scenario", "batches whole") as row:
+            for trial in range(1, 6):
+                with row.trial():
+                    assert trial != 3, f"trial {trial} lost a batch"
+    [recorded] = _recorded(report)
+    assert recorded["scenario"] == "flaky scenario"
+    assert (recorded["trials"], recorded["failures"]) == (3, 1)  # the 4th and 5th never ran
+    assert "trial 3: AssertionError: trial 3 lost a batch" in str(recorded["failure"])
+
+
+async def test_a_real_scenario_counts_the_trial_a_planted_fault_breaks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    report = tmp_path / "rows.jsonl"
+    monkeypatch.setenv("WARMENV_RELIABILITY_REPORT", str(report))
+    async with open_environment("planted", root=tmp_path / "root") as env:
+        # A stray key in trial 2's batch makes it look partial: that trial must fail.
+        await env.storage(NS).insert(b"b00002-99999", b"stray")
+        with pytest.raises(AssertionError):
+            with reliability_row("cancelled insert_many", "all or nothing") as row:
+                await cancel_insert_many(env, 6, random.Random(4), row)
+    [recorded] = _recorded(report)
+    assert (recorded["trials"], recorded["failures"]) == (3, 1)
+    assert str(recorded["failure"]).startswith("trial 3: AssertionError")
+
+
+def test_a_failure_outside_the_trials_counts_as_a_failed_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    report = tmp_path / "rows.jsonl"
+    monkeypatch.setenv("WARMENV_RELIABILITY_REPORT", str(report))
+    with pytest.raises(OSError, match="no space"):
+        with ExitStack() as stack:
+            first = stack.enter_context(reliability_row("first", "x"))
+            second = stack.enter_context(reliability_row("second", "y"))
+            with first.trial():
+                pass
+            with second.trial():
+                pass
+            raise OSError("no space left for the set-up")
+    rows = {str(r["scenario"]): r for r in _recorded(report)}
+    # Counted once, by the innermost row; never by both.
+    assert (rows["second"]["trials"], rows["second"]["failures"]) == (2, 1)
+    assert (rows["first"]["trials"], rows["first"]["failures"]) == (1, 0)
+    assert "outside the trials: OSError: no space" in str(rows["second"]["failure"])
+
+
+def test_the_report_shows_failed_trials_and_sums_backends(tmp_path: Path) -> None:
+    rows = [
+        {"scenario": "s (trio)", "trials": 20, "failures": 0, "checked": "c", "failure": None},
+        {
+            "scenario": "s (trio)",
+            "trials": 7,
+            "failures": 1,
+            "checked": "c",
+            "failure": "trial 7: X",
+        },
+        {"scenario": "t", "trials": 1, "failures": 0, "checked": "d | e", "failure": None},
+    ]
+    report = tmp_path / "rows.jsonl"
+    report.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = tmp_path / "reliability.md"
+    marker = "<!-- table: written by benchmarks/reliability_report.py -->"
+    page.write_text(f"# Reliability\n\nprose\n\n{marker}\n\nold table\n")
+    script = Path(__file__).parent.parent / "benchmarks" / "reliability_report.py"
+    subprocess.run([sys.executable, str(script), str(report), str(page)], check=True)
+    text = page.read_text()
+    assert text.startswith("# Reliability\n\nprose\n\n")
+    assert "old table" not in text
+    assert "| s (trio) | 27 | 1 | c |" in text
+    assert "| t | 1 | 0 | d \\| e |" in text
+    assert "**1 trials failed:**" in text
+    assert "- s (trio): trial 7: X" in text
+
+
+def test_a_report_without_rows_leaves_the_page_alone(tmp_path: Path) -> None:
+    page = tmp_path / "reliability.md"
+    page.write_text("unchanged\n")
+    script = Path(__file__).parent.parent / "benchmarks" / "reliability_report.py"
+    empty = tmp_path / "rows.jsonl"
+    empty.write_text("")
+    done = subprocess.run(
+        [sys.executable, str(script), str(empty), str(page)], capture_output=True, text=True
+    )
+    assert done.returncode == 1
+    assert "holds no rows" in done.stderr
+    assert page.read_text() == "unchanged\n"

@@ -1,0 +1,60 @@
+"""The test helpers themselves: children running as another user see what they need."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import json_lines, run_python, staged_path, unprivileged_user
+
+_PROBE = """
+import json, sys
+import probe_pkg, warmenv, warmenv.bundle, warmenv.cli, anyio, aiosqlite, trio
+try:
+    import uvloop
+except ImportError:
+    uvloop = None
+print(json.dumps({"answer": probe_pkg.ANSWER, "uvloop": uvloop is not None}))
+"""
+
+
+def _private_package(tmp_path: Path) -> Path:
+    """A directory on the path that only its owner may enter, as a clone under /root is."""
+    private = tmp_path / "private-clone"
+    (private / "probe_pkg").mkdir(parents=True)
+    (private / "probe_pkg" / "__init__.py").write_text("ANSWER = 42\n")
+    (private / "probe_pkg" / "__init__.py").chmod(0o600)
+    private.chmod(0o700)
+    return private
+
+
+def test_a_child_running_as_another_user_imports_code_from_a_private_checkout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    private = _private_package(tmp_path)
+    monkeypatch.setattr(sys, "path", [*sys.path, str(private)])
+    [seen] = json_lines(run_python(_PROBE, user=unprivileged_user()))
+    assert seen == {"answer": 42, "uvloop": sys.platform != "win32"}
+
+
+def test_the_staged_copy_is_open_to_everyone_and_leaves_out_our_standard_library(
+    tmp_path: Path,
+) -> None:
+    private = _private_package(tmp_path)
+    staged = staged_path((*sys.path, str(private)))
+    assert staged == staged_path((*sys.path, str(private))), "made once, then reused"
+    stdlib = os.path.realpath(sys.base_prefix)
+    for entry in staged:
+        assert not os.path.realpath(entry).startswith(stdlib + os.sep)
+        for directory, _, files in os.walk(entry):
+            assert stat.S_IMODE(os.stat(directory).st_mode) & 0o005 == 0o005, directory
+            for name in files:
+                mode = os.stat(os.path.join(directory, name)).st_mode
+                assert mode & stat.S_IROTH, os.path.join(directory, name)
+    copied = {p.name for entry in staged for p in entry.iterdir()}
+    assert {"probe_pkg", "warmenv", "anyio", "aiosqlite", "trio", "outcome", "rich"} <= copied
+    assert "hypothesis" not in copied and "_pytest" not in copied  # only what children import
