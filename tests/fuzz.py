@@ -79,14 +79,7 @@ class Case:
 # it keeps guarding everything else meanwhile; the long run reports them as
 # findings. When a defect is fixed its regression test passes, strict xfail
 # fails it, and the entry here goes with the xfail mark.
-KNOWN_DEFECTS: dict[str, tuple[type[BaseException], str]] = {
-    "empty namespace": (ValueError, "a namespace must be a non-empty str, got ''"),
-    "lone surrogate in a manifest": (UnicodeEncodeError, "surrogates not allowed"),
-    "UTF-16 SQLite bundle": (
-        sqlite3.OperationalError,
-        "attached databases must use the same text encoding as main database",
-    ),
-}
+KNOWN_DEFECTS: dict[str, tuple[type[BaseException], str]] = {}
 
 
 def known_defect(exc: BaseException) -> str | None:

@@ -10,7 +10,7 @@ crash from deep inside a parser.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Generic, Protocol, Self, TypeVar, final
@@ -27,6 +27,15 @@ __all__ = [
     "BundleOpener",
     "ClosesOnExit",
 ]
+
+
+def check_namespace_names(names: Iterable[str], source: str) -> None:
+    """`CorruptBundleError` unless every name is a namespace an environment could hold."""
+    for name in names:
+        try:
+            Namespace.raw(name)
+        except ValueError as exc:
+            raise CorruptBundleError(f"{source}: namespace {name!r} is not valid ({exc})") from None
 
 
 class BundleFormat(enum.StrEnum):

@@ -30,7 +30,13 @@ import anyio.to_thread
 from anyio.lowlevel import checkpoint, checkpoint_if_cancelled
 
 from warmenv.bundle import _files
-from warmenv.bundle.base import Bundle, BundleFormat, BundleOpener, BundleReader
+from warmenv.bundle.base import (
+    Bundle,
+    BundleFormat,
+    BundleOpener,
+    BundleReader,
+    check_namespace_names,
+)
 from warmenv.bundle.errors import (
     BundleTooLargeError,
     CorruptBundleError,
@@ -309,6 +315,7 @@ class FlatBundle(BundleReader, Bundle):
             except UnicodeDecodeError:
                 raise CorruptBundleError(f"{self._source}: namespace {i} is not UTF-8") from None
             previous = raw
+        check_namespace_names(names, self._source)
         entry_count = reader.u32("the entry count")
         if entry_count * 20 > len(data) - reader.pos:
             raise CorruptBundleError(

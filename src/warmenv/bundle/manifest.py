@@ -166,6 +166,8 @@ def _text(document: Mapping[str, Any], field: str, where: str = "") -> str:
         raise InvalidManifestError(
             f"manifest field '{where}{field}' is longer than {_MAX_TEXT} characters"
         )
+    if not _encodes(value):  # a JSON escape such as "\ud800" decodes to a lone surrogate
+        raise InvalidManifestError(f"manifest field '{where}{field}' is not valid Unicode text")
     return value
 
 
@@ -174,7 +176,9 @@ def _environment(document: object, index: int) -> EnvironmentInfo:
     if not isinstance(document, dict):
         raise InvalidManifestError(f"manifest field 'environments[{index}]' must be an object")
     devices = document.get("devices", [])
-    if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
+    if not isinstance(devices, list) or not all(
+        isinstance(d, str) and _encodes(d) for d in devices
+    ):
         raise InvalidManifestError(f"manifest field '{where}devices' must be a list of strings")
     return EnvironmentInfo(
         label=_text(document, "label", where),

@@ -22,7 +22,13 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from warmenv.bundle import _files
-from warmenv.bundle.base import Bundle, BundleFormat, BundleOpener, BundleReader
+from warmenv.bundle.base import (
+    Bundle,
+    BundleFormat,
+    BundleOpener,
+    BundleReader,
+    check_namespace_names,
+)
 from warmenv.bundle.errors import (
     CorruptBundleError,
     InvalidManifestError,
@@ -78,7 +84,8 @@ class SqliteBundle(BundleReader, Bundle):
     @property
     def entry_file(self) -> Path | None:
         # Only a private copy may be read again by path: nobody else can swap it.
-        return self._file.path if self._private else None
+        # SQLite copies between files of one text encoding only; others are scanned.
+        return self._file.path if self._private and self._file.utf8 else None
 
     def describe(self) -> str:
         return f"SQLite bundle {self._label} ({self._manifest.name!r})"
@@ -170,6 +177,7 @@ async def _open_checked(path: Path, fd: int | None, label: str, *, private: bool
             )
         if not isinstance(manifest_text, str):
             raise InvalidManifestError(f"{label}: its manifest is not text")
+        check_namespace_names((s.namespace for s in file.namespaces), label)
         try:
             manifest = BundleManifest.from_json(manifest_text)
         except (InvalidManifestError, UnsupportedSchemaError) as exc:

@@ -115,7 +115,7 @@ def _is_not_database(exc: sqlite3.Error) -> bool:
 class EntryFile:
     """A SQLite file of the entries schema, opened read-only and checked (a bundle)."""
 
-    __slots__ = ("_connection", "meta", "namespaces", "path")
+    __slots__ = ("_connection", "meta", "namespaces", "path", "utf8")
 
     def __init__(
         self,
@@ -123,11 +123,13 @@ class EntryFile:
         path: Path,
         meta: dict[str, object],
         namespaces: list[NamespaceSummary],
+        utf8: bool,
     ) -> None:
         self._connection = connection
         self.path = path
         self.meta = meta
         self.namespaces = namespaces
+        self.utf8 = utf8  # whether its text is UTF-8, as an environment's is
 
     @classmethod
     async def open(cls, path: Path) -> EntryFile:
@@ -135,7 +137,7 @@ class EntryFile:
         # Immutable: the main file alone is read, exactly the bytes an import's
         # private copy holds (never a -wal file beside it), and nothing is created.
         try:
-            connection, (meta, namespaces) = await _sqlite.open_with(
+            connection, (meta, namespaces, utf8) = await _sqlite.open_with(
                 read_only_uri(path, immutable=True), _check_file, uri=True
             )
         except UnicodeDecodeError as exc:
@@ -144,7 +146,7 @@ class EntryFile:
             if _is_not_database(exc):
                 raise NotEntryFileError(f"SQLite cannot read it ({exc})") from None
             raise DamagedEntryFileError(f"SQLite cannot read it ({exc})") from None
-        return cls(connection, path, meta, namespaces)
+        return cls(connection, path, meta, namespaces, utf8)
 
     async def get(self, namespace: str, key: bytes) -> bytes | None:
         return await self._run(partial(_get, namespace, key))
@@ -175,7 +177,9 @@ class EntryFile:
         await self._connection.close()
 
 
-def _check_file(conn: sqlite3.Connection) -> tuple[dict[str, object], list[NamespaceSummary]]:
+def _check_file(
+    conn: sqlite3.Connection,
+) -> tuple[dict[str, object], list[NamespaceSummary], bool]:
     tables = schema.table_names(conn)
     if not {"meta", "entries"} <= tables:
         missing = sorted({"meta", "entries"} - tables)
@@ -184,14 +188,15 @@ def _check_file(conn: sqlite3.Connection) -> tuple[dict[str, object], list[Names
     if columns != schema.ENTRY_COLUMNS:
         raise NotEntryFileError(f"its entries table has columns {columns}, not warmenv's")
     meta = {str(k): v for k, v in conn.execute("SELECT k, v FROM meta")}
-    bad = conn.execute(f"SELECT count(*) FROM entries WHERE NOT ({schema.well_typed()})")
-    count = int(bad.fetchone()[0])
+    # One scan for the totals and the count of rows of the wrong types.
+    totals = schema.checked_totals(conn)
+    count = sum(bad for *_, bad in totals)
     if count:
         raise DamagedEntryFileError(
             f"{count} rows have a namespace, key or value of the wrong type"
         )
-    totals = schema.namespace_totals(conn)
-    return meta, [NamespaceSummary(n, c, b) for n, c, b in totals]
+    utf8 = str(conn.execute("PRAGMA encoding").fetchone()[0]).upper() == "UTF-8"
+    return meta, [NamespaceSummary(n, c, b) for n, c, b, _ in totals], utf8
 
 
 def _get(namespace: str, key: bytes, conn: sqlite3.Connection) -> bytes | None:
@@ -222,7 +227,11 @@ def _hash_entries(new_hasher: Callable[[], Hasher], conn: sqlite3.Connection) ->
         previous_namespace: str | None = None
         previous_key = b""
         while rows := cursor.fetchmany(_BATCH):
-            for namespace, key, _ in rows:
+            for namespace, key, value in rows:
+                if type(namespace) is not str or type(key) is not bytes or type(value) is not bytes:
+                    raise DamagedEntryFileError(
+                        "a row's namespace, key or value has the wrong type"
+                    )
                 if namespace != previous_namespace:
                     if previous_namespace is not None and namespace < previous_namespace:
                         raise _NotInKeyOrder
