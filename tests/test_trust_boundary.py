@@ -5,10 +5,12 @@ Each test pins one defect found in 0.1 (issue 9) and fails on that code.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -363,3 +365,46 @@ async def test_inspection_and_import_read_the_same_bytes_of_a_wal_mode_bundle(
         assert sorted(p.name for p in out_dir.iterdir()) == before
     finally:
         writer.close()
+
+
+async def test_no_room_beside_the_environment_puts_the_private_copy_in_the_temp_directory(
+    tiny_disk: Path,
+    tmp_path: Path,
+    bundle_path: Path,
+    bundle_format: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    async with open_environment("small", root=tiny_disk) as env:
+        # Fill the file system so the bundle's copy cannot go beside the environment.
+        filler = os.open(tiny_disk / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(filler, b"\0" * 4096)
+        finally:
+            os.close(filler)
+        seen: list[str] = []
+        async with importing(bundle_path, env) as progress:
+            async for _ in progress:
+                seen += [p.name for p in temp.iterdir()]
+        report = progress.report
+    total = sum(len(v) for v in sample_entries().values())
+    assert report.imported + report.skipped + report.failed == total
+    # (A flat copy loses its name once mapped, so only a SQLite copy can be seen there.)
+    if bundle_format == "sqlite":
+        assert any(name.startswith(".warmenv-import.") for name in seen)
+    assert list(temp.iterdir()) == []
+    assert not [p for p in tiny_disk.iterdir() if p.name.startswith(".warmenv-import.")]
+
+
+async def test_a_dead_import_s_private_copy_is_removed_by_the_next_import(
+    bundle_path: Path, cold_env: Environment
+) -> None:
+    stale = cold_env.path.parent / ".warmenv-import.999999999.abc"
+    stale.mkdir()
+    (stale / "bundle.sqlite").write_bytes(b"x" * 1000)
+    await import_bundle(bundle_path, cold_env)
+    assert not stale.exists()

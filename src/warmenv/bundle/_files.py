@@ -81,21 +81,29 @@ def copy_to_private(fd: int, near: Path | None, name: str) -> Path:
 
     The directory (mode 0700, named for this process) goes beside `near` when
     that is a writable directory, so the copy stays on the same file system
-    as the environment it feeds, else in the system's temporary directory.
-    The caller removes it with `remove_private`.
+    as the environment it feeds; else, or when that file system has no room
+    for the copy, in the system's temporary directory. The caller removes it
+    with `remove_private`.
     """
-    directory = _private_directory(near)
-    target = directory / name
-    try:
-        out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    places = [near, None] if near is not None else [None]
+    for place in places:
+        target = _private_directory(place) / name
         try:
-            _copy(fd, out)
-        finally:
-            os.close(out)
-    except BaseException:
-        remove_private(target)
-        raise
-    return target
+            out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                _copy(fd, out)
+            finally:
+                os.close(out)
+        except OSError as exc:
+            remove_private(target)
+            if place is None or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            continue  # no room beside the environment: try the temporary directory
+        except BaseException:
+            remove_private(target)
+            raise
+        return target
+    raise AssertionError("unreachable: the last place raises or returns")
 
 
 def _private_directory(near: Path | None) -> Path:
@@ -104,6 +112,8 @@ def _private_directory(near: Path | None) -> Path:
         with contextlib.suppress(OSError):
             remove_stale(near, prefix=SNAPSHOT_PREFIX, suffix="")
             return Path(tempfile.mkdtemp(prefix=prefix, dir=near))
+    with contextlib.suppress(OSError):
+        remove_stale(Path(tempfile.gettempdir()), prefix=SNAPSHOT_PREFIX, suffix="")
     return Path(tempfile.mkdtemp(prefix=prefix))
 
 
