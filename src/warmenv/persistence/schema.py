@@ -172,21 +172,6 @@ def namespace_totals(
     return [(namespace, int(count), int(size)) for namespace, count, size in rows]
 
 
-def checked_totals(conn: sqlite3.Connection) -> list[tuple[str, int, int, int]]:
-    """`namespace_totals` of the whole file, with each namespace's count of rows that are
-    not entries (wrong types), in one scan.
-
-    The table itself is scanned (NOT INDEXED): a damaged file can hold rows its
-    index does not, and those are the rows this must see.
-    """
-    rows = conn.execute(
-        "SELECT namespace, count(*), coalesce(sum(length(key) + length(value)), 0), "
-        f"sum(NOT ({well_typed()})) FROM entries NOT INDEXED "
-        "GROUP BY namespace ORDER BY namespace"
-    )
-    return [(namespace, int(c), int(b), int(bad)) for namespace, c, b, bad in rows]
-
-
 def prefix_sql(prefixes: list[str] | None, column: str = "namespace") -> tuple[str, list[str]]:
     """Namespace prefixes (whole segments) as an SQL condition on `column`, with parameters.
 
