@@ -95,7 +95,7 @@ async def importing(
     check_batch_size(batch_size)
     near = env.snapshot_directory()
     if isinstance(source, str | os.PathLike):
-        bundle: Bundle = await open_private(Path(source), near)
+        bundle: Bundle = await open_private(Path(source), near, verified=verify)
         owned = True
     else:
         copy = await source.private_copy(near)  # noqa: ASYNC240 (a Bundle here)

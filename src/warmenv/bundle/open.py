@@ -47,7 +47,9 @@ async def open_any(path: Path) -> FlatBundle | SqliteBundle:
     raise _not_a_bundle(path)
 
 
-async def open_private(path: Path, near: Path | None) -> FlatBundle | SqliteBundle:
+async def open_private(
+    path: Path, near: Path | None, *, verified: bool = False
+) -> FlatBundle | SqliteBundle:
     """A private copy of the bundle at `path`, opened and validated; the caller closes it.
 
     The file is read once, through the descriptor that was checked, into a
@@ -60,7 +62,7 @@ async def open_private(path: Path, near: Path | None) -> FlatBundle | SqliteBund
         if head.startswith(FLAT_MAGIC):
             return await anyio.to_thread.run_sync(_map_private_copy, fd, near, str(path))
         if head == SQLITE_MAGIC:
-            return await SqliteBundle.from_private_copy(fd, near, str(path))
+            return await SqliteBundle.from_private_copy(fd, near, str(path), verified=verified)
         raise _not_a_bundle(path)
     finally:
         os.close(fd)

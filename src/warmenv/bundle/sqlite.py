@@ -120,11 +120,17 @@ class SqliteBundle(BundleReader, Bundle):
         return await self.from_private_copy(self._fd, near, self._label)
 
     @classmethod
-    async def from_private_copy(cls, fd: int, near: Path | None, label: str) -> SqliteBundle:
-        """Copy the open file `fd` to a private directory and open the copy."""
+    async def from_private_copy(
+        cls, fd: int, near: Path | None, label: str, *, verified: bool = False
+    ) -> SqliteBundle:
+        """Copy the open file `fd` to a private directory and open the copy.
+
+        `verified`: the caller verifies the digest before reading entries, and
+        that pass checks every row's types, so the open skips its own scan.
+        """
         copy = await anyio.to_thread.run_sync(_files.copy_to_private, fd, near, "bundle.sqlite")
         try:
-            return await _open_checked(copy, None, label, private=True)
+            return await _open_checked(copy, None, label, private=True, check_rows=not verified)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(_files.remove_private, copy)
@@ -159,9 +165,11 @@ async def open_sqlite_bundle(path: Path) -> SqliteBundle:
         raise
 
 
-async def _open_checked(path: Path, fd: int | None, label: str, *, private: bool) -> SqliteBundle:
+async def _open_checked(
+    path: Path, fd: int | None, label: str, *, private: bool, check_rows: bool = True
+) -> SqliteBundle:
     try:
-        file = await EntryFile.open(path)
+        file = await EntryFile.open(path, check_rows=check_rows)
     except NotEntryFileError as exc:
         raise NotABundleError(
             f"{label} is a SQLite database but not a warmenv bundle: {exc}"

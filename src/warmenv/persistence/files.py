@@ -132,13 +132,17 @@ class EntryFile:
         self.utf8 = utf8  # whether its text is UTF-8, as an environment's is
 
     @classmethod
-    async def open(cls, path: Path) -> EntryFile:
-        """Open read-only and check the schema and every row's types."""
+    async def open(cls, path: Path, *, check_rows: bool = True) -> EntryFile:
+        """Open read-only and check the schema and every row's types.
+
+        `check_rows=False` leaves the rows' types to `hash_entries`, which
+        checks them as it reads: for a file that is hashed before any use.
+        """
         # Immutable: the main file alone is read, exactly the bytes an import's
         # private copy holds (never a -wal file beside it), and nothing is created.
         try:
             connection, (meta, namespaces, utf8) = await _sqlite.open_with(
-                read_only_uri(path, immutable=True), _check_file, uri=True
+                read_only_uri(path, immutable=True), partial(_check_file, check_rows), uri=True
             )
         except UnicodeDecodeError as exc:
             raise DamagedEntryFileError(f"text that is not UTF-8 ({exc})") from None
@@ -178,7 +182,7 @@ class EntryFile:
 
 
 def _check_file(
-    conn: sqlite3.Connection,
+    check_rows: bool, conn: sqlite3.Connection
 ) -> tuple[dict[str, object], list[NamespaceSummary], bool]:
     tables = schema.table_names(conn)
     if not {"meta", "entries"} <= tables:
@@ -191,8 +195,10 @@ def _check_file(
     # The table itself is scanned for rows of the wrong types (a damaged file can hold
     # rows its index lacks); the totals come through the index, which is far cheaper
     # than grouping a table scan.
-    bad = conn.execute(f"SELECT count(*) FROM entries WHERE NOT ({schema.well_typed()})")
-    count = int(bad.fetchone()[0])
+    count = 0
+    if check_rows:
+        bad = conn.execute(f"SELECT count(*) FROM entries WHERE NOT ({schema.well_typed()})")
+        count = int(bad.fetchone()[0])
     if count:
         raise DamagedEntryFileError(
             f"{count} rows have a namespace, key or value of the wrong type"
@@ -217,6 +223,12 @@ def _page(
         return conn.execute(sql, (namespace, limit)).fetchall()
     sql = "SELECT key, value FROM entries WHERE namespace = ? AND key > ? ORDER BY key LIMIT ?"
     return conn.execute(sql, (namespace, after, limit)).fetchall()
+
+
+def _check_types(row: tuple[object, object, object]) -> None:
+    namespace, key, value = row
+    if type(namespace) is not str or type(key) is not bytes or type(value) is not bytes:
+        raise DamagedEntryFileError("a row has a namespace, key or value of the wrong type")
 
 
 class _NotInKeyOrder(Exception):
@@ -256,6 +268,8 @@ def _hash_entries(new_hasher: Callable[[], Hasher], conn: sqlite3.Connection) ->
     try:
         cursor = conn.execute("SELECT namespace, key, value FROM entries ORDER BY namespace, key")
         while rows := cursor.fetchmany(_BATCH):
+            for row in rows:
+                _check_types(row)
             hasher.add(rows)
         return hasher.value()
     finally:
