@@ -32,12 +32,23 @@ from typing import Any
 import anyio
 
 from warmenv._errors import WarmenvError
-from warmenv.cli import _common, check, demo, export, imports, inspect, ls, purge, verify
+from warmenv.cli import (
+    _common,
+    check,
+    demo,
+    explain,
+    export,
+    imports,
+    inspect,
+    ls,
+    purge,
+    verify,
+)
 from warmenv.cli._common import Failure, Output, Stopped, UsageError, describe_error
 
 __all__ = ["main"]
 
-_COMMANDS = (demo, ls, export, imports, inspect, verify, check, purge)
+_COMMANDS = (demo, ls, explain, export, imports, inspect, verify, check, purge)
 
 # How long a stopped command may take to clean up before the process exits anyway.
 GRACE_SECONDS = 5.0
