@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     # Known before parsing, so that a usage error is JSON too when asked for.
-    out = Output(json="--json" in arguments)
+    out = Output(json="--json" in arguments, quiet=bool({"--quiet", "-q"} & set(arguments)))
     debug = "--debug" in arguments
     args: argparse.Namespace | None = None
     with out.routing(), _signals_before_the_loop():
@@ -148,8 +148,11 @@ def _fail(out: Output, exc: BaseException, debug: bool) -> int:
     if debug and status not in (0, 2):
         traceback.print_exception(exc)
     if isinstance(leaf, BrokenPipeError) and leaf.filename is None:
-        # Whoever read stdout has had enough (`warmenv ls | head`): nothing to say.
+        # Whoever read stdout has had enough (`warmenv ls | head`): nothing to say,
+        # unless the command was changing something and stopped half-way.
         _silence_stdout()
+        if out.when_output_closed is not None:
+            print(f"warmenv: error: {out.when_output_closed()}", file=sys.stderr, flush=True)
         return 1
     out.fail(message, status, document)
     return status
@@ -170,7 +173,7 @@ async def _supervised(args: argparse.Namespace, out: Output) -> int:
         # Signal handlers belong to the main thread; called from any other,
         # the command runs without them (stopping it is the caller's business).
         return int(await args.run(args, out))
-    stopped: list[int] = []
+    stopped = out.stopped
     deadline: list[threading.Timer] = []
     failure: list[BaseException] = []
     status = 1
@@ -191,6 +194,13 @@ async def _supervised(args: argparse.Namespace, out: Output) -> int:
         for timer in deadline:  # it stopped in time: no forced exit later
             timer.cancel()
     if stopped and (work.cancelled_caught or failure):
+        raise Stopped(stopped[0])
+    if stopped:
+        # The signal came while the last step (not interruptible: publishing
+        # the bundle, committing a batch) ran, and the command completed. It
+        # was asked to stop all the same: the status says so, the line says
+        # what was done.
+        out.when_interrupted = out.when_completed
         raise Stopped(stopped[0])
     if failure:
         raise failure[0]
