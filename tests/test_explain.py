@@ -70,8 +70,7 @@ async def test_an_explanation_reads_as_one_sentence_per_nearby_namespace(
     text = str(await env.explain("app/2/kernels", "k1"))
     lines = text.splitlines()
     assert lines[0] == (
-        "namespace 'app/2/kernels' holds no entries, so key \"k1\" misses; "
-        "nearest namespaces here:"
+        "namespace 'app/2/kernels' holds no entries, so key \"k1\" misses; nearest namespaces here:"
     )
     assert lines[1] == "  - 'app/1/kernels': version '1' instead of '2'; 3 entries; holds the key"
     assert lines[3] == "  - 'tool/2/kernels': name 'tool' instead of 'app'; 1 entry; not the key"
@@ -93,7 +92,7 @@ async def test_explain_says_when_the_namespace_holds_the_key(env: Environment) -
     assert "a lookup of it hits" in str(explanation)
     missing = await env.explain("app/1/kernels", "nope")
     assert missing.has_key is False
-    assert "holds 3 entries, but not key \"nope\"" in str(missing)
+    assert 'holds 3 entries, but not key "nope"' in str(missing)
 
 
 async def test_explain_takes_a_key_as_stored_when_given_bytes(env: Environment) -> None:

@@ -74,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     from warmenv import __version__
 
     parser.add_argument("--version", action="version", version=f"warmenv {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, help="what to do (see COMMAND --help)"
+    )
     for command in _COMMANDS:
         command.register(commands, _common.shared_options())
     return parser

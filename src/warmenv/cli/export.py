@@ -40,10 +40,17 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         parents=[parent],
         help="export environments into a bundle file",
         description="Export SOURCEs (environments' .db files or roots; default: --env) "
-        "into the bundle OUT.",
+        "into the bundle OUT. OUT is replaced only once the new bundle is complete; "
+        "sources are only read.",
     )
     parser.add_argument("out", metavar="OUT", type=Path, help="the bundle file to write")
-    parser.add_argument("sources", metavar="SOURCE", type=Path, nargs="*")
+    parser.add_argument(
+        "sources",
+        metavar="SOURCE",
+        type=Path,
+        nargs="*",
+        help="an environment's .db file or a root of them (default: the --env environment)",
+    )
     parser.add_argument("--name", required=True, help='the bundle\'s name, e.g. "H100 Linux"')
     parser.add_argument(
         "--app-version",
@@ -52,7 +59,10 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         help="your application's version, recorded in the manifest, e.g. 1.2",
     )
     parser.add_argument(
-        "--format", choices=[str(f) for f in BundleFormat], default=str(BundleFormat.SQLITE)
+        "--format",
+        choices=[str(f) for f in BundleFormat],
+        default=str(BundleFormat.SQLITE),
+        help="the bundle format (default: sqlite; flat reads faster, see docs/bundle-format.md)",
     )
     add_namespace_option(parser)
     parser.set_defaults(run=run)

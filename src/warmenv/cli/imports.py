@@ -41,9 +41,13 @@ from warmenv.persistence.namespace import matches_any
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
     parser = commands.add_parser(
-        "import", parents=[parent], help="import a bundle into an environment"
+        "import",
+        parents=[parent],
+        help="import a bundle into an environment",
+        description="Import BUNDLE's entries into an environment (--env, created if need be), "
+        "after checking its digest. Entries computed locally are never replaced.",
     )
-    parser.add_argument("bundle", metavar="BUNDLE", type=Path)
+    parser.add_argument("bundle", metavar="BUNDLE", type=Path, help="the bundle file to import")
     add_namespace_option(parser)
     parser.add_argument(
         "--no-verify",

@@ -45,10 +45,12 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         try:
             default_name, default_root = active()
         except WarmenvError:
-            default_name, default_root = "", Path()  # the open below says what is wrong
-        root = (args.root or default_root).expanduser()
-        if default_name and await anyio.to_thread.run_sync(root.is_dir):
-            if not await anyio.to_thread.run_sync((root / f"{default_name}.db").exists):
+            default_name, default_root = "", Path(".")  # the open below says what is wrong
+        base = Path(args.root or default_root).expanduser()
+        root = base
+        if default_name and await anyio.to_thread.run_sync(base.is_dir):
+            default_file = base / f"{default_name}.db"
+            if not await anyio.to_thread.run_sync(default_file.exists):
                 name = default_name
     if name is None:
         async with environment(args, out) as env:
@@ -89,9 +91,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     out.result(
         {
             "root": str(root),
-            "environments": [
-                {"name": f.stem, "path": str(f), "file_bytes": s} for f, s in listing
-            ],
+            "environments": [{"name": f.stem, "path": str(f), "file_bytes": s} for f, s in listing],
             "environment": name if namespaces is not None else None,
             "namespaces": None if namespaces is None else as_json(namespaces),
         }

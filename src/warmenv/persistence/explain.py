@@ -151,9 +151,9 @@ async def explain(
     asked = Namespace.coerce(namespace)
     # A str key is what an application passes to a store of the default
     # codec: ask about the bytes that store keeps it under.
-    encoded = JsonCodec().encode_key(key) if isinstance(key, str) else key
+    encoded = JsonCodec[str, object]().encode_key(key) if isinstance(key, str) else key
     own = 0
-    candidates: list[tuple[tuple[int, int, str], str, tuple[str, ...], int]] = []
+    candidates: list[tuple[tuple[int, int, int], str, tuple[str, ...], int]] = []
     for summary in summaries:
         if summary.namespace == asked.full:
             own = summary.entries
