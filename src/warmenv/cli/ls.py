@@ -37,21 +37,26 @@ def _listing(root: Path) -> list[tuple[Path, int]]:
     return [(f, f.stat().st_size) for f in files]
 
 
+def _absent_default(root_option: Path | None) -> tuple[str, Path] | None:
+    """The default environment's name and root, if the root exists but not the environment."""
+    try:
+        default_name, default_root = active()
+    except WarmenvError:
+        return None  # opening it says what is wrong
+    root = Path(root_option or default_root).expanduser()
+    if root.is_dir() and not (root / f"{default_name}.db").exists():
+        return default_name, root
+    return None
+
+
 async def run(args: argparse.Namespace, out: Output) -> int:
     name: str | None = None
     namespaces: list[NamespaceSummary] | None = None
     root: Path | None = None
     if args.env is None:
-        try:
-            default_name, default_root = active()
-        except WarmenvError:
-            default_name, default_root = "", Path(".")  # the open below says what is wrong
-        base = Path(args.root or default_root).expanduser()
-        root = base
-        if default_name and await anyio.to_thread.run_sync(base.is_dir):
-            default_file = base / f"{default_name}.db"
-            if not await anyio.to_thread.run_sync(default_file.exists):
-                name = default_name
+        found = await anyio.to_thread.run_sync(_absent_default, args.root)
+        if found is not None:
+            name, root = found
     if name is None:
         async with environment(args, out) as env:
             root = env.path.parent
