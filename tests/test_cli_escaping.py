@@ -141,7 +141,7 @@ COMMANDS: dict[str, Command] = {
         "export",
         str(tmp / "out\x1b[2J\x9b.bundle"),
         "--name",
-        NAME.replace("\x00", ""),  # argv cannot carry NUL
+        "evil",  # a name with control characters is refused (FAILING's export-hostile-name)
         "--app-version",
         "1",
         "--env",
@@ -198,6 +198,18 @@ FAILING: dict[str, Command] = {
         str(h.root),
     ],
     "bad-option": lambda h, tmp: ["inspect", "x", "--colour\x1b[2J"],
+    "export-hostile-name": lambda h, tmp: [
+        "export",
+        str(tmp / "out.bundle"),
+        "--name",
+        NAME.replace("\x00", ""),  # argv cannot carry NUL
+        "--app-version",
+        "1",
+        "--env",
+        "evil",
+        "--root",
+        str(h.root),
+    ],
 }
 
 

@@ -25,6 +25,7 @@ import anyio.to_thread
 from warmenv._errors import ClosedError, WarmenvWarning
 from warmenv.config import is_valid_name, load_config
 from warmenv.persistence.codec import Codec
+from warmenv.persistence.explain import Explanation, explain_database, explain_memory
 from warmenv.persistence.memory import MemoryStorage, MemoryTable
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.sqlite import CopiedBatch, SqliteDatabase, SqliteStorage, open_database
@@ -154,6 +155,20 @@ class Environment:
             return await self._db.namespaces()
         assert self._memory is not None
         return self._memory.summaries()
+
+    async def explain(
+        self, namespace: Namespace | str, key: bytes | str | None = None
+    ) -> Explanation:
+        """Why a lookup of `namespace` (and `key`) misses: the namespaces nearby, nearest first.
+
+        A `str` key is one of a store of the default codec (`JsonCodec`);
+        pass `bytes` to ask about a key exactly as stored.
+        """
+        self._check_open()
+        if self._db is not None:
+            return await explain_database(self._db, namespace, key)
+        assert self._memory is not None
+        return await explain_memory(self._memory.summaries(), self.storage, namespace, key)
 
     async def close(self) -> None:
         """Close the database; the environment and its storages are unusable after."""

@@ -32,12 +32,23 @@ from typing import Any
 import anyio
 
 from warmenv._errors import WarmenvError
-from warmenv.cli import _common, check, demo, export, imports, inspect, ls, purge, verify
+from warmenv.cli import (
+    _common,
+    check,
+    demo,
+    explain,
+    export,
+    imports,
+    inspect,
+    ls,
+    purge,
+    verify,
+)
 from warmenv.cli._common import Failure, Output, Stopped, UsageError, describe_error
 
 __all__ = ["main"]
 
-_COMMANDS = (demo, ls, export, imports, inspect, verify, check, purge)
+_COMMANDS = (demo, ls, explain, export, imports, inspect, verify, check, purge)
 
 # How long a stopped command may take to clean up before the process exits anyway.
 GRACE_SECONDS = 5.0
@@ -63,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     from warmenv import __version__
 
     parser.add_argument("--version", action="version", version=f"warmenv {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, help="what to do (see COMMAND --help)"
+    )
     for command in _COMMANDS:
         command.register(commands, _common.shared_options())
     return parser
@@ -73,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     # Known before parsing, so that a usage error is JSON too when asked for.
-    out = Output(json="--json" in arguments)
+    out = Output(json="--json" in arguments, quiet=bool({"--quiet", "-q"} & set(arguments)))
     debug = "--debug" in arguments
     args: argparse.Namespace | None = None
     with out.routing(), _signals_before_the_loop():
@@ -137,8 +150,11 @@ def _fail(out: Output, exc: BaseException, debug: bool) -> int:
     if debug and status not in (0, 2):
         traceback.print_exception(exc)
     if isinstance(leaf, BrokenPipeError) and leaf.filename is None:
-        # Whoever read stdout has had enough (`warmenv ls | head`): nothing to say.
+        # Whoever read stdout has had enough (`warmenv ls | head`): nothing to say,
+        # unless the command was changing something and stopped half-way.
         _silence_stdout()
+        if out.when_output_closed is not None:
+            print(f"warmenv: error: {out.when_output_closed()}", file=sys.stderr, flush=True)
         return 1
     out.fail(message, status, document)
     return status
@@ -159,7 +175,7 @@ async def _supervised(args: argparse.Namespace, out: Output) -> int:
         # Signal handlers belong to the main thread; called from any other,
         # the command runs without them (stopping it is the caller's business).
         return int(await args.run(args, out))
-    stopped: list[int] = []
+    stopped = out.stopped
     deadline: list[threading.Timer] = []
     failure: list[BaseException] = []
     status = 1
@@ -180,6 +196,13 @@ async def _supervised(args: argparse.Namespace, out: Output) -> int:
         for timer in deadline:  # it stopped in time: no forced exit later
             timer.cancel()
     if stopped and (work.cancelled_caught or failure):
+        raise Stopped(stopped[0])
+    if stopped:
+        # The signal came while the last step (not interruptible: publishing
+        # the bundle, committing a batch) ran, and the command completed. It
+        # was asked to stop all the same: the status says so, the line says
+        # what was done.
+        out.when_interrupted = out.when_completed
         raise Stopped(stopped[0])
     if failure:
         raise failure[0]

@@ -16,6 +16,7 @@ import errno
 import json as jsonlib
 import logging
 import os
+import re
 import signal
 import sqlite3
 import sys
@@ -23,7 +24,7 @@ import threading
 import time
 import unicodedata
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
@@ -124,6 +125,11 @@ def text_argument(value: str, option: str) -> str:
     return value
 
 
+def has_control_characters(text: str) -> bool:
+    """Whether `text` holds a character `clean()` would escape (C0, C1, bidi controls...)."""
+    return not text.isprintable() and any(unicodedata.category(ch) in _UNSAFE for ch in text)
+
+
 # --- options -------------------------------------------------------------------
 
 
@@ -131,7 +137,13 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse, but a usage mistake is a `UsageError` (one line, `--json` aware)."""
 
     def error(self, message: str) -> Any:
+        # argparse quotes with repr(), which spells a byte that was not UTF-8
+        # as \udcff; everything else the command prints says \xff.
+        message = _SURROGATE_REPR.sub(lambda m: f"\\x{int(m[1], 16) - 0xDC00:02x}", message)
         raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
+
+
+_SURROGATE_REPR = re.compile(r"\\u(dc[89a-f][0-9a-f])")
 
 
 def shared_options() -> argparse.ArgumentParser:
@@ -141,6 +153,12 @@ def shared_options() -> argparse.ArgumentParser:
     parent.add_argument("--root", metavar="DIR", type=Path, help="where environments live")
     parent.add_argument("--json", action="store_true", help="print machine-readable JSON")
     parent.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parent.add_argument(
+        "--quiet",
+        "-q",
+        action="store_true",
+        help="print only warnings and errors (no progress, tables or summaries)",
+    )
     return parent
 
 
@@ -159,7 +177,19 @@ def namespace_prefixes(args: argparse.Namespace) -> list[str] | None:
     """The `--namespace` prefixes, each checked to be text."""
     if args.namespaces is None:
         return None
-    return [text_argument(p, "--namespace") for p in args.namespaces]
+    prefixes = [text_argument(p, "--namespace") for p in args.namespaces]
+    if any(not p.strip("/") for p in prefixes):
+        raise UsageError(
+            "--namespace must not be empty: give a prefix such as app or app/1 "
+            "(or leave the option out to mean every namespace)"
+        )
+    return prefixes
+
+
+def no_match(prefixes: list[str]) -> str:
+    """What to say when `--namespace` matches nothing."""
+    listed = ", ".join(repr(p) for p in prefixes)
+    return f"no namespace matches {listed}"
 
 
 # --- errors --------------------------------------------------------------------
@@ -217,8 +247,11 @@ async def environment(
     if args.env is not None:
         try:
             check_name(args.env)
-        except ValueError as exc:
-            raise UsageError(clean(exc)) from None
+        except ValueError:
+            raise UsageError(
+                f"invalid environment name '{clean(args.env)}': use letters, digits, '.', "
+                "'_' and '-' (and not '.' or '..')"
+            ) from None
     async with AsyncExitStack() as stack:
         with out.holding() as notes:
             try:
@@ -245,11 +278,38 @@ async def _no_environment(path: Path) -> str:
         except OSError:
             return []
 
-    if not await anyio.to_thread.run_sync(path.parent.is_dir):
+    if await anyio.to_thread.run_sync(path.parent.exists):
+        if not await anyio.to_thread.run_sync(path.parent.is_dir):
+            return f"no environment {path.stem!r}: {path.parent} is not a directory"
+    else:
         return f"no environment {path.stem!r}: {path.parent} does not exist"
     names = await anyio.to_thread.run_sync(existing)
     there = f"environments there: {', '.join(names)}" if names else "it holds no environments"
     return f"no environment {path.stem!r} in {path.parent} ({there})"
+
+
+# The library's warning on falling back to memory, reworded as a reason.
+_LIBRARY_NOTE = re.compile(r"^environment '.*?': cannot use (.*) \((.*)\); keeping .*$")
+
+
+def _kind(path: Path) -> str:
+    """What kind of file `path` is, in words, for one that is not a regular file."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return "not readable"
+    for test, words in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return words
+    return "not a regular file"
 
 
 def _cannot_use(env: Environment, notes: list[str], write: bool) -> str:
@@ -263,12 +323,17 @@ def _cannot_use(env: Environment, notes: list[str], write: bool) -> str:
         why = f"{ancestor} is not a directory"
     elif not path.exists() and not os.access(ancestor, os.W_OK | os.X_OK):
         why = f"{ancestor} is not writable by this user"
+    elif path.exists() and not path.is_file():
+        return (
+            f"cannot use environment {env.name!r}: {path} is {_kind(path)}, not a database "
+            "file; nothing was done (remove it, or choose another --env)"
+        )
     elif path.exists() and not os.access(path, os.W_OK if write else os.R_OK):
         why = f"{path} is not {'writable' if write else 'readable'} by this user"
     elif env.read_only:
         why = f"{path} can only be opened read-only (its directory is not writable)"
     elif notes:
-        why = notes[-1]
+        why = _LIBRARY_NOTE.sub(r"\1 cannot be used (\2)", notes[-1])
     else:
         why = f"{path} cannot be opened"
     if env.in_memory and write:
@@ -313,10 +378,18 @@ class Output:
     interrupted command says it left behind.
     """
 
-    def __init__(self, *, json: bool) -> None:
+    def __init__(self, *, json: bool, quiet: bool = False) -> None:
         self.json = json
+        self.quiet = quiet
         self.console = None if json else _rich_console()
         self.when_interrupted = ""
+        # What a command that completed although a stop signal came says about
+        # its result (the signal still decides the exit status).
+        self.when_completed = "it had completed"
+        self.stopped: list[int] = []  # the stop signals received, first first
+        self.entries_done = 0  # how far the running import or export got
+        # What to say on stderr if whoever read stdout stops reading (None: nothing).
+        self.when_output_closed: Callable[[], str] | None = None
         self.subject: object = None  # the file the command works on, for errors without one
         self._held: list[str] | None = None
 
@@ -353,7 +426,7 @@ class Output:
             self._held = previous
 
     def line(self, text: object = "") -> None:
-        if self.json:
+        if self.json or self.quiet:
             return
         if self.console is not None:
             self.console.print(clean(text))
@@ -386,8 +459,14 @@ class Output:
             # ensure_ascii (the default) writes every control character as \\u escape.
             print(jsonlib.dumps(document, indent=2, default=_jsonable), flush=True)
 
-    def table(self, title: str, columns: list[str], rows: list[list[object]]) -> None:
-        if self.json:
+    def table(
+        self, title: str, columns: list[str], rows: list[list[object]], empty: str = ""
+    ) -> None:
+        """A table of `rows`; with none, the one line `empty` (or "TITLE: none") instead."""
+        if self.json or self.quiet:
+            return
+        if not rows:
+            self.line(empty or f"{title}: none")
             return
         title = clean(title)
         cells = [[clean(cell) for cell in row] for row in rows]
@@ -421,7 +500,7 @@ class Output:
     def bar(self, label: str, total: float) -> Iterator[ProgressBar]:
         """A progress bar on a terminal, periodic plain lines elsewhere, silence for JSON."""
         label = clean(label)
-        if self.console is not None:
+        if self.console is not None and not self.quiet:
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -442,7 +521,7 @@ class Output:
                 task = progress.add_task(label, total=total)
                 yield ProgressBar(lambda done: progress.update(task, completed=done), total)
             return
-        if self.json:
+        if self.json or self.quiet:
             yield ProgressBar(lambda done: None, total)
             return
         state = {"last": 0.0, "shown": -1.0}
@@ -492,22 +571,39 @@ async def ask(out: Output, question: str) -> str | None:
 
 
 async def follow(
-    out: Output, events: AsyncIterator[Event], label: str
+    out: Output,
+    events: AsyncIterator[Event],
+    label: str,
+    on_start: Callable[[Started], None] | None = None,
 ) -> ImportReport | ExportReport:
-    """Drive an import or export, drawing its progress; returns its report."""
+    """Drive an import or export, drawing its progress; returns its report.
+
+    `on_start` sees the `Started` event (the totals) and may refuse to go on
+    by raising: nothing has been written or published by then.
+    """
     async for event in events:
         if isinstance(event, Started):
             break
     else:  # pragma: no cover - every run starts with Started
         raise RuntimeError("no Started event")
+    if on_start is not None:
+        on_start(event)
     with out.bar(label, max(event.total_entries, 1)) as bar:
         async for event in events:
             if isinstance(event, Progress):
+                out.entries_done = event.entries_done
                 bar.update(event.entries_done)
             elif isinstance(event, Finished):
                 bar.update(bar.total)
                 return event.report
     raise RuntimeError("the operation ended without a report")  # pragma: no cover
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """`count` and `word`, in the plural unless it is one: "1 namespace", "2 entries"."""
+    if count == 1:
+        return f"1 {word}"
+    return f"{count:,} {many or word + 's'}"
 
 
 def size(n: int) -> str:

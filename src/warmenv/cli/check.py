@@ -11,20 +11,28 @@ from pathlib import Path
 from typing import Any
 
 from warmenv.bundle import open_bundle, preflight
-from warmenv.cli._common import Failure, Output, as_json
+from warmenv.cli._common import Failure, Output, as_json, plural
 from warmenv.cli.verify import verified
 
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
     parser = commands.add_parser(
-        "check", parents=[parent], help="say whether a bundle can hit on this machine"
+        "check",
+        parents=[parent],
+        help="say whether a bundle can hit on this machine",
+        description="Say whether BUNDLE's entries can hit on this machine: its content must "
+        "match its digest, it must have been captured on the same OS and architecture, and "
+        "(with --app-version) hold namespaces of your application's version. Exit 0 if it "
+        "can hit, 1 if not.",
     )
-    parser.add_argument("bundle", metavar="BUNDLE", type=Path)
+    parser.add_argument("bundle", metavar="BUNDLE", type=Path, help="the bundle file to check")
     parser.add_argument(
+        "--app-version",
         "--version",
         dest="app_version",
         metavar="VERSION",
-        help="your application's version, to find namespaces of another version",
+        help="your application's version, to find namespaces of another version "
+        "(--version is an alias, kept for 0.1 scripts)",
     )
     parser.set_defaults(run=run)
 
@@ -40,8 +48,12 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     out.line(f"bundle {report.bundle!r} {verdict} on this machine ({machine.os} {machine.arch}).")
     for reason in report.reasons:
         out.line(f"- {reason}")
-    out.line(f"- its content matches its digest ({entries:,} entries)")
+    digest_reason = f"its content matches its digest ({plural(entries, 'entry', 'entries')})"
+    out.line(f"- {digest_reason}")
+    document = as_json(report)
+    document["reasons"] = [*document.get("reasons", []), digest_reason]
+    document["digest_matches"] = True
     if not report.ok:
-        raise Failure(f"bundle {report.bundle!r} will not hit on this machine", as_json(report))
-    out.result(as_json(report))
+        raise Failure(f"bundle {report.bundle!r} will not hit on this machine", document)
+    out.result(document)
     return 0

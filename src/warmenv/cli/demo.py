@@ -201,7 +201,12 @@ async def _timed_start_up(
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
     parser = commands.add_parser(
-        "demo", parents=[parent], help="run the whole story: cold start, export, import, warm start"
+        "demo",
+        parents=[parent],
+        help="run the whole story: cold start, export, import, warm start",
+        description="Run the whole story on this machine: warm an environment the slow way "
+        "(cold start), export it to a bundle, check and import the bundle into a fresh "
+        "environment, and start again warm; prints the two starts side by side.",
     )
     parser.set_defaults(run=run)
 

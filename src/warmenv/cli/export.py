@@ -11,11 +11,13 @@ one application's version for a bundle that holds several.
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from warmenv.bundle import BundleFormat, ExportReport, exporting
+from warmenv.bundle import BundleFormat, ExportReport, Started, exporting
 from warmenv.cli._common import (
+    Failure,
     Output,
     UsageError,
     add_namespace_option,
@@ -23,7 +25,10 @@ from warmenv.cli._common import (
     clean,
     environment,
     follow,
+    has_control_characters,
     namespace_prefixes,
+    no_match,
+    plural,
     size,
     text_argument,
 )
@@ -35,10 +40,17 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         parents=[parent],
         help="export environments into a bundle file",
         description="Export SOURCEs (environments' .db files or roots; default: --env) "
-        "into the bundle OUT.",
+        "into the bundle OUT. OUT is replaced only once the new bundle is complete; "
+        "sources are only read.",
     )
     parser.add_argument("out", metavar="OUT", type=Path, help="the bundle file to write")
-    parser.add_argument("sources", metavar="SOURCE", type=Path, nargs="*")
+    parser.add_argument(
+        "sources",
+        metavar="SOURCE",
+        type=Path,
+        nargs="*",
+        help="an environment's .db file or a root of them (default: the --env environment)",
+    )
     parser.add_argument("--name", required=True, help='the bundle\'s name, e.g. "H100 Linux"')
     parser.add_argument(
         "--app-version",
@@ -47,7 +59,10 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         help="your application's version, recorded in the manifest, e.g. 1.2",
     )
     parser.add_argument(
-        "--format", choices=[str(f) for f in BundleFormat], default=str(BundleFormat.SQLITE)
+        "--format",
+        choices=[str(f) for f in BundleFormat],
+        default=str(BundleFormat.SQLITE),
+        help="the bundle format (default: sqlite; flat reads faster, see docs/bundle-format.md)",
     )
     add_namespace_option(parser)
     parser.set_defaults(run=run)
@@ -55,8 +70,15 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
 
 async def run(args: argparse.Namespace, out: Output) -> int:
     name = text_argument(args.name, "--name")
-    if not name:
-        raise UsageError('--name must not be empty: name the bundle, e.g. --name "H100 Linux"')
+    if not name.strip():
+        raise UsageError(
+            '--name must not be empty or blank: name the bundle, e.g. --name "H100 Linux"'
+        )
+    if has_control_characters(name):
+        raise UsageError(
+            f"--name '{clean(name)}' contains control characters; name the bundle in "
+            'printable text, e.g. --name "H100 Linux"'
+        )
     version = text_argument(args.app_version, "--app-version")
     if not version:
         raise UsageError(
@@ -70,9 +92,11 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     else:
         async with environment(args, out) as env:
             report = await _export(args, out, [env], name, version, prefixes)
+    out.when_completed = f"but the export had completed: {args.out} is published"
     out.line(
-        f"exported {report.entries:,} entries ({size(report.bytes)}) in "
-        f"{len(report.namespaces)} namespaces to {report.path} in {report.elapsed:.2f}s"
+        f"exported {plural(report.entries, 'entry', 'entries')} ({size(report.bytes)}) in "
+        f"{plural(len(report.namespaces), 'namespace')} to {report.path} "
+        f"in {report.elapsed:.2f}s"
     )
     out.result(as_json(report))
     return 0
@@ -90,7 +114,12 @@ async def _export(
         async with exporting(
             sources, args.out, name=name, version=version, format=args.format, namespaces=prefixes
         ) as progress:
-            report = await follow(out, aiter(progress), f"exporting to {args.out.name}")
+            report = await follow(
+                out,
+                aiter(progress),
+                f"exporting to {args.out.name}",
+                on_start=partial(_refuse_no_match, prefixes),
+            )
     except ValueError as exc:
         if isinstance(exc, UnicodeError):
             raise
@@ -98,3 +127,9 @@ async def _export(
         raise UsageError(clean(exc)) from None
     assert isinstance(report, ExportReport)
     return report
+
+
+def _refuse_no_match(prefixes: list[str] | None, started: Started) -> None:
+    """Stop before anything is published when `--namespace` selects nothing."""
+    if prefixes is not None and started.total_entries == 0:
+        raise Failure(f"{no_match(prefixes)}; nothing was exported")

@@ -31,16 +31,23 @@ from warmenv.cli._common import (
     environment,
     follow,
     namespace_prefixes,
+    no_match,
+    plural,
     size,
 )
 from warmenv.environment import Environment, active
+from warmenv.persistence.namespace import matches_any
 
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
     parser = commands.add_parser(
-        "import", parents=[parent], help="import a bundle into an environment"
+        "import",
+        parents=[parent],
+        help="import a bundle into an environment",
+        description="Import BUNDLE's entries into an environment (--env, created if need be), "
+        "after checking its digest. Entries computed locally are never replaced.",
     )
-    parser.add_argument("bundle", metavar="BUNDLE", type=Path)
+    parser.add_argument("bundle", metavar="BUNDLE", type=Path, help="the bundle file to import")
     add_namespace_option(parser)
     parser.add_argument(
         "--no-verify",
@@ -55,6 +62,15 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     prefixes = namespace_prefixes(args)
     out.when_interrupted = "nothing was imported"
     async with open_bundle(args.bundle) as bundle:  # a bad bundle fails before anything exists
+        if prefixes is not None and not any(
+            matches_any(s.namespace, prefixes) for s in await bundle.namespaces()
+        ):
+            raise Failure(f"{no_match(prefixes)} in {args.bundle}; nothing was imported")
+        out.when_output_closed = lambda: (
+            f"output closed: the import stopped after "
+            f"{plural(out.entries_done, 'entry', 'entries')} (whole batches kept; "
+            "run it again to finish)"
+        )
         made = await _not_there_yet(args)
         try:
             async with environment(args, out, create=True, write=True) as env:
@@ -70,8 +86,11 @@ async def run(args: argparse.Namespace, out: Output) -> int:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(_remove, made)
             raise
+    out.when_completed = f"but the import had completed into {target}"
+    out.when_output_closed = None
     out.line(
-        f"imported {report.imported:,} entries ({size(report.bytes)}) into {target}; "
+        f"imported {plural(report.imported, 'entry', 'entries')} ({size(report.bytes)}) "
+        f"into {target}; "
         f"{report.skipped:,} already present, {report.failed:,} failed, "
         f"{report.rejected:,} rejected, in {report.elapsed:.2f}s"
     )

@@ -12,9 +12,13 @@ from warmenv.cli._common import Output, as_json, size
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
     parser = commands.add_parser(
-        "inspect", parents=[parent], help="show a bundle's manifest and namespaces"
+        "inspect",
+        parents=[parent],
+        help="show a bundle's manifest and namespaces",
+        description="Show BUNDLE's format, manifest (name, version, digest, the machines it "
+        "was captured on) and namespaces with their entries and sizes. Only reads.",
     )
-    parser.add_argument("bundle", metavar="BUNDLE", type=Path)
+    parser.add_argument("bundle", metavar="BUNDLE", type=Path, help="the bundle file to show")
     parser.set_defaults(run=run)
 
 

@@ -1,56 +1,104 @@
 """`warmenv ls`: the environments under the root, and one environment's namespaces.
 
-`ls` only reads: an environment that does not exist is an error (exit 1)
-naming the environments that do, never a new empty file.
+`ls` only reads: an environment named with `--env` that does not exist is an
+error (exit 1) naming the environments that do, never a new empty file.
+Without `--env`, a default environment that does not exist is not an error:
+the environments of the root are listed, and `ls` says there is no default one.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
 
-from warmenv.cli._common import Output, as_json, environment, size
+from warmenv._errors import WarmenvError
+from warmenv.cli._common import Output, as_json, clean, environment, plural, size
+from warmenv.environment import active
+from warmenv.persistence.storage import NamespaceSummary
 
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
     parser = commands.add_parser(
-        "ls", parents=[parent], help="list environments and the namespaces of one"
+        "ls",
+        parents=[parent],
+        help="list environments and the namespaces of one",
+        description="List the environments under the root (--root, or the configured one) "
+        "and the namespaces of one environment (--env, or the default) with their entries "
+        "and sizes. Only reads: nothing is created.",
     )
     parser.set_defaults(run=run)
 
 
+def _listing(root: Path) -> list[tuple[Path, int]]:
+    files = sorted(p for p in root.glob("*.db") if p.is_file())
+    return [(f, f.stat().st_size) for f in files]
+
+
+def _absent_default(root_option: Path | None) -> tuple[str, Path] | None:
+    """The default environment's name and root, if the root exists but not the environment."""
+    try:
+        default_name, default_root = active()
+    except WarmenvError:
+        return None  # opening it says what is wrong
+    root = Path(root_option or default_root).expanduser()
+    if root.is_dir() and not (root / f"{default_name}.db").exists():
+        return default_name, root
+    return None
+
+
 async def run(args: argparse.Namespace, out: Output) -> int:
-    async with environment(args, out) as env:
-        root = env.path.parent
-        files = await anyio.to_thread.run_sync(lambda: sorted(root.glob("*.db")))
-        stats = await anyio.to_thread.run_sync(lambda: [f.stat().st_size for f in files])
-        namespaces = await env.namespaces()
+    name: str | None = None
+    namespaces: list[NamespaceSummary] | None = None
+    root: Path | None = None
+    if args.env is None:
+        found = await anyio.to_thread.run_sync(_absent_default, args.root)
+        if found is not None:
+            name, root = found
+    if name is None:
+        async with environment(args, out) as env:
+            root = env.path.parent
+            listing = await anyio.to_thread.run_sync(_listing, root)
+            namespaces = await env.namespaces()
+            name = env.name
+    else:
+        assert root is not None
+        listing = await anyio.to_thread.run_sync(_listing, root)
     out.table(
         f"environments in {root}",
         ["environment", "file size"],
         [
-            [f.stem + (" (selected)" if f.stem == env.name else ""), size(s)]
-            for f, s in zip(files, stats, strict=True)
+            [f.stem + (" (selected)" if f.stem == name and namespaces is not None else ""), size(s)]
+            for f, s in listing
         ],
+        empty=f"no environments in {clean(root)}",
     )
-    out.table(
-        f"namespaces in {env.name!r}",
-        ["namespace", "entries", "size"],
-        [[s.namespace, f"{s.entries:,}", size(s.bytes)] for s in namespaces],
-    )
-    if not namespaces:
-        out.line(f"environment {env.name!r} holds no entries yet")
+    if namespaces is None:
+        out.line(
+            f"there is no default environment {name!r} in {root}; "
+            "pass --env NAME to list the namespaces of one"
+        )
+    else:
+        out.table(
+            f"namespaces in {name!r}",
+            ["namespace", "entries", "size"],
+            [[s.namespace, f"{s.entries:,}", size(s.bytes)] for s in namespaces],
+            empty=f"environment {name!r} holds no entries yet",
+        )
+        if namespaces:
+            entries = sum(s.entries for s in namespaces)
+            out.line(
+                f"{plural(len(namespaces), 'namespace')}, "
+                f"{plural(entries, 'entry', 'entries')} in {name!r}"
+            )
     out.result(
         {
             "root": str(root),
-            "environments": [
-                {"name": f.stem, "path": str(f), "file_bytes": s}
-                for f, s in zip(files, stats, strict=True)
-            ],
-            "environment": env.name,
-            "namespaces": as_json(namespaces),
+            "environments": [{"name": f.stem, "path": str(f), "file_bytes": s} for f, s in listing],
+            "environment": name if namespaces is not None else None,
+            "namespaces": None if namespaces is None else as_json(namespaces),
         }
     )
     return 0

@@ -21,6 +21,8 @@ from warmenv.cli._common import (
     ask,
     environment,
     namespace_prefixes,
+    no_match,
+    plural,
 )
 from warmenv.persistence.namespace import matches_any
 from warmenv.persistence.storage import Failed
@@ -28,7 +30,11 @@ from warmenv.persistence.storage import Failed
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
     parser = commands.add_parser(
-        "purge", parents=[parent], help="delete entries from an environment"
+        "purge",
+        parents=[parent],
+        help="delete entries from an environment",
+        description="Delete the entries of an environment (--env), all of them or those under "
+        "--namespace prefixes. Asks for confirmation on a terminal unless --yes is given.",
     )
     add_namespace_option(parser)
     parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -41,14 +47,18 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     async with environment(args, out, write=True) as env:
         doomed = [s for s in await env.namespaces() if matches_any(s.namespace, prefixes)]
         entries = sum(s.entries for s in doomed)
+        if prefixes is not None and not doomed:
+            raise Failure(f"{no_match(prefixes)} in {env.describe()}; nothing deleted")
         if doomed and not args.yes:
             if not sys.stdin.isatty() or args.json:
                 raise UsageError(
-                    f"purge would delete {entries:,} entries from {env.describe()}; "
+                    f"purge would delete {plural(entries, 'entry', 'entries')} from "
+                    f"{env.describe()}; "
                     "pass --yes to confirm"
                 )
             question = (
-                f"delete {entries:,} entries in {len(doomed)} namespaces of {env.name!r}? [y/N] "
+                f"delete {plural(entries, 'entry', 'entries')} in "
+                f"{plural(len(doomed), 'namespace')} of {env.name!r}? [y/N] "
             )
             answer = await ask(out, question)
             if answer is None:  # Ctrl-D
@@ -68,9 +78,12 @@ async def run(args: argparse.Namespace, out: Output) -> int:
                 out.warning(f"{summary.namespace}: {result.reason}")
             else:
                 removed += result.count
-    out.line(f"deleted {removed:,} entries in {len(doomed) - len(failures)} namespaces")
+    out.line(
+        f"deleted {plural(removed, 'entry', 'entries')} in "
+        f"{plural(len(doomed) - len(failures), 'namespace')}"
+    )
     document = {"environment": env.name, "deleted": removed, "failed": failures}
     if failures:
-        raise Failure(f"{len(failures)} namespaces could not be purged", document)
+        raise Failure(f"{plural(len(failures), 'namespace')} could not be purged", document)
     out.result(document)
     return 0

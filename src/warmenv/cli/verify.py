@@ -13,9 +13,13 @@ from warmenv.cli._common import Output
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
     parser = commands.add_parser(
-        "verify", parents=[parent], help="check a bundle's structure and content digest"
+        "verify",
+        parents=[parent],
+        help="check a bundle's structure and content digest",
+        description="Check that BUNDLE is a well-formed bundle whose content matches the "
+        "digest in its manifest (exit 0), or say what is wrong (exit 1). Only reads.",
     )
-    parser.add_argument("bundle", metavar="BUNDLE", type=Path)
+    parser.add_argument("bundle", metavar="BUNDLE", type=Path, help="the bundle file to verify")
     parser.set_defaults(run=run)
 
 

@@ -48,6 +48,7 @@ import attrs
 from warmenv.persistence.codec import Codec, JsonCodec, canonical_arguments
 from warmenv.persistence.codec import _encode_str as _encode_json_str
 from warmenv.persistence.codec import _scan_canonical as _scan_json
+from warmenv.persistence.explain import explain_first_miss
 from warmenv.persistence.storage import Conflict, Failed, Insertion, Purged, Storage, Stored
 
 __all__ = ["MISSING", "CacheMode", "Missing", "Store"]
@@ -418,6 +419,8 @@ class Store(Generic[K, V]):
     async def _fetch(self, encoded: bytes) -> Any:
         epoch = self._epoch
         data = await self._storage.get(encoded)
+        if data is None:
+            await explain_first_miss(self._storage, encoded)
         held = self._values.get(encoded, _ABSENT)
         if held is not _ABSENT or epoch != self._epoch:
             # An insert or purge here overtook the read: it is newer than what was read.

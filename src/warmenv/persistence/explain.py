@@ -1,0 +1,294 @@
+"""Why a lookup misses: the namespaces nearby that hold what was asked for elsewhere.
+
+Almost every surprising cold start has the same cause: the entries are there,
+under a namespace that differs from the one asked for in one segment. A new
+release bumped the version, a bundle was captured with another path, an
+application was renamed. An explanation lists the namespaces this environment
+holds that share the asked one's name and differ in its version or path (or
+share both of those and differ in the name), which segments differ, how many
+entries each holds and whether the key is there: "app/2/kernels misses, but
+app/1/kernels holds 1,200 entries including this key" is the answer the user
+needed, and the closest candidates come first.
+
+Only namespace summaries and one indexed lookup per candidate are read, so an
+explanation over a thousand namespaces costs milliseconds. `WARMENV_EXPLAIN_MISSES=1`
+logs the explanation (logger `warmenv.explain`, INFO) the first time a
+namespace misses in this process; the store calls `explain_first_miss` on each
+miss, which returns at once unless the variable is set.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
+from typing import Final
+
+import attrs
+
+from warmenv.persistence.codec import JsonCodec
+from warmenv.persistence.memory import MemoryStorage
+from warmenv.persistence.namespace import Namespace
+from warmenv.persistence.sqlite import SqliteDatabase, SqliteStorage
+from warmenv.persistence.storage import NamespaceSummary, Storage
+
+__all__ = ["Explanation", "Nearby", "explain", "explain_first_miss"]
+
+log = logging.getLogger("warmenv.explain")
+
+SEGMENTS: Final = ("name", "version", "path")
+# How many nearby namespaces `str()` spells out; the rest are counted.
+_SHOWN = 10
+_VARIABLE = "WARMENV_EXPLAIN_MISSES"
+# Which difference is the likelier cause: a new version, then another path, then a rename.
+_NEARNESS: Final = {"version": 0, "path": 1, "name": 2}
+
+
+@attrs.frozen
+class Nearby:
+    """A namespace the environment holds that differs from the asked one in `differs`."""
+
+    namespace: str
+    differs: tuple[str, ...]
+    """The segments that differ, out of `"name"`, `"version"` and `"path"`."""
+    entries: int
+    has_key: bool | None
+    """Whether the asked key is stored under this namespace (`None`: no key was asked)."""
+
+
+@attrs.frozen
+class Explanation:
+    """Why `namespace` (and `key`) may miss here; `str()` says it in a few lines."""
+
+    namespace: str
+    key: bytes | None
+    entries: int
+    """Entries stored under the asked namespace itself."""
+    has_key: bool | None
+    """Whether the key is stored under the asked namespace (`None`: no key was asked)."""
+    nearby: tuple[Nearby, ...]
+    """The namespaces that differ only in some segments, nearest first."""
+
+    def __str__(self) -> str:
+        asked = f"namespace {self.namespace!r}"
+        if self.key is None:
+            head = f"{asked} holds {_entries(self.entries)}"
+        elif self.has_key:
+            head = f"{asked} holds key {_key(self.key)}: a lookup of it hits"
+        elif self.entries:
+            head = f"{asked} holds {_entries(self.entries)}, but not key {_key(self.key)}"
+        else:
+            head = f"{asked} holds no entries, so key {_key(self.key)} misses"
+        if not self.nearby:
+            return (
+                f"{head}; no namespace here differs from it only in its version or path "
+                "(nothing like it was computed or imported in this environment)"
+            )
+        lines = [f"{head}; nearest namespaces here:"]
+        lines += [f"  {self._describe(n)}" for n in self.nearby[:_SHOWN]]
+        if len(self.nearby) > _SHOWN:
+            lines.append(f"  and {_plural(len(self.nearby) - _SHOWN, 'more namespace')}")
+        return "\n".join(lines)
+
+    def _describe(self, nearby: Nearby) -> str:
+        asked = Namespace.raw(self.namespace)
+        there = Namespace.raw(nearby.namespace)
+        differences = ", ".join(
+            f"{segment} {getattr(there, segment)!r} instead of {getattr(asked, segment)!r}"
+            for segment in nearby.differs
+        )
+        key = ""
+        if nearby.has_key is not None:
+            key = "; holds the key" if nearby.has_key else "; not the key"
+        return f"- {nearby.namespace!r}: {differences}; {_entries(nearby.entries)}{key}"
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count:,} {word}" + ("" if count == 1 else "s")
+
+
+def _entries(count: int) -> str:
+    if count == 0:
+        return "no entries"
+    return f"{count:,} entry" if count == 1 else f"{count:,} entries"
+
+
+def _key(key: bytes) -> str:
+    try:
+        return key.decode("utf-8")  # a JSON key reads as itself: "k1", [1, 2]
+    except UnicodeDecodeError:
+        return repr(key)
+
+
+def differing(asked: Namespace, other: Namespace) -> tuple[str, ...] | None:
+    """The segments in which `other` differs from `asked`, if it is near enough to list.
+
+    Near means: the same name (another version or path), or the same version
+    and path (another name). Two namespaces that share nothing but, say, the
+    version "1" say nothing about each other.
+    """
+    differs = tuple(s for s in SEGMENTS if getattr(asked, s) != getattr(other, s))
+    if not differs:
+        return None
+    if "name" in differs and len(differs) > 1:
+        return None
+    return differs
+
+
+async def explain(
+    summaries: Iterable[NamespaceSummary],
+    namespace: Namespace | str,
+    key: bytes | str | None,
+    holding: Callable[[list[str], bytes], Awaitable[set[str]]],
+) -> Explanation:
+    """The explanation for `namespace`/`key` given an environment's namespace summaries.
+
+    `holding(namespaces, key)` answers which of `namespaces` store `key`.
+    """
+    asked = Namespace.coerce(namespace)
+    # A str key is what an application passes to a store of the default
+    # codec: ask about the bytes that store keeps it under.
+    encoded = JsonCodec[str, object]().encode_key(key) if isinstance(key, str) else key
+    own = 0
+    candidates: list[tuple[tuple[int, int, int], str, tuple[str, ...], int]] = []
+    for summary in summaries:
+        if summary.namespace == asked.full:
+            own = summary.entries
+            continue
+        differs = differing(asked, Namespace.raw(summary.namespace))
+        if differs is not None and summary.entries:
+            # Fewest differing segments first; a version bump before a path or a
+            # name change (the commonest cause); then the fuller namespace.
+            rank = (len(differs), max(_NEARNESS[s] for s in differs), -summary.entries)
+            candidates.append((rank, summary.namespace, differs, summary.entries))
+    candidates.sort(key=lambda c: (c[0], c[1]))
+    found: set[str] = set()
+    if encoded is not None:
+        wanted = [c[1] for c in candidates]
+        if own:
+            wanted.append(asked.full)
+        found = await holding(wanted, encoded) if wanted else set()
+    return Explanation(
+        namespace=asked.full,
+        key=encoded,
+        entries=own,
+        has_key=None if encoded is None else asked.full in found,
+        nearby=tuple(
+            Nearby(
+                namespace=name,
+                differs=differs,
+                entries=entries,
+                has_key=None if encoded is None else name in found,
+            )
+            for _, name, differs, entries in candidates
+        ),
+    )
+
+
+# --- per backend ---------------------------------------------------------------
+
+
+async def explain_database(
+    db: SqliteDatabase, namespace: Namespace | str, key: bytes | str | None
+) -> Explanation:
+    """`explain` over an environment database."""
+
+    async def holding(namespaces: list[str], key: bytes) -> set[str]:
+        try:
+            return await db.run(partial(_holding, namespaces, key))
+        except sqlite3.Error as exc:
+            log.warning("looking for a key in %s failed: %s", db.path, exc)
+            return set()
+
+    try:
+        counts = await db.run(_counts)
+    except sqlite3.Error as exc:
+        log.warning("listing namespaces of %s failed: %s", db.path, exc)
+        counts = []
+    summaries = (NamespaceSummary(namespace=n, entries=c, bytes=0) for n, c in counts)
+    return await explain(summaries, namespace, key, holding)
+
+
+def _counts(conn: sqlite3.Connection) -> list[tuple[str, int]]:
+    # Counts only: the primary key's index answers them without reading a
+    # value, where sizes (as `namespaces()` gives) would read every row.
+    previous = conn.text_factory
+    conn.text_factory = lambda raw: raw.decode("utf-8", "surrogateescape")
+    try:
+        return conn.execute(
+            "SELECT namespace, count(*) FROM entries GROUP BY namespace ORDER BY namespace"
+        ).fetchall()
+    finally:
+        conn.text_factory = previous
+
+
+def _holding(namespaces: list[str], key: bytes, conn: sqlite3.Connection) -> set[str]:
+    # One indexed lookup per namespace (the primary key is (namespace, key)),
+    # all in one call on the database's thread.
+    found = set()
+    for namespace in namespaces:
+        row = conn.execute(
+            "SELECT 1 FROM entries WHERE namespace = ? AND key = ?", (namespace, key)
+        ).fetchone()
+        if row is not None:
+            found.add(namespace)
+    return found
+
+
+async def explain_memory(
+    summaries: list[NamespaceSummary],
+    storage_of: Callable[[str], Storage],
+    namespace: Namespace | str,
+    key: bytes | str | None,
+) -> Explanation:
+    """`explain` over an environment held in memory."""
+
+    async def holding(namespaces: list[str], key: bytes) -> set[str]:
+        return {n for n in namespaces if await storage_of(n).get(key) is not None}
+
+    return await explain(summaries, namespace, key, holding)
+
+
+# --- the miss hook -------------------------------------------------------------
+
+_explained: set[tuple[object, str]] = set()
+_explained_lock = threading.Lock()
+
+
+async def explain_first_miss(storage: Storage, key: bytes) -> None:
+    """Log why `key` missed in `storage`'s namespace, the first time it misses.
+
+    Does nothing unless `WARMENV_EXPLAIN_MISSES=1`. Never raises: a failure to
+    explain must not turn a miss into an error.
+    """
+    if os.environ.get(_VARIABLE) != "1" or not log.isEnabledFor(logging.INFO):
+        return
+    if isinstance(storage, SqliteStorage):
+        db = storage._db
+        where: object = db.path
+    elif isinstance(storage, MemoryStorage):
+        table = storage._table
+        where = id(table)
+    else:  # a storage of the application's own: nothing to compare it with
+        return
+    with _explained_lock:
+        if (where, storage.namespace) in _explained:
+            return
+        _explained.add((where, storage.namespace))
+    try:
+        if isinstance(storage, SqliteStorage):
+            explanation = await explain_database(db, storage.namespace, key)
+        else:
+            explanation = await explain_memory(
+                table.summaries(),
+                lambda n: MemoryStorage(n, table=table),
+                storage.namespace,
+                key,
+            )
+    except Exception as exc:
+        log.debug("cannot explain the miss in %s: %s", storage.describe(), exc)
+        return
+    log.info("first miss in %s: %s", storage.describe(), explanation)
