@@ -24,12 +24,14 @@ import faulthandler
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -143,12 +145,20 @@ class Worker:
         self.last_failure = None
 
     def run(self) -> None:
-        import anyio.from_thread
 
         from fuzz import seed_bundles
 
         seed_bundles()
         workdir = Path(tempfile.mkdtemp(prefix="warmenv-fuzz-"))
+        try:
+            self._rounds(workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        self.save(force=True)
+
+    def _rounds(self, workdir: Path) -> None:
+        import anyio.from_thread
+
         round_number = 0
         while time.time() < self.until:
             backend, options = BACKENDS[round_number % len(BACKENDS)]
@@ -157,7 +167,6 @@ class Worker:
                 label = backend + ("+uvloop" if options else "")
                 self._round("bundle", self._bundles(portal, workdir, label))
             self._round("manifest", self._manifests())
-        self.save(force=True)
 
     def _bundles(self, portal: Any, workdir: Path, label: str) -> Any:
         from hypothesis import given, settings
@@ -345,6 +354,8 @@ def main() -> None:
     parser.add_argument("--until", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
+        # Hypothesis warns whenever it shows a large input; the finding keeps the input.
+        warnings.filterwarnings("ignore", message="Generating overly large repr")
         # A runaway allocation becomes a MemoryError (a finding), not the OOM killer.
         resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
         Worker(args.out, args.until, args.hang_seconds).run()
