@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -283,7 +284,11 @@ async def test_a_file_replaced_on_the_server_is_fetched_again_from_its_start(
     body = bundle_path.read_bytes()
     url = server.put("/warm.bundle", body)
     server.drop_after, server.drops_left = len(body) // 2, 1
-    server.on_drop = lambda: server.put("/warm.bundle", other.read_bytes()) and None
+
+    def replace_it() -> None:
+        server.put("/warm.bundle", other.read_bytes())
+
+    server.on_drop = replace_it
     await import_bundle(url, cold_env)
     assert await env_contents(cold_env) == {"app/other/1": {b"only": b"this"}}
     (asked,) = server.range_requests()
@@ -439,3 +444,33 @@ def test_the_command_line_names_a_missing_url_and_creates_nothing(
     assert "404" in completed.stderr and "pw@" not in completed.stderr
     assert "Traceback" not in completed.stderr
     assert not (tmp_path / "cli-root").exists()
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_mid_download_leaves_nothing_behind(
+    server: BundleServer, tmp_path: Path, signum: int, status: int, backend: str
+) -> None:
+    body = os.urandom(4 << 20)  # never imported: the command is stopped mid-body
+    url = server.put("/big.bundle", body)
+    server.stall_after = len(body) // 2
+    root = tmp_path / "cli-root"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "warmenv", "import", url, "--env", "fresh", "--root", str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "WARMENV_CLI_BACKEND": backend},
+    )
+    try:
+        assert server.stalled.wait(timeout=60)  # half the body is out: the download is under way
+        assert [p.name for p in root.glob(".warmenv-import.*")] != []
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == status, err
+    assert "Traceback" not in err
+    assert not root.exists(), sorted(str(p) for p in root.rglob("*"))

@@ -39,6 +39,7 @@ __all__ = [
     "Downloading",
     "Event",
     "EventStream",
+    "EventStreamBase",
     "ExportEvent",
     "ExportReport",
     "Finished",
@@ -139,9 +140,6 @@ ImportEvent: TypeAlias = Downloading | BundleStarted | BundleProgress | BundleFi
 ExportEvent: TypeAlias = BundleStarted | BundleProgress | BundleFinished[ExportReport]
 BundleEvent: TypeAlias = ImportEvent | ExportEvent
 
-# What an import or export stream yields, typed by its report.
-_StreamEvent: TypeAlias = Downloading | BundleStarted | BundleProgress | BundleFinished[R]
-
 # The 0.1 names, kept working.
 Started = BundleStarted
 Progress = BundleProgress
@@ -149,8 +147,11 @@ Finished = BundleFinished
 Event: TypeAlias = BundleEvent
 
 
-class EventStream(Generic[R]):
-    """The events of one import or export, produced as they are consumed.
+E = TypeVar("E")
+
+
+class EventStreamBase(Generic[E, R]):
+    """The events `E` of one import or export, produced as they are consumed.
 
     `aclose()` (which `importing` and `exporting` call when their block
     exits) stops the operation after its last whole batch; `finish()` runs
@@ -163,7 +164,7 @@ class EventStream(Generic[R]):
 
     def __init__(self) -> None:
         self._report: R | None = None
-        self._events: AsyncGenerator[_StreamEvent[R], None] | None
+        self._events: AsyncGenerator[E, None] | None
         self._events = None
         # Set by the operation's first step, so "never iterated" is exact
         # even when `aiter()` was called but no event was asked for.
@@ -197,7 +198,7 @@ class EventStream(Generic[R]):
         """The report of an operation stopped early, where one means something."""
         return None
 
-    def __aiter__(self) -> AsyncIterator[_StreamEvent[R]]:
+    def __aiter__(self) -> AsyncIterator[E]:
         events = self._events
         if events is None:
             events = self._events = self._events_once()
@@ -205,7 +206,7 @@ class EventStream(Generic[R]):
 
     async def _events_once(
         self,
-    ) -> AsyncGenerator[_StreamEvent[R], None]:
+    ) -> AsyncGenerator[E, None]:
         self._started = True
         run = self._run()
         try:
@@ -227,5 +228,9 @@ class EventStream(Generic[R]):
         if self._events is not None:
             await self._events.aclose()
 
-    def _run(self) -> AsyncGenerator[_StreamEvent[R], None]:
+    def _run(self) -> AsyncGenerator[E, None]:
         raise NotImplementedError
+
+
+class EventStream(EventStreamBase[BundleStarted | BundleProgress | BundleFinished[R], R]):
+    """A stream with no download before it: an export's, typed by its report."""

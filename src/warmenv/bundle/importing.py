@@ -45,7 +45,7 @@ from warmenv.bundle.events import (
     BundleFinished,
     BundleProgress,
     BundleStarted,
-    EventStream,
+    EventStreamBase,
     ImportEvent,
     ImportReport,
 )
@@ -144,7 +144,7 @@ async def importing(
 
 
 @final
-class ImportProgress(EventStream[ImportReport]):
+class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
     """The events of one import; `report` once it has finished, or what it committed so far."""
 
     _operation = "import"

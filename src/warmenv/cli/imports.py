@@ -118,7 +118,7 @@ async def _import(
     )
     try:
         async with importing(bundle, env, namespaces=prefixes, verify=args.verify) as progress:
-            events = aiter(progress)
+            events: AsyncIterator[Event] = aiter(progress)
             if isinstance(bundle, str):
                 events = _downloading(out, events, label)
             report = await follow(out, events, f"importing {label}")
