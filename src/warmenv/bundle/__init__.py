@@ -9,6 +9,7 @@ hit ever depends on a file staying installed.
 from __future__ import annotations
 
 from warmenv.bundle.base import Bundle
+from warmenv.bundle.download import DownloadError, DownloadOptions
 from warmenv.bundle.errors import (
     BundleError,
     BundleTooLargeError,
@@ -22,6 +23,7 @@ from warmenv.bundle.events import (
     BundleFinished,
     BundleProgress,
     BundleStarted,
+    Downloading,
     Event,
     ExportEvent,
     ExportReport,
@@ -57,6 +59,9 @@ __all__ = [
     "BundleStarted",
     "BundleTooLargeError",
     "CorruptBundleError",
+    "DownloadError",
+    "DownloadOptions",
+    "Downloading",
     "EnvironmentInfo",
     "Event",
     "ExportEvent",

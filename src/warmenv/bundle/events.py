@@ -2,7 +2,9 @@
 
 An import or export yields `BundleStarted` once, `BundleProgress` at least
 once per batch (cumulative counts, so a consumer that drops events still
-shows the truth), and `BundleFinished` with the report. Command-line
+shows the truth), and `BundleFinished` with the report. An import from a
+URL yields `Downloading` events before `BundleStarted`, while the bundle
+is fetched (an export never does). Command-line
 progress bars, logs and tests all read the same events.
 
 `BundleFinished` is generic in its report, so an import's events carry an
@@ -34,8 +36,10 @@ __all__ = [
     "BundleFinished",
     "BundleProgress",
     "BundleStarted",
+    "Downloading",
     "Event",
     "EventStream",
+    "EventStreamBase",
     "ExportEvent",
     "ExportReport",
     "Finished",
@@ -102,6 +106,26 @@ class BundleProgress:
     total_bytes: int
 
 
+@attrs.frozen
+class Downloading:
+    """A bundle named by URL is being fetched: bytes on disk so far, and the whole if known.
+
+    Cumulative, like `BundleProgress`; `total_bytes` is `None` when the
+    server did not say how long the body is. A download that resumes after
+    a dropped connection keeps counting from where it was; one that has to
+    start over (the file changed on the server) goes back to 0.
+    """
+
+    bytes_done: int
+    total_bytes: int | None
+    elapsed: float = 0.0  # seconds since the download began
+
+    @property
+    def bytes_per_second(self) -> float:
+        """The mean rate so far (0 before the first second's first byte)."""
+        return self.bytes_done / self.elapsed if self.elapsed > 0 else 0.0
+
+
 R = TypeVar("R", ImportReport, ExportReport)
 
 
@@ -112,7 +136,7 @@ class BundleFinished(Generic[R]):
     report: R
 
 
-ImportEvent: TypeAlias = BundleStarted | BundleProgress | BundleFinished[ImportReport]
+ImportEvent: TypeAlias = Downloading | BundleStarted | BundleProgress | BundleFinished[ImportReport]
 ExportEvent: TypeAlias = BundleStarted | BundleProgress | BundleFinished[ExportReport]
 BundleEvent: TypeAlias = ImportEvent | ExportEvent
 
@@ -123,8 +147,11 @@ Finished = BundleFinished
 Event: TypeAlias = BundleEvent
 
 
-class EventStream(Generic[R]):
-    """The events of one import or export, produced as they are consumed.
+E = TypeVar("E")
+
+
+class EventStreamBase(Generic[E, R]):
+    """The events `E` of one import or export, produced as they are consumed.
 
     `aclose()` (which `importing` and `exporting` call when their block
     exits) stops the operation after its last whole batch; `finish()` runs
@@ -137,9 +164,7 @@ class EventStream(Generic[R]):
 
     def __init__(self) -> None:
         self._report: R | None = None
-        self._events: (
-            AsyncGenerator[BundleStarted | BundleProgress | BundleFinished[R], None] | None
-        )
+        self._events: AsyncGenerator[E, None] | None
         self._events = None
         # Set by the operation's first step, so "never iterated" is exact
         # even when `aiter()` was called but no event was asked for.
@@ -173,7 +198,7 @@ class EventStream(Generic[R]):
         """The report of an operation stopped early, where one means something."""
         return None
 
-    def __aiter__(self) -> AsyncIterator[BundleStarted | BundleProgress | BundleFinished[R]]:
+    def __aiter__(self) -> AsyncIterator[E]:
         events = self._events
         if events is None:
             events = self._events = self._events_once()
@@ -181,7 +206,7 @@ class EventStream(Generic[R]):
 
     async def _events_once(
         self,
-    ) -> AsyncGenerator[BundleStarted | BundleProgress | BundleFinished[R], None]:
+    ) -> AsyncGenerator[E, None]:
         self._started = True
         run = self._run()
         try:
@@ -203,5 +228,9 @@ class EventStream(Generic[R]):
         if self._events is not None:
             await self._events.aclose()
 
-    def _run(self) -> AsyncGenerator[BundleStarted | BundleProgress | BundleFinished[R], None]:
+    def _run(self) -> AsyncGenerator[E, None]:
         raise NotImplementedError
+
+
+class EventStream(EventStreamBase[BundleStarted | BundleProgress | BundleFinished[R], R]):
+    """A stream with no download before it: an export's, typed by its report."""

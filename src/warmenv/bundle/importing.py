@@ -18,6 +18,11 @@ A SQLite bundle going into a SQLite environment is copied inside SQLite
 (ATTACH, then INSERT ... SELECT over rowid ranges); anything else streams
 scan batches into `insert_many`. Either way memory stays bounded by the
 batch size, whatever the bundle's size.
+
+A bundle named by an http(s) URL is downloaded into that private directory
+instead of copied (`warmenv.bundle.download`), as the first steps of the
+event stream (`Downloading` events, then `Started`), and the downloaded file
+is the private copy that is verified and imported.
 """
 
 from __future__ import annotations
@@ -34,12 +39,13 @@ import anyio
 import anyio.lowlevel
 
 from warmenv.bundle.base import Bundle
+from warmenv.bundle.download import Download, DownloadOptions, is_url
 from warmenv.bundle.errors import CorruptBundleError
 from warmenv.bundle.events import (
     BundleFinished,
     BundleProgress,
     BundleStarted,
-    EventStream,
+    EventStreamBase,
     ImportEvent,
     ImportReport,
 )
@@ -63,10 +69,20 @@ async def import_bundle(
     batch_size: int = 1024,
     validate: Validate | None = None,
     verify: bool = True,
+    download: DownloadOptions | None = None,
 ) -> ImportReport:
-    """Import every entry of `source` (a path or an open bundle) into `env`."""
+    """Import every entry of `source` (a path, an http(s) URL or an open bundle) into `env`.
+
+    `download` sets the limits of fetching a bundle by URL (see `DownloadOptions`).
+    """
     async with importing(
-        source, env, namespaces=namespaces, batch_size=batch_size, validate=validate, verify=verify
+        source,
+        env,
+        namespaces=namespaces,
+        batch_size=batch_size,
+        validate=validate,
+        verify=verify,
+        download=download,
     ) as progress:
         async for _ in progress:
             pass
@@ -82,6 +98,7 @@ async def importing(
     batch_size: int = 1024,
     validate: Validate | None = None,
     verify: bool = True,
+    download: DownloadOptions | None = None,
 ) -> AsyncIterator[ImportProgress]:
     """`async with importing(...) as progress: async for event in progress:` runs the import.
 
@@ -91,9 +108,24 @@ async def importing(
     Leaving the block without having read an event runs the import to its
     end, as `import_bundle` would; leaving it with an error before reading
     any imports nothing.
+
+    A URL is downloaded as the stream's first steps (`Downloading` events
+    before `Started`); a download that fails, or is cancelled, leaves nothing.
     """
     check_batch_size(batch_size)
     near = env.snapshot_directory()
+    if is_url(source):
+        assert isinstance(source, str)
+        progress = ImportProgress(
+            Download(source, near, download), env, namespaces, batch_size, validate, verify
+        )
+        try:
+            yield progress
+            await progress.finish()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await progress.aclose()
+        return
     if isinstance(source, str | os.PathLike):
         bundle: Bundle = await open_private(Path(source), near, verified=verify)
         owned = True
@@ -112,14 +144,14 @@ async def importing(
 
 
 @final
-class ImportProgress(EventStream[ImportReport]):
+class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
     """The events of one import; `report` once it has finished, or what it committed so far."""
 
     _operation = "import"
 
     def __init__(
         self,
-        bundle: Bundle,
+        bundle: Bundle | Download,
         env: Environment,
         prefixes: list[str] | None,
         batch_size: int,
@@ -148,26 +180,45 @@ class ImportProgress(EventStream[ImportReport]):
             self._stopped_at = time.perf_counter()
 
     async def _run(self) -> AsyncGenerator[ImportEvent, None]:
+        download = self._bundle
+        if not isinstance(download, Download):
+            async with aclosing(self._import(download)) as events:
+                async for event in events:
+                    yield event
+            return
+        async with aclosing(download.fetch()) as fetching:
+            async for step in fetching:
+                yield step
+        bundle = await download.open()  # from here the bundle owns the downloaded file
+        try:
+            async with aclosing(self._import(bundle)) as events:
+                async for event in events:
+                    yield event
+        finally:
+            with anyio.CancelScope(shield=True):
+                await bundle.aclose()
+
+    async def _import(self, bundle: Bundle) -> AsyncGenerator[ImportEvent, None]:
         started_at = self._started_at = time.perf_counter()
         tally = self._tally = _Tally()
         selected = [
-            s for s in await self._bundle.namespaces() if matches_any(s.namespace, self._prefixes)
+            s for s in await bundle.namespaces() if matches_any(s.namespace, self._prefixes)
         ]
         total_entries = sum(s.entries for s in selected)
         total_bytes = sum(s.bytes for s in selected)
         yield BundleStarted(tuple(s.namespace for s in selected), total_entries, total_bytes)
         if self._verify:
-            await _verify(self._bundle)
+            await _verify(bundle)
         for summary in selected:
             tally.by_ns[summary.namespace] = (0, 0)
-        entry_file = self._bundle.entry_file
+        entry_file = bundle.entry_file
         copier = None
         if entry_file is not None and self._validate is None:
             copier = self._env.bulk_copy(entry_file, self._prefixes, self._batch_size)
         if copier is not None:
             batches = _copy_in_bulk(copier, tally)
         else:
-            batches = _copy_by_scan(self._bundle, self._env, selected, self, tally)
+            batches = _copy_by_scan(bundle, self._env, selected, self, tally)
         async with aclosing(batches):
             async for namespace in batches:
                 yield BundleProgress(

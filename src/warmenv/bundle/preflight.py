@@ -6,16 +6,26 @@ OS or architecture than the one the entries were captured on) or a different
 version of the application (namespaces carry a version segment, so entries
 written by 1.2 are never read by 1.3). Preflight checks both before import
 and says so in words.
+
+A bundle named by an http(s) URL is checked without downloading it where
+the server allows: a flat bundle's manifest and namespace names are at its
+start, so a `Range` request for the first bytes is enough. A SQLite
+bundle keeps its manifest in the `meta` table, wherever SQLite placed it,
+and its namespaces in the entries themselves, so it is downloaded whole (to
+a private temporary file, removed after), as is any bundle on a server that
+ignores `Range`.
 """
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from pathlib import Path
 
 import attrs
 
 from warmenv.bundle.base import Bundle
-from warmenv.bundle.manifest import EnvironmentInfo, this_machine
+from warmenv.bundle.download import Download, DownloadOptions, is_url, read_header
+from warmenv.bundle.manifest import BundleManifest, EnvironmentInfo, this_machine
 from warmenv.bundle.open import open_any
 from warmenv.persistence.namespace import Namespace
 
@@ -47,8 +57,20 @@ def _where(info: EnvironmentInfo) -> str:
     return f"{info.os} {info.arch}"
 
 
-async def preflight(source: str | Path | Bundle, *, version: str | None = None) -> Preflight:
-    """Check a bundle (a path or an open bundle) against this machine and `version`."""
+async def preflight(
+    source: str | Path | Bundle,
+    *,
+    version: str | None = None,
+    download: DownloadOptions | None = None,
+) -> Preflight:
+    """Check a bundle (a path, an http(s) URL or an open bundle) against this machine and `version`.
+
+    A URL's manifest is read with a `Range` request where possible (see the
+    module's docstring); `download` sets the limits of fetching it.
+    """
+    if is_url(source):
+        assert isinstance(source, str)
+        return await _check_url(source, version, download)
     if isinstance(source, str | Path):
         bundle = await open_any(Path(source))
         try:
@@ -58,9 +80,29 @@ async def preflight(source: str | Path | Bundle, *, version: str | None = None) 
     return await _check(source, version)
 
 
+async def _check_url(url: str, version: str | None, options: DownloadOptions | None) -> Preflight:
+    header = await read_header(url, options)
+    if header is not None:
+        manifest, names = header
+        return _verdict(manifest, names, version)
+    fetched = Download(url, None, options)
+    async with aclosing(fetched.fetch()) as steps:
+        async for _ in steps:
+            pass
+    bundle = await fetched.open()
+    try:
+        return await _check(bundle, version)
+    finally:
+        await bundle.aclose()
+
+
 async def _check(bundle: Bundle, version: str | None) -> Preflight:
+    namespaces = [s.namespace for s in await bundle.namespaces()]
+    return _verdict(bundle.manifest, namespaces, version)
+
+
+def _verdict(manifest: BundleManifest, namespaces: list[str], version: str | None) -> Preflight:
     machine = this_machine()
-    manifest = bundle.manifest
     captured = manifest.environments
     matching = tuple(e for e in captured if (e.os, e.arch) == (machine.os, machine.arch))
     reasons: list[str] = []
@@ -73,7 +115,6 @@ async def _check(bundle: Bundle, version: str | None) -> Preflight:
         ok = False
         seen = ", ".join(f"{e.label!r} ({_where(e)})" for e in captured)
         reasons.append(f"captured on {seen}; this machine is {_where(machine)}")
-    namespaces = [s.namespace for s in await bundle.namespaces()]
     other: list[str] = []
     same: list[str] = []
     if version is not None:

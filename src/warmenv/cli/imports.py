@@ -5,12 +5,17 @@ environment the import created is removed again if the import fails before
 storing anything: a failed import leaves no trace. An environment that cannot
 persist (it fell back to memory, or opened read-only) is refused up front,
 never reported as a success that vanishes with the process.
+
+`BUNDLE` may be an http(s) URL: it is downloaded (with a progress bar) into
+a private directory beside the environment, verified, then imported; a
+download that fails removes what it fetched and what the import created.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +24,10 @@ import anyio.to_thread
 import attrs
 
 from warmenv._errors import WarmenvError
-from warmenv.bundle import ImportReport, importing, open_bundle
+from warmenv.bundle import Downloading, ImportReport, importing, open_bundle
 from warmenv.bundle.base import Bundle
+from warmenv.bundle.download import is_url, redact
+from warmenv.bundle.events import Event
 from warmenv.cli._common import (
     Failure,
     Output,
@@ -47,7 +54,7 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         description="Import BUNDLE's entries into an environment (--env, created if need be), "
         "after checking its digest. Entries computed locally are never replaced.",
     )
-    parser.add_argument("bundle", metavar="BUNDLE", type=Path, help="the bundle file to import")
+    parser.add_argument("bundle", metavar="BUNDLE", help="a bundle file, or an http(s) URL")
     add_namespace_option(parser)
     parser.add_argument(
         "--no-verify",
@@ -61,31 +68,44 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
 async def run(args: argparse.Namespace, out: Output) -> int:
     prefixes = namespace_prefixes(args)
     out.when_interrupted = "nothing was imported"
-    async with open_bundle(args.bundle) as bundle:  # a bad bundle fails before anything exists
+    out.when_output_closed = lambda: (
+        f"output closed: the import stopped after "
+        f"{plural(out.entries_done, 'entry', 'entries')} (whole batches kept; "
+        "run it again to finish)"
+    )
+    if is_url(args.bundle):  # fetched once the environment is open, into a directory beside it
+        return await _run(args, out, args.bundle, prefixes, redact(args.bundle))
+    path = Path(args.bundle)
+    async with open_bundle(path) as bundle:  # a bad bundle fails before anything exists
         if prefixes is not None and not any(
             matches_any(s.namespace, prefixes) for s in await bundle.namespaces()
         ):
-            raise Failure(f"{no_match(prefixes)} in {args.bundle}; nothing was imported")
-        out.when_output_closed = lambda: (
-            f"output closed: the import stopped after "
-            f"{plural(out.entries_done, 'entry', 'entries')} (whole batches kept; "
-            "run it again to finish)"
-        )
-        made = await _not_there_yet(args)
-        try:
-            async with environment(args, out, create=True, write=True) as env:
-                try:
-                    report = await _import(args, out, bundle, env, prefixes)
-                except BaseException:
-                    with anyio.CancelScope(shield=True):
-                        if await _holds_entries(env):
-                            made = _Made()  # whole batches went in: keep them for the next run
-                    raise
-                target = env.describe()
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(_remove, made)
-            raise
+            raise Failure(f"{no_match(prefixes)} in {path}; nothing was imported")
+        return await _run(args, out, bundle, prefixes, path.name)
+
+
+async def _run(
+    args: argparse.Namespace,
+    out: Output,
+    bundle: Bundle | str,
+    prefixes: list[str] | None,
+    label: str,
+) -> int:
+    made = await _not_there_yet(args)
+    try:
+        async with environment(args, out, create=True, write=True) as env:
+            try:
+                report = await _import(args, out, bundle, env, prefixes, label)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    if await _holds_entries(env):
+                        made = _Made()  # whole batches went in: keep them for the next run
+                raise
+            target = env.describe()
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(_remove, made)
+        raise
     out.when_completed = f"but the import had completed into {target}"
     out.when_output_closed = None
     out.line(
@@ -107,22 +127,42 @@ async def run(args: argparse.Namespace, out: Output) -> int:
 async def _import(
     args: argparse.Namespace,
     out: Output,
-    bundle: Bundle,
+    bundle: Bundle | str,
     env: Environment,
     prefixes: list[str] | None,
+    label: str,
 ) -> ImportReport:
     out.when_interrupted = (
         "what was imported so far is in whole batches; run the import again to finish it"
     )
     try:
         async with importing(bundle, env, namespaces=prefixes, verify=args.verify) as progress:
-            report = await follow(out, aiter(progress), f"importing {args.bundle.name}")
+            events: AsyncIterator[Event] = aiter(progress)
+            if isinstance(bundle, str):
+                events = _downloading(out, events, label)
+            report = await follow(out, events, f"importing {label}")
     except ValueError as exc:
         if isinstance(exc, UnicodeError):
             raise
         raise UsageError(clean(exc)) from None
     assert isinstance(report, ImportReport)
     return report
+
+
+async def _downloading(
+    out: Output, events: AsyncIterator[Event], label: str
+) -> AsyncIterator[Event]:
+    """Show the download's progress, then pass the import's events on."""
+    first = await anext(events)
+    if isinstance(first, Downloading):
+        with out.bar(f"downloading {label}", max(first.total_bytes or 0, 1)) as bar:
+            while isinstance(first, Downloading):
+                if first.total_bytes is not None:
+                    bar.update(first.bytes_done)
+                first = await anext(events)
+    yield first
+    async for event in events:
+        yield event
 
 
 async def _holds_entries(env: Environment) -> bool:

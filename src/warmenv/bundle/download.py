@@ -1,0 +1,545 @@
+"""Bundles by URL: fetch a bundle over HTTP(S) into a private staging file, then import it.
+
+A download is an import's private copy made over the network instead of
+from a local file: the body is streamed straight into a file in the same
+private (0700) directory beside the environment that `warmenv.bundle._files`
+makes for a copy, and that file is then opened as the private bundle (no
+second copy). What was verified is what is imported, as for a path: the
+digest check runs on the downloaded file before anything is committed.
+
+A dropped connection resumes where it stopped with an HTTP `Range` request,
+but only while the server's validator (a strong ETag, else Last-Modified)
+is unchanged, through `If-Range`: a file replaced on the server meanwhile is
+fetched again from its start rather than spliced from two versions.
+Retries are bounded, the body is capped (a `Content-Length` over the cap is
+refused before a byte is read, and a body that outgrows its announced
+length or the cap is cut off), and every read has a timeout. A download
+that fails, is cancelled or is interrupted removes its staging directory;
+one whose process was killed is removed by the next import beside the same
+environment (the directory names the process).
+
+httpx is the client: it runs on anyio, so one code path serves asyncio,
+uvloop and trio. It is an optional dependency (`warmenv[http]`), imported
+only when a URL is given.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import urllib.parse
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import aclosing
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, final
+
+import anyio
+import anyio.to_thread
+import attrs
+
+from warmenv._errors import WarmenvError
+from warmenv.bundle import _files
+from warmenv.bundle.errors import (
+    InvalidManifestError,
+    NotABundleError,
+    UnsupportedSchemaError,
+)
+from warmenv.bundle.events import Downloading
+from warmenv.bundle.flat import FLAT_MAGIC, FORMAT_VERSION, FlatBundle, _map
+from warmenv.bundle.manifest import BundleManifest
+from warmenv.bundle.sqlite import SQLITE_MAGIC, SqliteBundle, _open_checked
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["DownloadError", "DownloadOptions", "is_url", "redact"]
+
+_FLUSH_BYTES = 1 << 20  # written to disk (and reported) at least every MiB...
+_FLUSH_SECONDS = 0.25  # ...or this often on a slow link
+_HEAD_FIRST = 64 << 10  # the first range a preflight asks for
+_HEAD_MAX = 16 << 20  # a flat header larger than this is not read by range
+_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+_STAGED_NAME = "bundle.download"
+
+
+class DownloadError(WarmenvError):
+    """A bundle named by URL could not be downloaded; nothing was left behind."""
+
+
+def _headers(value: Mapping[str, str] | tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    items = value.items() if isinstance(value, Mapping) else value
+    return tuple((str(k), str(v)) for k, v in items)
+
+
+@attrs.frozen
+class DownloadOptions:
+    """How a bundle is fetched by URL: limits, patience and extra request headers.
+
+    `max_bytes` caps the body (a server announcing more is refused before
+    the download starts); `timeout` bounds each connect, read and write in
+    seconds; `retries` bounds the reconnections after a dropped connection
+    or a transient server error (each resumes with `Range` when it may).
+    `headers` are sent with every request (an `Authorization` header for a
+    private bundle server, say); they are never printed.
+    """
+
+    max_bytes: int = 16 << 30
+    timeout: float = 30.0
+    retries: int = 5
+    headers: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_headers)
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_bytes <= 0:
+            raise ValueError(f"max_bytes must be positive, not {self.max_bytes}")
+        if self.timeout <= 0:
+            raise ValueError(f"timeout must be positive, not {self.timeout}")
+        if self.retries < 0:
+            raise ValueError(f"retries must be 0 or more, not {self.retries}")
+
+
+def is_url(source: object) -> bool:
+    """Whether an import or preflight `source` names a bundle by http(s) URL."""
+    return isinstance(source, str) and source[:8].lower().startswith(("http://", "https://"))
+
+
+def redact(url: str) -> str:
+    """`url` fit to print: the user information and query values replaced by `***`.
+
+    A password (or a token passed as the user name) and a signed URL's
+    signature are credentials; neither may reach a log, an error or JSON.
+    """
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<an unparseable URL>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    query = parts.query
+    if query:
+        query = "&".join(f"{item.split('=', 1)[0]}=***" for item in query.split("&"))
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def _httpx() -> Any:
+    try:
+        import httpx
+    except ImportError:
+        raise DownloadError(
+            "importing a bundle by URL needs httpx; install it with: pip install 'warmenv[http]'"
+        ) from None
+    return httpx
+
+
+class _Retry(Exception):
+    """A transient failure: reconnect (within the retry budget)."""
+
+
+@final
+class _Body:
+    """A response body read chunk by chunk, which can be left before its end.
+
+    httpx streams through a chain of async generators; closing the outer
+    one leaves the inner ones to the garbage collector (trio warns about
+    each). Stopping instead cancels the next read, so the cancellation
+    runs through the whole chain and every generator finishes.
+    """
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._chunks = response.aiter_raw()
+        self._stopping = False
+
+    async def next(self) -> bytes | None:
+        """The next chunk, `None` at the end (or once stopped)."""
+        with anyio.CancelScope() as scope:
+            if self._stopping:
+                scope.cancel()
+            chunk = await anext(self._chunks, None)
+        return None if scope.cancelled_caught else chunk
+
+    async def stop(self) -> None:
+        """Abandon the rest of the body (the connection is dropped); idempotent."""
+        self._stopping = True
+        try:
+            while await self.next() is not None:
+                pass
+        except Exception:  # the transport's complaint about the cut is no news
+            pass
+
+
+def _describe_status(response: httpx.Response) -> str:
+    return f"{response.status_code} {response.reason_phrase}".strip()
+
+
+@final
+class Download:
+    """One bundle fetched into a private staging file, then opened as the private bundle.
+
+    `fetch()` yields `Downloading` events while the body streams to disk;
+    `open()` then hands the file to the reader of its format, which owns it
+    from there (closing the bundle removes it). If anything fails before
+    `open()` succeeds, the staging directory is removed.
+    """
+
+    def __init__(self, url: str, near: Path | None, options: DownloadOptions | None) -> None:
+        self.url = url
+        self.label = redact(url)
+        self._near = near
+        self._options = options or DownloadOptions()
+        self._path: Path | None = None
+        self._fd: int | None = None
+        self._done = 0  # bytes on disk
+        self._total: int | None = None
+        self._validator: tuple[str, str] | None = None  # (If-Range value, header it came from)
+        self._started_at = 0.0
+
+    async def fetch(self) -> AsyncGenerator[Downloading, None]:
+        """Stream the body to the staging file, yielding progress; resumes, retries, cleans up."""
+        httpx = _httpx()
+        self._started_at = time.perf_counter()
+        try:
+            directory = await anyio.to_thread.run_sync(_files._private_directory, self._near)
+            self._path = directory / _STAGED_NAME
+            self._fd = await anyio.to_thread.run_sync(_create, self._path)
+            try:
+                async with httpx.AsyncClient(
+                    timeout=httpx.Timeout(self._options.timeout),
+                    follow_redirects=True,
+                    headers=dict(self._options.headers),
+                ) as client:
+                    async with aclosing(self._attempts(httpx, client)) as events:
+                        async for event in events:
+                            yield event
+            finally:
+                fd, self._fd = self._fd, None
+                os.close(fd)
+        except BaseException:
+            await self.discard()
+            raise
+
+    async def open(self) -> FlatBundle | SqliteBundle:
+        """The downloaded file opened and validated as a private bundle; it owns the file."""
+        path = self._path
+        if path is None:
+            raise RuntimeError("open() before fetch() completed")
+        try:
+            head = await anyio.to_thread.run_sync(_read_head, path)
+            if head.startswith(FLAT_MAGIC):
+                return await anyio.to_thread.run_sync(_map_staged, path, self.label)
+            if head == SQLITE_MAGIC:
+                return await _open_checked(path, None, self.label, private=True)
+            raise NotABundleError(
+                f"{self.label} is not a warmenv bundle (the body starts with neither the SQLite "
+                "nor the flat magic); check the URL"
+            )
+        except BaseException:
+            await self.discard()
+            raise
+
+    async def discard(self) -> None:
+        """Remove the staging directory and whatever is in it (idempotent)."""
+        path, self._path = self._path, None
+        if path is not None:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_files.remove_private, path)
+
+    async def _attempts(
+        self, httpx: Any, client: httpx.AsyncClient
+    ) -> AsyncGenerator[Downloading, None]:
+        failures = 0
+        while True:
+            try:
+                async with aclosing(self._attempt(httpx, client)) as events:
+                    async for event in events:
+                        yield event
+                return
+            except (httpx.TransportError, _Retry) as exc:
+                failures += 1
+                if failures > self._options.retries:
+                    raise DownloadError(
+                        f"{self.label}: the download failed after {failures} attempts "
+                        f"({_reason(exc)}); check the server and the network, then retry"
+                    ) from None
+                if self._validator is None and self._done:
+                    await self._restart()  # nothing proves the rest would match: start over
+                yield self._event()
+                await anyio.sleep(min(0.05 * 2**failures, 2.0))
+
+    async def _attempt(
+        self, httpx: Any, client: httpx.AsyncClient
+    ) -> AsyncGenerator[Downloading, None]:
+        headers = {"Accept-Encoding": "identity"}
+        resuming = self._done > 0 and self._validator is not None
+        if resuming:
+            assert self._validator is not None
+            headers["Range"] = f"bytes={self._done}-"
+            headers["If-Range"] = self._validator[0]
+        async with client.stream("GET", self.url, headers=headers) as response:
+            if response.status_code == 206 and resuming:
+                self._check_resumed(response)
+            elif response.status_code == 200:
+                await self._begin(response)
+            elif response.status_code in _RETRY_STATUSES:
+                raise _Retry(f"the server answered {_describe_status(response)}")
+            else:
+                raise DownloadError(
+                    f"{self.label}: the server answered {_describe_status(response)}; "
+                    + (
+                        "check the URL"
+                        if response.status_code in (404, 410)
+                        else "nothing was kept"
+                    )
+                )
+            encoding = response.headers.get("content-encoding", "identity").lower()
+            if encoding != "identity":
+                raise DownloadError(
+                    f"{self.label}: the server sent the bundle with content-encoding "
+                    f"{encoding!r}; serve it as is (bundles are not compressed in transit)"
+                )
+            yield self._event()
+            async for event in self._receive(response):
+                yield event
+        if self._total is not None and self._done != self._total:
+            raise _Retry(f"the body ended after {self._done} of {self._total} bytes")
+
+    async def _begin(self, response: httpx.Response) -> None:
+        """A whole body is coming: start the file over and note its size and validator."""
+        if self._done:
+            await self._restart()
+        self._total = _int_header(response, "content-length")
+        self._check_size(self._total)
+        etag = response.headers.get("etag")
+        modified = response.headers.get("last-modified")
+        if etag and not etag.startswith("W/"):
+            self._validator = (etag, "etag")
+        elif modified:
+            self._validator = (modified, "last-modified")
+        else:
+            self._validator = None
+
+    def _check_resumed(self, response: httpx.Response) -> None:
+        assert self._validator is not None
+        value, header = self._validator
+        if response.headers.get(header) not in (None, value):
+            self._validator = None  # so the next attempt starts over
+            raise _Retry("the file changed on the server while resuming")
+        start, total = _content_range(response.headers.get("content-range", ""))
+        if start != self._done or (self._total is not None and total != self._total):
+            raise DownloadError(
+                f"{self.label}: the server resumed at the wrong place (asked for byte "
+                f"{self._done}, got {response.headers.get('content-range')!r}); nothing was kept"
+            )
+
+    def _check_size(self, size: int | None) -> None:
+        cap = self._options.max_bytes
+        if size is not None and size > cap:
+            raise DownloadError(
+                f"{self.label}: the bundle is {size:,} bytes, over the download limit of "
+                f"{cap:,} bytes; raise DownloadOptions.max_bytes if it is expected"
+            )
+
+    async def _receive(self, response: httpx.Response) -> AsyncGenerator[Downloading, None]:
+        assert self._fd is not None
+        fd = self._fd
+        limit = self._options.max_bytes if self._total is None else self._total
+        pending = bytearray()
+        flushed_at = time.monotonic()
+        body = _Body(response)
+        try:
+            while (chunk := await body.next()) is not None:
+                pending += chunk
+                if self._done + len(pending) > limit:
+                    raise DownloadError(
+                        f"{self.label}: the body is longer than "
+                        + (
+                            f"the {limit:,} bytes the server announced"
+                            if self._total is not None
+                            else f"the download limit of {limit:,} bytes"
+                        )
+                        + "; nothing was kept"
+                    )
+                now = time.monotonic()
+                if len(pending) >= _FLUSH_BYTES or now - flushed_at >= _FLUSH_SECONDS:
+                    await self._write(fd, pending)
+                    pending.clear()
+                    flushed_at = now
+                    yield self._event()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await body.stop()
+                # What arrived before a dropped connection is good: keep it to resume from.
+                if pending:
+                    await self._write(fd, pending)
+        yield self._event()
+
+    async def _write(self, fd: int, data: bytearray) -> None:
+        await anyio.to_thread.run_sync(_pwrite_all, fd, bytes(data), self._done)
+        self._done += len(data)
+
+    async def _restart(self) -> None:
+        assert self._fd is not None
+        await anyio.to_thread.run_sync(os.ftruncate, self._fd, 0)
+        self._done = 0
+
+    def _event(self) -> Downloading:
+        return Downloading(self._done, self._total, time.perf_counter() - self._started_at)
+
+
+async def read_header(
+    url: str, options: DownloadOptions | None
+) -> tuple[BundleManifest, list[str]] | None:
+    """A flat bundle's manifest and namespace names, read by `Range` from the file's start.
+
+    `None` when that is not possible (the server ignores ranges, or the
+    bundle is a SQLite one, whose manifest sits wherever SQLite put the
+    `meta` table): the caller downloads the whole file instead.
+    """
+    httpx = _httpx()
+    options = options or DownloadOptions()
+    label = redact(url)
+    want = _HEAD_FIRST
+    async with httpx.AsyncClient(
+        timeout=httpx.Timeout(options.timeout),
+        follow_redirects=True,
+        headers=dict(options.headers),
+    ) as client:
+        while True:
+            try:
+                async with client.stream(
+                    "GET",
+                    url,
+                    headers={"Range": f"bytes=0-{want - 1}", "Accept-Encoding": "identity"},
+                ) as response:
+                    if response.status_code == 200:
+                        return None  # ranges not honoured: the caller downloads it all
+                    if response.status_code != 206:
+                        raise DownloadError(
+                            f"{label}: the server answered {_describe_status(response)}; "
+                            + ("check the URL" if response.status_code in (404, 410) else "retry")
+                        )
+                    data = bytearray()
+                    body = _Body(response)
+                    try:
+                        while len(data) < want and (chunk := await body.next()) is not None:
+                            data += chunk  # a server sending more than asked is not read on
+                    finally:
+                        with anyio.CancelScope(shield=True):
+                            await body.stop()
+                    size = _content_range(response.headers.get("content-range", ""))[1]
+            except httpx.TransportError as exc:
+                raise DownloadError(
+                    f"{label}: {_reason(exc)}; check the URL and the network"
+                ) from None
+            if not data.startswith(FLAT_MAGIC):
+                return None
+            parsed = _parse_flat_header(bytes(data[:want]), label)
+            if parsed is not None:
+                return parsed
+            if len(data) < want or (size is not None and want >= size) or want >= _HEAD_MAX:
+                return None  # the whole file was given, or the header is huge: read it all
+            want *= 4
+
+
+def _parse_flat_header(data: bytes, label: str) -> tuple[BundleManifest, list[str]] | None:
+    """The manifest and namespace names from the start of a flat bundle; `None`: need more."""
+    u32 = int.from_bytes
+    pos = len(FLAT_MAGIC)
+    if len(data) < pos + 8:
+        return None
+    version = u32(data[pos : pos + 4], "little")
+    if version != FORMAT_VERSION:
+        raise UnsupportedSchemaError(
+            f"{label}: flat format version {version} is not supported (this warmenv reads "
+            f"version {FORMAT_VERSION}); upgrade warmenv"
+        )
+    manifest_len = u32(data[pos + 4 : pos + 8], "little")
+    pos += 8
+    if len(data) < pos + manifest_len + 4:
+        return None
+    try:
+        manifest = BundleManifest.from_json(data[pos : pos + manifest_len])
+    except (InvalidManifestError, UnsupportedSchemaError) as exc:
+        raise type(exc)(f"{label}: {exc}") from None
+    pos += manifest_len
+    count = u32(data[pos : pos + 4], "little")
+    pos += 4
+    names: list[str] = []
+    for i in range(count):
+        if len(data) < pos + 4:
+            return None
+        size = u32(data[pos : pos + 4], "little")
+        pos += 4
+        if len(data) < pos + size:
+            return None
+        try:
+            names.append(data[pos : pos + size].decode("utf-8"))
+        except UnicodeDecodeError:
+            raise InvalidManifestError(f"{label}: namespace {i} is not UTF-8") from None
+        pos += size
+    return manifest, names
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    kind = type(exc).__name__
+    return f"{kind}: {text}" if text and not isinstance(exc, _Retry) else (text or kind)
+
+
+def _int_header(response: httpx.Response, name: str) -> int | None:
+    value = response.headers.get(name)
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        return None
+    return number if number >= 0 else None
+
+
+def _content_range(value: str) -> tuple[int | None, int | None]:
+    """(first byte, complete length) of a `Content-Range: bytes a-b/n` header."""
+    unit, _, spec = value.strip().partition(" ")
+    if unit.lower() != "bytes":
+        return None, None
+    span, _, size = spec.partition("/")
+    first = span.split("-", 1)[0]
+    try:
+        start = int(first)
+    except ValueError:
+        return None, None
+    try:
+        total: int | None = int(size)
+    except ValueError:
+        total = None
+    return start, total
+
+
+def _create(path: Path) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+
+
+def _read_head(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return _files.read_head(fd)
+    finally:
+        os.close(fd)
+
+
+def _map_staged(path: Path, label: str) -> FlatBundle:
+    # As for a private copy: the file loses its name once it is open, so
+    # nothing is left behind however the import ends.
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _files.remove_private(path)
+        return _map(fd, label, keep=False)
+    finally:
+        os.close(fd)
