@@ -181,7 +181,7 @@ def _check_file(conn: sqlite3.Connection) -> tuple[dict[str, object], list[Names
         missing = sorted({"meta", "entries"} - tables)
         raise NotEntryFileError(f"it has no {' or '.join(repr(t) for t in missing)} table")
     columns = schema.entry_columns(conn)
-    if columns != schema.ENTRY_COLUMNS:
+    if columns not in (schema.ENTRY_COLUMNS, schema.ENVIRONMENT_COLUMNS):
         raise NotEntryFileError(f"its entries table has columns {columns}, not warmenv's")
     meta = {str(k): v for k, v in conn.execute("SELECT k, v FROM meta")}
     bad = conn.execute(f"SELECT count(*) FROM entries WHERE NOT ({schema.well_typed()})")
