@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -151,3 +152,25 @@ async def test_a_bulk_copy_records_the_bundle_and_purge_bundle_takes_it_back(
         assert info.written_at is not None and info.written_at >= before
         assert await env.purge_bundle(ref.digest) == Purged(1)
         assert await env.storage(NS).get_many([b"k1", b"k2"]) == {b"k2": b"local"}
+
+
+async def test_a_bulk_copy_keeps_the_written_at_and_cost_a_source_carries(tmp_path: Path) -> None:
+    source = tmp_path / "carrying.db"
+    conn = sqlite3.connect(source)
+    conn.execute(
+        "CREATE TABLE entries (namespace TEXT NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL, "
+        "origin INTEGER NOT NULL, written_at REAL, cost REAL, PRIMARY KEY (namespace, key))"
+    )
+    conn.execute(f"INSERT INTO entries VALUES ('{NS}', x'01', x'02', 1, 1234.5, 6.5)")
+    conn.execute(f"INSERT INTO entries VALUES ('{NS}', x'03', x'04', 1, NULL, NULL)")
+    conn.commit()
+    conn.close()
+    async with open_environment("dst", root=tmp_path) as env:
+        copier = env.bulk_copy(source, None, 10, bundle=A)
+        assert copier is not None
+        assert len([batch async for batch in copier]) == 1
+        carried = await env.storage(NS).info(b"\x01")
+        assert carried == EntryInfo(Origin.IMPORTED, 1234.5, 6.5, A)
+        plain = await env.storage(NS).info(b"\x03")
+        assert plain is not None and plain.cost is None and plain.written_at is not None
+        assert plain.written_at > 1234.5

@@ -204,3 +204,16 @@ async def test_entries_from_before_the_upgrade_age_from_the_upgrade(tmp_path: Pa
     async with open_environment(file=path) as env:
         assert await env.gc(older_than=3600) == Purged(0)
         assert await env.gc(older_than=0) == Purged(1)
+
+
+async def test_vacuum_of_a_read_only_environment_says_where_to_run_it(tmp_path: Path) -> None:
+    from warmenv import WarmenvError
+    from warmenv.bundle import export_bundle
+
+    async with open_environment(file=tmp_path / "src.db") as source:
+        await source.storage(NS).insert(b"k", b"v")
+        await export_bundle(source, tmp_path / "b.bundle", name="b", version="1", format="sqlite")
+    async with open_environment(file=tmp_path / "b.bundle") as env:
+        assert env.read_only
+        with pytest.raises(WarmenvError, match="read-only; vacuum it where it is writable"):
+            await env.vacuum()

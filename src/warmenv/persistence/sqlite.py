@@ -33,7 +33,7 @@ import anyio.to_thread
 import attrs
 
 from warmenv import _sqlite
-from warmenv._errors import WarmenvWarning
+from warmenv._errors import WarmenvError, WarmenvWarning
 from warmenv._fs import non_regular_kind
 from warmenv.persistence import schema
 from warmenv.persistence.files import read_only_uri
@@ -209,8 +209,18 @@ class SqliteDatabase:
 
         Sizes are the database file plus its write-ahead log, in bytes.
         """
+        if self.read_only:
+            raise WarmenvError(
+                f"cannot vacuum {self.path}: it is open read-only; vacuum it where it is writable"
+            )
         before = await anyio.to_thread.run_sync(_file_size, self.path)
-        await self.run(_vacuum)
+        try:
+            await self.run(_vacuum)
+        except sqlite3.Error as exc:
+            raise WarmenvError(
+                f"vacuum of {self.path} failed ({exc}); it needs free disk about the file's "
+                "size and no other process inside a transaction: retry when both hold"
+            ) from None
         after = await anyio.to_thread.run_sync(_file_size, self.path)
         return before, after
 
