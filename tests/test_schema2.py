@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import random
 import shutil
 import signal
@@ -170,7 +171,7 @@ import anyio
 from warmenv import open_environment
 from warmenv.persistence import schema
 
-path, kill_after = sys.argv[1], int(sys.argv[2])
+path, kill_after, backend = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 if kill_after >= 0:  # a SIGKILL after that many statements of the upgrade, inside it
     executed = 0
     real = schema.upgrade_1_to_2
@@ -193,10 +194,22 @@ async def main():
         pass
     print("done", flush=True)
 
-anyio.run(main)
+if backend == "uvloop":
+    anyio.run(main, backend="asyncio", backend_options={"use_uvloop": True})
+else:
+    anyio.run(main, backend=backend)
 """
 
 BIG = 200_000
+
+
+_LOOPS = ["asyncio", *(["uvloop"] if importlib.util.find_spec("uvloop") else []), "trio"]
+
+
+@pytest.fixture(params=_LOOPS)
+def loop_name(request: pytest.FixtureRequest) -> str:
+    """The event loop the child process opens the environment on."""
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -229,9 +242,10 @@ def check_whole(path: Path) -> str:
     return version
 
 
-def run_child(path: Path, kill_after: int) -> subprocess.Popen[str]:
+def run_child(path: Path, kill_after: int, backend: str) -> subprocess.Popen[str]:
+    """A process opening `path` on the event loop `backend` (asyncio, uvloop, trio)."""
     return subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(path), str(kill_after)],
+        [sys.executable, "-c", _CHILD, str(path), str(kill_after), backend],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -239,23 +253,23 @@ def run_child(path: Path, kill_after: int) -> subprocess.Popen[str]:
 
 @pytest.mark.parametrize("kill_after", range(6))
 def test_a_sigkill_inside_the_upgrade_leaves_version_1_whole(
-    big_v1: Path, tmp_path: Path, kill_after: int
+    big_v1: Path, tmp_path: Path, kill_after: int, loop_name: str
 ) -> None:
     path = tmp_path / "e.db"
     shutil.copyfile(big_v1, path)
-    with run_child(path, kill_after) as child:
+    with run_child(path, kill_after, loop_name) as child:
         out, _ = child.communicate(timeout=120)
     assert child.returncode == -signal.SIGKILL, out
     assert check_whole(path) == "1"
 
 
 def test_a_sigkill_at_a_random_moment_of_opening_leaves_version_1_or_2_never_between(
-    big_v1: Path, tmp_path: Path
+    big_v1: Path, tmp_path: Path, loop_name: str
 ) -> None:
     # How long opening (and upgrading) takes, so the kills land across it.
     path = tmp_path / "calibrate.db"
     shutil.copyfile(big_v1, path)
-    with run_child(path, -1) as child:
+    with run_child(path, -1, loop_name) as child:
         assert child.stdout is not None
         assert child.stdout.readline() == "ready\n"
         started = time.perf_counter()
@@ -266,10 +280,10 @@ def test_a_sigkill_at_a_random_moment_of_opening_leaves_version_1_or_2_never_bet
 
     rng = random.Random(11)
     seen = []
-    for trial in range(8):
+    for trial in range(6):
         path = tmp_path / f"trial{trial}.db"
         shutil.copyfile(big_v1, path)
-        with run_child(path, -1) as child:
+        with run_child(path, -1, loop_name) as child:
             assert child.stdout is not None
             assert child.stdout.readline() == "ready\n"
             time.sleep(rng.uniform(0, span * 1.2))  # the kill's moment, not a synchronisation

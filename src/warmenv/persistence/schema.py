@@ -1,9 +1,11 @@
 """The environment file's rules, written once: schema, checks, transactions, insert rule.
 
-An environment database and a SQLite bundle share one schema, so everything
-that knows what such a file looks like lives here: the tables, the version
-check, the check that the `entries` table has the columns and column types
-warmenv wrote, how a transaction is run, how the insert rule is stated in
+An environment database and a SQLite bundle share the first four columns of
+`entries` (a bundle has exactly those, at version 1; an environment adds its
+provenance columns, at version 2), so everything that knows what such a file
+looks like lives here: the tables, the version checks and the upgrade from
+version 1, the check that the `entries` table has the columns and column
+types warmenv wrote, how a transaction is run, how the insert rule is stated in
 SQL, how entries are summed per namespace and how namespace prefixes become
 SQL conditions. Every other module (environment storage, bundle files, the
 bulk paths of import and export) calls these functions instead of repeating
