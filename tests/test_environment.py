@@ -44,7 +44,7 @@ async def test_the_database_uses_wal_and_records_the_schema_version(root: Path) 
         pass
     with sqlite3.connect(root / "e.db") as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone() == ("1",)
+        assert conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone() == ("2",)
 
 
 async def test_entries_survive_close_and_reopen(root: Path) -> None:
@@ -113,14 +113,16 @@ async def test_the_default_comes_from_configuration(
         assert env.path == tmp_path / "cfg" / "from-config.db"
 
 
-async def test_another_schema_version_is_dropped_and_rebuilt_with_one_warning(root: Path) -> None:
+async def test_an_unknown_older_schema_is_dropped_and_rebuilt_with_one_warning(root: Path) -> None:
     root.mkdir(parents=True)
     with sqlite3.connect(root / "old.db") as conn:
         conn.execute("CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
         conn.execute("INSERT INTO meta VALUES ('schema_version', '0')")
         conn.execute("CREATE TABLE entries (namespace TEXT, key BLOB, value BLOB)")
         conn.execute("INSERT INTO entries VALUES ('app/1/kernels', x'01', x'02')")
-    with pytest.warns(WarmenvWarning, match="schema version '0' is not 1") as caught:
+    with pytest.warns(
+        WarmenvWarning, match="schema version '0' is not one this warmenv reads"
+    ) as caught:
         async with open_environment("old", root=root) as env:
             assert await env.namespaces() == []
             assert await env.storage(NS).insert(b"k", b"v") == Stored()

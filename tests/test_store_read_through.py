@@ -23,7 +23,7 @@ from warmenv.persistence import (
     Storage,
     Stored,
 )
-from warmenv.persistence.storage import DEFAULT_SCAN_BATCH, InsertItems
+from warmenv.persistence.storage import DEFAULT_SCAN_BATCH, BundleRef, EntryInfo, InsertItems
 
 pytestmark = pytest.mark.anyio
 
@@ -58,11 +58,26 @@ class GatedStorage:
     async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
         return await self.inner.get_many(keys)
 
-    async def insert(self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL) -> Insertion:
-        return await self.inner.insert(key, value, origin)
+    async def insert(
+        self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL, *, cost: float | None = None
+    ) -> Insertion:
+        return await self.inner.insert(key, value, origin, cost=cost)
 
-    async def insert_many(self, items: InsertItems, origin: Origin = Origin.LOCAL) -> InsertSummary:
-        return await self.inner.insert_many(items, origin)
+    async def insert_many(
+        self,
+        items: InsertItems,
+        origin: Origin = Origin.LOCAL,
+        *,
+        cost: float | None = None,
+        bundle: BundleRef | None = None,
+    ) -> InsertSummary:
+        return await self.inner.insert_many(items, origin, cost=cost, bundle=bundle)
+
+    async def info(self, key: bytes) -> EntryInfo | None:
+        return await self.inner.info(key)
+
+    async def touch(self, keys: Iterable[bytes]) -> int:
+        return await self.inner.touch(keys)
 
     async def replace(
         self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL

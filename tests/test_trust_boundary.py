@@ -215,7 +215,10 @@ async def test_a_namespace_that_is_not_utf8_is_listed_and_left_out_of_exports(
 ) -> None:
     path = warm_env.path
     with sqlite3.connect(path) as conn:
-        conn.execute("INSERT INTO entries VALUES (CAST(X'ff2f61' AS TEXT), X'6b', X'76', 0)")
+        conn.execute(
+            "INSERT INTO entries (namespace, key, value, origin) "
+            "VALUES (CAST(X'ff2f61' AS TEXT), X'6b', X'76', 0)"
+        )
     conn.close()
     listed = [s.namespace for s in await warm_env.namespaces()]
     assert "\udcff/a" in listed
@@ -282,7 +285,9 @@ def test_an_export_into_an_unwritable_directory_is_a_permission_error(
             "CREATE TABLE entries (namespace TEXT NOT NULL, key BLOB NOT NULL, "
             "value BLOB NOT NULL, origin INTEGER NOT NULL, PRIMARY KEY (namespace, key))"
         )
-        conn.execute("INSERT INTO entries VALUES ('a/1/b', X'01', X'02', 0)")
+        conn.execute(
+            "INSERT INTO entries (namespace, key, value, origin) VALUES ('a/1/b', X'01', X'02', 0)"
+        )
     conn.close()
     source.chmod(0o644)
     locked = shared_tmp / "locked"

@@ -14,12 +14,14 @@ import logging
 import sqlite3
 import threading
 import warnings
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, final
 
+import anyio.lowlevel
 import anyio.to_thread
 
 from warmenv._errors import ClosedError, WarmenvWarning
@@ -29,7 +31,7 @@ from warmenv.persistence.explain import Explanation, explain_database, explain_m
 from warmenv.persistence.memory import MemoryStorage, MemoryTable
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.sqlite import CopiedBatch, SqliteDatabase, SqliteStorage, open_database
-from warmenv.persistence.storage import NamespaceSummary, Storage
+from warmenv.persistence.storage import BundleRef, Failed, NamespaceSummary, Purged, Storage
 from warmenv.persistence.store import CacheMode, Store
 from warmenv.stream import adopt_config, policy_chosen
 
@@ -84,16 +86,24 @@ def active() -> tuple[str, Path]:
 class Environment:
     """An open environment: hands out storages and stores for its namespaces."""
 
-    __slots__ = ("_closed", "_db", "_memory", "name", "path")
+    __slots__ = ("_closed", "_db", "_memory", "max_bytes", "name", "path")
 
     def __init__(
-        self, name: str, path: Path, db: SqliteDatabase | None, memory: MemoryTable | None
+        self,
+        name: str,
+        path: Path,
+        db: SqliteDatabase | None,
+        memory: MemoryTable | None,
+        *,
+        max_bytes: int | None = None,
     ) -> None:
         self.name = name
         self.path = path
         self._db = db
         self._memory = memory
         self._closed = False
+        self.max_bytes = check_max_bytes(max_bytes)
+        """The size bound (keys plus values) enforced on `gc()` and on close, or None."""
 
     @property
     def in_memory(self) -> bool:
@@ -129,17 +139,23 @@ class Environment:
         return await Store.open(self.storage(namespace), codec, mode)
 
     def bulk_copy(
-        self, file: Path, prefixes: list[str] | None, batch_size: int
+        self,
+        file: Path,
+        prefixes: list[str] | None,
+        batch_size: int,
+        *,
+        bundle: BundleRef | None = None,
     ) -> AsyncGenerator[CopiedBatch, None] | None:
         """Batches copying the entry file `file` in as IMPORTED, or `None` if not possible here.
 
         Only a file no other process can change may be passed (an import's
-        private, verified copy): it is read by path.
+        private, verified copy): it is read by path. `bundle` is recorded as
+        the copied entries' origin, for `info` and `purge_bundle`.
         """
         self._check_open()
         if self._db is None:
             return None
-        return self._db.copy_from(file, prefixes, batch_size)
+        return self._db.copy_from(file, prefixes, batch_size, bundle=bundle)
 
     def snapshot_directory(self) -> Path | None:
         """Where an import's private copy of a bundle should go (`None`: the temp directory)."""
@@ -170,10 +186,85 @@ class Environment:
         assert self._memory is not None
         return await explain_memory(self._memory.summaries(), self.storage, namespace, key)
 
+    async def purge_bundle(self, digest_or_name: str) -> Purged | Failed:
+        """Remove the entries that came from one bundle and are still imported.
+
+        Quarantine for a bad bundle: `digest_or_name` is the bundle's digest
+        (with or without its `blake2b-256:` prefix) or its manifest name.
+        Local values, including ones that replaced the bundle's, stay.
+        """
+        self._check_open()
+        if not isinstance(digest_or_name, str) or not digest_or_name:
+            raise ValueError(f"purge_bundle takes a bundle digest or name, got {digest_or_name!r}")
+        if self._db is not None:
+            return await self._db.purge_bundle(digest_or_name)
+        assert self._memory is not None
+        await anyio.lowlevel.checkpoint()
+        return Purged(self._memory.purge_bundle(digest_or_name))
+
+    async def gc(
+        self,
+        *,
+        max_bytes: int | None = None,
+        older_than: float | timedelta | None = None,
+        keep_versions: int | None = None,
+    ) -> Purged | Failed:
+        """Evict entries: old versions, entries unused for a while, then by size.
+
+        `keep_versions`: per application name and path, keep the N versions
+        written most recently, dropping the namespaces of older ones.
+        `older_than` (seconds or a timedelta): drop entries neither written nor
+        hit for that long. `max_bytes` (default: the environment's own):
+        drop the least recently hit entries, never-hit ones first, until keys
+        and values add up to at most that. One transaction.
+        """
+        self._check_open()
+        limit = self.max_bytes if max_bytes is None else check_max_bytes(max_bytes)
+        age = check_older_than(older_than)
+        if keep_versions is not None and (
+            not isinstance(keep_versions, int)
+            or isinstance(keep_versions, bool)
+            or keep_versions < 1
+        ):
+            raise ValueError(f"keep_versions must be an int >= 1, got {keep_versions!r}")
+        if self._db is not None:
+            return await self._db.gc(max_bytes=limit, older_than=age, keep_versions=keep_versions)
+        assert self._memory is not None
+        await anyio.lowlevel.checkpoint()
+        return Purged(self._memory.gc(max_bytes=limit, older_than=age, keep_versions=keep_versions))
+
+    async def vacuum(self) -> tuple[int, int]:
+        """Give freed space back to the file system: the file's size before and after.
+
+        Purging and eviction leave free pages inside the file; this rewrites
+        it compactly (it needs as much free disk as the file's size, and waits
+        for other processes' transactions). `(0, 0)` in memory.
+        """
+        self._check_open()
+        if self._db is None:
+            return 0, 0
+        return await self._db.vacuum()
+
+    async def touch(self, namespace: Namespace | str, keys: Iterable[bytes]) -> int:
+        """Record hits on `keys` (batched by the caller), for eviction's order."""
+        self._check_open()
+        ns = str(Namespace.coerce(namespace))
+        if self._db is not None:
+            return await self._db.touch(ns, keys)
+        assert self._memory is not None
+        await anyio.lowlevel.checkpoint()
+        return self._memory.touch(ns, keys)
+
     async def close(self) -> None:
-        """Close the database; the environment and its storages are unusable after."""
+        """Close the database; the environment and its storages are unusable after.
+
+        With `max_bytes`, entries past the bound are evicted first.
+        """
         if self._closed:
             return
+        if self.max_bytes is not None and not self.read_only:
+            with anyio.CancelScope(shield=True):
+                await self.gc()
         if self._db is not None:
             # Closed first: a close refused (from another event loop) can be retried.
             await self._db.close()
@@ -202,15 +293,19 @@ async def open_environment(
     root: str | Path | None = None,
     file: str | Path | None = None,
     create: bool = True,
+    max_bytes: int | None = None,
 ) -> AsyncIterator[Environment]:
     """Open an environment for the duration of the block.
 
     `name` and `root` default to `active()`; `file` opens that database file
     instead of `<root>/<name>.db`. With `create=False` an environment that
     does not exist yet raises `FileNotFoundError` and nothing is created (for
-    callers that only read, such as `warmenv ls`).
+    callers that only read, such as `warmenv ls`). `max_bytes` bounds the
+    entries' size (keys plus values): past it, the least recently hit are
+    evicted on `env.gc()` and at the latest on close.
     """
-    env = await _open(name, root, file, create=create)
+    check_max_bytes(max_bytes)
+    env = await _open(name, root, file, create=create, max_bytes=max_bytes)
     try:
         yield env
     finally:
@@ -235,7 +330,12 @@ def _locate(name: str | None, root: str | Path | None, file: str | Path | None) 
 
 
 async def _open(
-    name: str | None, root: str | Path | None, file: str | Path | None, *, create: bool = True
+    name: str | None,
+    root: str | Path | None,
+    file: str | Path | None,
+    *,
+    create: bool = True,
+    max_bytes: int | None = None,
 ) -> Environment:
     env_name, path = _locate(name, root, file)
     if not create and not await anyio.to_thread.run_sync(path.is_file):
@@ -255,7 +355,25 @@ async def _open(
             WarmenvWarning,
             stacklevel=4,
         )
-        return Environment(env_name, path, None, MemoryTable())
+        return Environment(env_name, path, None, MemoryTable(), max_bytes=max_bytes)
     if db.read_only:
         log.warning("%s opened read-only: reads are served, writes will fail", path)
-    return Environment(env_name, path, db, None)
+    return Environment(env_name, path, db, None, max_bytes=max_bytes)
+
+
+def check_max_bytes(max_bytes: object) -> int | None:
+    if max_bytes is None:
+        return None
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+        raise ValueError(f"max_bytes must be an int >= 0 (bytes) or None, got {max_bytes!r}")
+    return max_bytes
+
+
+def check_older_than(older_than: object) -> float | None:
+    if older_than is None:
+        return None
+    if isinstance(older_than, timedelta):
+        older_than = older_than.total_seconds()
+    if isinstance(older_than, bool) or not isinstance(older_than, int | float) or older_than < 0:
+        raise ValueError(f"older_than must be seconds >= 0 or a timedelta, got {older_than!r}")
+    return float(older_than)

@@ -53,7 +53,13 @@ from warmenv.bundle.open import open_private
 from warmenv.environment import Environment
 from warmenv.persistence.namespace import matches_any
 from warmenv.persistence.sqlite import CopiedBatch
-from warmenv.persistence.storage import NamespaceSummary, Origin, Storage, check_batch_size
+from warmenv.persistence.storage import (
+    BundleRef,
+    NamespaceSummary,
+    Origin,
+    Storage,
+    check_batch_size,
+)
 
 __all__ = ["ImportProgress", "import_bundle", "importing"]
 
@@ -214,7 +220,9 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
         entry_file = bundle.entry_file
         copier = None
         if entry_file is not None and self._validate is None:
-            copier = self._env.bulk_copy(entry_file, self._prefixes, self._batch_size)
+            copier = self._env.bulk_copy(
+                entry_file, self._prefixes, self._batch_size, bundle=_ref(bundle)
+            )
         if copier is not None:
             batches = _copy_in_bulk(copier, tally)
         else:
@@ -266,6 +274,11 @@ async def _verify(bundle: Bundle) -> None:
         raise CorruptBundleError(f"{exc}; nothing was imported") from None
 
 
+def _ref(bundle: Bundle) -> BundleRef:
+    """What the imported entries record as their provenance (for quarantine)."""
+    return BundleRef(bundle.manifest.name, bundle.manifest.digest)
+
+
 async def _copy_by_scan(
     bundle: Bundle,
     env: Environment,
@@ -274,6 +287,7 @@ async def _copy_by_scan(
     tally: _Tally,
 ) -> AsyncGenerator[str, None]:
     validate = progress._validate
+    ref = _ref(bundle)
     for summary in selected:
         namespace = summary.namespace
         storage = env.storage(namespace)
@@ -283,11 +297,11 @@ async def _copy_by_scan(
             async for key, value in scan:
                 batch.append((key, value))
                 if len(batch) >= progress._batch_size:
-                    await _insert_batch(storage, namespace, batch, validate, tally)
+                    await _insert_batch(storage, namespace, batch, validate, tally, ref)
                     batch = []
                     yield namespace
         if batch:
-            await _insert_batch(storage, namespace, batch, validate, tally)
+            await _insert_batch(storage, namespace, batch, validate, tally, ref)
         yield namespace
 
 
@@ -297,6 +311,7 @@ async def _insert_batch(
     batch: list[tuple[bytes, bytes]],
     validate: Validate | None,
     tally: _Tally,
+    ref: BundleRef,
 ) -> None:
     accepted = batch
     if validate is not None:
@@ -305,7 +320,7 @@ async def _insert_batch(
     # Shielded for the same reason as a bulk batch: the tally must match the commit.
     await anyio.lowlevel.checkpoint_if_cancelled()
     with anyio.CancelScope(shield=True):
-        summary = await storage.insert_many(accepted, Origin.IMPORTED)
+        summary = await storage.insert_many(accepted, Origin.IMPORTED, bundle=ref)
     size = sum(len(k) + len(v) for k, v in accepted)
     # insert_many counts but does not name what it stored; when only some
     # were, their bytes are estimated by their share of the batch.

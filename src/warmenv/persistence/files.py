@@ -189,7 +189,7 @@ def _check_file(
         missing = sorted({"meta", "entries"} - tables)
         raise NotEntryFileError(f"it has no {' or '.join(repr(t) for t in missing)} table")
     columns = schema.entry_columns(conn)
-    if columns != schema.ENTRY_COLUMNS:
+    if columns not in (schema.ENTRY_COLUMNS, schema.ENVIRONMENT_COLUMNS):
         raise NotEntryFileError(f"its entries table has columns {columns}, not warmenv's")
     meta = {str(k): v for k, v in conn.execute("SELECT k, v FROM meta")}
     # The table itself is scanned for rows of the wrong types (a damaged file can hold

@@ -14,9 +14,12 @@ from typing import final
 from anyio.lowlevel import checkpoint
 
 from warmenv.persistence.namespace import Namespace
+from warmenv.persistence.schema import HIT_GRANULARITY
 from warmenv.persistence.storage import (
     DEFAULT_SCAN_BATCH,
+    BundleRef,
     Conflict,
+    EntryInfo,
     Failed,
     Insertion,
     InsertItems,
@@ -27,15 +30,36 @@ from warmenv.persistence.storage import (
     Storage,
     Stored,
     check_batch_size,
+    check_bundle,
+    check_cost,
     check_item,
     check_key,
     check_value,
     may_replace,
+    wall_clock,
 )
 
 __all__ = ["MemoryStorage", "MemoryTable"]
 
-Rows = dict[bytes, tuple[bytes, int]]
+
+@final
+class _Row:
+    """One entry and its provenance (recency changes in place)."""
+
+    __slots__ = ("bundle", "cost", "last_hit", "origin", "value", "written_at")
+
+    def __init__(
+        self, value: bytes, origin: int, cost: float | None, bundle: BundleRef | None
+    ) -> None:
+        self.value = value
+        self.origin = origin
+        self.written_at = wall_clock()
+        self.cost = cost
+        self.bundle = bundle
+        self.last_hit: int | None = None
+
+
+Rows = dict[bytes, _Row]
 
 
 @final
@@ -50,18 +74,106 @@ class MemoryTable:
     def summaries(self) -> list[NamespaceSummary]:
         return [_summarise(name, rows) for name, rows in sorted(self.namespaces.items()) if rows]
 
+    def touch(self, namespace: str, keys: Iterable[bytes]) -> int:
+        """Record hits, as `SqliteDatabase.touch` does (coarse, for eviction order)."""
+        now = int(wall_clock())
+        stamp = now - now % HIT_GRANULARITY
+        rows = self.namespaces.get(namespace, {})
+        changed = 0
+        for key in keys:
+            row = rows.get(check_key(key))
+            if row is not None and (row.last_hit is None or row.last_hit < stamp):
+                row.last_hit = stamp
+                changed += 1
+        return changed
+
+    def purge_bundle(self, digest_or_name: str) -> int:
+        """Delete the entries still imported from that bundle (by digest or name)."""
+        removed = 0
+        for rows in self.namespaces.values():
+            doomed = [
+                key
+                for key, row in rows.items()
+                if row.origin == Origin.IMPORTED
+                and row.bundle is not None
+                and digest_or_name
+                in (row.bundle.digest, row.bundle.name, row.bundle.digest.partition(":")[2])
+            ]
+            for key in doomed:
+                del rows[key]
+            removed += len(doomed)
+        return removed
+
+    def gc(
+        self,
+        *,
+        max_bytes: int | None = None,
+        older_than: float | None = None,
+        keep_versions: int | None = None,
+    ) -> int:
+        """The same eviction as `SqliteDatabase.gc`, over the dicts."""
+        removed = 0
+        if keep_versions is not None:
+            groups: dict[tuple[str, str], list[tuple[float, str]]] = {}
+            for namespace, rows in self.namespaces.items():
+                if rows:
+                    parsed = Namespace.raw(namespace)
+                    newest = max(r.written_at for r in rows.values())
+                    groups.setdefault((parsed.name, parsed.path), []).append((newest, namespace))
+            for versions in groups.values():
+                versions.sort(reverse=True)
+                for _, namespace in versions[keep_versions:]:
+                    removed += len(self.namespaces.pop(namespace))
+        if older_than is not None:
+            cutoff = wall_clock() - older_than
+            for rows in self.namespaces.values():
+                doomed = [k for k, r in rows.items() if max(r.written_at, r.last_hit or 0) < cutoff]
+                for key in doomed:
+                    del rows[key]
+                removed += len(doomed)
+        if max_bytes is not None:
+            removed += self._evict_to(max_bytes)
+        return removed
+
+    def _evict_to(self, max_bytes: int) -> int:
+        everything = [
+            (row.last_hit if row.last_hit is not None else -1, row.written_at, rows, key)
+            for rows in self.namespaces.values()
+            for key, row in rows.items()
+        ]
+        excess = sum(len(key) + len(rows[key].value) for _, _, rows, key in everything)
+        excess -= max_bytes
+        removed = 0
+        everything.sort(key=lambda item: (item[0], item[1]))
+        for _, _, rows, key in everything:
+            if excess <= 0:
+                break
+            excess -= len(key) + len(rows.pop(key).value)
+            removed += 1
+        return removed
+
 
 def _summarise(namespace: str, rows: Rows) -> NamespaceSummary:
-    size = sum(len(k) + len(v) for k, (v, _) in rows.items())
+    size = sum(len(k) + len(r.value) for k, r in rows.items())
     return NamespaceSummary(namespace=namespace, entries=len(rows), bytes=size)
 
 
-def _apply(rows: Rows, key: bytes, value: bytes, origin: int) -> Insertion:
+def _apply(
+    rows: Rows,
+    key: bytes,
+    value: bytes,
+    origin: int,
+    cost: float | None = None,
+    bundle: BundleRef | None = None,
+) -> Insertion:
     existing = rows.get(key)
-    if existing is None or may_replace(existing[1], origin):
-        rows[key] = (value, origin)
+    if existing is None or may_replace(existing.origin, origin):
+        row = _Row(value, origin, cost, bundle)
+        if existing is not None:
+            row.last_hit = existing.last_hit
+        rows[key] = row
         return Stored()
-    return Conflict(existing[0])
+    return Conflict(existing.value)
 
 
 @final
@@ -86,21 +198,38 @@ class MemoryStorage(Storage):
         check_key(key)
         await checkpoint()
         found = self._rows.get(key)
-        return None if found is None else found[0]
+        return None if found is None else found.value
 
     async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
         wanted = [check_key(k) for k in keys]
         await checkpoint()
         rows = self._rows
-        return {k: rows[k][0] for k in wanted if k in rows}
+        return {k: rows[k].value for k in wanted if k in rows}
 
-    async def insert(self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL) -> Insertion:
+    async def insert(
+        self,
+        key: bytes,
+        value: bytes,
+        origin: Origin = Origin.LOCAL,
+        *,
+        cost: float | None = None,
+    ) -> Insertion:
         check_key(key)
         check_value(value)
+        cost = check_cost(cost)
         await checkpoint()
-        return _apply(self._rows, key, value, int(origin))
+        return _apply(self._rows, key, value, int(origin), cost)
 
-    async def insert_many(self, items: InsertItems, origin: Origin = Origin.LOCAL) -> InsertSummary:
+    async def insert_many(
+        self,
+        items: InsertItems,
+        origin: Origin = Origin.LOCAL,
+        *,
+        cost: float | None = None,
+        bundle: BundleRef | None = None,
+    ) -> InsertSummary:
+        cost = check_cost(cost)
+        bundle = check_bundle(bundle, Origin(origin))
         if isinstance(items, AsyncIterable):
             pairs = [check_item(item) async for item in items]
         else:
@@ -109,9 +238,25 @@ class MemoryStorage(Storage):
         stored = 0
         rows = self._rows
         for key, value in pairs:
-            if isinstance(_apply(rows, key, value, int(origin)), Stored):
+            if isinstance(_apply(rows, key, value, int(origin), cost, bundle), Stored):
                 stored += 1
         return InsertSummary(stored=stored, conflict=len(pairs) - stored, failed=0)
+
+    async def info(self, key: bytes) -> EntryInfo | None:
+        check_key(key)
+        await checkpoint()
+        row = self._rows.get(key)
+        if row is None:
+            return None
+        bundle = row.bundle if row.origin == Origin.IMPORTED else None
+        return EntryInfo(
+            origin=Origin(row.origin), written_at=row.written_at, cost=row.cost, bundle=bundle
+        )
+
+    async def touch(self, keys: Iterable[bytes]) -> int:
+        wanted = [check_key(k) for k in keys]
+        await checkpoint()
+        return self._table.touch(self._namespace, wanted)
 
     async def replace(
         self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL
@@ -119,7 +264,7 @@ class MemoryStorage(Storage):
         check_key(key)
         check_value(value)
         await checkpoint()
-        self._rows[key] = (value, int(origin))
+        self._rows[key] = _Row(value, int(origin), None, None)
         return Stored()
 
     async def scan(
@@ -131,7 +276,7 @@ class MemoryStorage(Storage):
             await checkpoint()
             found = rows.get(key)
             if found is not None:
-                yield key, found[0]
+                yield key, found.value
 
     async def purge(self) -> Purged | Failed:
         await checkpoint()
@@ -154,4 +299,4 @@ class MemoryStorage(Storage):
         """The origin of the stored value, or `None` (for tests and diagnostics)."""
         await checkpoint()
         found = self._rows.get(check_key(key))
-        return None if found is None else Origin(found[1])
+        return None if found is None else Origin(found.origin)

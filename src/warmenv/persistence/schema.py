@@ -1,9 +1,11 @@
 """The environment file's rules, written once: schema, checks, transactions, insert rule.
 
-An environment database and a SQLite bundle share one schema, so everything
-that knows what such a file looks like lives here: the tables, the version
-check, the check that the `entries` table has the columns and column types
-warmenv wrote, how a transaction is run, how the insert rule is stated in
+An environment database and a SQLite bundle share the first four columns of
+`entries` (a bundle has exactly those, at version 1; an environment adds its
+provenance columns, at version 2), so everything that knows what such a file
+looks like lives here: the tables, the version checks and the upgrade from
+version 1, the check that the `entries` table has the columns and column
+types warmenv wrote, how a transaction is run, how the insert rule is stated in
 SQL, how entries are summed per namespace and how namespace prefixes become
 SQL conditions. Every other module (environment storage, bundle files, the
 bulk paths of import and export) calls these functions instead of repeating
@@ -17,12 +19,19 @@ import sqlite3
 from collections.abc import Callable
 from typing import TypeVar
 
-from warmenv.persistence.storage import may_replace
+import attrs
+
+from warmenv.persistence.storage import may_replace, wall_clock
 
 __all__ = [
     "ENTRY_COLUMNS",
+    "ENVIRONMENT_COLUMNS",
+    "ENVIRONMENT_VERSION",
     "SCHEMA_VERSION",
     "UPSERT",
+    "NewerSchemaError",
+    "Prepared",
+    "create_environment_schema",
     "create_schema",
     "entries_shape_ok",
     "install_functions",
@@ -34,8 +43,10 @@ __all__ = [
 
 T = TypeVar("T")
 
+# Entry files (SQLite bundles) keep version 1 and exactly these columns, so
+# bundles written by 0.2 stay readable by 0.1 and old bundles still import.
 SCHEMA_VERSION = "1"
-# (column, declared type): the entries table exactly as warmenv creates it.
+# (column, declared type): the entries table of an entry file, exactly.
 ENTRY_COLUMNS = [
     ("namespace", "TEXT"),
     ("key", "BLOB"),
@@ -48,12 +59,57 @@ _DDL = (
     "namespace TEXT NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL, "
     "origin INTEGER NOT NULL, PRIMARY KEY (namespace, key))",
 )
-# The insert rule in SQL: an existing row is replaced only where may_replace says so.
-UPSERT = (
-    "INSERT INTO {table} (namespace, key, value, origin) {source} "
-    "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value, "
-    "origin = excluded.origin WHERE warmenv_may_replace(entries.origin, excluded.origin)"
+
+# An environment is at version 2: the entry file's columns, then provenance
+# (written_at: unix seconds, NULL for entries that predate version 2; cost:
+# seconds the computation took, NULL unless known; bundle: the `bundles` row an
+# imported entry came from) and `last_hit`, the coarse recency eviction reads
+# (unix seconds rounded down to HIT_GRANULARITY, NULL: never hit). The new
+# columns come last and are nullable, so version 1 upgrades by ALTER TABLE
+# ADD COLUMN: a change of the schema alone, no row rewritten.
+ENVIRONMENT_VERSION = "2"
+PROVENANCE_COLUMNS = [
+    ("written_at", "REAL"),
+    ("cost", "REAL"),
+    ("bundle", "INTEGER"),
+    ("last_hit", "INTEGER"),
+]
+ENVIRONMENT_COLUMNS = ENTRY_COLUMNS + PROVENANCE_COLUMNS
+HIT_GRANULARITY = 60
+"""Seconds: a hit is recorded at most once per entry per this long."""
+_BUNDLES_DDL = (
+    "CREATE TABLE IF NOT EXISTS bundles (id INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+    "digest TEXT NOT NULL UNIQUE, imported_at REAL NOT NULL)"
 )
+_ENVIRONMENT_DDL = (
+    _DDL[0],
+    _BUNDLES_DDL,
+    "CREATE TABLE IF NOT EXISTS entries ("
+    "namespace TEXT NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL, "
+    "origin INTEGER NOT NULL, written_at REAL, cost REAL, "
+    "bundle INTEGER REFERENCES bundles (id), last_hit INTEGER, "
+    "PRIMARY KEY (namespace, key))",
+)
+_UPGRADE_1_TO_2 = (
+    _BUNDLES_DDL,
+    "ALTER TABLE entries ADD COLUMN written_at REAL",
+    "ALTER TABLE entries ADD COLUMN cost REAL",
+    "ALTER TABLE entries ADD COLUMN bundle INTEGER REFERENCES bundles (id)",
+    "ALTER TABLE entries ADD COLUMN last_hit INTEGER",
+)
+# The insert rule in SQL: an existing row is replaced only where may_replace
+# says so, and a replaced row takes the newcomer's provenance (its recency stays).
+UPSERT = (
+    "INSERT INTO {table} (namespace, key, value, origin, written_at, cost, bundle) {source} "
+    "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value, "
+    "origin = excluded.origin, written_at = excluded.written_at, cost = excluded.cost, "
+    "bundle = excluded.bundle "
+    "WHERE warmenv_may_replace(entries.origin, excluded.origin)"
+)
+
+
+class NewerSchemaError(sqlite3.DatabaseError):
+    """The file was written by a newer warmenv: left untouched rather than dropped."""
 
 
 def well_typed(alias: str = "") -> str:
@@ -91,9 +147,15 @@ def transaction(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T
 
 
 def create_schema(conn: sqlite3.Connection, schema: str = "main") -> None:
-    """Create the tables if they are missing (in the attached database `schema`)."""
+    """Create an entry file's tables if they are missing (in the attached database `schema`)."""
     for statement in _DDL:
         conn.execute(statement.replace("EXISTS ", f"EXISTS {schema}.", 1))
+
+
+def create_environment_schema(conn: sqlite3.Connection) -> None:
+    """Create an environment's tables (version 2) if they are missing."""
+    for statement in _ENVIRONMENT_DDL:
+        conn.execute(statement)
 
 
 def table_names(conn: sqlite3.Connection) -> set[str]:
@@ -107,8 +169,19 @@ def entry_columns(conn: sqlite3.Connection, schema: str = "main") -> list[tuple[
 
 
 def entries_shape_ok(conn: sqlite3.Connection, schema: str = "main") -> bool:
-    """Whether the entries table is exactly the one warmenv creates."""
+    """Whether the entries table is exactly the one warmenv creates in an entry file."""
     return entry_columns(conn, schema) == ENTRY_COLUMNS
+
+
+def environment_version(conn: sqlite3.Connection) -> int | None:
+    """1 or 2 when the file is an environment of that version in the right shape, else None."""
+    found = schema_version(conn)
+    columns = entry_columns(conn)
+    if found == ENVIRONMENT_VERSION and columns == ENVIRONMENT_COLUMNS:
+        return 2
+    if found == SCHEMA_VERSION and columns == ENTRY_COLUMNS:
+        return 1
+    return None
 
 
 def schema_version(conn: sqlite3.Connection) -> str | None:
@@ -122,35 +195,120 @@ def meta_value(conn: sqlite3.Connection, key: str) -> object:
     return None if row is None else row[0]
 
 
-def prepare_writable(conn: sqlite3.Connection) -> str | None:
-    """Create or check an environment's schema; the old version when it was rebuilt."""
+def _check_not_newer(found: str | None) -> None:
+    """Refuse a file of a newer schema: its entries are another warmenv's to keep."""
+    try:
+        newer = found is not None and int(found) > int(ENVIRONMENT_VERSION)
+    except ValueError:
+        newer = False
+    if newer:
+        raise NewerSchemaError(
+            f"schema version {found!r} was written by a newer warmenv (this one reads "
+            f"versions 1 and {ENVIRONMENT_VERSION}); upgrade warmenv, or delete the file"
+        )
+
+
+def _check_not_bundle(conn: sqlite3.Connection) -> None:
+    if meta_value(conn, "manifest") is not None:
+        raise sqlite3.DatabaseError("it is a bundle, not an environment: import it instead")
+
+
+@attrs.frozen
+class Prepared:
+    """What opening an environment for writing found and did."""
+
+    rebuilt_from: str | None = None
+    """The unreadable version whose entries were dropped (None: nothing dropped)."""
+    upgraded_from: str | None = None
+    """The version upgraded in place (every entry kept)."""
+
+
+def prepare_writable(conn: sqlite3.Connection) -> Prepared:
+    """Create, check or upgrade an environment's schema, in one transaction.
+
+    Version 1 is upgraded in place (every entry and origin kept); a version
+    this warmenv does not know and that is not newer (0, missing, garbage) is
+    dropped and rebuilt as in 0.1; a newer version raises `NewerSchemaError`
+    and the file is left as it is. One transaction: a process killed half-way
+    leaves the file at the version it had.
+    """
+    _refuse_early(conn)  # before WAL mode changes the file's header
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     install_functions(conn)
 
-    def body(conn: sqlite3.Connection) -> str | None:
-        fresh = not ({"meta", "entries"} & table_names(conn))
-        create_schema(conn)
-        found = schema_version(conn)
-        if found == SCHEMA_VERSION and entries_shape_ok(conn):
-            return None
-        if not fresh:
-            conn.execute("DROP TABLE IF EXISTS entries")
-            create_schema(conn)
-        conn.execute(
-            "INSERT OR REPLACE INTO meta (k, v) VALUES ('schema_version', ?)", (SCHEMA_VERSION,)
-        )
-        return None if fresh else repr(found)
+    def body(conn: sqlite3.Connection) -> Prepared:
+        tables = table_names(conn)
+        if not ({"meta", "entries"} & tables):
+            create_environment_schema(conn)
+            _set_version(conn)
+            return Prepared()
+        if "meta" in tables:
+            found = schema_version(conn)
+            _check_not_newer(found)
+        else:
+            found = None
+        version = environment_version(conn) if {"meta", "entries"} <= tables else None
+        if version == 2:
+            return Prepared()
+        if version == 1:
+            _check_not_bundle(conn)
+            upgrade_1_to_2(conn)
+            return Prepared(upgraded_from=SCHEMA_VERSION)
+        conn.execute("DROP TABLE IF EXISTS entries")
+        conn.execute("DROP TABLE IF EXISTS bundles")
+        create_environment_schema(conn)
+        _set_version(conn)
+        return Prepared(rebuilt_from=repr(found))
 
     return transaction(conn, body)
 
 
-def prepare_readonly(conn: sqlite3.Connection) -> None:
-    """Check that a file opened read-only is an environment of this schema."""
+def _refuse_early(conn: sqlite3.Connection) -> None:
+    """Leave a newer environment or a bundle byte for byte as it is: refuse before writing."""
+    if "meta" not in table_names(conn):
+        return
+    _check_not_newer(schema_version(conn))
+    if schema_version(conn) == SCHEMA_VERSION:
+        _check_not_bundle(conn)
+
+
+def upgrade_1_to_2(conn: sqlite3.Connection) -> None:
+    """Add the provenance columns and the bundles table (inside the caller's transaction).
+
+    ALTER TABLE ADD COLUMN of a nullable column changes the schema only: no
+    row is rewritten, so the upgrade takes the same time for any size, and
+    entries written before it read `written_at` NULL (unknown). The time of
+    the upgrade is kept in `meta` so that age-based gc can treat them as
+    written then rather than never.
+    """
+    for statement in _UPGRADE_1_TO_2:
+        conn.execute(statement)
+    conn.execute(
+        "INSERT OR REPLACE INTO meta (k, v) VALUES ('upgraded_at', ?)", (repr(wall_clock()),)
+    )
+    _set_version(conn)
+
+
+def _set_version(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        "INSERT OR REPLACE INTO meta (k, v) VALUES ('schema_version', ?)", (ENVIRONMENT_VERSION,)
+    )
+
+
+def prepare_readonly(conn: sqlite3.Connection) -> int:
+    """Check that a file opened read-only is an environment; its version (1 or 2).
+
+    A version-1 file that cannot be written (a read-only layer) is read as
+    it is: reads work, provenance beyond the origin is unknown.
+    """
     install_functions(conn)
     found = schema_version(conn)
-    if found != SCHEMA_VERSION or not entries_shape_ok(conn):
-        raise sqlite3.DatabaseError(f"schema version {found!r}, not {SCHEMA_VERSION}")
+    _check_not_newer(found)
+    version = environment_version(conn)
+    if version is None:
+        raise sqlite3.DatabaseError(f"schema version {found!r}, not {ENVIRONMENT_VERSION}")
+    return version
 
 
 def namespace_totals(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import itertools
 import logging
+import os
 import sqlite3
 import warnings
 from collections.abc import (
@@ -32,14 +33,16 @@ import anyio.to_thread
 import attrs
 
 from warmenv import _sqlite
-from warmenv._errors import WarmenvWarning
+from warmenv._errors import WarmenvError, WarmenvWarning
 from warmenv._fs import non_regular_kind
 from warmenv.persistence import schema
 from warmenv.persistence.files import read_only_uri
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import (
     DEFAULT_SCAN_BATCH,
+    BundleRef,
     Conflict,
+    EntryInfo,
     Failed,
     Insertion,
     InsertItems,
@@ -50,10 +53,13 @@ from warmenv.persistence.storage import (
     Storage,
     Stored,
     check_batch_size,
+    check_bundle,
+    check_cost,
     check_item,
     check_key,
     check_value,
     may_replace,
+    wall_clock,
 )
 
 __all__ = ["SqliteDatabase", "SqliteStorage", "open_database"]
@@ -62,19 +68,32 @@ log = logging.getLogger("warmenv.storage")
 T = TypeVar("T")
 
 _GET_MANY_CHUNK = 500
-_INSERT = schema.UPSERT.format(table="entries", source="VALUES (?, ?, ?, ?)")
+_INSERT = schema.UPSERT.format(table="entries", source="VALUES (?, ?, ?, ?, ?, ?, ?)")
+_REPLACE = (
+    "INSERT OR REPLACE INTO entries (namespace, key, value, origin, written_at, cost, bundle) "
+    "VALUES (?, ?, ?, ?, ?, ?, NULL)"
+)
 
 
 @final
 class SqliteDatabase:
     """One open environment database: the connection every namespace shares."""
 
-    __slots__ = ("connection", "path", "read_only")
+    __slots__ = ("connection", "path", "read_only", "version")
 
-    def __init__(self, connection: _sqlite.Connection, path: Path, *, read_only: bool) -> None:
+    def __init__(
+        self,
+        connection: _sqlite.Connection,
+        path: Path,
+        *,
+        read_only: bool,
+        version: int = int(schema.ENVIRONMENT_VERSION),
+    ) -> None:
         self.connection = connection
         self.path = path
         self.read_only = read_only
+        self.version = version
+        """The schema version read: 2, or 1 for a version-1 file that could not be upgraded."""
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return await self.connection.run(fn)
@@ -91,7 +110,12 @@ class SqliteDatabase:
         return [NamespaceSummary(namespace=n, entries=c, bytes=b) for n, c, b in rows]
 
     async def copy_from(
-        self, source: Path, prefixes: list[str] | None, batch_size: int
+        self,
+        source: Path,
+        prefixes: list[str] | None,
+        batch_size: int,
+        *,
+        bundle: BundleRef | None = None,
     ) -> AsyncGenerator[CopiedBatch, None]:
         """Copy the entries of the entry file `source` in, as IMPORTED, a batch at a time.
 
@@ -99,18 +123,23 @@ class SqliteDatabase:
         ranges); each batch is one transaction and obeys the insert rule. The
         caller must own `source` (a private, verified snapshot): it is read by
         path. A batch that fails is reported `failed` and the copy goes on.
+        Copied entries record `bundle` as where they came from, and the
+        source's `written_at` and `cost` where its entries table has them
+        (else the time of the copy, and no cost).
         """
         # A name of its own, so that imports into one environment can overlap.
         alias = f"warmenv_bundle_{next(_aliases)}"
+        bundle = check_bundle(bundle, Origin.IMPORTED)
         try:
             try:
                 await self.run(partial(_attach, alias, read_only_uri(source)))
             except sqlite3.Error:
                 await self.run(partial(_attach, alias, read_only_uri(source, immutable=True)))
             clause, params = schema.prefix_sql(prefixes, column="b.namespace")
+            provenance = await self.run(partial(_copy_provenance, alias, bundle))
             start: int | None = await self.run(partial(_first_rowid, alias))
             while start is not None:
-                copy = partial(_copy_batch, alias, start, batch_size, clause, params)
+                copy = partial(_copy_batch, alias, start, batch_size, clause, params, provenance)
                 try:
                     batch = await self.run(copy)
                 except sqlite3.Error as exc:
@@ -128,6 +157,77 @@ class SqliteDatabase:
                     await self.run(partial(_detach, alias))
                 except sqlite3.Error:
                     pass
+
+    async def touch(self, namespace: str, keys: Iterable[bytes]) -> int:
+        """Record that `keys` of `namespace` were hit now: eviction keeps them longest.
+
+        For a store to call with the keys it served since its last call, in
+        batches (every few seconds, and at close), never per hit. Coarse: an
+        entry hit within the last `HIT_GRANULARITY` seconds is not written
+        again. Returns how many entries were updated; a failure (read-only,
+        busy) is logged and counts 0, as recency is only a hint.
+        """
+        wanted = [check_key(k) for k in keys]
+        if not wanted or self.read_only or self.version < 2:
+            return 0
+        try:
+            return await self.run(partial(_touch, namespace, wanted, int(wall_clock())))
+        except sqlite3.Error as exc:
+            log.warning("recording hits in %s failed: %s", self.path, exc)
+            return 0
+
+    async def purge_bundle(self, digest_or_name: str) -> Purged | Failed:
+        """Delete the entries still carrying that bundle's origin (imported from it)."""
+        try:
+            return Purged(await self.run(partial(_purge_bundle, digest_or_name)))
+        except sqlite3.Error as exc:
+            return self._failed("purge_bundle", exc)
+
+    async def gc(
+        self,
+        *,
+        max_bytes: int | None = None,
+        older_than: float | None = None,
+        keep_versions: int | None = None,
+    ) -> Purged | Failed:
+        """Evict entries by version, age and size, in one transaction; how many went.
+
+        `keep_versions`: per application name and path, only the versions
+        written most recently are kept. `older_than` (seconds): entries neither
+        written nor hit for that long go. `max_bytes`: then the least recently
+        hit entries (never hit first, oldest written first) go until the keys
+        and values left add up to at most that.
+        """
+        now = wall_clock()
+        try:
+            return Purged(await self.run(partial(_gc, max_bytes, older_than, keep_versions, now)))
+        except sqlite3.Error as exc:
+            return self._failed("gc", exc)
+
+    async def vacuum(self) -> tuple[int, int]:
+        """Give the space of deleted entries back to the file system; sizes before and after.
+
+        Sizes are the database file plus its write-ahead log, in bytes.
+        """
+        if self.read_only:
+            raise WarmenvError(
+                f"cannot vacuum {self.path}: it is open read-only; vacuum it where it is writable"
+            )
+        before = await anyio.to_thread.run_sync(_file_size, self.path)
+        try:
+            await self.run(_vacuum)
+        except sqlite3.Error as exc:
+            raise WarmenvError(
+                f"vacuum of {self.path} failed ({exc}); it needs free disk about the file's "
+                "size and no other process inside a transaction: retry when both hold"
+            ) from None
+        after = await anyio.to_thread.run_sync(_file_size, self.path)
+        return before, after
+
+    def _failed(self, operation: str, exc: sqlite3.Error) -> Failed:
+        reason = f"{operation} on {self.path} failed: {exc}"
+        log.warning("%s", reason)
+        return Failed(reason)
 
 
 def _namespaces(conn: sqlite3.Connection) -> list[tuple[str, int, int]]:
@@ -154,17 +254,25 @@ async def open_database(path: Path, *, create: bool = True) -> SqliteDatabase:
     if not exists and not create:
         raise FileNotFoundError(path)
     try:
-        connection, rebuilt = await _sqlite.open_with(str(path), schema.prepare_writable)
+        connection, prepared = await _sqlite.open_with(str(path), schema.prepare_writable)
     except sqlite3.Error:
         if not exists:
             raise
     else:
-        if rebuilt is not None:
+        if prepared.rebuilt_from is not None:
             warnings.warn(
-                f"{path}: schema version {rebuilt} is not {schema.SCHEMA_VERSION}; "
-                "its entries were dropped and the table rebuilt",
+                f"{path}: schema version {prepared.rebuilt_from} is not one this warmenv "
+                f"reads (1 or {schema.ENVIRONMENT_VERSION}); its entries were dropped and "
+                "the table rebuilt",
                 WarmenvWarning,
                 stacklevel=3,
+            )
+        if prepared.upgraded_from is not None:
+            log.info(
+                "%s: upgraded from schema version %s to %s in place",
+                path,
+                prepared.upgraded_from,
+                schema.ENVIRONMENT_VERSION,
             )
         return SqliteDatabase(connection, path, read_only=False)
     return await _open_readonly(path)
@@ -175,13 +283,13 @@ async def _open_readonly(path: Path) -> SqliteDatabase:
     error: sqlite3.Error | None = None
     for query in ("mode=ro", "immutable=1"):
         try:
-            connection, _ = await _sqlite.open_with(
+            connection, version = await _sqlite.open_with(
                 f"{uri}?{query}", schema.prepare_readonly, uri=True
             )
         except sqlite3.Error as exc:
             error = exc
             continue
-        return SqliteDatabase(connection, path, read_only=True)
+        return SqliteDatabase(connection, path, read_only=True, version=version)
     assert error is not None
     raise error
 
@@ -218,18 +326,35 @@ class SqliteStorage(Storage):
             log.warning("read of %s failed, treated as misses: %s", self.describe(), exc)
             return {}
 
-    async def insert(self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL) -> Insertion:
+    async def insert(
+        self,
+        key: bytes,
+        value: bytes,
+        origin: Origin = Origin.LOCAL,
+        *,
+        cost: float | None = None,
+    ) -> Insertion:
         check_key(key)
         check_value(value)
+        cost = check_cost(cost)
         try:
             return await self._db.run(
-                partial(_insert, self._namespace, key, value, int(Origin(origin)))
+                partial(_insert, self._namespace, key, value, int(Origin(origin)), cost)
             )
         except sqlite3.Error as exc:
             return self._failed("insert", exc)
 
-    async def insert_many(self, items: InsertItems, origin: Origin = Origin.LOCAL) -> InsertSummary:
+    async def insert_many(
+        self,
+        items: InsertItems,
+        origin: Origin = Origin.LOCAL,
+        *,
+        cost: float | None = None,
+        bundle: BundleRef | None = None,
+    ) -> InsertSummary:
         origin = Origin(origin)
+        cost = check_cost(cost)
+        bundle = check_bundle(bundle, origin)
         pairs: Iterable[tuple[bytes, bytes]]
         if isinstance(items, AsyncIterable):
             # A transaction is one call into the worker, which cannot await:
@@ -240,12 +365,32 @@ class SqliteStorage(Storage):
         counter = _Counter(pairs)
         try:
             stored = await self._db.run(
-                partial(_insert_many, self._namespace, counter, int(origin))
+                partial(_insert_many, self._namespace, counter, int(origin), cost, bundle)
             )
         except sqlite3.Error as exc:
             failed = self._failed("insert_many", exc)
             return InsertSummary(stored=0, conflict=0, failed=counter.drain(), reason=failed.reason)
         return InsertSummary(stored=stored, conflict=counter.count - stored, failed=0)
+
+    async def info(self, key: bytes) -> EntryInfo | None:
+        check_key(key)
+        try:
+            found = await self._db.run(partial(_info, self._namespace, key, self._db.version))
+        except sqlite3.Error as exc:
+            log.warning("reading the provenance in %s failed: %s", self.describe(), exc)
+            return None
+        if found is None:
+            return None
+        origin, written_at, cost, name, digest = found
+        return EntryInfo(
+            origin=Origin(origin),
+            written_at=None if written_at is None else float(written_at),
+            cost=None if cost is None else float(cost),
+            bundle=None if digest is None else BundleRef(str(name), str(digest)),
+        )
+
+    async def touch(self, keys: Iterable[bytes]) -> int:
+        return await self._db.touch(self._namespace, keys)
 
     async def replace(
         self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL
@@ -322,11 +467,13 @@ class _Counter:
         self.items = iter(items)
         self.count = 0
 
-    def rows(self, namespace: str, origin: int) -> Iterator[tuple[str, bytes, bytes, int]]:
+    def rows(
+        self, namespace: str, origin: int, written_at: float, cost: float | None, bundle: int | None
+    ) -> Iterator[tuple[str, bytes, bytes, int, float, float | None, int | None]]:
         for item in self.items:
             key, value = check_item(item)
             self.count += 1
-            yield namespace, key, value, origin
+            yield namespace, key, value, origin, written_at, cost, bundle
 
     def drain(self) -> int:
         """Count what was not consumed, so a failure accounts for every item."""
@@ -359,7 +506,12 @@ def _get_many(namespace: str, keys: list[bytes], conn: sqlite3.Connection) -> di
 
 
 def _insert(
-    namespace: str, key: bytes, value: bytes, origin: int, conn: sqlite3.Connection
+    namespace: str,
+    key: bytes,
+    value: bytes,
+    origin: int,
+    cost: float | None,
+    conn: sqlite3.Connection,
 ) -> Insertion:
     def body(conn: sqlite3.Connection) -> Insertion:
         row = conn.execute(
@@ -367,19 +519,26 @@ def _insert(
         ).fetchone()
         if row is not None and not may_replace(row[1], origin):
             return Conflict(bytes(row[0]))
-        conn.execute(
-            "INSERT OR REPLACE INTO entries (namespace, key, value, origin) VALUES (?, ?, ?, ?)",
-            (namespace, key, value, origin),
-        )
+        conn.execute(_REPLACE, (namespace, key, value, origin, wall_clock(), cost))
         return Stored()
 
     return schema.transaction(conn, body)
 
 
-def _insert_many(namespace: str, counter: _Counter, origin: int, conn: sqlite3.Connection) -> int:
+def _insert_many(
+    namespace: str,
+    counter: _Counter,
+    origin: int,
+    cost: float | None,
+    bundle: BundleRef | None,
+    conn: sqlite3.Connection,
+) -> int:
+    now = wall_clock()
+
     def body(conn: sqlite3.Connection) -> int:
+        bundle_id = None if bundle is None else _bundle_id(bundle, now, conn)
         before = conn.total_changes
-        conn.executemany(_INSERT, counter.rows(namespace, origin))
+        conn.executemany(_INSERT, counter.rows(namespace, origin, now, cost, bundle_id))
         return conn.total_changes - before
 
     return schema.transaction(conn, body)
@@ -389,10 +548,7 @@ def _replace(
     namespace: str, key: bytes, value: bytes, origin: int, conn: sqlite3.Connection
 ) -> None:
     def body(conn: sqlite3.Connection) -> None:
-        conn.execute(
-            "INSERT OR REPLACE INTO entries (namespace, key, value, origin) VALUES (?, ?, ?, ?)",
-            (namespace, key, value, origin),
-        )
+        conn.execute(_REPLACE, (namespace, key, value, origin, wall_clock(), None))
 
     schema.transaction(conn, body)
 
@@ -444,6 +600,178 @@ def _origin(namespace: str, key: bytes, conn: sqlite3.Connection) -> int | None:
     return None if row is None else int(row[0])
 
 
+def _info(
+    namespace: str, key: bytes, version: int, conn: sqlite3.Connection
+) -> tuple[int, float | None, float | None, str | None, str | None] | None:
+    if version < 2:  # a version-1 file read as it is: only the origin is known
+        origin = _origin(namespace, key, conn)
+        return None if origin is None else (origin, None, None, None, None)
+    row = conn.execute(
+        "SELECT e.origin, e.written_at, e.cost, b.name, b.digest FROM entries AS e "
+        "LEFT JOIN bundles AS b ON b.id = e.bundle AND e.origin = ? "
+        "WHERE e.namespace = ? AND e.key = ?",
+        (int(Origin.IMPORTED), namespace, key),
+    ).fetchone()
+    return None if row is None else (int(row[0]), row[1], row[2], row[3], row[4])
+
+
+def _bundle_id(bundle: BundleRef, now: float, conn: sqlite3.Connection) -> int:
+    """The `bundles` row of `bundle` (by digest), made or renamed as needed (in a transaction)."""
+    row = conn.execute(
+        "INSERT INTO bundles (name, digest, imported_at) VALUES (?, ?, ?) "
+        "ON CONFLICT (digest) DO UPDATE SET name = excluded.name, "
+        "imported_at = excluded.imported_at RETURNING id",
+        (bundle.name, bundle.digest, now),
+    ).fetchone()
+    return int(row[0])
+
+
+# --- recency, quarantine, gc, vacuum ----------------------------------------------
+
+_TOUCH_CHUNK = 500
+
+
+def _touch(namespace: str, keys: list[bytes], now: int, conn: sqlite3.Connection) -> int:
+    stamp = now - now % schema.HIT_GRANULARITY
+
+    def body(conn: sqlite3.Connection) -> int:
+        changed = 0
+        for start in range(0, len(keys), _TOUCH_CHUNK):
+            chunk = keys[start : start + _TOUCH_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            changed += conn.execute(
+                "UPDATE entries SET last_hit = ? WHERE namespace = ? "
+                f"AND key IN ({marks}) AND (last_hit IS NULL OR last_hit < ?)",
+                (stamp, namespace, *chunk, stamp),
+            ).rowcount
+        return changed
+
+    return schema.transaction(conn, body)
+
+
+def _purge_bundle(digest_or_name: str, conn: sqlite3.Connection) -> int:
+    def body(conn: sqlite3.Connection) -> int:
+        ids = [
+            row[0]
+            for row in conn.execute(
+                "SELECT id FROM bundles WHERE digest = ? OR name = ? "
+                "OR substr(digest, instr(digest, ':') + 1) = ?",
+                (digest_or_name, digest_or_name, digest_or_name),
+            )
+        ]
+        removed = 0
+        for bundle_id in ids:
+            removed += conn.execute(
+                "DELETE FROM entries WHERE origin = ? AND bundle = ?",
+                (int(Origin.IMPORTED), bundle_id),
+            ).rowcount
+        return removed
+
+    return schema.transaction(conn, body)
+
+
+def _upgraded_at(conn: sqlite3.Connection) -> float:
+    """When version 1 was upgraded (entries from before carry no `written_at`); 0 if never."""
+    found = schema.meta_value(conn, "upgraded_at")
+    try:
+        return float(found) if found is not None else 0.0  # type: ignore[arg-type]
+    except ValueError:
+        return 0.0
+
+
+def _gc(
+    max_bytes: int | None,
+    older_than: float | None,
+    keep_versions: int | None,
+    now: float,
+    conn: sqlite3.Connection,
+) -> int:
+    def body(conn: sqlite3.Connection) -> int:
+        upgraded_at = _upgraded_at(conn)
+        written = "coalesce(written_at, ?)"
+        removed = 0
+        if keep_versions is not None:
+            removed += _keep_versions(keep_versions, upgraded_at, conn)
+        if older_than is not None:
+            removed += conn.execute(
+                f"DELETE FROM entries WHERE max({written}, coalesce(last_hit, 0)) < ?",
+                (upgraded_at, now - older_than),
+            ).rowcount
+        if max_bytes is not None:
+            removed += _evict_to(max_bytes, upgraded_at, conn)
+        return removed
+
+    return schema.transaction(conn, body)
+
+
+def _keep_versions(keep: int, upgraded_at: float, conn: sqlite3.Connection) -> int:
+    """Per (name, path), delete the namespaces of all but the `keep` newest-written versions."""
+    groups: dict[tuple[str, str], list[tuple[float, str]]] = {}
+    rows = conn.execute(
+        "SELECT namespace, max(coalesce(written_at, ?)) FROM entries GROUP BY namespace",
+        (upgraded_at,),
+    )
+    for namespace, newest in rows:
+        parsed = Namespace.raw(namespace)
+        groups.setdefault((parsed.name, parsed.path), []).append((float(newest), namespace))
+    removed = 0
+    for versions in groups.values():
+        versions.sort(reverse=True)
+        for _, namespace in versions[keep:]:
+            removed += conn.execute(
+                "DELETE FROM entries WHERE namespace = ?", (namespace,)
+            ).rowcount
+    return removed
+
+
+# The eviction order: never hit first, then least recently hit; oldest written first.
+_EVICTION_ORDER = "coalesce(last_hit, -1), coalesce(written_at, ?), rowid"
+
+
+def _evict_to(max_bytes: int, upgraded_at: float, conn: sqlite3.Connection) -> int:
+    """Delete entries in eviction order until keys and values add up to `max_bytes` at most.
+
+    Inside SQLite: one pass sums the sizes, a window over the eviction order
+    finds the last entry to go, and one DELETE removes every entry up to it.
+    Python never holds more than one row.
+    """
+    total = int(
+        conn.execute(
+            "SELECT coalesce(sum(length(key) + length(value)), 0) FROM entries"
+        ).fetchone()[0]
+    )
+    excess = total - max_bytes
+    if excess <= 0:
+        return 0
+    cutoff = conn.execute(
+        f"SELECT h, w, r FROM (SELECT coalesce(last_hit, -1) AS h, coalesce(written_at, ?) AS w, "
+        f"rowid AS r, sum(length(key) + length(value)) OVER (ORDER BY {_EVICTION_ORDER} "
+        "ROWS UNBOUNDED PRECEDING) AS run FROM entries) WHERE run >= ? LIMIT 1",
+        (upgraded_at, upgraded_at, excess),
+    ).fetchone()
+    return int(
+        conn.execute(
+            f"DELETE FROM entries WHERE ({_EVICTION_ORDER}) <= (?, ?, ?)",
+            (upgraded_at, *cutoff),
+        ).rowcount
+    )
+
+
+def _vacuum(conn: sqlite3.Connection) -> None:
+    conn.execute("VACUUM")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def _file_size(path: Path) -> int:
+    size = 0
+    for candidate in (path, path.with_name(path.name + "-wal")):
+        try:
+            size += os.stat(candidate).st_size
+        except FileNotFoundError:
+            pass
+    return size
+
+
 # --- the bulk copy of an import -------------------------------------------------
 
 _aliases = itertools.count(1)
@@ -459,6 +787,27 @@ class CopiedBatch:
     last_namespace: str
     following: int | None
     failed: bool = False
+
+
+@attrs.frozen
+class _Provenance:
+    """What a bulk copy writes in the provenance columns: SQL over the source row `b`."""
+
+    written_at: str
+    cost: str
+    bundle: int | None
+
+
+def _copy_provenance(alias: str, bundle: BundleRef | None, conn: sqlite3.Connection) -> _Provenance:
+    """Map the source's columns: its own `written_at`/`cost` if it has them (by name)."""
+    now = wall_clock()
+    columns = {name for name, _ in schema.entry_columns(conn, alias)}
+    written_at = f"coalesce(b.written_at, {now!r})" if "written_at" in columns else repr(now)
+    cost = "b.cost" if "cost" in columns else "NULL"
+    bundle_id = None
+    if bundle is not None:
+        bundle_id = schema.transaction(conn, partial(_bundle_id, bundle, now))
+    return _Provenance(written_at=written_at, cost=cost, bundle=bundle_id)
 
 
 def _attach(alias: str, uri: str, conn: sqlite3.Connection) -> None:
@@ -526,6 +875,7 @@ def _copy_batch(
     batch_size: int,
     clause: str,
     params: list[str],
+    provenance: _Provenance,
     conn: sqlite3.Connection,
 ) -> CopiedBatch:
     """Copy one rowid range in one transaction, in one call into the worker.
@@ -536,11 +886,12 @@ def _copy_batch(
     """
     end, following = _batch_bounds(alias, start, batch_size, conn)
     source = (
-        f"SELECT b.namespace, b.key, b.value, {int(Origin.IMPORTED)} "
+        f"SELECT b.namespace, b.key, b.value, {int(Origin.IMPORTED)}, "
+        f"{provenance.written_at}, {provenance.cost}, ? "
         f"FROM {alias}.entries AS b WHERE b.rowid BETWEEN ? AND ? AND {clause}"
     )
     sql = schema.UPSERT.format(table="main.entries", source=source)
-    args = (start, end, *params)
+    args = (provenance.bundle, start, end, *params)
 
     def body(conn: sqlite3.Connection) -> CopiedBatch:
         seen = _seen(alias, start, end, clause, params, conn)

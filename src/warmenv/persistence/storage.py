@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from typing import NoReturn, Protocol, TypeAlias
 
 import attrs
 
 __all__ = [
+    "BundleRef",
     "Conflict",
+    "EntryInfo",
     "Failed",
     "InsertItems",
     "InsertSummary",
@@ -35,6 +38,13 @@ __all__ = [
 log = logging.getLogger("warmenv.storage")
 
 DEFAULT_SCAN_BATCH = 1024
+
+_clock = time.time
+
+
+def wall_clock() -> float:
+    """Unix seconds now: the one clock provenance, recency and gc read (tests replace it)."""
+    return _clock()
 
 
 class Origin(enum.IntEnum):
@@ -100,6 +110,27 @@ class Purged:
 
 
 @attrs.frozen
+class BundleRef:
+    """The bundle an imported entry came from: its manifest's name and its digest."""
+
+    name: str
+    digest: str
+
+
+@attrs.frozen
+class EntryInfo:
+    """Where one entry came from, so a hit can be traced and what it saved known."""
+
+    origin: Origin
+    written_at: float | None
+    """Unix seconds when it was stored here; None for entries older than schema 2."""
+    cost: float | None
+    """Seconds its computation took, when it was computed and timed; else None."""
+    bundle: BundleRef | None
+    """The bundle it was imported from, while it is still the imported value."""
+
+
+@attrs.frozen
 class InsertSummary:
     """The outcome of `insert_many`; the three counts add up to the items given."""
 
@@ -143,12 +174,46 @@ class Storage(Protocol):
         """The values of those `keys` that are stored; missing keys are left out."""
         ...
 
-    async def insert(self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL) -> Insertion:
-        """Store `value` unless the rules keep the existing one (`Conflict`)."""
+    async def insert(
+        self,
+        key: bytes,
+        value: bytes,
+        origin: Origin = Origin.LOCAL,
+        *,
+        cost: float | None = None,
+    ) -> Insertion:
+        """Store `value` unless the rules keep the existing one (`Conflict`).
+
+        `cost` is how many seconds computing `value` took, when known: hits on
+        it then count as that much time saved.
+        """
         ...
 
-    async def insert_many(self, items: InsertItems, origin: Origin = Origin.LOCAL) -> InsertSummary:
-        """Insert every item in one transaction: all of them are applied or none."""
+    async def insert_many(
+        self,
+        items: InsertItems,
+        origin: Origin = Origin.LOCAL,
+        *,
+        cost: float | None = None,
+        bundle: BundleRef | None = None,
+    ) -> InsertSummary:
+        """Insert every item in one transaction: all of them are applied or none.
+
+        `cost` applies to each item; `bundle` records where IMPORTED items came
+        from (so `purge_bundle` can find them).
+        """
+        ...
+
+    async def info(self, key: bytes) -> EntryInfo | None:
+        """The provenance of the entry under `key`, or `None` if there is none."""
+        ...
+
+    async def touch(self, keys: Iterable[bytes]) -> int:
+        """Record hits on `keys`, for eviction's order; how many entries were updated.
+
+        Coarse and meant to be batched (a store calls it with the keys it
+        served since its last call): never once per hit. A failure counts 0.
+        """
         ...
 
     async def replace(
@@ -176,6 +241,24 @@ class Storage(Protocol):
     def describe(self) -> str:
         """Where this storage keeps its entries, for messages and logs."""
         ...
+
+
+def check_cost(cost: object) -> float | None:
+    if cost is None:
+        return None
+    if isinstance(cost, bool) or not isinstance(cost, int | float) or not cost >= 0:
+        raise ValueError(f"cost is seconds (a number >= 0) or None, got {cost!r}")
+    return float(cost)
+
+
+def check_bundle(bundle: object, origin: Origin) -> BundleRef | None:
+    if bundle is None:
+        return None
+    if not isinstance(bundle, BundleRef):
+        raise TypeError(f"bundle must be a BundleRef or None, got {type(bundle).__name__}")
+    if origin != Origin.IMPORTED:
+        raise ValueError("only IMPORTED entries come from a bundle; pass origin=Origin.IMPORTED")
+    return bundle
 
 
 def check_key(key: object) -> bytes:
