@@ -136,7 +136,13 @@ class SqliteDatabase:
             except sqlite3.Error:
                 await self.run(partial(_attach, alias, read_only_uri(source, immutable=True)))
             clause, params = schema.prefix_sql(prefixes, column="b.namespace")
-            provenance = await self.run(partial(_copy_provenance, alias, bundle))
+            try:
+                provenance = await self.run(partial(_copy_provenance, alias, bundle))
+            except sqlite3.Error as exc:
+                # Recording the bundle is a write: read-only or full, the batches
+                # fail too, and are counted as failed one by one below.
+                log.warning("importing %s into %s: %s", source, self.path, exc)
+                provenance = await self.run(partial(_copy_provenance, alias, None))
             start: int | None = await self.run(partial(_first_rowid, alias))
             while start is not None:
                 copy = partial(_copy_batch, alias, start, batch_size, clause, params, provenance)
