@@ -33,7 +33,7 @@ import threading
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from pathlib import Path
-from typing import Any, Generic, ParamSpec, TypeVar, TypeVarTuple, final, overload
+from typing import Any, Generic, ParamSpec, TypeVarTuple, final, overload
 
 import anyio
 import attrs
@@ -61,8 +61,14 @@ __all__ = [
     "open_environment",
 ]
 
-K = TypeVar("K")
-V = TypeVar("V")
+if sys.version_info >= (3, 13):
+    from typing import TypeVar
+else:
+    from typing_extensions import TypeVar
+
+# As for `Store`: `store = env.store(ns)` is a BlockingStore[Any, Any].
+K = TypeVar("K", default=Any)
+V = TypeVar("V", default=Any)
 D = TypeVar("D")
 R = TypeVar("R")
 P = ParamSpec("P")

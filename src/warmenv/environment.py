@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar, final
+from typing import Any, TypeVar, final, overload
 
 import anyio.to_thread
 
@@ -118,13 +118,26 @@ class Environment:
             return SqliteStorage(self._db, ns)
         return MemoryStorage(ns, table=self._memory)
 
+    @overload
+    async def store(
+        self, namespace: Namespace | str, codec: None = None, mode: CacheMode = CacheMode.EAGER
+    ) -> Store[Any, Any]: ...
+    @overload
+    async def store(
+        self, namespace: Namespace | str, codec: Codec[K, V], mode: CacheMode = CacheMode.EAGER
+    ) -> Store[K, V]: ...
     async def store(
         self,
         namespace: Namespace | str,
-        codec: Codec[K, V] | None = None,
+        codec: Codec[Any, Any] | None = None,
         mode: CacheMode = CacheMode.EAGER,
-    ) -> Store[K, V]:
-        """A typed `Store` over one namespace."""
+    ) -> Store[Any, Any]:
+        """A typed `Store` over one namespace.
+
+        Without a codec it is a `JsonCodec` store of any keys and values
+        (`Store[Any, Any]`); annotate to narrow it:
+        `store: Store[str, int] = await env.store(ns)`.
+        """
         return await Store.open(self.storage(namespace), codec, mode)
 
     def bulk_copy(

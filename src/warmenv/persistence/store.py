@@ -28,6 +28,7 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
+import sys
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from types import TracebackType
@@ -36,7 +37,6 @@ from typing import (
     Final,
     Generic,
     ParamSpec,
-    TypeVar,
     TypeVarTuple,
     final,
     overload,
@@ -52,8 +52,16 @@ from warmenv.persistence.storage import Conflict, Failed, Insertion, Purged, Sto
 
 __all__ = ["MISSING", "CacheMode", "Missing", "Store"]
 
-K = TypeVar("K")
-V = TypeVar("V")
+if sys.version_info >= (3, 13):
+    from typing import TypeVar
+else:
+    from typing_extensions import TypeVar
+
+# A store opened without a codec is a JsonCodec store of any keys and values:
+# `store = await env.store(ns)` is a Store[Any, Any] (PEP 696 defaults), and
+# an annotation (`store: Store[str, int] = ...`) narrows it.
+K = TypeVar("K", default=Any)
+V = TypeVar("V", default=Any)
 D = TypeVar("D")
 P = ParamSpec("P")
 Ts = TypeVarTuple("Ts")
@@ -144,22 +152,42 @@ class Store(Generic[K, V]):
         self._epoch = 0
         self._memoized: str | None = None
 
+    @overload
     @classmethod
     async def open(
         cls,
         storage: Storage,
-        codec: Codec[K, V] | None = None,
+        codec: None = None,
         mode: CacheMode = CacheMode.EAGER,
         *,
         max_entries: int | None = None,
-    ) -> Store[K, V]:
+    ) -> Store[Any, Any]: ...
+    @overload
+    @classmethod
+    async def open(
+        cls,
+        storage: Storage,
+        codec: Codec[K, V],
+        mode: CacheMode = CacheMode.EAGER,
+        *,
+        max_entries: int | None = None,
+    ) -> Store[K, V]: ...
+    @classmethod
+    async def open(
+        cls,
+        storage: Storage,
+        codec: Codec[Any, Any] | None = None,
+        mode: CacheMode = CacheMode.EAGER,
+        *,
+        max_entries: int | None = None,
+    ) -> Store[Any, Any]:
         """A store over `storage`; in `EAGER` mode this loads the namespace.
 
         `max_entries` bounds the values held in memory (least recently used
         dropped first; they stay in the storage and are read back on demand).
         An `EAGER` store with a bound loads the first `max_entries` in key order.
         """
-        store: Store[K, V] = cls(
+        store: Store[Any, Any] = cls(
             storage, JsonCodec() if codec is None else codec, mode, max_entries
         )
         if mode is CacheMode.EAGER:
