@@ -224,18 +224,15 @@ async def store_hits(root: Path, shape: str, n: int) -> list[Row]:
         def compute_hit(key: str) -> Awaitable[object]:
             return store.get_or_compute(key, never, key)
 
-        # Alternate them, best of three rounds each, so that none gets a
-        # quieter moment of the machine than the others.
+        # Interleaved chunk by chunk (see compare_us): none gets a quieter
+        # moment of the machine than the others.
         runs: dict[str, Callable[[str], Awaitable[object]]] = {
             "dict": dict_get,
             "get": store.get,
             "compute": compute_hit,
             "copy": dict_get_copy,
         }
-        best = dict.fromkeys(runs, float("inf"))
-        for _ in range(3):
-            for name, run in runs.items():
-                best[name] = min(best[name], await per_key_us(run, keys))
+        best = await compare_us(runs, keys)
     label = f"{n // 1000}k EAGER, {shape} values"
     baseline = "dict.get in a coroutine"
     rows = [
@@ -318,6 +315,44 @@ async def hits_under_load(root: Path, askers: int = 200, keys: int = 10) -> Row:
     )
 
 
+async def compare_us(
+    runs: dict[str, Callable[[str], Awaitable[object]]], keys: list[str], repeat: int = 7
+) -> dict[str, float]:
+    """Mean µs per `await run(key)` of each run, interleaved chunk by chunk.
+
+    Every run does a chunk of keys right after the others did the same
+    chunk, so that a change of load on the (shared) machine reaches a figure
+    and its baseline alike; each (run, chunk) keeps its best time over the
+    passes, and a run's figure adds up its chunks' bests.
+    """
+    chunks = _chunks(keys)
+    best = {name: [float("inf")] * len(chunks) for name in runs}
+    for _ in range(repeat):
+        for i, chunk in enumerate(chunks):
+            for name, run in runs.items():
+                start = time.perf_counter()
+                for key in chunk:
+                    await run(key)
+                best[name][i] = min(best[name][i], time.perf_counter() - start)
+    return {name: sum(times) / len(keys) * 1e6 for name, times in best.items()}
+
+
+def compare_sync_us(
+    runs: dict[str, Callable[[str], object]], keys: list[str], repeat: int = 7
+) -> dict[str, float]:
+    """`compare_us` for plain functions."""
+    chunks = _chunks(keys)
+    best = {name: [float("inf")] * len(chunks) for name in runs}
+    for _ in range(repeat):
+        for i, chunk in enumerate(chunks):
+            for name, run in runs.items():
+                start = time.perf_counter()
+                for key in chunk:
+                    run(key)
+                best[name][i] = min(best[name][i], time.perf_counter() - start)
+    return {name: sum(times) / len(keys) * 1e6 for name, times in best.items()}
+
+
 def per_key_sync_us(fn: Callable[[Any], object], keys: list[Any], repeat: int = 5) -> float:
     """Mean time of `fn(key)` over `keys`, in microseconds, timed as `per_key_us` does."""
     chunks = _chunks(keys)
@@ -355,10 +390,7 @@ def blocking_hits(root: Path, shape: str, n: int) -> list[Row]:
             "get": store.get,
             "copy": locked_copy,
         }
-        best = dict.fromkeys(runs, float("inf"))
-        for _ in range(3):
-            for name, run in runs.items():
-                best[name] = min(best[name], per_key_sync_us(run, keys))
+        best = compare_sync_us(runs, keys)
     name = f"warmenv.blocking get hit ({n // 1000}k EAGER, {shape} values)"
     baseline = "dict.get under a threading.Lock"
     rows = [

@@ -342,14 +342,15 @@ class Store(Generic[K, V]):
             @functools.wraps(fn)
             async def memoized(*args: Any, **kwargs: Any) -> V:
                 if signature is None:
-                    encoded = self._encode_key(key(*args, **kwargs))
+                    given = key(*args, **kwargs)
+                    memo = self._memo_of(given)
                 else:
                     bound = signature.bind(*args, **kwargs)
                     bound.apply_defaults()
-                    encoded = canonical_arguments(bound.arguments, f"{name}()")
-                memo = self._memo(encoded)
+                    memo = canonical_arguments(bound.arguments, f"{name}()")  # a list: bytes
                 held = self._values.get(memo, _ABSENT)
                 if held is _ABSENT:
+                    encoded = memo if type(memo) is bytes else self._encode_key(given)
                     held = await self._compute(encoded, functools.partial(fn, *args, **kwargs), ())
                 elif self._lru is not None:
                     self._lru.move_to_end(memo)
