@@ -316,20 +316,25 @@ async def hits_under_load(root: Path, askers: int = 200, keys: int = 10) -> Row:
 
 
 async def compare_us(
-    runs: dict[str, Callable[[str], Awaitable[object]]], keys: list[str], repeat: int = 7
+    runs: dict[str, Callable[[str], Awaitable[object]]], keys: list[str], repeat: int = 5
 ) -> dict[str, float]:
     """Mean µs per `await run(key)` of each run, interleaved chunk by chunk.
 
     Every run does a chunk of keys right after the others did the same
     chunk, so that a change of load on the (shared) machine reaches a figure
     and its baseline alike; each (run, chunk) keeps its best time over the
-    passes, and a run's figure adds up its chunks' bests.
+    passes, and a run's figure adds up its chunks' bests. Each run goes over
+    its chunk once untimed first: runs over the same table (a store's get
+    and get_or_compute) would otherwise warm the CPU caches for each other,
+    and the one timed second would look faster.
     """
     chunks = _chunks(keys)
     best = {name: [float("inf")] * len(chunks) for name in runs}
     for _ in range(repeat):
         for i, chunk in enumerate(chunks):
             for name, run in runs.items():
+                for key in chunk:
+                    await run(key)
                 start = time.perf_counter()
                 for key in chunk:
                     await run(key)
@@ -338,7 +343,7 @@ async def compare_us(
 
 
 def compare_sync_us(
-    runs: dict[str, Callable[[str], object]], keys: list[str], repeat: int = 7
+    runs: dict[str, Callable[[str], object]], keys: list[str], repeat: int = 5
 ) -> dict[str, float]:
     """`compare_us` for plain functions."""
     chunks = _chunks(keys)
@@ -346,6 +351,8 @@ def compare_sync_us(
     for _ in range(repeat):
         for i, chunk in enumerate(chunks):
             for name, run in runs.items():
+                for key in chunk:
+                    run(key)
                 start = time.perf_counter()
                 for key in chunk:
                     run(key)
