@@ -175,17 +175,31 @@ async def fill_store(env: Environment, shape: str, n: int) -> Namespace:
     return namespace
 
 
+CHUNK = 500  # keys timed together; each chunk keeps its best time over the repeats
+
+
+def _chunks(keys: list[Any]) -> list[list[Any]]:
+    return [keys[i : i + CHUNK] for i in range(0, len(keys), CHUNK)]
+
+
 async def per_key_us(
-    fn: Callable[[str], Awaitable[object]], keys: list[str], repeat: int = 5
+    fn: Callable[[Any], Awaitable[object]], keys: list[Any], repeat: int = 5
 ) -> float:
-    """Best-of-`repeat` mean time of `await fn(key)` over `keys`, in microseconds."""
-    best = float("inf")
+    """Mean time of `await fn(key)` over `keys`, in microseconds.
+
+    Each chunk of keys keeps its best time over `repeat` passes, and the
+    chunks' bests are added up: a pass that the (shared) machine interrupted
+    spoils one chunk's figure, not the whole pass's.
+    """
+    chunks = _chunks(keys)
+    best = [float("inf")] * len(chunks)
     for _ in range(repeat):
-        start = time.perf_counter()
-        for key in keys:
-            await fn(key)
-        best = min(best, time.perf_counter() - start)
-    return best / len(keys) * 1e6
+        for i, chunk in enumerate(chunks):
+            start = time.perf_counter()
+            for key in chunk:
+                await fn(key)
+            best[i] = min(best[i], time.perf_counter() - start)
+    return sum(best) / len(keys) * 1e6
 
 
 async def store_hits(root: Path, shape: str, n: int) -> list[Row]:
@@ -210,18 +224,15 @@ async def store_hits(root: Path, shape: str, n: int) -> list[Row]:
         def compute_hit(key: str) -> Awaitable[object]:
             return store.get_or_compute(key, never, key)
 
-        # Alternate them, best of three rounds each, so that none gets a
-        # quieter moment of the machine than the others.
+        # Interleaved chunk by chunk (see compare_us): none gets a quieter
+        # moment of the machine than the others.
         runs: dict[str, Callable[[str], Awaitable[object]]] = {
             "dict": dict_get,
             "get": store.get,
             "compute": compute_hit,
             "copy": dict_get_copy,
         }
-        best = dict.fromkeys(runs, float("inf"))
-        for _ in range(3):
-            for name, run in runs.items():
-                best[name] = min(best[name], await per_key_us(run, keys))
+        best = await compare_us(runs, keys)
     label = f"{n // 1000}k EAGER, {shape} values"
     baseline = "dict.get in a coroutine"
     rows = [
@@ -304,15 +315,62 @@ async def hits_under_load(root: Path, askers: int = 200, keys: int = 10) -> Row:
     )
 
 
-def per_key_sync_us(fn: Callable[[Any], object], keys: list[Any], repeat: int = 5) -> float:
-    """Best-of-`repeat` mean time of `fn(key)` over `keys`, in microseconds."""
-    best = float("inf")
+async def compare_us(
+    runs: dict[str, Callable[[str], Awaitable[object]]], keys: list[str], repeat: int = 5
+) -> dict[str, float]:
+    """Mean µs per `await run(key)` of each run, interleaved chunk by chunk.
+
+    Every run does a chunk of keys right after the others did the same
+    chunk, so that a change of load on the (shared) machine reaches a figure
+    and its baseline alike; each (run, chunk) keeps its best time over the
+    passes, and a run's figure adds up its chunks' bests. Each run goes over
+    its chunk once untimed first: runs over the same table (a store's get
+    and get_or_compute) would otherwise warm the CPU caches for each other,
+    and the one timed second would look faster.
+    """
+    chunks = _chunks(keys)
+    best = {name: [float("inf")] * len(chunks) for name in runs}
     for _ in range(repeat):
-        start = time.perf_counter()
-        for key in keys:
-            fn(key)
-        best = min(best, time.perf_counter() - start)
-    return best / len(keys) * 1e6
+        for i, chunk in enumerate(chunks):
+            for name, run in runs.items():
+                for key in chunk:
+                    await run(key)
+                start = time.perf_counter()
+                for key in chunk:
+                    await run(key)
+                best[name][i] = min(best[name][i], time.perf_counter() - start)
+    return {name: sum(times) / len(keys) * 1e6 for name, times in best.items()}
+
+
+def compare_sync_us(
+    runs: dict[str, Callable[[str], object]], keys: list[str], repeat: int = 5
+) -> dict[str, float]:
+    """`compare_us` for plain functions."""
+    chunks = _chunks(keys)
+    best = {name: [float("inf")] * len(chunks) for name in runs}
+    for _ in range(repeat):
+        for i, chunk in enumerate(chunks):
+            for name, run in runs.items():
+                for key in chunk:
+                    run(key)
+                start = time.perf_counter()
+                for key in chunk:
+                    run(key)
+                best[name][i] = min(best[name][i], time.perf_counter() - start)
+    return {name: sum(times) / len(keys) * 1e6 for name, times in best.items()}
+
+
+def per_key_sync_us(fn: Callable[[Any], object], keys: list[Any], repeat: int = 5) -> float:
+    """Mean time of `fn(key)` over `keys`, in microseconds, timed as `per_key_us` does."""
+    chunks = _chunks(keys)
+    best = [float("inf")] * len(chunks)
+    for _ in range(repeat):
+        for i, chunk in enumerate(chunks):
+            start = time.perf_counter()
+            for key in chunk:
+                fn(key)
+            best[i] = min(best[i], time.perf_counter() - start)
+    return sum(best) / len(keys) * 1e6
 
 
 def blocking_hits(root: Path, shape: str, n: int) -> list[Row]:
@@ -339,10 +397,7 @@ def blocking_hits(root: Path, shape: str, n: int) -> list[Row]:
             "get": store.get,
             "copy": locked_copy,
         }
-        best = dict.fromkeys(runs, float("inf"))
-        for _ in range(3):
-            for name, run in runs.items():
-                best[name] = min(best[name], per_key_sync_us(run, keys))
+        best = compare_sync_us(runs, keys)
     name = f"warmenv.blocking get hit ({n // 1000}k EAGER, {shape} values)"
     baseline = "dict.get under a threading.Lock"
     rows = [
@@ -370,7 +425,7 @@ def blocking_misses(root: Path, per_round: int = 2000) -> Row:
     async def async_round(chosen: list[bytes]) -> float:
         async with open_environment("small", root=root) as env:
             store = await env.store(NS, codec=BytesCodec(), mode=CacheMode.LAZY)
-            return await per_key_us(store.get, chosen, repeat=1)  # type: ignore[arg-type]
+            return await per_key_us(store.get, chosen, repeat=1)
 
     best = {"sync": float("inf"), "async": float("inf")}
     for _ in range(5):  # alternate: neither gets a quieter moment of the machine

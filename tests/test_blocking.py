@@ -124,6 +124,18 @@ def test_a_hit_is_answered_on_the_calling_thread(env: BlockingEnvironment) -> No
     assert sorted(codec.decoded_on) == sorted(t.ident or 0 for t in threads)
 
 
+def test_hits_answer_str_keys_other_keys_and_containers(env: BlockingEnvironment) -> None:
+    env.store(NS).insert("a", {"x": 1})
+    env.store(NS).insert("b", [2])
+    env.store(NS).insert(1, "int key")
+    store: BlockingStore[object, object] = env.store(NS)
+    assert store.get("a") == {"x": 1}
+    assert store.get("b") == [2]
+    assert store.get(1) == "int key"
+    assert store.get_or_compute("a", lambda: {"never": 0}) == {"x": 1}
+    assert store.get("c", "default") == "default"
+
+
 def test_a_miss_reads_through_to_entries_written_after_the_store_opened(
     env: BlockingEnvironment,
 ) -> None:

@@ -190,3 +190,36 @@ async def test_a_store_works_over_any_storage(storage: Storage) -> None:
     await store.insert("k", 1)
     reopened: Store[str, int] = await Store.open(storage)
     assert await reopened.get("k") == 1
+
+
+@pytest.mark.parametrize("mode", list(CacheMode))
+async def test_a_string_key_finds_only_its_canonical_spelling(
+    env: Environment, mode: CacheMode
+) -> None:
+    # A str key's value is held under the str itself; `"\u0041"` is JSON for
+    # "A" too, but it is another key in the storage, so "A" must not find it.
+    storage = env.storage(NS)
+    await storage.insert(b'"\\u0041"', b"1")
+    await storage.insert(b'"B"', b"2")
+    store: Store[str, int] = await Store.open(storage, mode=mode)
+    assert await store.get("A") is None
+    assert await store.get("B") == 2
+    await store.insert("A", 3)
+    assert await store.get("A") == 3
+    assert await storage.get(b'"\\u0041"') == b"1"
+
+
+@pytest.mark.parametrize("mode", list(CacheMode))
+async def test_a_string_key_and_a_non_string_key_with_the_same_text_stay_apart(
+    env: Environment, mode: CacheMode
+) -> None:
+    store: Store[object, str] = await Store.open(env.storage(NS), mode=mode)
+    await store.insert("1", "the str")
+    await store.insert(1, "the int")
+    await store.insert(["1"], "the list")
+    reopened: Store[object, str] = await Store.open(env.storage(NS), mode=mode)
+    for s in (store, reopened):
+        assert await s.get("1") == "the str"
+        assert await s.get(1) == "the int"
+        assert await s.get(["1"]) == "the list"
+        assert s.get_nowait("1") == "the str"

@@ -57,7 +57,7 @@ async def test_an_eager_store_with_a_bound_loads_only_that_many(env: Environment
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "10"])
 async def test_max_entries_must_be_a_positive_int(env: Environment, bad: object) -> None:
     with pytest.raises(ValueError, match="max_entries must be a positive int"):
-        await Store.open(env.storage(NS), max_entries=bad)  # type: ignore[arg-type]
+        await Store.open(env.storage(NS), max_entries=bad)  # type: ignore[call-overload]
 
 
 async def test_a_loaded_value_is_held_once_not_encoded_and_decoded(env: Environment) -> None:

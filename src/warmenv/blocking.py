@@ -33,7 +33,7 @@ import threading
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from pathlib import Path
-from typing import Any, Generic, ParamSpec, TypeVar, TypeVarTuple, final, overload
+from typing import Any, Generic, ParamSpec, TypeVarTuple, final, overload
 
 import anyio
 import attrs
@@ -50,7 +50,7 @@ from warmenv.persistence.codec import BytesCodec, Codec, JsonCodec, canonical_ar
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import Failed as _Failed
 from warmenv.persistence.storage import Insertion, NamespaceSummary, Purged
-from warmenv.persistence.store import MISSING, CacheMode, Store
+from warmenv.persistence.store import _ABSENT, _IMMUTABLE, MISSING, CacheMode, Store
 
 __all__ = [
     "BlockingEnvironment",
@@ -61,8 +61,14 @@ __all__ = [
     "open_environment",
 ]
 
-K = TypeVar("K")
-V = TypeVar("V")
+if sys.version_info >= (3, 13):
+    from typing import TypeVar
+else:
+    from typing_extensions import TypeVar
+
+# As for `Store`: `store = env.store(ns)` is a BlockingStore[Any, Any].
+K = TypeVar("K", default=Any)
+V = TypeVar("V", default=Any)
 D = TypeVar("D")
 R = TypeVar("R")
 P = ParamSpec("P")
@@ -78,14 +84,27 @@ class EventLoopThreadError(WarmenvError, RuntimeError):
 _running_asyncio_loop = asyncio._get_running_loop
 
 
-def _in_trio_run() -> bool:
-    sniffio = sys.modules.get("sniffio")
-    if sniffio is None:
-        return False  # trio imports sniffio: nothing can be running trio
+class _NoSniffio:
+    name: str | None = None
+
+
+try:
+    import sniffio
+
     # trio (>= 0.23) names itself here while it runs on this thread; a plain
     # attribute read, where trio's own in_trio_run() raises and catches.
-    local = getattr(sniffio, "thread_local", None)  # sniffio >= 1.3
-    if local is not None and local.name is not None:
+    _sniffio_local: Any = sniffio.thread_local  # sniffio >= 1.3
+except (ImportError, AttributeError):  # no sniffio, so no trio; or a trio too old to use it
+    _sniffio_local = _NoSniffio()
+
+
+def _on_event_loop_thread() -> bool:
+    """Whether asyncio or (a current) trio runs on this thread: the hit path's check."""
+    return _running_asyncio_loop() is not None or _sniffio_local.name is not None
+
+
+def _in_trio_run() -> bool:
+    if _sniffio_local.name is not None:
         return True
     trio = sys.modules.get("trio")
     if trio is None or hasattr(trio.lowlevel, "in_trio_run"):
@@ -99,7 +118,9 @@ def _in_trio_run() -> bool:
 
 def _refuse_event_loop_thread(what: str) -> None:
     # Checked on every call, hits included: a hit would work, but the same
-    # line would block (or deadlock) the loop on its first miss.
+    # line would block (or deadlock) the loop on its first miss. (A hit checks
+    # asyncio and sniffio's name only; a trio older than 0.23, which does not
+    # name itself there, is caught at the first miss instead.)
     if _running_asyncio_loop() is not None or _in_trio_run():
         raise EventLoopThreadError(
             f"warmenv.blocking {what} was called on a thread running an event loop, where"
@@ -341,11 +362,30 @@ async def _given(value: V) -> V:
 class BlockingStore(Generic[K, V]):
     """A `Store` for synchronous callers; hits never leave the calling thread."""
 
-    __slots__ = ("_codec", "_get_nowait", "_lock", "_loop", "_memoized", "_runs", "_store")
+    __slots__ = (
+        "_codec",
+        "_get_nowait",
+        "_held",
+        "_json",
+        "_lock",
+        "_loop",
+        "_lru",
+        "_memoized",
+        "_runs",
+        "_store",
+        "_unpack",
+    )
 
     def __init__(self, store: Store[K, V], codec: Codec[K, V], loop: _LoopThread) -> None:
         self._store = store
         self._get_nowait = store.get_nowait
+        # The store's memory, for hits answered here without a call into the
+        # store (a hit is one check and one lookup: see `get`). The same
+        # objects for the store's life: it clears them, never replaces them.
+        self._held = store._values
+        self._lru = store._lru
+        self._json = store._json
+        self._unpack = store._unpack
         self._codec = codec
         self._loop = loop
         self._lock = threading.Lock()
@@ -371,11 +411,22 @@ class BlockingStore(Generic[K, V]):
     def get(self, key: K, default: D) -> V | D: ...
     def get(self, key: K, default: Any = None) -> Any:
         """The value for `key`, or `default`; a miss reads the storage (on the loop thread)."""
-        _refuse_event_loop_thread("get()")
-        try:
-            return self._get_nowait(key)
-        except anyio.WouldBlock:
+        # Store.get_nowait, inlined with a short loop check: this is the hit path.
+        if _running_asyncio_loop() is not None or _sniffio_local.name is not None:
+            _refuse_event_loop_thread("get()")
+        memo: Any = key if type(key) is str and self._json else self._store._memo_of(key)
+        held: Any = self._held.get(memo, _ABSENT)
+        if held is _ABSENT:
+            _refuse_event_loop_thread("get()")  # the full check, for a trio older than 0.23
             return self._loop.call(self._store.get, key, default)
+        if self._lru is not None:
+            try:
+                self._lru.move_to_end(memo)
+            except KeyError:
+                pass  # evicted by the loop thread just now: still a hit
+        if type(held) in _IMMUTABLE:
+            return held
+        return self._unpack(held)
 
     def insert(self, key: K, value: V) -> Insertion:
         """Store `value`; see `Store.insert`."""
@@ -390,11 +441,21 @@ class BlockingStore(Generic[K, V]):
         the next call starts a new run. If the storage already holds a value
         from another process, that value wins and is returned.
         """
-        _refuse_event_loop_thread("get_or_compute()")
-        try:
-            return self._get_nowait(key)
-        except anyio.WouldBlock:
+        if _on_event_loop_thread():
+            _refuse_event_loop_thread("get_or_compute()")
+        memo: Any = key if type(key) is str and self._json else self._store._memo_of(key)
+        held: Any = self._held.get(memo, _ABSENT)
+        if held is _ABSENT:
+            _refuse_event_loop_thread("get_or_compute()")
             return self._compute(key, self._codec.encode_key(key), fn, args)
+        if self._lru is not None:
+            try:
+                self._lru.move_to_end(memo)
+            except KeyError:
+                pass
+        if type(held) in _IMMUTABLE:
+            return held  # type: ignore[no-any-return]
+        return self._unpack(held)  # type: ignore[no-any-return]
 
     @overload
     def memoize(self, fn: Callable[P, V], /) -> Callable[P, V]: ...

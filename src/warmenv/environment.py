@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar, final
+from typing import Any, TypeVar, final, overload
 
 import anyio.lowlevel
 import anyio.to_thread
@@ -129,13 +129,26 @@ class Environment:
             return SqliteStorage(self._db, ns)
         return MemoryStorage(ns, table=self._memory)
 
+    @overload
+    async def store(
+        self, namespace: Namespace | str, codec: None = None, mode: CacheMode = CacheMode.EAGER
+    ) -> Store[Any, Any]: ...
+    @overload
+    async def store(
+        self, namespace: Namespace | str, codec: Codec[K, V], mode: CacheMode = CacheMode.EAGER
+    ) -> Store[K, V]: ...
     async def store(
         self,
         namespace: Namespace | str,
-        codec: Codec[K, V] | None = None,
+        codec: Codec[Any, Any] | None = None,
         mode: CacheMode = CacheMode.EAGER,
-    ) -> Store[K, V]:
-        """A typed `Store` over one namespace."""
+    ) -> Store[Any, Any]:
+        """A typed `Store` over one namespace.
+
+        Without a codec it is a `JsonCodec` store of any keys and values
+        (`Store[Any, Any]`); annotate to narrow it:
+        `store: Store[str, int] = await env.store(ns)`.
+        """
         return await Store.open(self.storage(namespace), codec, mode)
 
     def bulk_copy(

@@ -17,13 +17,21 @@ from __future__ import annotations
 import json
 import json.scanner
 import math
+import sys
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar, final
+from typing import Any, Protocol, final
+
+if sys.version_info >= (3, 13):
+    from typing import TypeVar
+else:
+    from typing_extensions import TypeVar
 
 __all__ = ["BytesCodec", "Codec", "JsonCodec"]
 
-K = TypeVar("K")
-V = TypeVar("V")
+# `JsonCodec()` with nothing to infer its types from is a JsonCodec[Any, Any]
+# (PEP 696 defaults): a store's annotation, if any, says what it holds.
+K = TypeVar("K", default=Any)
+V = TypeVar("V", default=Any)
 K_contra = TypeVar("K_contra", contravariant=True)
 
 

@@ -1,0 +1,136 @@
+"""What `mypy --strict` says about code opening stores, with and without annotations.
+
+Documentation examples are copied by users: `store = await env.store(ns)`
+must type-check as it stands (it used to infer `Store[Never, Never]` and
+fail with "Need type annotation for store"), and a codec must still give
+its types (`BytesCodec()` makes a `Store[bytes, bytes]`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+_UNANNOTATED = """\
+from typing import reveal_type
+
+from warmenv import (
+    BytesCodec,
+    JsonCodec,
+    MemoryStorage,
+    Namespace,
+    Store,
+    blocking,
+    open_environment,
+)
+
+NS = Namespace("app", "tuned", "1")
+
+
+async def main() -> None:
+    async with open_environment() as env:
+        store = await env.store(NS)
+        await store.insert("matmul", {"block": 128})
+        reveal_type(store)
+        raw = await env.store(NS, BytesCodec())
+        reveal_type(raw)
+        reveal_type(await raw.get(b"k"))
+        reveal_type(await env.store(NS, JsonCodec()))
+        reveal_type(await Store.open(MemoryStorage(NS)))
+        reveal_type(await Store.open(MemoryStorage(NS), BytesCodec()))
+        typed: Store[str, int] = await env.store(NS)
+        reveal_type(await typed.get("k"))
+        bare: Store = store
+        reveal_type(bare)
+
+
+def sync() -> None:
+    with blocking.open_environment() as env:
+        store = env.store(NS)
+        store.insert("matmul", {"block": 128})
+        reveal_type(store)
+        reveal_type(env.store(NS, BytesCodec()))
+"""
+
+_REJECTED = """\
+from warmenv import BytesCodec, Namespace, blocking, open_environment
+
+NS = Namespace("app", "tuned", "1")
+
+
+async def main() -> None:
+    async with open_environment() as env:
+        raw = await env.store(NS, BytesCodec())
+        await raw.insert(b"k", "not bytes")
+
+
+def sync() -> None:
+    with blocking.open_environment() as env:
+        env.store(NS, BytesCodec()).insert("not bytes", b"v")
+"""
+
+
+@pytest.fixture(scope="module")
+def mypy_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """One `mypy --strict` run over the snippets above: its output lines, per file."""
+    workdir = tmp_path_factory.mktemp("mypy")
+    snippets = {"unannotated": _UNANNOTATED, "rejected": _REJECTED}
+    for name, code in snippets.items():
+        (workdir / f"{name}.py").write_text(code)
+    src = Path(__file__).parent.parent / "src"
+    completed = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(workdir / ".cache")]
+        + [f"{name}.py" for name in snippets],
+        cwd=workdir,  # no project configuration: exactly --strict
+        env={**os.environ, "MYPYPATH": str(src)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert completed.stderr == "", completed.stderr
+    report: dict[str, list[str]] = {name: [] for name in snippets}
+    for line in completed.stdout.splitlines():
+        name = line.partition(".py:")[0]
+        if name in report:
+            report[name].append(line)
+    return report
+
+
+def _revealed(lines: list[str]) -> list[str]:
+    return [
+        line.partition("Revealed type is ")[2]
+        .replace("builtins.", "")  # mypy < 2 spells them out
+        .replace("warmenv.persistence.store.", "")
+        .replace("warmenv.blocking.", "")
+        for line in lines
+        if "Revealed" in line
+    ]
+
+
+def test_a_store_opened_without_a_codec_type_checks_without_an_annotation(
+    mypy_report: dict[str, list[str]],
+) -> None:
+    lines = mypy_report["unannotated"]
+    assert not [line for line in lines if ": error: " in line], lines
+    assert _revealed(lines) == [
+        '"Store[Any, Any]"',
+        '"Store[bytes, bytes]"',
+        '"bytes | None"',
+        '"Store[Any, Any]"',
+        '"Store[Any, Any]"',
+        '"Store[bytes, bytes]"',
+        '"int | None"',
+        '"Store[Any, Any]"',
+        '"BlockingStore[Any, Any]"',
+        '"BlockingStore[bytes, bytes]"',
+    ]
+
+
+def test_a_bytes_codec_store_rejects_other_types(mypy_report: dict[str, list[str]]) -> None:
+    errors = [line for line in mypy_report["rejected"] if ": error: " in line]
+    assert [line.split(":")[1] for line in errors] == ["9", "14"], errors
+    assert all('incompatible type "str"; expected "bytes"' in line for line in errors), errors
