@@ -80,10 +80,21 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmarks next to their baselines; prints ratios (see docs/benchmarks.md)."""
+    """Benchmarks next to their baselines; prints ratios (see docs/benchmarks.md).
+
+    `nox -s bench -- bench_bundle.py` runs one script.
+    """
     session.install("-e", ".[test]", "aiosqlite")
-    for script in ("bench_sync.py", "bench_storage.py", "bench_bundle.py"):
-        session.run("python", f"benchmarks/{script}", *session.posargs)
+    scripts = (
+        "bench_sync.py",
+        "bench_storage.py",
+        "bench_bundle.py",
+        "bench_schema.py",
+        "bench_explain.py",
+        "bench_download.py",
+    )
+    for script in session.posargs or scripts:
+        session.run("python", f"benchmarks/{script}")
 
 
 @nox.session(python=PYTHON)
