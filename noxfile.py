@@ -82,7 +82,7 @@ def typecheck(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks next to their baselines; prints ratios (see docs/benchmarks.md).
 
-    `nox -s bench -- bench_bundle.py` runs one script.
+    `nox -s bench -- bench_bundle.py --large` runs one script with its options.
     """
     session.install("-e", ".[test]", "aiosqlite")
     scripts = (
@@ -93,8 +93,11 @@ def bench(session: nox.Session) -> None:
         "bench_explain.py",
         "bench_download.py",
     )
-    for script in session.posargs or scripts:
-        session.run("python", f"benchmarks/{script}")
+    args = list(session.posargs)
+    if args and args[0].endswith(".py"):  # one script, with its own options after it
+        scripts, args = (args[0],), args[1:]
+    for script in scripts:
+        session.run("python", f"benchmarks/{script}", *args)
 
 
 @nox.session(python=PYTHON)
