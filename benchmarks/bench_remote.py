@@ -80,12 +80,13 @@ async def measure(url: str, n: int, size: int) -> list[Row]:
             assert env.remote is not None
             rkeys = [env.remote.redis_key(NS.full, k) for k in ks]
         # Alternate which side goes first so neither profits from a warmer machine.
+        raw_root, remote_root = tmp / f"raw-{tag}", tmp / f"remote-{tag}"
         if trial % 2:
-            raw_best = min(raw_best, await raw_get_and_insert_us(tmp / f"raw-{tag}", url, rkeys, ks))
-            remote_best = min(remote_best, await remote_hits_us(tmp / f"remote-{tag}", url, ks))
+            raw_best = min(raw_best, await raw_get_and_insert_us(raw_root, url, rkeys, ks))
+            remote_best = min(remote_best, await remote_hits_us(remote_root, url, ks))
         else:
-            remote_best = min(remote_best, await remote_hits_us(tmp / f"remote-{tag}", url, ks))
-            raw_best = min(raw_best, await raw_get_and_insert_us(tmp / f"raw-{tag}", url, rkeys, ks))
+            remote_best = min(remote_best, await remote_hits_us(remote_root, url, ks))
+            raw_best = min(raw_best, await raw_get_and_insert_us(raw_root, url, rkeys, ks))
 
     hot = keys(200, "hot")
     async with (
