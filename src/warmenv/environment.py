@@ -5,6 +5,10 @@ outside the program's control: a directory that cannot be created or written
 degrades to memory (with one warning) and an existing database in a read-only
 place opens read-only (reads served, writes `Failed`), because a cache that
 crashes its application on a read-only container layer is worse than none.
+
+With a remote (`remote="redis://..."` or `WARMENV_REMOTE`) every storage the
+environment hands out is the local one with the fleet's shared tier behind it
+(`persistence/remote.py`); stores, statistics and the CLI see no difference.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import sqlite3
 import threading
 import warnings
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -30,6 +34,7 @@ from warmenv.persistence.codec import Codec
 from warmenv.persistence.explain import Explanation, explain_database, explain_memory
 from warmenv.persistence.memory import MemoryStorage, MemoryTable
 from warmenv.persistence.namespace import Namespace
+from warmenv.persistence.remote import RemoteSettings, RemoteStorage, RemoteTier, remote_settings
 from warmenv.persistence.sqlite import CopiedBatch, SqliteDatabase, SqliteStorage, open_database
 from warmenv.persistence.storage import BundleRef, Failed, NamespaceSummary, Purged, Storage
 from warmenv.persistence.store import CacheMode, Store
@@ -86,7 +91,7 @@ def active() -> tuple[str, Path]:
 class Environment:
     """An open environment: hands out storages and stores for its namespaces."""
 
-    __slots__ = ("_closed", "_db", "_memory", "max_bytes", "name", "path")
+    __slots__ = ("_closed", "_db", "_memory", "_remote", "max_bytes", "name", "path")
 
     def __init__(
         self,
@@ -96,14 +101,21 @@ class Environment:
         memory: MemoryTable | None,
         *,
         max_bytes: int | None = None,
+        remote: RemoteTier | None = None,
     ) -> None:
         self.name = name
         self.path = path
         self._db = db
         self._memory = memory
+        self._remote = remote
         self._closed = False
         self.max_bytes = check_max_bytes(max_bytes)
         """The size bound (keys plus values) enforced on `gc()` and on close, or None."""
+
+    @property
+    def remote(self) -> RemoteTier | None:
+        """The fleet's shared tier behind every storage, or `None` (local only)."""
+        return self._remote
 
     @property
     def in_memory(self) -> bool:
@@ -125,9 +137,14 @@ class Environment:
         """The storage of one namespace (a `Namespace`, or a full string verbatim)."""
         self._check_open()
         ns = Namespace.coerce(namespace)
+        local: Storage
         if self._db is not None:
-            return SqliteStorage(self._db, ns)
-        return MemoryStorage(ns, table=self._memory)
+            local = SqliteStorage(self._db, ns)
+        else:
+            local = MemoryStorage(ns, table=self._memory)
+        if self._remote is not None:
+            return RemoteStorage(local, self._remote)
+        return local
 
     @overload
     async def store(
@@ -286,7 +303,8 @@ class Environment:
     def describe(self) -> str:
         """The environment's name and file, and whether it is in memory or read-only."""
         mode = " (in memory)" if self.in_memory else " (read-only)" if self.read_only else ""
-        return f"environment {self.name!r} at {self.path}{mode}"
+        shared = f", shared through {self._remote.describe()}" if self._remote else ""
+        return f"environment {self.name!r} at {self.path}{mode}{shared}"
 
     def _check_open(self) -> None:
         if self._closed:
@@ -307,6 +325,7 @@ async def open_environment(
     file: str | Path | None = None,
     create: bool = True,
     max_bytes: int | None = None,
+    remote: str | RemoteSettings | None = None,
 ) -> AsyncIterator[Environment]:
     """Open an environment for the duration of the block.
 
@@ -316,13 +335,20 @@ async def open_environment(
     callers that only read, such as `warmenv ls`). `max_bytes` bounds the
     entries' size (keys plus values): past it, the least recently hit are
     evicted on `env.gc()` and at the latest on close.
+
+    `remote` is a `redis://` or `rediss://` URL (or `RemoteSettings` to tune
+    timeouts and caps) for the fleet's shared tier; `None` reads the variable
+    `WARMENV_REMOTE`, and `""` turns the tier off. Redis being down never
+    fails the open: the tier connects on first use and falls back to local.
     """
     check_max_bytes(max_bytes)
-    env = await _open(name, root, file, create=create, max_bytes=max_bytes)
-    try:
+    settings = remote_settings(remote)
+    async with AsyncExitStack() as stack:
+        env = await _open(name, root, file, create=create, max_bytes=max_bytes)
+        stack.push_async_callback(env.close)
+        if settings is not None:
+            env._remote = await stack.enter_async_context(RemoteTier.connect(settings, env.name))
         yield env
-    finally:
-        await env.close()
 
 
 def _locate(name: str | None, root: str | Path | None, file: str | Path | None) -> tuple[str, Path]:

@@ -3,10 +3,12 @@
 The insert rules live here, once, in `may_replace`, and every backend calls
 it (SQLite registers it as an SQL function for its bulk paths): a value never
 overwrites another of the same origin, a value computed here replaces one that
-came from a bundle (so a stale bundle can never wedge an application), and an
-imported value replaces nothing. Storage is a cache, so its failures are
-outcomes rather than exceptions: a read that fails is a miss, a write that
-fails is `Failed`. Only programming errors raise.
+came from a bundle or from the shared tier (so a stale copy can never wedge an
+application), and an imported or fetched value replaces nothing. The shared
+tier applies the same rule server-side: everything in Redis was published as
+`LOCAL`, and `LOCAL` never replaces `LOCAL`, so the first writer wins (`SET NX`).
+Storage is a cache, so its failures are outcomes rather than exceptions: a
+read that fails is a miss, a write that fails is `Failed`. Only programming errors raise.
 """
 
 from __future__ import annotations
@@ -54,14 +56,17 @@ class Origin(enum.IntEnum):
     """Computed on this machine."""
     IMPORTED = 1
     """Copied in from a bundle."""
+    REMOTE = 2
+    """Fetched from the shared tier (Redis) after a local miss."""
 
 
 def may_replace(existing: int, incoming: int) -> bool:
     """The insert rule: may a value of origin `incoming` replace one of `existing`?
 
-    Only a local value replaces an imported one; equal origins never replace.
+    Only a local value replaces another, and only an imported or fetched one;
+    equal origins never replace, and an imported or fetched value replaces nothing.
     """
-    return incoming == Origin.LOCAL and existing == Origin.IMPORTED
+    return incoming == Origin.LOCAL and existing != Origin.LOCAL
 
 
 class _Outcome:

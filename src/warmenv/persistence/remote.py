@@ -1,0 +1,510 @@
+"""The shared tier: a fleet's warm state in Redis, behind the `Storage` protocol.
+
+The local database stays the first tier and the truth for this machine; Redis
+is a second tier that only ever saves work. A local miss asks Redis, and a
+value found there is recorded locally with origin `REMOTE` (which replaces
+nothing, and any local value replaces it). A value computed here (origin
+`LOCAL`) is published if Redis has none for the key: `SET key value NX` is
+the insert rule applied server-side in one atomic step, because everything in
+Redis was published as `LOCAL` and `may_replace(LOCAL, LOCAL)` is false, so
+the first writer fleet-wide wins.
+
+Every remote call is bounded: `remote_timeout` per operation, a connection
+pool of fixed size, a cap on value size (a larger value stays local) and a
+backoff after a failure, so a Redis that is down, slow or hostile costs each
+call at most one timeout and then nothing until the next retry. One warning is
+logged per outage, not per call. A value read from Redis is bytes checked
+against a digest bound to its key (written by `publish`), then handed to the
+store's codec, never unpickled; wrong types, oversized or garbled values under
+our keys are misses plus a warning.
+
+Key layout: `warmenv:<environment>:<namespace>:<hex of the key bytes>`. The
+environment name cannot hold `:` and the hex part cannot either, so the last
+`:` splits the namespace from the key unambiguously.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Final, TypeVar, final
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import attrs
+
+from warmenv._errors import WarmenvError
+from warmenv.persistence.storage import (
+    DEFAULT_SCAN_BATCH,
+    BundleRef,
+    Conflict,
+    EntryInfo,
+    Failed,
+    Insertion,
+    InsertItems,
+    InsertSummary,
+    NamespaceSummary,
+    Origin,
+    Purged,
+    Storage,
+    Stored,
+    check_item,
+    check_key,
+    check_value,
+)
+
+if TYPE_CHECKING:
+    import coredis
+
+__all__ = [
+    "DEFAULT_MAX_VALUE_BYTES",
+    "DEFAULT_REMOTE_TIMEOUT",
+    "RemoteError",
+    "RemoteSettings",
+    "RemoteStatistics",
+    "RemoteStorage",
+    "RemoteTier",
+    "redact",
+    "remote_settings",
+]
+
+log = logging.getLogger("warmenv.remote")
+T = TypeVar("T")
+
+DEFAULT_REMOTE_TIMEOUT: Final = 0.25
+DEFAULT_MAX_VALUE_BYTES: Final = 8 * 1024 * 1024
+DEFAULT_MAX_CONNECTIONS: Final = 8
+# The first retry after a failure, doubled per failed retry up to the ceiling.
+FIRST_RETRY_DELAY: Final = 0.5
+MAX_RETRY_DELAY: Final = 30.0
+
+# A published value is framed: magic, then a digest of (key, value), then the value.
+_MAGIC: Final = b"warmenv1"
+_DIGEST_SIZE: Final = 16
+_HEADER: Final = len(_MAGIC) + _DIGEST_SIZE
+
+
+class RemoteError(WarmenvError):
+    """The remote setting cannot be used (a malformed URL, or the `redis` extra missing)."""
+
+
+def redact(url: str) -> str:
+    """`url` with its password replaced by `***`, for logs, errors and reprs."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if parts.password is None:
+        # Malformed (`redis:/:pw@host`) or user-only: hide whatever precedes an `@`.
+        head, at, tail = url.rpartition("@")
+        if not at:
+            return url
+        scheme, colon, _ = head.partition(":")
+        return f"{scheme}{colon}//***@{tail}" if colon else f"***@{tail}"
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    netloc = f"{user}:***@{host}" + (f":{port}" if port is not None else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+@attrs.frozen(repr=False)
+class RemoteSettings:
+    """Where the shared tier is and how long it may take."""
+
+    url: str
+    """A `redis://` or `rediss://` URL; password, database number and TLS as in the URL."""
+    timeout: float = DEFAULT_REMOTE_TIMEOUT
+    """The most one remote operation may take before the call falls back to local."""
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+    """A value larger than this is neither published nor read (it stays local)."""
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    """The size of the connection pool."""
+
+    def __attrs_post_init__(self) -> None:
+        check_url(self.url)
+        if not (isinstance(self.timeout, int | float) and self.timeout > 0):
+            raise ValueError(f"remote timeout must be a positive number, got {self.timeout!r}")
+        for name in ("max_value_bytes", "max_connections"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"remote {name} must be a positive int, got {value!r}")
+
+    def __repr__(self) -> str:
+        return (
+            f"RemoteSettings(url={redact(self.url)!r}, timeout={self.timeout!r}, "
+            f"max_value_bytes={self.max_value_bytes!r}, max_connections={self.max_connections!r})"
+        )
+
+
+def check_url(url: object, where: str = "remote") -> str:
+    """`url` if it names a Redis server, else `RemoteError` saying what would."""
+    if not isinstance(url, str):
+        raise RemoteError(f"{where} must be a redis:// or rediss:// URL, got {type(url).__name__}")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (a bad port raises here)
+    except ValueError as exc:
+        raise RemoteError(f"{where}: {redact(url)!r} is not a valid URL ({exc})") from None
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+        raise RemoteError(
+            f"{where}: {redact(url)!r} is not a Redis URL; use redis://[:password@]host[:port][/db]"
+            " or rediss:// for TLS"
+        )
+    return url
+
+
+def remote_settings(remote: str | RemoteSettings | None) -> RemoteSettings | None:
+    """The settings `open_environment(remote=...)` means; `None` reads `WARMENV_REMOTE`.
+
+    An empty string turns the remote off, even where `WARMENV_REMOTE` is set.
+    """
+    if isinstance(remote, RemoteSettings):
+        return remote
+    if remote is None:
+        remote = os.environ.get("WARMENV_REMOTE")
+        if not remote:
+            return None
+        return RemoteSettings(check_url(remote, "the environment variable WARMENV_REMOTE"))
+    if remote == "":
+        return None
+    return RemoteSettings(check_url(remote))
+
+
+@attrs.frozen
+class RemoteStatistics:
+    """What the shared tier did for this process, for `statistics()` and `warmenv stats`."""
+
+    hits: int
+    """Local misses answered by Redis."""
+    misses: int
+    """Local misses Redis could not answer either."""
+    published: int
+    """Values this process was first to put in Redis."""
+    already_published: int
+    """Values Redis already held when this process offered one (first writer won)."""
+    too_large: int
+    """Values kept local because they exceed `max_value_bytes`."""
+    rejected: int
+    """Values under our keys that were not ours (wrong type, garbled, oversized): misses."""
+    failures: int
+    """Operations that failed or timed out."""
+    skipped: int
+    """Operations not tried because the remote was backing off after a failure."""
+    outages: int
+    """Times the remote went from answering to failing."""
+    available: bool
+    """Whether the remote answered its last operation (or has not been tried)."""
+
+
+class _Down(Exception):
+    """The remote did not answer (or is backing off): the caller falls back to local."""
+
+
+@final
+@attrs.define(eq=False, repr=False)
+class RemoteTier:
+    """One environment's connection to Redis: the client, the backoff and the counters."""
+
+    settings: RemoteSettings
+    environment: str
+    _client: coredis.Redis[bytes]
+    _nx: Any
+    """`PureToken.NX`: coredis is imported only when a remote is configured."""
+    _refused: type[Exception]
+    """coredis's `WrongTypeError`: something not ours sits under our key."""
+    _prefix: bytes = attrs.field(init=False)
+    _retry_at: float = attrs.field(init=False, default=0.0)
+    _delay: float = attrs.field(init=False, default=0.0)
+    _counts: dict[str, int] = attrs.field(init=False, factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        self._prefix = f"warmenv:{self.environment}:".encode()
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(cls, settings: RemoteSettings, environment: str) -> AsyncIterator[RemoteTier]:
+        """The tier for the duration of the block; connections open lazily, on first use."""
+        try:
+            import coredis
+            from coredis.exceptions import WrongTypeError
+            from coredis.retry import NoRetryPolicy
+            from coredis.tokens import PureToken
+        except ImportError:
+            raise RemoteError(
+                f"remote {redact(settings.url)!r} needs the redis extra: "
+                "pip install 'warmenv[redis]'"
+            ) from None
+        client: coredis.Redis[bytes] = coredis.Redis.from_url(
+            settings.url,
+            decode_responses=False,
+            verify_version=False,
+            retry_policy=NoRetryPolicy(),
+            max_connections=settings.max_connections,
+            connect_timeout=settings.timeout,
+            pool_timeout=settings.timeout,
+            # A connection that stops answering is torn down rather than kept.
+            stream_timeout=max(1.0, 4 * settings.timeout),
+        )
+        # The pool runs its connections in a task group around the block: an
+        # exception from the block is carried past it, so that callers get it
+        # as raised rather than wrapped in an exception group.
+        escaped: BaseException | None = None
+        async with client:
+            try:
+                yield cls(settings, environment, client, PureToken.NX, WrongTypeError)
+            except BaseException as exc:
+                escaped = exc
+        if escaped is not None:
+            raise escaped
+
+    def describe(self) -> str:
+        return f"Redis at {redact(self.settings.url)}"
+
+    def __repr__(self) -> str:
+        return f"<RemoteTier {self.describe()} for environment {self.environment!r}>"
+
+    def statistics(self) -> RemoteStatistics:
+        c = self._counts
+        return RemoteStatistics(
+            hits=c.get("hits", 0),
+            misses=c.get("misses", 0),
+            published=c.get("published", 0),
+            already_published=c.get("already_published", 0),
+            too_large=c.get("too_large", 0),
+            rejected=c.get("rejected", 0),
+            failures=c.get("failures", 0),
+            skipped=c.get("skipped", 0),
+            outages=c.get("outages", 0),
+            available=self._delay == 0.0,
+        )
+
+    def redis_key(self, namespace: str, key: bytes) -> bytes:
+        """Where `key` of `namespace` lives in Redis (see the module docstring)."""
+        return b"%s%s:%s" % (self._prefix, namespace.encode(), key.hex().encode())
+
+    async def fetch(self, namespace: str, key: bytes) -> bytes | None:
+        """The value Redis holds for the key, or `None` (absent, unusable or unreachable)."""
+        rkey = self.redis_key(namespace, key)
+        limit = _HEADER + self.settings.max_value_bytes
+        # GETRANGE reads at most one byte past the cap, so a huge value costs nothing.
+        try:
+            framed = await self._call(lambda: self._client.getrange(rkey, 0, limit))
+        except _Down:
+            return None
+        except Exception as exc:  # a reply that is an error: a wrong type under our key
+            self._reject(rkey, f"Redis refused to read it ({exc})")
+            return None
+        if not framed:
+            self._count("misses")
+            return None
+        if len(framed) > limit:
+            self._reject(rkey, f"larger than max_value_bytes={self.settings.max_value_bytes}")
+            return None
+        value = framed[_HEADER:]
+        if framed[: len(_MAGIC)] != _MAGIC or framed[len(_MAGIC) : _HEADER] != _digest(rkey, value):
+            self._reject(rkey, "not a value warmenv published under this key")
+            return None
+        self._count("hits")
+        return value
+
+    async def publish(self, namespace: str, key: bytes, value: bytes) -> None:
+        """Offer a value computed here; Redis keeps the first one offered fleet-wide."""
+        if len(value) > self.settings.max_value_bytes:
+            self._count("too_large")
+            return
+        rkey = self.redis_key(namespace, key)
+        framed = b"".join((_MAGIC, _digest(rkey, value), value))
+        try:
+            stored = await self._call(lambda: self._client.set(rkey, framed, condition=self._nx))
+        except _Down:
+            return
+        except Exception as exc:
+            log.warning("%s refused to store %r: %s", self.describe(), rkey, exc)
+            self._count("failures")
+            return
+        self._count("published" if stored else "already_published")
+
+    async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """`await operation()` within the timeout; `_Down` if it fails or the tier backs off."""
+        if self._retry_at and time.monotonic() < self._retry_at:
+            self._count("skipped")
+            raise _Down
+        failure: BaseException | None = None
+        with anyio.move_on_after(self.settings.timeout):
+            try:
+                result = await operation()
+            except self._refused as exc:
+                self._recovered()
+                raise exc from None  # the server answered: hostile data, not an outage
+            except Exception as exc:
+                failure = exc
+            else:
+                self._recovered()
+                return result
+        self._failed(failure)
+        raise _Down
+
+    def _failed(self, failure: BaseException | None) -> None:
+        self._count("failures")
+        first = self._delay == 0.0
+        self._delay = FIRST_RETRY_DELAY if first else min(self._delay * 2, MAX_RETRY_DELAY)
+        self._retry_at = time.monotonic() + self._delay
+        if first:
+            self._count("outages")
+            reason = (
+                f"no answer within {self.settings.timeout} s"
+                if failure is None
+                else f"{type(failure).__name__}: {failure}"
+            )
+            log.warning(
+                "%s is unavailable (%s); serving from the local tier, retrying in %.1f s",
+                self.describe(),
+                redact(reason) if self.settings.url in reason else reason,
+                self._delay,
+            )
+
+    def _recovered(self) -> None:
+        if self._delay:
+            log.warning("%s answers again; using the shared tier", self.describe())
+            self._delay = 0.0
+            self._retry_at = 0.0
+
+    def _reject(self, rkey: bytes, why: str) -> None:
+        self._count("rejected")
+        log.warning("%s: ignoring the value under %r: %s (a miss)", self.describe(), rkey, why)
+
+    def _count(self, name: str) -> None:
+        self._counts[name] = self._counts.get(name, 0) + 1
+
+
+def _digest(rkey: bytes, value: bytes) -> bytes:
+    digest = hashlib.blake2b(rkey, digest_size=_DIGEST_SIZE)
+    digest.update(b"\0")
+    digest.update(value)
+    return digest.digest()
+
+
+@final
+class RemoteStorage(Storage):
+    """A local storage with a shared tier behind it (see the module docstring)."""
+
+    __slots__ = ("_local", "_namespace", "_tier")
+
+    def __init__(self, local: Storage, tier: RemoteTier) -> None:
+        self._local = local
+        self._tier = tier
+        self._namespace = local.namespace
+
+    @property
+    def namespace(self) -> str:
+        return self._namespace
+
+    @property
+    def local(self) -> Storage:
+        """The first tier, this machine's storage."""
+        return self._local
+
+    @property
+    def tier(self) -> RemoteTier:
+        """The shared tier."""
+        return self._tier
+
+    async def get(self, key: bytes) -> bytes | None:
+        value = await self._local.get(key)
+        if value is not None:
+            return value
+        return await self._backfill(key)
+
+    async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
+        keys = [check_key(key) for key in keys]
+        found = await self._local.get_many(keys)
+        for key in keys:
+            if key not in found:
+                value = await self._backfill(key)
+                if value is not None:
+                    found[key] = value
+        return found
+
+    async def insert(
+        self,
+        key: bytes,
+        value: bytes,
+        origin: Origin = Origin.LOCAL,
+        *,
+        cost: float | None = None,
+    ) -> Insertion:
+        result = await self._local.insert(key, value, origin, cost=cost)
+        if origin == Origin.LOCAL and not isinstance(result, Conflict):
+            # A write that failed locally (read-only disk) still helps the fleet.
+            await self._tier.publish(self._namespace, key, value)
+        return result
+
+    async def insert_many(
+        self,
+        items: InsertItems,
+        origin: Origin = Origin.LOCAL,
+        *,
+        cost: float | None = None,
+        bundle: BundleRef | None = None,
+    ) -> InsertSummary:
+        if origin != Origin.LOCAL:
+            return await self._local.insert_many(items, origin, cost=cost, bundle=bundle)
+        pairs: list[tuple[bytes, bytes]] = []
+        if isinstance(items, Iterable):
+            pairs.extend(check_item(item) for item in items)
+        else:
+            pairs.extend([check_item(item) async for item in items])
+        summary = await self._local.insert_many(pairs, origin, cost=cost, bundle=bundle)
+        if summary.stored:
+            for key, value in pairs:
+                await self._tier.publish(self._namespace, key, value)
+        return summary
+
+    async def replace(
+        self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL
+    ) -> Stored | Failed:
+        result = await self._local.replace(key, value, origin)
+        if origin == Origin.LOCAL:
+            await self._tier.publish(self._namespace, key, value)
+        return result
+
+    def scan(self, batch_size: int = DEFAULT_SCAN_BATCH) -> AsyncIterator[tuple[bytes, bytes]]:
+        return self._local.scan(batch_size)
+
+    async def purge(self) -> Purged | Failed:
+        return await self._local.purge()
+
+    async def purge_key(self, key: bytes) -> Purged | Failed:
+        return await self._local.purge_key(key)
+
+    async def summary(self) -> NamespaceSummary:
+        return await self._local.summary()
+
+    async def info(self, key: bytes) -> EntryInfo | None:
+        return await self._local.info(key)
+
+    async def touch(self, keys: Iterable[bytes]) -> int:
+        return await self._local.touch(keys)
+
+    def describe(self) -> str:
+        return f"{self._local.describe()}, shared through {self._tier.describe()}"
+
+    async def _backfill(self, key: bytes) -> bytes | None:
+        value = await self._tier.fetch(self._namespace, check_key(key))
+        if value is None:
+            return None
+        check_value(value)
+        result = await self._local.insert(key, value, Origin.REMOTE)
+        if isinstance(result, Conflict):
+            return result.existing  # a local value landed meanwhile: it wins
+        return value

@@ -1,0 +1,85 @@
+"""Redis servers of the tests' own, on free ports, that a test may kill and restart.
+
+The machine's shared server (127.0.0.1:6379) is never touched: each server
+here is a child process with nothing kept on disk. A missing `redis-server`
+fails the test with the hint to install it; the remote tier is a feature, and
+a skipped test would hide that it was never exercised.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+__all__ = ["RedisServer", "redis_server"]
+
+READY = b"Ready to accept connections"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+class RedisServer:
+    """One `redis-server` child on 127.0.0.1:`port`; `stop` and `start` again at will."""
+
+    def __init__(self, password: str | None = None) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("install redis-server: the remote tier's tests run their own servers")
+        self.binary = binary
+        self.password = password
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        assert self.process is None, "already running"
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1"]
+        args += ["--save", "", "--appendonly", "no", "--loglevel", "notice"]
+        if self.password:
+            args += ["--requirepass", self.password]
+        process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert process.stdout is not None
+        seen = []
+        # The server says when it listens: read its log up to that line.
+        for line in process.stdout:
+            seen.append(line)
+            if READY in line:
+                break
+        else:
+            process.wait()
+            raise RuntimeError(f"redis-server did not start: {b''.join(seen).decode()!r}")
+        self.process = process
+
+    def stop(self) -> None:
+        """Kill the server (as a crash would) and wait for it to be gone."""
+        if self.process is None:
+            return
+        self.process.kill()
+        self.process.wait()
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+        self.process = None
+
+
+@contextmanager
+def redis_server(password: str | None = None) -> Iterator[RedisServer]:
+    server = RedisServer(password)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

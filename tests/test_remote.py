@@ -1,0 +1,333 @@
+"""The shared tier: hosts (roots) sharing values through a real redis-server of the test's own."""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import coredis
+import pytest
+
+from helpers import run_python
+from redis_server import RedisServer, redis_server
+from warmenv import Namespace, open_environment
+from warmenv.persistence import CacheMode, Conflict, MemoryStorage, Origin, Store, Stored
+from warmenv.persistence.remote import RemoteError, RemoteSettings, RemoteStorage, redact
+from warmenv.persistence.storage import may_replace
+
+pytestmark = [
+    pytest.mark.anyio,
+    # coredis 6.9 leaves a connection's memory streams unclosed when connecting
+    # fails (connection/_base.py `run`: `_connect()` raises before the
+    # `async with` that closes them); they are reclaimed by the GC. Only those
+    # warnings are ignored, and `_collect_here` makes them surface in this module.
+    pytest.mark.filterwarnings("ignore:Unclosed <MemoryObject:ResourceWarning"),
+    pytest.mark.filterwarnings(
+        "ignore:Exception ignored in. <function MemoryObject"
+        ":pytest.PytestUnraisableExceptionWarning"
+    ),
+]
+
+NS = Namespace("app", "kernels", version="1")
+PASSWORD = "s3cret-Pa55word"
+
+
+@pytest.fixture(autouse=True)
+def _no_configured_remote(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WARMENV_REMOTE", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _collect_here() -> Iterator[None]:
+    yield
+    gc.collect()
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    with redis_server() as running:
+        yield running
+
+
+@pytest.fixture
+async def raw(server: RedisServer) -> AsyncIterator[coredis.Redis[bytes]]:
+    """A plain client, to see and plant what is in Redis behind warmenv's back."""
+    async with coredis.Redis.from_url(server.url, decode_responses=False) as client:
+        yield client
+
+
+async def compute(value: object) -> object:
+    await anyio.lowlevel.checkpoint()
+    return value
+
+
+def test_the_insert_rules_for_fetched_values() -> None:
+    assert not may_replace(Origin.LOCAL, Origin.REMOTE)
+    assert not may_replace(Origin.IMPORTED, Origin.REMOTE)
+    assert not may_replace(Origin.REMOTE, Origin.REMOTE)
+    assert not may_replace(Origin.REMOTE, Origin.IMPORTED)
+    assert may_replace(Origin.REMOTE, Origin.LOCAL)
+    assert may_replace(Origin.IMPORTED, Origin.LOCAL)
+
+
+async def test_a_local_value_replaces_a_fetched_one_and_a_fetched_one_replaces_nothing(
+    tmp_path: Path,
+) -> None:
+    async with open_environment("h", root=tmp_path) as env:
+        storages = [env.storage(NS), MemoryStorage(NS)]
+        for storage in storages:
+            assert isinstance(await storage.insert(b"k", b"1", Origin.IMPORTED), Stored)
+            assert isinstance(await storage.insert(b"k", b"2", Origin.REMOTE), Conflict)
+            assert isinstance(await storage.insert(b"r", b"2", Origin.REMOTE), Stored)
+            assert isinstance(await storage.insert(b"r", b"3", Origin.LOCAL), Stored)
+            assert await storage.get(b"r") == b"3"
+
+
+async def test_a_value_computed_on_one_host_is_a_hit_on_another(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    calls = 0
+
+    async def expensive() -> dict[str, int]:
+        nonlocal calls
+        calls += 1
+        return {"kernel": 42}
+
+    async with open_environment("fleet", root=tmp_path / "a", remote=server.url) as a:
+        store: Store[str, Any] = await a.store(NS)
+        assert await store.get_or_compute("k", expensive) == {"kernel": 42}
+    async with open_environment("fleet", root=tmp_path / "b", remote=server.url) as b:
+        store = await b.store(NS)
+        assert await store.get_or_compute("k", expensive) == {"kernel": 42}
+        storage = b.storage(NS)
+        assert isinstance(storage, RemoteStorage)
+        assert await storage.local.origin_of(b'"k"') == Origin.REMOTE  # type: ignore[attr-defined]
+        assert b.remote is not None and b.remote.statistics().hits == 1
+    assert calls == 1
+
+
+async def test_keys_are_prefixed_by_environment_and_namespace(
+    tmp_path: Path, server: RedisServer, raw: coredis.Redis[bytes]
+) -> None:
+    async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
+        await env.storage(NS).insert(b"\x00key", b"v")
+    keys = [key async for key in raw.scan_iter()]
+    assert keys == [b"warmenv:fleet:" + NS.full.encode() + b":" + b"\x00key".hex().encode()]
+    async with open_environment("other", root=tmp_path, remote=server.url) as env:
+        assert await env.storage(NS).get(b"\x00key") is None
+
+
+async def test_the_first_writer_fleet_wide_wins(tmp_path: Path, server: RedisServer) -> None:
+    async with (
+        open_environment("fleet", root=tmp_path / "a", remote=server.url) as a,
+        open_environment("fleet", root=tmp_path / "b", remote=server.url) as b,
+        open_environment("fleet", root=tmp_path / "c", remote=server.url) as c,
+    ):
+        assert isinstance(await a.storage(NS).insert(b"k", b"first"), Stored)
+        assert isinstance(await b.storage(NS).insert(b"k", b"second"), Stored)
+        assert await c.storage(NS).get(b"k") == b"first"
+        assert a.remote is not None and b.remote is not None
+        assert a.remote.statistics().published == 1
+        assert b.remote.statistics().already_published == 1
+
+
+async def test_a_value_over_the_cap_stays_local_and_is_counted(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    settings = RemoteSettings(server.url, max_value_bytes=100)
+    async with open_environment("fleet", root=tmp_path / "a", remote=settings) as a:
+        assert isinstance(await a.storage(NS).insert(b"big", b"x" * 101), Stored)
+        assert await a.storage(NS).get(b"big") == b"x" * 101
+        assert a.remote is not None and a.remote.statistics().too_large == 1
+    async with open_environment("fleet", root=tmp_path / "b", remote=settings) as b:
+        assert await b.storage(NS).get(b"big") is None
+
+
+async def test_another_process_shares_its_values(tmp_path: Path, server: RedisServer) -> None:
+    code = f"""
+import anyio, sys
+from warmenv import Namespace, open_environment
+async def main():
+    async with open_environment("fleet", root=sys.argv[1], remote=sys.argv[2]) as env:
+        store = await env.store(Namespace("app", "kernels", version="1"))
+        for i in range(5):
+            await store.insert(f"k{{i}}", {{"i": i}})
+anyio.run(main, backend={"trio"!r})
+"""
+    child = await anyio.to_thread.run_sync(
+        lambda: run_python(code, str(tmp_path / "child"), server.url)
+    )
+    assert child.returncode == 0, child.stderr
+    async with open_environment("fleet", root=tmp_path / "parent", remote=server.url) as env:
+        store: Store[str, Any] = await env.store(NS)
+        assert [await store.get(f"k{i}") for i in range(5)] == [{"i": i} for i in range(5)]
+
+
+async def _calls_within(limit: float, env_root: Path, url: str, tag: str) -> None:
+    """Every call against a remote that does not answer returns within `limit`, served locally."""
+    async with open_environment("fleet", root=env_root, remote=url) as env:
+        store: Store[str, Any] = await env.store(NS)
+        for i in range(10):
+            started = time.monotonic()
+            assert await store.get(f"{tag}-missing-{i}") is None
+            assert await store.get_or_compute(f"{tag}-{i}", compute, i) == i
+            assert await store.get(f"{tag}-{i}") == i
+            assert time.monotonic() - started < limit
+        assert env.remote is not None
+        stats = env.remote.statistics()
+        assert stats.outages == 1 and not stats.available
+
+
+async def test_a_stopped_redis_costs_each_call_at_most_the_timeout_and_is_used_after_restart(
+    tmp_path: Path, server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with open_environment("fleet", root=tmp_path / "a", remote=server.url) as a:
+        store: Store[str, Any] = await a.store(NS)
+        await store.insert("before", 1)
+        await anyio.to_thread.run_sync(server.stop)
+        with caplog.at_level(logging.WARNING, logger="warmenv.remote"):
+            for i in range(10):
+                started = time.monotonic()
+                assert await store.get_or_compute(f"during-{i}", compute, i) == i
+                assert await store.get(f"missing-{i}") is None
+                assert time.monotonic() - started < 1.5
+        assert len([r for r in caplog.records if "unavailable" in r.message]) == 1
+        assert a.remote is not None and a.remote.statistics().outages == 1
+        await anyio.to_thread.run_sync(server.start)
+        # The tier retries after its backoff; poll (bounded) until it does.
+        with anyio.fail_after(10):
+            i = 0
+            while not a.remote.statistics().available or a.remote.statistics().published < 2:
+                await store.insert(f"after-{i}", i)
+                i += 1
+                await anyio.sleep(0.05)
+    async with open_environment("fleet", root=tmp_path / "b", remote=server.url) as b:
+        later: Store[str, Any] = await b.store(NS, mode=CacheMode.LAZY)
+        assert await later.get(f"after-{i - 1}") == i - 1
+
+
+async def test_a_redis_that_stops_answering_costs_each_call_at_most_the_timeout(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    assert server.process is not None
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        await _calls_within(1.5, tmp_path, server.url, "frozen")
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+
+
+async def test_an_unreachable_redis_never_fails_the_open(tmp_path: Path) -> None:
+    server = RedisServer()  # never started: nothing listens on its port
+    await _calls_within(1.5, tmp_path, server.url, "never")
+
+
+@pytest.mark.parametrize("kind", ["list", "hash", "garbage", "huge", "moved", "empty"])
+async def test_hostile_values_under_our_keys_are_misses_with_a_warning(
+    tmp_path: Path,
+    server: RedisServer,
+    raw: coredis.Redis[bytes],
+    caplog: pytest.LogCaptureFixture,
+    kind: str,
+) -> None:
+    settings = RemoteSettings(server.url, max_value_bytes=1024)
+    async with open_environment("fleet", root=tmp_path / "a", remote=settings) as a:
+        assert a.remote is not None
+        await a.storage(NS).insert(b"genuine", b'"ok"')
+        rkey = a.remote.redis_key(NS.full, b'"k"')
+        genuine = await raw.get(a.remote.redis_key(NS.full, b"genuine"))
+        assert genuine is not None
+        if kind == "list":
+            await raw.rpush(rkey, [b"a", b"b"])
+        elif kind == "hash":
+            await raw.hset(rkey, {b"a": b"b"})
+        elif kind == "garbage":
+            await raw.set(rkey, os.urandom(64))
+        elif kind == "huge":
+            await raw.set(rkey, genuine[:24] + b"x" * 10_000_000)
+        elif kind == "moved":  # a genuine value copied under another key
+            await raw.set(rkey, genuine)
+        else:
+            await raw.set(rkey, b"")
+    async with open_environment("fleet", root=tmp_path / "b", remote=settings) as b:
+        assert b.remote is not None
+        store: Store[str, Any] = await b.store(NS)
+        with caplog.at_level(logging.WARNING, logger="warmenv.remote"):
+            assert await store.get("k") is None
+            assert await store.get_or_compute("k", compute, "computed") == "computed"
+        assert await b.storage(NS).get(b"genuine") == b'"ok"'
+        if kind != "empty":
+            assert b.remote.statistics().rejected >= 1
+            assert any("ignoring the value" in r.message for r in caplog.records)
+        assert b.remote.statistics().outages == 0
+
+
+async def test_the_password_is_never_shown(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with redis_server(password=PASSWORD) as server:
+        assert PASSWORD in server.url
+        settings = RemoteSettings(server.url)
+        assert PASSWORD not in repr(settings)
+        assert PASSWORD not in redact(server.url)
+        async with open_environment("fleet", root=tmp_path / "a", remote=server.url) as a:
+            assert a.remote is not None
+            assert PASSWORD not in a.describe() + repr(a.remote) + a.storage(NS).describe()
+            await a.storage(NS).insert(b"k", b"v")
+            assert a.remote.statistics().published == 1
+        wrong = server.url.replace(PASSWORD, PASSWORD[::-1])
+        with caplog.at_level(logging.DEBUG, logger="warmenv"):
+            async with open_environment("fleet", root=tmp_path / "b", remote=wrong) as b:
+                assert await b.storage(NS).get(b"k") is None
+                assert b.remote is not None and b.remote.statistics().outages == 1
+        assert caplog.records
+        assert not any(PASSWORD[::-1] in record.getMessage() for record in caplog.records)
+        with pytest.raises(RemoteError) as caught:
+            RemoteSettings(server.url.replace("redis://", "http://"))
+        assert PASSWORD not in str(caught.value)
+
+
+async def test_the_variable_warmenv_remote_configures_the_tier(
+    tmp_path: Path, server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WARMENV_REMOTE", server.url)
+    async with open_environment("fleet", root=tmp_path / "a") as a:
+        assert a.remote is not None
+        await a.storage(NS).insert(b"k", b"v")
+    async with open_environment("fleet", root=tmp_path / "b", remote="") as b:
+        assert b.remote is None
+        assert await b.storage(NS).get(b"k") is None
+    monkeypatch.setenv("WARMENV_REMOTE", f"redis:/:{PASSWORD}@host")
+    with pytest.raises(RemoteError, match="WARMENV_REMOTE") as caught:
+        async with open_environment("fleet", root=tmp_path / "c"):
+            pass
+    assert PASSWORD not in str(caught.value)
+
+
+async def test_statistics_and_values_survive_a_json_round_trip_of_the_codec(
+    tmp_path: Path, server: RedisServer, raw: coredis.Redis[bytes]
+) -> None:
+    """What Redis holds is the codec's bytes (after the frame), never a pickle."""
+    async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
+        store: Store[str, Any] = await env.store(NS)
+        await store.insert("k", {"a": [1, 2]})
+        assert env.remote is not None
+        framed = await raw.get(env.remote.redis_key(NS.full, b'"k"'))
+    assert framed is not None and json.loads(framed[24:]) == {"a": [1, 2]}
+
+
+async def test_an_error_in_the_block_comes_out_as_raised(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    with pytest.raises(KeyError):
+        async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
+            await env.storage(NS).insert(b"k", b"v")
+            raise KeyError("mine")
