@@ -438,3 +438,22 @@ def test_ctrl_c_during_export_exits_130_and_leaves_the_previous_bundle(
     assert "interrupted" in completed.stderr
     assert big_flat_bundle.read_bytes() == before
     assert list(tmp_path.glob(".*.warmenv-staging")) == []
+
+
+def test_remote_that_does_not_answer_leaves_import_working_and_hides_its_password(
+    bundle: Path, tmp_path: Path
+) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"redis://:sekret-word@127.0.0.1:{port}/0"
+    completed = warmenv(
+        "import", str(bundle), "--env", "fresh", "--remote", url, "--json", root=tmp_path / "r"
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert as_json(completed)["imported"] == TOTAL
+    assert "sekret-word" not in completed.stdout + completed.stderr
+    bad = warmenv("ls", "--env", "fresh", "--remote", "bogus://x", root=tmp_path / "r")
+    assert bad.returncode != 0 and "not a Redis URL" in bad.stderr

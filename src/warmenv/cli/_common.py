@@ -147,12 +147,18 @@ _SURROGATE_REPR = re.compile(r"\\u(dc[89a-f][0-9a-f])")
 
 
 def shared_options() -> argparse.ArgumentParser:
-    """`--env`, `--root`, `--json` and `--debug`, accepted after every sub-command."""
+    """`--env`, `--root`, `--remote`, `--json`, `--debug` and `--quiet`, after every sub-command."""
     parent = ArgumentParser(add_help=False)
     parent.add_argument("--env", metavar="NAME", help="environment name (default: configured)")
     parent.add_argument("--root", metavar="DIR", type=Path, help="where environments live")
     parent.add_argument("--json", action="store_true", help="print machine-readable JSON")
     parent.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parent.add_argument(
+        "--remote",
+        metavar="URL",
+        help="the fleet's shared tier, redis:// or rediss:// (default: $WARMENV_REMOTE; "
+        "'' for none); needs warmenv[redis]",
+    )
     parent.add_argument(
         "--quiet",
         "-q",
@@ -256,7 +262,12 @@ async def environment(
         with out.holding() as notes:
             try:
                 env = await stack.enter_async_context(
-                    open_environment(args.env, root=args.root, create=create)
+                    open_environment(
+                        args.env,
+                        root=args.root,
+                        create=create,
+                        remote=getattr(args, "remote", None),
+                    )
                 )
             except FileNotFoundError as exc:
                 if create or not exc.filename:
