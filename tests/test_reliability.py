@@ -13,6 +13,7 @@ import json
 import os
 import pickle  # only to build a hostile payload; the library never imports it
 import random
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -640,3 +641,166 @@ def test_a_report_without_rows_leaves_the_page_alone(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "holds no rows" in done.stderr
     assert page.read_text() == "unchanged\n"
+
+
+# --- 8. the file under an import changes: swapped, rewritten, truncated ------------------------
+
+_MUTATE_DURING_IMPORT = """
+import json, os, random, sys, threading, time, anyio
+from warmenv import open_environment
+from warmenv.bundle import BundleError, importing
+
+path, other, root, backend, how, seed, within = sys.argv[1:8]
+rng = random.Random(int(seed))
+delay = rng.uniform(0, float(within))
+marks = {}
+
+def mutate():
+    time.sleep(delay)  # the random moment of the change, not synchronisation
+    if how == "swap":
+        os.replace(other, path)
+    elif how == "truncate":
+        os.truncate(path, rng.randrange(os.path.getsize(path)))
+    elif how == "rewrite":
+        size = os.path.getsize(path)
+        start = rng.randrange(size)
+        with open(path, "r+b") as handle:
+            handle.seek(start)
+            handle.write(os.urandom(rng.randint(1, size - start)))
+    marks["mutated"] = time.monotonic()
+
+async def main():
+    async with open_environment("target", root=root) as env:
+        outcome = {}
+        started = time.monotonic()
+        if how != "none":
+            threading.Thread(target=mutate, daemon=True).start()
+        try:
+            async with importing(path, env, batch_size=500) as progress:
+                marks["entered"] = time.monotonic()
+                outcome["open_seconds"] = marks["entered"] - started
+                async for _ in progress:
+                    pass
+            outcome["imported"] = progress.report.imported
+        except BundleError as exc:
+            outcome["rejected"] = type(exc).__name__
+        outcome["seconds"] = time.monotonic() - started
+    while how != "none" and "mutated" not in marks:
+        time.sleep(0.01)  # the change must have happened before we judge the outcome
+    outcome["after_open"] = marks.get("mutated", 0.0) > marks.get("entered", float("inf"))
+    print(json.dumps(outcome))
+
+anyio.run(main, backend=backend)
+"""
+
+MUTATIONS = ("swap", "rewrite", "truncate")
+CHILD_BACKENDS = ["asyncio", "trio"]
+MUTATION_ENTRIES = 20_000
+
+
+def _stored(path: Path) -> dict[bytes, bytes]:
+    if not path.exists():
+        return {}
+    conn = sqlite3.connect(path)
+    try:
+        return dict(conn.execute("SELECT key, value FROM entries").fetchall())
+    finally:
+        conn.close()
+
+
+async def _bundle_pair(
+    tmp: Path, fmt: str, entries: int
+) -> tuple[Path, dict[bytes, bytes], dict[bytes, bytes]]:
+    """A bundle, and beside it another with the same keys and other values."""
+    original = {b"k%06d" % i: os.urandom(200) for i in range(entries)}
+    other = {key: b"OTHER" + value for key, value in original.items()}
+    for name, entries in (("original", original), ("other", other)):
+        async with open_environment(name, root=tmp / name) as env:
+            await env.storage(NS).insert_many(entries.items())
+            await export_bundle(env, tmp / f"{name}.{fmt}", name=name, version="1", format=fmt)
+    return tmp / f"original.{fmt}", original, other
+
+
+def mutate_mid_import(
+    tmp: Path, fmt: str, how: str, trials: int, row: Trials, entries: int = MUTATION_ENTRIES
+) -> Counter[str]:
+    """Trials of one change to the bundle file at random moments of an import, in children.
+
+    Each trial imports into a fresh environment in a child process (a crash,
+    SIGBUS from a mapping, is a failed trial) while a thread in that child
+    changes the file after a random delay. Whatever the moment, the child
+    exits 0 and the environment holds exactly one verified bundle's entries or
+    nothing (the import refused with a BundleError); a change made once the
+    import had opened the bundle must not reach it at all.
+    """
+    from helpers import run_python
+
+    bundle, original, other = anyio.run(_bundle_pair, tmp, fmt, entries)
+    seen: Counter[str] = Counter()
+    pristine = bundle.read_bytes()
+    swap_in = tmp / f"other.{fmt}"
+    other_bytes = swap_in.read_bytes()
+    timing = run_python(
+        _MUTATE_DURING_IMPORT, str(bundle), "-", str(tmp / "timing"), "asyncio", "none", "0", "0"
+    )
+    assert timing.returncode == 0, timing.stderr[-2000:]
+    measured = json.loads(timing.stdout)
+    # Half the changes fall while the import opens (and copies) the file, half anywhere.
+    windows = (2 * measured["open_seconds"], 1.2 * measured["seconds"])
+    for trial in range(trials):
+        with row.trial():
+            bundle.write_bytes(pristine)
+            swap_in.write_bytes(other_bytes)
+            root = tmp / f"{how}-{trial}"
+            backend = CHILD_BACKENDS[trial % len(CHILD_BACKENDS)]
+            child = run_python(
+                _MUTATE_DURING_IMPORT,
+                *(str(bundle), str(swap_in), str(root), backend, how, str(trial)),
+                str(windows[trial % 2]),
+            )
+            assert child.returncode == 0, f"exit {child.returncode}: {child.stderr[-1500:]}"
+            assert "Traceback" not in child.stderr, child.stderr[-1500:]
+            outcome = json.loads(child.stdout)
+            stored = _stored(root / "target.db")
+            if "rejected" in outcome:
+                assert how != "swap", f"a swap between two valid bundles was refused: {outcome}"
+                assert not outcome["after_open"], f"a change after the open reached it: {outcome}"
+                assert stored == {}, f"a refused import wrote {len(stored)} entries"
+                seen["refused"] += 1
+                continue
+            assert outcome["imported"] == entries, outcome
+            if outcome["after_open"]:
+                assert stored == original, "a change after the open reached the import"
+                seen["changed after the open, imported the original"] += 1
+            else:
+                assert stored in (original, other), "the import mixed or changed entries"
+                seen["original" if stored == original else "swapped-in"] += 1
+            integrity_ok(root / "target.db")
+            shutil.rmtree(root)  # keep the disk use of a long run flat
+    return seen
+
+
+@pytest.mark.parametrize("how", MUTATIONS)
+def test_a_bundle_changed_at_random_moments_of_an_import_imports_only_what_was_verified(
+    tmp_path: Path, bundle_format: str, how: str
+) -> None:
+    mutate_mid_import(tmp_path, bundle_format, how, 2, unrecorded(f"{how} mid-import"), 4_000)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", MUTATIONS)
+@pytest.mark.parametrize("fmt", [BundleFormat.SQLITE, BundleFormat.FLAT])
+def test_long_mutations_mid_import(tmp_path: Path, fmt: str, how: str) -> None:
+    trials = int(os.environ.get("WARMENV_MUTATION_TRIALS", "30"))
+    checked = (
+        "changed at a random moment (half of them while the import opens the file); "
+        "child exits 0 with no traceback (no crash, no SIGBUS); the environment holds one "
+        "verified bundle's entries exactly, or nothing and a BundleError; a change made after "
+        "the import opened the file never reaches it; integrity_check"
+    )
+    with reliability_row(
+        f"bundle file {how} at a random moment of its import, {fmt} (child; asyncio, trio)",
+        checked,
+    ) as row:
+        seen = mutate_mid_import(tmp_path, fmt, how, trials, row)
+        row.checked = f"{checked} (outcomes: {', '.join(f'{n} {k}' for k, n in seen.items())})"
