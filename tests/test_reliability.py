@@ -9,10 +9,12 @@ recorded with its failure, then the test fails), never an assumed count.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pickle  # only to build a hostile payload; the library never imports it
 import random
+import signal
 import shutil
 import sqlite3
 import subprocess
@@ -804,3 +806,192 @@ def test_long_mutations_mid_import(tmp_path: Path, fmt: str, how: str) -> None:
     ) as row:
         seen = mutate_mid_import(tmp_path, fmt, how, trials, row)
         row.checked = f"{checked} (outcomes: {', '.join(f'{n} {k}' for k, n in seen.items())})"
+
+
+# --- 9. SIGTERM and SIGHUP mid-command (`python -m warmenv`) ------------------------------------
+
+STOP_SIGNALS = {"SIGTERM": 143, "SIGHUP": 129}
+CLI_BACKENDS = ["asyncio", *(["uvloop"] if importlib.util.find_spec("uvloop") else []), "trio"]
+CLI_ENTRIES = 40_000
+
+
+def _command(*args: str, backend: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "warmenv", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "WARMENV_CLI_BACKEND": backend},
+    )
+
+
+def _first_progress(process: subprocess.Popen[str]) -> str:
+    assert process.stdout is not None and process.stderr is not None
+    first = process.stdout.readline()
+    assert "/" in first, (first, process.stderr.read())  # a progress line: under way
+    return first
+
+
+def command_duration(*args: str) -> float:
+    """How long the command runs after its first progress line, when nobody stops it."""
+    process = _command(*args, backend="asyncio")
+    _first_progress(process)
+    begun = time.monotonic()
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    return time.monotonic() - begun
+
+
+def signal_at_random(
+    args: list[str], rng: random.Random, within: float, signum: int, backend: str
+) -> tuple[int, str]:
+    """Run the command; send `signum` at a random moment after its first progress line."""
+    process = _command(*args, backend=backend)
+    _first_progress(process)
+    time.sleep(rng.uniform(0, within))  # the random moment of the signal, not synchronisation
+    process.send_signal(signum)
+    _, err = process.communicate(timeout=300)
+    return process.returncode, err
+
+
+def _one_line(err: str, says: str) -> None:
+    assert "Traceback" not in err, err[-1500:]
+    assert err.startswith("warmenv: ") and err.count("\n") == 1, err[-1500:]
+    assert says in err, err
+
+
+async def _cli_source(tmp: Path) -> Path:
+    async with open_environment("source", root=tmp / "source") as env:
+        await env.storage(NS).insert_many(
+            (b"k%06d" % i, os.urandom(512)) for i in range(CLI_ENTRIES)
+        )
+        return env.path
+
+
+def signal_exports(tmp: Path, fmt: str, trials: int, row: Trials) -> Counter[str]:
+    """Trials of SIGTERM/SIGHUP at random moments of `warmenv export` over a previous bundle."""
+    rng = random.Random(7)
+    source = anyio.run(_cli_source, tmp)
+    out_dir = tmp / "out"
+    out_dir.mkdir()
+    out = out_dir / "b.bundle"
+
+    def export(name: str) -> list[str]:
+        return [
+            *("export", str(out), "--name", name, "--app-version", "1", "--format", fmt),
+            *(str(source), "--root", str(tmp / "r")),
+        ]
+
+    within = 0.9 * command_duration(*export("previous"))
+    previous = out.read_bytes()  # the manifest records its time: read after the last export
+    seen: Counter[str] = Counter()
+    for trial in range(trials):
+        with row.trial():
+            name = sorted(STOP_SIGNALS)[trial % 2]
+            backend = CLI_BACKENDS[trial % len(CLI_BACKENDS)]
+            code, err = signal_at_random(export("new"), rng, within, getattr(signal, name), backend)
+            assert sorted(p.name for p in out_dir.iterdir()) == ["b.bundle"], "staging left"
+            if code == 0:  # the signal came after the export had finished: a whole new bundle
+
+                async def check_whole() -> None:
+                    async with open_bundle(out) as bundle:
+                        assert bundle.manifest.name == "new"
+                        await bundle.verify()
+
+                anyio.run(check_whole)
+                out.write_bytes(previous)
+                seen["finished first"] += 1
+                continue
+            assert code == STOP_SIGNALS[name], (code, err[-1500:])
+            _one_line(err, "no bundle was written")
+            assert out.read_bytes() == previous, "the previous bundle changed"
+            seen[f"stopped by {name}"] += 1
+    return seen
+
+
+def signal_imports(tmp: Path, trials: int, row: Trials) -> Counter[str]:
+    """Trials of SIGTERM/SIGHUP at random moments of `warmenv import` into a fresh environment."""
+    rng = random.Random(8)
+    source = anyio.run(_cli_source, tmp)
+    bundle = tmp / "in.bundle"
+    made = subprocess.run(
+        [sys.executable, "-m", "warmenv", "export", str(bundle), "--name", "in"]
+        + ["--app-version", "1", "--format", "flat", str(source), "--root", str(tmp / "r")],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    before = bundle.read_bytes()
+
+    def into(root: Path) -> list[str]:
+        return ["import", str(bundle), "--env", "t", "--root", str(root)]
+
+    within = 0.9 * command_duration(*into(tmp / "timing"))
+    seen: Counter[str] = Counter()
+    for trial in range(trials):
+        with row.trial():
+            name = sorted(STOP_SIGNALS)[trial % 2]
+            backend = CLI_BACKENDS[trial % len(CLI_BACKENDS)]
+            root = tmp / f"import-{trial}"
+            code, err = signal_at_random(into(root), rng, within, getattr(signal, name), backend)
+            assert bundle.read_bytes() == before, "the import changed its bundle"
+            assert sorted(p.name for p in root.iterdir()) == ["t.db"], "a private copy was left"
+            integrity_ok(root / "t.db")
+            conn = sqlite3.connect(root / "t.db")
+            (count,) = conn.execute("SELECT count(*) FROM entries").fetchone()
+            conn.close()
+            if code == 0:
+                assert count == CLI_ENTRIES
+                seen["finished first"] += 1
+            else:
+                assert code == STOP_SIGNALS[name], (code, err[-1500:])
+                _one_line(err, "whole batches")
+                assert count % 1024 == 0 and count < CLI_ENTRIES, count
+                seen[f"stopped by {name}"] += 1
+            shutil.rmtree(root)
+    return seen
+
+
+def test_sigterm_or_sighup_at_random_moments_of_an_export_leaves_the_previous_bundle(
+    tmp_path: Path, bundle_format: str
+) -> None:
+    signal_exports(tmp_path, bundle_format, 2, unrecorded("signalled export"))
+
+
+def test_sigterm_or_sighup_at_random_moments_of_an_import_leaves_whole_batches(
+    tmp_path: Path,
+) -> None:
+    signal_imports(tmp_path, 2, unrecorded("signalled import"))
+
+
+def _outcomes(seen: Counter[str]) -> str:
+    return ", ".join(f"{n} {what}" for what, n in sorted(seen.items()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", [BundleFormat.SQLITE, BundleFormat.FLAT])
+def test_long_signals_mid_export(tmp_path: Path, fmt: str) -> None:
+    trials = int(os.environ.get("WARMENV_SIGNAL_TRIALS", "20"))
+    checked = (
+        "exit 143/129 with one line on stderr, no traceback; out byte-identical to the previous "
+        "bundle and no staging file (or, signalled after the end, a whole verified new bundle)"
+    )
+    with reliability_row(
+        f"SIGTERM/SIGHUP during `warmenv export --format {fmt}` (asyncio, uvloop, trio)", checked
+    ) as row:
+        seen = signal_exports(tmp_path, fmt, trials, row)
+        row.checked = f"{checked} ({_outcomes(seen)})"
+
+
+@pytest.mark.slow
+def test_long_signals_mid_import(tmp_path: Path) -> None:
+    trials = int(os.environ.get("WARMENV_SIGNAL_TRIALS", "20"))
+    checked = (
+        "exit 143/129 with one line on stderr, no traceback; integrity_check; whole 1,024-entry "
+        "batches; no private copy left; the bundle unchanged"
+    )
+    with reliability_row(
+        "SIGTERM/SIGHUP during `warmenv import` (asyncio, uvloop, trio)", checked
+    ) as row:
+        seen = signal_imports(tmp_path, trials, row)
+        row.checked = f"{checked} ({_outcomes(seen)})"
