@@ -995,3 +995,101 @@ def test_long_signals_mid_import(tmp_path: Path) -> None:
     ) as row:
         seen = signal_imports(tmp_path, trials, row)
         row.checked = f"{checked} ({_outcomes(seen)})"
+
+
+# --- 10. COMMIT fails ------------------------------------------------------------------------
+
+BAD_KEY = b"bad"
+
+
+async def _arm_failing_commit(env: Environment) -> None:
+    """Make every transaction that writes the key b"bad" fail at COMMIT, not before.
+
+    A trigger inserts a row breaking a deferred foreign key, which SQLite
+    checks only when the transaction commits.
+    """
+    db = env.database
+    assert db is not None
+
+    def arm(conn: sqlite3.Connection) -> None:
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("CREATE TABLE parent (id INTEGER PRIMARY KEY)")
+        conn.execute(
+            "CREATE TABLE child (id INTEGER REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED)"
+        )
+        conn.execute(
+            "CREATE TRIGGER fail_commit AFTER INSERT ON entries "
+            f"WHEN new.key = X'{BAD_KEY.hex()}' BEGIN INSERT INTO child VALUES (42); END"
+        )
+
+    await db.run(arm)
+
+
+async def _bundles_carrying_the_bad_key(tmp: Path) -> dict[str, Path]:
+    async with open_environment("bad-source", root=tmp / "bad-source") as env:
+        await env.storage(NS).insert_many([(b"i%05d" % i, b"v" * 64) for i in range(299)])
+        await env.storage(NS).insert(BAD_KEY, b"v")
+        paths = {fmt: tmp / f"bad.{fmt}" for fmt in (BundleFormat.SQLITE, BundleFormat.FLAT)}
+        for fmt, path in paths.items():
+            await export_bundle(env, path, name="bad", version="1", format=fmt)
+    return paths
+
+
+async def fail_commits(tmp: Path, trials: int, rng: random.Random, row: Trials) -> Counter[str]:
+    """Trials of a write whose COMMIT fails; after each the connection must work normally."""
+    bundles = await _bundles_carrying_the_bad_key(tmp)
+    seen: Counter[str] = Counter()
+    async with open_environment("commit", root=tmp / "root") as env:
+        await _arm_failing_commit(env)
+        storage = env.storage(NS)
+        operations = ["insert", "insert_many", "import sqlite", "import flat"]
+        for trial in range(trials):
+            with row.trial():
+                operation = rng.choice(operations)
+                if operation == "insert":
+                    failed = await storage.insert(BAD_KEY, b"value")
+                    assert isinstance(failed, Failed) and "FOREIGN KEY" in failed.reason, failed
+                elif operation == "insert_many":
+                    items = [(b"m%05d" % i, b"v") for i in range(rng.randrange(1, 200))]
+                    items.insert(rng.randrange(len(items) + 1), (BAD_KEY, b"v"))
+                    summary = await storage.insert_many(items)
+                    assert summary.failed == len(items), summary  # one transaction: all fail
+                    assert await storage.get(items[0][0]) is None
+                else:
+                    bundle = bundles[operation.split()[1]]
+                    report = await import_bundle(bundle, env, batch_size=rng.choice([50, 100]))
+                    assert report.failed > 0, report
+                    assert report.imported + report.skipped + report.failed == 300, report
+                assert await storage.get(BAD_KEY) is None
+                # The connection is out of the failed transaction and holds no lock:
+                # the next transactions commit, and a reader in another process sees them.
+                good = b"good-%05d" % trial
+                assert await storage.insert(good, b"value") == Stored()
+                summary = await storage.insert_many([(good + b"-a", b"v"), (good + b"-b", b"v")])
+                assert summary.failed == 0, summary
+                assert set(keys_in(env.path)) >= {good, good + b"-a", good + b"-b"}
+                await storage.purge()
+                seen[operation] += 1
+    integrity_ok(tmp / "root" / "commit.db")
+    return seen
+
+
+async def test_commits_failing_again_and_again_leave_the_connection_usable(tmp_path: Path) -> None:
+    seen = await fail_commits(tmp_path, 8, random.Random(9), unrecorded("failed COMMIT"))
+    assert sum(seen.values()) == 8
+
+
+@pytest.mark.slow
+async def test_long_commit_failures(tmp_path: Path, anyio_backend: object) -> None:
+    trials = int(os.environ.get("WARMENV_COMMIT_TRIALS", "200"))
+    checked = (
+        "the write reported failed (Failed, failed counts), no exception, nothing of it "
+        "stored; then inserts commit and another connection sees them; integrity_check"
+    )
+    with reliability_row(
+        f"COMMIT fails (deferred foreign key) in insert, insert_many, import of both formats "
+        f"({backend_label(anyio_backend)})",
+        checked,
+    ) as row:
+        seen = await fail_commits(tmp_path, trials, random.Random(10), row)
+        row.checked = f"{checked} ({_outcomes(seen)})"
