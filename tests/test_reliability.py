@@ -14,8 +14,8 @@ import json
 import os
 import pickle  # only to build a hostile payload; the library never imports it
 import random
-import signal
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -915,8 +915,10 @@ def signal_imports(tmp: Path, trials: int, row: Trials) -> Counter[str]:
     source = anyio.run(_cli_source, tmp)
     bundle = tmp / "in.bundle"
     made = subprocess.run(
-        [sys.executable, "-m", "warmenv", "export", str(bundle), "--name", "in"]
-        + ["--app-version", "1", "--format", "flat", str(source), "--root", str(tmp / "r")],
+        [
+            *(sys.executable, "-m", "warmenv", "export", str(bundle), "--name", "in"),
+            *("--app-version", "1", "--format", "flat", str(source), "--root", str(tmp / "r")),
+        ],
         capture_output=True,
         text=True,
     )
