@@ -675,8 +675,9 @@ async def main():
     async with open_environment("target", root=root) as env:
         outcome = {}
         started = time.monotonic()
+        changer = threading.Thread(target=mutate, daemon=True)
         if how != "none":
-            threading.Thread(target=mutate, daemon=True).start()
+            changer.start()
         try:
             async with importing(path, env, batch_size=500) as progress:
                 marks["entered"] = time.monotonic()
@@ -687,8 +688,8 @@ async def main():
         except BundleError as exc:
             outcome["rejected"] = type(exc).__name__
         outcome["seconds"] = time.monotonic() - started
-    while how != "none" and "mutated" not in marks:
-        time.sleep(0.01)  # the change must have happened before we judge the outcome
+        if how != "none":
+            changer.join()  # the change must have happened before we judge the outcome
     outcome["after_open"] = marks.get("mutated", 0.0) > marks.get("entered", float("inf"))
     print(json.dumps(outcome))
 
