@@ -9,10 +9,13 @@ recorded with its failure, then the test fails), never an assumed count.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pickle  # only to build a hostile payload; the library never imports it
 import random
+import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -640,3 +643,463 @@ def test_a_report_without_rows_leaves_the_page_alone(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "holds no rows" in done.stderr
     assert page.read_text() == "unchanged\n"
+
+
+# --- 8. the file under an import changes: swapped, rewritten, truncated ------------------------
+
+_MUTATE_DURING_IMPORT = """
+import json, os, random, sys, threading, time, anyio
+from warmenv import open_environment
+from warmenv.bundle import BundleError, importing
+
+path, other, root, backend, how, seed, within = sys.argv[1:8]
+rng = random.Random(int(seed))
+delay = rng.uniform(0, float(within))
+marks = {}
+
+def mutate():
+    time.sleep(delay)  # the random moment of the change, not synchronisation
+    if how == "swap":
+        os.replace(other, path)
+    elif how == "truncate":
+        os.truncate(path, rng.randrange(os.path.getsize(path)))
+    elif how == "rewrite":
+        size = os.path.getsize(path)
+        start = rng.randrange(size)
+        with open(path, "r+b") as handle:
+            handle.seek(start)
+            handle.write(os.urandom(rng.randint(1, size - start)))
+    marks["mutated"] = time.monotonic()
+
+async def main():
+    async with open_environment("target", root=root) as env:
+        outcome = {}
+        started = time.monotonic()
+        changer = threading.Thread(target=mutate, daemon=True)
+        if how != "none":
+            changer.start()
+        try:
+            async with importing(path, env, batch_size=500) as progress:
+                marks["entered"] = time.monotonic()
+                outcome["open_seconds"] = marks["entered"] - started
+                async for _ in progress:
+                    pass
+            outcome["imported"] = progress.report.imported
+        except BundleError as exc:
+            outcome["rejected"] = type(exc).__name__
+        outcome["seconds"] = time.monotonic() - started
+        if how != "none":
+            changer.join()  # the change must have happened before we judge the outcome
+    outcome["after_open"] = marks.get("mutated", 0.0) > marks.get("entered", float("inf"))
+    print(json.dumps(outcome))
+
+anyio.run(main, backend=backend)
+"""
+
+MUTATIONS = ("swap", "rewrite", "truncate")
+CHILD_BACKENDS = ["asyncio", "trio"]
+MUTATION_ENTRIES = 20_000
+
+
+def _stored(path: Path) -> dict[bytes, bytes]:
+    if not path.exists():
+        return {}
+    conn = sqlite3.connect(path)
+    try:
+        return dict(conn.execute("SELECT key, value FROM entries").fetchall())
+    finally:
+        conn.close()
+
+
+async def _bundle_pair(
+    tmp: Path, fmt: str, entries: int
+) -> tuple[Path, dict[bytes, bytes], dict[bytes, bytes]]:
+    """A bundle, and beside it another with the same keys and other values."""
+    original = {b"k%06d" % i: os.urandom(200) for i in range(entries)}
+    other = {key: b"OTHER" + value for key, value in original.items()}
+    for name, content in (("original", original), ("other", other)):
+        async with open_environment(name, root=tmp / name) as env:
+            await env.storage(NS).insert_many(content.items())
+            await export_bundle(env, tmp / f"{name}.{fmt}", name=name, version="1", format=fmt)
+    return tmp / f"original.{fmt}", original, other
+
+
+def mutate_mid_import(
+    tmp: Path, fmt: str, how: str, trials: int, row: Trials, entries: int = MUTATION_ENTRIES
+) -> Counter[str]:
+    """Trials of one change to the bundle file at random moments of an import, in children.
+
+    Each trial imports into a fresh environment in a child process (a crash,
+    SIGBUS from a mapping, is a failed trial) while a thread in that child
+    changes the file after a random delay. Whatever the moment, the child
+    exits 0 and the environment holds exactly one verified bundle's entries or
+    nothing (the import refused with a BundleError); a change made once the
+    import had opened the bundle must not reach it at all.
+    """
+    from helpers import run_python
+
+    bundle, original, other = anyio.run(_bundle_pair, tmp, fmt, entries)
+    seen: Counter[str] = Counter()
+    pristine = bundle.read_bytes()
+    swap_in = tmp / f"other.{fmt}"
+    other_bytes = swap_in.read_bytes()
+    timing = run_python(
+        _MUTATE_DURING_IMPORT, str(bundle), "-", str(tmp / "timing"), "asyncio", "none", "0", "0"
+    )
+    assert timing.returncode == 0, timing.stderr[-2000:]
+    measured = json.loads(timing.stdout)
+    # Half the changes fall while the import opens (and copies) the file, half anywhere.
+    windows = (2 * measured["open_seconds"], 1.2 * measured["seconds"])
+    for trial in range(trials):
+        with row.trial():
+            bundle.write_bytes(pristine)
+            swap_in.write_bytes(other_bytes)
+            root = tmp / f"{how}-{trial}"
+            backend = CHILD_BACKENDS[trial % len(CHILD_BACKENDS)]
+            child = run_python(
+                _MUTATE_DURING_IMPORT,
+                *(str(bundle), str(swap_in), str(root), backend, how, str(trial)),
+                str(windows[trial % 2]),
+            )
+            assert child.returncode == 0, f"exit {child.returncode}: {child.stderr[-1500:]}"
+            assert "Traceback" not in child.stderr, child.stderr[-1500:]
+            outcome = json.loads(child.stdout)
+            stored = _stored(root / "target.db")
+            if "rejected" in outcome:
+                assert how != "swap", f"a swap between two valid bundles was refused: {outcome}"
+                assert not outcome["after_open"], f"a change after the open reached it: {outcome}"
+                assert stored == {}, f"a refused import wrote {len(stored)} entries"
+                seen["refused"] += 1
+                continue
+            assert outcome["imported"] == entries, outcome
+            if outcome["after_open"]:
+                assert stored == original, "a change after the open reached the import"
+                seen["changed after the open, imported the original"] += 1
+            else:
+                assert stored in (original, other), "the import mixed or changed entries"
+                seen["original" if stored == original else "swapped-in"] += 1
+            integrity_ok(root / "target.db")
+            shutil.rmtree(root)  # keep the disk use of a long run flat
+    return seen
+
+
+@pytest.mark.parametrize("how", MUTATIONS)
+def test_a_bundle_changed_at_random_moments_of_an_import_imports_only_what_was_verified(
+    tmp_path: Path, bundle_format: str, how: str
+) -> None:
+    mutate_mid_import(tmp_path, bundle_format, how, 2, unrecorded(f"{how} mid-import"), 4_000)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", MUTATIONS)
+@pytest.mark.parametrize("fmt", [BundleFormat.SQLITE, BundleFormat.FLAT])
+def test_long_mutations_mid_import(tmp_path: Path, fmt: str, how: str) -> None:
+    trials = int(os.environ.get("WARMENV_MUTATION_TRIALS", "30"))
+    checked = (
+        "changed at a random moment (half of them while the import opens the file); "
+        "child exits 0 with no traceback (no crash, no SIGBUS); the environment holds one "
+        "verified bundle's entries exactly, or nothing and a BundleError; a change made after "
+        "the import opened the file never reaches it; integrity_check"
+    )
+    with reliability_row(
+        f"bundle file {how} at a random moment of its import, {fmt} (child; asyncio, trio)",
+        checked,
+    ) as row:
+        seen = mutate_mid_import(tmp_path, fmt, how, trials, row)
+        row.checked = f"{checked} (outcomes: {', '.join(f'{n} {k}' for k, n in seen.items())})"
+
+
+# --- 9. SIGTERM and SIGHUP mid-command (`python -m warmenv`) ------------------------------------
+
+STOP_SIGNALS = {"SIGTERM": 143, "SIGHUP": 129}
+CLI_BACKENDS = ["asyncio", *(["uvloop"] if importlib.util.find_spec("uvloop") else []), "trio"]
+CLI_ENTRIES = 40_000
+
+
+def _command(*args: str, backend: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "warmenv", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "WARMENV_CLI_BACKEND": backend},
+    )
+
+
+def _first_progress(process: subprocess.Popen[str]) -> str:
+    assert process.stdout is not None and process.stderr is not None
+    first = process.stdout.readline()
+    assert "/" in first, (first, process.stderr.read())  # a progress line: under way
+    return first
+
+
+def command_duration(*args: str) -> float:
+    """How long the command runs after its first progress line, when nobody stops it."""
+    process = _command(*args, backend="asyncio")
+    _first_progress(process)
+    begun = time.monotonic()
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    return time.monotonic() - begun
+
+
+def signal_at_random(
+    args: list[str], rng: random.Random, within: float, signum: int, backend: str
+) -> tuple[int, str]:
+    """Run the command; send `signum` at a random moment after its first progress line."""
+    process = _command(*args, backend=backend)
+    _first_progress(process)
+    time.sleep(rng.uniform(0, within))  # the random moment of the signal, not synchronisation
+    process.send_signal(signum)
+    _, err = process.communicate(timeout=300)
+    return process.returncode, err
+
+
+def _one_line(err: str, says: str) -> None:
+    assert "Traceback" not in err, err[-1500:]
+    assert err.startswith("warmenv: ") and err.count("\n") == 1, err[-1500:]
+    assert says in err, err
+
+
+async def _cli_source(tmp: Path) -> Path:
+    async with open_environment("source", root=tmp / "source") as env:
+        await env.storage(NS).insert_many(
+            (b"k%06d" % i, os.urandom(512)) for i in range(CLI_ENTRIES)
+        )
+        return env.path
+
+
+def signal_exports(tmp: Path, fmt: str, trials: int, row: Trials, share: float) -> Counter[str]:
+    """Trials of SIGTERM/SIGHUP at random moments of `warmenv export` over a previous bundle.
+
+    The signal comes within `share` of the command's run after its first
+    progress line: the short form stays within the export, the long form
+    reaches its exit (a signal as the command ends must be handled as well).
+    """
+    rng = random.Random(7)
+    source = anyio.run(_cli_source, tmp)
+    out_dir = tmp / "out"
+    out_dir.mkdir()
+    out = out_dir / "b.bundle"
+
+    def export(name: str) -> list[str]:
+        return [
+            *("export", str(out), "--name", name, "--app-version", "1", "--format", fmt),
+            *(str(source), "--root", str(tmp / "r")),
+        ]
+
+    within = share * command_duration(*export("previous"))
+    previous = out.read_bytes()  # the manifest records its time: read after the last export
+    seen: Counter[str] = Counter()
+    for trial in range(trials):
+        with row.trial():
+            name = sorted(STOP_SIGNALS)[trial % 2]
+            backend = CLI_BACKENDS[trial % len(CLI_BACKENDS)]
+            code, err = signal_at_random(export("new"), rng, within, getattr(signal, name), backend)
+            assert sorted(p.name for p in out_dir.iterdir()) == ["b.bundle"], "staging left"
+            if code == 0:  # the signal came after the export had finished: a whole new bundle
+
+                async def check_whole() -> None:
+                    async with open_bundle(out) as bundle:
+                        assert bundle.manifest.name == "new"
+                        await bundle.verify()
+
+                anyio.run(check_whole)
+                out.write_bytes(previous)
+                seen["finished first"] += 1
+                continue
+            assert code == STOP_SIGNALS[name], (code, err[-1500:])
+            _one_line(err, "no bundle was written")
+            assert out.read_bytes() == previous, "the previous bundle changed"
+            seen[f"stopped by {name}"] += 1
+    return seen
+
+
+def signal_imports(tmp: Path, trials: int, row: Trials, share: float) -> Counter[str]:
+    """Trials of SIGTERM/SIGHUP at random moments of `warmenv import` (see `signal_exports`)."""
+    rng = random.Random(8)
+    source = anyio.run(_cli_source, tmp)
+    bundle = tmp / "in.bundle"
+    made = subprocess.run(
+        [
+            *(sys.executable, "-m", "warmenv", "export", str(bundle), "--name", "in"),
+            *("--app-version", "1", "--format", "flat", str(source), "--root", str(tmp / "r")),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    before = bundle.read_bytes()
+
+    def into(root: Path) -> list[str]:
+        return ["import", str(bundle), "--env", "t", "--root", str(root)]
+
+    within = share * command_duration(*into(tmp / "timing"))
+    seen: Counter[str] = Counter()
+    for trial in range(trials):
+        with row.trial():
+            name = sorted(STOP_SIGNALS)[trial % 2]
+            backend = CLI_BACKENDS[trial % len(CLI_BACKENDS)]
+            root = tmp / f"import-{trial}"
+            code, err = signal_at_random(into(root), rng, within, getattr(signal, name), backend)
+            assert bundle.read_bytes() == before, "the import changed its bundle"
+            assert sorted(p.name for p in root.iterdir()) == ["t.db"], "a private copy was left"
+            integrity_ok(root / "t.db")
+            conn = sqlite3.connect(root / "t.db")
+            (count,) = conn.execute("SELECT count(*) FROM entries").fetchone()
+            conn.close()
+            if code == 0:
+                assert count == CLI_ENTRIES
+                seen["finished first"] += 1
+            else:
+                assert code == STOP_SIGNALS[name], (code, err[-1500:])
+                _one_line(err, "whole batches")
+                assert count % 1024 == 0 and count < CLI_ENTRIES, count
+                seen[f"stopped by {name}"] += 1
+            shutil.rmtree(root)
+    return seen
+
+
+def test_sigterm_or_sighup_at_random_moments_of_an_export_leaves_the_previous_bundle(
+    tmp_path: Path, bundle_format: str
+) -> None:
+    signal_exports(tmp_path, bundle_format, 2, unrecorded("signalled export"), share=0.5)
+
+
+def test_sigterm_or_sighup_at_random_moments_of_an_import_leaves_whole_batches(
+    tmp_path: Path,
+) -> None:
+    signal_imports(tmp_path, 2, unrecorded("signalled import"), share=0.5)
+
+
+def _outcomes(seen: Counter[str]) -> str:
+    return ", ".join(f"{n} {what}" for what, n in sorted(seen.items()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", [BundleFormat.SQLITE, BundleFormat.FLAT])
+def test_long_signals_mid_export(tmp_path: Path, fmt: str) -> None:
+    trials = int(os.environ.get("WARMENV_SIGNAL_TRIALS", "20"))
+    checked = (
+        "signal at a random moment from the first progress line to the exit; "
+        "exit 143/129 with one line on stderr, no traceback; out byte-identical to the previous "
+        "bundle and no staging file (or, signalled after the end, a whole verified new bundle)"
+    )
+    with reliability_row(
+        f"SIGTERM/SIGHUP during `warmenv export --format {fmt}` (asyncio, uvloop, trio)", checked
+    ) as row:
+        seen = signal_exports(tmp_path, fmt, trials, row, share=1.0)
+        row.checked = f"{checked} ({_outcomes(seen)})"
+
+
+@pytest.mark.slow
+def test_long_signals_mid_import(tmp_path: Path) -> None:
+    trials = int(os.environ.get("WARMENV_SIGNAL_TRIALS", "20"))
+    checked = (
+        "signal at a random moment from the first progress line to the exit; "
+        "exit 143/129 with one line on stderr, no traceback; integrity_check; whole 1,024-entry "
+        "batches; no private copy left; the bundle unchanged"
+    )
+    with reliability_row(
+        "SIGTERM/SIGHUP during `warmenv import` (asyncio, uvloop, trio)", checked
+    ) as row:
+        seen = signal_imports(tmp_path, trials, row, share=1.0)
+        row.checked = f"{checked} ({_outcomes(seen)})"
+
+
+# --- 10. COMMIT fails ------------------------------------------------------------------------
+
+BAD_KEY = b"bad"
+
+
+async def _arm_failing_commit(env: Environment) -> None:
+    """Make every transaction that writes the key b"bad" fail at COMMIT, not before.
+
+    A trigger inserts a row breaking a deferred foreign key, which SQLite
+    checks only when the transaction commits.
+    """
+    db = env.database
+    assert db is not None
+
+    def arm(conn: sqlite3.Connection) -> None:
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("CREATE TABLE parent (id INTEGER PRIMARY KEY)")
+        conn.execute(
+            "CREATE TABLE child (id INTEGER REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED)"
+        )
+        conn.execute(
+            "CREATE TRIGGER fail_commit AFTER INSERT ON entries "
+            f"WHEN new.key = X'{BAD_KEY.hex()}' BEGIN INSERT INTO child VALUES (42); END"
+        )
+
+    await db.run(arm)
+
+
+async def _bundles_carrying_the_bad_key(tmp: Path) -> dict[str, Path]:
+    async with open_environment("bad-source", root=tmp / "bad-source") as env:
+        await env.storage(NS).insert_many([(b"i%05d" % i, b"v" * 64) for i in range(299)])
+        await env.storage(NS).insert(BAD_KEY, b"v")
+        paths = {str(fmt): tmp / f"bad.{fmt}" for fmt in BundleFormat}
+        for fmt, path in paths.items():
+            await export_bundle(env, path, name="bad", version="1", format=fmt)
+    return paths
+
+
+async def fail_commits(tmp: Path, trials: int, rng: random.Random, row: Trials) -> Counter[str]:
+    """Trials of a write whose COMMIT fails; after each the connection must work normally."""
+    bundles = await _bundles_carrying_the_bad_key(tmp)
+    seen: Counter[str] = Counter()
+    async with open_environment("commit", root=tmp / "root") as env:
+        await _arm_failing_commit(env)
+        storage = env.storage(NS)
+        operations = ["insert", "insert_many", "import sqlite", "import flat"]
+        for trial in range(trials):
+            with row.trial():
+                operation = rng.choice(operations)
+                if operation == "insert":
+                    failed = await storage.insert(BAD_KEY, b"value")
+                    assert isinstance(failed, Failed) and "FOREIGN KEY" in failed.reason, failed
+                elif operation == "insert_many":
+                    items = [(b"m%05d" % i, b"v") for i in range(rng.randrange(1, 200))]
+                    items.insert(rng.randrange(len(items) + 1), (BAD_KEY, b"v"))
+                    summary = await storage.insert_many(items)
+                    assert summary.failed == len(items), summary  # one transaction: all fail
+                    assert await storage.get(items[0][0]) is None
+                else:
+                    bundle = bundles[operation.split()[1]]
+                    report = await import_bundle(bundle, env, batch_size=rng.choice([50, 100]))
+                    assert report.failed > 0, report
+                    assert report.imported + report.skipped + report.failed == 300, report
+                assert await storage.get(BAD_KEY) is None
+                # The connection is out of the failed transaction and holds no lock:
+                # the next transactions commit, and a reader in another process sees them.
+                good = b"good-%05d" % trial
+                assert await storage.insert(good, b"value") == Stored()
+                summary = await storage.insert_many([(good + b"-a", b"v"), (good + b"-b", b"v")])
+                assert summary.failed == 0, summary
+                assert set(keys_in(env.path)) >= {good, good + b"-a", good + b"-b"}
+                await storage.purge()
+                seen[operation] += 1
+    integrity_ok(tmp / "root" / "commit.db")
+    return seen
+
+
+async def test_commits_failing_again_and_again_leave_the_connection_usable(tmp_path: Path) -> None:
+    seen = await fail_commits(tmp_path, 8, random.Random(9), unrecorded("failed COMMIT"))
+    assert sum(seen.values()) == 8
+
+
+@pytest.mark.slow
+async def test_long_commit_failures(tmp_path: Path, anyio_backend: object) -> None:
+    trials = int(os.environ.get("WARMENV_COMMIT_TRIALS", "200"))
+    checked = (
+        "the write reported failed (Failed, failed counts), no exception, nothing of it "
+        "stored; then inserts commit and another connection sees them; integrity_check"
+    )
+    with reliability_row(
+        f"COMMIT fails (deferred foreign key) in insert, insert_many, import of both formats "
+        f"({backend_label(anyio_backend)})",
+        checked,
+    ) as row:
+        seen = await fail_commits(tmp_path, trials, random.Random(10), row)
+        row.checked = f"{checked} ({_outcomes(seen)})"
