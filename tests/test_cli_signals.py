@@ -248,3 +248,55 @@ def test_the_purge_prompt_deletes_on_yes(warm_root: Path) -> None:
     )
     assert code == 0, output
     assert f"deleted {TOTAL} entries" in output.decode()
+
+
+_LATE_SIGNAL = """
+import os, signal, sys, anyio
+import warmenv.cli as cli
+
+real_run = anyio.run
+signum = int(sys.argv[1])
+
+def run_then_signal(*args, **kwargs):
+    result = real_run(*args, **kwargs)
+    os.kill(os.getpid(), signum)  # the work is done; the loop has just closed
+    return result
+
+anyio.run = run_then_signal
+sys.argv = ["warmenv", *sys.argv[2:]]
+cli.entry_point()
+"""
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "uvloop", "trio"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_after_the_loop_ends_says_the_export_completed(
+    warm_root: Path, tmp_path: Path, backend: str, signum: int
+) -> None:
+    out = tmp_path / "late.bundle"
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _LATE_SIGNAL,
+            str(int(signum)),
+            "export",
+            str(out),
+            "--name",
+            "late",
+            "--app-version",
+            "1",
+            "--env",
+            "warm",
+            "--root",
+            str(warm_root),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "WARMENV_CLI_BACKEND": backend},
+    )
+    assert completed.returncode == 128 + signum, (completed.returncode, completed.stderr)
+    assert "export had completed" in completed.stderr
+    assert "Traceback" not in completed.stderr
+    assert out.is_file()

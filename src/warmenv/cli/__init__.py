@@ -24,7 +24,7 @@ import sqlite3
 import sys
 import threading
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -94,11 +94,43 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = _parse(arguments)
             out.subject = getattr(args, "out", None) or getattr(args, "bundle", None)
             backend, options = _backend()
-            return int(anyio.run(_supervised, args, out, backend=backend, backend_options=options))
+            _late_signals.clear()
+            sigint = signal.getsignal(signal.SIGINT)
+            try:
+                status = int(
+                    anyio.run(_supervised, args, out, backend=backend, backend_options=options)
+                )
+            finally:
+                if threading.current_thread() is threading.main_thread() and sigint is not None:
+                    signal.signal(signal.SIGINT, sigint)  # Ctrl-C raises again for our caller
         except SystemExit:  # --help, --version
             raise
         except BaseException as exc:  # every way out becomes one line and a status
             return _fail(out, exc, debug)
+        late = list(_late_signals)
+        if late and status == 0:
+            # Asked to stop once the work had completed: the status says so, the
+            # line says what was done.
+            out.when_interrupted = out.when_completed
+            return _fail(out, Stopped(late[0]), debug)
+        return status
+
+
+_late_signals: list[int] = []
+
+
+def _record_late_signals() -> None:
+    """From now on a stop signal is only recorded (in `_late_signals`), not acted on."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in _STOP_SIGNALS:
+            signal.signal(signum, _recorder(_late_signals))
+
+
+def _recorder(arrived: list[int]) -> Callable[[int, object], None]:
+    def record(signum: int, frame: object) -> None:
+        arrived.append(signum)
+
+    return record
 
 
 def _parse(arguments: list[str]) -> argparse.Namespace:
@@ -193,6 +225,11 @@ async def _supervised(args: argparse.Namespace, out: Output) -> int:
                         failure.append(exc)
                 tg.cancel_scope.cancel()
     finally:
+        # The work is over and the receiver gone. A stop signal from here on is
+        # recorded for main() to judge: the loop's teardown would otherwise meet
+        # it with the default action (asyncio resets the handler, and any
+        # thread may take the signal) or an exception amid trio's own cleanup.
+        _record_late_signals()
         for timer in deadline:  # it stopped in time: no forced exit later
             timer.cancel()
     if stopped and (work.cancelled_caught or failure):
@@ -278,6 +315,11 @@ def _silence_stdout() -> None:
 
 
 def entry_point() -> None:  # pragma: no cover - the console script
+    # After main() the status is chosen: a stop signal arriving while the
+    # process exits must not replace it with a kill by the default action.
+    for signum in _STOP_SIGNALS:
+        if signum != signal.SIGINT:
+            signal.signal(signum, signal.SIG_IGN)
     status = main()
     _flush()
     main_thread = threading.main_thread()
