@@ -431,7 +431,7 @@ class RemoteTier:
         self, namespace: str, key: bytes, rkey: bytes, lkey: bytes, token: bytes
     ) -> tuple[bool, bytes | None]:
         """(True, None) once the lease is ours, else (False, the value or None to compute here)."""
-        args = [token, round(self.settings.lease_ttl * 1000)]
+        args: tuple[bytes, int] = (token, round(self.settings.lease_ttl * 1000))
         delay = FIRST_POLL_DELAY
         waited = False
         while True:
@@ -458,7 +458,7 @@ class RemoteTier:
             delay = min(delay * 1.5, MAX_POLL_DELAY)
 
     async def _heartbeat(self, lkey: bytes, token: bytes) -> None:
-        args = [token, round(self.settings.lease_ttl * 1000)]
+        args: tuple[bytes, int] = (token, round(self.settings.lease_ttl * 1000))
         while True:
             await anyio.sleep(self.settings.lease_ttl / 3)
             try:
