@@ -30,7 +30,7 @@ pytestmark = pytest.mark.anyio
 NS = Namespace("app", "tuned", version="1")
 
 
-class GatedStorage:
+class GatedStorage(Storage):
     """A real storage that counts its reads and can hold them at a gate.
 
     The gate lets a test gather every concurrent asker before the first

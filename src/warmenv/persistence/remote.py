@@ -18,9 +18,25 @@ against a digest bound to its key (written by `publish`), then handed to the
 store's codec, never unpickled; wrong types, oversized or garbled values under
 our keys are misses plus a warning.
 
+Fleet-wide single flight: a host that misses a key in both tiers takes a
+lease on it before computing (`SET <key>:lease <token> NX PX <lease_ttl>`),
+and a heartbeat extends the lease while the computation runs, only while the
+token is still ours (a Lua script, so the check and the extension are one
+step). Other hosts poll, at a growing interval, until the value lands or the
+lease is gone; the lease is deleted (token-checked) when the computation ends,
+whether it stored a value or raised, so a failure lets the next host try, and
+a holder that died stops heartbeating and its lease expires within
+`lease_ttl`. Polling rather than pub/sub keeps one code path and no
+subscription connection per waiter; the interval is capped (0.1 s) so a waiter learns
+of the value soon after it lands without every waiter of a fleet polling
+hard. A Redis that does not answer
+means computing locally, as without a remote.
+
 Key layout: `warmenv:<environment>:<namespace>:<hex of the key bytes>`. The
 environment name cannot hold `:` and the hex part cannot either, so the last
-`:` splits the namespace from the key unambiguously.
+`:` splits the namespace from the key unambiguously. A lease lives under the
+value's key plus `:lease`, which no value key can end with (`l` and `s` are
+not hex digits).
 """
 
 from __future__ import annotations
@@ -78,6 +94,10 @@ T = TypeVar("T")
 DEFAULT_REMOTE_TIMEOUT: Final = 0.25
 DEFAULT_MAX_VALUE_BYTES: Final = 8 * 1024 * 1024
 DEFAULT_MAX_CONNECTIONS: Final = 8
+DEFAULT_LEASE_TTL: Final = 10.0
+# A waiter polls first after this long, then 1.5 times longer each time, up to the cap.
+FIRST_POLL_DELAY: Final = 0.002
+MAX_POLL_DELAY: Final = 0.1
 # The first retry after a failure, doubled per failed retry up to the ceiling.
 FIRST_RETRY_DELAY: Final = 0.5
 MAX_RETRY_DELAY: Final = 30.0
@@ -86,6 +106,26 @@ MAX_RETRY_DELAY: Final = 30.0
 _MAGIC: Final = b"warmenv1"
 _DIGEST_SIZE: Final = 16
 _HEADER: Final = len(_MAGIC) + _DIGEST_SIZE
+
+# KEYS: the lease, the value. ARGV: our token, the TTL in ms.
+# 2: the value is there; 1: the lease is now ours; 0: another host holds it;
+# -1: something without an expiry sits under the lease key (not a lease of ours).
+_CLAIM: Final = b"""
+if redis.call('exists', KEYS[2]) == 1 then return 2 end
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+if redis.call('pttl', KEYS[1]) == -1 then return -1 end
+return 0
+"""
+# KEYS: the lease. ARGV: our token, the TTL in ms. 1 if the lease was still ours.
+_EXTEND: Final = b"""
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+return 0
+"""
+# KEYS: the lease. ARGV: our token. Deletes the lease only if it is still ours.
+_RELEASE: Final = b"""
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
 
 
 class RemoteError(WarmenvError):
@@ -129,6 +169,8 @@ class RemoteSettings:
     """A value larger than this is neither published nor read (it stays local)."""
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     """The size of the connection pool."""
+    lease_ttl: float = DEFAULT_LEASE_TTL
+    """How long a computing host's lease outlives its last heartbeat (a crash costs this much)."""
 
     def __attrs_post_init__(self) -> None:
         check_url(self.url)
@@ -138,11 +180,18 @@ class RemoteSettings:
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"remote {name} must be a positive int, got {value!r}")
+        # Three heartbeats per TTL, each allowed the whole timeout, must fit in it.
+        if not (isinstance(self.lease_ttl, int | float) and self.lease_ttl >= 4 * self.timeout):
+            raise ValueError(
+                f"remote lease_ttl must be a number of seconds at least 4 x timeout"
+                f" ({4 * self.timeout}), got {self.lease_ttl!r}"
+            )
 
     def __repr__(self) -> str:
         return (
             f"RemoteSettings(url={redact(self.url)!r}, timeout={self.timeout!r}, "
-            f"max_value_bytes={self.max_value_bytes!r}, max_connections={self.max_connections!r})"
+            f"max_value_bytes={self.max_value_bytes!r}, max_connections={self.max_connections!r}, "
+            f"lease_ttl={self.lease_ttl!r})"
         )
 
 
@@ -204,6 +253,12 @@ class RemoteStatistics:
     """Times the remote went from answering to failing."""
     available: bool
     """Whether the remote answered its last operation (or has not been tried)."""
+    leases: int = 0
+    """Computations this process ran holding the fleet's lease on the key."""
+    lease_waits: int = 0
+    """Computations this process waited for because another host held the lease."""
+    leases_lost: int = 0
+    """Leases that expired or were taken over while this process still computed."""
 
 
 class _Down(Exception):
@@ -286,6 +341,9 @@ class RemoteTier:
             skipped=c.get("skipped", 0),
             outages=c.get("outages", 0),
             available=self._delay == 0.0,
+            leases=c.get("leases", 0),
+            lease_waits=c.get("lease_waits", 0),
+            leases_lost=c.get("leases_lost", 0),
         )
 
     def redis_key(self, namespace: str, key: bytes) -> bytes:
@@ -333,6 +391,95 @@ class RemoteTier:
             self._count("failures")
             return
         self._count("published" if stored else "already_published")
+
+    @asynccontextmanager
+    async def lease(self, namespace: str, key: bytes) -> AsyncIterator[bytes | None]:
+        """The fleet's right to compute the key for the block, or the value another host stored.
+
+        Yields `None` when this process should compute: it holds the lease
+        (kept alive by a heartbeat until the block ends, then released), or
+        Redis cannot arbitrate (down, slow, hostile) and computing locally is
+        the fallback. Yields the value (already checked, as `fetch` does) when
+        another host published it while this one waited.
+        """
+        rkey = self.redis_key(namespace, key)
+        lkey = rkey + b":lease"
+        token = os.urandom(16).hex().encode()
+        held, landed = await self._await_turn(namespace, key, rkey, lkey, token)
+        if not held:
+            yield landed
+            return
+        self._count("leases")
+        # As in `connect`: the block's exception is carried past the task group
+        # so the caller gets it as raised, not wrapped in an exception group.
+        escaped: BaseException | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._heartbeat, lkey, token)
+                try:
+                    yield None
+                except BaseException as exc:
+                    escaped = exc
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._release(lkey, token)
+        if escaped is not None:
+            raise escaped
+
+    async def _await_turn(
+        self, namespace: str, key: bytes, rkey: bytes, lkey: bytes, token: bytes
+    ) -> tuple[bool, bytes | None]:
+        """(True, None) once the lease is ours, else (False, the value or None to compute here)."""
+        args: tuple[bytes, int] = (token, round(self.settings.lease_ttl * 1000))
+        delay = FIRST_POLL_DELAY
+        waited = False
+        while True:
+            try:
+                state = await self._call(
+                    lambda: self._client.eval(_CLAIM, keys=[lkey, rkey], args=args)
+                )
+            except _Down:
+                return False, None
+            except Exception as exc:
+                self._reject(lkey, f"Redis refused to take the lease ({exc})")
+                return False, None
+            if state == 1:
+                return True, None
+            if state == 2:
+                return False, await self.fetch(namespace, key)
+            if state != 0:
+                self._reject(lkey, "not a lease warmenv took (it never expires)")
+                return False, None
+            if not waited:
+                waited = True
+                self._count("lease_waits")
+            await anyio.sleep(delay)
+            delay = min(delay * 1.5, MAX_POLL_DELAY)
+
+    async def _heartbeat(self, lkey: bytes, token: bytes) -> None:
+        args: tuple[bytes, int] = (token, round(self.settings.lease_ttl * 1000))
+        while True:
+            await anyio.sleep(self.settings.lease_ttl / 3)
+            try:
+                kept = await self._call(lambda: self._client.eval(_EXTEND, keys=[lkey], args=args))
+            except Exception:
+                continue  # not answering (counted) or refusing: the next beat tries again
+            if kept != 1:
+                self._count("leases_lost")
+                log.warning(
+                    "%s: the lease %r expired while this host computed; another host may compute"
+                    " the value too (raise lease_ttl if computations stall this long)",
+                    self.describe(),
+                    lkey,
+                )
+                return
+
+    async def _release(self, lkey: bytes, token: bytes) -> None:
+        try:
+            await self._call(lambda: self._client.eval(_RELEASE, keys=[lkey], args=[token]))
+        except Exception:
+            pass  # the lease expires within lease_ttl instead
 
     async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:
         """`await operation()` within the timeout; `_Down` if it fails or the tier backs off."""
@@ -499,10 +646,22 @@ class RemoteStorage(Storage):
     def describe(self) -> str:
         return f"{self._local.describe()}, shared through {self._tier.describe()}"
 
+    @asynccontextmanager
+    async def lease(self, key: bytes) -> AsyncIterator[bytes | None]:
+        """One computation of `key` fleet-wide (see `RemoteTier.lease`).
+
+        A value another host computed is recorded locally, as a fetched one is.
+        """
+        async with self._tier.lease(self._namespace, check_key(key)) as landed:
+            yield None if landed is None else await self._record(key, landed)
+
     async def _backfill(self, key: bytes) -> bytes | None:
         value = await self._tier.fetch(self._namespace, check_key(key))
         if value is None:
             return None
+        return await self._record(key, value)
+
+    async def _record(self, key: bytes, value: bytes) -> bytes:
         check_value(value)
         result = await self._local.insert(key, value, Origin.REMOTE)
         if isinstance(result, Conflict):

@@ -17,6 +17,7 @@ import enum
 import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import NoReturn, Protocol, TypeAlias
 
 import attrs
@@ -246,6 +247,17 @@ class Storage(Protocol):
     def describe(self) -> str:
         """Where this storage keeps its entries, for messages and logs."""
         ...
+
+    def lease(self, key: bytes) -> AbstractAsyncContextManager[bytes | None]:
+        """The right to compute `key` for the block, shared by every host of a fleet.
+
+        Yields `None` when the caller should compute the value and insert it
+        before the block ends, or the value another host stored meanwhile. A
+        storage with no shared tier has no other host to wait for: it yields
+        `None` at once (this default). With a remote, one host fleet-wide
+        computes a key at a time (see `RemoteStorage.lease`).
+        """
+        return nullcontext()
 
 
 def check_cost(cost: object) -> float | None:

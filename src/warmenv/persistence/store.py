@@ -26,9 +26,10 @@ its encoded bytes; the two never collide (`str` never equals `bytes`).
 
 Concurrent askers of one missing key share one storage read and, in
 `get_or_compute`, one run of the computation and its outcome, value or
-exception. This is single flight within one store in one process; other
-processes each run their own computation, and the insert rules decide whose
-value the storage keeps.
+exception. Across processes and hosts, a storage with a shared tier
+arbitrates (`Storage.lease`): one of them computes, the others wait for its
+value. Without one, each process runs its own computation and the insert
+rules decide whose value the storage keeps.
 """
 
 from __future__ import annotations
@@ -496,8 +497,15 @@ class Store(Generic[K, V]):
         held = await self._read(encoded)
         if held is not _ABSENT:
             return held
-        data = self._codec.encode_value(await fn(*args))
-        _, held = await self._put(encoded, data, keep_failed=True)
+        # Fleet-wide single flight: with a shared tier, one host computes the
+        # key at a time and the others get its value (`Storage.lease`).
+        async with self._storage.lease(encoded) as landed:
+            if landed is not None:
+                held = self._remember(encoded, landed)
+                if held is not _ABSENT:
+                    return held
+            data = self._codec.encode_value(await fn(*args))
+            _, held = await self._put(encoded, data, keep_failed=True)
         return held
 
     async def _put(

@@ -1,0 +1,424 @@
+"""Fleet-wide single flight: one computation per key across hosts, through a lease in Redis."""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import anyio
+import coredis
+import pytest
+
+from redis_server import RedisServer, redis_server
+from warmenv import Namespace, open_environment
+from warmenv.persistence import MemoryStorage, Origin, Store
+from warmenv.persistence.remote import RemoteSettings
+
+pytestmark = [
+    # See tests/test_remote.py: coredis leaves streams of failed connections to the GC.
+    pytest.mark.filterwarnings("ignore:Unclosed <MemoryObject:ResourceWarning"),
+    pytest.mark.filterwarnings(
+        "ignore:Exception ignored in. <function MemoryObject"
+        ":pytest.PytestUnraisableExceptionWarning"
+    ),
+]
+
+NS = Namespace("app", "kernels", version="1")
+
+
+@pytest.fixture(autouse=True)
+def _no_configured_remote(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WARMENV_REMOTE", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _collect_here() -> Iterator[None]:
+    yield
+    gc.collect()
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    with redis_server() as running:
+        yield running
+
+
+@pytest.fixture
+async def raw(server: RedisServer) -> AsyncIterator[coredis.Redis[bytes]]:
+    async with coredis.Redis.from_url(server.url, decode_responses=False) as client:
+        yield client
+
+
+async def _until(condition: Callable[[], bool], limit: float = 10.0) -> None:
+    """Poll (bounded) until `condition()` holds: what the test waits for is another task's state."""
+    with anyio.fail_after(limit):
+        # Another task's counter, or another host's, has no event to wait on.
+        while not condition():  # noqa: ASYNC110
+            await anyio.sleep(0.005)
+
+
+class _Host:
+    """A computation that records its calls and runs until the test lets it finish (or fail)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.started = anyio.Event()
+        self.finish = anyio.Event()
+        self.fail = False
+
+    async def compute(self, tag: str) -> str:
+        self.calls.append(tag)
+        self.started.set()
+        await self.finish.wait()
+        if self.fail:
+            raise ValueError(f"{tag} failed")
+        return tag
+
+
+@pytest.mark.anyio
+async def test_a_host_waits_for_the_value_another_host_is_computing(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    settings = RemoteSettings(server.url, lease_ttl=1.0)
+    work = _Host()
+    results: dict[str, str] = {}
+    async with (
+        open_environment("fleet", root=tmp_path / "a", remote=settings) as a,
+        open_environment("fleet", root=tmp_path / "b", remote=settings) as b,
+    ):
+        assert a.remote is not None and b.remote is not None
+        stores: dict[str, Store[str, str]] = {"a": await a.store(NS), "b": await b.store(NS)}
+
+        async def ask(host: str) -> None:
+            results[host] = await stores[host].get_or_compute("k", work.compute, host)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask, "a")
+            await work.started.wait()
+            tg.start_soon(ask, "b")
+            await _until(lambda: b.remote is not None and b.remote.statistics().lease_waits == 1)
+            work.finish.set()
+        info = await b.storage(NS).info(b'"k"')
+        assert a.remote.statistics().leases == 1 and b.remote.statistics().leases == 0
+    assert work.calls == ["a"]
+    assert results == {"a": "a", "b": "a"}
+    assert info is not None and info.origin == Origin.REMOTE
+
+
+@pytest.mark.anyio
+async def test_a_host_whose_computation_raises_lets_the_next_host_compute_at_once(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    # A long TTL: the waiter takes over because the lease is released, not because it expired.
+    settings = RemoteSettings(server.url, lease_ttl=30.0)
+    first, second = _Host(), _Host()
+    first.fail = True
+    second.finish.set()
+    results: dict[str, object] = {}
+    async with (
+        open_environment("fleet", root=tmp_path / "a", remote=settings) as a,
+        open_environment("fleet", root=tmp_path / "b", remote=settings) as b,
+    ):
+        sa: Store[str, str] = await a.store(NS)
+        sb: Store[str, str] = await b.store(NS)
+
+        async def ask_a() -> None:
+            try:
+                results["a"] = await sa.get_or_compute("k", first.compute, "a")
+            except ValueError as exc:
+                results["a"] = exc
+
+        async def ask_b() -> None:
+            results["b"] = await sb.get_or_compute("k", second.compute, "b")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask_a)
+            await first.started.wait()
+            tg.start_soon(ask_b)
+            await _until(lambda: b.remote is not None and b.remote.statistics().lease_waits == 1)
+            failed_at = time.monotonic()
+            first.finish.set()
+        took = time.monotonic() - failed_at
+        # A retry on host a now finds b's value.
+        assert await sa.get_or_compute("k", first.compute, "a again") == "b"
+    assert isinstance(results["a"], ValueError) and results["b"] == "b"
+    assert first.calls == ["a"] and second.calls == ["b"]
+    assert took < 5.0
+
+
+@pytest.mark.anyio
+async def test_a_waiting_host_computes_locally_when_redis_stops(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    settings = RemoteSettings(server.url, lease_ttl=30.0)
+    first, second = _Host(), _Host()
+    second.finish.set()
+    results: dict[str, str] = {}
+    async with (
+        open_environment("fleet", root=tmp_path / "a", remote=settings) as a,
+        open_environment("fleet", root=tmp_path / "b", remote=settings) as b,
+    ):
+        sa: Store[str, str] = await a.store(NS)
+        sb: Store[str, str] = await b.store(NS)
+
+        async def ask_b() -> None:
+            results["b"] = await sb.get_or_compute("k", second.compute, "b")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: sa.get_or_compute("k", first.compute, "a"))
+            await first.started.wait()
+            tg.start_soon(ask_b)
+            await _until(lambda: b.remote is not None and b.remote.statistics().lease_waits == 1)
+            await anyio.to_thread.run_sync(server.stop)
+            stopped_at = time.monotonic()
+            await _until(lambda: "b" in results, limit=1.5)
+            assert time.monotonic() - stopped_at < 1.5
+            first.finish.set()
+        assert await sa.get("k") == "a" and await sb.get("k") == "b"
+
+
+@pytest.mark.anyio
+async def test_the_heartbeat_keeps_a_long_computation_s_lease(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    settings = RemoteSettings(server.url, lease_ttl=1.0)
+    work = _Host()
+    async with (
+        open_environment("fleet", root=tmp_path / "a", remote=settings) as a,
+        open_environment("fleet", root=tmp_path / "b", remote=settings) as b,
+    ):
+        sa: Store[str, str] = await a.store(NS)
+        sb: Store[str, str] = await b.store(NS)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: sa.get_or_compute("k", work.compute, "a"))
+            await work.started.wait()
+            tg.start_soon(lambda: sb.get_or_compute("k", work.compute, "b"))
+            # What is tested is time passing: two and a half lease TTLs without a takeover.
+            await anyio.sleep(2.5 * settings.lease_ttl)
+            assert work.calls == ["a"]
+            work.finish.set()
+        assert a.remote is not None and a.remote.statistics().leases_lost == 0
+    assert work.calls == ["a"]
+
+
+@pytest.mark.anyio
+async def test_something_that_never_expires_under_the_lease_key_is_ignored_with_a_warning(
+    tmp_path: Path,
+    server: RedisServer,
+    raw: coredis.Redis[bytes],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
+        assert env.remote is not None
+        await raw.set(env.remote.redis_key(NS.full, b'"k"') + b":lease", b"not a lease")
+        store: Store[str, str] = await env.store(NS)
+        work = _Host()
+        work.finish.set()
+        with caplog.at_level(logging.WARNING, logger="warmenv.remote"), anyio.fail_after(2):
+            assert await store.get_or_compute("k", work.compute, "local") == "local"
+        assert env.remote.statistics().rejected == 1
+    assert any("not a lease" in r.message for r in caplog.records)
+
+
+@pytest.mark.anyio
+async def test_a_storage_without_a_shared_tier_leases_at_once() -> None:
+    async with MemoryStorage(NS).lease(b"k") as landed:
+        assert landed is None
+
+
+def test_lease_ttl_must_leave_room_for_heartbeats() -> None:
+    with pytest.raises(ValueError, match="lease_ttl"):
+        RemoteSettings("redis://127.0.0.1:1/0", timeout=0.25, lease_ttl=0.5)
+    assert "lease_ttl=10.0" in repr(RemoteSettings("redis://127.0.0.1:1/0"))
+
+
+# --- hosts as OS processes --------------------------------------------------------
+
+CHILD = """
+import json, os, random, sys, time
+import anyio
+from warmenv import Namespace, open_environment
+from warmenv.persistence.remote import RemoteSettings
+
+root, url, ttl, log, keys, backend = sys.argv[1:7]
+hang = os.environ.get("WARMENV_TEST_HANG") == "1"
+
+async def compute(key):
+    # One short O_APPEND write per computation: whole lines, whatever the interleaving.
+    with open(log, "a") as file:
+        file.write(json.dumps([os.getpid(), key, time.monotonic()]) + "\\n")
+    if hang:
+        await anyio.sleep_forever()
+    await anyio.sleep(0.02)
+    return {"key": key}
+
+async def main():
+    # Eight interpreters on a machine of two shared cores: an answer can take
+    # longer than the default 0.25 s, and a timeout means computing locally.
+    settings = RemoteSettings(url, timeout=min(0.5, float(ttl) / 4), lease_ttl=float(ttl))
+    async with open_environment("fleet", root=root, remote=settings) as env:
+        store = await env.store(Namespace("app", "kernels", version="1"))
+        asked = keys.split(",")
+        random.shuffle(asked)
+        results = {}
+
+        async def ask(key):
+            results[key] = await store.get_or_compute(key, compute, key)
+
+        async def watch():
+            while env.remote.statistics().lease_waits == 0:
+                await anyio.sleep(0.005)
+            print("waiting", flush=True)
+
+        # Connect before the race: a burst of first contacts on a loaded machine may
+        # exceed the timeout, and computing locally is then the (tested) fallback.
+        await store.get("warm-up")
+        print("ready", flush=True)
+        await anyio.to_thread.run_sync(sys.stdin.readline)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            async with anyio.create_task_group() as asks:
+                for key in asked:
+                    asks.start_soon(ask, key)
+            tg.cancel_scope.cancel()
+        assert results == {key: {"key": key} for key in asked}, results
+        stats = env.remote.statistics()
+        counts = {"leases": stats.leases, "outages": stats.outages, "failures": stats.failures}
+        print(json.dumps({"done": time.monotonic(), **counts}), flush=True)
+
+anyio.run(main, backend=backend)
+"""
+
+
+class _Child:
+    """A host: a fresh interpreter with its own root, started and stepped through pipes."""
+
+    def __init__(self, root: Path, url: str, ttl: float, log: Path, keys: list[str], i: int):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                CHILD,
+                str(root),
+                url,
+                str(ttl),
+                str(log),
+                ",".join(keys),
+                "trio" if i % 2 else "asyncio",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            bufsize=0,
+            cwd="/",
+        )
+
+    @property
+    def stdout(self) -> IO[bytes]:
+        assert self.process.stdout is not None
+        return self.process.stdout
+
+    def line(self, limit: float = 30.0) -> str:
+        """The child's next line, failing the test if none comes within `limit`."""
+        ready, _, _ = select.select([self.stdout], [], [], limit)
+        if not ready:
+            self.process.kill()
+            raise AssertionError(f"no line from the child within {limit} s")
+        line = self.stdout.readline().decode()
+        if not line:
+            assert self.process.stderr is not None
+            raise AssertionError(f"the child ended: {self.process.stderr.read().decode()}")
+        return line.strip()
+
+    def expect(self, wanted: str) -> None:
+        assert self.line() == wanted
+
+    def go(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(b"go\n")
+
+    def result(self) -> dict[str, Any]:
+        while (line := self.line()) == "waiting":
+            pass
+        outcome: dict[str, Any] = json.loads(line)
+        assert self.process.wait(30) == 0
+        return outcome
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        for pipe in (self.process.stdin, self.process.stdout, self.process.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+@pytest.fixture
+def children() -> Iterator[list[_Child]]:
+    started: list[_Child] = []
+    yield started
+    for child in started:
+        child.close()
+
+
+def _computations(log: Path) -> list[tuple[int, str, float]]:
+    if not log.exists():
+        return []
+    return [tuple(json.loads(line)) for line in log.read_text().splitlines()]
+
+
+def test_eight_processes_asking_for_the_same_twenty_keys_compute_each_once(
+    tmp_path: Path, server: RedisServer, children: list[_Child]
+) -> None:
+    log = tmp_path / "computations.jsonl"
+    keys = [f"k{i:02}" for i in range(20)]
+    children.extend(_Child(tmp_path / f"host{i}", server.url, 2.0, log, keys, i) for i in range(8))
+    for child in children:
+        child.expect("ready")
+    for child in children:
+        child.go()
+    outcomes = [child.result() for child in children]
+    computed = [key for _, key, _ in _computations(log)]
+    assert sorted(computed) == keys, outcomes
+    assert sum(outcome["leases"] for outcome in outcomes) == 20
+
+
+def test_a_killed_lease_holder_is_taken_over_within_the_ttl(
+    tmp_path: Path, server: RedisServer, children: list[_Child], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ttl = 1.0
+    log = tmp_path / "computations.jsonl"
+    monkeypatch.setenv("WARMENV_TEST_HANG", "1")
+    holder = _Child(tmp_path / "holder", server.url, ttl, log, ["k"], 0)
+    children.append(holder)
+    monkeypatch.delenv("WARMENV_TEST_HANG")
+    holder.expect("ready")
+    holder.go()
+    deadline = time.monotonic() + 30
+    while not _computations(log):  # the holder has the lease and computes (forever)
+        assert time.monotonic() < deadline, "the holder never started computing"
+        time.sleep(0.01)
+    waiter = _Child(tmp_path / "waiter", server.url, ttl, log, ["k"], 1)
+    children.append(waiter)
+    waiter.expect("ready")
+    waiter.go()
+    waiter.expect("waiting")  # it found the lease held and waits rather than computing
+    killed_at = time.monotonic()
+    os.kill(holder.process.pid, signal.SIGKILL)
+    outcome = waiter.result()
+    computations = _computations(log)
+    assert [pid for pid, _, _ in computations] == [holder.process.pid, waiter.process.pid]
+    assert computations[1][2] > killed_at
+    assert outcome["done"] - killed_at < ttl + 1.0
