@@ -281,6 +281,8 @@ class RemoteTier:
     _retry_at: float = attrs.field(init=False, default=0.0)
     _delay: float = attrs.field(init=False, default=0.0)
     _counts: dict[str, int] = attrs.field(init=False, factory=dict)
+    # Our own Lua (the lease's claim, extend, release), registered once: run by hash.
+    _scripts: dict[str | bytes, Any] = attrs.field(init=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
         self._prefix = f"warmenv:{self.environment}:".encode()
@@ -436,9 +438,7 @@ class RemoteTier:
         waited = False
         while True:
             try:
-                state = await self._call(
-                    lambda: self._client.eval(_CLAIM, keys=[lkey, rkey], args=args)
-                )
+                state = await self._call(lambda: self._script(_CLAIM)(keys=[lkey, rkey], args=args))
             except _Down:
                 return False, None
             except Exception as exc:
@@ -462,7 +462,7 @@ class RemoteTier:
         while True:
             await anyio.sleep(self.settings.lease_ttl / 3)
             try:
-                kept = await self._call(lambda: self._client.eval(_EXTEND, keys=[lkey], args=args))
+                kept = await self._call(lambda: self._script(_EXTEND)(keys=[lkey], args=args))
             except Exception:
                 continue  # not answering (counted) or refusing: the next beat tries again
             if kept != 1:
@@ -475,9 +475,15 @@ class RemoteTier:
                 )
                 return
 
+    def _script(self, source: str | bytes) -> Any:
+        script = self._scripts.get(source)
+        if script is None:
+            script = self._scripts[source] = self._client.register_script(source)
+        return script
+
     async def _release(self, lkey: bytes, token: bytes) -> None:
         try:
-            await self._call(lambda: self._client.eval(_RELEASE, keys=[lkey], args=[token]))
+            await self._call(lambda: self._script(_RELEASE)(keys=[lkey], args=[token]))
         except Exception:
             pass  # the lease expires within lease_ttl instead
 
