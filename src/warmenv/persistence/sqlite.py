@@ -38,6 +38,7 @@ from warmenv._fs import non_regular_kind
 from warmenv.persistence import schema
 from warmenv.persistence.files import read_only_uri
 from warmenv.persistence.namespace import Namespace
+from warmenv.persistence.statistics import EnvironmentStatistics, Pending, Resolved, assemble
 from warmenv.persistence.storage import (
     DEFAULT_SCAN_BATCH,
     BundleRef,
@@ -223,6 +224,28 @@ class SqliteDatabase:
             ) from None
         after = await anyio.to_thread.run_sync(_file_size, self.path)
         return before, after
+
+    async def flush_statistics(self, batch: list[Pending]) -> bool:
+        """Add a batch of counts to the database in one transaction; False if not written.
+
+        Each hit key is resolved against its entry (origin, cost, bundle) inside
+        the transaction, and its recency recorded, so the hit path never reads
+        provenance. A read-only or version-1 file keeps nothing (the counts
+        stay in memory for `statistics()`); a failure (busy, full disk) is
+        logged and the caller keeps the counts for the next flush.
+        """
+        if self.read_only or self.version < 2:
+            return False
+        try:
+            await self.run(partial(_flush_statistics, batch, int(wall_clock())))
+        except sqlite3.Error as exc:
+            log.warning("recording statistics in %s failed (kept for later): %s", self.path, exc)
+            return False
+        return True
+
+    async def statistics(self, pending: list[Pending]) -> EnvironmentStatistics:
+        """The stored counts of every namespace and bundle, plus `pending` (not yet stored)."""
+        return await self.run(partial(_statistics, pending, self.version))
 
     def _failed(self, operation: str, exc: sqlite3.Error) -> Failed:
         reason = f"{operation} on {self.path} failed: {exc}"
@@ -624,6 +647,133 @@ def _bundle_id(bundle: BundleRef, now: float, conn: sqlite3.Connection) -> int:
         (bundle.name, bundle.digest, now),
     ).fetchone()
     return int(row[0])
+
+
+# --- statistics ---------------------------------------------------------------
+
+_HITS_TABLE = "temp.warmenv_hits"
+
+
+def _load_hits(batch: list[Pending], conn: sqlite3.Connection) -> None:
+    """Put the batch's hit keys in a temporary table, for one join against the entries."""
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {_HITS_TABLE} (namespace TEXT NOT NULL, key BLOB NOT NULL, "
+        "n INTEGER NOT NULL, PRIMARY KEY (namespace, key))"
+    )
+    conn.execute(f"DELETE FROM {_HITS_TABLE}")
+    conn.executemany(
+        f"INSERT INTO {_HITS_TABLE} (namespace, key, n) VALUES (?, ?, ?)",
+        ((p.namespace, key, n) for p in batch for key, n in p.hits.items()),
+    )
+
+
+def _resolve_hits(batch: list[Pending], conn: sqlite3.Connection) -> Resolved:
+    """What the batch's hits were worth: by namespace and origin, and by bundle."""
+    if not any(p.hits for p in batch):
+        return Resolved(by_origin={}, by_bundle={})
+    _load_hits(batch, conn)
+    rows = conn.execute(
+        "SELECT h.namespace, coalesce(e.origin, 0), e.bundle, sum(h.n), "
+        f"sum(h.n * coalesce(e.cost, 0)) FROM {_HITS_TABLE} AS h "
+        "LEFT JOIN main.entries AS e ON e.namespace = h.namespace AND e.key = h.key "
+        "GROUP BY 1, 2, 3"
+    ).fetchall()
+    by_origin: dict[tuple[str, int], tuple[int, float]] = {}
+    by_bundle: dict[int, tuple[int, float]] = {}
+    for namespace, origin, bundle, hits, saved in rows:
+        key = (namespace, int(origin))
+        old_hits, old_saved = by_origin.get(key, (0, 0.0))
+        by_origin[key] = (old_hits + int(hits), old_saved + float(saved))
+        if bundle is not None and origin == Origin.IMPORTED:
+            old_hits, old_saved = by_bundle.get(bundle, (0, 0.0))
+            by_bundle[int(bundle)] = (old_hits + int(hits), old_saved + float(saved))
+    return Resolved(by_origin=by_origin, by_bundle=by_bundle)
+
+
+def _flush_statistics(batch: list[Pending], now: int, conn: sqlite3.Connection) -> None:
+    stamp = now - now % schema.HIT_GRANULARITY
+
+    def body(conn: sqlite3.Connection) -> None:
+        resolved = _resolve_hits(batch, conn)
+        conn.executemany(
+            "INSERT INTO statistics (namespace, misses, computes, compute_seconds) "
+            "VALUES (?, ?, ?, ?) ON CONFLICT (namespace) DO UPDATE SET "
+            "misses = misses + excluded.misses, computes = computes + excluded.computes, "
+            "compute_seconds = compute_seconds + excluded.compute_seconds",
+            (
+                (p.namespace, p.misses, p.computes, p.compute_seconds)
+                for p in batch
+                if p.misses or p.computes
+            ),
+        )
+        conn.executemany(
+            "INSERT INTO hit_statistics (namespace, origin, hits, saved_seconds) "
+            "VALUES (?, ?, ?, ?) ON CONFLICT (namespace, origin) DO UPDATE SET "
+            "hits = hits + excluded.hits, saved_seconds = saved_seconds + excluded.saved_seconds",
+            ((ns, origin, h, s) for (ns, origin), (h, s) in resolved.by_origin.items()),
+        )
+        conn.executemany(
+            "INSERT INTO bundle_statistics (bundle, hits, saved_seconds) VALUES (?, ?, ?) "
+            "ON CONFLICT (bundle) DO UPDATE SET hits = hits + excluded.hits, "
+            "saved_seconds = saved_seconds + excluded.saved_seconds",
+            ((b, h, s) for b, (h, s) in resolved.by_bundle.items()),
+        )
+        if resolved.by_origin:
+            # Recency for eviction, from the same keys (coarse: once per granule).
+            conn.execute(
+                f"UPDATE main.entries SET last_hit = ? FROM {_HITS_TABLE} AS h "
+                "WHERE entries.namespace = h.namespace AND entries.key = h.key "
+                "AND (entries.last_hit IS NULL OR entries.last_hit < ?)",
+                (stamp, stamp),
+            )
+            conn.execute(f"DELETE FROM {_HITS_TABLE}")
+
+    schema.transaction(conn, body)
+
+
+def _statistics(
+    pending: list[Pending], version: int, conn: sqlite3.Connection
+) -> EnvironmentStatistics:
+    totals = _namespaces(conn)
+    tables = schema.table_names(conn) if version >= 2 else set()
+    counters: dict[str, tuple[int, int, float]] = {}
+    origins: dict[tuple[str, int], tuple[int, float]] = {}
+    bundles: list[tuple[int, str, str, int]] = []
+    bundle_hits: dict[int, tuple[int, float]] = {}
+    if schema.STATISTICS_TABLES <= tables:
+        for namespace, misses, computes, seconds in conn.execute(
+            "SELECT namespace, misses, computes, compute_seconds FROM statistics"
+        ):
+            counters[namespace] = (int(misses), int(computes), float(seconds))
+        for namespace, origin, hits, saved in conn.execute(
+            "SELECT namespace, origin, hits, saved_seconds FROM hit_statistics"
+        ):
+            origins[(namespace, int(origin))] = (int(hits), float(saved))
+        for bundle, hits, saved in conn.execute(
+            "SELECT bundle, hits, saved_seconds FROM bundle_statistics"
+        ):
+            bundle_hits[int(bundle)] = (int(hits), float(saved))
+    if "bundles" in tables:
+        bundles = [
+            (int(ident), str(name), str(digest), int(entries))
+            for ident, name, digest, entries in conn.execute(
+                "SELECT b.id, b.name, b.digest, (SELECT count(*) FROM entries AS e "
+                "WHERE e.bundle = b.id AND e.origin = ?) FROM bundles AS b ORDER BY b.name, b.id",
+                (int(Origin.IMPORTED),),
+            )
+        ]
+    try:
+        resolved = _resolve_hits(pending, conn)
+    except sqlite3.Error:  # no temporary table on this connection: pending hits unresolved
+        resolved = Resolved(
+            by_origin={
+                (p.namespace, int(Origin.LOCAL)): (sum(p.hits.values()), 0.0)
+                for p in pending
+                if p.hits
+            },
+            by_bundle={},
+        )
+    return assemble(totals, counters, origins, bundles, bundle_hits, pending, resolved)
 
 
 # --- recency, quarantine, gc, vacuum ----------------------------------------------
