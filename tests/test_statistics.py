@@ -39,18 +39,14 @@ async def any_env(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
             yield env
 
 
-def stored_counts(path: Path) -> dict[str, tuple[int, ...]]:
-    """What the database itself holds, read by a connection of its own."""
+def stored_counts(path: Path) -> dict[str, tuple[int, int, int]]:
+    """(hits, misses, computes) per namespace, as the database itself holds them."""
     with sqlite3.connect(path) as conn:
-        hits = dict(
-            conn.execute(
-                "SELECT namespace, sum(hits) FROM hit_statistics GROUP BY namespace"
-            ).fetchall()
-        )
-        counts = conn.execute("SELECT namespace, misses, computes FROM statistics").fetchall()
-    return {ns: (hits.get(ns, 0), misses, computes) for ns, misses, computes in counts} | {
-        ns: (n, 0, 0) for ns, n in hits.items() if ns not in {c[0] for c in counts}
-    }
+        rows = conn.execute(
+            "SELECT namespace, sum(hits), sum(misses), sum(computes) FROM statistics "
+            "GROUP BY namespace"
+        ).fetchall()
+    return {ns: (int(h), int(m), int(c)) for ns, h, m, c in rows}
 
 
 async def slow_square(n: int) -> int:

@@ -93,20 +93,19 @@ _ENVIRONMENT_DDL = (
 )
 # Lookup statistics, added to by every process in UPSERT increments (so
 # counts add up) and created on any writable open (so a version-2 file made
-# before they existed gains them): per namespace, per (namespace, origin of
-# the entry hit), and per imported bundle (a `bundles` row).
+# before they existed gains them): per (namespace, origin of the entry hit),
+# misses and computations under origin LOCAL; and per imported bundle (a
+# `bundles` row).
 _STATISTICS_DDL = (
-    "CREATE TABLE IF NOT EXISTS statistics (namespace TEXT PRIMARY KEY, "
+    "CREATE TABLE IF NOT EXISTS statistics (namespace TEXT NOT NULL, origin INTEGER NOT NULL, "
+    "hits INTEGER NOT NULL DEFAULT 0, saved_seconds REAL NOT NULL DEFAULT 0, "
     "misses INTEGER NOT NULL DEFAULT 0, computes INTEGER NOT NULL DEFAULT 0, "
-    "compute_seconds REAL NOT NULL DEFAULT 0)",
-    "CREATE TABLE IF NOT EXISTS hit_statistics (namespace TEXT NOT NULL, "
-    "origin INTEGER NOT NULL, hits INTEGER NOT NULL DEFAULT 0, "
-    "saved_seconds REAL NOT NULL DEFAULT 0, PRIMARY KEY (namespace, origin))",
+    "compute_seconds REAL NOT NULL DEFAULT 0, PRIMARY KEY (namespace, origin))",
     "CREATE TABLE IF NOT EXISTS bundle_statistics (bundle INTEGER PRIMARY KEY "
     "REFERENCES bundles (id), hits INTEGER NOT NULL DEFAULT 0, "
     "saved_seconds REAL NOT NULL DEFAULT 0)",
 )
-STATISTICS_TABLES = frozenset({"statistics", "hit_statistics", "bundle_statistics"})
+STATISTICS_TABLES = frozenset({"statistics", "bundle_statistics"})
 _UPGRADE_1_TO_2 = (
     _BUNDLES_DDL,
     "ALTER TABLE entries ADD COLUMN written_at REAL",

@@ -651,42 +651,62 @@ def _bundle_id(bundle: BundleRef, now: float, conn: sqlite3.Connection) -> int:
 
 # --- statistics ---------------------------------------------------------------
 
-_HITS_TABLE = "temp.warmenv_hits"
+_COUNTS_TABLE = "temp.warmenv_counts"
 
 
-def _load_hits(batch: list[Pending], conn: sqlite3.Connection) -> None:
-    """Put the batch's hit keys in a temporary table, for one join against the entries."""
+def _load_counts(batch: list[Pending], conn: sqlite3.Connection) -> None:
+    """Put a batch in a temporary table: a row per hit key, and one per namespace's misses.
+
+    One join against the entries then resolves every hit (origin, cost,
+    bundle) and one UPSERT adds everything up, all inside SQLite.
+    """
     conn.execute(
-        f"CREATE TABLE IF NOT EXISTS {_HITS_TABLE} (namespace TEXT NOT NULL, key BLOB NOT NULL, "
-        "n INTEGER NOT NULL, PRIMARY KEY (namespace, key))"
+        f"CREATE TABLE IF NOT EXISTS {_COUNTS_TABLE} (namespace TEXT NOT NULL, key BLOB, "
+        "n INTEGER NOT NULL, misses INTEGER NOT NULL, computes INTEGER NOT NULL, "
+        "seconds REAL NOT NULL)"
     )
-    conn.execute(f"DELETE FROM {_HITS_TABLE}")
-    conn.executemany(
-        f"INSERT INTO {_HITS_TABLE} (namespace, key, n) VALUES (?, ?, ?)",
-        ((p.namespace, key, n) for p in batch for key, n in p.hits.items()),
-    )
+    conn.execute(f"DELETE FROM {_COUNTS_TABLE}")
+    rows: list[tuple[str, bytes | None, int, int, int, float]] = []
+    for p in batch:
+        namespace = p.namespace
+        rows += [(namespace, key, n, 0, 0, 0.0) for key, n in p.hits.items()]
+        if p.misses or p.computes:
+            rows.append((namespace, None, 0, p.misses, p.computes, p.compute_seconds))
+    conn.executemany(f"INSERT INTO {_COUNTS_TABLE} VALUES (?, ?, ?, ?, ?, ?)", rows)
+
+
+_RESOLVED = (
+    "SELECT h.namespace, coalesce(e.origin, 0), sum(h.n), sum(h.n * coalesce(e.cost, 0)), "
+    "sum(h.misses), sum(h.computes), sum(h.seconds) "
+    f"FROM {_COUNTS_TABLE} AS h LEFT JOIN main.entries AS e "
+    "ON e.namespace = h.namespace AND e.key = h.key WHERE true GROUP BY 1, 2"
+)
+_RESOLVED_BUNDLES = (
+    "SELECT e.bundle, sum(h.n), sum(h.n * coalesce(e.cost, 0)) "
+    f"FROM {_COUNTS_TABLE} AS h JOIN main.entries AS e "
+    "ON e.namespace = h.namespace AND e.key = h.key "
+    f"WHERE e.origin = {int(Origin.IMPORTED)} AND e.bundle IS NOT NULL GROUP BY 1"
+)
+
+
+def _has_bundles(conn: sqlite3.Connection) -> bool:
+    return bool(conn.execute("SELECT EXISTS (SELECT 1 FROM main.bundles)").fetchone()[0])
 
 
 def _resolve_hits(batch: list[Pending], conn: sqlite3.Connection) -> Resolved:
-    """What the batch's hits were worth: by namespace and origin, and by bundle."""
+    """What a batch's hits were worth, read without writing (for a read-only file)."""
     if not any(p.hits for p in batch):
         return Resolved(by_origin={}, by_bundle={})
-    _load_hits(batch, conn)
-    rows = conn.execute(
-        "SELECT h.namespace, coalesce(e.origin, 0), e.bundle, sum(h.n), "
-        f"sum(h.n * coalesce(e.cost, 0)) FROM {_HITS_TABLE} AS h "
-        "LEFT JOIN main.entries AS e ON e.namespace = h.namespace AND e.key = h.key "
-        "GROUP BY 1, 2, 3"
-    ).fetchall()
-    by_origin: dict[tuple[str, int], tuple[int, float]] = {}
+    _load_counts(batch, conn)
+    by_origin = {
+        (namespace, int(origin)): (int(hits), float(saved))
+        for namespace, origin, hits, saved, _, _, _ in conn.execute(_RESOLVED)
+        if hits
+    }
     by_bundle: dict[int, tuple[int, float]] = {}
-    for namespace, origin, bundle, hits, saved in rows:
-        key = (namespace, int(origin))
-        old_hits, old_saved = by_origin.get(key, (0, 0.0))
-        by_origin[key] = (old_hits + int(hits), old_saved + float(saved))
-        if bundle is not None and origin == Origin.IMPORTED:
-            old_hits, old_saved = by_bundle.get(bundle, (0, 0.0))
-            by_bundle[int(bundle)] = (old_hits + int(hits), old_saved + float(saved))
+    if _has_bundles(conn):
+        by_bundle = {int(b): (int(h), float(s)) for b, h, s in conn.execute(_RESOLVED_BUNDLES)}
+    conn.execute(f"DELETE FROM {_COUNTS_TABLE}")
     return Resolved(by_origin=by_origin, by_bundle=by_bundle)
 
 
@@ -694,39 +714,28 @@ def _flush_statistics(batch: list[Pending], now: int, conn: sqlite3.Connection) 
     stamp = now - now % schema.HIT_GRANULARITY
 
     def body(conn: sqlite3.Connection) -> None:
-        resolved = _resolve_hits(batch, conn)
-        conn.executemany(
-            "INSERT INTO statistics (namespace, misses, computes, compute_seconds) "
-            "VALUES (?, ?, ?, ?) ON CONFLICT (namespace) DO UPDATE SET "
+        _load_counts(batch, conn)
+        conn.execute(
+            "INSERT INTO statistics (namespace, origin, hits, saved_seconds, misses, computes, "
+            f"compute_seconds) {_RESOLVED} ON CONFLICT (namespace, origin) DO UPDATE SET "
+            "hits = hits + excluded.hits, saved_seconds = saved_seconds + excluded.saved_seconds, "
             "misses = misses + excluded.misses, computes = computes + excluded.computes, "
-            "compute_seconds = compute_seconds + excluded.compute_seconds",
-            (
-                (p.namespace, p.misses, p.computes, p.compute_seconds)
-                for p in batch
-                if p.misses or p.computes
-            ),
+            "compute_seconds = compute_seconds + excluded.compute_seconds"
         )
-        conn.executemany(
-            "INSERT INTO hit_statistics (namespace, origin, hits, saved_seconds) "
-            "VALUES (?, ?, ?, ?) ON CONFLICT (namespace, origin) DO UPDATE SET "
-            "hits = hits + excluded.hits, saved_seconds = saved_seconds + excluded.saved_seconds",
-            ((ns, origin, h, s) for (ns, origin), (h, s) in resolved.by_origin.items()),
-        )
-        conn.executemany(
-            "INSERT INTO bundle_statistics (bundle, hits, saved_seconds) VALUES (?, ?, ?) "
-            "ON CONFLICT (bundle) DO UPDATE SET hits = hits + excluded.hits, "
-            "saved_seconds = saved_seconds + excluded.saved_seconds",
-            ((b, h, s) for b, (h, s) in resolved.by_bundle.items()),
-        )
-        if resolved.by_origin:
-            # Recency for eviction, from the same keys (coarse: once per granule).
+        if _has_bundles(conn):
             conn.execute(
-                f"UPDATE main.entries SET last_hit = ? FROM {_HITS_TABLE} AS h "
-                "WHERE entries.namespace = h.namespace AND entries.key = h.key "
-                "AND (entries.last_hit IS NULL OR entries.last_hit < ?)",
-                (stamp, stamp),
+                f"INSERT INTO bundle_statistics (bundle, hits, saved_seconds) {_RESOLVED_BUNDLES} "
+                "ON CONFLICT (bundle) DO UPDATE SET hits = hits + excluded.hits, "
+                "saved_seconds = saved_seconds + excluded.saved_seconds"
             )
-            conn.execute(f"DELETE FROM {_HITS_TABLE}")
+        # Recency for eviction, from the same keys (coarse: once per granule).
+        conn.execute(
+            f"UPDATE main.entries SET last_hit = ? FROM {_COUNTS_TABLE} AS h "
+            "WHERE h.key IS NOT NULL AND entries.namespace = h.namespace "
+            "AND entries.key = h.key AND (entries.last_hit IS NULL OR entries.last_hit < ?)",
+            (stamp, stamp),
+        )
+        conn.execute(f"DELETE FROM {_COUNTS_TABLE}")
 
     schema.transaction(conn, body)
 
@@ -741,14 +750,14 @@ def _statistics(
     bundles: list[tuple[int, str, str, int]] = []
     bundle_hits: dict[int, tuple[int, float]] = {}
     if schema.STATISTICS_TABLES <= tables:
-        for namespace, misses, computes, seconds in conn.execute(
-            "SELECT namespace, misses, computes, compute_seconds FROM statistics"
+        for namespace, origin, hits, saved, misses, computes, seconds in conn.execute(
+            "SELECT namespace, origin, hits, saved_seconds, misses, computes, compute_seconds "
+            "FROM statistics"
         ):
-            counters[namespace] = (int(misses), int(computes), float(seconds))
-        for namespace, origin, hits, saved in conn.execute(
-            "SELECT namespace, origin, hits, saved_seconds FROM hit_statistics"
-        ):
-            origins[(namespace, int(origin))] = (int(hits), float(saved))
+            if hits:
+                origins[(namespace, int(origin))] = (int(hits), float(saved))
+            old = counters.get(namespace, (0, 0, 0.0))
+            counters[namespace] = (old[0] + misses, old[1] + computes, old[2] + seconds)
         for bundle, hits, saved in conn.execute(
             "SELECT bundle, hits, saved_seconds FROM bundle_statistics"
         ):

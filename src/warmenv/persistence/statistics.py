@@ -146,8 +146,14 @@ class Counters:
             return None
         # Copy then delete the same prefix: an append from another thread in
         # between lands after it and is kept for the next drain.
-        served = Counter(hits[:n])
+        taken = hits[:n]
         del hits[:n]
+        if n > 64:
+            served: dict[bytes, int] = Counter(taken)  # counted in C
+        else:  # a Counter's set-up costs more than a few keys
+            served = {}
+            for key in taken:
+                served[key] = served.get(key, 0) + 1
         misses, self.misses = self.misses, 0
         computes, self.computes = self.computes, 0
         seconds, self.compute_seconds = self.compute_seconds, 0.0
