@@ -290,3 +290,34 @@ async def test_open_environment_applies_the_configured_max_bytes(
         assert env.max_bytes == 1024
     async with open_environment("e", root=tmp_path / "root", max_bytes=10) as env:
         assert env.max_bytes == 10
+
+
+async def test_a_read_only_environment_still_shows_this_process_counts(tmp_path: Path) -> None:
+    from warmenv.bundle import export_bundle
+
+    async with open_environment(file=tmp_path / "src.db") as source:
+        await source.storage(NS).insert(b'"k"', b"1")
+        await export_bundle(source, tmp_path / "b.bundle", name="b", version="1", format="sqlite")
+    before = (tmp_path / "b.bundle").read_bytes()
+    async with open_environment(file=tmp_path / "b.bundle") as env:
+        assert env.read_only
+        store: Store[str, int] = await env.store(NS)
+        assert await store.get("k") == 1
+        assert await store.get("absent") is None
+        assert not await env.flush_statistics()  # nowhere to keep them
+        (kernels,) = (await env.statistics()).namespaces
+        assert (kernels.hits, kernels.misses, kernels.entries) == (1, 1, 1)
+    assert (tmp_path / "b.bundle").read_bytes() == before
+
+
+async def test_leaving_the_block_in_a_cancelled_scope_is_not_a_checkpoint(root: Path) -> None:
+    left = False
+    with anyio.CancelScope() as scope:
+        async with open_environment("e", root=root) as env:
+            store: Store[str, int] = await env.store(NS)
+            await store.insert("k", 1)
+            await store.get("k")
+            scope.cancel()
+        left = True  # the background flusher's exit did not raise the cancellation here
+    assert left
+    assert stored_counts(root / "e.db") == {NS: (1, 0, 0)}  # and close still flushed

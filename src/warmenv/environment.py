@@ -359,16 +359,38 @@ async def open_environment(
     # The block's own exception leaves unwrapped: it is caught inside the task
     # group (which would put it in an exception group on trio) and raised after.
     error: BaseException | None = None
+    flusher_done = anyio.Event()
+
+    async def flusher() -> None:
+        try:
+            await env.run_statistics_flusher()
+        finally:
+            flusher_done.set()
+
     try:
-        async with anyio.create_task_group() as tg:
-            if statistics:
-                tg.start_soon(env.run_statistics_flusher)
-            try:
-                yield env
-            except BaseException as exc:
-                error = exc
-            finally:
-                tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                if statistics:
+                    tg.start_soon(flusher)
+                else:
+                    flusher_done.set()
+                try:
+                    yield env
+                except BaseException as exc:
+                    error = exc
+                finally:
+                    tg.cancel_scope.cancel()
+                    # Waited for shielded, so that leaving the block is no more a
+                    # checkpoint than it was without the flusher: a block that
+                    # completed inside a cancelled scope still completes.
+                    with anyio.CancelScope(shield=True):
+                        await flusher_done.wait()
+        except anyio.get_cancelled_exc_class():
+            if error is not None or not flusher_done.is_set():
+                raise
+            # trio's nursery exit is a checkpoint, which leaving the block was
+            # not: a cancellation raised only there is left to the caller's next
+            # checkpoint (cancellation is level-triggered), as it was before.
     finally:
         await env.close()
     if error is not None:
