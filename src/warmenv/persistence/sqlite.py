@@ -965,7 +965,12 @@ def _copy_provenance(alias: str, bundle: BundleRef | None, conn: sqlite3.Connect
     cost = "b.cost" if "cost" in columns else "NULL"
     bundle_id = None
     if bundle is not None:
-        bundle_id = schema.transaction(conn, partial(_bundle_id, bundle, now))
+        try:
+            bundle_id = schema.transaction(conn, partial(_bundle_id, bundle, now))
+        except sqlite3.Error as exc:
+            # A file that cannot be written (read-only, full disk) fails each
+            # batch too, and those failures are what the import reports.
+            log.warning("recording bundle %r failed: %s", bundle.name, exc)
     return _Provenance(written_at=written_at, cost=cost, bundle=bundle_id)
 
 
