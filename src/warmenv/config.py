@@ -28,7 +28,7 @@ __all__ = ["Config", "ConfigError", "load_config"]
 
 DEFAULT_ENVIRONMENT = "default"
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
-_KEYS = ("root", "environment", "stream_policy")
+_KEYS = ("root", "environment", "stream_policy", "max_bytes")
 
 
 class ConfigError(WarmenvError):
@@ -42,6 +42,8 @@ class Config:
     root: Path
     environment: str = DEFAULT_ENVIRONMENT
     stream_policy: StreamPolicy = StreamPolicy.PER_THREAD
+    max_bytes: int | None = None
+    """The size bound `open_environment` applies by default (keys plus values), or None."""
 
 
 def is_valid_name(name: object) -> bool:
@@ -75,12 +77,15 @@ def load_config(start: Path | None = None) -> Config:
     root = _root(settings.get("root", "user"), where, "root", base, here)
     environment = _environment(settings.get("environment", DEFAULT_ENVIRONMENT), where)
     stream_policy = _stream_policy(settings.get("stream_policy", "per_thread"), where)
+    max_bytes = _max_bytes(settings.get("max_bytes"), where)
 
     if (env_root := os.environ.get("WARMENV_ROOT")) is not None:
         root = _root(env_root, "the environment variable WARMENV_ROOT", None, Path.cwd(), here)
     if (env_name := os.environ.get("WARMENV_ENVIRONMENT")) is not None:
         environment = _environment(env_name, "the environment variable WARMENV_ENVIRONMENT")
-    return Config(root=root, environment=environment, stream_policy=stream_policy)
+    return Config(
+        root=root, environment=environment, stream_policy=stream_policy, max_bytes=max_bytes
+    )
 
 
 def _find_settings(start: Path) -> tuple[Path, Mapping[str, Any]] | None:
@@ -142,3 +147,29 @@ def _stream_policy(value: object, where: str) -> StreamPolicy:
         raise ConfigError(
             f"{where}: key 'stream_policy' must be one of {choices}, got {value!r}"
         ) from None
+
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40})
+
+
+def parse_size(text: str) -> int | None:
+    """Bytes from `"500000"`, `"512MiB"`, `"2 GB"` (case ignored); None if it is not a size."""
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        return None
+    return int(float(match[1]) * _UNITS[(match[2] or "").lower()])
+
+
+def _max_bytes(value: object, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and (parsed := parse_size(value)) is not None:
+        return parsed
+    raise ConfigError(
+        f"{where}: key 'max_bytes' must be a size in bytes (an int >= 0, or a string such as "
+        f'"512MiB" or "2GB"), got {value!r}'
+    )

@@ -30,12 +30,14 @@ import anyio.to_thread
 
 from warmenv._errors import ClosedError, WarmenvWarning
 from warmenv.config import is_valid_name, load_config
+from warmenv.persistence import statistics as _statistics
 from warmenv.persistence.codec import Codec
 from warmenv.persistence.explain import Explanation, explain_database, explain_memory
 from warmenv.persistence.memory import MemoryStorage, MemoryTable
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.remote import RemoteSettings, RemoteStorage, RemoteTier, remote_settings
 from warmenv.persistence.sqlite import CopiedBatch, SqliteDatabase, SqliteStorage, open_database
+from warmenv.persistence.statistics import EnvironmentStatistics, Pending, Recorder
 from warmenv.persistence.storage import BundleRef, Failed, NamespaceSummary, Purged, Storage
 from warmenv.persistence.store import CacheMode, Store
 from warmenv.stream import adopt_config, policy_chosen
@@ -91,7 +93,7 @@ def active() -> tuple[str, Path]:
 class Environment:
     """An open environment: hands out storages and stores for its namespaces."""
 
-    __slots__ = ("_closed", "_db", "_memory", "_remote", "max_bytes", "name", "path")
+    __slots__ = ("_closed", "_db", "_memory", "_recorder", "_remote", "max_bytes", "name", "path")
 
     def __init__(
         self,
@@ -102,6 +104,7 @@ class Environment:
         *,
         max_bytes: int | None = None,
         remote: RemoteTier | None = None,
+        statistics: bool = True,
     ) -> None:
         self.name = name
         self.path = path
@@ -111,6 +114,7 @@ class Environment:
         self._closed = False
         self.max_bytes = check_max_bytes(max_bytes)
         """The size bound (keys plus values) enforced on `gc()` and on close, or None."""
+        self._recorder = Recorder(self._write_statistics, enabled=statistics)
 
     @property
     def remote(self) -> RemoteTier | None:
@@ -166,7 +170,47 @@ class Environment:
         (`Store[Any, Any]`); annotate to narrow it:
         `store: Store[str, int] = await env.store(ns)`.
         """
-        return await Store.open(self.storage(namespace), codec, mode)
+        storage = self.storage(namespace)
+        counters = self._recorder.counters(storage.namespace)
+        return await Store.open(storage, codec, mode, counters=counters)
+
+    async def statistics(self) -> EnvironmentStatistics:
+        """Every namespace's and imported bundle's counts, this process's unflushed ones too.
+
+        Counts written by any process (stores flush in batches) plus the
+        ones this process holds in memory; they survive restarts.
+        """
+        self._check_open()
+        await self.flush_statistics()
+        pending = self._recorder.pending()
+        if self._db is not None:
+            return await self._db.statistics(pending)
+        assert self._memory is not None
+        await anyio.lowlevel.checkpoint()
+        return self._memory.statistics(pending)
+
+    async def flush_statistics(self) -> bool:
+        """Write the counts stores gathered so far (done every few seconds and on close).
+
+        False when they could not be written (read-only, busy): they are kept
+        in memory and still shown by `statistics()`.
+        """
+        self._check_open()
+        return await self._recorder.flush()
+
+    async def run_statistics_flusher(self, interval: float | None = None) -> None:
+        """Flush every `interval` seconds (default `FLUSH_INTERVAL`) until cancelled.
+
+        `open_environment` runs it for the duration of its block.
+        """
+        await self._recorder.run(_statistics.FLUSH_INTERVAL if interval is None else interval)
+
+    async def _write_statistics(self, batch: list[Pending]) -> bool:
+        if self._db is not None:
+            return await self._db.flush_statistics(batch)
+        assert self._memory is not None
+        self._memory.flush_statistics(batch)
+        return True
 
     def bulk_copy(
         self,
@@ -292,6 +336,8 @@ class Environment:
         """
         if self._closed:
             return
+        with anyio.CancelScope(shield=True):
+            await self._recorder.flush()
         if self.max_bytes is not None and not self.read_only:
             with anyio.CancelScope(shield=True):
                 await self.gc()
@@ -326,6 +372,7 @@ async def open_environment(
     create: bool = True,
     max_bytes: int | None = None,
     remote: str | RemoteSettings | None = None,
+    statistics: bool = True,
 ) -> AsyncIterator[Environment]:
     """Open an environment for the duration of the block.
 
@@ -334,7 +381,10 @@ async def open_environment(
     does not exist yet raises `FileNotFoundError` and nothing is created (for
     callers that only read, such as `warmenv ls`). `max_bytes` bounds the
     entries' size (keys plus values): past it, the least recently hit are
-    evicted on `env.gc()` and at the latest on close.
+    evicted on `env.gc()` and at the latest on close (default: the
+    configured `max_bytes`). With `statistics` (the default) stores count
+    their hits and misses, flushed every few seconds by a background task
+    of this block and on close.
 
     `remote` is a `redis://` or `rediss://` URL (or `RemoteSettings` to tune
     timeouts and caps) for the fleet's shared tier; `None` reads the variable
@@ -343,12 +393,54 @@ async def open_environment(
     """
     check_max_bytes(max_bytes)
     settings = remote_settings(remote)
-    async with AsyncExitStack() as stack:
-        env = await _open(name, root, file, create=create, max_bytes=max_bytes)
-        stack.push_async_callback(env.close)
+    env = await _open(name, root, file, create=create, max_bytes=max_bytes, statistics=statistics)
+    tier = AsyncExitStack()
+    # The block's own exception leaves unwrapped: it is caught inside the task
+    # group (which would put it in an exception group on trio) and raised after.
+    error: BaseException | None = None
+    flusher_done = anyio.Event()
+
+    async def flusher() -> None:
+        try:
+            await env.run_statistics_flusher()
+        finally:
+            flusher_done.set()
+
+    try:
         if settings is not None:
-            env._remote = await stack.enter_async_context(RemoteTier.connect(settings, env.name))
-        yield env
+            env._remote = await tier.enter_async_context(RemoteTier.connect(settings, env.name))
+        try:
+            async with anyio.create_task_group() as tg:
+                if statistics:
+                    tg.start_soon(flusher)
+                else:
+                    flusher_done.set()
+                try:
+                    yield env
+                except BaseException as exc:
+                    error = exc
+                finally:
+                    tg.cancel_scope.cancel()
+                    # Waited for shielded, so that leaving the block is no more a
+                    # checkpoint than it was without the flusher: a block that
+                    # completed inside a cancelled scope still completes.
+                    with anyio.CancelScope(shield=True):
+                        await flusher_done.wait()
+        except anyio.get_cancelled_exc_class():
+            if error is not None or not flusher_done.is_set():
+                raise
+            # trio's nursery exit is a checkpoint, which leaving the block was
+            # not: a cancellation raised only there is left to the caller's next
+            # checkpoint (cancellation is level-triggered), as it was before.
+    finally:
+        try:
+            # Not in a cancel scope of its own: the tier's task group was entered
+            # before anything of this block and must be exited as the innermost.
+            await tier.aclose()
+        finally:
+            await env.close()
+    if error is not None:
+        raise error
 
 
 def _locate(name: str | None, root: str | Path | None, file: str | Path | None) -> tuple[str, Path]:
@@ -375,14 +467,19 @@ async def _open(
     *,
     create: bool = True,
     max_bytes: int | None = None,
+    statistics: bool = True,
 ) -> Environment:
     env_name, path = _locate(name, root, file)
     if not create and not await anyio.to_thread.run_sync(path.is_file):
         raise FileNotFoundError(
             errno.ENOENT, f"no environment {env_name!r} (no file {path})", str(path)
         )
-    if not policy_chosen():  # the configured stream_policy, unless code chose one
-        adopt_config(await anyio.to_thread.run_sync(load_config))
+    if not policy_chosen() or max_bytes is None:
+        config = await anyio.to_thread.run_sync(load_config)
+        if not policy_chosen():  # the configured stream_policy, unless code chose one
+            adopt_config(config)
+        if max_bytes is None:
+            max_bytes = config.max_bytes
     try:
         if create:
             await anyio.to_thread.run_sync(partial(path.parent.mkdir, parents=True, exist_ok=True))
@@ -394,10 +491,12 @@ async def _open(
             WarmenvWarning,
             stacklevel=4,
         )
-        return Environment(env_name, path, None, MemoryTable(), max_bytes=max_bytes)
+        return Environment(
+            env_name, path, None, MemoryTable(), max_bytes=max_bytes, statistics=statistics
+        )
     if db.read_only:
         log.warning("%s opened read-only: reads are served, writes will fail", path)
-    return Environment(env_name, path, db, None, max_bytes=max_bytes)
+    return Environment(env_name, path, db, None, max_bytes=max_bytes, statistics=statistics)
 
 
 def check_max_bytes(max_bytes: object) -> int | None:

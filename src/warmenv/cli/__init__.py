@@ -38,17 +38,33 @@ from warmenv.cli import (
     demo,
     explain,
     export,
+    gc,
     imports,
     inspect,
     ls,
     purge,
+    stats,
+    vacuum,
     verify,
 )
 from warmenv.cli._common import Failure, Output, Stopped, UsageError, describe_error
 
 __all__ = ["main"]
 
-_COMMANDS = (demo, ls, explain, export, imports, inspect, verify, check, purge)
+_COMMANDS = (
+    demo,
+    ls,
+    stats,
+    explain,
+    export,
+    imports,
+    inspect,
+    verify,
+    check,
+    purge,
+    gc,
+    vacuum,
+)
 
 # How long a stopped command may take to clean up before the process exits anyway.
 GRACE_SECONDS = 5.0

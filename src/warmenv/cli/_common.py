@@ -275,6 +275,10 @@ async def environment(
                 raise Failure(await _no_environment(Path(exc.filename))) from None
         if env.in_memory or (write and env.read_only):
             raise Failure(await anyio.to_thread.run_sync(_cannot_use, env, notes, write))
+        if not write:
+            # A command that only reads must not evict on close (a configured
+            # max_bytes is enforced by the application and `warmenv gc`).
+            env.max_bytes = None
         for note in notes:
             out.warning(note)
         if out.subject is None:

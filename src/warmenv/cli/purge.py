@@ -1,4 +1,7 @@
-"""`warmenv purge`: delete an environment's entries (all, or under a prefix).
+"""`warmenv purge`: delete an environment's entries (all, under a prefix, or from a bundle).
+
+`--bundle DIGEST|NAME` is quarantine for a bad bundle: it deletes the
+entries that came from it and are still imported, never a local value.
 
 Nothing is created (purging an environment that does not exist is an error
 naming those that do), and nothing is deleted until the answer is "y":
@@ -23,8 +26,10 @@ from warmenv.cli._common import (
     namespace_prefixes,
     no_match,
     plural,
+    text_argument,
 )
 from warmenv.persistence.namespace import matches_any
+from warmenv.persistence.statistics import BundleStatistics
 from warmenv.persistence.storage import Failed
 
 
@@ -33,15 +38,24 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         "purge",
         parents=[parent],
         help="delete entries from an environment",
-        description="Delete the entries of an environment (--env), all of them or those under "
-        "--namespace prefixes. Asks for confirmation on a terminal unless --yes is given.",
+        description="Delete the entries of an environment (--env), all of them, those under "
+        "--namespace prefixes, or those imported from one bundle (--bundle; local values "
+        "stay). Asks for confirmation on a terminal unless --yes is given.",
     )
     add_namespace_option(parser)
+    parser.add_argument(
+        "--bundle",
+        metavar="DIGEST|NAME",
+        help="only the entries still imported from this bundle (its digest, with or without "
+        "the algorithm prefix, or its manifest name)",
+    )
     parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     parser.set_defaults(run=run)
 
 
 async def run(args: argparse.Namespace, out: Output) -> int:
+    if args.bundle is not None:
+        return await run_bundle(args, out)
     prefixes = namespace_prefixes(args)
     out.when_interrupted = "nothing deleted"
     async with environment(args, out, write=True) as env:
@@ -86,4 +100,57 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     if failures:
         raise Failure(f"{plural(len(failures), 'namespace')} could not be purged", document)
     out.result(document)
+    return 0
+
+
+def _names(bundle: BundleStatistics) -> tuple[str, ...]:
+    return (bundle.digest, bundle.name, bundle.digest.partition(":")[2])
+
+
+async def _confirm(args: argparse.Namespace, out: Output, what: str, question: str) -> None:
+    """Return once the user said yes (or --yes); raise otherwise."""
+    if args.yes:
+        return
+    if not sys.stdin.isatty() or args.json:
+        raise UsageError(f"purge would delete {what}; pass --yes to confirm")
+    answer = await ask(out, question)
+    if answer is None:  # Ctrl-D
+        out.line("")
+        raise Stopped(signal.SIGINT, "no answer (end of input)")
+    if answer.strip().lower() not in ("y", "yes"):
+        raise Failure("nothing deleted")
+
+
+async def run_bundle(args: argparse.Namespace, out: Output) -> int:
+    """`purge --bundle`: the entries still imported from one bundle."""
+    if args.namespaces is not None:
+        raise UsageError("--bundle and --namespace cannot be combined; give one of them")
+    wanted = text_argument(args.bundle, "--bundle")
+    if not wanted:
+        raise UsageError("--bundle must not be empty: give a bundle's digest or name")
+    out.when_interrupted = "nothing deleted"
+    async with environment(args, out, write=True) as env:
+        known = (await env.statistics()).bundles
+        matching = [b for b in known if wanted in _names(b)]
+        if not matching:
+            there = ", ".join(repr(b.name) for b in known) or "none"
+            raise Failure(
+                f"no bundle {wanted!r} was imported into {env.describe()} (bundles there: "
+                f"{there}); nothing deleted"
+            )
+        entries = sum(b.entries for b in matching)
+        what = f"{plural(entries, 'entry', 'entries')} imported from {matching[0].name!r}"
+        await _confirm(args, out, f"{what} in {env.describe()}", f"delete {what}? [y/N] ")
+        result = await env.purge_bundle(wanted)
+    document: dict[str, Any] = {
+        "environment": env.name,
+        "bundles": [{"name": b.name, "digest": b.digest} for b in matching],
+    }
+    if isinstance(result, Failed):
+        raise Failure(f"purge of bundle {wanted!r} failed: {result.reason}", document)
+    out.line(
+        f"deleted {plural(result.count, 'entry', 'entries')} imported from "
+        f"{matching[0].name!r}; local values were kept"
+    )
+    out.result({**document, "deleted": result.count})
     return 0

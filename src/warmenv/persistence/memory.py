@@ -9,12 +9,13 @@ either wholly applied or not applied at all.
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
-from typing import final
+from typing import TypeVar, final
 
 from anyio.lowlevel import checkpoint
 
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.schema import HIT_GRANULARITY
+from warmenv.persistence.statistics import EnvironmentStatistics, Pending, Resolved, assemble
 from warmenv.persistence.storage import (
     DEFAULT_SCAN_BATCH,
     BundleRef,
@@ -41,6 +42,8 @@ from warmenv.persistence.storage import (
 
 __all__ = ["MemoryStorage", "MemoryTable"]
 
+T = TypeVar("T")
+
 
 @final
 class _Row:
@@ -66,10 +69,73 @@ Rows = dict[bytes, _Row]
 class MemoryTable:
     """Every namespace's entries in memory: what one in-memory environment holds."""
 
-    __slots__ = ("namespaces",)
+    __slots__ = ("_bundle_hits", "_bundle_ids", "_counters", "_origins", "namespaces")
 
     def __init__(self) -> None:
         self.namespaces: dict[str, Rows] = {}
+        # Statistics, as the SQLite tables keep them (bundles numbered on sight).
+        self._counters: dict[str, tuple[int, int, float]] = {}
+        self._origins: dict[tuple[str, int], tuple[int, float]] = {}
+        self._bundle_hits: dict[int, tuple[int, float]] = {}
+        self._bundle_ids: dict[BundleRef, int] = {}
+
+    def _resolve(self, batch: list[Pending]) -> Resolved:
+        by_origin: dict[tuple[str, int], tuple[int, float]] = {}
+        by_bundle: dict[int, tuple[int, float]] = {}
+        for pending in batch:
+            rows = self.namespaces.get(pending.namespace, {})
+            for key, n in pending.hits.items():
+                row = rows.get(key)
+                origin = Origin.LOCAL if row is None else row.origin
+                saved = n * (row.cost or 0.0) if row is not None else 0.0
+                _add(by_origin, (pending.namespace, int(origin)), n, saved)
+                if row is not None and row.origin == Origin.IMPORTED and row.bundle is not None:
+                    ident = self._bundle_ids.setdefault(row.bundle, len(self._bundle_ids) + 1)
+                    _add(by_bundle, ident, n, saved)
+        return Resolved(by_origin=by_origin, by_bundle=by_bundle)
+
+    def flush_statistics(self, batch: list[Pending]) -> None:
+        """Add a batch of counts, as `SqliteDatabase.flush_statistics` does."""
+        resolved = self._resolve(batch)
+        for pending in batch:
+            misses, computes, seconds = self._counters.get(pending.namespace, (0, 0, 0.0))
+            self._counters[pending.namespace] = (
+                misses + pending.misses,
+                computes + pending.computes,
+                seconds + pending.compute_seconds,
+            )
+            self.touch(pending.namespace, pending.hits)
+        for origin_key, (hits, saved) in resolved.by_origin.items():
+            _add(self._origins, origin_key, hits, saved)
+        for ident, (hits, saved) in resolved.by_bundle.items():
+            _add(self._bundle_hits, ident, hits, saved)
+
+    def statistics(self, pending: list[Pending]) -> EnvironmentStatistics:
+        for rows in self.namespaces.values():
+            for row in rows.values():
+                if row.bundle is not None:
+                    self._bundle_ids.setdefault(row.bundle, len(self._bundle_ids) + 1)
+        entries: dict[int, int] = {}
+        for rows in self.namespaces.values():
+            for row in rows.values():
+                if row.origin == Origin.IMPORTED and row.bundle is not None:
+                    ident = self._bundle_ids[row.bundle]
+                    entries[ident] = entries.get(ident, 0) + 1
+        bundles = sorted(
+            (ident, ref.name, ref.digest, entries.get(ident, 0))
+            for ref, ident in self._bundle_ids.items()
+        )
+        bundles.sort(key=lambda b: (b[1], b[0]))
+        totals = [(s.namespace, s.entries, s.bytes) for s in self.summaries()]
+        return assemble(
+            totals,
+            self._counters,
+            self._origins,
+            bundles,
+            self._bundle_hits,
+            pending,
+            self._resolve(pending),
+        )
 
     def summaries(self) -> list[NamespaceSummary]:
         return [_summarise(name, rows) for name, rows in sorted(self.namespaces.items()) if rows]
@@ -151,6 +217,11 @@ class MemoryTable:
             excess -= len(key) + len(rows.pop(key).value)
             removed += 1
         return removed
+
+
+def _add(into: dict[T, tuple[int, float]], key: T, hits: int, saved: float) -> None:
+    old_hits, old_saved = into.get(key, (0, 0.0))
+    into[key] = (old_hits + hits, old_saved + saved)
 
 
 def _summarise(namespace: str, rows: Rows) -> NamespaceSummary:

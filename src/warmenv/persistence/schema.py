@@ -28,6 +28,7 @@ __all__ = [
     "ENVIRONMENT_COLUMNS",
     "ENVIRONMENT_VERSION",
     "SCHEMA_VERSION",
+    "STATISTICS_TABLES",
     "UPSERT",
     "NewerSchemaError",
     "Prepared",
@@ -90,6 +91,21 @@ _ENVIRONMENT_DDL = (
     "bundle INTEGER REFERENCES bundles (id), last_hit INTEGER, "
     "PRIMARY KEY (namespace, key))",
 )
+# Lookup statistics, added to by every process in UPSERT increments (so
+# counts add up) and created on any writable open (so a version-2 file made
+# before they existed gains them): per (namespace, origin of the entry hit),
+# misses and computations under origin LOCAL; and per imported bundle (a
+# `bundles` row).
+_STATISTICS_DDL = (
+    "CREATE TABLE IF NOT EXISTS statistics (namespace TEXT NOT NULL, origin INTEGER NOT NULL, "
+    "hits INTEGER NOT NULL DEFAULT 0, saved_seconds REAL NOT NULL DEFAULT 0, "
+    "misses INTEGER NOT NULL DEFAULT 0, computes INTEGER NOT NULL DEFAULT 0, "
+    "compute_seconds REAL NOT NULL DEFAULT 0, PRIMARY KEY (namespace, origin))",
+    "CREATE TABLE IF NOT EXISTS bundle_statistics (bundle INTEGER PRIMARY KEY "
+    "REFERENCES bundles (id), hits INTEGER NOT NULL DEFAULT 0, "
+    "saved_seconds REAL NOT NULL DEFAULT 0)",
+)
+STATISTICS_TABLES = frozenset({"statistics", "bundle_statistics"})
 _UPGRADE_1_TO_2 = (
     _BUNDLES_DDL,
     "ALTER TABLE entries ADD COLUMN written_at REAL",
@@ -155,6 +171,13 @@ def create_schema(conn: sqlite3.Connection, schema: str = "main") -> None:
 def create_environment_schema(conn: sqlite3.Connection) -> None:
     """Create an environment's tables (version 2) if they are missing."""
     for statement in _ENVIRONMENT_DDL:
+        conn.execute(statement)
+    create_statistics_schema(conn)
+
+
+def create_statistics_schema(conn: sqlite3.Connection) -> None:
+    """Create the statistics tables if they are missing (any writable version-2 open)."""
+    for statement in _STATISTICS_DDL:
         conn.execute(statement)
 
 
@@ -250,6 +273,8 @@ def prepare_writable(conn: sqlite3.Connection) -> Prepared:
             found = None
         version = environment_version(conn) if {"meta", "entries"} <= tables else None
         if version == 2:
+            if not STATISTICS_TABLES <= tables:
+                create_statistics_schema(conn)
             return Prepared()
         if version == 1:
             _check_not_bundle(conn)
@@ -284,6 +309,7 @@ def upgrade_1_to_2(conn: sqlite3.Connection) -> None:
     """
     for statement in _UPGRADE_1_TO_2:
         conn.execute(statement)
+    create_statistics_schema(conn)
     conn.execute(
         "INSERT OR REPLACE INTO meta (k, v) VALUES ('upgraded_at', ?)", (repr(wall_clock()),)
     )

@@ -38,6 +38,7 @@ from warmenv._fs import non_regular_kind
 from warmenv.persistence import schema
 from warmenv.persistence.files import read_only_uri
 from warmenv.persistence.namespace import Namespace
+from warmenv.persistence.statistics import EnvironmentStatistics, Pending, Resolved, assemble
 from warmenv.persistence.storage import (
     DEFAULT_SCAN_BATCH,
     BundleRef,
@@ -229,6 +230,28 @@ class SqliteDatabase:
             ) from None
         after = await anyio.to_thread.run_sync(_file_size, self.path)
         return before, after
+
+    async def flush_statistics(self, batch: list[Pending]) -> bool:
+        """Add a batch of counts to the database in one transaction; False if not written.
+
+        Each hit key is resolved against its entry (origin, cost, bundle) inside
+        the transaction, and its recency recorded, so the hit path never reads
+        provenance. A read-only or version-1 file keeps nothing (the counts
+        stay in memory for `statistics()`); a failure (busy, full disk) is
+        logged and the caller keeps the counts for the next flush.
+        """
+        if self.read_only or self.version < 2:
+            return False
+        try:
+            await self.run(partial(_flush_statistics, batch, int(wall_clock())))
+        except sqlite3.Error as exc:
+            log.warning("recording statistics in %s failed (kept for later): %s", self.path, exc)
+            return False
+        return True
+
+    async def statistics(self, pending: list[Pending]) -> EnvironmentStatistics:
+        """The stored counts of every namespace and bundle, plus `pending` (not yet stored)."""
+        return await self.run(partial(_statistics, pending, self.version))
 
     def _failed(self, operation: str, exc: sqlite3.Error) -> Failed:
         reason = f"{operation} on {self.path} failed: {exc}"
@@ -632,6 +655,142 @@ def _bundle_id(bundle: BundleRef, now: float, conn: sqlite3.Connection) -> int:
     return int(row[0])
 
 
+# --- statistics ---------------------------------------------------------------
+
+_COUNTS_TABLE = "temp.warmenv_counts"
+
+
+def _load_counts(batch: list[Pending], conn: sqlite3.Connection) -> None:
+    """Put a batch in a temporary table: a row per hit key, and one per namespace's misses.
+
+    One join against the entries then resolves every hit (origin, cost,
+    bundle) and one UPSERT adds everything up, all inside SQLite.
+    """
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {_COUNTS_TABLE} (namespace TEXT NOT NULL, key BLOB, "
+        "n INTEGER NOT NULL, misses INTEGER NOT NULL, computes INTEGER NOT NULL, "
+        "seconds REAL NOT NULL)"
+    )
+    conn.execute(f"DELETE FROM {_COUNTS_TABLE}")
+    rows: list[tuple[str, bytes | None, int, int, int, float]] = []
+    for p in batch:
+        namespace = p.namespace
+        rows += [(namespace, key, n, 0, 0, 0.0) for key, n in p.hits.items()]
+        if p.misses or p.computes:
+            rows.append((namespace, None, 0, p.misses, p.computes, p.compute_seconds))
+    conn.executemany(f"INSERT INTO {_COUNTS_TABLE} VALUES (?, ?, ?, ?, ?, ?)", rows)
+
+
+_RESOLVED = (
+    "SELECT h.namespace, coalesce(e.origin, 0), sum(h.n), sum(h.n * coalesce(e.cost, 0)), "
+    "sum(h.misses), sum(h.computes), sum(h.seconds) "
+    f"FROM {_COUNTS_TABLE} AS h LEFT JOIN main.entries AS e "
+    "ON e.namespace = h.namespace AND e.key = h.key WHERE true GROUP BY 1, 2"
+)
+_RESOLVED_BUNDLES = (
+    "SELECT e.bundle, sum(h.n), sum(h.n * coalesce(e.cost, 0)) "
+    f"FROM {_COUNTS_TABLE} AS h JOIN main.entries AS e "
+    "ON e.namespace = h.namespace AND e.key = h.key "
+    f"WHERE e.origin = {int(Origin.IMPORTED)} AND e.bundle IS NOT NULL GROUP BY 1"
+)
+
+
+def _has_bundles(conn: sqlite3.Connection) -> bool:
+    return bool(conn.execute("SELECT EXISTS (SELECT 1 FROM main.bundles)").fetchone()[0])
+
+
+def _resolve_hits(batch: list[Pending], conn: sqlite3.Connection) -> Resolved:
+    """What a batch's hits were worth, read without writing (for a read-only file)."""
+    if not any(p.hits for p in batch):
+        return Resolved(by_origin={}, by_bundle={})
+    _load_counts(batch, conn)
+    by_origin = {
+        (namespace, int(origin)): (int(hits), float(saved))
+        for namespace, origin, hits, saved, _, _, _ in conn.execute(_RESOLVED)
+        if hits
+    }
+    by_bundle: dict[int, tuple[int, float]] = {}
+    if _has_bundles(conn):
+        by_bundle = {int(b): (int(h), float(s)) for b, h, s in conn.execute(_RESOLVED_BUNDLES)}
+    conn.execute(f"DELETE FROM {_COUNTS_TABLE}")
+    return Resolved(by_origin=by_origin, by_bundle=by_bundle)
+
+
+def _flush_statistics(batch: list[Pending], now: int, conn: sqlite3.Connection) -> None:
+    stamp = now - now % schema.HIT_GRANULARITY
+
+    def body(conn: sqlite3.Connection) -> None:
+        _load_counts(batch, conn)
+        conn.execute(
+            "INSERT INTO statistics (namespace, origin, hits, saved_seconds, misses, computes, "
+            f"compute_seconds) {_RESOLVED} ON CONFLICT (namespace, origin) DO UPDATE SET "
+            "hits = hits + excluded.hits, saved_seconds = saved_seconds + excluded.saved_seconds, "
+            "misses = misses + excluded.misses, computes = computes + excluded.computes, "
+            "compute_seconds = compute_seconds + excluded.compute_seconds"
+        )
+        if _has_bundles(conn):
+            conn.execute(
+                f"INSERT INTO bundle_statistics (bundle, hits, saved_seconds) {_RESOLVED_BUNDLES} "
+                "ON CONFLICT (bundle) DO UPDATE SET hits = hits + excluded.hits, "
+                "saved_seconds = saved_seconds + excluded.saved_seconds"
+            )
+        # Recency for eviction, from the same keys (coarse: once per granule).
+        conn.execute(
+            f"UPDATE main.entries SET last_hit = ? FROM {_COUNTS_TABLE} AS h "
+            "WHERE h.key IS NOT NULL AND entries.namespace = h.namespace "
+            "AND entries.key = h.key AND (entries.last_hit IS NULL OR entries.last_hit < ?)",
+            (stamp, stamp),
+        )
+        conn.execute(f"DELETE FROM {_COUNTS_TABLE}")
+
+    schema.transaction(conn, body)
+
+
+def _statistics(
+    pending: list[Pending], version: int, conn: sqlite3.Connection
+) -> EnvironmentStatistics:
+    totals = _namespaces(conn)
+    tables = schema.table_names(conn) if version >= 2 else set()
+    counters: dict[str, tuple[int, int, float]] = {}
+    origins: dict[tuple[str, int], tuple[int, float]] = {}
+    bundles: list[tuple[int, str, str, int]] = []
+    bundle_hits: dict[int, tuple[int, float]] = {}
+    if schema.STATISTICS_TABLES <= tables:
+        for namespace, origin, hits, saved, misses, computes, seconds in conn.execute(
+            "SELECT namespace, origin, hits, saved_seconds, misses, computes, compute_seconds "
+            "FROM statistics"
+        ):
+            if hits:
+                origins[(namespace, int(origin))] = (int(hits), float(saved))
+            old = counters.get(namespace, (0, 0, 0.0))
+            counters[namespace] = (old[0] + misses, old[1] + computes, old[2] + seconds)
+        for bundle, hits, saved in conn.execute(
+            "SELECT bundle, hits, saved_seconds FROM bundle_statistics"
+        ):
+            bundle_hits[int(bundle)] = (int(hits), float(saved))
+    if "bundles" in tables:
+        bundles = [
+            (int(ident), str(name), str(digest), int(entries))
+            for ident, name, digest, entries in conn.execute(
+                "SELECT b.id, b.name, b.digest, (SELECT count(*) FROM entries AS e "
+                "WHERE e.bundle = b.id AND e.origin = ?) FROM bundles AS b ORDER BY b.name, b.id",
+                (int(Origin.IMPORTED),),
+            )
+        ]
+    try:
+        resolved = _resolve_hits(pending, conn)
+    except sqlite3.Error:  # no temporary table on this connection: pending hits unresolved
+        resolved = Resolved(
+            by_origin={
+                (p.namespace, int(Origin.LOCAL)): (sum(p.hits.values()), 0.0)
+                for p in pending
+                if p.hits
+            },
+            by_bundle={},
+        )
+    return assemble(totals, counters, origins, bundles, bundle_hits, pending, resolved)
+
+
 # --- recency, quarantine, gc, vacuum ----------------------------------------------
 
 _TOUCH_CHUNK = 500
@@ -812,7 +971,12 @@ def _copy_provenance(alias: str, bundle: BundleRef | None, conn: sqlite3.Connect
     cost = "b.cost" if "cost" in columns else "NULL"
     bundle_id = None
     if bundle is not None:
-        bundle_id = schema.transaction(conn, partial(_bundle_id, bundle, now))
+        try:
+            bundle_id = schema.transaction(conn, partial(_bundle_id, bundle, now))
+        except sqlite3.Error as exc:
+            # A file that cannot be written (read-only, full disk) fails each
+            # batch too, and those failures are what the import reports.
+            log.warning("recording bundle %r failed: %s", bundle.name, exc)
     return _Provenance(written_at=written_at, cost=cost, bundle=bundle_id)
 
 

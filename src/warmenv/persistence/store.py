@@ -38,6 +38,7 @@ import enum
 import functools
 import inspect
 import sys
+import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from types import TracebackType
@@ -58,6 +59,7 @@ from warmenv.persistence.codec import Codec, JsonCodec, canonical_arguments
 from warmenv.persistence.codec import _encode_str as _encode_json_str
 from warmenv.persistence.codec import _scan_canonical as _scan_json
 from warmenv.persistence.explain import explain_first_miss
+from warmenv.persistence.statistics import Counters
 from warmenv.persistence.storage import Conflict, Failed, Insertion, Purged, Storage, Stored
 
 __all__ = ["MISSING", "CacheMode", "Missing", "Store"]
@@ -128,7 +130,9 @@ class Store(Generic[K, V]):
     __slots__ = (
         "_codec",
         "_computes",
+        "_counters",
         "_epoch",
+        "_hits",
         "_json",
         "_limit",
         "_lru",
@@ -146,6 +150,7 @@ class Store(Generic[K, V]):
         codec: Codec[K, V],
         mode: CacheMode,
         max_entries: int | None = None,
+        counters: Counters | None = None,
     ) -> None:
         if max_entries is not None and (type(max_entries) is not int or max_entries < 1):
             raise ValueError(f"max_entries must be a positive int or None, got {max_entries!r}")
@@ -164,6 +169,10 @@ class Store(Generic[K, V]):
         self._computes: dict[bytes, _Flight] = {}
         self._epoch = 0
         self._memoized: str | None = None
+        self._counters = counters
+        # The hit path's one statistics step: append the key served (None: not counted).
+        # Memos (a str key of a JSON store, else the encoded key): encoded at drain.
+        self._hits: list[bytes | str] | None = None if counters is None else counters.hits
 
     @overload
     @classmethod
@@ -174,6 +183,7 @@ class Store(Generic[K, V]):
         mode: CacheMode = CacheMode.EAGER,
         *,
         max_entries: int | None = None,
+        counters: Counters | None = None,
     ) -> Store[Any, Any]: ...
     @overload
     @classmethod
@@ -184,6 +194,7 @@ class Store(Generic[K, V]):
         mode: CacheMode = CacheMode.EAGER,
         *,
         max_entries: int | None = None,
+        counters: Counters | None = None,
     ) -> Store[K, V]: ...
     @classmethod
     async def open(
@@ -193,15 +204,18 @@ class Store(Generic[K, V]):
         mode: CacheMode = CacheMode.EAGER,
         *,
         max_entries: int | None = None,
+        counters: Counters | None = None,
     ) -> Store[Any, Any]:
         """A store over `storage`; in `EAGER` mode this loads the namespace.
 
         `max_entries` bounds the values held in memory (least recently used
         dropped first; they stay in the storage and are read back on demand).
         An `EAGER` store with a bound loads the first `max_entries` in key order.
+        `counters` (handed out by an environment) count its hits, misses and
+        computations for `Environment.statistics()`.
         """
         store: Store[Any, Any] = cls(
-            storage, JsonCodec() if codec is None else codec, mode, max_entries
+            storage, JsonCodec() if codec is None else codec, mode, max_entries, counters
         )
         if mode is CacheMode.EAGER:
             await store._load()
@@ -245,9 +259,13 @@ class Store(Generic[K, V]):
         if held is _ABSENT:
             held = await self._read(self._encode_key(key))
             if held is _ABSENT:
+                if self._counters is not None:
+                    self._counters.misses += 1
                 return default
         elif self._lru is not None:
             self._lru.move_to_end(memo)
+        if self._hits is not None:
+            self._hits.append(memo)
         kind = type(held)
         if kind is bytes:
             if self._json:
@@ -274,6 +292,8 @@ class Store(Generic[K, V]):
                 self._lru.move_to_end(memo)
             except KeyError:
                 pass  # evicted by the event loop's thread just now: still a hit
+        if self._hits is not None:
+            self._hits.append(memo)
         return self._unpack(held)  # type: ignore[no-any-return]
 
     async def insert(self, key: K, value: V) -> Insertion:
@@ -298,8 +318,11 @@ class Store(Generic[K, V]):
         held: Any = self._values.get(memo, _ABSENT)
         if held is _ABSENT:
             held = await self._compute(self._encode_key(key), fn, args)
-        elif self._lru is not None:
-            self._lru.move_to_end(memo)
+        else:
+            if self._lru is not None:
+                self._lru.move_to_end(memo)
+            if self._hits is not None:
+                self._hits.append(memo)
         kind = type(held)
         if kind is bytes:
             if self._json:
@@ -354,8 +377,11 @@ class Store(Generic[K, V]):
                 if held is _ABSENT:
                     encoded = memo if type(memo) is bytes else self._encode_key(given)
                     held = await self._compute(encoded, functools.partial(fn, *args, **kwargs), ())
-                elif self._lru is not None:
-                    self._lru.move_to_end(memo)
+                else:
+                    if self._lru is not None:
+                        self._lru.move_to_end(memo)
+                    if self._hits is not None:
+                        self._hits.append(memo)
                 return self._unpack(held)  # type: ignore[no-any-return]
 
             return memoized
@@ -376,6 +402,22 @@ class Store(Generic[K, V]):
         self._values.clear()
         self._undecodable.clear()
         return await self._storage.purge()
+
+    async def aclose(self) -> None:
+        """Flush the counts of hits and misses so far (the environment's, in one write).
+
+        A store holds no other resource: one dropped without `aclose` loses
+        nothing, as its environment flushes every count on close.
+        """
+        if self._counters is not None:
+            await self._counters.flush()
+
+    async def __aenter__(self) -> Store[K, V]:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.aclose()
 
     # --- internals -------------------------------------------------------------
 
@@ -496,6 +538,8 @@ class Store(Generic[K, V]):
     ) -> Any:
         held = await self._read(encoded)
         if held is not _ABSENT:
+            if self._hits is not None:
+                self._hits.append(encoded)
             return held
         # Fleet-wide single flight: with a shared tier, one host computes the
         # key at a time and the others get its value (`Storage.lease`).
@@ -504,12 +548,17 @@ class Store(Generic[K, V]):
                 held = self._remember(encoded, landed)
                 if held is not _ABSENT:
                     return held
-            data = self._codec.encode_value(await fn(*args))
-            _, held = await self._put(encoded, data, keep_failed=True)
+            start = time.perf_counter()
+            value = await fn(*args)
+            cost = time.perf_counter() - start
+            if self._counters is not None:
+                self._counters.computed(cost)
+            data = self._codec.encode_value(value)
+            _, held = await self._put(encoded, data, keep_failed=True, cost=cost)
         return held
 
     async def _put(
-        self, encoded: bytes, data: bytes, *, keep_failed: bool
+        self, encoded: bytes, data: bytes, *, keep_failed: bool, cost: float | None = None
     ) -> tuple[Insertion, Any]:
         """Insert `data`, returning the outcome and what this store now holds for the key."""
         held = self._values.get(self._memo(encoded), _ABSENT)
@@ -518,7 +567,7 @@ class Store(Generic[K, V]):
         if encoded in self._undecodable:
             result: Insertion = await self._storage.replace(encoded, data)
         else:
-            result = await self._storage.insert(encoded, data)
+            result = await self._storage.insert(encoded, data, cost=cost)
             if isinstance(result, Conflict):
                 existing = self._remember(encoded, result.existing)
                 if existing is not _ABSENT:

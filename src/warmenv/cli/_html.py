@@ -1,0 +1,108 @@
+"""`warmenv stats --html`: one self-contained page of bar charts, no script, no fetch.
+
+Inline SVG, so the file opens anywhere (a CI artifact, an e-mail) and shows
+the same thing offline. Every name comes from the environment or a bundle
+manifest, i.e. from outside: all of it is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from warmenv.persistence.statistics import EnvironmentStatistics
+from warmenv.persistence.storage import Origin
+
+_BAR = 18
+_LABEL = 260
+_WIDTH = 420
+_COLOURS = {Origin.LOCAL: "#4c78a8", Origin.IMPORTED: "#f58518"}
+
+
+def _chart(
+    title: str, rows: list[tuple[str, list[tuple[str, float, str]]]], unit: str, css: str
+) -> str:
+    """A horizontal bar chart: per row, segments of (legend, value, colour) stacked."""
+    top = max((sum(v for _, v, _ in segs) for _, segs in rows), default=0.0) or 1.0
+    height = 30 + _BAR * 1.5 * len(rows)
+    parts = [
+        f'<svg class="{css}" xmlns="http://www.w3.org/2000/svg" width="{_LABEL + _WIDTH + 120}" '
+        f'height="{height:.0f}" role="img" aria-label="{html.escape(title)}">',
+        f"<title>{html.escape(title)}</title>",
+    ]
+    for i, (label, segments) in enumerate(rows):
+        y = 20 + i * _BAR * 1.5
+        parts.append(
+            f'<text x="{_LABEL - 6}" y="{y + _BAR * 0.75:.1f}" text-anchor="end">'
+            f"{html.escape(label)}</text>"
+        )
+        x = float(_LABEL)
+        total = 0.0
+        for legend, value, colour in segments:
+            width = _WIDTH * value / top
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y:.1f}" width="{width:.1f}" height="{_BAR}" '
+                f'fill="{colour}" data-label="{html.escape(label)}" '
+                f'data-series="{html.escape(legend)}" data-value="{value:g}">'
+                f"<title>{html.escape(f'{label}: {legend} {value:g} {unit}')}</title></rect>"
+            )
+            x += width
+            total += value
+        parts.append(
+            f'<text x="{x + 6:.1f}" y="{y + _BAR * 0.75:.1f}">'
+            f"{total:,.4g} {html.escape(unit)}</text>"
+        )
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def page(environment: str, stats: EnvironmentStatistics) -> str:
+    """The whole page: hits by origin and seconds saved per namespace, and per bundle."""
+    name = html.escape(environment)
+    hits_rows = [
+        (
+            n.namespace,
+            [
+                (origin.name.lower(), float(n.hits_by_origin.get(origin, 0)), colour)
+                for origin, colour in _COLOURS.items()
+            ],
+        )
+        for n in stats.namespaces
+    ]
+    saved_rows = [(n.namespace, [("saved", n.saved_seconds, "#54a24b")]) for n in stats.namespaces]
+    bundle_rows = [
+        (
+            f"{b.name} ({b.digest.partition(':')[2][:12] or b.digest[:12]})",
+            [("saved", b.saved_seconds, "#54a24b")],
+        )
+        for b in stats.bundles
+    ]
+    sections = [
+        f"<h1>warmenv statistics: {name}</h1>",
+        f"<p>{stats.hits:,} hits, {stats.misses:,} misses; the hits saved "
+        f"{stats.saved_seconds:,.3f} s of computation.</p>",
+        "<h2>Hits by origin, per namespace</h2>",
+        '<p><span style="color:#4c78a8">&#9632; local</span> '
+        '<span style="color:#f58518">&#9632; imported</span></p>',
+        _chart("hits by origin per namespace", hits_rows, "hits", "hits")
+        if hits_rows
+        else "<p>No namespaces.</p>",
+        "<h2>Seconds saved, per namespace</h2>",
+        _chart("seconds saved per namespace", saved_rows, "s", "saved-namespaces")
+        if saved_rows
+        else "<p>No namespaces.</p>",
+        "<h2>Seconds saved, per imported bundle</h2>",
+        _chart("seconds saved per bundle", bundle_rows, "s", "saved-bundles")
+        if bundle_rows
+        else "<p>No bundles imported.</p>",
+    ]
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>warmenv statistics: {name}</title>"
+        "<style>body{font-family:sans-serif;margin:2em}svg text{font-size:12px}</style>"
+        "</head><body>\n" + "\n".join(sections) + "\n</body></html>\n"
+    )
+
+
+def write(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")

@@ -1,0 +1,189 @@
+"""`warmenv stats [NAMESPACE]`: is the cache paying off?
+
+Per namespace: entries and size, hits (by the origin of the entry served:
+computed here, or imported from a bundle), misses, computations and the
+seconds they took, and the seconds the hits saved (each hit entry's recorded
+cost); per imported bundle: its entries still here, their hits and the time
+they saved. Counts come from every process that used the environment (stores
+flush them every few seconds and on close). It only reads; `--html FILE`
+also writes a small self-contained page with bar charts.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+
+from warmenv.cli import _html
+from warmenv.cli._common import (
+    Failure,
+    Output,
+    environment,
+    no_match,
+    plural,
+    size,
+    text_argument,
+)
+from warmenv.persistence.namespace import matches_any
+from warmenv.persistence.statistics import (
+    BundleStatistics,
+    EnvironmentStatistics,
+    NamespaceStatistics,
+)
+from warmenv.persistence.storage import Origin
+
+
+def register(commands: Any, parent: argparse.ArgumentParser) -> None:
+    parser = commands.add_parser(
+        "stats",
+        parents=[parent],
+        help="show hits, misses and the time the cache saved",
+        description="Show, per namespace of an environment (--env), its entries, hits by "
+        "origin (local or imported), misses, computations and the seconds the hits saved, "
+        "and per imported bundle the hits its entries served. Counts add up over every "
+        "process that used the environment and survive restarts. Only reads.",
+    )
+    parser.add_argument(
+        "namespace",
+        metavar="NAMESPACE",
+        nargs="?",
+        help="only namespaces under this prefix (whole segments), e.g. app/2",
+    )
+    parser.add_argument(
+        "--html",
+        metavar="FILE",
+        type=Path,
+        help="also write a self-contained HTML page with bar charts to FILE",
+    )
+    parser.set_defaults(run=run)
+
+
+def seconds(value: float) -> str:
+    """A duration for a table: `0.120 s`, `12.3 s`, `4.2 min`, `3.1 h`."""
+    if value < 10:
+        return f"{value:.3f} s"
+    if value < 600:
+        return f"{value:.1f} s"
+    if value < 36_000:
+        return f"{value / 60:.1f} min"
+    return f"{value / 3600:.1f} h"
+
+
+def hit_rate(hits: int, misses: int) -> str:
+    lookups = hits + misses
+    return "-" if not lookups else f"{100 * hits / lookups:.1f}%"
+
+
+def short_digest(digest: str) -> str:
+    algorithm, _, value = digest.partition(":")
+    return f"{algorithm}:{value[:12]}" if value else digest[:12]
+
+
+def namespace_json(n: NamespaceStatistics) -> dict[str, Any]:
+    return {
+        "namespace": n.namespace,
+        "entries": n.entries,
+        "bytes": n.bytes,
+        "hits": n.hits,
+        "misses": n.misses,
+        "hits_by_origin": {o.name.lower(): h for o, h in n.hits_by_origin.items()},
+        "computes": n.computes,
+        "compute_seconds": n.compute_seconds,
+        "saved_seconds": n.saved_seconds,
+    }
+
+
+def bundle_json(b: BundleStatistics) -> dict[str, Any]:
+    return {
+        "name": b.name,
+        "digest": b.digest,
+        "entries": b.entries,
+        "hits": b.hits,
+        "saved_seconds": b.saved_seconds,
+    }
+
+
+async def run(args: argparse.Namespace, out: Output) -> int:
+    prefix = None if args.namespace is None else text_argument(args.namespace, "NAMESPACE")
+    prefixes = None if prefix is None or not prefix.strip("/") else [prefix]
+    async with environment(args, out) as env:
+        stats = await env.statistics()
+    namespaces = [n for n in stats.namespaces if matches_any(n.namespace, prefixes)]
+    if prefixes is not None and not namespaces:
+        raise Failure(f"{no_match(prefixes)} in {env.describe()}")
+    shown = EnvironmentStatistics(namespaces=namespaces, bundles=stats.bundles)
+    out.table(
+        f"statistics of {env.name!r}",
+        [
+            "namespace",
+            "entries",
+            "size",
+            "hits",
+            "local",
+            "imported",
+            "misses",
+            "hit rate",
+            "computes",
+            "compute time",
+            "saved",
+        ],
+        [
+            [
+                n.namespace,
+                f"{n.entries:,}",
+                size(n.bytes),
+                f"{n.hits:,}",
+                f"{n.hits_by_origin.get(Origin.LOCAL, 0):,}",
+                f"{n.hits_by_origin.get(Origin.IMPORTED, 0):,}",
+                f"{n.misses:,}",
+                hit_rate(n.hits, n.misses),
+                f"{n.computes:,}",
+                seconds(n.compute_seconds),
+                seconds(n.saved_seconds),
+            ]
+            for n in namespaces
+        ],
+        empty=f"environment {env.name!r} holds no entries and has counted no lookups yet",
+    )
+    out.table(
+        "imported bundles",
+        ["bundle", "digest", "entries", "hits", "saved"],
+        [
+            [
+                b.name,
+                short_digest(b.digest),
+                f"{b.entries:,}",
+                f"{b.hits:,}",
+                seconds(b.saved_seconds),
+            ]
+            for b in stats.bundles
+        ],
+        empty="no bundles imported",
+    )
+    hits, misses = shown.hits, shown.misses
+    if namespaces:
+        out.line(
+            f"{plural(hits, 'hit')}, {plural(misses, 'miss', 'misses')} "
+            f"(hit rate {hit_rate(hits, misses)}); the hits saved "
+            f"{seconds(shown.saved_seconds)} of computation in "
+            f"{plural(len(namespaces), 'namespace')}"
+        )
+    if args.html is not None:
+        page = _html.page(env.name, shown)
+        await anyio.to_thread.run_sync(_html.write, args.html, page)
+        out.line(f"wrote {args.html}")
+    out.result(
+        {
+            "environment": env.name,
+            "hits": hits,
+            "misses": misses,
+            "saved_seconds": shown.saved_seconds,
+            "namespaces": [namespace_json(n) for n in namespaces],
+            "bundles": [bundle_json(b) for b in stats.bundles],
+            "html": None if args.html is None else str(args.html),
+        }
+    )
+    return 0

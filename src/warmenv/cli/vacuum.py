@@ -1,0 +1,34 @@
+"""`warmenv vacuum`: give the space of purged and evicted entries back to the file system.
+
+SQLite keeps freed pages inside the file; vacuum rewrites it compactly. It
+needs free disk about the file's size and waits for other processes'
+transactions; on failure the file is left as it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from warmenv.cli._common import Output, environment, size
+
+
+def register(commands: Any, parent: argparse.ArgumentParser) -> None:
+    parser = commands.add_parser(
+        "vacuum",
+        parents=[parent],
+        help="shrink an environment's file after purge or gc",
+        description="Rewrite the database of an environment (--env) compactly, giving the "
+        "space of purged and evicted entries back to the file system. Needs free disk "
+        "about the file's size.",
+    )
+    parser.set_defaults(run=run)
+
+
+async def run(args: argparse.Namespace, out: Output) -> int:
+    out.when_interrupted = "the file is as it was (vacuum is all or nothing)"
+    async with environment(args, out, write=True) as env:
+        before, after = await env.vacuum()
+    out.line(f"{env.path}: {size(before)} -> {size(after)} (freed {size(max(before - after, 0))})")
+    out.result({"environment": env.name, "path": str(env.path), "before": before, "after": after})
+    return 0

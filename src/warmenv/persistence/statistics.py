@@ -1,0 +1,325 @@
+"""Whether the cache pays off: hits, misses and seconds saved, counted cheaply, kept for good.
+
+A hit must stay a dict lookup, so a store never writes per hit and never
+even resolves what a hit was worth: it appends the key it served to a list
+(one C call), and counts misses and computations in plain integers. Every
+few seconds, and when a store or its environment closes, the lists and
+integers are drained into one batch and handed to the environment's storage,
+which resolves each hit key against its entry (origin, recorded `cost`, the
+bundle it came from) and adds the counts to the database in one transaction
+of UPSERT increments, so counts from several processes add up and survive
+restarts. The same batch records the hit keys' recency, for eviction.
+
+Counters belong to the environment, one per namespace, not to a store: a
+store that is dropped without being closed leaves its counts with the
+environment, which flushes them on close.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import final
+
+import anyio
+import attrs
+
+from warmenv.persistence.codec import JsonCodec
+from warmenv.persistence.storage import Origin
+
+_JSON_KEYS: JsonCodec[str, object] = JsonCodec()
+
+__all__ = [
+    "BundleStatistics",
+    "Counters",
+    "EnvironmentStatistics",
+    "NamespaceStatistics",
+    "Pending",
+    "Recorder",
+    "Resolved",
+]
+
+log = logging.getLogger("warmenv.statistics")
+
+FLUSH_INTERVAL = 5.0
+"""Seconds between background flushes (at most one write transaction per interval)."""
+
+
+@attrs.frozen
+class NamespaceStatistics:
+    """One namespace: what it holds, and how its lookups went since counting began."""
+
+    namespace: str
+    entries: int
+    bytes: int
+    hits: int
+    misses: int
+    hits_by_origin: dict[Origin, int]
+    """Hits by the origin of the entry served (an entry gone by the time the hit
+    was recorded counts as `LOCAL`)."""
+    computes: int
+    compute_seconds: float
+    saved_seconds: float
+    """The recorded `cost` of every entry hit, added up: time the hits did not spend."""
+
+
+@attrs.frozen
+class BundleStatistics:
+    """One imported bundle: its entries still imported here, and the hits they served."""
+
+    name: str
+    digest: str
+    entries: int
+    hits: int
+    saved_seconds: float
+
+
+@attrs.frozen
+class EnvironmentStatistics:
+    """Every namespace and every imported bundle of an environment, with their counts."""
+
+    namespaces: list[NamespaceStatistics]
+    bundles: list[BundleStatistics]
+
+    @property
+    def hits(self) -> int:
+        return sum(n.hits for n in self.namespaces)
+
+    @property
+    def misses(self) -> int:
+        return sum(n.misses for n in self.namespaces)
+
+    @property
+    def saved_seconds(self) -> float:
+        return sum(n.saved_seconds for n in self.namespaces)
+
+
+@attrs.frozen
+class Pending:
+    """One namespace's counts drained from memory, not yet in the database."""
+
+    namespace: str
+    hits: dict[bytes, int]
+    """Hit keys and how many times each was served."""
+    misses: int = 0
+    computes: int = 0
+    compute_seconds: float = 0.0
+
+
+@attrs.frozen
+class Resolved:
+    """Pending hits resolved against their entries, ready to be added up."""
+
+    by_origin: dict[tuple[str, int], tuple[int, float]]
+    """(namespace, origin) -> (hits, saved seconds)."""
+    by_bundle: dict[int, tuple[int, float]]
+    """A `bundles` row id -> (hits, saved seconds)."""
+
+
+@final
+class Counters:
+    """One namespace's counts in this process, between flushes.
+
+    `hits` is appended to on the hit path (list.append is atomic, so a thread
+    answering hits from memory may append while the event loop drains).
+    """
+
+    __slots__ = ("compute_seconds", "computes", "hits", "misses", "namespace", "recorder")
+
+    def __init__(self, namespace: str, recorder: Recorder) -> None:
+        self.namespace = namespace
+        self.recorder = recorder
+        # What stores served: encoded keys, or a JSON store's str keys as they
+        # were asked for (not encoded on the hit path; encoded when drained).
+        self.hits: list[bytes | str] = []
+        self.misses = 0
+        self.computes = 0
+        self.compute_seconds = 0.0
+
+    def computed(self, seconds: float) -> None:
+        """A lookup missed and its value was computed, taking `seconds`."""
+        self.misses += 1
+        self.computes += 1
+        self.compute_seconds += seconds
+
+    def drain(self) -> Pending | None:
+        """Take the counts so far (leaving zeros), or `None` if there are none."""
+        hits = self.hits
+        n = len(hits)
+        if not (n or self.misses or self.computes):
+            return None
+        # Copy then delete the same prefix: an append from another thread in
+        # between lands after it and is kept for the next drain.
+        taken = [_encoded(key) for key in hits[:n]]
+        del hits[:n]
+        if n > 64:
+            served: dict[bytes, int] = Counter(taken)  # counted in C
+        else:  # a Counter's set-up costs more than a few keys
+            served = {}
+            for key in taken:
+                served[key] = served.get(key, 0) + 1
+        misses, self.misses = self.misses, 0
+        computes, self.computes = self.computes, 0
+        seconds, self.compute_seconds = self.compute_seconds, 0.0
+        return Pending(self.namespace, dict(served), misses, computes, seconds)
+
+    def restore(self, pending: Pending) -> None:
+        """Put counts back after a flush that failed, so none is lost."""
+        for key, n in pending.hits.items():
+            self.hits.extend([key] * n)
+        self.misses += pending.misses
+        self.computes += pending.computes
+        self.compute_seconds += pending.compute_seconds
+
+    async def flush(self) -> None:
+        """Flush the environment's counts (every namespace's: one transaction for all)."""
+        await self.recorder.flush()
+
+
+Flush = Callable[[list[Pending]], Awaitable[bool]]
+
+
+@final
+class Recorder:
+    """An environment's counters, one per namespace, and the flush that empties them.
+
+    `write` stores a batch (returns False if it could not: the counts are
+    then kept for the next flush). Flushes are serialised by a lock, so a
+    store's close and the background flush never write the same counts twice.
+    """
+
+    __slots__ = ("_counters", "_lock", "_write", "enabled")
+
+    def __init__(self, write: Flush, *, enabled: bool = True) -> None:
+        self._counters: dict[str, Counters] = {}
+        self._write = write
+        self._lock = anyio.Lock()
+        self.enabled = enabled
+
+    def counters(self, namespace: str) -> Counters | None:
+        """The counters a store of `namespace` adds to (`None` when counting is off)."""
+        if not self.enabled:
+            return None
+        found = self._counters.get(namespace)
+        if found is None:
+            found = self._counters[namespace] = Counters(namespace, self)
+        return found
+
+    def drain(self) -> list[Pending]:
+        return [p for c in self._counters.values() if (p := c.drain()) is not None]
+
+    async def flush(self) -> bool:
+        """Write every namespace's counts so far; False if they had to be kept for later."""
+        async with self._lock:
+            batch = self.drain()
+            if not batch:
+                return True
+            written = False
+            try:
+                written = await self._write(batch)
+            finally:
+                if not written:
+                    self.restore(batch)
+            return written
+
+    def restore(self, batch: list[Pending]) -> None:
+        for pending in batch:
+            counters = self._counters.get(pending.namespace)
+            if counters is None:
+                counters = self._counters[pending.namespace] = Counters(pending.namespace, self)
+            counters.restore(pending)
+
+    def pending(self) -> list[Pending]:
+        """A copy of the counts not yet flushed, left in place (for `statistics()`)."""
+        batch = self.drain()
+        self.restore(batch)
+        return batch
+
+    async def run(self, interval: float = FLUSH_INTERVAL) -> None:
+        """Flush every `interval` seconds, for ever (a background task; cancel to stop)."""
+        while True:
+            await anyio.sleep(interval)
+            try:
+                await self.flush()
+            except Exception as exc:  # a background flush never takes the application down
+                log.warning("flushing statistics failed, kept for the next flush: %s", exc)
+
+
+def assemble(
+    totals: list[tuple[str, int, int]],
+    counters: dict[str, tuple[int, int, float]],
+    origins: dict[tuple[str, int], tuple[int, float]],
+    bundles: list[tuple[int, str, str, int]],
+    bundle_hits: dict[int, tuple[int, float]],
+    pending: list[Pending],
+    resolved: Resolved,
+) -> EnvironmentStatistics:
+    """Stored counts plus this process's pending ones, as the public value classes.
+
+    `totals`: (namespace, entries, bytes); `counters`: namespace -> (misses,
+    computes, compute seconds); `origins`: (namespace, origin) -> (hits,
+    saved); `bundles`: (id, name, digest, entries still imported).
+    """
+    counts = dict(counters)
+    for p in pending:
+        misses, computes, seconds = counts.get(p.namespace, (0, 0, 0.0))
+        counts[p.namespace] = (
+            misses + p.misses,
+            computes + p.computes,
+            seconds + p.compute_seconds,
+        )
+    by_origin = dict(origins)
+    for key, (hits, saved) in resolved.by_origin.items():
+        old_hits, old_saved = by_origin.get(key, (0, 0.0))
+        by_origin[key] = (old_hits + hits, old_saved + saved)
+    per_bundle = dict(bundle_hits)
+    for ident, (hits, saved) in resolved.by_bundle.items():
+        old_hits, old_saved = per_bundle.get(ident, (0, 0.0))
+        per_bundle[ident] = (old_hits + hits, old_saved + saved)
+
+    sizes = {namespace: (entries, size) for namespace, entries, size in totals}
+    names = sorted(set(sizes) | set(counts) | {namespace for namespace, _ in by_origin})
+    hit_origins: dict[str, dict[Origin, tuple[int, float]]] = {}
+    for (namespace, origin), value in by_origin.items():
+        hit_origins.setdefault(namespace, {})[_origin(origin)] = value
+    namespaces = []
+    for namespace in names:
+        entries, size = sizes.get(namespace, (0, 0))
+        misses, computes, seconds = counts.get(namespace, (0, 0, 0.0))
+        origin_counts = hit_origins.get(namespace, {})
+        namespaces.append(
+            NamespaceStatistics(
+                namespace=namespace,
+                entries=entries,
+                bytes=size,
+                hits=sum(h for h, _ in origin_counts.values()),
+                misses=misses,
+                hits_by_origin={o: h for o, (h, _) in sorted(origin_counts.items())},
+                computes=computes,
+                compute_seconds=seconds,
+                saved_seconds=sum(s for _, s in origin_counts.values()),
+            )
+        )
+    bundle_list = [
+        BundleStatistics(
+            name=name,
+            digest=digest,
+            entries=entries,
+            hits=per_bundle.get(ident, (0, 0.0))[0],
+            saved_seconds=per_bundle.get(ident, (0, 0.0))[1],
+        )
+        for ident, name, digest, entries in bundles
+    ]
+    return EnvironmentStatistics(namespaces=namespaces, bundles=bundle_list)
+
+
+def _encoded(key: bytes | str) -> bytes:
+    return key if isinstance(key, bytes) else _JSON_KEYS.encode_key(key)
+
+
+def _origin(value: int) -> Origin:
+    try:
+        return Origin(value)
+    except ValueError:
+        return Origin.LOCAL

@@ -1,0 +1,305 @@
+"""`warmenv stats`, `purge --bundle`, `gc` and `vacuum`, run as a user would, on every loop."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from test_cli import warmenv
+from warmenv import open_environment
+from warmenv.persistence import Origin, Store
+from warmenv.persistence.storage import BundleRef
+
+NS = "app/1/kernels"
+OTHER = "app/1/configs"
+BUNDLE = BundleRef("H100 Linux", "blake2b-256:" + "cd" * 32)
+LOOPS = ["asyncio", "uvloop", "trio"]
+
+
+def run(*args: str, root: Path, loop: str) -> subprocess.CompletedProcess[str]:
+    return warmenv(*args, root=root, env={"WARMENV_CLI_BACKEND": loop})
+
+
+def document(completed: subprocess.CompletedProcess[str]) -> Any:
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout)
+
+
+async def _fill(root: Path) -> None:
+    async with open_environment("stats", root=root) as env:
+        await env.storage(NS).insert_many(
+            [(b'"i%d"' % i, b"%d" % i) for i in range(4)],
+            Origin.IMPORTED,
+            cost=1.5,
+            bundle=BUNDLE,
+        )
+        store: Store[str, int] = await env.store(NS)
+        for _ in range(3):
+            await store.get("i0")
+        await store.get("i1")
+        await store.get("absent")
+
+        async def compute() -> int:
+            return 7
+
+        await store.get_or_compute("local", compute)
+        await store.get("local")
+        other: Store[str, int] = await env.store(OTHER)
+        await other.insert("c", 1)
+
+
+@pytest.fixture
+def counted_root(tmp_path: Path) -> Path:
+    """Environment 'stats': 4 imported entries (cost 1.5 s) hit 4 times, 1 local, 2 misses."""
+    root = tmp_path / "root"
+    anyio.run(_fill, root)
+    return root
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_stats_shows_hits_by_origin_misses_and_saved_seconds(counted_root: Path, loop: str) -> None:
+    found = document(run("stats", "--env", "stats", "--json", root=counted_root, loop=loop))
+    by_ns = {n["namespace"]: n for n in found["namespaces"]}
+    kernels = by_ns[NS]
+    assert kernels["hits_by_origin"] == {"local": 1, "imported": 4}
+    assert (kernels["hits"], kernels["misses"], kernels["computes"]) == (5, 2, 1)
+    assert kernels["saved_seconds"] == pytest.approx(6.0, abs=0.5)
+    assert kernels["entries"] == 5
+    (bundle,) = found["bundles"]
+    assert (bundle["name"], bundle["digest"], bundle["entries"], bundle["hits"]) == (
+        BUNDLE.name,
+        BUNDLE.digest,
+        4,
+        4,
+    )
+    assert bundle["saved_seconds"] == pytest.approx(6.0)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_stats_prints_tables_and_a_summary(counted_root: Path, loop: str) -> None:
+    completed = run("stats", "--env", "stats", root=counted_root, loop=loop)
+    assert completed.returncode == 0, completed.stderr
+    assert "app/1/kernels" in completed.stdout and "H100 Linux" in completed.stdout
+    assert "5 hits, 2 misses (hit rate 71.4%)" in completed.stdout
+    assert "in 2 namespaces" in completed.stdout
+
+
+def test_stats_of_a_namespace_prefix_shows_only_it(counted_root: Path) -> None:
+    found = document(
+        run("stats", "app/1/configs", "--env", "stats", "--json", root=counted_root, loop="asyncio")
+    )
+    assert [n["namespace"] for n in found["namespaces"]] == [OTHER]
+
+
+def test_stats_of_a_prefix_matching_nothing_says_so(counted_root: Path) -> None:
+    completed = run("stats", "nope", "--env", "stats", root=counted_root, loop="asyncio")
+    assert completed.returncode == 1
+    assert "no namespace matches 'nope'" in completed.stderr
+    assert len(completed.stderr.strip().splitlines()) == 1
+
+
+def test_stats_creates_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    completed = run("stats", "--env", "absent", root=root, loop="asyncio")
+    assert completed.returncode == 1
+    assert "no environment 'absent'" in completed.stderr
+    assert not root.exists()
+
+
+def test_stats_does_not_evict_under_a_configured_max_bytes(
+    counted_root: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "cfg"
+    config.mkdir()
+    (config / "warmenv.toml").write_text("max_bytes = 1\n")
+    completed = subprocess.run(
+        [
+            *warmenv("--version", root=None).args[:3],
+            "stats",
+            "--env",
+            "stats",
+            "--json",
+            "--root",
+            str(counted_root),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=config,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr
+    found = json.loads(completed.stdout)
+    assert sum(n["entries"] for n in found["namespaces"]) == 6
+
+
+class _Bars(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bars: list[dict[str, str | None]] = []
+        self.svgs: list[str | None] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "svg":
+            self.svgs.append(dict(attrs).get("class"))
+        if tag == "rect":
+            self.bars.append({**dict(attrs), "chart": self.svgs[-1]})
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_stats_html_writes_a_page_of_bar_charts(
+    counted_root: Path, tmp_path: Path, loop: str
+) -> None:
+    page = tmp_path / "stats.html"
+    completed = run("stats", "--env", "stats", "--html", str(page), root=counted_root, loop=loop)
+    assert completed.returncode == 0, completed.stderr
+    text = page.read_text()
+    assert "<script" not in text and "http" not in text.replace("http://www.w3.org/2000/svg", "")
+    parser = _Bars()
+    parser.feed(text)
+    assert parser.svgs == ["hits", "saved-namespaces", "saved-bundles"]
+    hits = {
+        (b["data-label"], b["data-series"]): float(b["data-value"] or 0)
+        for b in parser.bars
+        if b["chart"] == "hits"
+    }
+    assert hits[(NS, "local")] == 1 and hits[(NS, "imported")] == 4
+    saved = [b for b in parser.bars if b["chart"] == "saved-bundles"]
+    assert len(saved) == 1 and float(saved[0]["data-value"] or 0) == pytest.approx(6.0)
+    assert "H100 Linux" in str(saved[0]["data-label"])
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_purge_bundle_removes_only_its_imported_entries(counted_root: Path, loop: str) -> None:
+    found = document(
+        run(
+            "purge",
+            "--bundle",
+            "H100 Linux",
+            "--yes",
+            "--env",
+            "stats",
+            "--json",
+            root=counted_root,
+            loop=loop,
+        )
+    )
+    assert found["deleted"] == 4
+    after = document(run("stats", "--env", "stats", "--json", root=counted_root, loop=loop))
+    entries = {n["namespace"]: n["entries"] for n in after["namespaces"]}
+    assert entries == {NS: 1, OTHER: 1}  # the local value stays
+
+
+def test_purge_bundle_by_digest_without_its_prefix(counted_root: Path) -> None:
+    found = document(
+        run(
+            "purge",
+            "--bundle",
+            "cd" * 32,
+            "--yes",
+            "--env",
+            "stats",
+            "--json",
+            root=counted_root,
+            loop="asyncio",
+        )
+    )
+    assert found["deleted"] == 4
+
+
+def test_purge_of_an_unknown_bundle_names_the_ones_there(counted_root: Path) -> None:
+    completed = run(
+        "purge", "--bundle", "nope", "--yes", "--env", "stats", root=counted_root, loop="asyncio"
+    )
+    assert completed.returncode == 1
+    assert "no bundle 'nope'" in completed.stderr and "'H100 Linux'" in completed.stderr
+
+
+def test_purge_bundle_without_yes_off_a_terminal_is_a_usage_error(counted_root: Path) -> None:
+    completed = run(
+        "purge", "--bundle", "H100 Linux", "--env", "stats", root=counted_root, loop="asyncio"
+    )
+    assert completed.returncode == 2
+    assert "4 entries imported from 'H100 Linux'" in completed.stderr
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_gc_evicts_to_a_size_never_hit_entries_first(counted_root: Path, loop: str) -> None:
+    # 32 bytes: i0..i3 5 each, "local" 8, configs' c 4. Hit (recorded at the
+    # flush): i0, i1, local. Never hit: i2, i3 and c, which go first.
+    found = document(
+        run("gc", "--max-bytes", "20", "--env", "stats", "--json", root=counted_root, loop=loop)
+    )
+    assert (found["evicted"], found["bytes"]) == (3, 18)
+    after = document(run("stats", "--env", "stats", "--json", root=counted_root, loop=loop))
+    entries = {n["namespace"]: n["entries"] for n in after["namespaces"]}
+    assert entries == {NS: 3}  # configs, never looked up and now empty, is gone
+
+
+def test_gc_takes_sizes_with_units(counted_root: Path) -> None:
+    found = document(
+        run(
+            "gc",
+            "--max-bytes",
+            "1KiB",
+            "--env",
+            "stats",
+            "--json",
+            root=counted_root,
+            loop="asyncio",
+        )
+    )
+    assert (found["evicted"], found["max_bytes"]) == (0, 1024)
+
+
+def test_gc_without_a_bound_is_a_usage_error(counted_root: Path) -> None:
+    completed = run("gc", "--env", "stats", root=counted_root, loop="asyncio")
+    assert completed.returncode == 2
+    assert "--max-bytes" in completed.stderr
+
+
+def test_gc_rejects_a_bad_size_in_one_line(counted_root: Path) -> None:
+    completed = run(
+        "gc", "--max-bytes", "lots", "--env", "stats", root=counted_root, loop="asyncio"
+    )
+    assert completed.returncode == 2
+    assert "'lots' is not a size" in completed.stderr
+
+
+def test_gc_keeps_the_newest_versions(counted_root: Path) -> None:
+    async def older() -> None:
+        async with open_environment("stats", root=counted_root) as env:
+            await env.storage("app/0/kernels").insert(b"old", b"x")
+
+    anyio.run(older)
+    found = document(
+        run(
+            "gc",
+            "--keep-versions",
+            "1",
+            "--env",
+            "stats",
+            "--json",
+            root=counted_root,
+            loop="asyncio",
+        )
+    )
+    assert found["evicted"] >= 1
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_vacuum_reports_the_file_shrinking(counted_root: Path, loop: str) -> None:
+    async def bulk() -> None:
+        async with open_environment("stats", root=counted_root) as env:
+            await env.storage("big/1/x").insert_many((b"%d" % i, b"v" * 1000) for i in range(2000))
+            await env.storage("big/1/x").purge()
+
+    anyio.run(bulk)
+    found = document(run("vacuum", "--env", "stats", "--json", root=counted_root, loop=loop))
+    assert found["before"] > found["after"] > 0
+    assert found["before"] - found["after"] > 1_000_000

@@ -1,0 +1,323 @@
+"""Statistics: hits by origin, misses, computes, seconds saved; batched, kept, added up."""
+
+from __future__ import annotations
+
+import gc
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+import warmenv.persistence.statistics as statistics_module
+from warmenv import Environment, WarmenvWarning, open_environment
+from warmenv.config import ConfigError, load_config
+from warmenv.persistence import BytesCodec, JsonCodec, Origin
+from warmenv.persistence.storage import BundleRef
+from warmenv.persistence.store import CacheMode, Store
+
+pytestmark = pytest.mark.anyio
+
+NS = "app/1/kernels"
+BUNDLE = BundleRef("H100 Linux", "blake2b-256:" + "ab" * 32)
+
+
+@pytest.fixture(params=["sqlite", "memory"])
+async def any_env(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Environment]:
+    if request.param == "sqlite":
+        async with open_environment("s", root=tmp_path / "root") as env:
+            yield env
+        return
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.warns(WarmenvWarning, match="in memory"):
+        async with open_environment("s", root=blocker / "sub") as env:
+            yield env
+
+
+def stored_counts(path: Path) -> dict[str, tuple[int, int, int]]:
+    """(hits, misses, computes) per namespace, as the database itself holds them."""
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute(
+            "SELECT namespace, sum(hits), sum(misses), sum(computes) FROM statistics "
+            "GROUP BY namespace"
+        ).fetchall()
+    return {ns: (int(h), int(m), int(c)) for ns, h, m, c in rows}
+
+
+async def slow_square(n: int) -> int:
+    await anyio.sleep(0.05)
+    return n * n
+
+
+async def test_get_or_compute_records_the_computation_time_as_cost(any_env: Environment) -> None:
+    store: Store[str, int] = await any_env.store(NS)
+    assert await store.get_or_compute("k", slow_square, 3) == 9
+    info = await any_env.storage(NS).info(b'"k"')
+    assert info is not None and info.cost is not None
+    assert 0.04 <= info.cost < 5  # uvloop may wake a millisecond early
+
+
+async def test_hits_misses_and_computes_are_counted_per_namespace(any_env: Environment) -> None:
+    store: Store[str, int] = await any_env.store(NS)
+    other: Store[str, int] = await any_env.store("app/1/other")
+    await store.get_or_compute("a", slow_square, 2)  # a miss, computed
+    for _ in range(3):
+        assert await store.get_or_compute("a", slow_square, 2) == 4
+    assert await store.get("a") == 4
+    assert await store.get("absent") is None
+    assert await other.get("nothing") is None
+    stats = await any_env.statistics()
+    by_ns = {s.namespace: s for s in stats.namespaces}
+    kernels = by_ns[NS]
+    assert (kernels.hits, kernels.misses, kernels.computes) == (4, 2, 1)
+    assert kernels.hits_by_origin == {Origin.LOCAL: 4}
+    assert kernels.compute_seconds >= 0.04
+    assert kernels.saved_seconds == pytest.approx(4 * kernels.compute_seconds, rel=0.01)
+    assert (kernels.entries, kernels.bytes) == (1, len(b'"a"') + len(b"4"))
+    assert (by_ns["app/1/other"].hits, by_ns["app/1/other"].misses) == (0, 1)
+
+
+async def test_hits_on_imported_entries_count_by_origin_and_bundle(any_env: Environment) -> None:
+    storage = any_env.storage(NS)
+    codec: JsonCodec[str, int] = JsonCodec()
+    items = [(codec.encode_key(f"k{i}"), codec.encode_value(i)) for i in range(3)]
+    await storage.insert_many(items, Origin.IMPORTED, cost=2.5, bundle=BUNDLE)
+    store: Store[str, int] = await any_env.store(NS)
+    for _ in range(2):
+        assert await store.get("k0") == 0
+    assert await store.get("k1") == 1
+    await store.get_or_compute("local", slow_square, 1)
+    assert await store.get("local") == 1
+    stats = await any_env.statistics()
+    (kernels,) = stats.namespaces
+    assert kernels.hits_by_origin == {Origin.LOCAL: 1, Origin.IMPORTED: 3}
+    assert kernels.saved_seconds >= 3 * 2.5
+    (bundle,) = stats.bundles
+    assert (bundle.name, bundle.digest, bundle.entries, bundle.hits) == (
+        BUNDLE.name,
+        BUNDLE.digest,
+        3,
+        3,
+    )
+    assert bundle.saved_seconds == pytest.approx(7.5)
+
+
+async def test_statistics_include_counts_not_yet_flushed_and_no_hit_writes(root: Path) -> None:
+    async with open_environment("e", root=root) as env:
+        store: Store[str, int] = await env.store(NS)
+        await store.insert("k", 1)
+        for _ in range(5):
+            await store.get("k")
+        # Nothing reached the database: no write per hit.
+        assert stored_counts(env.path) == {}
+        (kernels,) = (await env.statistics()).namespaces
+        assert kernels.hits == 5
+
+
+async def test_counts_survive_a_restart(root: Path) -> None:
+    async with open_environment("e", root=root) as env:
+        store: Store[str, int] = await env.store(NS)
+        await store.get_or_compute("k", slow_square, 4)
+        await store.get("k")
+    async with open_environment("e", root=root) as env:
+        store = await env.store(NS)
+        await store.get("k")
+        (kernels,) = (await env.statistics()).namespaces
+    assert (kernels.hits, kernels.misses, kernels.computes) == (2, 1, 1)
+
+
+async def test_a_closed_store_flushes_its_counts(root: Path) -> None:
+    async with open_environment("e", root=root) as env:
+        opened: Store[str, int] = await env.store(NS)
+        async with opened as store:
+            await store.insert("k", 1)
+            await store.get("k")
+            await store.get("gone")
+        assert stored_counts(env.path) == {NS: (1, 1, 0)}
+
+
+async def test_a_store_dropped_without_close_loses_no_counts(root: Path) -> None:
+    async with open_environment("e", root=root) as env:
+        store: Store[str, int] = await env.store(NS)
+        await store.insert("k", 1)
+        await store.get("k")
+        await store.get("k")
+        del store
+        gc.collect()
+        path = env.path
+    assert stored_counts(path) == {NS: (2, 0, 0)}
+
+
+async def test_a_flush_records_the_hit_keys_recency(root: Path) -> None:
+    async with open_environment("e", root=root) as env:
+        store: Store[bytes, bytes] = await env.store(NS, codec=BytesCodec())
+        await store.insert(b"hit", b"v")
+        await store.insert(b"cold", b"v")
+        await store.get(b"hit")
+        with sqlite3.connect(env.path) as conn:
+            before = dict(conn.execute("SELECT key, last_hit FROM entries").fetchall())
+        assert before == {b"hit": None, b"cold": None}
+        assert await env.flush_statistics()
+        with sqlite3.connect(env.path) as conn:
+            after = dict(conn.execute("SELECT key, last_hit FROM entries").fetchall())
+    assert after[b"cold"] is None and after[b"hit"] is not None
+
+
+async def test_the_background_flush_writes_counts_while_the_block_runs(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(statistics_module, "FLUSH_INTERVAL", 0.01)
+    flushed = anyio.Event()
+    original = statistics_module.Recorder.flush
+
+    async def flush_and_tell(recorder: statistics_module.Recorder) -> bool:
+        written = await original(recorder)
+        flushed.set()
+        return written
+
+    monkeypatch.setattr(statistics_module.Recorder, "flush", flush_and_tell)
+    async with open_environment("e", root=root) as env:
+        store: Store[str, int] = await env.store(NS)
+        await store.insert("k", 1)
+        await store.get("k")
+        with anyio.fail_after(10):
+            await flushed.wait()  # no close, no statistics(): only the background task flushes
+        assert stored_counts(env.path) == {NS: (1, 0, 0)}
+
+
+async def test_statistics_can_be_turned_off(root: Path) -> None:
+    async with open_environment("e", root=root, statistics=False) as env:
+        store: Store[str, int] = await env.store(NS)
+        await store.insert("k", 1)
+        await store.get("k")
+        await store.get("absent")
+        (kernels,) = (await env.statistics()).namespaces
+    assert (kernels.hits, kernels.misses) == (0, 0)
+    assert stored_counts(root / "e.db") == {}
+
+
+async def test_an_error_in_the_block_leaves_it_unwrapped(root: Path) -> None:
+    with pytest.raises(KeyError, match="mine"):
+        async with open_environment("e", root=root):
+            raise KeyError("mine")
+
+
+async def test_a_lazy_store_counts_reads_through_as_hits(any_env: Environment) -> None:
+    await any_env.storage(NS).insert(b'"k"', b"1")
+    store: Store[str, int] = await any_env.store(NS, mode=CacheMode.LAZY)
+    assert await store.get("k") == 1
+    assert await store.get_or_compute("k", slow_square, 1) == 1
+    (kernels,) = (await any_env.statistics()).namespaces
+    assert (kernels.hits, kernels.misses, kernels.computes) == (2, 0, 0)
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys
+    import anyio
+    from warmenv import open_environment
+
+    async def main() -> None:
+        async with open_environment("shared", root=sys.argv[1]) as env:
+            store = await env.store("app/1/kernels")
+            await store.insert("k", 1)  # a conflict in all but one: same value
+            for _ in range(250):
+                await store.get("k")
+            for i in range(7):
+                await store.get(f"absent-{i}")
+            await store.aclose()
+            for _ in range(50):
+                await store.get("k")
+
+    anyio.run(main, backend=sys.argv[2])
+    """
+)
+
+
+async def test_counts_of_four_processes_add_up(root: Path, backend_name: str) -> None:
+    root.mkdir(parents=True)
+    async with open_environment("shared", root=root):
+        pass  # created once, so the children race on counting, not on creating
+
+    def run_children() -> list[subprocess.CompletedProcess[str]]:
+        children = [
+            subprocess.Popen(
+                [sys.executable, "-c", _CHILD, str(root), backend_name],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(4)
+        ]
+        results = []
+        for child in children:
+            out, err = child.communicate(timeout=120)
+            results.append(subprocess.CompletedProcess(child.args, child.returncode, out, err))
+        return results
+
+    for result in await anyio.to_thread.run_sync(run_children):
+        assert result.returncode == 0, result.stderr
+    async with open_environment("shared", root=root) as env:
+        (kernels,) = (await env.statistics()).namespaces
+    assert (kernels.hits, kernels.misses) == (4 * 300, 4 * 7)
+    assert kernels.hits_by_origin == {Origin.LOCAL: 1200}
+
+
+def test_config_max_bytes_takes_a_size(tmp_path: Path) -> None:
+    (tmp_path / "warmenv.toml").write_text('max_bytes = "2KiB"\n')
+    assert load_config(tmp_path).max_bytes == 2048
+    (tmp_path / "warmenv.toml").write_text("max_bytes = 5000\n")
+    assert load_config(tmp_path).max_bytes == 5000
+
+
+def test_a_bad_config_max_bytes_names_the_key(tmp_path: Path) -> None:
+    (tmp_path / "warmenv.toml").write_text('max_bytes = "lots"\n')
+    with pytest.raises(ConfigError, match="max_bytes"):
+        load_config(tmp_path)
+
+
+async def test_open_environment_applies_the_configured_max_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "warmenv.toml").write_text('max_bytes = "1KiB"\n')
+    monkeypatch.chdir(tmp_path)
+    async with open_environment("e", root=tmp_path / "root") as env:
+        assert env.max_bytes == 1024
+    async with open_environment("e", root=tmp_path / "root", max_bytes=10) as env:
+        assert env.max_bytes == 10
+
+
+async def test_a_read_only_environment_still_shows_this_process_counts(tmp_path: Path) -> None:
+    from warmenv.bundle import export_bundle
+
+    async with open_environment(file=tmp_path / "src.db") as source:
+        await source.storage(NS).insert(b'"k"', b"1")
+        await export_bundle(source, tmp_path / "b.bundle", name="b", version="1", format="sqlite")
+    before = (tmp_path / "b.bundle").read_bytes()
+    async with open_environment(file=tmp_path / "b.bundle") as env:
+        assert env.read_only
+        store: Store[str, int] = await env.store(NS)
+        assert await store.get("k") == 1
+        assert await store.get("absent") is None
+        assert not await env.flush_statistics()  # nowhere to keep them
+        (kernels,) = (await env.statistics()).namespaces
+        assert (kernels.hits, kernels.misses, kernels.entries) == (1, 1, 1)
+    assert (tmp_path / "b.bundle").read_bytes() == before
+
+
+async def test_leaving_the_block_in_a_cancelled_scope_is_not_a_checkpoint(root: Path) -> None:
+    left = False
+    with anyio.CancelScope() as scope:
+        async with open_environment("e", root=root) as env:
+            store: Store[str, int] = await env.store(NS)
+            await store.insert("k", 1)
+            await store.get("k")
+            scope.cancel()
+        left = True  # the background flusher's exit did not raise the cancellation here
+    assert left
+    assert stored_counts(root / "e.db") == {NS: (1, 0, 0)}  # and close still flushed
