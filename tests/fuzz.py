@@ -71,14 +71,12 @@ class Case:
         return f"{self.kind}{' (resealed)' if self.reseal else ''}: {steps} ({len(self.data)} B)"
 
 
-# --- defects the fuzz run found, not fixed yet -----------------------------------------------
+# --- defects the fuzz run found and that are not fixed yet ------------------------------------
 
-# Each is described in docs/reliability.md and pinned by an xfail(strict=True)
-# regression test in tests/test_fuzz_readers.py. The short form in the suite
-# lets exactly these through (matched by exception type and message) so that
-# it keeps guarding everything else meanwhile; the long run reports them as
-# findings. When a defect is fixed its regression test passes, strict xfail
-# fails it, and the entry here goes with the xfail mark.
+# None today: the four the first run found are fixed, and their regression tests in
+# tests/test_fuzz_readers.py pass. A new finding that cannot be fixed at once goes
+# here (matched by exception type and message, so the short form keeps guarding
+# everything else) with a regression test and an entry in docs/reliability.md.
 KNOWN_DEFECTS: dict[str, tuple[type[BaseException], str]] = {}
 
 

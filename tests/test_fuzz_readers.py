@@ -2,9 +2,8 @@
 
 Whatever the bytes, the bundle readers and the manifest parser either work or
 raise a `BundleError` (or `OSError`); see tests/fuzz.py for the inputs. The
-defects the long run found and that are not fixed yet are pinned below by
-strict xfails, and the short form lets exactly those through (see
-`fuzz.KNOWN_DEFECTS`).
+defects the long run found have regression tests below; all are fixed, so
+`fuzz.KNOWN_DEFECTS` (what the short form would let through) is empty.
 """
 
 from __future__ import annotations
