@@ -280,3 +280,30 @@ def one_trial(scenario: str, checked: str) -> Iterator[Trials]:
     """A scenario whose whole block is one trial (a test run once per backend)."""
     with reliability_row(scenario, checked) as row, row.trial():
         yield row
+
+
+def mypy_strict(snippets: dict[str, str], workdir: Path) -> dict[str, list[str]]:
+    """One `mypy --strict` run over `{name: code}` snippets: its output lines, per snippet.
+
+    Run in `workdir` with no project configuration (exactly --strict) and our
+    sources on MYPYPATH, as a user's own file would be checked.
+    """
+    for name, code in snippets.items():
+        (workdir / f"{name}.py").write_text(code)
+    src = Path(__file__).parent.parent / "src"
+    completed = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(workdir / ".mypy-cache")]
+        + [f"{name}.py" for name in snippets],
+        cwd=workdir,
+        env={**os.environ, "MYPYPATH": str(src)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.stderr == "", completed.stderr
+    report: dict[str, list[str]] = {name: [] for name in snippets}
+    for line in completed.stdout.splitlines():
+        name = line.partition(".py:")[0]
+        if name in report:
+            report[name].append(line)
+    return report

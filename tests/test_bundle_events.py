@@ -13,6 +13,7 @@ import pytest
 
 import warmenv.bundle
 from conftest import env_contents, sample_entries
+from helpers import mypy_strict
 from warmenv import Environment, WarmenvError, open_environment
 from warmenv.bundle import (
     BundleEvent,
@@ -287,33 +288,17 @@ async def wrong(path: Path, env: Environment) -> None:
 
 
 def test_mypy_strict_types_the_report_by_direction(tmp_path: Path) -> None:
-    good = tmp_path / "typed_import_loop.py"
-    good.write_text(textwrap.dedent(TYPED_IMPORT_LOOP))
-    bad = tmp_path / "wrong_direction.py"
-    bad.write_text(textwrap.dedent(WRONG_DIRECTION))
-    src = Path(warmenv.bundle.__file__).parents[2]
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mypy",
-            "--strict",
-            "--no-error-summary",
-            "--show-error-codes",
-            "--cache-dir",
-            str(tmp_path / "mypy-cache"),
-            str(good),
-            str(bad),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        env={**os.environ, "MYPYPATH": str(src)},
+    report = mypy_strict(
+        {
+            "typed_import_loop": textwrap.dedent(TYPED_IMPORT_LOOP),
+            "wrong_direction": textwrap.dedent(WRONG_DIRECTION),
+        },
+        tmp_path,
     )
-    errors = [line for line in completed.stdout.splitlines() if ": error:" in line]
-    assert not [e for e in errors if "typed_import_loop.py" in e], completed.stdout
+    output = "\n".join(report["typed_import_loop"] + report["wrong_direction"])
+    errors = [line for line in output.splitlines() if ": error:" in line]
+    assert not [e for e in errors if "typed_import_loop.py" in e], output
     wrong = [e for e in errors if "wrong_direction.py" in e]
-    assert len(wrong) == 2, completed.stdout
+    assert len(wrong) == 2, output
     assert '"ImportReport" has no attribute "manifest"' in wrong[0]
     assert '"ExportReport" has no attribute "imported"' in wrong[1]

@@ -2,16 +2,13 @@ from __future__ import annotations
 
 import gc
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import anyio
 import pytest
 from anyio import WouldBlock, wait_all_tasks_blocked
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from helpers import mypy_strict
 from warmenv import WarmenvError
 from warmenv.channel import ChannelClosed, bounded, oneshot, unbounded
 
@@ -186,27 +183,10 @@ async def main() -> None:
 @pytest.fixture(scope="module")
 def mypy_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     """One `mypy --strict` run over the snippets above: its output lines, per file."""
-    workdir = tmp_path_factory.mktemp("mypy")
-    snippets = {"rejected": _REJECTED, "accepted": _ACCEPTED, "unsubscripted": _UNSUBSCRIPTED}
-    for name, code in snippets.items():
-        (workdir / f"{name}.py").write_text(code)
-    src = Path(__file__).parent.parent / "src"
-    completed = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(workdir / ".cache")]
-        + [f"{name}.py" for name in snippets],
-        cwd=workdir,  # no project configuration: exactly --strict
-        env={**os.environ, "MYPYPATH": str(src)},
-        capture_output=True,
-        text=True,
-        timeout=240,
+    return mypy_strict(
+        {"rejected": _REJECTED, "accepted": _ACCEPTED, "unsubscripted": _UNSUBSCRIPTED},
+        tmp_path_factory.mktemp("mypy"),
     )
-    assert completed.stderr == "", completed.stderr
-    report: dict[str, list[str]] = {name: [] for name in snippets}
-    for line in completed.stdout.splitlines():
-        name = line.partition(".py:")[0]
-        if name in report:
-            report[name].append(line)
-    return report
 
 
 def test_mypy_strict_rejects_bytes_sent_into_a_tuple_str_int_channel(

@@ -8,12 +8,9 @@ its types (`BytesCodec()` makes a `Store[bytes, bytes]`).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from helpers import mypy_strict
 
 _UNANNOTATED = """\
 from typing import reveal_type
@@ -77,27 +74,9 @@ def sync() -> None:
 @pytest.fixture(scope="module")
 def mypy_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     """One `mypy --strict` run over the snippets above: its output lines, per file."""
-    workdir = tmp_path_factory.mktemp("mypy")
-    snippets = {"unannotated": _UNANNOTATED, "rejected": _REJECTED}
-    for name, code in snippets.items():
-        (workdir / f"{name}.py").write_text(code)
-    src = Path(__file__).parent.parent / "src"
-    completed = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(workdir / ".cache")]
-        + [f"{name}.py" for name in snippets],
-        cwd=workdir,  # no project configuration: exactly --strict
-        env={**os.environ, "MYPYPATH": str(src)},
-        capture_output=True,
-        text=True,
-        timeout=240,
+    return mypy_strict(
+        {"unannotated": _UNANNOTATED, "rejected": _REJECTED}, tmp_path_factory.mktemp("mypy")
     )
-    assert completed.stderr == "", completed.stderr
-    report: dict[str, list[str]] = {name: [] for name in snippets}
-    for line in completed.stdout.splitlines():
-        name = line.partition(".py:")[0]
-        if name in report:
-            report[name].append(line)
-    return report
 
 
 def _revealed(lines: list[str]) -> list[str]:
