@@ -44,6 +44,7 @@ def _isolated_defaults(
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("WARMENV_ROOT", str(home / "root"))
     monkeypatch.delenv("WARMENV_ENVIRONMENT", raising=False)
+    monkeypatch.delenv("WARMENV_REMOTE", raising=False)
     monkeypatch.setattr(warmenv.environment, "_active_name", None)
     monkeypatch.setattr(warmenv.environment, "_active_root", None)
     yield
@@ -148,3 +149,29 @@ def out_dir(tmp_path: Path) -> Path:
     path = tmp_path / "out"
     path.mkdir()
     return path
+
+
+# --- the shared tier: a redis-server of the test's own ------------------------------
+
+from typing import TYPE_CHECKING  # noqa: E402
+
+from redis_server import RedisServer, redis_server  # noqa: E402
+
+if TYPE_CHECKING:
+    import coredis
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    """A redis-server on a free port, started for this test (never the machine's own)."""
+    with redis_server() as running:
+        yield running
+
+
+@pytest.fixture
+async def raw(server: RedisServer) -> AsyncIterator[coredis.Redis[bytes]]:
+    """A plain client, to see and plant what is in Redis behind warmenv's back."""
+    import coredis
+
+    async with coredis.Redis.from_url(server.url, decode_responses=False) as client:
+        yield client

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -19,7 +19,7 @@ import anyio
 import coredis
 import pytest
 
-from redis_server import RedisServer, redis_server
+from redis_server import RedisServer
 from warmenv import Namespace, open_environment
 from warmenv.persistence import MemoryStorage, Origin, Store
 from warmenv.persistence.remote import RemoteSettings
@@ -37,26 +37,9 @@ NS = Namespace("app", "kernels", version="1")
 
 
 @pytest.fixture(autouse=True)
-def _no_configured_remote(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("WARMENV_REMOTE", raising=False)
-
-
-@pytest.fixture(autouse=True)
 def _collect_here() -> Iterator[None]:
     yield
     gc.collect()
-
-
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    with redis_server() as running:
-        yield running
-
-
-@pytest.fixture
-async def raw(server: RedisServer) -> AsyncIterator[coredis.Redis[bytes]]:
-    async with coredis.Redis.from_url(server.url, decode_responses=False) as client:
-        yield client
 
 
 async def _until(condition: Callable[[], bool], limit: float = 10.0) -> None:

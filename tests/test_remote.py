@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,27 +41,9 @@ PASSWORD = "s3cret-Pa55word"
 
 
 @pytest.fixture(autouse=True)
-def _no_configured_remote(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("WARMENV_REMOTE", raising=False)
-
-
-@pytest.fixture(autouse=True)
 def _collect_here() -> Iterator[None]:
     yield
     gc.collect()
-
-
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    with redis_server() as running:
-        yield running
-
-
-@pytest.fixture
-async def raw(server: RedisServer) -> AsyncIterator[coredis.Redis[bytes]]:
-    """A plain client, to see and plant what is in Redis behind warmenv's back."""
-    async with coredis.Redis.from_url(server.url, decode_responses=False) as client:
-        yield client
 
 
 async def compute(value: object) -> object:
