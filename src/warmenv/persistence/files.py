@@ -22,6 +22,8 @@ from functools import partial
 from pathlib import Path
 from typing import Protocol, TypeVar, final
 
+import attrs
+
 from warmenv import _sqlite
 from warmenv.persistence import schema
 from warmenv.persistence.storage import NamespaceSummary, Origin
@@ -334,26 +336,9 @@ class ExportSources:
             raise
 
     def _condition(self, prefixes: list[str] | None) -> tuple[str, list[object]]:
-        matches, params = schema.prefix_sql(prefixes)
-        where = f"{schema.well_typed()} AND {matches}"
-        bad: set[bytes] = set()
-        for conn in self._conns:
-            for (raw,) in conn.execute("SELECT DISTINCT CAST(namespace AS BLOB) FROM entries"):
-                try:
-                    bytes(raw).decode("utf-8")
-                except UnicodeDecodeError:
-                    bad.add(bytes(raw))
-        if bad:
-            where += f" AND CAST(namespace AS BLOB) NOT IN ({','.join('?' * len(bad))})"
-        all_params: list[object] = [*params, *sorted(bad)]
-        for conn in self._conns:
-            self.skipped += int(
-                conn.execute(
-                    f"SELECT count(*) FROM entries WHERE {matches} AND NOT ({where})",
-                    [*params, *all_params],
-                ).fetchone()[0]
-            )
-        return where, all_params
+        exportable = _Exportable.of(self._conns, "entries", prefixes)
+        self.skipped += sum(exportable.left_out(conn) for conn in self._conns)
+        return exportable.where, exportable.params
 
     def totals(self) -> dict[str, tuple[int, int]]:
         """Entries and bytes per namespace, as the merged stream will hold them."""
@@ -485,29 +470,13 @@ class StagingFile:
         if columns[:3] != schema.ENTRY_COLUMNS[:3]:
             raise NotEntryFileError(f"{source} is not a warmenv environment (no entries table)")
         conn.text_factory = _decode_lenient
-        bad = [
-            bytes(raw)
-            for (raw,) in conn.execute(
-                f"SELECT DISTINCT CAST(namespace AS BLOB) FROM {_SOURCE}.entries"
-            )
-            if not _is_utf8(bytes(raw))
-        ]
-        matches, params = schema.prefix_sql(prefixes)
-        self._where = f"{schema.well_typed()} AND {matches}"
-        self._params: list[object] = [*params]
-        if bad:
-            self._where += f" AND CAST(namespace AS BLOB) NOT IN ({','.join('?' * len(bad))})"
-            self._params += bad
+        exportable = _Exportable.of([conn], f"{_SOURCE}.entries", prefixes)
+        self._where, self._params = exportable.where, exportable.params
         conn.execute("BEGIN")  # one snapshot of the source for the totals and the copy
         rows = schema.namespace_totals(
             conn, table=f"{_SOURCE}.entries", where=self._where, params=self._params
         )
-        self.skipped = int(
-            conn.execute(
-                f"SELECT count(*) FROM {_SOURCE}.entries WHERE {matches} AND NOT ({self._where})",
-                [*params, *self._params],
-            ).fetchone()[0]
-        )
+        self.skipped = exportable.left_out(conn)
         self._copy_after = ("", b"")
         return {namespace: (count, size) for namespace, count, size in rows}
 
@@ -564,6 +533,45 @@ class StagingFile:
         if conn is not None:
             with contextlib.suppress(sqlite3.Error):
                 conn.close()
+
+
+@attrs.frozen
+class _Exportable:
+    """Which rows of a source an export takes: entries of the right types, under the
+    prefixes, in namespaces that are UTF-8 text (written by something else, one may not be).
+    """
+
+    table: str
+    where: str
+    params: list[object]
+    matches: str
+    match_params: list[object]
+
+    @classmethod
+    def of(
+        cls, conns: list[sqlite3.Connection], table: str, prefixes: list[str] | None
+    ) -> _Exportable:
+        matches, match_params = schema.prefix_sql(prefixes)
+        bad = sorted(
+            {
+                bytes(raw)
+                for conn in conns
+                for (raw,) in conn.execute(f"SELECT DISTINCT CAST(namespace AS BLOB) FROM {table}")
+                if not _is_utf8(bytes(raw))
+            }
+        )
+        where = f"{schema.well_typed()} AND {matches}"
+        if bad:
+            where += f" AND CAST(namespace AS BLOB) NOT IN ({','.join('?' * len(bad))})"
+        return cls(table, where, [*match_params, *bad], matches, [*match_params])
+
+    def left_out(self, conn: sqlite3.Connection) -> int:
+        """How many rows under the prefixes the condition leaves out (wrong types, not UTF-8)."""
+        row = conn.execute(
+            f"SELECT count(*) FROM {self.table} WHERE {self.matches} AND NOT ({self.where})",
+            [*self.match_params, *self.params],
+        ).fetchone()
+        return int(row[0])
 
 
 def _is_utf8(raw: bytes) -> bool:
