@@ -29,6 +29,7 @@ from typing import Final
 
 import attrs
 
+from warmenv.persistence import schema
 from warmenv.persistence.codec import JsonCodec
 from warmenv.persistence.memory import MemoryStorage
 from warmenv.persistence.namespace import Namespace
@@ -216,7 +217,7 @@ def _counts(conn: sqlite3.Connection) -> list[tuple[str, int]]:
     # Counts only: the primary key's index answers them without reading a
     # value, where sizes (as `namespaces()` gives) would read every row.
     previous = conn.text_factory
-    conn.text_factory = lambda raw: raw.decode("utf-8", "surrogateescape")
+    conn.text_factory = schema.decode_text
     try:
         return conn.execute(
             "SELECT namespace, count(*) FROM entries GROUP BY namespace ORDER BY namespace"

@@ -281,10 +281,6 @@ def _hash_entries(new_hasher: Callable[[], Hasher], conn: sqlite3.Connection) ->
 # --- export: reading sources, writing a staging file -------------------------------
 
 
-def _decode_lenient(raw: bytes) -> str:
-    return raw.decode("utf-8", "surrogateescape")
-
-
 def _open_source(path: Path) -> sqlite3.Connection:
     """Open an environment to export from, reading under one snapshot.
 
@@ -300,7 +296,7 @@ def _open_source(path: Path) -> sqlite3.Connection:
             conn = sqlite3.connect(
                 f"{uri}?{query}", uri=True, isolation_level=None, check_same_thread=False
             )
-            conn.text_factory = _decode_lenient
+            conn.text_factory = schema.decode_text
             conn.execute("BEGIN")  # one snapshot for both passes
             if schema.entry_columns(conn)[:3] != schema.ENTRY_COLUMNS[:3]:
                 conn.close()
@@ -469,7 +465,7 @@ class StagingFile:
             raise NotEntryFileError(f"{source} cannot be read as a warmenv environment ({error})")
         if columns[:3] != schema.ENTRY_COLUMNS[:3]:
             raise NotEntryFileError(f"{source} is not a warmenv environment (no entries table)")
-        conn.text_factory = _decode_lenient
+        conn.text_factory = schema.decode_text
         exportable = _Exportable.of([conn], f"{_SOURCE}.entries", prefixes)
         self._where, self._params = exportable.where, exportable.params
         conn.execute("BEGIN")  # one snapshot of the source for the totals and the copy

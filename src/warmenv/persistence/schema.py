@@ -136,6 +136,13 @@ def well_typed(alias: str = "") -> str:
     )
 
 
+def decode_text(raw: bytes) -> str:
+    """A text factory that reads text which is not UTF-8 (another program wrote it)
+    instead of failing: its bytes come back as surrogates, shown escaped and never
+    written back."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
 def install_functions(conn: sqlite3.Connection) -> None:
     """Register the insert rule so SQL statements can apply it."""
     conn.create_function("warmenv_may_replace", 2, may_replace, deterministic=True)

@@ -262,7 +262,7 @@ class SqliteDatabase:
 def _namespaces(conn: sqlite3.Connection) -> list[tuple[str, int, int]]:
     # A namespace that is not UTF-8 (written by something else) is listed, not hidden.
     previous = conn.text_factory
-    conn.text_factory = lambda raw: raw.decode("utf-8", "surrogateescape")
+    conn.text_factory = schema.decode_text
     try:
         return schema.namespace_totals(conn)
     finally:
