@@ -66,11 +66,6 @@ def open_regular(path: Path) -> int:
     return fd
 
 
-def check_regular(path: Path) -> None:
-    """`NotABundleError` unless `path` is a regular file (or a symlink to one)."""
-    os.close(open_regular(path))
-
-
 def read_head(fd: int) -> bytes:
     """The first bytes of the file, enough to tell the formats apart."""
     return os.pread(fd, HEAD_SIZE, 0)
