@@ -41,13 +41,13 @@ from warmenv._errors import WarmenvError
 from warmenv.bundle import _files
 from warmenv.bundle.errors import (
     InvalidManifestError,
-    NotABundleError,
     UnsupportedSchemaError,
 )
 from warmenv.bundle.events import Downloading
-from warmenv.bundle.flat import FLAT_MAGIC, FORMAT_VERSION, FlatBundle, _map
+from warmenv.bundle.flat import FLAT_MAGIC, FORMAT_VERSION, FlatBundle
 from warmenv.bundle.manifest import BundleManifest
-from warmenv.bundle.sqlite import SQLITE_MAGIC, SqliteBundle, _open_checked
+from warmenv.bundle.open import open_private_file
+from warmenv.bundle.sqlite import SqliteBundle
 
 if TYPE_CHECKING:
     import httpx
@@ -223,14 +223,11 @@ class Download:
         if path is None:
             raise RuntimeError("open() before fetch() completed")
         try:
-            head = await anyio.to_thread.run_sync(_read_head, path)
-            if head.startswith(FLAT_MAGIC):
-                return await anyio.to_thread.run_sync(_map_staged, path, self.label)
-            if head == SQLITE_MAGIC:
-                return await _open_checked(path, None, self.label, private=True)
-            raise NotABundleError(
-                f"{self.label} is not a warmenv bundle (the body starts with neither the SQLite "
-                "nor the flat magic); check the URL"
+            return await open_private_file(
+                path,
+                self.label,
+                not_a_bundle=f"{self.label} is not a warmenv bundle (the body starts with "
+                "neither the SQLite nor the flat magic); check the URL",
             )
         except BaseException:
             await self.discard()
@@ -524,22 +521,3 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
         written = os.pwrite(fd, view, offset)
         view = view[written:]
         offset += written
-
-
-def _read_head(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return _files.read_head(fd)
-    finally:
-        os.close(fd)
-
-
-def _map_staged(path: Path, label: str) -> FlatBundle:
-    # As for a private copy: the file loses its name once it is open, so
-    # nothing is left behind however the import ends.
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        _files.remove_private(path)
-        return _map(fd, label, keep=False)
-    finally:
-        os.close(fd)

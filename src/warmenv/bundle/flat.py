@@ -405,13 +405,19 @@ def _map(fd: int, source: str, *, keep: bool) -> FlatBundle:
 
 
 def _map_private_copy(fd: int, near: Path | None, source: str) -> FlatBundle:
-    # The copy loses its name as soon as it is mapped: nobody can open it to
-    # truncate or rewrite it, and nothing is left behind however we exit.
-    copy = _files.copy_to_private(fd, near, "bundle.flat")
+    return map_private(_files.copy_to_private(fd, near, "bundle.flat"), source)
+
+
+def map_private(path: Path, source: str) -> FlatBundle:
+    """Map a file in a private directory (a copy, a download); the bundle owns it.
+
+    The file loses its name as soon as it is open: nobody can open it to
+    truncate or rewrite it, and nothing is left behind however we exit.
+    """
     try:
-        private = os.open(copy, os.O_RDONLY | os.O_CLOEXEC)
+        private = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     finally:
-        _files.remove_private(copy)
+        _files.remove_private(path)
     try:
         return _map(private, source, keep=False)
     finally:

@@ -16,7 +16,7 @@ import anyio.to_thread
 from warmenv.bundle import _files
 from warmenv.bundle.base import BundleOpener
 from warmenv.bundle.errors import NotABundleError
-from warmenv.bundle.flat import FLAT_MAGIC, FlatBundle, _map_private_copy, map_file
+from warmenv.bundle.flat import FLAT_MAGIC, FlatBundle, _map_private_copy, map_file, map_private
 from warmenv.bundle.sqlite import SQLITE_MAGIC, SqliteBundle, open_sqlite_bundle
 
 __all__ = ["open_bundle"]
@@ -66,3 +66,20 @@ async def open_private(
         raise _not_a_bundle(path)
     finally:
         os.close(fd)
+
+
+async def open_private_file(
+    path: Path, label: str, *, not_a_bundle: str | None = None
+) -> FlatBundle | SqliteBundle:
+    """Open a bundle file that already lies in a private directory (a download); the
+    bundle owns the file. `not_a_bundle`: the message when it is of neither format."""
+    fd = await anyio.to_thread.run_sync(os.open, path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        head = await anyio.to_thread.run_sync(_files.read_head, fd)
+    finally:
+        os.close(fd)
+    if head.startswith(FLAT_MAGIC):
+        return await anyio.to_thread.run_sync(map_private, path, label)
+    if head == SQLITE_MAGIC:
+        return await SqliteBundle.from_private_file(path, label)
+    raise NotABundleError(not_a_bundle) if not_a_bundle else _not_a_bundle(Path(label))

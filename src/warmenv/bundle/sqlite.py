@@ -129,11 +129,19 @@ class SqliteBundle(BundleReader, Bundle):
         that pass checks every row's types, so the open skips its own scan.
         """
         copy = await anyio.to_thread.run_sync(_files.copy_to_private, fd, near, "bundle.sqlite")
+        return await cls.from_private_file(copy, label, verified=verified)
+
+    @classmethod
+    async def from_private_file(
+        cls, path: Path, label: str, *, verified: bool = False
+    ) -> SqliteBundle:
+        """Open a file in a private directory (a copy, a download); the bundle owns it,
+        and it is removed if the open fails."""
         try:
-            return await _open_checked(copy, None, label, private=True, check_rows=not verified)
+            return await _open_checked(path, None, label, private=True, check_rows=not verified)
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(_files.remove_private, copy)
+                await anyio.to_thread.run_sync(_files.remove_private, path)
             raise
 
     async def _read(self, reading: Awaitable[T]) -> T:
