@@ -214,6 +214,26 @@ async def test_something_that_never_expires_under_the_lease_key_is_ignored_with_
 
 
 @pytest.mark.anyio
+async def test_a_planted_lease_outliving_any_real_one_is_ignored_with_a_warning(
+    tmp_path: Path,
+    server: RedisServer,
+    raw: coredis.Redis[bytes],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = RemoteSettings(server.url, lease_ttl=1.0)
+    async with open_environment("fleet", root=tmp_path, remote=settings) as env:
+        assert env.remote is not None
+        lease = env.remote.redis_key(NS.full, b'"k"') + b":lease"
+        await raw.set(lease, b"planted", px=60_000)  # a real lease holds at most lease_ttl
+        store: Store[str, str] = await env.store(NS)
+        work = _Host()
+        work.finish.set()
+        with caplog.at_level(logging.WARNING, logger="warmenv.remote"), anyio.fail_after(2):
+            assert await store.get_or_compute("k", work.compute, "local") == "local"
+        assert env.remote.statistics().rejected == 1
+
+
+@pytest.mark.anyio
 async def test_a_storage_without_a_shared_tier_leases_at_once() -> None:
     async with MemoryStorage(NS).lease(b"k") as landed:
         assert landed is None

@@ -227,7 +227,7 @@ async def _demo(args: argparse.Namespace, out: Output, root: Path) -> int:
         f"1. cold start on {machine.label!r}: "
         f"autotuning {len(keys())} keys (a workload and a size each)"
     )
-    async with open_environment("machine-a", root=root) as first:
+    async with open_environment("machine-a", root=root, remote="") as first:
         await first.storage(NAMESPACE).purge()
         cold_choices, cold_misses, cold = await _timed_start_up(out, first, "autotuning")
         out.line(f"   {cold_misses} keys tuned in {cold:.2f}s")
@@ -245,7 +245,7 @@ async def _demo(args: argparse.Namespace, out: Output, root: Path) -> int:
         [[s.namespace, s.entries, size(s.bytes)] for s in namespaces],
     )
     out.line("3. import into a fresh environment, as a second machine would")
-    async with open_environment("machine-b", root=root) as second:
+    async with open_environment("machine-b", root=root, remote="") as second:
         await second.storage(NAMESPACE).purge()
         async with importing(bundle_path, second) as progress:
             await follow(out, aiter(progress), "importing")

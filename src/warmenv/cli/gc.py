@@ -97,6 +97,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         )
         if isinstance(result, Failed):
             raise Failure(f"gc of {env.describe()} failed: {result.reason}; nothing evicted")
+        out.when_interrupted = f"but the gc had completed: {result.count:,} entries evicted"
         after = await env.namespaces()
     entries, held = sum(s.entries for s in after), sum(s.bytes for s in after)
     freed = sum(s.bytes for s in before) - held

@@ -109,11 +109,13 @@ _HEADER: Final = len(_MAGIC) + _DIGEST_SIZE
 
 # KEYS: the lease, the value. ARGV: our token, the TTL in ms.
 # 2: the value is there; 1: the lease is now ours; 0: another host holds it;
-# -1: something without an expiry sits under the lease key (not a lease of ours).
+# -1: something sits under the lease key that no warmenv host took: it never expires,
+# or expires later than any lease can (a lease never holds more than its TTL).
 _CLAIM: Final = b"""
 if redis.call('exists', KEYS[2]) == 1 then return 2 end
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
-if redis.call('pttl', KEYS[1]) == -1 then return -1 end
+local left = redis.call('pttl', KEYS[1])
+if left == -1 or left > tonumber(ARGV[2]) then return -1 end
 return 0
 """
 # KEYS: the lease. ARGV: our token, the TTL in ms. 1 if the lease was still ours.
