@@ -303,3 +303,26 @@ def test_vacuum_reports_the_file_shrinking(counted_root: Path, loop: str) -> Non
     found = document(run("vacuum", "--env", "stats", "--json", root=counted_root, loop=loop))
     assert found["before"] > found["after"] > 0
     assert found["before"] - found["after"] > 1_000_000
+
+
+def test_stats_html_escapes_control_and_format_characters_from_files(tmp_path: Path) -> None:
+    hostile_ns = "app\x1b[2J/1/evil\u202e"
+    hostile_bundle = BundleRef("bad\x07name\u202e", "blake2b-256:" + "ef" * 32)
+
+    async def fill() -> None:
+        async with open_environment("stats", root=tmp_path / "root") as env:
+            await env.storage(hostile_ns).insert_many(
+                [(b'"k"', b"1")], Origin.IMPORTED, cost=1.0, bundle=hostile_bundle
+            )
+            store: Store[str, int] = await env.store(hostile_ns)
+            await store.get("k")
+
+    anyio.run(fill)
+    page = tmp_path / "stats.html"
+    completed = run(
+        "stats", "--env", "stats", "--html", str(page), root=tmp_path / "root", loop="asyncio"
+    )
+    assert completed.returncode == 0, completed.stderr
+    text = page.read_text()
+    assert not [ch for ch in text if ch in "\x1b\x07\u202e"]
+    assert "\\x1b[2J" in text

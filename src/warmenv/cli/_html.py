@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from warmenv.cli._common import clean
 from warmenv.persistence.statistics import EnvironmentStatistics
 from warmenv.persistence.storage import Origin
 
@@ -17,6 +18,13 @@ _BAR = 18
 _LABEL = 260
 _WIDTH = 420
 _COLOURS = {Origin.LOCAL: "#4c78a8", Origin.IMPORTED: "#f58518"}
+
+
+def _text(value: object) -> str:
+    """Text from files for the page: control and format characters written as escapes
+    (as on the terminal, so no ESC or bidi override reaches a `cat` or a browser),
+    then HTML-escaped."""
+    return html.escape(clean(value))
 
 
 def _chart(
@@ -27,14 +35,14 @@ def _chart(
     height = 30 + _BAR * 1.5 * len(rows)
     parts = [
         f'<svg class="{css}" xmlns="http://www.w3.org/2000/svg" width="{_LABEL + _WIDTH + 120}" '
-        f'height="{height:.0f}" role="img" aria-label="{html.escape(title)}">',
-        f"<title>{html.escape(title)}</title>",
+        f'height="{height:.0f}" role="img" aria-label="{_text(title)}">',
+        f"<title>{_text(title)}</title>",
     ]
     for i, (label, segments) in enumerate(rows):
         y = 20 + i * _BAR * 1.5
         parts.append(
             f'<text x="{_LABEL - 6}" y="{y + _BAR * 0.75:.1f}" text-anchor="end">'
-            f"{html.escape(label)}</text>"
+            f"{_text(label)}</text>"
         )
         x = float(_LABEL)
         total = 0.0
@@ -42,15 +50,14 @@ def _chart(
             width = _WIDTH * value / top
             parts.append(
                 f'<rect x="{x:.1f}" y="{y:.1f}" width="{width:.1f}" height="{_BAR}" '
-                f'fill="{colour}" data-label="{html.escape(label)}" '
-                f'data-series="{html.escape(legend)}" data-value="{value:g}">'
-                f"<title>{html.escape(f'{label}: {legend} {value:g} {unit}')}</title></rect>"
+                f'fill="{colour}" data-label="{_text(label)}" '
+                f'data-series="{_text(legend)}" data-value="{value:g}">'
+                f"<title>{_text(f'{label}: {legend} {value:g} {unit}')}</title></rect>"
             )
             x += width
             total += value
         parts.append(
-            f'<text x="{x + 6:.1f}" y="{y + _BAR * 0.75:.1f}">'
-            f"{total:,.4g} {html.escape(unit)}</text>"
+            f'<text x="{x + 6:.1f}" y="{y + _BAR * 0.75:.1f}">{total:,.4g} {_text(unit)}</text>'
         )
     parts.append("</svg>")
     return "\n".join(parts)
@@ -58,7 +65,7 @@ def _chart(
 
 def page(environment: str, stats: EnvironmentStatistics) -> str:
     """The whole page: hits by origin and seconds saved per namespace, and per bundle."""
-    name = html.escape(environment)
+    name = _text(environment)
     hits_rows = [
         (
             n.namespace,
