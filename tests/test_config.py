@@ -5,9 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from warmenv import WarmenvError
+from redis_server import RedisServer
+from warmenv import Namespace, WarmenvError, open_environment
 from warmenv.config import Config, ConfigError, load_config, user_root
+from warmenv.persistence.remote import RemoteError
 from warmenv.stream import StreamPolicy
+
+PASSWORD = "s3cret-Pa55word"
 
 
 @pytest.fixture(autouse=True)
@@ -94,6 +98,8 @@ def test_an_unknown_key_is_named(tmp_path: Path) -> None:
         ('environment = "no spaces"\n', "environment"),
         ('environment = ".."\n', "environment"),
         ('stream_policy = "per_core"\n', "stream_policy"),
+        ("remote = 6379\n", "remote"),
+        ('remote = "localhost:6379"\n', "remote"),
     ],
 )
 def test_an_invalid_value_names_the_file_and_key(tmp_path: Path, text: str, key: str) -> None:
@@ -116,3 +122,67 @@ def test_project_root_without_a_pyproject_is_an_error(tmp_path: Path) -> None:
 
 def test_config_error_is_a_warmenv_error() -> None:
     assert issubclass(ConfigError, WarmenvError)
+
+
+# --- remote: the fleet's shared tier ------------------------------------------------
+
+
+def test_the_file_names_the_remote_and_its_repr_hides_the_password(tmp_path: Path) -> None:
+    url = f"redis://:{PASSWORD}@cache.internal:6379/2"
+    (tmp_path / "warmenv.toml").write_text(f'remote = "{url}"\n')
+    config = load_config(tmp_path)
+    assert config.remote == url
+    assert PASSWORD not in repr(config)
+    assert "redis://:***@cache.internal:6379/2" in repr(config)
+
+
+def test_warmenv_remote_wins_over_the_file_and_set_empty_turns_it_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "pyproject.toml").write_text('[tool.warmenv]\nremote = "redis://file:1/0"\n')
+    assert load_config(tmp_path).remote == "redis://file:1/0"
+    monkeypatch.setenv("WARMENV_REMOTE", "rediss://variable:2/0")
+    assert load_config(tmp_path).remote == "rediss://variable:2/0"
+    monkeypatch.setenv("WARMENV_REMOTE", "")
+    assert load_config(tmp_path).remote is None
+
+
+def test_an_invalid_remote_names_the_file_and_key_without_the_password(tmp_path: Path) -> None:
+    (tmp_path / "warmenv.toml").write_text(f'remote = "http://:{PASSWORD}@cache:80"\n')
+    with pytest.raises(ConfigError, match=r"warmenv\.toml: key 'remote'") as caught:
+        load_config(tmp_path)
+    assert PASSWORD not in str(caught.value)
+    assert "is not a Redis URL" in str(caught.value)
+
+
+def test_an_invalid_warmenv_remote_is_a_config_error_and_a_remote_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WARMENV_REMOTE", f"redis:/:{PASSWORD}@host")
+    with pytest.raises(ConfigError, match="WARMENV_REMOTE") as caught:
+        load_config(tmp_path)
+    assert isinstance(caught.value, RemoteError)
+    assert PASSWORD not in str(caught.value)
+
+
+@pytest.mark.anyio
+async def test_open_environment_uses_the_configured_remote_unless_told_otherwise(
+    tmp_path: Path, server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Precedence: `remote=` in code, then WARMENV_REMOTE, then the file's `remote`."""
+    ns = Namespace("app", "kernels", version="1")
+    (tmp_path / "warmenv.toml").write_text(f'remote = "{server.url}"\n')
+    monkeypatch.chdir(tmp_path)
+    async with open_environment("fleet", root=tmp_path / "a") as a:
+        assert a.remote is not None
+        await a.storage(ns).insert(b"k", b"from a")
+    async with open_environment("fleet", root=tmp_path / "b") as b:
+        assert b.remote is not None and b.remote.settings.url == server.url
+        assert await b.storage(ns).get(b"k") == b"from a"
+    async with open_environment("fleet", root=tmp_path / "c", remote="") as c:
+        assert c.remote is None
+        assert await c.storage(ns).get(b"k") is None
+    monkeypatch.setenv("WARMENV_REMOTE", "")
+    async with open_environment("fleet", root=tmp_path / "d") as d:
+        assert d.remote is None
+        assert await d.storage(ns).get(b"k") is None

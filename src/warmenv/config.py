@@ -2,8 +2,9 @@
 
 Settings come from the nearest `warmenv.toml` (top-level keys) or
 `pyproject.toml` (`[tool.warmenv]`) walking up from the working directory,
-then from the variables `WARMENV_ROOT` and `WARMENV_ENVIRONMENT`, which win
-so that a deployment can redirect an application without editing its files.
+then from the variables `WARMENV_ROOT`, `WARMENV_ENVIRONMENT` and
+`WARMENV_REMOTE`, which win so that a deployment can redirect an application
+without editing its files.
 A missing file is the normal case; a file that is there but wrong is an error
 naming the file and the key, because a silently ignored setting is how a
 cache ends up somewhere nobody looks.
@@ -22,17 +23,31 @@ import attrs
 import platformdirs
 
 from warmenv._errors import WarmenvError
+from warmenv.persistence.remote import RemoteError, check_url, redact
 from warmenv.stream import StreamPolicy
 
 __all__ = ["Config", "ConfigError", "load_config"]
 
 DEFAULT_ENVIRONMENT = "default"
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
-_KEYS = ("root", "environment", "stream_policy", "max_bytes")
+_KEYS = ("root", "environment", "stream_policy", "max_bytes", "remote")
 
 
 class ConfigError(WarmenvError):
     """A configuration file or variable holds something warmenv cannot use."""
+
+
+class _RemoteConfigError(ConfigError, RemoteError):
+    """A configured remote URL that names no Redis server.
+
+    Both kinds: a configuration error (naming the file and key, or the
+    variable), and the `RemoteError` that `open_environment` raised for a
+    bad `WARMENV_REMOTE` before the file could name a remote too.
+    """
+
+
+def _redacted(url: str | None) -> str:
+    return repr(None if url is None else redact(url))
 
 
 @attrs.frozen
@@ -44,6 +59,9 @@ class Config:
     stream_policy: StreamPolicy = StreamPolicy.PER_THREAD
     max_bytes: int | None = None
     """The size bound `open_environment` applies by default (keys plus values), or None."""
+    remote: str | None = attrs.field(default=None, repr=_redacted)
+    """The fleet's shared tier `open_environment` uses by default (a `redis://` or
+    `rediss://` URL, its password never shown in the repr), or None."""
 
 
 def is_valid_name(name: object) -> bool:
@@ -78,13 +96,21 @@ def load_config(start: Path | None = None) -> Config:
     environment = _environment(settings.get("environment", DEFAULT_ENVIRONMENT), where)
     stream_policy = _stream_policy(settings.get("stream_policy", "per_thread"), where)
     max_bytes = _max_bytes(settings.get("max_bytes"), where)
+    remote = _remote(settings.get("remote"), f"{where}: key 'remote'")
 
     if (env_root := os.environ.get("WARMENV_ROOT")) is not None:
         root = _root(env_root, "the environment variable WARMENV_ROOT", None, Path.cwd(), here)
     if (env_name := os.environ.get("WARMENV_ENVIRONMENT")) is not None:
         environment = _environment(env_name, "the environment variable WARMENV_ENVIRONMENT")
+    if (env_remote := os.environ.get("WARMENV_REMOTE")) is not None:
+        # Set but empty turns off a remote the file names, as `remote=""` does in code.
+        remote = _remote(env_remote, "the environment variable WARMENV_REMOTE")
     return Config(
-        root=root, environment=environment, stream_policy=stream_policy, max_bytes=max_bytes
+        root=root,
+        environment=environment,
+        stream_policy=stream_policy,
+        max_bytes=max_bytes,
+        remote=remote,
     )
 
 
@@ -173,3 +199,13 @@ def _max_bytes(value: object, where: str) -> int | None:
         f"{where}: key 'max_bytes' must be a size in bytes (an int >= 0, or a string such as "
         f'"512MiB" or "2GB"), got {value!r}'
     )
+
+
+def _remote(value: object, label: str) -> str | None:
+    """The URL of the configured shared tier; `None` (absent or `""`) for none."""
+    if value is None or value == "":
+        return None
+    try:
+        return check_url(value, label)
+    except RemoteError as exc:  # the message already names the setting, password hidden
+        raise _RemoteConfigError(str(exc)) from None

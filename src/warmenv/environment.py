@@ -6,9 +6,10 @@ degrades to memory (with one warning) and an existing database in a read-only
 place opens read-only (reads served, writes `Failed`), because a cache that
 crashes its application on a read-only container layer is worse than none.
 
-With a remote (`remote="redis://..."` or `WARMENV_REMOTE`) every storage the
-environment hands out is the local one with the fleet's shared tier behind it
-(`persistence/remote.py`); stores, statistics and the CLI see no difference.
+With a remote (`remote="redis://..."`, else `WARMENV_REMOTE`, else the
+configuration's `remote`) every storage the environment hands out is the
+local one with the fleet's shared tier behind it (`persistence/remote.py`);
+stores, statistics and the CLI see no difference.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from warmenv._errors import ClosedError, WarmenvWarning
-from warmenv.config import is_valid_name, load_config
+from warmenv.config import Config, is_valid_name, load_config
 from warmenv.persistence import statistics as _statistics
 from warmenv.persistence.codec import Codec
 from warmenv.persistence.explain import Explanation, explain_database, explain_memory
@@ -387,13 +388,17 @@ async def open_environment(
     of this block and on close.
 
     `remote` is a `redis://` or `rediss://` URL (or `RemoteSettings` to tune
-    timeouts and caps) for the fleet's shared tier; `None` reads the variable
-    `WARMENV_REMOTE`, and `""` turns the tier off. Redis being down never
-    fails the open: the tier connects on first use and falls back to local.
+    timeouts and caps) for the fleet's shared tier; `None` means the
+    configured one (the variable `WARMENV_REMOTE`, else the file's `remote`),
+    and `""` turns the tier off. Redis being down never fails the open: the
+    tier connects on first use and falls back to local.
     """
     check_max_bytes(max_bytes)
-    settings = remote_settings(remote)
-    env = await _open(name, root, file, create=create, max_bytes=max_bytes, statistics=statistics)
+    config = None if remote is not None else await anyio.to_thread.run_sync(load_config)
+    settings = remote_settings(remote if config is None else config.remote or "")
+    env = await _open(
+        name, root, file, create=create, max_bytes=max_bytes, statistics=statistics, config=config
+    )
     tier = AsyncExitStack()
     # The block's own exception leaves unwrapped: it is caught inside the task
     # group (which would put it in an exception group on trio) and raised after.
@@ -468,6 +473,7 @@ async def _open(
     create: bool = True,
     max_bytes: int | None = None,
     statistics: bool = True,
+    config: Config | None = None,
 ) -> Environment:
     env_name, path = _locate(name, root, file)
     if not create and not await anyio.to_thread.run_sync(path.is_file):
@@ -475,7 +481,8 @@ async def _open(
             errno.ENOENT, f"no environment {env_name!r} (no file {path})", str(path)
         )
     if not policy_chosen() or max_bytes is None:
-        config = await anyio.to_thread.run_sync(load_config)
+        if config is None:  # not read yet by the caller
+            config = await anyio.to_thread.run_sync(load_config)
         if not policy_chosen():  # the configured stream_policy, unless code chose one
             adopt_config(config)
         if max_bytes is None:

@@ -156,8 +156,8 @@ def shared_options() -> argparse.ArgumentParser:
     parent.add_argument(
         "--remote",
         metavar="URL",
-        help="the fleet's shared tier, redis:// or rediss:// (default: $WARMENV_REMOTE; "
-        "'' for none); needs warmenv[redis]",
+        help="the fleet's shared tier, redis:// or rediss:// (default: $WARMENV_REMOTE, "
+        "else the config file's remote; '' for none); needs warmenv[redis]",
     )
     parent.add_argument(
         "--quiet",
