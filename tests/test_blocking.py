@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -14,7 +15,8 @@ import anyio.to_thread
 import pytest
 
 from helpers import run_python
-from warmenv import ClosedError, Namespace, Stored, WarmenvError, open_environment
+from redis_server import RedisServer
+from warmenv import ClosedError, Namespace, Origin, Stored, WarmenvError, open_environment
 from warmenv.blocking import (
     BlockingEnvironment,
     BlockingStore,
@@ -346,6 +348,96 @@ report("closed")
     # In use: one loop thread (and whatever worker threads its loop keeps idle).
     assert lines[0][0] == "closed" and lines[0][1].count("warmenv-blocking-loop") == 1
     assert lines[1:] == [["exit", []]]
+
+
+def test_get_or_compute_records_how_long_fn_took_on_the_calling_thread(root: Path) -> None:
+    def tune() -> int:
+        time.sleep(0.05)  # the computation's own time
+        return 7
+
+    with open_blocking("test", root=root) as env:
+        store: BlockingStore[str, int] = env.store(NS)
+        store.get_or_compute("k", tune)
+
+    async def info() -> Any:
+        async with open_environment("test", root=root) as again:
+            return await again.storage(NS).info(b'"k"')
+
+    recorded = anyio.run(info)
+    assert recorded.origin is Origin.LOCAL
+    assert recorded.cost is not None and recorded.cost >= 0.05
+
+
+# --- a fleet's shared tier -------------------------------------------------------
+
+
+def test_blocking_environments_on_two_hosts_share_values_through_the_remote(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    with open_blocking("fleet", root=tmp_path / "a", remote=server.url) as a:
+        assert a.remote is not None
+        a.store(NS).insert("k", {"block": 128})
+    with open_blocking("fleet", root=tmp_path / "b", remote=server.url) as b:
+        assert b.store(NS).get("k") == {"block": 128}
+        assert b.remote is not None and b.remote.statistics().hits == 1
+    with open_blocking("fleet", root=tmp_path / "c", remote="") as c:
+        assert c.remote is None
+        assert c.store(NS).get("k") is None
+
+
+def test_threads_on_two_hosts_compute_each_key_once_fleet_wide(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    keys = [f"k{i}" for i in range(10)]
+    computes: Counter[str] = Counter()
+    lock = threading.Lock()
+    start = threading.Barrier(8)
+
+    def tune(key: str) -> dict[str, str]:
+        with lock:
+            computes[key] += 1
+        time.sleep(0.02)  # the computation's own time, so that hosts overlap
+        return {"key": key, "by": threading.current_thread().name}
+
+    with (
+        open_blocking("fleet", root=tmp_path / "a", remote=server.url) as a,
+        open_blocking("fleet", root=tmp_path / "b", remote=server.url) as b,
+    ):
+        stores = [a.store(NS), b.store(NS)]
+
+        def ask(host: int) -> list[Any]:
+            start.wait(timeout=30)
+            return [stores[host].get_or_compute(key, tune, key) for key in keys]
+
+        threads = []
+        answers: list[list[Any]] = []
+        for i in range(8):
+            thread = threading.Thread(target=lambda i=i: answers.append(ask(i % 2)))
+            threads.append(thread)
+            thread.start()
+        join(threads)
+        leases = [host.remote.statistics() for host in (a, b) if host.remote is not None]
+
+    assert computes == Counter(keys)  # once each, across both hosts and all threads
+    assert len(answers) == 8 and all(answer == answers[0] for answer in answers)
+    assert sum(s.leases for s in leases) == len(keys)
+
+
+def test_an_interrupted_compute_releases_the_fleet_lease_at_once(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    with open_blocking("fleet", root=tmp_path / "a", remote=server.url) as a:
+        with pytest.raises(KeyboardInterrupt):
+            a.store(NS).get_or_compute("k", interrupted)
+    with open_blocking("fleet", root=tmp_path / "b", remote=server.url) as b:
+        assert b.store(NS).get_or_compute("k", lambda: 2) == 2
+        assert b.remote is not None
+        statistics = b.remote.statistics()
+    # Had the lease been left behind, b would have waited for it to expire.
+    assert (statistics.leases, statistics.lease_waits) == (1, 0)
 
 
 # --- from inside an event loop -------------------------------------------------

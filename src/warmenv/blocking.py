@@ -48,9 +48,10 @@ from warmenv.environment import Environment
 from warmenv.environment import open_environment as _open_async
 from warmenv.persistence.codec import BytesCodec, Codec, JsonCodec, canonical_arguments
 from warmenv.persistence.namespace import Namespace
+from warmenv.persistence.remote import RemoteSettings, RemoteTier
 from warmenv.persistence.storage import Failed as _Failed
 from warmenv.persistence.storage import Insertion, NamespaceSummary, Purged
-from warmenv.persistence.store import _ABSENT, _IMMUTABLE, MISSING, CacheMode, Store
+from warmenv.persistence.store import _ABSENT, _IMMUTABLE, CacheMode, Store
 
 __all__ = [
     "BlockingEnvironment",
@@ -251,17 +252,24 @@ os.register_at_fork(after_in_child=_forget_loop_after_fork)
 
 @contextmanager
 def open_environment(
-    name: str | None = None, *, root: str | Path | None = None, file: str | Path | None = None
+    name: str | None = None,
+    *,
+    root: str | Path | None = None,
+    file: str | Path | None = None,
+    remote: str | RemoteSettings | None = None,
 ) -> Iterator[BlockingEnvironment]:
     """Open an environment for the duration of the block, from synchronous code.
 
-    Arguments as for `warmenv.open_environment`. The environment may be
-    shared by any number of threads; it is closed (on the loop thread) when
-    the block exits.
+    Arguments as for `warmenv.open_environment`: `remote` names the fleet's
+    shared tier (`None`: the configured one; `""`: none), and with one,
+    `get_or_compute` runs one computation per key across the fleet. The
+    environment may be shared by any number of threads; it is closed (on
+    the loop thread) when the block exits.
     """
     _refuse_event_loop_thread("open_environment()")
     loop = _shared_loop()
-    with loop.portal.wrap_async_context_manager(_open_async(name, root=root, file=file)) as env:
+    opening = _open_async(name, root=root, file=file, remote=remote)
+    with loop.portal.wrap_async_context_manager(opening) as env:
         blocking = BlockingEnvironment(env, loop)
         try:
             yield blocking
@@ -297,6 +305,11 @@ class BlockingEnvironment:
     def in_memory(self) -> bool:
         """Whether this environment degraded to memory (nothing persists)."""
         return self._env.in_memory
+
+    @property
+    def remote(self) -> RemoteTier | None:
+        """The fleet's shared tier behind every storage, or `None` (local only)."""
+        return self._env.remote
 
     @property
     def read_only(self) -> bool:
@@ -352,10 +365,6 @@ class _Run:
     owner: int
     done: threading.Event = attrs.field(factory=threading.Event)
     error: Exception | None = None
-
-
-async def _given(value: V) -> V:
-    return value
 
 
 @final
@@ -554,11 +563,7 @@ class BlockingStore(Generic[K, V]):
         self, run: _Run, key: K, encoded: bytes, fn: Callable[..., V], args: tuple[Any, ...]
     ) -> V:
         try:
-            found = self._loop.call(self._store.get, key, MISSING)
-            if found is not MISSING:
-                return found
-            value = fn(*args)
-            return self._loop.call(self._store.get_or_compute, key, _given, value)
+            return self._through_the_store(key, fn, args)
         except Exception as exc:
             run.error = exc
             raise
@@ -568,6 +573,63 @@ class BlockingStore(Generic[K, V]):
                 if self._runs.get(encoded) is run:
                     del self._runs[encoded]
             run.done.set()
+
+    def _through_the_store(self, key: K, fn: Callable[..., V], args: tuple[Any, ...]) -> V:
+        """`Store.get_or_compute` on the loop thread, with `fn` run on this thread.
+
+        The store decides whether to compute, as for an async caller: after
+        reading through (a value another process or host stored is returned)
+        and, with a remote, holding the fleet's lease on the key, so that one
+        host computes it. When it does, it hands the computation back here
+        and waits: `fn` is the application's plain function and may block,
+        and the store times it (`cost`) and counts it as for an async `fn`.
+        """
+        loop = self._loop
+        # What the loop thread asks of this one: compute (set the event when
+        # done), or None once the store's call has ended.
+        asks: queue.SimpleQueue[anyio.Event | None] = queue.SimpleQueue()
+        outcome: list[Any] = []  # fn's value, or the exception it raised
+        tasks: list[asyncio.Task[V]] = []
+
+        async def computed_here() -> V:
+            asked = anyio.Event()
+            asks.put(asked)
+            await asked.wait()
+            if isinstance(outcome[0], _Raised):
+                raise outcome[0].error
+            return outcome[0]  # type: ignore[no-any-return]
+
+        def start() -> None:
+            task = loop.loop.create_task(self._store.get_or_compute(key, computed_here))
+            tasks.append(task)
+            task.add_done_callback(lambda _: asks.put(None))
+
+        try:
+            loop.loop.call_soon_threadsafe(start)
+        except RuntimeError:
+            raise ClosedError("warmenv.blocking's event-loop thread has stopped") from None
+        try:
+            while (asked := asks.get()) is not None:
+                try:
+                    outcome.append(fn(*args))
+                except Exception as exc:  # raised by the store's call, as an async fn's is
+                    outcome.append(_Raised(exc))
+                loop.loop.call_soon_threadsafe(asked.set)
+        except BaseException:
+            # Interrupted (in fn, or waiting): the store's call is cancelled (its
+            # lease released) and waited for; then the interruption goes on.
+            loop.loop.call_soon_threadsafe(lambda: tasks[0].cancel())
+            while asks.get() is not None:
+                pass
+            raise
+        return tasks[0].result()
+
+
+@attrs.frozen
+class _Raised:
+    """The exception `fn` raised on the caller's thread, for the store to raise."""
+
+    error: Exception
 
 
 # --- bundles ----------------------------------------------------------------------
