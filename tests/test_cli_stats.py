@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
+from redis_server import RedisServer
 from test_cli import warmenv
 from warmenv import open_environment
 from warmenv.persistence import Origin, Store
@@ -88,6 +89,58 @@ def test_stats_prints_tables_and_a_summary(counted_root: Path, loop: str) -> Non
     assert "app/1/kernels" in completed.stdout and "H100 Linux" in completed.stdout
     assert "5 hits, 2 misses (hit rate 71.4%)" in completed.stdout
     assert "in 2 namespaces" in completed.stdout
+
+
+def test_stats_of_a_local_environment_has_no_remote_column(counted_root: Path) -> None:
+    completed = run("stats", "--env", "stats", root=counted_root, loop="asyncio")
+    assert completed.returncode == 0, completed.stderr
+    header = next(line for line in completed.stdout.splitlines() if line.startswith("namespace"))
+    assert header.split()[3:6] == ["hits", "local", "imported"]
+    assert "remote" not in completed.stdout
+
+
+async def _fetch_from_the_fleet(server: RedisServer, tmp_path: Path) -> Path:
+    """Host a computes a value; host b fetches it from Redis (a remote hit), then hits it
+    locally (its entry's origin is REMOTE), and misses one key: hits {remote: 2}."""
+
+    async def compute() -> int:
+        return 7
+
+    async with open_environment("fleet", root=tmp_path / "a", remote=server.url) as a:
+        computed: Store[str, int] = await a.store(NS)
+        await computed.get_or_compute("k", compute)
+    async with open_environment("fleet", root=tmp_path / "b", remote=server.url) as b:
+        fetched: Store[str, int] = await b.store(NS)
+        assert await fetched.get("k") == 7
+        assert await fetched.get("k") == 7
+        assert await fetched.get("absent") is None
+        assert b.remote is not None and b.remote.statistics().hits == 1
+    return tmp_path / "b"
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_stats_shows_hits_fetched_from_the_remote(
+    server: RedisServer, tmp_path: Path, loop: str
+) -> None:
+    root = anyio.run(_fetch_from_the_fleet, server, tmp_path)
+    found = document(run("stats", "--env", "fleet", "--json", root=root, loop=loop))
+    (kernels,) = found["namespaces"]
+    assert kernels["hits_by_origin"] == {"remote": 2}
+    assert (kernels["hits"], kernels["misses"]) == (2, 1)
+
+    page = tmp_path / "fleet.html"
+    completed = run("stats", "--env", "fleet", "--html", str(page), root=root, loop=loop)
+    assert completed.returncode == 0, completed.stderr
+    lines = completed.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("namespace")).split()
+    row = next(line for line in lines if line.startswith(NS)).split()
+    # namespace, entries, size (a number and a unit), hits, then by origin.
+    assert header[3:7] == ["hits", "local", "imported", "remote"]
+    assert row[4:8] == ["2", "0", "0", "2"]
+    parser = _Bars()
+    parser.feed(page.read_text())
+    hits = {b["data-series"]: b["data-value"] for b in parser.bars if b["chart"] == "hits"}
+    assert hits == {"local": "0", "imported": "0", "remote": "2"}
 
 
 def test_stats_of_a_namespace_prefix_shows_only_it(counted_root: Path) -> None:

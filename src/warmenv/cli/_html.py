@@ -8,6 +8,7 @@ manifest, i.e. from outside: all of it is escaped.
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from pathlib import Path
 
 from warmenv.cli._common import clean
@@ -17,7 +18,7 @@ from warmenv.persistence.storage import Origin
 _BAR = 18
 _LABEL = 260
 _WIDTH = 420
-_COLOURS = {Origin.LOCAL: "#4c78a8", Origin.IMPORTED: "#f58518"}
+_COLOURS = {Origin.LOCAL: "#4c78a8", Origin.IMPORTED: "#f58518", Origin.REMOTE: "#b279a2"}
 
 
 def _text(value: object) -> str:
@@ -63,15 +64,15 @@ def _chart(
     return "\n".join(parts)
 
 
-def page(environment: str, stats: EnvironmentStatistics) -> str:
-    """The whole page: hits by origin and seconds saved per namespace, and per bundle."""
+def page(environment: str, stats: EnvironmentStatistics, origins: Sequence[Origin]) -> str:
+    """The whole page: hits by `origins` and seconds saved per namespace, and per bundle."""
     name = _text(environment)
     hits_rows = [
         (
             n.namespace,
             [
-                (origin.name.lower(), float(n.hits_by_origin.get(origin, 0)), colour)
-                for origin, colour in _COLOURS.items()
+                (origin.name.lower(), float(n.hits_by_origin.get(origin, 0)), _COLOURS[origin])
+                for origin in origins
             ],
         )
         for n in stats.namespaces
@@ -89,8 +90,12 @@ def page(environment: str, stats: EnvironmentStatistics) -> str:
         f"<p>{stats.hits:,} hits, {stats.misses:,} misses; the hits saved "
         f"{stats.saved_seconds:,.3f} s of computation.</p>",
         "<h2>Hits by origin, per namespace</h2>",
-        '<p><span style="color:#4c78a8">&#9632; local</span> '
-        '<span style="color:#f58518">&#9632; imported</span></p>',
+        "<p>"
+        + " ".join(
+            f'<span style="color:{_COLOURS[origin]}">&#9632; {origin.name.lower()}</span>'
+            for origin in origins
+        )
+        + "</p>",
         _chart("hits by origin per namespace", hits_rows, "hits", "hits")
         if hits_rows
         else "<p>No namespaces.</p>",

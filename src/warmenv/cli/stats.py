@@ -1,7 +1,8 @@
 """`warmenv stats [NAMESPACE]`: is the cache paying off?
 
 Per namespace: entries and size, hits (by the origin of the entry served:
-computed here, or imported from a bundle), misses, computations and the
+computed here, imported from a bundle, or fetched from the fleet's shared
+tier, a column shown where there are such hits or a remote), misses, computations and the
 seconds they took, and the seconds the hits saved (each hit entry's recorded
 cost); per imported bundle: its entries still here, their hits and the time
 they saved. Counts come from every process that used the environment (stores
@@ -42,9 +43,10 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         parents=[parent],
         help="show hits, misses and the time the cache saved",
         description="Show, per namespace of an environment (--env), its entries, hits by "
-        "origin (local or imported), misses, computations and the seconds the hits saved, "
-        "and per imported bundle the hits its entries served. Counts add up over every "
-        "process that used the environment and survive restarts. Only reads.",
+        "origin (local, imported, or remote: fetched from the fleet's shared tier), misses, "
+        "computations and the seconds the hits saved, and per imported bundle the hits its "
+        "entries served. Counts add up over every process that used the environment and "
+        "survive restarts. Only reads.",
     )
     parser.add_argument(
         "namespace",
@@ -59,6 +61,13 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         help="also write a self-contained HTML page with bar charts to FILE",
     )
     parser.set_defaults(run=run)
+
+
+def shown_origins(namespaces: list[NamespaceStatistics], *, fleet: bool) -> list[Origin]:
+    """The origins hits are shown by: local and imported always, remote (the fleet's
+    shared tier) where there are remote hits or a remote is configured."""
+    remote = fleet or any(n.hits_by_origin.get(Origin.REMOTE) for n in namespaces)
+    return [Origin.LOCAL, Origin.IMPORTED, *([Origin.REMOTE] if remote else [])]
 
 
 def seconds(value: float) -> str:
@@ -115,6 +124,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     if prefixes is not None and not namespaces:
         raise Failure(f"{no_match(prefixes)} in {env.describe()}")
     shown = EnvironmentStatistics(namespaces=namespaces, bundles=stats.bundles)
+    origins = shown_origins(namespaces, fleet=env.remote is not None)
     out.table(
         f"statistics of {env.name!r}",
         [
@@ -122,8 +132,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
             "entries",
             "size",
             "hits",
-            "local",
-            "imported",
+            *(origin.name.lower() for origin in origins),
             "misses",
             "hit rate",
             "computes",
@@ -136,8 +145,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
                 f"{n.entries:,}",
                 size(n.bytes),
                 f"{n.hits:,}",
-                f"{n.hits_by_origin.get(Origin.LOCAL, 0):,}",
-                f"{n.hits_by_origin.get(Origin.IMPORTED, 0):,}",
+                *(f"{n.hits_by_origin.get(origin, 0):,}" for origin in origins),
                 f"{n.misses:,}",
                 hit_rate(n.hits, n.misses),
                 f"{n.computes:,}",
@@ -172,7 +180,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
             f"{plural(len(namespaces), 'namespace')}"
         )
     if args.html is not None:
-        page = _html.page(env.name, shown)
+        page = _html.page(env.name, shown, origins)
         await anyio.to_thread.run_sync(_html.write, args.html, page)
         out.line(f"wrote {args.html}")
     out.result(
