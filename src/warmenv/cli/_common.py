@@ -38,6 +38,7 @@ import attrs
 from warmenv.bundle import Finished, Progress, Started
 from warmenv.bundle.events import Event, ExportReport, ImportReport
 from warmenv.environment import Environment, check_name, open_environment
+from warmenv.persistence.remote import RemoteTier
 
 
 class UsageError(Exception):
@@ -281,9 +282,26 @@ async def environment(
             env.max_bytes = None
         for note in notes:
             out.warning(note)
+        if env.remote is not None:
+            await _reach(env.remote)
         if out.subject is None:
             out.subject = env.path
         yield env
+
+
+async def _reach(tier: RemoteTier) -> None:
+    """Ask the remote once, so that one that cannot be reached is said at once.
+
+    No command needs the remote to do its job (each works on the local
+    database; the remote is only a second tier for lookups), so none fails
+    for it. Unprobed, the tier would connect on its first lookup, and a
+    command that looks nothing up would never say that `--remote` (or
+    `WARMENV_REMOTE`, or the configuration's `remote`) is unreachable. The
+    tier itself warns, once per outage, with the reason (password hidden),
+    and serves from the local tier from then on without trying again for a
+    while, so the command pays the probe's timeout at most once.
+    """
+    await tier.fetch("", b"")  # any key: absent or not, only whether Redis answers matters
 
 
 async def _no_environment(path: Path) -> str:

@@ -1,0 +1,93 @@
+"""The command with a remote: `--remote URL`, `WARMENV_REMOTE`, run as a user would."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import anyio
+import pytest
+
+from redis_server import RedisServer, free_port
+from test_cli import warmenv
+from warmenv import open_environment
+
+NS = "app/1/kernels"
+PASSWORD = "s3cret-Pa55word"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """A root whose environment 'fleet' holds one entry."""
+    root = tmp_path / "root"
+
+    async def fill() -> None:
+        async with open_environment("fleet", root=root, remote="") as env:
+            await env.storage(NS).insert(b'"k"', b"1")
+
+    anyio.run(fill)
+    return root
+
+
+def nothing_listens() -> str:
+    return f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0"
+
+
+def one_warning(completed: subprocess.CompletedProcess[str]) -> str:
+    assert completed.returncode == 0, completed.stderr
+    (line,) = completed.stderr.splitlines()
+    assert line.startswith("warmenv: warning: ")
+    assert PASSWORD not in completed.stdout + completed.stderr
+    return line
+
+
+@pytest.mark.parametrize(
+    ("command", "result"),
+    [
+        pytest.param(["ls", "--env", "fleet"], "1 namespace, 1 entry in 'fleet'", id="ls"),
+        pytest.param(["stats", "--env", "fleet"], "statistics of 'fleet'", id="stats"),
+        pytest.param(
+            ["explain", NS, "--env", "fleet"], f"namespace '{NS}' holds 1 entry", id="explain"
+        ),
+        pytest.param(["gc", "--env", "fleet", "--max-bytes", "1GB"], "evicted 0 entries", id="gc"),
+    ],
+)
+def test_an_unreachable_remote_is_said_once_and_the_command_works_locally(
+    root: Path, command: list[str], result: str
+) -> None:
+    url = nothing_listens()
+    completed = warmenv(*command, "--remote", url, root=root)
+    line = one_warning(completed)
+    assert "Redis at redis://:***@127.0.0.1" in line
+    assert "unavailable" in line and "serving from the local tier" in line
+    assert result in completed.stdout  # the command's own output, as without a remote
+
+
+def test_an_unreachable_configured_remote_is_said_once_too(root: Path) -> None:
+    completed = warmenv(
+        "ls", "--env", "fleet", "--json", root=root, env={"WARMENV_REMOTE": nothing_listens()}
+    )
+    assert "unavailable" in one_warning(completed)
+    assert json.loads(completed.stdout)["environment"] == "fleet"
+
+
+def test_an_import_with_an_unreachable_remote_warns_once_and_imports(
+    root: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "fleet.bundle"
+    exported = warmenv(
+        "export", str(out), "--name", "n", "--app-version", "1", "--env", "fleet", root=root
+    )
+    assert exported.returncode == 0, exported.stderr
+    url = nothing_listens()
+    completed = warmenv("import", str(out), "--env", "other", "--remote", url, "--json", root=root)
+    assert "unavailable" in one_warning(completed)
+    assert json.loads(completed.stdout)["imported"] == 1
+
+
+def test_a_reachable_remote_is_not_warned_about(root: Path, server: RedisServer) -> None:
+    completed = warmenv("ls", "--env", "fleet", "--remote", server.url, root=root)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stderr == ""
+    assert NS in completed.stdout
