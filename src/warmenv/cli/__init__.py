@@ -1,3 +1,4 @@
+# PYTHON_ARGCOMPLETE_OK (shell completion: see `complete` below and docs/cli.md)
 """The `warmenv` command: inspect, move and manage warm environments.
 
 Each sub-command lives in its own module and registers itself on the parser;
@@ -151,6 +152,8 @@ def _recorder(arrived: list[int]) -> Callable[[int, object], None]:
 
 def _parse(arguments: list[str]) -> argparse.Namespace:
     parser = build_parser()
+    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions, not for a run
+        complete(parser)
     # argparse takes OUT and SOURCE... in one go, so sources written after the
     # options (`export OUT --name N SOURCE`) come back unrecognised: they are
     # sources all the same.
@@ -160,6 +163,22 @@ def _parse(arguments: list[str]) -> argparse.Namespace:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.sources = [*args.sources, *(Path(a) for a in extra)]
     return args
+
+
+def complete(parser: argparse.ArgumentParser) -> None:
+    """Answer the shell's completion request (argcomplete's protocol) and exit.
+
+    The shell function that `register-python-argcomplete warmenv` defines
+    runs `warmenv` with `_ARGCOMPLETE` and the command line in the
+    environment; argcomplete writes the completions to file descriptor 8 and
+    ends the process. argcomplete is imported only then, so it costs a
+    normal run nothing, and without it (no `cli` extra) nothing is completed.
+    """
+    try:
+        import argcomplete
+    except ImportError:
+        os._exit(1)  # the shell falls back to its default completion
+    argcomplete.autocomplete(parser)
 
 
 def _backend() -> tuple[str, dict[str, Any]]:

@@ -35,9 +35,10 @@ import anyio.lowlevel
 import anyio.to_thread
 import attrs
 
+from warmenv._errors import WarmenvError
 from warmenv.bundle import Finished, Progress, Started
 from warmenv.bundle.events import Event, ExportReport, ImportReport
-from warmenv.environment import Environment, check_name, open_environment
+from warmenv.environment import Environment, active, check_name, open_environment
 from warmenv.persistence.remote import RemoteTier
 
 
@@ -150,7 +151,10 @@ _SURROGATE_REPR = re.compile(r"\\u(dc[89a-f][0-9a-f])")
 def shared_options() -> argparse.ArgumentParser:
     """`--env`, `--root`, `--remote`, `--json`, `--debug` and `--quiet`, after every sub-command."""
     parent = ArgumentParser(add_help=False)
-    parent.add_argument("--env", metavar="NAME", help="environment name (default: configured)")
+    env = parent.add_argument(
+        "--env", metavar="NAME", help="environment name (default: configured)"
+    )
+    env.completer = complete_environment  # type: ignore[attr-defined]  # read by argcomplete
     parent.add_argument("--root", metavar="DIR", type=Path, help="where environments live")
     parent.add_argument("--json", action="store_true", help="print machine-readable JSON")
     parent.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -304,10 +308,29 @@ async def _reach(tier: RemoteTier) -> None:
     await tier.fetch("", b"")  # any key: absent or not, only whether Redis answers matters
 
 
+def environment_files(root: Path) -> list[Path]:
+    """The environments under `root`: its `<name>.db` files, sorted (`OSError` if unreadable)."""
+    return sorted(p for p in root.glob("*.db") if p.is_file())
+
+
+def complete_environment(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:
+    """Shell completion of `--env`: the environments under `--root`, or the configured root.
+
+    Called by argcomplete (`warmenv ... --env <TAB>`); whatever goes wrong
+    (no root, an invalid configuration) completes nothing rather than fail.
+    """
+    try:
+        root = getattr(parsed_args, "root", None) or active()[1]
+        names = [p.stem for p in environment_files(Path(root).expanduser())]
+    except (OSError, WarmenvError):
+        return []
+    return [name for name in names if name.startswith(prefix)]
+
+
 async def _no_environment(path: Path) -> str:
     def existing() -> list[str]:
         try:
-            return sorted(p.stem for p in path.parent.glob("*.db") if p.is_file())
+            return [p.stem for p in environment_files(path.parent)]
         except OSError:
             return []
 

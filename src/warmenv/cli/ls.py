@@ -15,7 +15,15 @@ from typing import Any
 import anyio.to_thread
 
 from warmenv._errors import WarmenvError
-from warmenv.cli._common import Output, as_json, clean, environment, plural, size
+from warmenv.cli._common import (
+    Output,
+    as_json,
+    clean,
+    environment,
+    environment_files,
+    plural,
+    size,
+)
 from warmenv.environment import active
 from warmenv.persistence.storage import NamespaceSummary
 
@@ -33,8 +41,7 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
 
 
 def _listing(root: Path) -> list[tuple[Path, int]]:
-    files = sorted(p for p in root.glob("*.db") if p.is_file())
-    return [(f, f.stat().st_size) for f in files]
+    return [(f, f.stat().st_size) for f in environment_files(root)]
 
 
 def _absent_default(root_option: Path | None) -> tuple[str, Path] | None:
