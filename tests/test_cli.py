@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import anyio
 import pytest
@@ -363,11 +363,20 @@ def _interrupt_after_first_progress(*args: str) -> subprocess.CompletedProcess[s
         text=True,
     )
     assert process.stdout is not None
-    first = process.stdout.readline()
-    assert "/" in first, first  # a progress line: the operation is under way
+    first = first_progress_line(process.stdout)
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=120)
     return subprocess.CompletedProcess(process.args, process.returncode, first + out, err)
+
+
+def first_progress_line(stdout: IO[str]) -> str:
+    """The plain lines up to the first that shows progress (`done/total`): the operation's
+    batches are under way. An import's digest check comes before, in a line of its own."""
+    lines = ""
+    while "/" not in (line := stdout.readline()):
+        assert line.startswith("verifying "), lines + line
+        lines += line
+    return lines + line
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 import test_cli
-from test_cli import TOTAL, run_raw, warmenv
+from test_cli import TOTAL, first_progress_line, run_raw, warmenv
 from test_cli_errors import assert_one_error_line, files_under
 from test_cli_signals import BACKENDS, SIGNALS, digest
 from warmenv import open_environment
@@ -226,11 +226,12 @@ def test_a_closed_stdout_during_import_says_where_the_import_stopped(
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        text=True,
     )
     assert process.stdout is not None and process.stderr is not None
-    assert b"/" in process.stdout.readline()  # a progress line: the import is under way
+    first_progress_line(process.stdout)  # the import is under way
     process.stdout.close()
-    err = process.stderr.read().decode()
+    err = process.stderr.read()
     process.stderr.close()
     assert process.wait(timeout=120) == 1
     assert err.count("\n") == 1, err

@@ -28,7 +28,7 @@ import pytest
 
 import test_cli
 from conftest import KERNELS
-from test_cli import TOTAL, terminal, warmenv
+from test_cli import TOTAL, first_progress_line, terminal, warmenv
 from warmenv import open_environment
 
 # The fixtures these tests share with test_cli.py.
@@ -80,8 +80,7 @@ def stop_after_first_progress(
         env={**os.environ, "WARMENV_CLI_BACKEND": backend},
     )
     assert process.stdout is not None
-    first = process.stdout.readline()
-    assert "/" in first, first  # a progress line: the operation is under way
+    first = first_progress_line(process.stdout)
     process.send_signal(signum)
     out, err = process.communicate(timeout=120)
     return subprocess.CompletedProcess(process.args, process.returncode, first + out, err)

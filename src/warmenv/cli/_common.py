@@ -553,54 +553,171 @@ class Output:
         print(flush=True)
 
     @contextmanager
-    def bar(self, label: str, total: float) -> Iterator[ProgressBar]:
-        """A progress bar on a terminal, periodic plain lines elsewhere, silence for JSON."""
+    def bar(self, label: str, total: int) -> Iterator[ProgressBar]:
+        """Progress counted in entries: done of `total`, entries/s and the time left."""
+        with self._progress(label, entries=True, total_entries=total) as bar:
+            yield bar
+
+    @contextmanager
+    def transfer(self, label: str, total_entries: int, total_bytes: int) -> Iterator[ProgressBar]:
+        """An import or export: entries and entries/s, bytes and bytes/s, the time left."""
+        with self._progress(
+            label, entries=True, bytes=True, total_entries=total_entries, total_bytes=total_bytes
+        ) as bar:
+            yield bar
+
+    @contextmanager
+    def download(self, label: str, total_bytes: int | None) -> Iterator[ProgressBar]:
+        """A download: bytes (of a total the server may not have said), bytes/s, time left."""
+        with self._progress(label, bytes=True, total_bytes=total_bytes) as bar:
+            yield bar
+
+    @contextmanager
+    def working(self, label: str, covers: str) -> Iterator[None]:
+        """A step that measures nothing as it goes (a digest check): what it `covers`
+        and the time it has taken, drawn while the block runs."""
+        with self._progress(label, covers=covers):
+            yield
+
+    @contextmanager
+    def _progress(
+        self,
+        label: str,
+        *,
+        entries: bool = False,
+        bytes: bool = False,
+        total_entries: int | None = None,
+        total_bytes: int | None = None,
+        covers: str = "",
+    ) -> Iterator[ProgressBar]:
+        """A bar on a terminal, a plain line a second elsewhere, silence for JSON and --quiet.
+
+        On a terminal the bar's own measure is bytes when it counts bytes (the
+        time left is best estimated from them), else entries.
+        """
         label = clean(label)
-        if self.console is not None and not self.quiet:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-            from rich.progress import (
-                Progress as RichProgress,
-            )
-
-            with RichProgress(
-                TextColumn("{task.description}", markup=False),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=self.console,
-            ) as progress:
-                task = progress.add_task(label, total=total)
-                yield ProgressBar(lambda done: progress.update(task, completed=done), total)
-            return
+        covers = clean(covers)
+        bar = ProgressBar(
+            total_entries if entries else None, total_bytes if bytes else None, counts=bytes
+        )
         if self.json or self.quiet:
-            yield ProgressBar(lambda done: None, total)
+            yield bar
             return
-        state = {"last": 0.0, "shown": -1.0}
+        if self.console is not None:
+            from warmenv.cli import _progress
 
-        def show(done: float) -> None:
+            with _progress.progress(self.console, entries=entries, bytes=bytes) as progress:
+                task = progress.add_task(
+                    label,
+                    total=total_bytes if bytes else total_entries,
+                    entries=0,
+                    total_entries=total_entries,
+                    entries_per_second=None,
+                    bytes_per_second=None,
+                    covers=covers,
+                )
+
+                def draw(bar: ProgressBar) -> None:
+                    entries_per_second, bytes_per_second = bar.rate()
+                    progress.update(
+                        task,
+                        completed=(bar.bytes if bytes else bar.entries) or 0,
+                        entries=bar.entries or 0,
+                        entries_per_second=entries_per_second,
+                        bytes_per_second=bytes_per_second,
+                    )
+
+                bar.draw = draw
+                yield bar
+                if not (entries or bytes):  # the step is done: a full bar, not a pulse
+                    progress.update(task, total=1, completed=1)
+            return
+        if not (entries or bytes):
+            print(f"{label} ({covers})...", flush=True)
+            yield bar
+            return
+        printed: list[float] = []  # when the last line was printed
+        shown: list[tuple[int | None, int | None]] = []  # and what it showed
+
+        def show(bar: ProgressBar) -> None:
             now = time.monotonic()
-            if done == state["shown"]:
+            counts = (bar.entries, bar.bytes)
+            if shown == [counts] or not (bar.finished or not printed or now - printed[0] >= 1.0):
                 return
-            if done >= total or now - state["last"] >= 1.0:
-                state["last"], state["shown"] = now, done
-                percent = 100.0 * done / total if total else 100.0
-                print(f"{label}: {done:,.0f}/{total:,.0f} ({percent:.0f}%)", flush=True)
+            printed[:], shown[:] = [now], [counts]
+            print(f"{label}: {bar.describe()}", flush=True)
 
-        yield ProgressBar(show, total)
+        bar.draw = show
+        yield bar
 
 
 @attrs.define
 class ProgressBar:
-    _update: Any
-    total: float
+    """The handle a command moves its progress with: entries and bytes done so far.
 
-    def update(self, done: float) -> None:
-        self._update(done)
+    Rates are counted from the first update, not from when the bar appeared:
+    the first batch may have been done before (an import's comes right after
+    its digest check), and counting it over no time at all would show a
+    rate thousands of times too high.
+    """
+
+    total_entries: int | None
+    """The entries to do, if the bar counts entries."""
+    total_bytes: int | None
+    """The bytes to do, if the bar counts bytes and the total is known."""
+    counts_bytes: bool = attrs.field(default=False, alias="counts")
+    draw: Callable[[ProgressBar], None] = lambda bar: None
+    entries: int | None = attrs.field(init=False, default=None)
+    bytes: int | None = attrs.field(init=False, default=None)
+    _first: tuple[float, int, int] | None = attrs.field(init=False, default=None)
+
+    def update(self, entries: int | None = None, *, bytes: int | None = None) -> None:
+        """Cumulative counts; a measure not given keeps its last value."""
+        if entries is not None:
+            self.entries = entries
+        if bytes is not None:
+            self.bytes = bytes
+        if self._first is None:
+            self._first = (time.monotonic(), self.entries or 0, self.bytes or 0)
+        self.draw(self)
+
+    def finish(self) -> None:
+        """All done: the totals (the last batch's counts may fall short of a rounded total)."""
+        self.update(self.total_entries, bytes=self.total_bytes)
+
+    @property
+    def finished(self) -> bool:
+        if self.total_entries is not None:
+            return (self.entries or 0) >= self.total_entries
+        return self.total_bytes is not None and (self.bytes or 0) >= self.total_bytes
+
+    def rate(self) -> tuple[float | None, float | None]:
+        """Entries and bytes per second since the first update (None until measurable)."""
+        if self._first is None:
+            return None, None
+        since, entries, size = self._first
+        elapsed = time.monotonic() - since
+        if elapsed <= 0 or (self.entries or 0) + (self.bytes or 0) == entries + size:
+            return None, None
+        return ((self.entries or 0) - entries) / elapsed, ((self.bytes or 0) - size) / elapsed
+
+    def describe(self) -> str:
+        """`40/40 (100%), 2.1 KiB, 3,100 entries/s`, or for bytes `1.0 MiB/4.0 MiB (25%), ...`."""
+        entries_rate, bytes_rate = self.rate()
+        if self.total_entries is not None:
+            total, done = self.total_entries, self.entries or 0
+            parts = [f"{done:,}/{total:,} ({100.0 * done / total if total else 100.0:.0f}%)"]
+            if self.counts_bytes:
+                parts.append(size(self.bytes or 0))
+            if entries_rate is not None:
+                parts.append(f"{entries_rate:,.0f} entries/s")
+            return ", ".join(parts)
+        expected, done = self.total_bytes, self.bytes or 0
+        percent = f" ({100.0 * done / expected:.0f}%)" if expected else ""
+        parts = [f"{size(done)}/{'?' if expected is None else size(expected)}{percent}"]
+        if bytes_rate is not None:
+            parts.append(f"{size(int(bytes_rate))}/s")
+        return ", ".join(parts)
 
 
 async def ask(out: Output, question: str) -> str | None:
@@ -631,11 +748,14 @@ async def follow(
     events: AsyncIterator[Event],
     label: str,
     on_start: Callable[[Started], None] | None = None,
+    verifying: str | None = None,
 ) -> ImportReport | ExportReport:
     """Drive an import or export, drawing its progress; returns its report.
 
     `on_start` sees the `Started` event (the totals) and may refuse to go on
-    by raising: nothing has been written or published by then.
+    by raising: nothing has been written or published by then. `verifying`
+    names the bundle of an import that checks its digest first: that phase is
+    drawn on its own, with what it covers and the time it takes.
     """
     async for event in events:
         if isinstance(event, Started):
@@ -644,14 +764,30 @@ async def follow(
         raise RuntimeError("no Started event")
     if on_start is not None:
         on_start(event)
-    with out.bar(label, max(event.total_entries, 1)) as bar:
-        async for event in events:
+    started = event
+    following: Event | None = None
+    if verifying is not None:
+        # The import checks the digest before its first batch; the next event
+        # comes once that is done.
+        covers = f"{plural(started.total_entries, 'entry', 'entries')}, {size(started.total_bytes)}"
+        with out.working(f"verifying {verifying}", covers):
+            following = await anext(events, None)
+    with out.transfer(label, started.total_entries, started.total_bytes) as bar:
+
+        def show(event: Event) -> ImportReport | ExportReport | None:
             if isinstance(event, Progress):
                 out.entries_done = event.entries_done
-                bar.update(event.entries_done)
+                bar.update(event.entries_done, bytes=event.bytes_done)
             elif isinstance(event, Finished):
-                bar.update(bar.total)
+                bar.finish()
                 return event.report
+            return None
+
+        if following is not None and (report := show(following)) is not None:
+            return report
+        async for event in events:
+            if (report := show(event)) is not None:
+                return report
     raise RuntimeError("the operation ended without a report")  # pragma: no cover
 
 

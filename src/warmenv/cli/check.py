@@ -39,7 +39,7 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
 
 async def run(args: argparse.Namespace, out: Output) -> int:
     async with open_bundle(args.bundle) as bundle:
-        _, entries = await verified(bundle, args.bundle)
+        _, entries = await verified(bundle, args.bundle, out)
         report = await preflight(bundle, version=args.app_version)
     verdict = "can hit" if report.ok else "will not hit"
     machine = report.machine

@@ -140,7 +140,9 @@ async def _import(
             events: AsyncIterator[Event] = aiter(progress)
             if isinstance(bundle, str):
                 events = _downloading(out, events, label)
-            report = await follow(out, events, f"importing {label}")
+            report = await follow(
+                out, events, f"importing {label}", verifying=label if args.verify else None
+            )
     except ValueError as exc:
         if isinstance(exc, UnicodeError):
             raise
@@ -155,10 +157,9 @@ async def _downloading(
     """Show the download's progress, then pass the import's events on."""
     first = await anext(events)
     if isinstance(first, Downloading):
-        with out.bar(f"downloading {label}", max(first.total_bytes or 0, 1)) as bar:
+        with out.download(f"downloading {label}", first.total_bytes) as bar:
             while isinstance(first, Downloading):
-                if first.total_bytes is not None:
-                    bar.update(first.bytes_done)
+                bar.update(bytes=first.bytes_done)
                 first = await anext(events)
     yield first
     async for event in events:
