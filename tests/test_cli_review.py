@@ -413,6 +413,28 @@ def test_explain_takes_a_raw_key(versions_root: Path) -> None:
     assert json.loads(completed.stdout)["nearby"][0]["has_key"] is True
 
 
+def test_explain_finds_an_integer_or_tuple_key_by_its_json_with_raw_key(tmp_path: Path) -> None:
+    root = tmp_path / "ints"
+
+    async def fill() -> None:
+        async with open_environment("e", root=root) as env:
+            store: Store[object, str] = await env.store("app/1/kernels")
+            await store.insert(42, "x")
+            await store.insert(("matmul", 4096), "y")
+
+    anyio.run(fill)
+
+    def has_key(*args: str) -> bool:
+        completed = warmenv("explain", "app/2/kernels", *args, "--env", "e", "--json", root=root)
+        assert completed.returncode == 0, completed.stderr
+        (nearby,) = json.loads(completed.stdout)["nearby"]
+        return bool(nearby["has_key"])
+
+    assert not has_key("42")  # the string "42"
+    assert has_key("42", "--raw-key")
+    assert has_key('["matmul",4096]', "--raw-key")
+
+
 def test_explain_of_a_missing_environment_creates_nothing(tmp_path: Path) -> None:
     root = tmp_path / "none"
     completed = warmenv("explain", "app/1/x", "--env", "nope", root=root)

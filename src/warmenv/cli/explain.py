@@ -4,7 +4,9 @@ It only reads: the namespaces the environment holds that differ from
 NAMESPACE in its version or path (or only in its name), how many entries
 each holds and whether KEY is stored there. KEY is the key the application
 passes to its store (default codec: JSON, so `k1` means the string "k1");
-`--raw-key` takes it as the exact bytes stored (UTF-8).
+`--raw-key` takes it as the exact bytes stored (UTF-8), which is how an
+integer or tuple key of a JSON store is given: its compact JSON (`42`,
+`["matmul",4096]`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         "key",
         metavar="KEY",
         nargs="?",
-        help="the key that misses, as the application passes it to its store (a string)",
+        help="the key that misses, as a string key passed to a JSON store; for another "
+        "key give its JSON with --raw-key (the integer 42: --raw-key 42)",
     )
     parser.add_argument(
         "--raw-key",
