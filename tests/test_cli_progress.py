@@ -11,6 +11,8 @@ import anyio
 import pytest
 
 from test_cli import terminal, warmenv
+from test_download import BundleServer
+from test_download import server as server  # the HTTP server fixture, over Redis's
 from warmenv import open_environment
 from warmenv.bundle import export_bundle
 
@@ -78,6 +80,18 @@ def test_export_on_a_terminal_shows_rate_bytes_and_time_left(
     assert f"{ENTRIES:,}/{ENTRIES:,} entries" in text
     assert RATE.search(text) and BYTES.search(text) and BYTES_RATE.search(text)
     assert TIME_LEFT.search(text)
+
+
+def test_a_download_on_a_terminal_shows_bytes_rate_and_time_left(
+    big: tuple[Path, Path], server: BundleServer, tmp_path: Path
+) -> None:
+    _, bundle = big
+    url = server.put("/big.bundle", bundle.read_bytes())
+    text = shown("import", url, "--env", "web", "--root", str(tmp_path))
+    frames = [line for line in text.splitlines() if line.startswith(f"downloading {url}")]
+    line = frames[-1]  # the last drawn: the download complete
+    assert BYTES.search(line) and BYTES_RATE.search(line) and TIME_LEFT.search(line)
+    assert f"imported {ENTRIES:,} entries" in text
 
 
 @pytest.mark.parametrize("command", ["verify", "check"])

@@ -598,7 +598,7 @@ class Output:
         label = clean(label)
         covers = clean(covers)
         bar = ProgressBar(
-            total_entries if entries else None, total_bytes if bytes else None, counts=bytes
+            total_entries if entries else None, total_bytes if bytes else None, counts_bytes=bytes
         )
         if self.json or self.quiet:
             yield bar
@@ -642,7 +642,8 @@ class Output:
         def show(bar: ProgressBar) -> None:
             now = time.monotonic()
             counts = (bar.entries, bar.bytes)
-            if shown == [counts] or not (bar.finished or not printed or now - printed[0] >= 1.0):
+            due = not printed or now - printed[0] >= 1.0
+            if shown == [counts] or not (due or bar.finished):
                 return
             printed[:], shown[:] = [now], [counts]
             print(f"{label}: {bar.describe()}", flush=True)
@@ -665,7 +666,7 @@ class ProgressBar:
     """The entries to do, if the bar counts entries."""
     total_bytes: int | None
     """The bytes to do, if the bar counts bytes and the total is known."""
-    counts_bytes: bool = attrs.field(default=False, alias="counts")
+    counts_bytes: bool = False
     draw: Callable[[ProgressBar], None] = lambda bar: None
     entries: int | None = attrs.field(init=False, default=None)
     bytes: int | None = attrs.field(init=False, default=None)

@@ -55,6 +55,14 @@ class BytesRateColumn(ProgressColumn):
         return Text(f"{shown}/s", style="progress.data.speed")
 
 
+class TimeLeftColumn(TimeRemainingColumn):
+    """`eta 0:00:03`; nothing while the total is unknown (a download of unsaid length)."""
+
+    def render(self, task: Task) -> Text:
+        left = super().render(task)
+        return Text.assemble("eta ", left) if left.plain else left
+
+
 def progress(console: Console, *, entries: bool, bytes: bool) -> RichProgress:
     """A rich display for one bar measuring `bytes` (its total is the task's), `entries`
     (the task's total when there are no bytes, else fields), both, or neither."""
@@ -67,7 +75,7 @@ def progress(console: Console, *, entries: bool, bytes: bool) -> RichProgress:
     if bytes:
         columns += [DownloadColumn(binary_units=True), BytesRateColumn()]
     if entries or bytes:
-        columns += [TextColumn("eta"), TimeRemainingColumn()]
+        columns.append(TimeLeftColumn())
     else:
         columns += [TextColumn("{task.fields[covers]}", markup=False), TimeElapsedColumn()]
     return RichProgress(*columns, console=console)
