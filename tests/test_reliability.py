@@ -29,6 +29,7 @@ import pytest
 
 from conftest import env_contents
 from helpers import Trials, backend_label, one_trial, reliability_row
+from test_cli import first_progress_line
 from warmenv import Environment, Failed, Namespace, Store, Stored, open_environment
 from warmenv.bundle import BundleFormat, export_bundle, import_bundle, open_bundle
 
@@ -828,9 +829,7 @@ def _command(*args: str, backend: str) -> subprocess.Popen[str]:
 
 def _first_progress(process: subprocess.Popen[str]) -> str:
     assert process.stdout is not None and process.stderr is not None
-    first = process.stdout.readline()
-    assert "/" in first, (first, process.stderr.read())  # a progress line: under way
-    return first
+    return first_progress_line(process.stdout, process.stderr)  # under way
 
 
 def command_duration(*args: str) -> float:
