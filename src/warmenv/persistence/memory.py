@@ -84,7 +84,7 @@ class MemoryTable:
         by_bundle: dict[int, tuple[int, float]] = {}
         for pending in batch:
             rows = self.namespaces.get(pending.namespace, {})
-            for key, n in pending.hits.items():
+            for key, n in pending.hits().items():
                 row = rows.get(key)
                 origin = Origin.LOCAL if row is None else row.origin
                 saved = n * (row.cost or 0.0) if row is not None else 0.0
@@ -104,7 +104,7 @@ class MemoryTable:
                 computes + pending.computes,
                 seconds + pending.compute_seconds,
             )
-            self.touch(pending.namespace, pending.hits)
+            self.touch(pending.namespace, pending.hits())
         for origin_key, (hits, saved) in resolved.by_origin.items():
             _add(self._origins, origin_key, hits, saved)
         for ident, (hits, saved) in resolved.by_bundle.items():
