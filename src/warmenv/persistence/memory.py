@@ -13,6 +13,7 @@ from typing import TypeVar, final
 
 from anyio.lowlevel import checkpoint
 
+from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.schema import HIT_GRANULARITY
 from warmenv.persistence.statistics import EnvironmentStatistics, Pending, Resolved, assemble
@@ -365,6 +366,17 @@ class MemoryStorage(Storage):
 
     def describe(self) -> str:
         return f"memory [{self._namespace}]"
+
+    async def explain(self, key: bytes | None = None) -> Explanation:
+        if key is not None:
+            check_key(key)
+        await checkpoint()
+        namespaces = self._table.namespaces
+
+        def holding(names: list[str], key: bytes) -> set[str]:
+            return {name for name in names if key in namespaces.get(name, {})}
+
+        return explain(self._table.summaries(), self._namespace, key, holding)
 
     async def origin_of(self, key: bytes) -> Origin | None:
         """The origin of the stored value, or `None` (for tests and diagnostics)."""

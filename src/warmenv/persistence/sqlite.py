@@ -37,6 +37,7 @@ from warmenv import _sqlite
 from warmenv._errors import WarmenvError, WarmenvWarning
 from warmenv._fs import non_regular_kind
 from warmenv.persistence import schema
+from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.files import read_only_uri
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.statistics import EnvironmentStatistics, Pending, Resolved, assemble
@@ -249,6 +250,18 @@ class SqliteDatabase:
             log.warning("recording statistics in %s failed (kept for later): %s", self.path, exc)
             return False
         return True
+
+    async def explain(self, namespace: str, key: bytes | None) -> Explanation:
+        """Why a lookup in `namespace` (of `key`) misses here, read in one hop.
+
+        A failing read explains over nothing rather than raising (logged):
+        an explanation is a diagnosis, never a new error.
+        """
+        try:
+            return await self.run(partial(_explain, namespace, key))
+        except sqlite3.Error as exc:
+            log.warning("explaining a miss in %s failed: %s", self.path, exc)
+            return explain([], namespace, key, lambda names, key: set())
 
     async def statistics(self, pending: list[Pending]) -> EnvironmentStatistics:
         """The stored counts of every namespace and bundle, plus `pending` (not yet stored)."""
@@ -475,6 +488,9 @@ class SqliteStorage(Storage):
     def describe(self) -> str:
         mode = " (read-only)" if self._db.read_only else ""
         return f"SQLite {self._db.path}{mode} [{self._namespace}]"
+
+    async def explain(self, key: bytes | None = None) -> Explanation:
+        return await self._db.explain(self._namespace, None if key is None else check_key(key))
 
     async def origin_of(self, key: bytes) -> Origin | None:
         """The origin of the stored value, or `None` (for tests and diagnostics)."""
@@ -837,6 +853,31 @@ def _statistics(
             by_bundle={},
         )
     return assemble(totals, counters, origins, bundles, bundle_hits, pending, resolved)
+
+
+# --- explanations -----------------------------------------------------------------
+
+
+def _explain(namespace: str, key: bytes | None, conn: sqlite3.Connection) -> Explanation:
+    # Counts only: the primary key's index answers them without reading a
+    # value, where sizes (as `namespaces()` gives) would read every row. A
+    # namespace that is not UTF-8 (written by something else) is listed too.
+    previous = conn.text_factory
+    conn.text_factory = schema.decode_text
+    try:
+        counts = conn.execute(
+            "SELECT namespace, count(*) FROM entries GROUP BY namespace ORDER BY namespace"
+        ).fetchall()
+    finally:
+        conn.text_factory = previous
+    summaries = (NamespaceSummary(namespace=n, entries=c, bytes=0) for n, c in counts)
+
+    def holding(namespaces: list[str], key: bytes) -> set[str]:
+        # One indexed lookup per namespace (the primary key is (namespace, key)).
+        lookup = "SELECT 1 FROM entries WHERE namespace = ? AND key = ?"
+        return {n for n in namespaces if conn.execute(lookup, (n, key)).fetchone() is not None}
+
+    return explain(summaries, namespace, key, holding)
 
 
 # --- recency, quarantine, gc, vacuum ----------------------------------------------
