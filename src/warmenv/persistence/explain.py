@@ -33,7 +33,7 @@ import attrs
 
 from warmenv.persistence.codec import JsonCodec
 from warmenv.persistence.namespace import Namespace
-from warmenv.persistence.storage import NamespaceSummary, Storage
+from warmenv.persistence.storage import Storage
 
 __all__ = ["Explanation", "Nearby", "explain", "explain_first_miss", "stored_key"]
 
@@ -145,30 +145,37 @@ def stored_key(key: bytes | str | None) -> bytes | None:
 
 
 def explain(
-    summaries: Iterable[NamespaceSummary],
+    counts: Iterable[tuple[str, int]],
     namespace: Namespace | str,
     key: bytes | None,
     holding: Callable[[list[str], bytes], set[str]],
 ) -> Explanation:
-    """The explanation for `namespace`/`key` given an environment's namespace summaries.
+    """The explanation for `namespace`/`key` given an environment's namespaces.
 
+    `counts` holds each namespace with its number of entries;
     `holding(namespaces, key)` answers which of `namespaces` store `key`. Both
     come from the storage explaining itself (`Storage.explain`), which calls
     this where it reads (on the database's thread for SQLite: one hop).
     """
     asked = Namespace.coerce(namespace)
+    asked_rest = asked.full.partition("/")[2]  # its version and path
     own = 0
     candidates: list[tuple[tuple[int, int, int], str, tuple[str, ...], int]] = []
-    for summary in summaries:
-        if summary.namespace == asked.full:
-            own = summary.entries
+    for name, entries in counts:
+        if name == asked.full:
+            own = entries
             continue
-        differs = differing(asked, Namespace.raw(summary.namespace))
-        if differs is not None and summary.entries:
+        # Near needs the same name, or the same version and path (`differing`):
+        # tested on the string first, so most namespaces are never parsed.
+        head, _, rest = name.partition("/")
+        if not entries or (head != asked.name and rest != asked_rest):
+            continue
+        differs = differing(asked, Namespace.raw(name))
+        if differs is not None:
             # Fewest differing segments first; a version bump before a path or a
             # name change (the commonest cause); then the fuller namespace.
-            rank = (len(differs), max(_NEARNESS[s] for s in differs), -summary.entries)
-            candidates.append((rank, summary.namespace, differs, summary.entries))
+            rank = (len(differs), max(_NEARNESS[s] for s in differs), -entries)
+            candidates.append((rank, name, differs, entries))
     candidates.sort(key=lambda c: (c[0], c[1]))
     found: set[str] = set()
     if key is not None:

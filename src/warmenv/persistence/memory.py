@@ -376,7 +376,8 @@ class MemoryStorage(Storage):
         def holding(names: list[str], key: bytes) -> set[str]:
             return {name for name in names if key in namespaces.get(name, {})}
 
-        return explain(self._table.summaries(), self._namespace, key, holding)
+        counts = [(name, len(rows)) for name, rows in namespaces.items()]
+        return explain(counts, self._namespace, key, holding)
 
     async def origin_of(self, key: bytes) -> Origin | None:
         """The origin of the stored value, or `None` (for tests and diagnostics)."""

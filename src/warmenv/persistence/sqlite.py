@@ -870,14 +870,13 @@ def _explain(namespace: str, key: bytes | None, conn: sqlite3.Connection) -> Exp
         ).fetchall()
     finally:
         conn.text_factory = previous
-    summaries = (NamespaceSummary(namespace=n, entries=c, bytes=0) for n, c in counts)
 
     def holding(namespaces: list[str], key: bytes) -> set[str]:
         # One indexed lookup per namespace (the primary key is (namespace, key)).
         lookup = "SELECT 1 FROM entries WHERE namespace = ? AND key = ?"
         return {n for n in namespaces if conn.execute(lookup, (n, key)).fetchone() is not None}
 
-    return explain(summaries, namespace, key, holding)
+    return explain(counts, namespace, key, holding)
 
 
 # --- recency, quarantine, gc, vacuum ----------------------------------------------
