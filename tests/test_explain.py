@@ -14,10 +14,13 @@ import attrs
 import pytest
 
 import warmenv.persistence.explain as explain_module
+from redis_server import RedisServer
+from test_store_read_through import GatedStorage
 from warmenv import Environment, MemoryStorage, open_environment
 from warmenv.persistence import Store
 from warmenv.persistence.explain import Explanation, Nearby
 from warmenv.persistence.memory import MemoryTable
+from warmenv.persistence.remote import RemoteStorage
 
 pytestmark = pytest.mark.anyio
 
@@ -190,3 +193,80 @@ async def test_a_memory_store_miss_is_explained_too(
     assert "'app/1/kernels': version '1' instead of '2'; 1 entry; holds the key" in (
         record.getMessage()
     )
+
+
+# --- Storage.explain: every storage explains itself --------------------------------------
+
+
+async def test_a_first_miss_through_a_shared_tier_is_explained_from_the_local_storage(
+    tmp_path: Path,
+    server: RedisServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with open_environment("e", root=tmp_path, remote=server.url) as env:
+        await fill(env, LAYOUT)
+        monkeypatch.setenv("WARMENV_EXPLAIN_MISSES", "1")
+        store: Store[str, int] = await env.store("app/2/kernels")
+        assert isinstance(env.storage("app/2/kernels"), RemoteStorage)
+        with caplog.at_level(logging.INFO, logger="warmenv.explain"):
+            assert await store.get("k1") is None
+    [record] = [r for r in caplog.records if r.name == "warmenv.explain"]
+    message = record.getMessage()
+    assert "shared through Redis" in message
+    assert "'app/1/kernels': version '1' instead of '2'; 3 entries; holds the key" in message
+
+
+async def test_a_storage_with_a_shared_tier_explains_as_its_local_storage(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    async with open_environment("e", root=tmp_path, remote=server.url) as env:
+        await fill(env, LAYOUT)
+        shared = env.storage("app/2/kernels")
+        assert isinstance(shared, RemoteStorage)
+        explanation = await shared.explain(b'"k2"')
+        assert explanation == await shared.local.explain(b'"k2"')
+        assert explanation == await env.explain("app/2/kernels", "k2")
+    assert explanation is not None
+    assert explanation.nearby[0] == Nearby("app/1/kernels", ("version",), 3, True)
+
+
+async def test_sqlite_and_memory_storages_explain_their_own_namespace(
+    env: Environment, tmp_path: Path
+) -> None:
+    table = MemoryTable()
+    for storages in (
+        {ns: env.storage(ns) for ns in LAYOUT},
+        {ns: MemoryStorage(ns, table=table) for ns in LAYOUT},
+    ):
+        for namespace, keys in LAYOUT.items():
+            for key in keys:
+                await storages[namespace].insert(f'"{key}"'.encode(), b"1")
+        explanation = await storages["app/1/kernels"].explain(b'"k2"')
+        assert explanation is not None
+        assert (explanation.namespace, explanation.entries, explanation.has_key) == (
+            "app/1/kernels",
+            3,
+            True,
+        )
+        assert [n.namespace for n in explanation.nearby] == ["app/1/tuned", "app/2/tuned"]
+        assert str(await storages["app/1/kernels"].explain()) == (
+            "namespace 'app/1/kernels' holds 3 entries; nearest namespaces here:\n"
+            "  - 'app/1/tuned': path 'tuned' instead of 'kernels'; 1 entry\n"
+            "  - 'app/2/tuned': version '2' instead of '1', path 'tuned' instead of "
+            "'kernels'; 1 entry"
+        )
+
+
+async def test_a_storage_of_the_applications_own_is_not_explained(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    table = MemoryTable()
+    await MemoryStorage("app/1/kernels", table=table).insert(b'"k1"', b"1")
+    own = GatedStorage(MemoryStorage("app/2/kernels", table=table))
+    assert await own.explain(b'"k1"') is None  # the protocol's default: nothing to compare
+    monkeypatch.setenv("WARMENV_EXPLAIN_MISSES", "1")
+    store: Store[str, int] = await Store.open(own)
+    with caplog.at_level(logging.DEBUG, logger="warmenv.explain"):
+        assert await store.get("k1") is None  # a miss, and no error
+    assert [r for r in caplog.records if r.name == "warmenv.explain"] == []

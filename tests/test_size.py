@@ -89,6 +89,16 @@ async def test_eviction_stops_as_soon_as_the_entries_fit(
     assert await any_env.namespaces() == []
 
 
+async def test_a_bound_met_exactly_evicts_nothing_more(any_env: Environment, clock: Clock) -> None:
+    await fill(any_env, clock, [b"a", b"b", b"c", b"d"])  # 400 bytes
+    assert await any_env.gc(max_bytes=400) == Purged(0)
+    assert await any_env.gc(max_bytes=300) == Purged(1)  # exactly what is left after one
+    assert await keys(any_env) == {b"b", b"c", b"d"}
+    assert await any_env.gc(max_bytes=199) == Purged(2)  # one byte short of keeping two
+    assert await keys(any_env) == {b"d"}
+    assert await any_env.gc(max_bytes=10**12) == Purged(0)
+
+
 async def test_recency_is_written_at_most_once_a_minute_per_entry(
     any_env: Environment, clock: Clock
 ) -> None:

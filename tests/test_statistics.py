@@ -216,6 +216,65 @@ async def test_a_lazy_store_counts_reads_through_as_hits(any_env: Environment) -
     assert (kernels.hits, kernels.misses, kernels.computes) == (2, 0, 0)
 
 
+async def test_a_key_served_by_get_and_by_a_read_through_counts_as_one_entry(
+    any_env: Environment,
+) -> None:
+    # get_or_compute reading through holds the key's encoding, get its str: the
+    # flush sees the same entry in both forms and must add them up as one.
+    storage = any_env.storage(NS)
+    await storage.insert_many([(b'"k"', b"1")], Origin.IMPORTED, cost=2.5, bundle=BUNDLE)
+    store: Store[str, int] = await any_env.store(NS, mode=CacheMode.LAZY)
+    assert await store.get_or_compute("k", slow_square, 1) == 1
+    assert await store.get("k") == 1
+    assert await any_env.flush_statistics()
+    stats = await any_env.statistics()
+    (kernels,) = stats.namespaces
+    assert kernels.hits_by_origin == {Origin.IMPORTED: 2}
+    assert kernels.saved_seconds == pytest.approx(5.0)
+    (bundle,) = stats.bundles
+    assert bundle.hits == 2
+    assert bundle.saved_seconds == pytest.approx(5.0)
+
+
+async def test_a_flush_larger_than_one_statement_counts_every_namespace(root: Path) -> None:
+    # 1,200 namespaces and 2,400 hit keys: the batch goes into SQLite in several
+    # statements; every count, origin, saving and recency must still land.
+    count = 1200
+    names = [f"app/{i}/kernels" for i in range(count)]
+    async with open_environment("e", root=root) as env:
+        stores: list[Store[str, int]] = []
+        for i, name in enumerate(names):
+            await env.storage(name).insert_many(
+                [(b'"a"', b"1"), (b'"b"', b"2"), (b'"cold"', b"3")],
+                Origin.IMPORTED if i % 2 else Origin.LOCAL,
+                cost=1.0,
+                bundle=BUNDLE if i % 2 else None,
+            )
+            stores.append(await env.store(name))
+        for store in stores:
+            assert await store.get("a") == 1
+            assert await store.get("a") == 1
+            assert await store.get("b") == 2
+            assert await store.get("absent") is None
+        assert await env.flush_statistics()
+        stats = await env.statistics()
+        path = env.path
+    by_ns = {s.namespace: s for s in stats.namespaces}
+    for i, name in enumerate(names):
+        kernels = by_ns[name]
+        origin = Origin.IMPORTED if i % 2 else Origin.LOCAL
+        assert (kernels.hits, kernels.misses, kernels.hits_by_origin) == (3, 1, {origin: 3})
+        assert kernels.saved_seconds == pytest.approx(3.0)
+    (bundle,) = stats.bundles
+    assert (bundle.entries, bundle.hits, bundle.saved_seconds) == (1800, 1800, 1800.0)
+    assert stored_counts(path) == {name: (3, 1, 0) for name in names}
+    with sqlite3.connect(path) as conn:
+        recency = conn.execute(
+            "SELECT key, count(*), count(last_hit) FROM entries GROUP BY key ORDER BY key"
+        ).fetchall()
+    assert recency == [(b'"a"', count, count), (b'"b"', count, count), (b'"cold"', count, 0)]
+
+
 _CHILD = textwrap.dedent(
     """
     import sys

@@ -33,7 +33,7 @@ from warmenv._errors import ClosedError, WarmenvWarning
 from warmenv.config import Config, is_valid_name, load_config
 from warmenv.persistence import statistics as _statistics
 from warmenv.persistence.codec import Codec
-from warmenv.persistence.explain import Explanation, explain_database, explain_memory
+from warmenv.persistence.explain import Explanation, stored_key
 from warmenv.persistence.memory import MemoryStorage, MemoryTable
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.remote import RemoteSettings, RemoteStorage, RemoteTier, remote_settings
@@ -141,15 +141,16 @@ class Environment:
     def storage(self, namespace: Namespace | str) -> Storage:
         """The storage of one namespace (a `Namespace`, or a full string verbatim)."""
         self._check_open()
-        ns = Namespace.coerce(namespace)
-        local: Storage
-        if self._db is not None:
-            local = SqliteStorage(self._db, ns)
-        else:
-            local = MemoryStorage(ns, table=self._memory)
+        local = self._local_storage(Namespace.coerce(namespace))
         if self._remote is not None:
             return RemoteStorage(local, self._remote)
         return local
+
+    def _local_storage(self, namespace: Namespace) -> SqliteStorage | MemoryStorage:
+        """This machine's storage of `namespace` (what a shared tier sits in front of)."""
+        if self._db is not None:
+            return SqliteStorage(self._db, namespace)
+        return MemoryStorage(namespace, table=self._memory)
 
     @overload
     async def store(
@@ -256,10 +257,9 @@ class Environment:
         pass `bytes` to ask about a key exactly as stored.
         """
         self._check_open()
-        if self._db is not None:
-            return await explain_database(self._db, namespace, key)
-        assert self._memory is not None
-        return await explain_memory(self._memory.summaries(), self.storage, namespace, key)
+        # Namespaces are listed where they are stored: the local storage (a
+        # shared tier in front of it explains from it too).
+        return await self._local_storage(Namespace.coerce(namespace)).explain(stored_key(key))
 
     async def purge_bundle(self, digest_or_name: str) -> Purged | Failed:
         """Remove the entries that came from one bundle and are still imported.

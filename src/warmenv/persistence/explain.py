@@ -10,33 +10,32 @@ entries each holds and whether the key is there: "app/2/kernels misses, but
 app/1/kernels holds 1,200 entries including this key" is the answer the user
 needed, and the closest candidates come first.
 
-Only namespace summaries and one indexed lookup per candidate are read, so an
-explanation over a thousand namespaces costs milliseconds. `WARMENV_EXPLAIN_MISSES=1`
-logs the explanation (logger `warmenv.explain`, INFO) the first time a
-namespace misses in this process; the store calls `explain_first_miss` on each
-miss, which returns at once unless the variable is set.
+Each storage answers `Storage.explain(key)` from what it holds (its
+namespace counts, and one indexed lookup of the key per candidate, so an
+explanation over a thousand namespaces costs milliseconds); a storage with a
+shared tier asks its local one. This module holds what they share: which
+namespaces are near, in which order, and how it reads.
+`WARMENV_EXPLAIN_MISSES=1` logs the explanation (logger `warmenv.explain`,
+INFO) the first time a namespace misses in this process; the store calls
+`explain_first_miss` on each miss, which returns at once unless the variable
+is set.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 import threading
-from collections.abc import Awaitable, Callable, Iterable
-from functools import partial
+from collections.abc import Callable, Iterable
 from typing import Final
 
 import attrs
 
-from warmenv.persistence import schema
 from warmenv.persistence.codec import JsonCodec
-from warmenv.persistence.memory import MemoryStorage
 from warmenv.persistence.namespace import Namespace
-from warmenv.persistence.sqlite import SqliteDatabase, SqliteStorage
-from warmenv.persistence.storage import NamespaceSummary, Storage
+from warmenv.persistence.storage import Storage
 
-__all__ = ["Explanation", "Nearby", "explain", "explain_first_miss"]
+__all__ = ["Explanation", "Nearby", "explain", "explain_first_miss", "stored_key"]
 
 log = logging.getLogger("warmenv.explain")
 
@@ -139,123 +138,73 @@ def differing(asked: Namespace, other: Namespace) -> tuple[str, ...] | None:
     return differs
 
 
-async def explain(
-    summaries: Iterable[NamespaceSummary],
-    namespace: Namespace | str,
-    key: bytes | str | None,
-    holding: Callable[[list[str], bytes], Awaitable[set[str]]],
-) -> Explanation:
-    """The explanation for `namespace`/`key` given an environment's namespace summaries.
+def stored_key(key: bytes | str | None) -> bytes | None:
+    """The key to ask about: a `str` is what an application passes to a store of
+    the default codec, so it is asked about as that store keeps it."""
+    return JsonCodec[str, object]().encode_key(key) if isinstance(key, str) else key
 
-    `holding(namespaces, key)` answers which of `namespaces` store `key`.
+
+def explain(
+    counts: Iterable[tuple[str, int]],
+    namespace: Namespace | str,
+    key: bytes | None,
+    holding: Callable[[list[str], bytes], set[str]],
+) -> Explanation:
+    """The explanation for `namespace`/`key` given an environment's namespaces.
+
+    `counts` holds each namespace with its number of entries;
+    `holding(namespaces, key)` answers which of `namespaces` store `key`. Both
+    come from the storage explaining itself (`Storage.explain`), which calls
+    this where it reads (on the database's thread for SQLite: one hop).
     """
     asked = Namespace.coerce(namespace)
-    # A str key is what an application passes to a store of the default
-    # codec: ask about the bytes that store keeps it under.
-    encoded = JsonCodec[str, object]().encode_key(key) if isinstance(key, str) else key
+    asked_rest = asked.full.partition("/")[2]  # its version and path
     own = 0
     candidates: list[tuple[tuple[int, int, int], str, tuple[str, ...], int]] = []
-    for summary in summaries:
-        if summary.namespace == asked.full:
-            own = summary.entries
+    for name, entries in counts:
+        if name == asked.full:
+            own = entries
             continue
-        differs = differing(asked, Namespace.raw(summary.namespace))
-        if differs is not None and summary.entries:
+        # Near needs the same name, or the same version and path (`differing`):
+        # tested on the string first, so most namespaces are never parsed.
+        head, _, rest = name.partition("/")
+        if not entries or (head != asked.name and rest != asked_rest):
+            continue
+        differs = differing(asked, Namespace.raw(name))
+        if differs is not None:
             # Fewest differing segments first; a version bump before a path or a
             # name change (the commonest cause); then the fuller namespace.
-            rank = (len(differs), max(_NEARNESS[s] for s in differs), -summary.entries)
-            candidates.append((rank, summary.namespace, differs, summary.entries))
+            rank = (len(differs), max(_NEARNESS[s] for s in differs), -entries)
+            candidates.append((rank, name, differs, entries))
     candidates.sort(key=lambda c: (c[0], c[1]))
     found: set[str] = set()
-    if encoded is not None:
+    if key is not None:
         wanted = [c[1] for c in candidates]
         if own:
             wanted.append(asked.full)
-        found = await holding(wanted, encoded) if wanted else set()
+        found = holding(wanted, key) if wanted else set()
     return Explanation(
         namespace=asked.full,
-        key=encoded,
+        key=key,
         entries=own,
-        has_key=None if encoded is None else asked.full in found,
+        has_key=None if key is None else asked.full in found,
         nearby=tuple(
             Nearby(
                 namespace=name,
                 differs=differs,
                 entries=entries,
-                has_key=None if encoded is None else name in found,
+                has_key=None if key is None else name in found,
             )
             for _, name, differs, entries in candidates
         ),
     )
 
 
-# --- per backend ---------------------------------------------------------------
-
-
-async def explain_database(
-    db: SqliteDatabase, namespace: Namespace | str, key: bytes | str | None
-) -> Explanation:
-    """`explain` over an environment database."""
-
-    async def holding(namespaces: list[str], key: bytes) -> set[str]:
-        try:
-            return await db.run(partial(_holding, namespaces, key))
-        except sqlite3.Error as exc:
-            log.warning("looking for a key in %s failed: %s", db.path, exc)
-            return set()
-
-    try:
-        counts = await db.run(_counts)
-    except sqlite3.Error as exc:
-        log.warning("listing namespaces of %s failed: %s", db.path, exc)
-        counts = []
-    summaries = (NamespaceSummary(namespace=n, entries=c, bytes=0) for n, c in counts)
-    return await explain(summaries, namespace, key, holding)
-
-
-def _counts(conn: sqlite3.Connection) -> list[tuple[str, int]]:
-    # Counts only: the primary key's index answers them without reading a
-    # value, where sizes (as `namespaces()` gives) would read every row.
-    previous = conn.text_factory
-    conn.text_factory = schema.decode_text
-    try:
-        return conn.execute(
-            "SELECT namespace, count(*) FROM entries GROUP BY namespace ORDER BY namespace"
-        ).fetchall()
-    finally:
-        conn.text_factory = previous
-
-
-def _holding(namespaces: list[str], key: bytes, conn: sqlite3.Connection) -> set[str]:
-    # One indexed lookup per namespace (the primary key is (namespace, key)),
-    # all in one call on the database's thread.
-    found = set()
-    for namespace in namespaces:
-        row = conn.execute(
-            "SELECT 1 FROM entries WHERE namespace = ? AND key = ?", (namespace, key)
-        ).fetchone()
-        if row is not None:
-            found.add(namespace)
-    return found
-
-
-async def explain_memory(
-    summaries: list[NamespaceSummary],
-    storage_of: Callable[[str], Storage],
-    namespace: Namespace | str,
-    key: bytes | str | None,
-) -> Explanation:
-    """`explain` over an environment held in memory."""
-
-    async def holding(namespaces: list[str], key: bytes) -> set[str]:
-        return {n for n in namespaces if await storage_of(n).get(key) is not None}
-
-    return await explain(summaries, namespace, key, holding)
-
-
 # --- the miss hook -------------------------------------------------------------
 
-_explained: set[tuple[object, str]] = set()
+# Where a first miss was explained already: the storage's description, which
+# names the environment (its file) and the namespace, as the log line does.
+_explained: set[str] = set()
 _explained_lock = threading.Lock()
 
 
@@ -263,33 +212,21 @@ async def explain_first_miss(storage: Storage, key: bytes) -> None:
     """Log why `key` missed in `storage`'s namespace, the first time it misses.
 
     Does nothing unless `WARMENV_EXPLAIN_MISSES=1`. Never raises: a failure to
-    explain must not turn a miss into an error.
+    explain must not turn a miss into an error. A storage that cannot explain
+    itself (`Storage.explain` gives `None`: one of the application's own) is
+    not logged.
     """
     if os.environ.get(_VARIABLE) != "1" or not log.isEnabledFor(logging.INFO):
         return
-    if isinstance(storage, SqliteStorage):
-        db = storage._db
-        where: object = db.path
-    elif isinstance(storage, MemoryStorage):
-        table = storage._table
-        where = id(table)
-    else:  # a storage of the application's own: nothing to compare it with
-        return
+    where = storage.describe()
     with _explained_lock:
-        if (where, storage.namespace) in _explained:
+        if where in _explained:
             return
-        _explained.add((where, storage.namespace))
+        _explained.add(where)
     try:
-        if isinstance(storage, SqliteStorage):
-            explanation = await explain_database(db, storage.namespace, key)
-        else:
-            explanation = await explain_memory(
-                table.summaries(),
-                lambda n: MemoryStorage(n, table=table),
-                storage.namespace,
-                key,
-            )
+        explanation = await storage.explain(key)
     except Exception as exc:
-        log.debug("cannot explain the miss in %s: %s", storage.describe(), exc)
+        log.debug("cannot explain the miss in %s: %s", where, exc)
         return
-    log.info("first miss in %s: %s", storage.describe(), explanation)
+    if explanation is not None:
+        log.info("first miss in %s: %s", where, explanation)

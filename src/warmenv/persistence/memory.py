@@ -13,6 +13,7 @@ from typing import TypeVar, final
 
 from anyio.lowlevel import checkpoint
 
+from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.schema import HIT_GRANULARITY
 from warmenv.persistence.statistics import EnvironmentStatistics, Pending, Resolved, assemble
@@ -84,7 +85,7 @@ class MemoryTable:
         by_bundle: dict[int, tuple[int, float]] = {}
         for pending in batch:
             rows = self.namespaces.get(pending.namespace, {})
-            for key, n in pending.hits.items():
+            for key, n in pending.hits().items():
                 row = rows.get(key)
                 origin = Origin.LOCAL if row is None else row.origin
                 saved = n * (row.cost or 0.0) if row is not None else 0.0
@@ -104,7 +105,7 @@ class MemoryTable:
                 computes + pending.computes,
                 seconds + pending.compute_seconds,
             )
-            self.touch(pending.namespace, pending.hits)
+            self.touch(pending.namespace, pending.hits())
         for origin_key, (hits, saved) in resolved.by_origin.items():
             _add(self._origins, origin_key, hits, saved)
         for ident, (hits, saved) in resolved.by_bundle.items():
@@ -365,6 +366,18 @@ class MemoryStorage(Storage):
 
     def describe(self) -> str:
         return f"memory [{self._namespace}]"
+
+    async def explain(self, key: bytes | None = None) -> Explanation:
+        if key is not None:
+            check_key(key)
+        await checkpoint()
+        namespaces = self._table.namespaces
+
+        def holding(names: list[str], key: bytes) -> set[str]:
+            return {name for name in names if key in namespaces.get(name, {})}
+
+        counts = [(name, len(rows)) for name, rows in namespaces.items()]
+        return explain(counts, self._namespace, key, holding)
 
     async def origin_of(self, key: bytes) -> Origin | None:
         """The origin of the stored value, or `None` (for tests and diagnostics)."""

@@ -76,6 +76,8 @@ from warmenv.persistence.storage import (
 if TYPE_CHECKING:
     import coredis
 
+    from warmenv.persistence.explain import Explanation
+
 __all__ = [
     "DEFAULT_MAX_VALUE_BYTES",
     "DEFAULT_REMOTE_TIMEOUT",
@@ -653,6 +655,10 @@ class RemoteStorage(Storage):
 
     def describe(self) -> str:
         return f"{self._local.describe()}, shared through {self._tier.describe()}"
+
+    async def explain(self, key: bytes | None = None) -> Explanation | None:
+        # The shared tier lists no namespaces: the local storage explains.
+        return await self._local.explain(key)
 
     @asynccontextmanager
     async def lease(self, key: bytes) -> AsyncIterator[bytes | None]:

@@ -23,6 +23,7 @@ from collections.abc import (
     Callable,
     Iterable,
     Iterator,
+    Sequence,
 )
 from functools import partial
 from pathlib import Path
@@ -36,6 +37,7 @@ from warmenv import _sqlite
 from warmenv._errors import WarmenvError, WarmenvWarning
 from warmenv._fs import non_regular_kind
 from warmenv.persistence import schema
+from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.files import read_only_uri
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.statistics import EnvironmentStatistics, Pending, Resolved, assemble
@@ -248,6 +250,18 @@ class SqliteDatabase:
             log.warning("recording statistics in %s failed (kept for later): %s", self.path, exc)
             return False
         return True
+
+    async def explain(self, namespace: str, key: bytes | None) -> Explanation:
+        """Why a lookup in `namespace` (of `key`) misses here, read in one hop.
+
+        A failing read explains over nothing rather than raising (logged):
+        an explanation is a diagnosis, never a new error.
+        """
+        try:
+            return await self.run(partial(_explain, namespace, key))
+        except sqlite3.Error as exc:
+            log.warning("explaining a miss in %s failed: %s", self.path, exc)
+            return explain([], namespace, key, lambda names, key: set())
 
     async def statistics(self, pending: list[Pending]) -> EnvironmentStatistics:
         """The stored counts of every namespace and bundle, plus `pending` (not yet stored)."""
@@ -475,6 +489,9 @@ class SqliteStorage(Storage):
         mode = " (read-only)" if self._db.read_only else ""
         return f"SQLite {self._db.path}{mode} [{self._namespace}]"
 
+    async def explain(self, key: bytes | None = None) -> Explanation:
+        return await self._db.explain(self._namespace, None if key is None else check_key(key))
+
     async def origin_of(self, key: bytes) -> Origin | None:
         """The origin of the stored value, or `None` (for tests and diagnostics)."""
         check_key(key)
@@ -657,42 +674,90 @@ def _bundle_id(bundle: BundleRef, now: float, conn: sqlite3.Connection) -> int:
 
 # --- statistics ---------------------------------------------------------------
 
-_COUNTS_TABLE = "temp.warmenv_counts"
+# A batch goes into SQLite as two temporary tables: a row per namespace (its
+# misses and computations) and a row per hit key, resolved against its entry
+# as it is inserted (origin, cost, bundle, and the entry's rowid if its
+# recency is older than this granule). Rows go in as multi-row VALUES, one
+# statement per few hundred rows rather than one per row; everything after
+# that is set-based: one GROUP BY feeds the UPSERT of the statistics, one the
+# bundles', and the stale rowids the recency update. No key is looked up twice.
+_NAMESPACES = "temp.warmenv_namespaces"
+_HITS = "temp.warmenv_hits"
+_BATCH_DDL = (
+    f"CREATE TABLE IF NOT EXISTS {_NAMESPACES} (i INTEGER PRIMARY KEY, "
+    "namespace TEXT NOT NULL, misses INTEGER NOT NULL, computes INTEGER NOT NULL, "
+    "seconds REAL NOT NULL)",
+    f"CREATE TABLE IF NOT EXISTS {_HITS} (i INTEGER NOT NULL, origin INTEGER NOT NULL, "
+    "n INTEGER NOT NULL, cost REAL, bundle INTEGER, stale INTEGER)",
+)
+# ?1 is the recency granule; the VALUES rows are (namespace row, key, times hit).
+_RESOLVE = (
+    f"INSERT INTO {_HITS} SELECT v.column1, coalesce(e.origin, {int(Origin.LOCAL)}), "
+    "v.column3, e.cost, e.bundle, iif(e.last_hit IS NULL OR e.last_hit < ?1, e.rowid, NULL) "
+    f"FROM ({{values}}) AS v CROSS JOIN {_NAMESPACES} AS ns ON ns.i = v.column1 "
+    "LEFT JOIN main.entries AS e ON e.namespace = ns.namespace AND e.key = v.column2"
+)
+# Per (namespace, origin of the entry hit): hits and seconds saved; misses and
+# computations go on the LOCAL row (every namespace with some has one: below).
+_BY_ORIGIN = (
+    "SELECT ns.namespace, h.origin, h.hits, h.saved, "
+    f"iif(h.origin = {int(Origin.LOCAL)}, ns.misses, 0), "
+    f"iif(h.origin = {int(Origin.LOCAL)}, ns.computes, 0), "
+    f"iif(h.origin = {int(Origin.LOCAL)}, ns.seconds, 0) "
+    "FROM (SELECT i, origin, sum(n) AS hits, sum(n * coalesce(cost, 0)) AS saved "
+    f"FROM {_HITS} GROUP BY i, origin) AS h JOIN {_NAMESPACES} AS ns ON ns.i = h.i WHERE true"
+)
+_BY_BUNDLE = (
+    f"SELECT bundle, sum(n), sum(n * coalesce(cost, 0)) FROM {_HITS} "
+    f"WHERE origin = {int(Origin.IMPORTED)} AND bundle IS NOT NULL GROUP BY bundle"
+)
+_VALUES_ROWS = 500
 
 
-def _load_counts(batch: list[Pending], conn: sqlite3.Connection) -> None:
-    """Put a batch in a temporary table: a row per hit key, and one per namespace's misses.
-
-    One join against the entries then resolves every hit (origin, cost,
-    bundle) and one UPSERT adds everything up, all inside SQLite.
-    """
+def _load_batch(batch: list[Pending], stamp: int, conn: sqlite3.Connection) -> None:
+    """Put a batch in the temporary tables, each hit key resolved against its entry."""
+    for statement in _BATCH_DDL:
+        conn.execute(statement)
+    namespaces = [
+        (i, p.namespace, p.misses, p.computes, p.compute_seconds) for i, p in enumerate(batch)
+    ]
+    hits = [(i, key, n) for i, p in enumerate(batch) for key, n in p.counted()]
+    _insert_values(conn, f"INSERT INTO {_NAMESPACES} {{values}}", namespaces, 5)
+    _insert_values(conn, _RESOLVE, hits, 3, (stamp,))
+    # A LOCAL row for each namespace with misses, for them to be added to.
     conn.execute(
-        f"CREATE TABLE IF NOT EXISTS {_COUNTS_TABLE} (namespace TEXT NOT NULL, key BLOB, "
-        "n INTEGER NOT NULL, misses INTEGER NOT NULL, computes INTEGER NOT NULL, "
-        "seconds REAL NOT NULL)"
+        f"INSERT INTO {_HITS} (i, origin, n) SELECT i, {int(Origin.LOCAL)}, 0 "
+        f"FROM {_NAMESPACES} WHERE misses OR computes"
     )
-    conn.execute(f"DELETE FROM {_COUNTS_TABLE}")
-    rows: list[tuple[str, bytes | None, int, int, int, float]] = []
-    for p in batch:
-        namespace = p.namespace
-        rows += [(namespace, key, n, 0, 0, 0.0) for key, n in p.hits.items()]
-        if p.misses or p.computes:
-            rows.append((namespace, None, 0, p.misses, p.computes, p.compute_seconds))
-    conn.executemany(f"INSERT INTO {_COUNTS_TABLE} VALUES (?, ?, ?, ?, ?, ?)", rows)
 
 
-_RESOLVED = (
-    "SELECT h.namespace, coalesce(e.origin, 0), sum(h.n), sum(h.n * coalesce(e.cost, 0)), "
-    "sum(h.misses), sum(h.computes), sum(h.seconds) "
-    f"FROM {_COUNTS_TABLE} AS h LEFT JOIN main.entries AS e "
-    "ON e.namespace = h.namespace AND e.key = h.key WHERE true GROUP BY 1, 2"
-)
-_RESOLVED_BUNDLES = (
-    "SELECT e.bundle, sum(h.n), sum(h.n * coalesce(e.cost, 0)) "
-    f"FROM {_COUNTS_TABLE} AS h JOIN main.entries AS e "
-    "ON e.namespace = h.namespace AND e.key = h.key "
-    f"WHERE e.origin = {int(Origin.IMPORTED)} AND e.bundle IS NOT NULL GROUP BY 1"
-)
+def _insert_values(
+    conn: sqlite3.Connection,
+    template: str,
+    rows: Sequence[tuple[object, ...]],
+    width: int,
+    leading: tuple[object, ...] = (),
+) -> None:
+    """Run `template` with `{values}` as multi-row VALUES of `rows`, a chunk at a time.
+
+    A statement per chunk costs a fraction of `executemany`'s statement per
+    row; chunks stay within the connection's limit on bound parameters.
+    """
+    limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) - len(leading)
+    per = max(1, min(_VALUES_ROWS, limit // width))
+    row = "(" + ",".join("?" * width) + ")"
+    for start in range(0, len(rows), per):
+        chunk = rows[start : start + per]
+        values = "VALUES " + ",".join([row] * len(chunk))
+        conn.execute(
+            template.format(values=values),
+            leading + tuple(itertools.chain.from_iterable(chunk)),
+        )
+
+
+def _clear_batch(conn: sqlite3.Connection) -> None:
+    conn.execute(f"DELETE FROM {_HITS}")
+    conn.execute(f"DELETE FROM {_NAMESPACES}")
 
 
 def _has_bundles(conn: sqlite3.Connection) -> bool:
@@ -701,18 +766,20 @@ def _has_bundles(conn: sqlite3.Connection) -> bool:
 
 def _resolve_hits(batch: list[Pending], conn: sqlite3.Connection) -> Resolved:
     """What a batch's hits were worth, read without writing (for a read-only file)."""
-    if not any(p.hits for p in batch):
+    if not any(p.served for p in batch):
         return Resolved(by_origin={}, by_bundle={})
-    _load_counts(batch, conn)
-    by_origin = {
-        (namespace, int(origin)): (int(hits), float(saved))
-        for namespace, origin, hits, saved, _, _, _ in conn.execute(_RESOLVED)
-        if hits
-    }
-    by_bundle: dict[int, tuple[int, float]] = {}
-    if _has_bundles(conn):
-        by_bundle = {int(b): (int(h), float(s)) for b, h, s in conn.execute(_RESOLVED_BUNDLES)}
-    conn.execute(f"DELETE FROM {_COUNTS_TABLE}")
+    try:
+        _load_batch(batch, 0, conn)
+        by_origin = {
+            (namespace, int(origin)): (int(hits), float(saved))
+            for namespace, origin, hits, saved, _, _, _ in conn.execute(_BY_ORIGIN)
+            if hits
+        }
+        by_bundle: dict[int, tuple[int, float]] = {}
+        if _has_bundles(conn):
+            by_bundle = {int(b): (int(h), float(s)) for b, h, s in conn.execute(_BY_BUNDLE)}
+    finally:
+        _clear_batch(conn)
     return Resolved(by_origin=by_origin, by_bundle=by_bundle)
 
 
@@ -720,28 +787,27 @@ def _flush_statistics(batch: list[Pending], now: int, conn: sqlite3.Connection) 
     stamp = now - now % schema.HIT_GRANULARITY
 
     def body(conn: sqlite3.Connection) -> None:
-        _load_counts(batch, conn)
+        _load_batch(batch, stamp, conn)
         conn.execute(
             "INSERT INTO statistics (namespace, origin, hits, saved_seconds, misses, computes, "
-            f"compute_seconds) {_RESOLVED} ON CONFLICT (namespace, origin) DO UPDATE SET "
+            f"compute_seconds) {_BY_ORIGIN} ON CONFLICT (namespace, origin) DO UPDATE SET "
             "hits = hits + excluded.hits, saved_seconds = saved_seconds + excluded.saved_seconds, "
             "misses = misses + excluded.misses, computes = computes + excluded.computes, "
             "compute_seconds = compute_seconds + excluded.compute_seconds"
         )
         if _has_bundles(conn):
             conn.execute(
-                f"INSERT INTO bundle_statistics (bundle, hits, saved_seconds) {_RESOLVED_BUNDLES} "
+                f"INSERT INTO bundle_statistics (bundle, hits, saved_seconds) {_BY_BUNDLE} "
                 "ON CONFLICT (bundle) DO UPDATE SET hits = hits + excluded.hits, "
                 "saved_seconds = saved_seconds + excluded.saved_seconds"
             )
-        # Recency for eviction, from the same keys (coarse: once per granule).
+        # Recency for eviction: the entries hit whose last_hit is older (coarse).
         conn.execute(
-            f"UPDATE main.entries SET last_hit = ? FROM {_COUNTS_TABLE} AS h "
-            "WHERE h.key IS NOT NULL AND entries.namespace = h.namespace "
-            "AND entries.key = h.key AND (entries.last_hit IS NULL OR entries.last_hit < ?)",
-            (stamp, stamp),
+            f"UPDATE main.entries SET last_hit = ? WHERE rowid IN "
+            f"(SELECT stale FROM {_HITS} WHERE stale IS NOT NULL)",
+            (stamp,),
         )
-        conn.execute(f"DELETE FROM {_COUNTS_TABLE}")
+        _clear_batch(conn)
 
     schema.transaction(conn, body)
 
@@ -782,13 +848,35 @@ def _statistics(
     except sqlite3.Error:  # no temporary table on this connection: pending hits unresolved
         resolved = Resolved(
             by_origin={
-                (p.namespace, int(Origin.LOCAL)): (sum(p.hits.values()), 0.0)
-                for p in pending
-                if p.hits
+                (p.namespace, int(Origin.LOCAL)): (len(p.served), 0.0) for p in pending if p.served
             },
             by_bundle={},
         )
     return assemble(totals, counters, origins, bundles, bundle_hits, pending, resolved)
+
+
+# --- explanations -----------------------------------------------------------------
+
+
+def _explain(namespace: str, key: bytes | None, conn: sqlite3.Connection) -> Explanation:
+    # Counts only: the primary key's index answers them without reading a
+    # value, where sizes (as `namespaces()` gives) would read every row. A
+    # namespace that is not UTF-8 (written by something else) is listed too.
+    previous = conn.text_factory
+    conn.text_factory = schema.decode_text
+    try:
+        counts = conn.execute(
+            "SELECT namespace, count(*) FROM entries GROUP BY namespace ORDER BY namespace"
+        ).fetchall()
+    finally:
+        conn.text_factory = previous
+
+    def holding(namespaces: list[str], key: bytes) -> set[str]:
+        # One indexed lookup per namespace (the primary key is (namespace, key)).
+        lookup = "SELECT 1 FROM entries WHERE namespace = ? AND key = ?"
+        return {n for n in namespaces if conn.execute(lookup, (n, key)).fetchone() is not None}
+
+    return explain(counts, namespace, key, holding)
 
 
 # --- recency, quarantine, gc, vacuum ----------------------------------------------

@@ -20,12 +20,12 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import final
+from typing import NamedTuple, final
 
 import anyio
 import attrs
 
-from warmenv.persistence.codec import JsonCodec
+from warmenv.persistence.codec import JsonCodec, _encode_str
 from warmenv.persistence.storage import Origin
 
 _JSON_KEYS: JsonCodec[str, object] = JsonCodec()
@@ -95,16 +95,51 @@ class EnvironmentStatistics:
         return sum(n.saved_seconds for n in self.namespaces)
 
 
-@attrs.frozen
-class Pending:
-    """One namespace's counts drained from memory, not yet in the database."""
+class Pending(NamedTuple):
+    """One namespace's counts taken from memory, not yet in the database.
+
+    A tuple rather than an attrs class: one is built per active namespace on
+    every flush, on the event loop, and a tuple is built in a fraction of the
+    time. The hits stay a plain list of the keys served until the writer
+    counts them (`hits()`), so taking them costs the event loop a list copy.
+    """
 
     namespace: str
-    hits: dict[bytes, int]
-    """Hit keys and how many times each was served."""
+    served: list[bytes | str]
+    """The keys stores served, one per hit, as the stores hold them (see `Counters`)."""
     misses: int = 0
     computes: int = 0
     compute_seconds: float = 0.0
+
+    def counted(self) -> list[tuple[bytes, int]]:
+        """Each key served, encoded, with how many times it was served.
+
+        A key a JSON store served both as its `str` and as its encoding (the
+        read-through path holds the latter) comes twice: adding up, as SQL
+        and `hits()` do, makes it one.
+        """
+        served = self.served
+        counts: dict[bytes | str, int]
+        if len(served) > 64:
+            counts = Counter(served)  # counted in C
+        else:  # a Counter's set-up costs more than a few keys
+            counts = {}
+            for key in served:
+                counts[key] = counts.get(key, 0) + 1
+        try:  # a JsonCodec's encoding of a str key, inlined: a flush encodes thousands
+            return [
+                (key if isinstance(key, bytes) else _encode_str(key).encode(), n)
+                for key, n in counts.items()
+            ]
+        except UnicodeEncodeError:  # a lone surrogate: the codec's own path says why
+            return [(_encoded(key), n) for key, n in counts.items()]
+
+    def hits(self) -> dict[bytes, int]:
+        """Each hit key, encoded, with how many times it was served."""
+        hits: dict[bytes, int] = {}
+        for key, n in self.counted():
+            hits[key] = hits.get(key, 0) + n
+        return hits
 
 
 @attrs.frozen
@@ -144,30 +179,27 @@ class Counters:
         self.compute_seconds += seconds
 
     def drain(self) -> Pending | None:
-        """Take the counts so far (leaving zeros), or `None` if there are none."""
+        """Take the counts so far (leaving zeros), or `None` if there are none.
+
+        Only copies: counting and encoding the hit keys is left to the
+        writer (`Pending.hits`), off the event loop.
+        """
         hits = self.hits
         n = len(hits)
         if not (n or self.misses or self.computes):
             return None
         # Copy then delete the same prefix: an append from another thread in
         # between lands after it and is kept for the next drain.
-        taken = [_encoded(key) for key in hits[:n]]
+        served = hits[:n]
         del hits[:n]
-        if n > 64:
-            served: dict[bytes, int] = Counter(taken)  # counted in C
-        else:  # a Counter's set-up costs more than a few keys
-            served = {}
-            for key in taken:
-                served[key] = served.get(key, 0) + 1
         misses, self.misses = self.misses, 0
         computes, self.computes = self.computes, 0
         seconds, self.compute_seconds = self.compute_seconds, 0.0
-        return Pending(self.namespace, dict(served), misses, computes, seconds)
+        return Pending(self.namespace, served, misses, computes, seconds)
 
     def restore(self, pending: Pending) -> None:
         """Put counts back after a flush that failed, so none is lost."""
-        for key, n in pending.hits.items():
-            self.hits.extend([key] * n)
+        self.hits.extend(pending.served)
         self.misses += pending.misses
         self.computes += pending.computes
         self.compute_seconds += pending.compute_seconds

@@ -18,9 +18,12 @@ import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager, nullcontext
-from typing import NoReturn, Protocol, TypeAlias
+from typing import TYPE_CHECKING, NoReturn, Protocol, TypeAlias
 
 import attrs
+
+if TYPE_CHECKING:  # explain.py builds on this module
+    from warmenv.persistence.explain import Explanation
 
 __all__ = [
     "BundleRef",
@@ -247,6 +250,18 @@ class Storage(Protocol):
     def describe(self) -> str:
         """Where this storage keeps its entries, for messages and logs."""
         ...
+
+    async def explain(self, key: bytes | None = None) -> Explanation | None:
+        """Why a lookup of `key` (of anything, for `None`) in this namespace may miss.
+
+        The namespaces of the same environment that differ from this one only
+        in some segments, nearest first, with their entry counts and whether
+        they hold `key` (see `warmenv.persistence.explain`). `None` when the
+        storage has no other namespaces to compare with (this default, for a
+        storage of the application's own); a storage with a shared tier
+        answers from its local one.
+        """
+        return None
 
     def lease(self, key: bytes) -> AbstractAsyncContextManager[bytes | None]:
         """The right to compute `key` for the block, shared by every host of a fleet.
