@@ -89,6 +89,13 @@ class Bundle(Protocol):
         """Every entry of one namespace in key order, `batch_size` at a time."""
         ...
 
+    def scan_with_provenance(
+        self, namespace: Namespace | str, batch_size: int = 1024
+    ) -> AsyncIterator[tuple[bytes, bytes, float | None, float | None]]:
+        """As `scan`, each entry as `(key, value, written_at, cost)`: what it carries
+        (bundle format 2), each None where unknown or not believed."""
+        ...
+
     async def namespaces(self) -> list[NamespaceSummary]:
         """Every namespace the bundle holds, with entries and bytes."""
         ...
@@ -151,6 +158,13 @@ class BundleReader(ClosesOnExit):
         self, namespace: Namespace | str, batch_size: int = 1024
     ) -> AsyncIterator[tuple[bytes, bytes]]:
         raise NotImplementedError
+
+    async def scan_with_provenance(
+        self, namespace: Namespace | str, batch_size: int = 1024
+    ) -> AsyncIterator[tuple[bytes, bytes, float | None, float | None]]:
+        """Without anything carried (a bundle of format 1): both unknown."""
+        async for key, value in self.scan(namespace, batch_size):
+            yield key, value, None, None
 
     @property
     def entry_file(self) -> Path | None:
