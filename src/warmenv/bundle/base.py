@@ -58,6 +58,11 @@ class Bundle(Protocol):
         ...
 
     @property
+    def format_version(self) -> int:
+        """The version of its format: 2 when entries carry their written_at and cost, else 1."""
+        ...
+
+    @property
     def entry_file(self) -> Path | None:
         """A SQLite file of the environment schema an environment may copy in bulk."""
         ...
@@ -147,6 +152,10 @@ class BundleReader(ClosesOnExit):
     @property
     def manifest(self) -> BundleManifest:
         raise NotImplementedError
+
+    @property
+    def format_version(self) -> int:
+        return 1
 
     def describe(self) -> str:
         raise NotImplementedError

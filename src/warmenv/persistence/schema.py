@@ -341,12 +341,15 @@ def prepare_readonly(conn: sqlite3.Connection) -> int:
     """Check that a file opened read-only is an environment; its version (1 or 2).
 
     A version-1 file that cannot be written (a read-only layer) is read as
-    it is: reads work, provenance beyond the origin is unknown.
+    it is: reads work, provenance beyond the origin is unknown. So is a
+    bundle (never opened for writing), of format 1 or 2.
     """
     install_functions(conn)
     found = schema_version(conn)
     _check_not_newer(found)
     version = environment_version(conn)
+    if version is None and found == BUNDLE_VERSION and entry_columns(conn) == BUNDLE_COLUMNS:
+        version = 1  # a bundle of format 2: its entries, read like a version-1 file's
     if version is None:
         raise sqlite3.DatabaseError(f"schema version {found!r}, not {ENVIRONMENT_VERSION}")
     return version
