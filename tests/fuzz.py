@@ -656,7 +656,8 @@ def bundle_cases(draw: st.DrawFn) -> Case:
         shown = {n[:40]: {k[:20]: v[:20] for k, v in e.items()} for n, e in entries.items()}
         steps.append(f"entries {shown!r:.600}")
         if carried is not None:
-            steps.append(f"carrying {({k[1][:20]: v.hex() for k, v in carried.items()})!r:.600}")
+            shown_carried = {key[:20]: raw.hex() for (_, key), raw in carried.items()}
+            steps.append(f"carrying {shown_carried!r:.600}")
         if kind == "flat-sealed":
             data = write_flat(entries, manifest, carried)
         else:

@@ -92,7 +92,9 @@ def entries_digest(entries: Iterable[tuple[str, bytes, bytes, bytes | None]], fo
     return "blake2b-256:" + digest.hexdigest()
 
 
-def flat_entries(blob: bytes) -> tuple[int, list[str], list[tuple[str, bytes, bytes, bytes | None]]]:
+def flat_entries(
+    blob: bytes,
+) -> tuple[int, list[str], list[tuple[str, bytes, bytes, bytes | None]]]:
     """Version, namespaces and entries (in index order) of a valid flat bundle."""
     at = flat_sections(blob)
     (version,) = U32.unpack_from(blob, 8)
@@ -396,9 +398,7 @@ def sqlite_cases(valid: Path, rng: random.Random) -> Iterator[Case]:
             for column in ("written_at", "cost"):
                 for name, value in hostile.items():
                     statement = f"UPDATE entries SET {column} = {value} WHERE rowid % 2 = 1"
-                    yield _sqlite_variant(
-                        valid, tmp, f"{column}-{name}", [statement], reseal=True
-                    )
+                    yield _sqlite_variant(valid, tmp, f"{column}-{name}", [statement], reseal=True)
     data = valid.read_bytes()
     page = 4096
     for cut in sorted({*range(0, len(data), page), *(rng.randrange(len(data)) for _ in range(40))}):
