@@ -31,6 +31,7 @@ import anyio.to_thread
 from warmenv._errors import ClosedError, WarmenvWarning
 from warmenv.config import is_valid_name, load_config
 from warmenv.persistence import statistics as _statistics
+from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.codec import Codec
 from warmenv.persistence.explain import Explanation, explain_database, explain_memory
 from warmenv.persistence.memory import MemoryStorage, MemoryTable
@@ -243,7 +244,7 @@ class Environment:
     async def insert_imported(
         self,
         namespace: Namespace | str,
-        entries: list[tuple[bytes, bytes, float | None, float | None]],
+        entries: list[CarryingEntry],
         *,
         bundle: BundleRef | None = None,
     ) -> InsertSummary:

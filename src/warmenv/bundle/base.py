@@ -17,6 +17,7 @@ from typing import ClassVar, Generic, Protocol, Self, TypeVar, final
 
 from warmenv.bundle.errors import CorruptBundleError
 from warmenv.bundle.manifest import BundleManifest, Digest
+from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import NamespaceSummary
 
@@ -96,7 +97,7 @@ class Bundle(Protocol):
 
     def scan_with_provenance(
         self, namespace: Namespace | str, batch_size: int = 1024
-    ) -> AsyncIterator[tuple[bytes, bytes, float | None, float | None]]:
+    ) -> AsyncIterator[CarryingEntry]:
         """As `scan`, each entry as `(key, value, written_at, cost)`: what it carries
         (bundle format 2), each None where unknown or not believed."""
         ...
@@ -170,7 +171,7 @@ class BundleReader(ClosesOnExit):
 
     async def scan_with_provenance(
         self, namespace: Namespace | str, batch_size: int = 1024
-    ) -> AsyncIterator[tuple[bytes, bytes, float | None, float | None]]:
+    ) -> AsyncIterator[CarryingEntry]:
         """Without anything carried (a bundle of format 1): both unknown."""
         async for key, value in self.scan(namespace, batch_size):
             yield key, value, None, None

@@ -51,6 +51,7 @@ from warmenv.bundle.errors import (
 )
 from warmenv.bundle.manifest import DIGEST_PLACEHOLDER, BackgroundDigest, BundleManifest
 from warmenv.persistence import carried
+from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import NamespaceSummary, check_batch_size, check_key
 
@@ -242,7 +243,7 @@ class FlatBundle(BundleReader, Bundle):
 
     async def scan_with_provenance(
         self, namespace: Namespace | str, batch_size: int = 1024
-    ) -> AsyncIterator[tuple[bytes, bytes, float | None, float | None]]:
+    ) -> AsyncIterator[CarryingEntry]:
         check_batch_size(batch_size)
         ns_id = self._namespaces.get(str(namespace))
         if ns_id is None:

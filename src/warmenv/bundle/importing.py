@@ -52,6 +52,7 @@ from warmenv.bundle.events import (
 )
 from warmenv.bundle.open import open_private
 from warmenv.environment import Environment
+from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.namespace import matches_any
 from warmenv.persistence.sqlite import CopiedBatch
 from warmenv.persistence.storage import (
@@ -289,7 +290,7 @@ async def _copy_by_scan(
     ref = _ref(bundle)
     for summary in selected:
         namespace = summary.namespace
-        batch: list[_Carrying] = []
+        batch: list[CarryingEntry] = []
         scan = bundle.scan_with_provenance(namespace, progress._batch_size)
         async with aclosing(scan):  # type: ignore[type-var]
             async for entry in scan:
@@ -303,13 +304,10 @@ async def _copy_by_scan(
         yield namespace
 
 
-_Carrying = tuple[bytes, bytes, float | None, float | None]
-
-
 async def _insert_batch(
     env: Environment,
     namespace: str,
-    batch: list[_Carrying],
+    batch: list[CarryingEntry],
     validate: Validate | None,
     tally: _Tally,
     ref: BundleRef,
@@ -323,7 +321,7 @@ async def _insert_batch(
     with anyio.CancelScope(shield=True):
         summary = await env.insert_imported(namespace, accepted, bundle=ref)
     size = sum(len(k) + len(v) for k, v, _, _ in accepted)
-    # insert_many counts but does not name what it stored; when only some
+    # The insert counts but does not name what it stored; when only some
     # were, their bytes are estimated by their share of the batch.
     stored_bytes = (
         size

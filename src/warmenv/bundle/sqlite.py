@@ -39,6 +39,7 @@ from warmenv.bundle.errors import (
     UnsupportedSchemaError,
 )
 from warmenv.bundle.manifest import BackgroundDigest, BundleManifest
+from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.files import (
     DamagedEntryFileError,
     EntryFile,
@@ -121,7 +122,7 @@ class SqliteBundle(BundleReader, Bundle):
 
     async def scan_with_provenance(
         self, namespace: Namespace | str, batch_size: int = 1024
-    ) -> AsyncIterator[tuple[bytes, bytes, float | None, float | None]]:
+    ) -> AsyncIterator[CarryingEntry]:
         check_batch_size(batch_size)
         after: bytes | None = None
         while True:

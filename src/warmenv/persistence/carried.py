@@ -13,9 +13,11 @@ with the 16 bytes a flat bundle and the content digest hold per entry.
 from __future__ import annotations
 
 import struct
+from typing import TypeAlias
 
 __all__ = [
     "COST_LIMIT",
+    "CarryingEntry",
     "UNKNOWN",
     "WRITTEN_AT_LIMIT",
     "believed",
@@ -24,6 +26,9 @@ __all__ = [
     "typed_sql",
     "unpack",
 ]
+
+CarryingEntry: TypeAlias = tuple[bytes, bytes, float | None, float | None]
+"""An entry of one namespace with what it carries: (key, value, written_at, cost)."""
 
 COST_LIMIT = 4294967296.0
 """Seconds (2**32, 136 years): a cost at or above this is not believed."""

@@ -31,6 +31,7 @@ import attrs
 
 from warmenv import _sqlite
 from warmenv.persistence import carried, schema
+from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.storage import NamespaceSummary, Origin
 
 __all__ = [
@@ -183,7 +184,7 @@ class EntryFile:
 
     async def page_carrying(
         self, namespace: str, after: bytes | None, limit: int
-    ) -> list[tuple[bytes, bytes, float | None, float | None]]:
+    ) -> list[CarryingEntry]:
         """As `page`, each entry with the written_at and cost it carries (believed, or None)."""
         return await self._run(partial(_page_carrying, self.format, namespace, after, limit))
 
@@ -295,7 +296,7 @@ _BELIEVED = (
 
 def _page_carrying(
     format: int | None, namespace: str, after: bytes | None, limit: int, conn: sqlite3.Connection
-) -> list[tuple[bytes, bytes, float | None, float | None]]:
+) -> list[CarryingEntry]:
     columns = _BELIEVED if format == 2 else "NULL, NULL"
     after_sql, params = ("", [namespace]) if after is None else (" AND key > ?", [namespace, after])
     sql = (

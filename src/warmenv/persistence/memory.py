@@ -13,6 +13,7 @@ from typing import TypeVar, final
 
 from anyio.lowlevel import checkpoint
 
+from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.schema import HIT_GRANULARITY
 from warmenv.persistence.statistics import EnvironmentStatistics, Pending, Resolved, assemble
@@ -148,7 +149,7 @@ class MemoryTable:
     def insert_imported(
         self,
         namespace: str,
-        entries: list[tuple[bytes, bytes, float | None, float | None]],
+        entries: list[CarryingEntry],
         bundle: BundleRef | None,
     ) -> int:
         """As `SqliteDatabase.insert_imported`: how many entries were stored."""

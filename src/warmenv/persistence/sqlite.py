@@ -36,6 +36,7 @@ from warmenv import _sqlite
 from warmenv._errors import WarmenvError, WarmenvWarning
 from warmenv._fs import non_regular_kind
 from warmenv.persistence import carried, schema
+from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.files import read_only_uri
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.statistics import EnvironmentStatistics, Pending, Resolved, assemble
@@ -168,7 +169,7 @@ class SqliteDatabase:
     async def insert_imported(
         self,
         namespace: str,
-        entries: list[tuple[bytes, bytes, float | None, float | None]],
+        entries: list[CarryingEntry],
         bundle: BundleRef | None,
     ) -> InsertSummary:
         """Insert `(key, value, written_at, cost)` entries as IMPORTED, in one transaction.
@@ -596,7 +597,7 @@ def _insert_many(
 
 def _insert_imported(
     namespace: str,
-    entries: list[tuple[bytes, bytes, float | None, float | None]],
+    entries: list[CarryingEntry],
     bundle: BundleRef | None,
     conn: sqlite3.Connection,
 ) -> int:
