@@ -28,7 +28,7 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
-from typing import BinaryIO, ClassVar, final
+from typing import BinaryIO, ClassVar, TypeVar, final
 
 import anyio
 import anyio.to_thread
@@ -56,6 +56,8 @@ from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import NamespaceSummary, check_batch_size, check_key
 
 __all__ = ["FLAT_MAGIC", "FlatBundle", "FlatWriter", "check_format_version"]
+
+T = TypeVar("T")
 
 FLAT_MAGIC = b"WARMENV\x01"
 FORMAT_VERSION = 2
@@ -226,41 +228,39 @@ class FlatBundle(BundleReader, Bundle):
             return self._blob[base + start : base + end]
         return bytes(self._view[base + start : base + end])
 
-    async def scan(
+    def scan(
         self, namespace: Namespace | str, batch_size: int = 1024
     ) -> AsyncIterator[tuple[bytes, bytes]]:
-        check_batch_size(batch_size)
-        ns_id = self._namespaces.get(str(namespace))
-        if ns_id is None:
-            return
-        start, end = self._ranges[ns_id]
-        marks = self._first_marks()
-        for position in range(start, end):
-            if (position - start) % batch_size == 0:
-                self._forget_before(position, marks)
-                await checkpoint()
-            yield self._entry(position)
+        return self._scan(namespace, batch_size, self._entry)
 
-    async def scan_with_provenance(
+    def scan_with_provenance(
         self, namespace: Namespace | str, batch_size: int = 1024
     ) -> AsyncIterator[CarryingEntry]:
+        return self._scan(namespace, batch_size, self._believed_entry)
+
+    async def _scan(
+        self, namespace: Namespace | str, batch_size: int, entry: Callable[[int], T]
+    ) -> AsyncIterator[T]:
         check_batch_size(batch_size)
         ns_id = self._namespaces.get(str(namespace))
         if ns_id is None:
             return
         start, end = self._ranges[ns_id]
         marks = self._first_marks()
-        at = self._carried_at
         for position in range(start, end):
             if (position - start) % batch_size == 0:
                 self._forget_before(position, marks)
                 await checkpoint()
-            key, value = self._entry(position)
-            if at is None:
-                yield key, value, None, None
-            else:
-                offset = at + 16 * position
-                yield key, value, *carried.unpack(self._view[offset : offset + 16])
+            yield entry(position)
+
+    def _believed_entry(self, position: int) -> CarryingEntry:
+        """Key, value, and what the entry carries as believed (unknown in format 1)."""
+        key, value = self._entry(position)
+        at = self._carried_at
+        if at is None:
+            return key, value, None, None
+        offset = at + 16 * position
+        return key, value, *carried.unpack(self._view[offset : offset + 16])
 
     async def compute_digest(self) -> str:
         return await anyio.to_thread.run_sync(self.compute_digest_sync)

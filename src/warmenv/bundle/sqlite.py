@@ -15,10 +15,10 @@ speaks bundles.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from pathlib import Path
-from typing import ClassVar, TypeVar, final
+from typing import Any, ClassVar, TypeVar, final
 
 import anyio
 import anyio.lowlevel
@@ -52,6 +52,7 @@ from warmenv.persistence.storage import NamespaceSummary, check_batch_size, chec
 __all__ = ["SQLITE_MAGIC", "SqliteBundle"]
 
 T = TypeVar("T")
+R = TypeVar("R", bound=tuple[Any, ...])  # a row: the key first
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -107,26 +108,27 @@ class SqliteBundle(BundleReader, Bundle):
         check_key(key)
         return await self._read(self._file.get(str(namespace), key))
 
-    async def scan(
+    def scan(
         self, namespace: Namespace | str, batch_size: int = 1024
     ) -> AsyncIterator[tuple[bytes, bytes]]:
-        check_batch_size(batch_size)
-        after: bytes | None = None
-        while True:
-            rows = await self._read(self._file.page(str(namespace), after, batch_size))
-            for row in rows:
-                yield row
-            if len(rows) < batch_size:
-                return
-            after = rows[-1][0]
+        return self._pages(self._file.page, namespace, batch_size)
 
-    async def scan_with_provenance(
+    def scan_with_provenance(
         self, namespace: Namespace | str, batch_size: int = 1024
     ) -> AsyncIterator[CarryingEntry]:
+        return self._pages(self._file.page_carrying, namespace, batch_size)
+
+    async def _pages(
+        self,
+        page: Callable[[str, bytes | None, int], Awaitable[list[R]]],
+        namespace: Namespace | str,
+        batch_size: int,
+    ) -> AsyncIterator[R]:
+        """Every row of `namespace`, read a page of `batch_size` at a time, in key order."""
         check_batch_size(batch_size)
         after: bytes | None = None
         while True:
-            rows = await self._read(self._file.page_carrying(str(namespace), after, batch_size))
+            rows = await self._read(page(str(namespace), after, batch_size))
             for row in rows:
                 yield row
             if len(rows) < batch_size:
