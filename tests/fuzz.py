@@ -8,10 +8,13 @@ or raises a `BundleError`. Never another exception, never a hang or a crash.
 Inputs are valid bundles of both formats damaged the ways disks and attackers
 damage them (bit flips, truncation, splices, the flat format's length and
 offset fields, SQLite's header and page fields, rows and schema edited in
-SQL, manifests replaced) and random bytes. The digest is no signature: anyone
-can recompute it, so a damaged bundle is often *resealed* (its digest
-recomputed over what the readers serve and written back) to carry the damage
-past verification into the import.
+SQL, manifests replaced, and in format 2 what entries carry set to NaNs,
+infinities, negatives, absurd sizes and text) and random bytes, from seeds of
+both bundle formats. The digest is no signature: anyone can recompute it, so
+a damaged bundle is often *resealed* (its digest recomputed over what the
+readers serve and written back) to carry the damage past verification into
+the import. Whatever an imported entry carried, the environment must record
+a written_at and cost a reader believes (in range) or none.
 
 Used by tests/test_fuzz_readers.py (a short, derandomised form in the suite)
 and benchmarks/fuzz_bundles.py (`nox -s fuzz`, a long randomised run).
@@ -36,7 +39,15 @@ import anyio
 import attrs
 from hypothesis import strategies as st
 
-from hostile import flat_sections
+from hostile import (
+    HOSTILE_F64,
+    UNKNOWN,
+    entries_digest,
+    flat_format_1,
+    flat_sections,
+    reseal_sqlite,
+    sqlite_format_1,
+)
 from warmenv import Environment, Namespace, open_environment
 from warmenv.bundle import (
     Bundle,
@@ -50,6 +61,7 @@ from warmenv.bundle import (
     open_bundle,
     preflight,
 )
+from warmenv.persistence.carried import COST_LIMIT, WRITTEN_AT_LIMIT
 
 ALLOWED = (BundleError, OSError)
 FLAT_MAGIC = b"WARMENV\x01"
@@ -93,6 +105,8 @@ def known_defect(exc: BaseException) -> str | None:
 
 @attrs.frozen
 class Seeds:
+    """Valid bundles: [0] and [1] of format 2 (as exported), [2] and [3] the same in format 1."""
+
     flat: tuple[bytes, ...]
     sqlite: tuple[bytes, ...]
 
@@ -118,12 +132,17 @@ async def _export_seeds(tmp: Path) -> Seeds:
     sqlite: list[bytes] = []
     for label, namespaces in contents.items():
         async with open_environment(label, root=tmp / label) as env:
-            for namespace, items in namespaces.items():
-                await env.storage(namespace).insert_many(items)
+            for i, (namespace, items) in enumerate(namespaces.items()):
+                # Some entries carry a cost, as computed ones do.
+                await env.storage(namespace).insert_many(items, cost=None if i else 0.25 * 3)
             for fmt, into in ((BundleFormat.FLAT, flat), (BundleFormat.SQLITE, sqlite)):
                 out = tmp / f"{label}.{fmt}"
                 await export_bundle(env, out, name=f"seed {label} \u2603", version="1", format=fmt)
                 into.append(out.read_bytes())
+    flat += [flat_format_1(seed) for seed in flat]
+    for i, seed in enumerate(list(sqlite)):
+        (tmp / f"seed{i}.db").write_bytes(seed)
+        sqlite.append(sqlite_format_1(tmp / f"seed{i}.db", tmp).read_bytes())
     return Seeds(flat=tuple(flat), sqlite=tuple(sqlite))
 
 
@@ -233,9 +252,33 @@ def _flat_fields(seed: bytes) -> list[tuple[str, int, int, str]]:
         if name.startswith("entry_"):
             for word, part in enumerate(("ns", "key_off", "key_len", "val_off", "val_len")):
                 fields.append((f"{name}.{part}", offset + 4 * word, 4, "<"))
-        elif name not in ("manifest", "index", "data", "end"):
+        elif name not in ("manifest", "index", "data", "end") and not name.startswith("carried"):
             fields.append((name, offset, 4, "<"))
     return fields
+
+
+_carried_values = st.one_of(
+    st.sampled_from([*HOSTILE_F64.values(), UNKNOWN]),
+    st.floats(allow_nan=True, allow_infinity=True).map(lambda v: struct.pack("<d", v)),
+    st.binary(min_size=8, max_size=8),
+)
+
+
+@st.composite
+def _carried_edits(draw: st.DrawFn, blob: bytearray, seed: bytes) -> list[str]:
+    """Set what some entries of a format-2 flat bundle carry (written_at, cost) to f64s
+    that are hostile, absurd or fine."""
+    sections = flat_sections(seed)
+    slots = [o for name, o in sections.items() if name.startswith("carried_")]
+    steps = []
+    for _ in range(draw(st.integers(0, 3)) if slots else 0):
+        at = draw(st.sampled_from(slots)) + draw(st.sampled_from([0, 8]))
+        if at + 8 > len(blob):
+            continue
+        raw = draw(_carried_values)
+        steps.append(f"carried f64@{at}: {bytes(blob[at : at + 8]).hex()} -> {raw.hex()}")
+        blob[at : at + 8] = raw
+    return steps
 
 
 _SQLITE_HEADER = [
@@ -379,8 +422,10 @@ _SQL_EDITS = {
     "key": f"UPDATE entries SET key = ? WHERE {_NTH_ROW}",
     "namespace": f"UPDATE entries SET namespace = ? WHERE {_NTH_ROW}",
     "origin": f"UPDATE entries SET origin = ? WHERE {_NTH_ROW}",
+    "written_at": f"UPDATE entries SET written_at = ? WHERE {_NTH_ROW}",
+    "cost": f"UPDATE entries SET cost = ? WHERE {_NTH_ROW}",
     "delete": f"DELETE FROM entries WHERE {_NTH_ROW}",
-    "insert": "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, 1)",
+    "insert": "INSERT OR REPLACE INTO entries (namespace, key, value, origin) VALUES (?, ?, ?, 1)",
 }
 _SQL_SCRIPTS = {
     "wal": "PRAGMA journal_mode=WAL",
@@ -405,6 +450,7 @@ _sql_values = st.one_of(
     st.integers(),
     st.floats(allow_nan=False),
     st.sampled_from(["", "\x00", "app", "app/1", "app//x", "\ud800"]),
+    st.sampled_from([-1.0, float("inf"), float("-inf"), 1e300, 2.0**32, 253402300800.0, "3.5"]),
 )
 
 
@@ -466,38 +512,72 @@ entry_sets = st.dictionaries(
 )
 
 
-def sealed_digest(entries: dict[str, dict[bytes, bytes]]) -> str:
-    """The digest of `entries`, framed as docs/bundle-format.md says."""
-    digest = hashlib.blake2b(digest_size=32, person=b"warmenv-entries")
-    for name in sorted(entries, key=lambda n: n.encode()):
-        for key in sorted(entries[name]):
-            for part in (name.encode(), key, entries[name][key]):
-                digest.update(len(part).to_bytes(8, "little") + part)
-    return DIGEST_PREFIX + digest.hexdigest()
+Carried = dict[tuple[str, bytes], bytes]
+"""What entries carry (format 2): 16 bytes per (namespace, key); absent: unknown."""
 
 
-def _sealed_manifest(draw: st.DrawFn, entries: dict[str, dict[bytes, bytes]]) -> bytes:
+def _ordered(
+    entries: dict[str, dict[bytes, bytes]], carried: Carried | None
+) -> list[tuple[str, bytes, bytes, bytes | None]]:
+    return [
+        (name, key, entries[name][key], None if carried is None else carried.get((name, key)))
+        for name in sorted((n for n in entries if entries[n]), key=lambda n: n.encode())
+        for key in sorted(entries[name])
+    ]
+
+
+def sealed_digest(entries: dict[str, dict[bytes, bytes]], carried: Carried | None = None) -> str:
+    """The digest of `entries` (format 1), or with what they carry (format 2), framed as
+    docs/bundle-format.md says."""
+    if carried is None:
+        return entries_digest(_ordered(entries, None), 1)
+    ordered = [(n, k, v, c or UNKNOWN * 2) for n, k, v, c in _ordered(entries, carried)]
+    return entries_digest(ordered, 2)
+
+
+def _sealed_manifest(
+    draw: st.DrawFn, entries: dict[str, dict[bytes, bytes]], carried: Carried | None
+) -> bytes:
     document = json.loads(json.dumps(_GOOD_MANIFEST))
     document["name"] = draw(st.just("sealed") | _text | st.just("x" * 4096))
-    document["digest"] = sealed_digest(entries)
+    document["digest"] = sealed_digest(entries, carried)
     return json.dumps(document, ensure_ascii=False).encode()
 
 
-def write_flat(entries: dict[str, dict[bytes, bytes]], manifest: bytes) -> bytes:
-    """A flat bundle of `entries`, laid out as docs/bundle-format.md says."""
+@st.composite
+def _carried_for(draw: st.DrawFn, entries: dict[str, dict[bytes, bytes]]) -> Carried | None:
+    """None (format 1), or what some of `entries` carry (format 2): hostile or fine."""
+    if draw(st.booleans()):
+        return None
+    keys = [(name, key) for name, items in entries.items() for key in items]
+    carried: Carried = {}
+    for slot in keys:
+        if draw(st.booleans()):
+            carried[slot] = draw(_carried_values) + draw(_carried_values)
+    return carried
+
+
+def write_flat(
+    entries: dict[str, dict[bytes, bytes]], manifest: bytes, carried: Carried | None = None
+) -> bytes:
+    """A flat bundle of `entries`, laid out as docs/bundle-format.md says: format 1, or
+    format 2 carrying `carried` (unknown for entries it leaves out)."""
     u32 = struct.Struct("<I").pack
     names = sorted((n for n in entries if entries[n]), key=lambda n: n.encode())
-    out = bytearray(FLAT_MAGIC + u32(1) + u32(len(manifest)) + manifest + u32(len(names)))
+    version = 1 if carried is None else 2
+    out = bytearray(FLAT_MAGIC + u32(version) + u32(len(manifest)) + manifest + u32(len(names)))
     for name in names:
         out += u32(len(name.encode())) + name.encode()
-    index, data = bytearray(), bytearray()
+    index, carrying, data = bytearray(), bytearray(), bytearray()
     for ns_id, name in enumerate(names):
         for key in sorted(entries[name]):
             value = entries[name][key]
             k_off, v_off = len(data), len(data) + len(key)
             index += struct.pack("<IIIII", ns_id, k_off, len(key), v_off, len(value))
+            if carried is not None:
+                carrying += carried.get((name, key), UNKNOWN * 2)
             data += key + value
-    return bytes(out + u32(len(index) // 20) + index + data)
+    return bytes(out + u32(len(index) // 20) + index + carrying + data)
 
 
 def write_sqlite(
@@ -505,9 +585,12 @@ def write_sqlite(
     entries: dict[str, dict[bytes, bytes]],
     manifest: bytes,
     encoding: str = "UTF-8",
+    carried: Carried | None = None,
 ) -> bytes:
-    """A SQLite bundle of `entries`: a valid seed's schema and meta rows, its manifest
-    replaced, in a new database of the given text encoding (SQLite offers three)."""
+    """A SQLite bundle of `entries`: a valid seed's schema and meta rows (so of its
+    format), its manifest replaced, in a new database of the given text encoding
+    (SQLite offers three). In format 2 rows carry `carried` (as f64s SQLite stores:
+    NaN as NULL), and the digest is taken over what was stored, as anyone could."""
     source = sqlite3.connect(":memory:")
     try:
         source.deserialize(seed)
@@ -525,10 +608,22 @@ def write_sqlite(
                 conn.execute(statement)
             conn.executemany("INSERT INTO meta VALUES (?, ?)", meta)
             conn.execute("INSERT INTO meta VALUES ('manifest', ?)", (manifest.decode(),))
-            conn.executemany(
-                "INSERT INTO entries VALUES (?, ?, ?, 1)",
-                [(n, k, v) for n in sorted(entries) for k, v in sorted(entries[n].items())],
-            )
+            columns = [row[1] for row in conn.execute("PRAGMA table_info(entries)")]
+            if "cost" in columns:
+                conn.executemany(
+                    "INSERT INTO entries (namespace, key, value, origin, written_at, cost) "
+                    "VALUES (?, ?, ?, 1, ?, ?)",
+                    [
+                        (n, k, v, *struct.unpack("<dd", c or UNKNOWN * 2))
+                        for n, k, v, c in _ordered(entries, carried or {})
+                    ],
+                )
+                reseal_sqlite(conn)
+            else:
+                conn.executemany(
+                    "INSERT INTO entries (namespace, key, value, origin) VALUES (?, ?, ?, 1)",
+                    [(n, k, v) for n in sorted(entries) for k, v in sorted(entries[n].items())],
+                )
         finally:
             conn.close()
         return path.read_bytes()
@@ -556,15 +651,20 @@ def bundle_cases(draw: st.DrawFn) -> Case:
     donor = draw(st.sampled_from([*seeds.flat, *seeds.sqlite]))
     if kind.endswith("-sealed"):
         entries = draw(entry_sets)
-        manifest = _sealed_manifest(draw, entries)
+        carried = draw(_carried_for(entries))
+        manifest = _sealed_manifest(draw, entries, carried)
         shown = {n[:40]: {k[:20]: v[:20] for k, v in e.items()} for n, e in entries.items()}
         steps.append(f"entries {shown!r:.600}")
+        if carried is not None:
+            shown_carried = {key[:20]: raw.hex() for (_, key), raw in carried.items()}
+            steps.append(f"carrying {shown_carried!r:.600}")
         if kind == "flat-sealed":
-            data = write_flat(entries, manifest)
+            data = write_flat(entries, manifest, carried)
         else:
             encoding = draw(st.sampled_from(["UTF-8", "UTF-8", "UTF-16le", "UTF-16be"]))
             steps.append(f"text encoding {encoding}")
-            data = write_sqlite(seeds.sqlite[0], entries, manifest, encoding)
+            seed = seeds.sqlite[2] if carried is None else seeds.sqlite[0]
+            data = write_sqlite(seed, entries, manifest, encoding, carried)
         return Case(kind=kind, steps=tuple(steps), data=data, reseal=False)
     if kind == "flat-data":
         seed = seeds.flat[1]
@@ -588,6 +688,7 @@ def bundle_cases(draw: st.DrawFn) -> Case:
             blob[12 : 16 + old] = struct.pack("<I", len(raw)) + raw
             steps.append(f"manifest replaced by {raw[:80]!r}")
         else:
+            steps += draw(_carried_edits(blob, seed))
             steps += draw(_field_edits(blob, _flat_fields(seed)))
     elif kind in ("sqlite", "sqlite-sql"):
         seed_index = draw(st.integers(0, len(seeds.sqlite) - 1))
@@ -629,11 +730,18 @@ async def _served_digest(bundle: Bundle) -> str:
 
 
 async def reseal(path: Path) -> bool:
-    """Write the digest of what the readers serve into the manifest, as anyone could."""
+    """Write the digest of what the readers serve into the manifest, as anyone could.
+
+    In format 2 the digest covers what entries carry as stored, which readers
+    serve only as believed: there the reader's own digest is the one written.
+    """
     try:
         async with open_bundle(path) as bundle:
             old = bundle.manifest.digest
-            new = await _served_digest(bundle)
+            if bundle.format_version == 1:
+                new = await _served_digest(bundle)
+            else:
+                new = await bundle.compute_digest()
     except ALLOWED:
         return False
     data = path.read_bytes()
@@ -643,17 +751,28 @@ async def reseal(path: Path) -> bool:
     return True
 
 
+def check_believed(written_at: float | None, cost: float | None) -> None:
+    """What an entry carries, as served or recorded: in range, or unknown."""
+    assert written_at is None or (type(written_at) is float and 0 <= written_at < WRITTEN_AT_LIMIT)
+    assert cost is None or (type(cost) is float and 0 <= cost < COST_LIMIT)
+
+
 async def read_everything(bundle: Bundle) -> None:
     """Everything a caller may ask of an open bundle."""
     manifest = bundle.manifest
     assert BundleManifest.from_json(manifest.to_json()) == manifest
     bundle.describe()
+    assert bundle.format_version in (1, 2)
     for summary in await bundle.namespaces():
         keys: list[bytes] = []
         async for key, value in bundle.scan(summary.namespace, batch_size=7):
             assert isinstance(key, bytes) and isinstance(value, bytes)
             if len(keys) < 5:
                 keys.append(key)
+        carrying = bundle.scan_with_provenance(summary.namespace, batch_size=5)
+        async for key, value, written_at, cost in carrying:
+            assert isinstance(key, bytes) and isinstance(value, bytes)
+            check_believed(written_at, cost)
         for key in keys:
             await bundle.get(summary.namespace, key)
         await bundle.get(summary.namespace, b"\xff" * 9 + b"missing")
@@ -697,6 +816,7 @@ async def exercise_bundle(case: Case, workdir: Path) -> dict[str, str]:
         try:
             await read_everything(bundle)
             await import_bundle(bundle, env)
+            await _check_recorded(env)
         finally:
             await bundle.aclose()
             await _empty(env)
@@ -704,6 +824,7 @@ async def exercise_bundle(case: Case, workdir: Path) -> dict[str, str]:
     async def imported() -> None:
         try:
             await import_bundle(path, env)
+            await _check_recorded(env)
         finally:
             await _empty(env)
 
@@ -715,6 +836,16 @@ async def exercise_bundle(case: Case, workdir: Path) -> dict[str, str]:
         await _stage("import_bundle", outcomes, imported)
     await _stage("preflight", outcomes, lambda: preflight(path, version="1"))
     return outcomes
+
+
+async def _check_recorded(env: Environment) -> None:
+    """Every imported entry records a written_at and cost a reader believes, or none."""
+    for summary in await env.namespaces():
+        storage = env.storage(summary.namespace)
+        async for key, _ in storage.scan():
+            info = await storage.info(key)
+            assert info is not None
+            check_believed(info.written_at, info.cost)
 
 
 async def _empty(env: Environment) -> None:

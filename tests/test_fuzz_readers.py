@@ -78,7 +78,12 @@ def test_any_manifest_text_parses_or_raises_a_bundle_error(data: bytes | str) ->
 async def test_the_fuzz_inputs_reach_past_verification(tmp_path: Path) -> None:
     """A fuzz run that never got past the digest would prove little about the import."""
     seeds = seed_bundles()
-    for kind, data in (("flat", seeds.flat[1]), ("sqlite", seeds.sqlite[1])):
+    for kind, data in (
+        ("flat", seeds.flat[1]),
+        ("sqlite", seeds.sqlite[1]),
+        ("flat format 1", seeds.flat[3]),
+        ("sqlite format 1", seeds.sqlite[3]),
+    ):
         case = Case(kind=kind, steps=(), data=data, reseal=False)
         outcomes = await exercise_bundle(case, tmp_path)
         assert outcomes["import_bundle"] == "ok"

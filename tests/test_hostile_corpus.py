@@ -18,7 +18,14 @@ import pytest
 
 from conftest import sample_entries
 from helpers import Trials, backend_label, reliability_row
-from hostile import Case, flat_cases, random_cases, sqlite_cases
+from hostile import (
+    Case,
+    flat_cases,
+    flat_format_1,
+    random_cases,
+    sqlite_cases,
+    sqlite_format_1,
+)
 from warmenv import Environment, open_environment
 from warmenv.bundle import BundleError, BundleFormat, export_bundle, import_bundle, open_bundle
 
@@ -38,9 +45,19 @@ async def _valid_bundles(tmp: Path) -> tuple[bytes, Path]:
 
 
 async def corpus(tmp: Path, seed: int) -> list[Case]:
+    """Cases from valid bundles of format 2 (what export writes) and of format 1."""
     rng = random.Random(seed)
     flat, sqlite = await _valid_bundles(tmp)
-    return [*flat_cases(flat, rng), *sqlite_cases(sqlite, rng), *random_cases(rng, 500)]
+    format_1 = [
+        *flat_cases(flat_format_1(flat), rng),
+        *sqlite_cases(sqlite_format_1(sqlite, tmp), rng),
+    ]
+    return [
+        *flat_cases(flat, rng),
+        *sqlite_cases(sqlite, rng),
+        *((f"format-1-{name}", data) for name, data in format_1),
+        *random_cases(rng, 500),
+    ]
 
 
 async def check_case(case: Case, path: Path, env: Environment) -> str:

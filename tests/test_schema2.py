@@ -18,7 +18,12 @@ import pytest
 
 from warmenv import WarmenvWarning, open_environment
 from warmenv.persistence import Origin, Stored
-from warmenv.persistence.schema import ENTRY_COLUMNS, ENVIRONMENT_COLUMNS
+from warmenv.persistence.schema import (
+    BUNDLE_COLUMNS,
+    BUNDLE_VERSION,
+    ENTRY_COLUMNS,
+    ENVIRONMENT_COLUMNS,
+)
 from warmenv.persistence.sqlite import SqliteStorage
 
 pytestmark = pytest.mark.anyio
@@ -160,7 +165,7 @@ async def test_a_bundle_opened_as_an_environment_is_read_and_never_upgraded(
         info = await env.storage("app/1/kernels").info(b"k")
         assert info is not None and info.origin == Origin.IMPORTED and info.written_at is None
     assert hashlib.sha256(out.read_bytes()).hexdigest() == before
-    assert file_state(out)[:2] == ("1", ENTRY_COLUMNS)
+    assert file_state(out)[:2] == (BUNDLE_VERSION, BUNDLE_COLUMNS)
 
 
 # --- killed half-way ----------------------------------------------------------------

@@ -32,6 +32,7 @@ import anyio.to_thread
 from warmenv._errors import ClosedError, WarmenvWarning
 from warmenv.config import Config, is_valid_name, load_config
 from warmenv.persistence import statistics as _statistics
+from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.codec import Codec
 from warmenv.persistence.explain import Explanation, stored_key
 from warmenv.persistence.memory import MemoryStorage, MemoryTable
@@ -39,7 +40,16 @@ from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.remote import RemoteSettings, RemoteStorage, RemoteTier, remote_settings
 from warmenv.persistence.sqlite import CopiedBatch, SqliteDatabase, SqliteStorage, open_database
 from warmenv.persistence.statistics import EnvironmentStatistics, Pending, Recorder
-from warmenv.persistence.storage import BundleRef, Failed, NamespaceSummary, Purged, Storage
+from warmenv.persistence.storage import (
+    BundleRef,
+    Failed,
+    InsertSummary,
+    NamespaceSummary,
+    Origin,
+    Purged,
+    Storage,
+    check_bundle,
+)
 from warmenv.persistence.store import CacheMode, Store
 from warmenv.stream import adopt_config, policy_chosen
 
@@ -232,6 +242,29 @@ class Environment:
         if self._db is None:
             return None
         return self._db.copy_from(file, prefixes, batch_size, bundle=bundle)
+
+    async def insert_imported(
+        self,
+        namespace: Namespace | str,
+        entries: list[CarryingEntry],
+        *,
+        bundle: BundleRef | None = None,
+    ) -> InsertSummary:
+        """Insert a bundle's `(key, value, written_at, cost)` entries as IMPORTED, in one
+        transaction, each keeping what it carries (`None`: written now, cost unknown).
+
+        An import's path where `bulk_copy` is not possible (a flat bundle, a
+        validated import, an environment in memory); the insert rule applies.
+        """
+        self._check_open()
+        name = str(Namespace.coerce(namespace))
+        if self._db is not None:
+            return await self._db.insert_imported(name, entries, bundle)
+        assert self._memory is not None
+        bundle = check_bundle(bundle, Origin.IMPORTED)
+        await anyio.lowlevel.checkpoint()
+        stored = self._memory.insert_imported(name, entries, bundle)
+        return InsertSummary(stored=stored, conflict=len(entries) - stored, failed=0)
 
     def snapshot_directory(self) -> Path | None:
         """Where an import's private copy of a bundle should go (`None`: the temp directory)."""

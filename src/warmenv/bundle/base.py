@@ -17,6 +17,7 @@ from typing import ClassVar, Generic, Protocol, Self, TypeVar, final
 
 from warmenv.bundle.errors import CorruptBundleError
 from warmenv.bundle.manifest import BundleManifest, Digest
+from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import NamespaceSummary
 
@@ -58,6 +59,11 @@ class Bundle(Protocol):
         ...
 
     @property
+    def format_version(self) -> int:
+        """The version of its format: 2 when entries carry their written_at and cost, else 1."""
+        ...
+
+    @property
     def entry_file(self) -> Path | None:
         """A SQLite file of the environment schema an environment may copy in bulk."""
         ...
@@ -87,6 +93,13 @@ class Bundle(Protocol):
         self, namespace: Namespace | str, batch_size: int = 1024
     ) -> AsyncIterator[tuple[bytes, bytes]]:
         """Every entry of one namespace in key order, `batch_size` at a time."""
+        ...
+
+    def scan_with_provenance(
+        self, namespace: Namespace | str, batch_size: int = 1024
+    ) -> AsyncIterator[CarryingEntry]:
+        """As `scan`, each entry as `(key, value, written_at, cost)`: what it carries
+        (bundle format 2), each None where unknown or not believed."""
         ...
 
     async def namespaces(self) -> list[NamespaceSummary]:
@@ -141,6 +154,10 @@ class BundleReader(ClosesOnExit):
     def manifest(self) -> BundleManifest:
         raise NotImplementedError
 
+    @property
+    def format_version(self) -> int:
+        return 1
+
     def describe(self) -> str:
         raise NotImplementedError
 
@@ -151,6 +168,13 @@ class BundleReader(ClosesOnExit):
         self, namespace: Namespace | str, batch_size: int = 1024
     ) -> AsyncIterator[tuple[bytes, bytes]]:
         raise NotImplementedError
+
+    async def scan_with_provenance(
+        self, namespace: Namespace | str, batch_size: int = 1024
+    ) -> AsyncIterator[CarryingEntry]:
+        """Without anything carried (a bundle of format 1): both unknown."""
+        async for key, value in self.scan(namespace, batch_size):
+            yield key, value, None, None
 
     @property
     def entry_file(self) -> Path | None:

@@ -44,7 +44,7 @@ from warmenv.bundle.errors import (
     UnsupportedSchemaError,
 )
 from warmenv.bundle.events import Downloading
-from warmenv.bundle.flat import FLAT_MAGIC, FORMAT_VERSION, FlatBundle
+from warmenv.bundle.flat import FLAT_MAGIC, FlatBundle, check_format_version
 from warmenv.bundle.manifest import BundleManifest
 from warmenv.bundle.open import open_private_file
 from warmenv.bundle.sqlite import SqliteBundle
@@ -443,12 +443,7 @@ def _parse_flat_header(data: bytes, label: str) -> tuple[BundleManifest, list[st
     pos = len(FLAT_MAGIC)
     if len(data) < pos + 8:
         return None
-    version = u32(data[pos : pos + 4], "little")
-    if version != FORMAT_VERSION:
-        raise UnsupportedSchemaError(
-            f"{label}: flat format version {version} is not supported (this warmenv reads "
-            f"version {FORMAT_VERSION}); upgrade warmenv"
-        )
+    check_format_version(u32(data[pos : pos + 4], "little"), label)
     manifest_len = u32(data[pos + 4 : pos + 8], "little")
     pos += 8
     if len(data) < pos + manifest_len + 4:

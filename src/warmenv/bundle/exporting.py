@@ -6,6 +6,11 @@ for the counts and sizes (the flat format puts its index before its data,
 and progress events want totals), once to write. Memory holds one batch per
 source, whatever the bundle's size.
 
+Bundles are written in format 2: each entry carries its `written_at` and
+`cost` from the source environment (unknown where the source has none, or
+holds a value no reader would believe), covered by the digest, so a hit on
+the entry after an import counts the time it saved.
+
 The bundle is written to a staging file beside `out`, synced, and renamed
 onto `out` only when complete, so a failed, cancelled or killed export leaves
 the previous bundle (or nothing) at `out`. Staging files that a killed export
@@ -50,7 +55,9 @@ from warmenv.bundle.manifest import (
 )
 from warmenv.bundle.sqlite import SQLITE_MAGIC
 from warmenv.environment import Environment
+from warmenv.persistence import carried
 from warmenv.persistence.files import (
+    CarriedRow,
     EntryFileError,
     ExportSources,
     StagingFile,
@@ -62,6 +69,7 @@ from warmenv.persistence.storage import NamespaceSummary
 __all__ = ["BundleFormat", "ExportProgress", "InvalidSourceError", "export_bundle", "exporting"]
 
 _BATCH = 1024
+_Packed = tuple[str, bytes, bytes, bytes]  # an entry and its 16 carried bytes
 
 Source = Environment | str | Path
 
@@ -252,8 +260,8 @@ class _ExportJob:
         self._file: BinaryIO | None = None
         self._bundle: StagingFile | None = None
         self._sources_reader: ExportSources | None = None
-        self._rows: Iterator[tuple[str, bytes, bytes]] = iter(())
-        self._digest = BackgroundDigest()
+        self._rows: Iterator[CarriedRow] = iter(())
+        self._digest = BackgroundDigest(2)
         # One source into the SQLite format is copied inside SQLite; the digest
         # is then taken from the rows as written, read back while still cached.
         self._copying = False
@@ -319,20 +327,23 @@ class _ExportJob:
                 batch = self._bundle.copy_step()
             else:
                 batch = list(itertools.islice(self._rows, _BATCH))
-                if batch:
-                    self._write(batch)
+            pack = carried.pack
+            entries = [(ns, key, value, pack(w, c)) for ns, key, value, w, c in batch]
+            if batch and not self._copying:
+                self._write(batch, entries)
         if not batch:
             return None
-        self._digest.add(batch)
-        self.bytes_done += sum(len(key) + len(value) for _, key, value in batch)
+        self._digest.add_carrying(entries)
+        self.bytes_done += sum(len(key) + len(value) for _, key, value, _ in entries)
         self.done += len(batch)
         return batch[-1][0]
 
-    def _write(self, batch: list[tuple[str, bytes, bytes]]) -> None:
+    def _write(self, batch: list[CarriedRow], entries: list[_Packed]) -> None:
+        """Write a batch; `entries` is the same batch with its carried bytes packed."""
         if self._writer is not None:
             add = self._writer.add
-            for namespace, key, value in batch:
-                add(namespace, key, value)
+            for namespace, key, value, carrying in entries:
+                add(namespace, key, value, carrying)
         else:
             assert self._bundle is not None
             self._bundle.add(batch)

@@ -4,12 +4,17 @@ Layout (all integers little-endian u32; docs/bundle-format.md has the
 details): magic `WARMENV\\x01`, format version, manifest length and JSON,
 namespace count and sorted (length, UTF-8) names, entry count and sorted
 20-byte index entries (namespace id, key offset, key length, value offset,
-value length; offsets relative to the data section), then the data.
+value length; offsets relative to the data section), in format 2 then 16
+bytes per entry of what it carries (f64 written_at, f64 cost, NaN: unknown),
+then the data.
 
 Everything is validated once, at open: every length is checked against the
 bytes that remain before anything is allocated for it, every offset against
 the data section, the index order entry by entry. After that a lookup is two
-binary searches with no further checks.
+binary searches with no further checks. What an entry carries needs no
+check at open: a value out of range is read as unknown (`carried.unpack`),
+and the digest covers the bytes as they are. Format 2 is what export writes;
+format 1 (no carried bytes) is still read.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
-from typing import BinaryIO, ClassVar, final
+from typing import BinaryIO, ClassVar, TypeVar, final
 
 import anyio
 import anyio.to_thread
@@ -45,13 +50,19 @@ from warmenv.bundle.errors import (
     UnsupportedSchemaError,
 )
 from warmenv.bundle.manifest import DIGEST_PLACEHOLDER, BackgroundDigest, BundleManifest
+from warmenv.persistence import carried
+from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import NamespaceSummary, check_batch_size, check_key
 
-__all__ = ["FLAT_MAGIC", "FlatBundle", "FlatWriter"]
+__all__ = ["FLAT_MAGIC", "FlatBundle", "FlatWriter", "check_format_version"]
+
+T = TypeVar("T")
 
 FLAT_MAGIC = b"WARMENV\x01"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The version export writes; every version up to it is read."""
+_CARRIED_SIZE = {1: 0, 2: 16}  # bytes each entry carries, per format version
 _U32 = struct.Struct("<I")
 _ENTRY = struct.Struct("<IIIII")
 _MAX_U32 = 0xFFFFFFFF
@@ -84,6 +95,15 @@ class _Reader:
         return chunk
 
 
+def check_format_version(version: int, source: str) -> None:
+    """`UnsupportedSchemaError` unless this warmenv reads flat format `version`."""
+    if version not in _CARRIED_SIZE:
+        raise UnsupportedSchemaError(
+            f"{source}: flat format version {version} is not supported "
+            f"(this warmenv reads versions 1 to {FORMAT_VERSION}); upgrade warmenv"
+        )
+
+
 @final
 class FlatBundle(BundleReader, Bundle):
     """A flat bundle held in memory or mapped from a file, validated at open.
@@ -97,6 +117,7 @@ class FlatBundle(BundleReader, Bundle):
     __slots__ = (
         "_base",
         "_blob",
+        "_carried_at",
         "_closer",
         "_count",
         "_fd",
@@ -109,6 +130,7 @@ class FlatBundle(BundleReader, Bundle):
         "_ranges",
         "_source",
         "_summaries",
+        "_version",
         "_view",
         "_words",
     )
@@ -154,6 +176,11 @@ class FlatBundle(BundleReader, Bundle):
     @property
     def manifest(self) -> BundleManifest:
         return self._manifest
+
+    @property
+    def format_version(self) -> int:
+        """1 (entries alone) or 2 (each entry carries its written_at and cost)."""
+        return self._version
 
     def describe(self) -> str:
         return f"flat bundle {self._source} ({self._manifest.name!r})"
@@ -201,9 +228,19 @@ class FlatBundle(BundleReader, Bundle):
             return self._blob[base + start : base + end]
         return bytes(self._view[base + start : base + end])
 
-    async def scan(
+    def scan(
         self, namespace: Namespace | str, batch_size: int = 1024
     ) -> AsyncIterator[tuple[bytes, bytes]]:
+        return self._scan(namespace, batch_size, self._entry)
+
+    def scan_with_provenance(
+        self, namespace: Namespace | str, batch_size: int = 1024
+    ) -> AsyncIterator[CarryingEntry]:
+        return self._scan(namespace, batch_size, self._believed_entry)
+
+    async def _scan(
+        self, namespace: Namespace | str, batch_size: int, entry: Callable[[int], T]
+    ) -> AsyncIterator[T]:
         check_batch_size(batch_size)
         ns_id = self._namespaces.get(str(namespace))
         if ns_id is None:
@@ -214,28 +251,49 @@ class FlatBundle(BundleReader, Bundle):
             if (position - start) % batch_size == 0:
                 self._forget_before(position, marks)
                 await checkpoint()
-            yield self._entry(position)
+            yield entry(position)
+
+    def _believed_entry(self, position: int) -> CarryingEntry:
+        """Key, value, and what the entry carries as believed (unknown in format 1)."""
+        key, value = self._entry(position)
+        at = self._carried_at
+        if at is None:
+            return key, value, None, None
+        offset = at + 16 * position
+        return key, value, *carried.unpack(self._view[offset : offset + 16])
 
     async def compute_digest(self) -> str:
         return await anyio.to_thread.run_sync(self.compute_digest_sync)
 
     def compute_digest_sync(self) -> str:
-        """The content digest of the entries, on the calling thread."""
-        digest = BackgroundDigest()
+        """The content digest of the entries (and what they carry), on the calling thread."""
+        digest = BackgroundDigest(self._version)
         marks = self._first_marks()
+        add = digest.add if self._carried_at is None else digest.add_carrying
+        entry = self._entry if self._carried_at is None else self._carrying_entry
         try:
             for ns_id, name in enumerate(self._names):
                 start, end = self._ranges[ns_id]
                 for batch in range(start, end, _DIGEST_BATCH):
                     self._forget_before(batch, marks)
                     positions = range(batch, min(batch + _DIGEST_BATCH, end))
-                    digest.add((name, *self._entry(position)) for position in positions)
+                    add((name, *entry(position)) for position in positions)
             return digest.value()
         finally:
             digest.close()
 
+    def _carrying_entry(self, position: int) -> tuple[bytes, bytes, bytes]:
+        """Key, value and the 16 carried bytes as stored (format 2)."""
+        at = self._carried_at
+        assert at is not None
+        key, value = self._entry(position)
+        if self._blob is not None:
+            return key, value, self._blob[at + 16 * position : at + 16 * position + 16]
+        return key, value, bytes(self._view[at + 16 * position : at + 16 * position + 16])
+
     def _first_marks(self) -> list[int]:
-        return [self._index_at, self._base]
+        at = self._carried_at
+        return [self._index_at, self._base if at is None else at, self._base]
 
     def _forget_before(self, position: int, marks: list[int]) -> None:
         """Let the kernel drop the mapped pages a sequential pass has left behind.
@@ -249,9 +307,15 @@ class FlatBundle(BundleReader, Bundle):
         if not isinstance(blob, mmap.mmap) or position >= self._count:
             return
         index_upto = self._index_at + position * 20
+        carried_at = self._base if self._carried_at is None else self._carried_at
+        carried_upto = carried_at + position * _CARRIED_SIZE[self._version]
         # Clamped: validation calls this before it has checked the offset.
         data_upto = min(self._base + self._words[position * 5 + 1], len(blob))
-        regions = ((self._index_at, index_upto), (self._base, data_upto))
+        regions = (
+            (self._index_at, index_upto),
+            (carried_at, carried_upto),
+            (self._base, data_upto),
+        )
         for region, (start, upto) in enumerate(regions):
             begin = max(start, marks[region])
             begin -= begin % mmap.PAGESIZE
@@ -287,11 +351,8 @@ class FlatBundle(BundleReader, Bundle):
         if bytes(reader.take(len(FLAT_MAGIC), "the magic")) != FLAT_MAGIC:
             raise NotABundleError(f"{self._source} is not a flat warmenv bundle (bad magic)")
         version = reader.u32("the format version")
-        if version != FORMAT_VERSION:
-            raise UnsupportedSchemaError(
-                f"{self._source}: flat format version {version} is not supported "
-                f"(this warmenv reads version {FORMAT_VERSION}); upgrade warmenv"
-            )
+        check_format_version(version, self._source)
+        self._version = version
         manifest_len = reader.u32("the manifest length")
         manifest_bytes = bytes(reader.take(manifest_len, "the manifest"))
         try:
@@ -317,20 +378,23 @@ class FlatBundle(BundleReader, Bundle):
             previous = raw
         check_namespace_names(names, self._source)
         entry_count = reader.u32("the entry count")
-        if entry_count * 20 > len(data) - reader.pos:
+        entry_size = 20 + _CARRIED_SIZE[version]
+        if entry_count * entry_size > len(data) - reader.pos:
             raise CorruptBundleError(
                 f"{self._source}: header claims {entry_count} entries, more than the file holds"
             )
         index_at = reader.pos
-        self._base = index_at + entry_count * 20
+        self._carried_at = index_at + entry_count * 20 if version >= 2 else None
+        self._base = index_at + entry_count * entry_size
         self._index_at = index_at
         self._count = entry_count
         self._names = names
         self._namespaces = {name: i for i, name in enumerate(names)}
+        index_end = index_at + entry_count * 20
         if sys.byteorder == "little":
-            self._words = data[index_at : self._base].cast("I")
+            self._words = data[index_at:index_end].cast("I")
         else:  # pragma: no cover - big-endian hosts read a converted copy of the index
-            words = array.array("I", data[index_at : self._base])
+            words = array.array("I", data[index_at:index_end])
             words.byteswap()
             self._words = words
         self._check_index(len(data) - self._base)
@@ -426,14 +490,18 @@ def map_private(path: Path, source: str) -> FlatBundle:
 
 @final
 class FlatWriter:
-    """Writes a flat bundle whose shape (namespaces, entries, sizes) is known up front.
+    """Writes a flat bundle (format 2) whose shape (namespaces, entries, sizes) is known
+    up front.
 
-    The index and the data go to two positions of the same file as entries
-    arrive in sorted order, so nothing but the current entry is in memory;
-    the digest placeholder is overwritten once the last entry is written.
+    The index, the carried bytes and the data go to three positions of the
+    same file as entries arrive in sorted order, so nothing but the current
+    batch is in memory; the digest placeholder is overwritten once the last
+    entry is written.
     """
 
     __slots__ = (
+        "_carried_at",
+        "_carried_buffer",
         "_data_at",
         "_data_buffer",
         "_data_pos",
@@ -454,7 +522,7 @@ class FlatWriter:
         entries: int,
         data_bytes: int,
     ) -> None:
-        if data_bytes > _MAX_U32 or entries > _MAX_U32 // 20:
+        if data_bytes > _MAX_U32 or entries > _MAX_U32 // 36:
             raise BundleTooLargeError(
                 f"{entries} entries with {data_bytes} bytes of data do not fit a flat bundle "
                 "(4 GiB of data at most); export to the SQLite format instead"
@@ -474,18 +542,22 @@ class FlatWriter:
         file.write(header)
         file.flush()
         self._index_at = len(header)
-        self._data_at = self._index_at + entries * 20
+        self._carried_at = self._index_at + entries * 20
+        self._data_at = self._carried_at + entries * 16
         self._data_pos = 0
         self._index_buffer = bytearray()
+        self._carried_buffer = bytearray()
         self._data_buffer = bytearray()
         self._ns_ids = {name: i for i, name in enumerate(namespaces)}
 
-    def add(self, namespace: str, key: bytes, value: bytes) -> None:
+    def add(self, namespace: str, key: bytes, value: bytes, carrying: bytes) -> None:
+        """Append one entry (in sorted order) with its 16 carried bytes (`carried.pack`)."""
         k_off = self._data_pos + len(self._data_buffer)
         v_off = k_off + len(key)
         self._index_buffer += _ENTRY.pack(
             self._ns_ids[namespace], k_off, len(key), v_off, len(value)
         )
+        self._carried_buffer += carrying
         self._data_buffer += key
         self._data_buffer += value
         if len(self._data_buffer) >= self._FLUSH_AT:
@@ -494,10 +566,13 @@ class FlatWriter:
     def _flush(self) -> None:
         fd = self._file.fileno()
         _pwrite_all(fd, self._index_buffer, self._index_at)
+        _pwrite_all(fd, self._carried_buffer, self._carried_at)
         _pwrite_all(fd, self._data_buffer, self._data_at + self._data_pos)
         self._index_at += len(self._index_buffer)
+        self._carried_at += len(self._carried_buffer)
         self._data_pos += len(self._data_buffer)
         self._index_buffer.clear()
+        self._carried_buffer.clear()
         self._data_buffer.clear()
 
     def finish(self, digest: str) -> None:

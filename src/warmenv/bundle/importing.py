@@ -16,8 +16,9 @@ copy costs one sequential file copy (see docs/benchmarks.md).
 
 A SQLite bundle going into a SQLite environment is copied inside SQLite
 (ATTACH, then INSERT ... SELECT over rowid ranges); anything else streams
-scan batches into `insert_many`. Either way memory stays bounded by the
-batch size, whatever the bundle's size.
+scan batches into `Environment.insert_imported`. Either way memory stays
+bounded by the batch size, whatever the bundle's size, and each entry keeps
+the `written_at` and `cost` it carries (bundle format 2).
 
 A bundle named by an http(s) URL is downloaded into that private directory
 instead of copied (`warmenv.bundle.download`), as the first steps of the
@@ -51,13 +52,12 @@ from warmenv.bundle.events import (
 )
 from warmenv.bundle.open import open_private
 from warmenv.environment import Environment
+from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.namespace import matches_any
 from warmenv.persistence.sqlite import CopiedBatch
 from warmenv.persistence.storage import (
     BundleRef,
     NamespaceSummary,
-    Origin,
-    Storage,
     check_batch_size,
 )
 
@@ -290,39 +290,38 @@ async def _copy_by_scan(
     ref = _ref(bundle)
     for summary in selected:
         namespace = summary.namespace
-        storage = env.storage(namespace)
-        batch: list[tuple[bytes, bytes]] = []
-        scan = bundle.scan(namespace, progress._batch_size)
+        batch: list[CarryingEntry] = []
+        scan = bundle.scan_with_provenance(namespace, progress._batch_size)
         async with aclosing(scan):  # type: ignore[type-var]
-            async for key, value in scan:
-                batch.append((key, value))
+            async for entry in scan:
+                batch.append(entry)
                 if len(batch) >= progress._batch_size:
-                    await _insert_batch(storage, namespace, batch, validate, tally, ref)
+                    await _insert_batch(env, namespace, batch, validate, tally, ref)
                     batch = []
                     yield namespace
         if batch:
-            await _insert_batch(storage, namespace, batch, validate, tally, ref)
+            await _insert_batch(env, namespace, batch, validate, tally, ref)
         yield namespace
 
 
 async def _insert_batch(
-    storage: Storage,
+    env: Environment,
     namespace: str,
-    batch: list[tuple[bytes, bytes]],
+    batch: list[CarryingEntry],
     validate: Validate | None,
     tally: _Tally,
     ref: BundleRef,
 ) -> None:
     accepted = batch
     if validate is not None:
-        accepted = [(k, v) for k, v in batch if validate(namespace, k, v)]
+        accepted = [entry for entry in batch if validate(namespace, entry[0], entry[1])]
         tally.rejected += len(batch) - len(accepted)
     # Shielded for the same reason as a bulk batch: the tally must match the commit.
     await anyio.lowlevel.checkpoint_if_cancelled()
     with anyio.CancelScope(shield=True):
-        summary = await storage.insert_many(accepted, Origin.IMPORTED, bundle=ref)
-    size = sum(len(k) + len(v) for k, v in accepted)
-    # insert_many counts but does not name what it stored; when only some
+        summary = await env.insert_imported(namespace, accepted, bundle=ref)
+    size = sum(len(k) + len(v) for k, v, _, _ in accepted)
+    # The insert counts but does not name what it stored; when only some
     # were, their bytes are estimated by their share of the batch.
     stored_bytes = (
         size
@@ -333,7 +332,7 @@ async def _insert_batch(
     tally.skipped += summary.conflict
     tally.failed += summary.failed
     tally.done += len(batch)
-    tally.bytes_done += sum(len(k) + len(v) for k, v in batch)
+    tally.bytes_done += sum(len(k) + len(v) for k, v, _, _ in batch)
 
 
 async def _copy_in_bulk(

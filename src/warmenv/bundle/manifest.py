@@ -3,8 +3,12 @@
 The digest is BLAKE2b-256 over the entries sorted by (namespace, key), each
 field preceded by its length as a little-endian u64, so no two different
 entry streams can hash alike and the two formats give the same digest for the
-same entries. The manifest names the algorithm, so a later warmenv can change
-it without misreading old bundles.
+same entries. A bundle of format 2 also carries each entry's `written_at` and
+`cost` (16 bytes, `warmenv.persistence.carried`), and its digest covers them:
+they follow each entry's value, under a personalisation of their own, so
+neither stream can pass for the other and a format-1 bundle verifies exactly
+as before. The manifest names the algorithm, so a later warmenv can change it
+without misreading old bundles.
 """
 
 from __future__ import annotations
@@ -200,15 +204,21 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
 
 
+# The personalisation per bundle format: the entries alone (1), or with the
+# 16 bytes each carries (2).
+_PERSON = {1: b"warmenv-entries", 2: b"warmenv-entries2"}
+
+
 class Digest:
-    """The running content digest of a sorted entry stream."""
+    """The running content digest of a sorted entry stream (of bundle format 1 or 2)."""
 
     __slots__ = ("_hash",)
 
-    def __init__(self) -> None:
-        self._hash = hashlib.blake2b(digest_size=32, person=b"warmenv-entries")
+    def __init__(self, format: int = 1) -> None:
+        self._hash = hashlib.blake2b(digest_size=32, person=_PERSON[format])
 
-    def update(self, namespace: bytes, key: bytes, value: bytes) -> None:
+    def update(self, namespace: bytes, key: bytes, value: bytes, carried: bytes = b"") -> None:
+        """Add one entry; `carried` is its 16 bytes in format 2 (empty in format 1)."""
         update = self._hash.update
         update(len(namespace).to_bytes(8, "little"))
         update(namespace)
@@ -216,6 +226,7 @@ class Digest:
         update(key)
         update(len(value).to_bytes(8, "little"))
         update(value)
+        update(carried)
 
     def value(self) -> str:
         return _DIGEST_PREFIX + self._hash.hexdigest()
@@ -232,22 +243,39 @@ class BackgroundDigest:
     of the hashing. At most a few batches wait, so memory stays bounded.
     """
 
-    def __init__(self) -> None:
-        self._digest = Digest()
+    def __init__(self, format: int = 1) -> None:
+        self._digest = Digest(format)
+        self.format = format
         self._prefixes: dict[str, bytes] = {}
         self._batches: queue.Queue[bytes | None] = queue.Queue(maxsize=4)
         self._thread: threading.Thread | None = None  # started by the first batch
 
     def add(self, entries: Iterable[tuple[str, bytes, bytes]]) -> None:
-        """Hash `(namespace, key, value)` entries, in the order of the digest."""
+        """Hash `(namespace, key, value)` entries, in the order of the digest (format 1)."""
+        assert self.format == 1, "a format-2 digest covers what entries carry: add_carrying"
         parts: list[bytes] = []
-        prefixes = self._prefixes
+        prefixes, new_prefix = self._prefixes, self._new_prefix
         for namespace, key, value in entries:
-            prefix = prefixes.get(namespace)
-            if prefix is None:
-                raw = namespace.encode("utf-8")
-                prefix = prefixes[namespace] = _U64(len(raw)) + raw
+            prefix = prefixes.get(namespace) or new_prefix(namespace)
             parts += (prefix, _U64(len(key)), key, _U64(len(value)), value)
+        self._put(parts)
+
+    def add_carrying(self, entries: Iterable[tuple[str, bytes, bytes, bytes]]) -> None:
+        """Hash `(namespace, key, value, carried)` entries, `carried` their 16 bytes (format 2)."""
+        assert self.format == 2, "a format-1 digest covers the entries alone: add"
+        parts: list[bytes] = []
+        prefixes, new_prefix = self._prefixes, self._new_prefix
+        for namespace, key, value, carried in entries:
+            prefix = prefixes.get(namespace) or new_prefix(namespace)
+            parts += (prefix, _U64(len(key)), key, _U64(len(value)), value, carried)
+        self._put(parts)
+
+    def _new_prefix(self, namespace: str) -> bytes:
+        raw = namespace.encode("utf-8")
+        prefix = self._prefixes[namespace] = _U64(len(raw)) + raw
+        return prefix
+
+    def _put(self, parts: list[bytes]) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._hash, name="warmenv-digest", daemon=True)
             self._thread.start()

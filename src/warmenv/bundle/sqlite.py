@@ -5,17 +5,20 @@ inside SQLite (persistence's bulk copy), never a trip through Python. It is
 written in journal mode DELETE so it reads from a read-only directory (a
 container layer, site-packages, a Nix store) without needing to create a
 shared-memory file next to it. Rows whose key or value is not a BLOB are
-malformed and make the whole bundle corrupt; nothing is ever coerced. The
-SQL lives in `warmenv.persistence.files`; this module speaks bundles.
+malformed and make the whole bundle corrupt; nothing is ever coerced. Format
+2 (what export writes; meta `schema_version` 2) adds each entry's
+`written_at` and `cost` columns, REAL or NULL; format 1 (0.1's four columns)
+is still read. The SQL lives in `warmenv.persistence.files`; this module
+speaks bundles.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from pathlib import Path
-from typing import ClassVar, TypeVar, final
+from typing import Any, ClassVar, TypeVar, final
 
 import anyio
 import anyio.lowlevel
@@ -36,13 +39,20 @@ from warmenv.bundle.errors import (
     UnsupportedSchemaError,
 )
 from warmenv.bundle.manifest import BackgroundDigest, BundleManifest
-from warmenv.persistence.files import DamagedEntryFileError, EntryFile, NotEntryFileError
+from warmenv.persistence.carried import CarryingEntry
+from warmenv.persistence.files import (
+    DamagedEntryFileError,
+    EntryFile,
+    NewerEntryFileError,
+    NotEntryFileError,
+)
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import NamespaceSummary, check_batch_size, check_key
 
 __all__ = ["SQLITE_MAGIC", "SqliteBundle"]
 
 T = TypeVar("T")
+R = TypeVar("R", bound=tuple[Any, ...])  # a row: the key first
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -98,21 +108,41 @@ class SqliteBundle(BundleReader, Bundle):
         check_key(key)
         return await self._read(self._file.get(str(namespace), key))
 
-    async def scan(
+    def scan(
         self, namespace: Namespace | str, batch_size: int = 1024
     ) -> AsyncIterator[tuple[bytes, bytes]]:
+        return self._pages(self._file.page, namespace, batch_size)
+
+    def scan_with_provenance(
+        self, namespace: Namespace | str, batch_size: int = 1024
+    ) -> AsyncIterator[CarryingEntry]:
+        return self._pages(self._file.page_carrying, namespace, batch_size)
+
+    async def _pages(
+        self,
+        page: Callable[[str, bytes | None, int], Awaitable[list[R]]],
+        namespace: Namespace | str,
+        batch_size: int,
+    ) -> AsyncIterator[R]:
+        """Every row of `namespace`, read a page of `batch_size` at a time, in key order."""
         check_batch_size(batch_size)
         after: bytes | None = None
         while True:
-            rows = await self._read(self._file.page(str(namespace), after, batch_size))
+            rows = await self._read(page(str(namespace), after, batch_size))
             for row in rows:
                 yield row
             if len(rows) < batch_size:
                 return
             after = rows[-1][0]
 
+    @property
+    def format_version(self) -> int:
+        """1 (entries alone) or 2 (each entry carries its written_at and cost)."""
+        return self._file.format or 1
+
     async def compute_digest(self) -> str:
-        return await self._read(self._file.hash_entries(BackgroundDigest))
+        format = self.format_version
+        return await self._read(self._file.hash_entries(partial(BackgroundDigest, format)))
 
     async def private_copy(self, near: Path | None) -> SqliteBundle | None:
         if self._private or self._fd is None:
@@ -178,6 +208,8 @@ async def _open_checked(
 ) -> SqliteBundle:
     try:
         file = await EntryFile.open(path, check_rows=check_rows)
+    except NewerEntryFileError as exc:
+        raise UnsupportedSchemaError(f"{label}: {exc}") from None
     except NotEntryFileError as exc:
         raise NotABundleError(
             f"{label} is a SQLite database but not a warmenv bundle: {exc}"
@@ -190,6 +222,11 @@ async def _open_checked(
             raise NotABundleError(
                 f"{label} is a SQLite database of warmenv's schema without a manifest "
                 "(an environment, not a bundle); export it to make a bundle"
+            )
+        if file.format is None:
+            raise NotABundleError(
+                f"{label} has a manifest over an environment's entries table, which no "
+                "warmenv bundle has; export the environment to make a bundle"
             )
         if not isinstance(manifest_text, str):
             raise InvalidManifestError(f"{label}: its manifest is not text")

@@ -7,7 +7,12 @@ opened and checked, for its entries in key order (to hash them), for pages
 of one namespace, and for a staging file to be filled and finished. A file
 that is not of the schema raises `NotEntryFileError`; one that is but holds
 damage (a malformed page, a row of the wrong types) raises
-`DamagedEntryFileError`. The bundle layer turns them into its own errors.
+`DamagedEntryFileError`; a bundle of a newer format than this warmenv reads
+raises `NewerEntryFileError`. The bundle layer turns them into its own errors.
+
+A file is read in either bundle format: 1, the four columns of 0.1, and 2,
+which adds each entry's `written_at` and `cost` (`warmenv.persistence.carried`)
+and is what export writes, filled from the source environment.
 """
 
 from __future__ import annotations
@@ -20,12 +25,13 @@ import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Protocol, TypeVar, final
+from typing import Any, Protocol, TypeVar, final
 
 import attrs
 
 from warmenv import _sqlite
-from warmenv.persistence import schema
+from warmenv.persistence import carried, schema
+from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.storage import NamespaceSummary, Origin
 
 __all__ = [
@@ -33,6 +39,7 @@ __all__ = [
     "EntryFile",
     "EntryFileError",
     "ExportSources",
+    "NewerEntryFileError",
     "NotEntryFileError",
     "StagingFile",
     "StagingWriteError",
@@ -41,6 +48,8 @@ __all__ = [
 
 T = TypeVar("T")
 Row = tuple[str, bytes, bytes]
+CarriedRow = tuple[str, bytes, bytes, float | None, float | None]
+"""(namespace, key, value, written_at, cost): an entry and what it carries."""
 _BATCH = 1024
 _SOURCE = "warmenv_source"
 
@@ -55,6 +64,10 @@ class NotEntryFileError(EntryFileError):
 
 class DamagedEntryFileError(EntryFileError):
     """The file is of warmenv's schema but damaged (malformed pages or rows)."""
+
+
+class NewerEntryFileError(EntryFileError):
+    """The file is a bundle of a format newer than this warmenv reads."""
 
 
 class StagingWriteError(EntryFileError):
@@ -94,9 +107,15 @@ def _reading(what: str) -> Iterator[None]:
 
 
 class Hasher(Protocol):
-    """What `EntryFile.hash_entries` feeds: batches of rows in key order."""
+    """What `EntryFile.hash_entries` feeds: batches of rows in key order.
+
+    `add` for a file of format 1; `add_carrying` for format 2, each entry with
+    its 16 carried bytes (`carried.pack` of the values as stored).
+    """
 
     def add(self, entries: Iterable[Row]) -> None: ...
+
+    def add_carrying(self, entries: Iterable[tuple[str, bytes, bytes, bytes]]) -> None: ...
 
     def value(self) -> str: ...
 
@@ -117,21 +136,21 @@ def _is_not_database(exc: sqlite3.Error) -> bool:
 class EntryFile:
     """A SQLite file of the entries schema, opened read-only and checked (a bundle)."""
 
-    __slots__ = ("_connection", "meta", "namespaces", "path", "utf8")
+    __slots__ = ("_connection", "format", "meta", "namespaces", "path", "utf8")
 
     def __init__(
         self,
         connection: _sqlite.Connection,
         path: Path,
-        meta: dict[str, object],
-        namespaces: list[NamespaceSummary],
-        utf8: bool,
+        checked: _Checked,
     ) -> None:
         self._connection = connection
         self.path = path
-        self.meta = meta
-        self.namespaces = namespaces
-        self.utf8 = utf8  # whether its text is UTF-8, as an environment's is
+        self.meta = checked.meta
+        self.namespaces = checked.namespaces
+        self.utf8 = checked.utf8  # whether its text is UTF-8, as an environment's is
+        self.format = checked.format
+        """The bundle format its columns are (1 or 2); None: an environment's columns."""
 
     @classmethod
     async def open(cls, path: Path, *, check_rows: bool = True) -> EntryFile:
@@ -143,7 +162,7 @@ class EntryFile:
         # Immutable: the main file alone is read, exactly the bytes an import's
         # private copy holds (never a -wal file beside it), and nothing is created.
         try:
-            connection, (meta, namespaces, utf8) = await _sqlite.open_with(
+            connection, checked = await _sqlite.open_with(
                 read_only_uri(path, immutable=True), partial(_check_file, check_rows), uri=True
             )
         except UnicodeDecodeError as exc:
@@ -152,7 +171,7 @@ class EntryFile:
             if _is_not_database(exc):
                 raise NotEntryFileError(f"SQLite cannot read it ({exc})") from None
             raise DamagedEntryFileError(f"SQLite cannot read it ({exc})") from None
-        return cls(connection, path, meta, namespaces, utf8)
+        return cls(connection, path, checked)
 
     async def get(self, namespace: str, key: bytes) -> bytes | None:
         return await self._run(partial(_get, namespace, key))
@@ -163,6 +182,12 @@ class EntryFile:
         """Up to `limit` entries of `namespace` after the key `after`, in key order."""
         return await self._run(partial(_page, namespace, after, limit))
 
+    async def page_carrying(
+        self, namespace: str, after: bytes | None, limit: int
+    ) -> list[CarryingEntry]:
+        """As `page`, each entry with the written_at and cost it carries (believed, or None)."""
+        return await self._run(partial(_page_carrying, self.format, namespace, after, limit))
+
     async def hash_entries(self, new_hasher: Callable[[], Hasher]) -> str:
         """Feed every entry, in key order, to a hasher; its value.
 
@@ -171,7 +196,7 @@ class EntryFile:
         file whose rows are not in key order falls back to SQLite's integrity
         check and a read in index order, with a fresh hasher.
         """
-        return await self._run(partial(_hash_entries, new_hasher))
+        return await self._run(partial(_hash_entries, new_hasher, self.format))
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         try:
@@ -183,31 +208,67 @@ class EntryFile:
         await self._connection.close()
 
 
-def _check_file(
-    check_rows: bool, conn: sqlite3.Connection
-) -> tuple[dict[str, object], list[NamespaceSummary], bool]:
+@attrs.frozen
+class _Checked:
+    meta: dict[str, object]
+    namespaces: list[NamespaceSummary]
+    utf8: bool
+    format: int | None
+
+
+# The bundle format of each entries table warmenv reads; an environment's table
+# (None) is read only to say that the file is an environment.
+_FORMATS: dict[tuple[tuple[str, str], ...], int | None] = {
+    tuple(schema.ENTRY_COLUMNS): 1,
+    tuple(schema.BUNDLE_COLUMNS): 2,
+    tuple(schema.ENVIRONMENT_COLUMNS): None,
+}
+
+
+def _check_file(check_rows: bool, conn: sqlite3.Connection) -> _Checked:
     tables = schema.table_names(conn)
     if not {"meta", "entries"} <= tables:
         missing = sorted({"meta", "entries"} - tables)
         raise NotEntryFileError(f"it has no {' or '.join(repr(t) for t in missing)} table")
+    _check_not_newer(conn)
     columns = schema.entry_columns(conn)
-    if columns not in (schema.ENTRY_COLUMNS, schema.ENVIRONMENT_COLUMNS):
+    if tuple(columns) not in _FORMATS:
         raise NotEntryFileError(f"its entries table has columns {columns}, not warmenv's")
+    format = _FORMATS[tuple(columns)]
     meta = {str(k): v for k, v in conn.execute("SELECT k, v FROM meta")}
     # The table itself is scanned for rows of the wrong types (a damaged file can hold
     # rows its index lacks); the totals come through the index, which is far cheaper
     # than grouping a table scan.
     count = 0
     if check_rows:
-        bad = conn.execute(f"SELECT count(*) FROM entries WHERE NOT ({schema.well_typed()})")
+        typed = schema.well_typed() + (f" AND {carried.typed_sql()}" if format == 2 else "")
+        bad = conn.execute(f"SELECT count(*) FROM entries WHERE NOT ({typed})")
         count = int(bad.fetchone()[0])
     if count:
         raise DamagedEntryFileError(
-            f"{count} rows have a namespace, key or value of the wrong type"
+            f"{count} rows have a namespace, key, value, written_at or cost of the wrong type"
         )
     totals = schema.namespace_totals(conn)
     utf8 = str(conn.execute("PRAGMA encoding").fetchone()[0]).upper() == "UTF-8"
-    return meta, [NamespaceSummary(n, c, b) for n, c, b in totals], utf8
+    return _Checked(meta, [NamespaceSummary(n, c, b) for n, c, b in totals], utf8, format)
+
+
+def _check_not_newer(conn: sqlite3.Connection) -> None:
+    """`NewerEntryFileError` for a bundle whose `schema_version` is above the newest format."""
+    try:
+        version = schema.meta_value(conn, "schema_version")
+        is_bundle = schema.meta_value(conn, "manifest") is not None
+    except sqlite3.Error:
+        return  # a `meta` of another shape: the checks that follow say what the file is
+    try:
+        newer = is_bundle and int(str(version)) > int(schema.BUNDLE_VERSION)
+    except ValueError:
+        newer = False
+    if newer:
+        raise NewerEntryFileError(
+            f"it is a bundle of format {version}, newer than this warmenv reads "
+            f"(1 and {schema.BUNDLE_VERSION}); upgrade warmenv"
+        )
 
 
 def _get(namespace: str, key: bytes, conn: sqlite3.Connection) -> bytes | None:
@@ -227,28 +288,79 @@ def _page(
     return conn.execute(sql, (namespace, after, limit)).fetchall()
 
 
-def _check_types(row: tuple[object, object, object]) -> None:
-    namespace, key, value = row
-    if type(namespace) is not str or type(key) is not bytes or type(value) is not bytes:
-        raise DamagedEntryFileError("a row has a namespace, key or value of the wrong type")
+_BELIEVED = (
+    f"{carried.believed_sql('written_at', carried.WRITTEN_AT_LIMIT)}, "
+    f"{carried.believed_sql('cost', carried.COST_LIMIT)}"
+)
+
+
+def _page_carrying(
+    format: int | None, namespace: str, after: bytes | None, limit: int, conn: sqlite3.Connection
+) -> list[CarryingEntry]:
+    columns = _BELIEVED if format == 2 else "NULL, NULL"
+    after_sql, params = ("", [namespace]) if after is None else (" AND key > ?", [namespace, after])
+    sql = (
+        f"SELECT key, value, {columns} FROM entries WHERE namespace = ?{after_sql} "
+        "ORDER BY key LIMIT ?"
+    )
+    return conn.execute(sql, [*params, limit]).fetchall()
+
+
+def _check_types(row: tuple[object, ...]) -> None:
+    if type(row[0]) is not str or type(row[1]) is not bytes:
+        raise DamagedEntryFileError("a row has a namespace or key of the wrong type")
+
+
+def _feeder(hasher: Hasher, format: int | None) -> Callable[[list[tuple[object, ...]]], None]:
+    """Feed a batch of rows (namespace and key already checked) to `hasher`, checking
+    the rest of each row: a value and, in format 2, what it carries, as stored."""
+    if format != 2:
+
+        def feed(rows: list[tuple[object, ...]]) -> None:
+            for row in rows:
+                if type(row[2]) is not bytes:
+                    raise DamagedEntryFileError("a row's value is not a BLOB")
+            hasher.add(rows)  # type: ignore[arg-type]
+
+        return feed
+    pack = carried.pack
+
+    def feed_carrying(rows: list[tuple[object, ...]]) -> None:
+        entries = []
+        for namespace, key, value, written_at, cost in rows:
+            if (
+                type(value) is not bytes
+                or (written_at is not None and type(written_at) is not float)
+                or (cost is not None and type(cost) is not float)
+            ):
+                raise DamagedEntryFileError(
+                    "a row's value is not a BLOB, or its written_at or cost not REAL or NULL"
+                )
+            entries.append((namespace, key, value, pack(written_at, cost)))
+        hasher.add_carrying(entries)  # type: ignore[arg-type]
+
+    return feed_carrying
 
 
 class _NotInKeyOrder(Exception):
     pass
 
 
-def _hash_entries(new_hasher: Callable[[], Hasher], conn: sqlite3.Connection) -> str:
+def _hash_entries(
+    new_hasher: Callable[[], Hasher], format: int | None, conn: sqlite3.Connection
+) -> str:
+    columns = "namespace, key, value" + (", written_at, cost" if format == 2 else "")
     hasher = new_hasher()
+    feed = _feeder(hasher, format)
     try:
-        cursor = conn.execute("SELECT namespace, key, value FROM entries ORDER BY rowid")
+        cursor = conn.execute(f"SELECT {columns} FROM entries ORDER BY rowid")
         previous_namespace: str | None = None
         previous_key = b""
         while rows := cursor.fetchmany(_BATCH):
-            for namespace, key, value in rows:
-                if type(namespace) is not str or type(key) is not bytes or type(value) is not bytes:
-                    raise DamagedEntryFileError(
-                        "a row's namespace, key or value has the wrong type"
-                    )
+            for row in rows:
+                namespace, key = row[0], row[1]
+                if type(namespace) is not str or type(key) is not bytes:
+                    raise DamagedEntryFileError("a row's namespace or key has the wrong type")
                 if namespace != previous_namespace:
                     if previous_namespace is not None and namespace < previous_namespace:
                         raise _NotInKeyOrder
@@ -256,7 +368,7 @@ def _hash_entries(new_hasher: Callable[[], Hasher], conn: sqlite3.Connection) ->
                 elif key <= previous_key:
                     raise _NotInKeyOrder
                 previous_key = key
-            hasher.add(rows)
+            feed(rows)
         return hasher.value()
     except _NotInKeyOrder:
         pass
@@ -267,12 +379,13 @@ def _hash_entries(new_hasher: Callable[[], Hasher], conn: sqlite3.Connection) ->
     if problems != ["ok"]:
         raise DamagedEntryFileError(f"SQLite finds it damaged: {'; '.join(problems)}")
     hasher = new_hasher()
+    feed = _feeder(hasher, format)
     try:
-        cursor = conn.execute("SELECT namespace, key, value FROM entries ORDER BY namespace, key")
+        cursor = conn.execute(f"SELECT {columns} FROM entries ORDER BY namespace, key")
         while rows := cursor.fetchmany(_BATCH):
             for row in rows:
                 _check_types(row)
-            hasher.add(rows)
+            feed(rows)
         return hasher.value()
     finally:
         hasher.close()
@@ -323,10 +436,12 @@ class ExportSources:
         self.paths = paths
         self.skipped = 0
         self._conns: list[sqlite3.Connection] = []
+        self._carried: list[str] = []  # per source, the SQL of what its rows carry
         try:
             self._conns = [_open_source(p) for p in paths]
             with _reading(", ".join(map(str, paths))):
                 self._where, self._params = self._condition(prefixes)
+                self._carried = [_carried_columns(conn) for conn in self._conns]
         except BaseException:
             self.close()
             raise
@@ -345,32 +460,35 @@ class ExportSources:
                 )
                 return {namespace: (count, size) for namespace, count, size in rows}
             totals: dict[str, tuple[int, int]] = {}
-            for namespace, key, value_len in self._merged("length(value)"):
+            for namespace, key, value_len in self._merged(carrying=False):
                 entries, size = totals.get(namespace, (0, 0))
-                totals[namespace] = (entries + 1, size + len(key) + int(value_len))  # type: ignore[call-overload]
+                totals[namespace] = (entries + 1, size + len(key) + int(value_len))
             return totals
 
-    def rows(self) -> Iterator[Row]:
-        """Every entry in (namespace, key) order."""
+    def rows(self) -> Iterator[CarriedRow]:
+        """Every entry in (namespace, key) order, with what it carries (believed, or None)."""
         with _reading(", ".join(map(str, self.paths))):
-            yield from self._merged("value")  # type: ignore[misc]
+            yield from self._merged(carrying=True)
 
-    def _merged(self, columns: str) -> Iterator[tuple[str, bytes, object]]:
-        sql = (
-            f"SELECT namespace, key, {columns} FROM entries WHERE {self._where} "
-            "ORDER BY namespace, key"
-        )
+    def _merged(self, *, carrying: bool) -> Iterator[Any]:
+        """Rows (namespace, key, then the value and what it carries, or the value's length)."""
 
-        def rows(conn: sqlite3.Connection) -> Iterator[tuple[str, bytes, object]]:
-            cursor = conn.execute(sql, self._params)
+        def rows(conn: sqlite3.Connection, carried_sql: str) -> Iterator[Any]:
+            columns = f"value, {carried_sql}" if carrying else "length(value)"
+            cursor = conn.execute(
+                f"SELECT namespace, key, {columns} FROM entries WHERE {self._where} "
+                "ORDER BY namespace, key",
+                self._params,
+            )
             while batch := cursor.fetchmany(_BATCH):
                 yield from batch
 
-        if len(self._conns) == 1:  # one sorted source has nothing to merge or deduplicate
-            yield from rows(self._conns[0])
+        sources = [rows(conn, sql) for conn, sql in zip(self._conns, self._carried, strict=True)]
+        if len(sources) == 1:  # one sorted source has nothing to merge or deduplicate
+            yield from sources[0]
             return
-        previous: tuple[str, bytes] | None = None
-        for row in heapq.merge(*(rows(c) for c in self._conns), key=lambda r: (r[0], r[1])):
+        previous: tuple[object, object] | None = None
+        for row in heapq.merge(*sources, key=lambda r: (r[0], r[1])):
             if previous is not None and (row[0], row[1]) == previous:
                 continue
             previous = (row[0], row[1])
@@ -403,6 +521,7 @@ class StagingFile:
         self._copied_rowid = 0
         self._copy_after: tuple[str, bytes] | None = None
         self._attached = False
+        self._carried = "NULL, NULL"  # the SQL of what the attached source's rows carry
         self.skipped = 0
         try:
             with _writing(path):
@@ -414,7 +533,7 @@ class StagingFile:
                 )
                 conn.execute("PRAGMA journal_mode=OFF")
                 conn.execute("PRAGMA synchronous=OFF")
-                schema.create_schema(conn)
+                schema.create_bundle_schema(conn)
         except BaseException:
             self.close()
             raise
@@ -427,12 +546,12 @@ class StagingFile:
         with _writing(self.path):
             self._connection().execute("BEGIN")
 
-    def add(self, rows: list[Row]) -> None:
-        """Append entries (already in key order) as IMPORTED."""
+    def add(self, rows: list[CarriedRow]) -> None:
+        """Append entries (already in key order) as IMPORTED, with what they carry."""
         with _writing(self.path):
             self._connection().executemany(
-                "INSERT INTO entries (namespace, key, value, origin) "
-                f"VALUES (?, ?, ?, {int(Origin.IMPORTED)})",
+                "INSERT INTO entries (namespace, key, value, origin, written_at, cost) "
+                f"VALUES (?, ?, ?, {int(Origin.IMPORTED)}, ?, ?)",
                 rows,
             )
 
@@ -465,6 +584,7 @@ class StagingFile:
             raise NotEntryFileError(f"{source} cannot be read as a warmenv environment ({error})")
         if columns[:3] != schema.ENTRY_COLUMNS[:3]:
             raise NotEntryFileError(f"{source} is not a warmenv environment (no entries table)")
+        self._carried = _carried_columns(conn, _SOURCE)
         conn.text_factory = schema.decode_text
         exportable = _Exportable.of([conn], f"{_SOURCE}.entries", prefixes)
         self._where, self._params = exportable.where, exportable.params
@@ -476,12 +596,12 @@ class StagingFile:
         self._copy_after = ("", b"")
         return {namespace: (count, size) for namespace, count, size in rows}
 
-    def copy_step(self) -> list[Row]:
+    def copy_step(self) -> list[CarriedRow]:
         """Copy the next batch from the attached source; the rows as written (empty: done)."""
         with _writing(self.path):
             return self._copy_step()
 
-    def _copy_step(self) -> list[Row]:
+    def _copy_step(self) -> list[CarriedRow]:
         conn = self._connection()
         assert self._copy_after is not None, "attach_source() first"
         after, params = "", list(self._params)
@@ -489,13 +609,15 @@ class StagingFile:
             after = " AND (namespace, key) > (?, ?)"
             params += self._copy_after
         conn.execute(
-            "INSERT INTO main.entries (namespace, key, value, origin) "
-            f"SELECT namespace, key, value, {int(Origin.IMPORTED)} FROM {_SOURCE}.entries "
+            "INSERT INTO main.entries (namespace, key, value, origin, written_at, cost) "
+            f"SELECT namespace, key, value, {int(Origin.IMPORTED)}, {self._carried} "
+            f"FROM {_SOURCE}.entries "
             f"WHERE {self._where}{after} ORDER BY namespace, key LIMIT {_BATCH}",
             params,
         )
         rows = conn.execute(
-            "SELECT rowid, namespace, key, value FROM main.entries WHERE rowid > ? ORDER BY rowid",
+            "SELECT rowid, namespace, key, value, written_at, cost FROM main.entries "
+            "WHERE rowid > ? ORDER BY rowid",
             (self._copied_rowid,),
         ).fetchall()
         if not rows:
@@ -503,7 +625,7 @@ class StagingFile:
         last = rows[-1]
         self._copied_rowid = last[0]
         self._copy_after = (last[1], last[2])
-        return [(namespace, key, value) for _, namespace, key, value in rows]
+        return [row[1:] for row in rows]
 
     def finish(self, manifest_json: str) -> None:
         """Write the manifest, commit, and leave a closed file in journal mode DELETE."""
@@ -514,7 +636,7 @@ class StagingFile:
         conn = self._connection()
         conn.execute(
             "INSERT INTO meta (k, v) VALUES ('schema_version', ?), ('manifest', ?)",
-            (schema.SCHEMA_VERSION, manifest_json),
+            (schema.BUNDLE_VERSION, manifest_json),
         )
         conn.execute("COMMIT")
         if self._attached:
@@ -568,6 +690,13 @@ class _Exportable:
             [*self.match_params, *self.params],
         ).fetchone()
         return int(row[0])
+
+
+def _carried_columns(conn: sqlite3.Connection, database: str = "main") -> str:
+    """The SQL of the written_at and cost a source's rows carry into a bundle: believed
+    values, or NULL from a version-1 environment, which has no such columns."""
+    names = {name for name, _ in schema.entry_columns(conn, database)}
+    return _BELIEVED if {"written_at", "cost"} <= names else "NULL, NULL"
 
 
 def _is_utf8(raw: bytes) -> bool:

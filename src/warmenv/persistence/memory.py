@@ -13,6 +13,7 @@ from typing import TypeVar, final
 
 from anyio.lowlevel import checkpoint
 
+from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.schema import HIT_GRANULARITY
@@ -53,11 +54,16 @@ class _Row:
     __slots__ = ("bundle", "cost", "last_hit", "origin", "value", "written_at")
 
     def __init__(
-        self, value: bytes, origin: int, cost: float | None, bundle: BundleRef | None
+        self,
+        value: bytes,
+        origin: int,
+        cost: float | None,
+        bundle: BundleRef | None,
+        written_at: float | None = None,
     ) -> None:
         self.value = value
         self.origin = origin
-        self.written_at = wall_clock()
+        self.written_at = wall_clock() if written_at is None else written_at
         self.cost = cost
         self.bundle = bundle
         self.last_hit: int | None = None
@@ -140,6 +146,21 @@ class MemoryTable:
 
     def summaries(self) -> list[NamespaceSummary]:
         return [_summarise(name, rows) for name, rows in sorted(self.namespaces.items()) if rows]
+
+    def insert_imported(
+        self,
+        namespace: str,
+        entries: list[CarryingEntry],
+        bundle: BundleRef | None,
+    ) -> int:
+        """As `SqliteDatabase.insert_imported`: how many entries were stored."""
+        rows = self.namespaces.setdefault(namespace, {})
+        stored = 0
+        for key, value, written_at, cost in entries:
+            outcome = _apply(rows, key, value, int(Origin.IMPORTED), cost, bundle, written_at)
+            if isinstance(outcome, Stored):
+                stored += 1
+        return stored
 
     def touch(self, namespace: str, keys: Iterable[bytes]) -> int:
         """Record hits, as `SqliteDatabase.touch` does (coarse, for eviction order)."""
@@ -237,10 +258,11 @@ def _apply(
     origin: int,
     cost: float | None = None,
     bundle: BundleRef | None = None,
+    written_at: float | None = None,
 ) -> Insertion:
     existing = rows.get(key)
     if existing is None or may_replace(existing.origin, origin):
-        row = _Row(value, origin, cost, bundle)
+        row = _Row(value, origin, cost, bundle, written_at)
         if existing is not None:
             row.last_hit = existing.last_hit
         rows[key] = row

@@ -1,16 +1,17 @@
 """The environment file's rules, written once: schema, checks, transactions, insert rule.
 
 An environment database and a SQLite bundle share the first four columns of
-`entries` (a bundle has exactly those, at version 1; an environment adds its
-provenance columns, at version 2), so everything that knows what such a file
-looks like lives here: the tables, the version checks and the upgrade from
-version 1, the check that the `entries` table has the columns and column
-types warmenv wrote, how a transaction is run, how the insert rule is stated in
-SQL, how entries are summed per namespace and how namespace prefixes become
-SQL conditions. Every other module (environment storage, bundle files, the
-bulk paths of import and export) calls these functions instead of repeating
-them, so a rule cannot drift between copies. All functions take a
-`sqlite3.Connection` and run on the connection's worker thread.
+`entries` (a bundle of format 1 has exactly those, one of format 2 adds
+`written_at` and `cost`; an environment adds its provenance columns, at
+version 2), so everything that knows what such a file looks like lives here:
+the tables, the version checks and the upgrade from version 1, the check that
+the `entries` table has the columns and column types warmenv wrote, how a
+transaction is run, how the insert rule is stated in SQL, how entries are
+summed per namespace and how namespace prefixes become SQL conditions. Every
+other module (environment storage, bundle files, the bulk paths of import and
+export) calls these functions instead of repeating them, so a rule cannot
+drift between copies. All functions take a `sqlite3.Connection` and run on
+the connection's worker thread.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import attrs
 from warmenv.persistence.storage import may_replace, wall_clock
 
 __all__ = [
+    "BUNDLE_COLUMNS",
+    "BUNDLE_VERSION",
     "ENTRY_COLUMNS",
     "ENVIRONMENT_COLUMNS",
     "ENVIRONMENT_VERSION",
@@ -32,8 +35,8 @@ __all__ = [
     "UPSERT",
     "NewerSchemaError",
     "Prepared",
+    "create_bundle_schema",
     "create_environment_schema",
-    "create_schema",
     "entries_shape_ok",
     "install_functions",
     "namespace_totals",
@@ -44,21 +47,27 @@ __all__ = [
 
 T = TypeVar("T")
 
-# Entry files (SQLite bundles) keep version 1 and exactly these columns, so
-# bundles written by 0.2 stay readable by 0.1 and old bundles still import.
+# Version 1: an environment of 0.1, and a SQLite bundle of format 1 (0.1's):
+# exactly these columns, (column, declared type).
 SCHEMA_VERSION = "1"
-# (column, declared type): the entries table of an entry file, exactly.
 ENTRY_COLUMNS = [
     ("namespace", "TEXT"),
     ("key", "BLOB"),
     ("value", "BLOB"),
     ("origin", "INTEGER"),
 ]
-_DDL = (
-    "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL)",
+_META_DDL = "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL)"
+# A SQLite bundle of format 2 (what export writes) adds what an entry carries to
+# another machine, the environment's next two columns: written_at and cost
+# (warmenv.persistence.carried). Its meta says schema_version 2. warmenv 0.1
+# refuses it (other columns); import reads both formats.
+BUNDLE_VERSION = "2"
+BUNDLE_COLUMNS = [*ENTRY_COLUMNS, ("written_at", "REAL"), ("cost", "REAL")]
+_BUNDLE_DDL = (
+    _META_DDL,
     "CREATE TABLE IF NOT EXISTS entries ("
     "namespace TEXT NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL, "
-    "origin INTEGER NOT NULL, PRIMARY KEY (namespace, key))",
+    "origin INTEGER NOT NULL, written_at REAL, cost REAL, PRIMARY KEY (namespace, key))",
 )
 
 # An environment is at version 2: the entry file's columns, then provenance
@@ -83,7 +92,7 @@ _BUNDLES_DDL = (
     "digest TEXT NOT NULL UNIQUE, imported_at REAL NOT NULL)"
 )
 _ENVIRONMENT_DDL = (
-    _DDL[0],
+    _META_DDL,
     _BUNDLES_DDL,
     "CREATE TABLE IF NOT EXISTS entries ("
     "namespace TEXT NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL, "
@@ -169,10 +178,10 @@ def transaction(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T
     return result
 
 
-def create_schema(conn: sqlite3.Connection, schema: str = "main") -> None:
-    """Create an entry file's tables if they are missing (in the attached database `schema`)."""
-    for statement in _DDL:
-        conn.execute(statement.replace("EXISTS ", f"EXISTS {schema}.", 1))
+def create_bundle_schema(conn: sqlite3.Connection) -> None:
+    """Create the tables of a SQLite bundle of format 2 (`BUNDLE_COLUMNS`)."""
+    for statement in _BUNDLE_DDL:
+        conn.execute(statement)
 
 
 def create_environment_schema(conn: sqlite3.Connection) -> None:
@@ -301,8 +310,7 @@ def _refuse_early(conn: sqlite3.Connection) -> None:
     if "meta" not in table_names(conn):
         return
     _check_not_newer(schema_version(conn))
-    if schema_version(conn) == SCHEMA_VERSION:
-        _check_not_bundle(conn)
+    _check_not_bundle(conn)  # of either format: a format-2 bundle says schema_version 2
 
 
 def upgrade_1_to_2(conn: sqlite3.Connection) -> None:
@@ -333,12 +341,15 @@ def prepare_readonly(conn: sqlite3.Connection) -> int:
     """Check that a file opened read-only is an environment; its version (1 or 2).
 
     A version-1 file that cannot be written (a read-only layer) is read as
-    it is: reads work, provenance beyond the origin is unknown.
+    it is: reads work, provenance beyond the origin is unknown. So is a
+    bundle (never opened for writing), of format 1 or 2.
     """
     install_functions(conn)
     found = schema_version(conn)
     _check_not_newer(found)
     version = environment_version(conn)
+    if version is None and found == BUNDLE_VERSION and entry_columns(conn) == BUNDLE_COLUMNS:
+        version = 1  # a bundle of format 2: its entries, read like a version-1 file's
     if version is None:
         raise sqlite3.DatabaseError(f"schema version {found!r}, not {ENVIRONMENT_VERSION}")
     return version

@@ -36,7 +36,8 @@ import attrs
 from warmenv import _sqlite
 from warmenv._errors import WarmenvError, WarmenvWarning
 from warmenv._fs import non_regular_kind
-from warmenv.persistence import schema
+from warmenv.persistence import carried, schema
+from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.files import read_only_uri
 from warmenv.persistence.namespace import Namespace
@@ -166,6 +167,27 @@ class SqliteDatabase:
                     await self.run(partial(_detach, alias))
                 except sqlite3.Error:
                     pass
+
+    async def insert_imported(
+        self,
+        namespace: str,
+        entries: list[CarryingEntry],
+        bundle: BundleRef | None,
+    ) -> InsertSummary:
+        """Insert `(key, value, written_at, cost)` entries as IMPORTED, in one transaction.
+
+        An import's path for what it cannot copy in bulk (a flat bundle, a
+        bundle checked entry by entry): each entry keeps the written_at (else
+        now) and cost it carries, as the bulk copy keeps a bundle's columns.
+        The values come from a bundle reader, which believed them already.
+        """
+        bundle = check_bundle(bundle, Origin.IMPORTED)
+        try:
+            stored = await self.run(partial(_insert_imported, namespace, entries, bundle))
+        except sqlite3.Error as exc:
+            reason = self._failed("import", exc).reason
+            return InsertSummary(stored=0, conflict=0, failed=len(entries), reason=reason)
+        return InsertSummary(stored=stored, conflict=len(entries) - stored, failed=0)
 
     async def touch(self, namespace: str, keys: Iterable[bytes]) -> int:
         """Record that `keys` of `namespace` were hit now: eviction keeps them longest.
@@ -585,6 +607,28 @@ def _insert_many(
         bundle_id = None if bundle is None else _bundle_id(bundle, now, conn)
         before = conn.total_changes
         conn.executemany(_INSERT, counter.rows(namespace, origin, now, cost, bundle_id))
+        return conn.total_changes - before
+
+    return schema.transaction(conn, body)
+
+
+def _insert_imported(
+    namespace: str,
+    entries: list[CarryingEntry],
+    bundle: BundleRef | None,
+    conn: sqlite3.Connection,
+) -> int:
+    now = wall_clock()
+    origin = int(Origin.IMPORTED)
+
+    def body(conn: sqlite3.Connection) -> int:
+        bundle_id = None if bundle is None else _bundle_id(bundle, now, conn)
+        before = conn.total_changes
+        rows = (
+            (namespace, key, value, origin, now if written is None else written, cost, bundle_id)
+            for key, value, written, cost in entries
+        )
+        conn.executemany(_INSERT, rows)
         return conn.total_changes - before
 
     return schema.transaction(conn, body)
@@ -1052,11 +1096,15 @@ class _Provenance:
 
 
 def _copy_provenance(alias: str, bundle: BundleRef | None, conn: sqlite3.Connection) -> _Provenance:
-    """Map the source's columns: its own `written_at`/`cost` if it has them (by name)."""
+    """Map the source's columns: its own `written_at`/`cost` if it has them (by name),
+    where believed (`carried`): a value out of range is unknown, as in a flat bundle."""
     now = wall_clock()
     columns = {name for name, _ in schema.entry_columns(conn, alias)}
-    written_at = f"coalesce(b.written_at, {now!r})" if "written_at" in columns else repr(now)
-    cost = "b.cost" if "cost" in columns else "NULL"
+    written_at = repr(now)
+    if "written_at" in columns:
+        believed = carried.believed_sql("b.written_at", carried.WRITTEN_AT_LIMIT)
+        written_at = f"coalesce({believed}, {now!r})"
+    cost = carried.believed_sql("b.cost", carried.COST_LIMIT) if "cost" in columns else "NULL"
     bundle_id = None
     if bundle is not None:
         try:

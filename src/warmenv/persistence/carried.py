@@ -1,0 +1,81 @@
+"""What an entry carries to another machine in a bundle: when it was written, what it cost.
+
+A bundle of format 2 holds, per entry, `written_at` (unix seconds) and `cost`
+(seconds its computation took), so that a hit on the imported entry counts
+what it saved. Both come from another machine, possibly from an attacker,
+and end up in statistics, so one rule decides what is believed: a number in
+[0, limit) is, and anything else (unknown, NaN, an infinity, a negative, an
+absurd size, text) is recorded as unknown. The rule is stated here once, in
+Python for the flat reader and in SQL for the copies SQLite makes, together
+with the 16 bytes a flat bundle and the content digest hold per entry.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TypeAlias
+
+__all__ = [
+    "COST_LIMIT",
+    "CarryingEntry",
+    "UNKNOWN",
+    "WRITTEN_AT_LIMIT",
+    "believed",
+    "believed_sql",
+    "pack",
+    "typed_sql",
+    "unpack",
+]
+
+CarryingEntry: TypeAlias = tuple[bytes, bytes, float | None, float | None]
+"""An entry of one namespace with what it carries: (key, value, written_at, cost)."""
+
+COST_LIMIT = 4294967296.0
+"""Seconds (2**32, 136 years): a cost at or above this is not believed."""
+WRITTEN_AT_LIMIT = 253402300800.0
+"""Unix seconds of 10000-01-01 UTC: a written_at at or after it is not believed."""
+UNKNOWN = bytes.fromhex("000000000000f87f")
+"""The 8 bytes of an unknown value: the quiet NaN 0x7FF8000000000000."""
+
+_PAIR = struct.Struct("<dd")
+_PAIR_PACK = _PAIR.pack
+_NAN = _PAIR.unpack(UNKNOWN * 2)[0]  # packs back to exactly the bytes of UNKNOWN
+
+
+def believed(value: object, limit: float) -> float | None:
+    """`value` as the environment records it: a number in [0, `limit`), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if 0 <= value < limit:  # False for NaN
+        return float(value) + 0.0  # + 0.0: -0.0 is recorded as 0.0
+    return None
+
+
+def believed_sql(column: str, limit: float) -> str:
+    """`believed` as an SQL expression over `column` (NULL where not believed)."""
+    return (
+        f"(CASE WHEN typeof({column}) IN ('real', 'integer') AND {column} >= 0 "
+        f"AND {column} < {limit!r} THEN {column} + 0.0 END)"
+    )
+
+
+def typed_sql(alias: str = "") -> str:
+    """The condition a format-2 SQLite bundle's row meets: both columns REAL or NULL."""
+    return (
+        f"typeof({alias}written_at) IN ('real', 'null') AND typeof({alias}cost) IN ('real', 'null')"
+    )
+
+
+def pack(written_at: float | None, cost: float | None) -> bytes:
+    """The 16 bytes an entry carries: f64 written_at, f64 cost, unknown as `UNKNOWN`."""
+    return _PAIR_PACK(_NAN if written_at is None else written_at, _NAN if cost is None else cost)
+
+
+def unpack(raw: bytes | memoryview) -> tuple[float | None, float | None]:
+    """(written_at, cost) from 16 carried bytes, each believed or None."""
+    written_at, cost = _PAIR.unpack(raw)
+    # `believed` for two floats, inline: this runs once per entry of a flat import.
+    return (
+        written_at + 0.0 if 0 <= written_at < WRITTEN_AT_LIMIT else None,
+        cost + 0.0 if 0 <= cost < COST_LIMIT else None,
+    )
