@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,13 @@ from helpers import run_python
 from redis_server import RedisServer, redis_server
 from warmenv import Namespace, open_environment
 from warmenv.persistence import CacheMode, Conflict, MemoryStorage, Origin, Store, Stored
-from warmenv.persistence.remote import RemoteError, RemoteSettings, RemoteStorage, redact
+from warmenv.persistence.remote import (
+    RemoteError,
+    RemoteSettings,
+    RemoteStatistics,
+    RemoteStorage,
+    redact,
+)
 from warmenv.persistence.storage import may_replace
 
 pytestmark = [
@@ -250,6 +256,43 @@ async def test_hostile_values_under_our_keys_are_misses_with_a_warning(
             assert b.remote.statistics().rejected >= 1
             assert any("ignoring the value" in r.message for r in caplog.records)
         assert b.remote.statistics().outages == 0
+
+
+DOCUMENTED_ACL = (
+    "ACL SETUSER fleet on >PASSWORD ~warmenv:* &warmenv:* +getrange +get +set +exists +pttl"
+    " +pexpire +del +evalsha +script|load +publish +subscribe +unsubscribe +ping"
+)
+
+
+async def test_a_user_with_the_documented_acl_runs_the_whole_tier(
+    tmp_path: Path, server: RedisServer, raw: coredis.Redis[bytes]
+) -> None:
+    fleet_md = Path(__file__).parent.parent / "docs" / "fleet.md"
+    assert DOCUMENTED_ACL in fleet_md.read_text()
+    _, _, user, *rules = DOCUMENTED_ACL.replace("PASSWORD", PASSWORD).split()
+    await raw.acl_setuser(user, *rules)
+    url = server.url.replace("redis://", f"redis://{user}:{PASSWORD}@")
+    async with (
+        open_environment("fleet", root=tmp_path / "a", remote=url) as a,
+        open_environment("fleet", root=tmp_path / "b", remote=url) as b,
+    ):
+        assert a.remote is not None and b.remote is not None
+        sa: Store[str, Any] = await a.store(NS)
+        sb: Store[str, Any] = await b.store(NS)
+        assert await sa.get_or_compute("k", compute, "a") == "a"  # lease, publish, release
+        assert await sb.get_or_compute("k", compute, "b") == "a"  # claim with the value
+        assert await sb.get("j") is None
+        await _until_subscribed(b.remote.statistics)
+        for stats in (a.remote.statistics(), b.remote.statistics()):
+            assert stats.failures == stats.rejected == 0 and stats.subscribed
+        assert a.remote.statistics().published == 1 and b.remote.statistics().hits == 1
+
+
+async def _until_subscribed(statistics: Callable[[], RemoteStatistics]) -> None:
+    with anyio.fail_after(10):
+        # The subscription is another task's state, with no event to wait on.
+        while not statistics().subscribed:  # noqa: ASYNC110
+            await anyio.sleep(0.005)
 
 
 async def test_the_password_is_never_shown(
