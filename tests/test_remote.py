@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ import coredis
 import pytest
 
 from helpers import run_python
-from redis_server import RedisServer, redis_server
+from redis_server import RedisServer, free_port, redis_server
 from warmenv import Namespace, open_environment
 from warmenv.persistence import CacheMode, Conflict, MemoryStorage, Origin, Store, Stored
 from warmenv.persistence.remote import (
@@ -216,6 +217,37 @@ async def test_a_redis_that_stops_answering_costs_each_call_at_most_the_timeout(
 async def test_an_unreachable_redis_never_fails_the_open(tmp_path: Path) -> None:
     server = RedisServer()  # never started: nothing listens on its port
     await _calls_within(1.5, tmp_path, server.url, "never")
+
+
+async def _burst_s(store: Store[str, Any], tag: str, count: int = 50) -> float:
+    """How long `count` concurrent cold `get_or_compute` calls take together."""
+    started = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        for i in range(count):
+            tg.start_soon(store.get_or_compute, f"{tag}-{i}", compute, i)
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("where", ["refusing", "silent"])
+async def test_a_cold_burst_against_an_unreachable_redis_costs_one_timeout(
+    tmp_path: Path, where: str
+) -> None:
+    # "silent": the kernel completes connections to a socket that never answers them.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(128)
+        port = silent.getsockname()[1] if where == "silent" else free_port()
+        settings = RemoteSettings(f"redis://127.0.0.1:{port}/0", timeout=0.25)
+        async with (
+            open_environment("fleet", root=tmp_path / "alone", remote="") as alone,
+            open_environment("fleet", root=tmp_path / "fleet", remote=settings) as env,
+        ):
+            local = await _burst_s(await alone.store(NS), where)
+            remote = await _burst_s(await env.store(NS), where)
+            assert env.remote is not None and env.remote.statistics().outages == 1
+    # Calls waiting on connections or on each other's timeouts would add up to
+    # several timeouts; side by side they cost one.
+    assert remote - local < 2 * settings.timeout, (remote, local)
 
 
 @pytest.mark.parametrize("kind", ["list", "hash", "garbage", "huge", "moved", "empty"])
