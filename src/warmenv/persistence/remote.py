@@ -30,13 +30,15 @@ a holder that died stops heartbeating and its lease expires within
 They are woken by a message: publishing a value, or releasing a lease with no
 value behind it, sends the value's key on the environment's channel
 (`warmenv:<environment>:landed`), and each tier keeps one subscription to it
-(one connection of its pool, opened on the first lease, not one per waiter)
-that wakes the waiters on that key at once. Polling stays as the fallback,
-because pub/sub delivers at most once and only to a live subscription: a
-waiter also polls, every `lease_ttl / 10` while the subscription is up (which
-is also how an expired lease is noticed) and at a growing interval capped at
-0.1 s while it is not (reconnecting, or a server that refuses pub/sub). A
-Redis that does not answer means computing locally, as without a remote.
+(a connection of its own, opened once the server first answers, not one per
+waiter) that wakes the waiters on that key at once. A claim on a lease
+returns the value when there is one, so a woken waiter needs one round
+trip. Polling stays as the fallback, because pub/sub delivers at most once
+and only to a live subscription: a waiter also polls, every `lease_ttl / 10`
+while the subscription is up (which is also how an expired lease is noticed)
+and at a growing interval capped at 0.1 s while it is not (reconnecting, or
+a server that refuses pub/sub). A Redis that does not answer means computing
+locally, as without a remote.
 
 Key layout: `warmenv:<environment>:<namespace>:<hex of the key bytes>`. The
 environment name cannot hold `:` and the hex part cannot either, so the last
@@ -312,7 +314,7 @@ class RemoteTier:
     _retry_at: float = attrs.field(init=False, default=0.0)
     _delay: float = attrs.field(init=False, default=0.0)
     _counts: dict[str, int] = attrs.field(init=False, factory=dict)
-    # Our own Lua (the lease's claim, extend, release), registered once: run by hash.
+    # Our own Lua (publish; the lease's claim, extend, release), registered once: run by hash.
     _scripts: dict[str | bytes, Any] = attrs.field(init=False, factory=dict)
     # The waiters on each value key, woken by a message on the channel.
     _waiters: dict[bytes, set[anyio.Event]] = attrs.field(init=False, factory=dict)
