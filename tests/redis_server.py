@@ -1,7 +1,8 @@
 """Redis servers of the tests' own, on free ports, that a test may kill and restart.
 
 The machine's shared server (127.0.0.1:6379) is never touched: each server
-here is a child process with nothing kept on disk. A missing `redis-server`
+here is a child process with nothing kept on disk (unless a test gives it a
+data directory, to restart it with its data). A missing `redis-server`
 fails the test with the hint to install it; the remote tier is a feature, and
 a skipped test would hide that it was never exercised.
 """
@@ -13,6 +14,7 @@ import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -31,12 +33,15 @@ def free_port() -> int:
 class RedisServer:
     """One `redis-server` child on 127.0.0.1:`port`; `stop` and `start` again at will."""
 
-    def __init__(self, password: str | None = None) -> None:
+    def __init__(self, password: str | None = None, data_dir: Path | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.fail("install redis-server: the remote tier's tests run their own servers")
         self.binary = binary
         self.password = password
+        # With a directory, every write is in its append-only file before Redis
+        # answers it (`appendfsync always`): a killed server restarts with its data.
+        self.data_dir = data_dir
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -48,7 +53,11 @@ class RedisServer:
     def start(self) -> None:
         assert self.process is None, "already running"
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1"]
-        args += ["--save", "", "--appendonly", "no", "--loglevel", "notice"]
+        args += ["--save", "", "--loglevel", "notice"]
+        if self.data_dir is None:
+            args += ["--appendonly", "no"]
+        else:
+            args += ["--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.data_dir)]
         if self.password:
             args += ["--requirepass", self.password]
         process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -20,7 +20,7 @@ import coredis
 import pytest
 
 from redis_server import RedisServer
-from warmenv import Namespace, open_environment
+from warmenv import Environment, Namespace, open_environment
 from warmenv.persistence import MemoryStorage, Origin, Store
 from warmenv.persistence.remote import RemoteSettings
 
@@ -96,6 +96,155 @@ async def test_a_host_waits_for_the_value_another_host_is_computing(
     assert work.calls == ["a"]
     assert results == {"a": "a", "b": "a"}
     assert info is not None and info.origin == Origin.REMOTE
+
+
+async def _subscribed(env: Environment) -> None:
+    """Start the environment's subscription (the first lease does) and wait until it is up."""
+    store: Store[str, str] = await env.store(NS)
+    assert await store.get_or_compute("first", compute_now, "first") == "first"
+    await _until(lambda: env.remote is not None and env.remote.statistics().subscribed)
+
+
+async def compute_now(value: str) -> str:
+    await anyio.lowlevel.checkpoint()
+    return value
+
+
+@pytest.mark.anyio
+async def test_a_waiting_host_is_woken_by_the_message_when_the_value_lands(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    # Subscribed waiters poll every lease_ttl / 10: here once a minute, far beyond the
+    # test's limit, so only the message can end the wait in time.
+    settings = RemoteSettings(server.url, lease_ttl=600.0)
+    work = _Host()
+    results: dict[str, str] = {}
+    async with (
+        open_environment("fleet", root=tmp_path / "a", remote=settings) as a,
+        open_environment("fleet", root=tmp_path / "b", remote=settings) as b,
+    ):
+        assert a.remote is not None and b.remote is not None
+        await _subscribed(b)
+        stores: dict[str, Store[str, str]] = {"a": await a.store(NS), "b": await b.store(NS)}
+
+        async def ask(host: str) -> None:
+            results[host] = await stores[host].get_or_compute("k", work.compute, host)
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ask, "a")
+                await work.started.wait()
+                tg.start_soon(ask, "b")
+                await _until(
+                    lambda: b.remote is not None and b.remote.statistics().lease_waits == 1
+                )
+                work.finish.set()
+        assert b.remote.statistics().woken == 1
+    assert work.calls == ["a"]
+    assert results == {"a": "a", "b": "a"}
+
+
+@pytest.mark.anyio
+async def test_the_subscription_comes_back_after_redis_restarts(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    settings = RemoteSettings(server.url, lease_ttl=600.0)
+    work = _Host()
+    results: dict[str, str] = {}
+    async with (
+        open_environment("fleet", root=tmp_path / "a", remote=settings) as a,
+        open_environment("fleet", root=tmp_path / "b", remote=settings) as b,
+    ):
+        assert a.remote is not None and b.remote is not None
+        tier, waiter = a.remote, b.remote
+        await _subscribed(b)
+        await anyio.to_thread.run_sync(server.stop)
+        await _until(lambda: not waiter.statistics().subscribed)
+        await anyio.to_thread.run_sync(server.start)
+        await _until(lambda: waiter.statistics().subscribed)
+        sb: Store[str, str] = await b.store(NS)
+
+        async def ask_b() -> None:
+            results["b"] = await sb.get_or_compute("k", work.compute, "b")
+
+        # Host a holds the lease and publishes: the message on the new subscription
+        # ends b's wait, which polling (once a minute) would not end in time.
+        with anyio.fail_after(10):
+            async with tier.lease(NS.full, b'"k"') as landed, anyio.create_task_group() as tg:
+                assert landed is None
+                tg.start_soon(ask_b)
+                await _until(lambda: waiter.statistics().lease_waits == 1)
+                await tier.publish(NS.full, b'"k"', b'"a"')
+        assert waiter.statistics().woken == 1
+    assert results == {"b": "a"} and work.calls == []
+
+
+@pytest.mark.anyio
+async def test_a_lost_message_is_made_up_for_by_polling(
+    tmp_path: Path, server: RedisServer, raw: coredis.Redis[bytes]
+) -> None:
+    # Host a may not PUBLISH: its value lands without a message, as when one is lost.
+    await raw.acl_setuser("mute", "on", ">pw", "~*", "&*", "+@all", "-publish")
+    muted = server.url.replace("redis://", "redis://mute:pw@")
+    work = _Host()
+    results: dict[str, str] = {}
+    async with (
+        open_environment("fleet", root=tmp_path / "a", remote=RemoteSettings(muted)) as a,
+        open_environment("fleet", root=tmp_path / "b", remote=RemoteSettings(server.url)) as b,
+    ):
+        assert a.remote is not None and b.remote is not None
+        await _subscribed(b)
+        sa: Store[str, str] = await a.store(NS)
+        sb: Store[str, str] = await b.store(NS)
+
+        async def ask_b() -> None:
+            results["b"] = await sb.get_or_compute("k", work.compute, "b")
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: sa.get_or_compute("k", work.compute, "a"))
+                await work.started.wait()
+                tg.start_soon(ask_b)
+                await _until(
+                    lambda: b.remote is not None and b.remote.statistics().lease_waits == 1
+                )
+                work.finish.set()
+        assert a.remote.statistics().published == 1  # the value is stored all the same
+        assert b.remote.statistics().woken == 0
+    assert results == {"b": "a"} and work.calls == ["a"]
+
+
+@pytest.mark.anyio
+async def test_waiters_poll_where_the_server_refuses_pub_sub(
+    tmp_path: Path, server: RedisServer, raw: coredis.Redis[bytes]
+) -> None:
+    await raw.acl_setuser("default", "-@pubsub")
+    settings = RemoteSettings(server.url, lease_ttl=1.0)
+    work = _Host()
+    results: dict[str, str] = {}
+    async with (
+        open_environment("fleet", root=tmp_path / "a", remote=settings) as a,
+        open_environment("fleet", root=tmp_path / "b", remote=settings) as b,
+    ):
+        assert a.remote is not None and b.remote is not None
+        sa: Store[str, str] = await a.store(NS)
+        sb: Store[str, str] = await b.store(NS)
+
+        async def ask_b() -> None:
+            results["b"] = await sb.get_or_compute("k", work.compute, "b")
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: sa.get_or_compute("k", work.compute, "a"))
+                await work.started.wait()
+                tg.start_soon(ask_b)
+                await _until(
+                    lambda: b.remote is not None and b.remote.statistics().lease_waits == 1
+                )
+                work.finish.set()
+        assert a.remote.statistics().published == 1
+        assert not b.remote.statistics().subscribed and b.remote.statistics().woken == 0
+    assert results == {"b": "a"} and work.calls == ["a"]
 
 
 @pytest.mark.anyio
@@ -250,7 +399,7 @@ def test_lease_ttl_must_leave_room_for_heartbeats() -> None:
 CHILD = """
 import json, os, random, sys, time
 import anyio
-from warmenv import Namespace, open_environment
+from warmenv import Environment, Namespace, open_environment
 from warmenv.persistence.remote import RemoteSettings
 
 root, url, ttl, log, keys, backend = sys.argv[1:7]

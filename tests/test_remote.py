@@ -7,8 +7,9 @@ import json
 import logging
 import os
 import signal
+import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,16 @@ import coredis
 import pytest
 
 from helpers import run_python
-from redis_server import RedisServer, redis_server
+from redis_server import RedisServer, free_port, redis_server
 from warmenv import Namespace, open_environment
 from warmenv.persistence import CacheMode, Conflict, MemoryStorage, Origin, Store, Stored
-from warmenv.persistence.remote import RemoteError, RemoteSettings, RemoteStorage, redact
+from warmenv.persistence.remote import (
+    RemoteError,
+    RemoteSettings,
+    RemoteStatistics,
+    RemoteStorage,
+    redact,
+)
 from warmenv.persistence.storage import may_replace
 
 pytestmark = [
@@ -212,6 +219,37 @@ async def test_an_unreachable_redis_never_fails_the_open(tmp_path: Path) -> None
     await _calls_within(1.5, tmp_path, server.url, "never")
 
 
+async def _burst_s(store: Store[str, Any], tag: str, count: int = 50) -> float:
+    """How long `count` concurrent cold `get_or_compute` calls take together."""
+    started = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        for i in range(count):
+            tg.start_soon(store.get_or_compute, f"{tag}-{i}", compute, i)
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("where", ["refusing", "silent"])
+async def test_a_cold_burst_against_an_unreachable_redis_costs_one_timeout(
+    tmp_path: Path, where: str
+) -> None:
+    # "silent": the kernel completes connections to a socket that never answers them.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(128)
+        port = silent.getsockname()[1] if where == "silent" else free_port()
+        settings = RemoteSettings(f"redis://127.0.0.1:{port}/0", timeout=0.25)
+        async with (
+            open_environment("fleet", root=tmp_path / "alone", remote="") as alone,
+            open_environment("fleet", root=tmp_path / "fleet", remote=settings) as env,
+        ):
+            local = await _burst_s(await alone.store(NS), where)
+            remote = await _burst_s(await env.store(NS), where)
+            assert env.remote is not None and env.remote.statistics().outages == 1
+    # Calls waiting on connections or on each other's timeouts would add up to
+    # several timeouts; side by side they cost one.
+    assert remote - local < 2 * settings.timeout, (remote, local)
+
+
 @pytest.mark.parametrize("kind", ["list", "hash", "garbage", "huge", "moved", "empty"])
 async def test_hostile_values_under_our_keys_are_misses_with_a_warning(
     tmp_path: Path,
@@ -250,6 +288,43 @@ async def test_hostile_values_under_our_keys_are_misses_with_a_warning(
             assert b.remote.statistics().rejected >= 1
             assert any("ignoring the value" in r.message for r in caplog.records)
         assert b.remote.statistics().outages == 0
+
+
+DOCUMENTED_ACL = (
+    "ACL SETUSER fleet on >PASSWORD ~warmenv:* &warmenv:* +getrange +get +set +exists +pttl"
+    " +pexpire +del +evalsha +script|load +publish +subscribe +unsubscribe +ping"
+)
+
+
+async def test_a_user_with_the_documented_acl_runs_the_whole_tier(
+    tmp_path: Path, server: RedisServer, raw: coredis.Redis[bytes]
+) -> None:
+    fleet_md = Path(__file__).parent.parent / "docs" / "fleet.md"
+    assert DOCUMENTED_ACL in fleet_md.read_text()
+    _, _, user, *rules = DOCUMENTED_ACL.replace("PASSWORD", PASSWORD).split()
+    await raw.acl_setuser(user, *rules)
+    url = server.url.replace("redis://", f"redis://{user}:{PASSWORD}@")
+    async with (
+        open_environment("fleet", root=tmp_path / "a", remote=url) as a,
+        open_environment("fleet", root=tmp_path / "b", remote=url) as b,
+    ):
+        assert a.remote is not None and b.remote is not None
+        sa: Store[str, Any] = await a.store(NS)
+        sb: Store[str, Any] = await b.store(NS)
+        assert await sa.get_or_compute("k", compute, "a") == "a"  # lease, publish, release
+        assert await sb.get_or_compute("k", compute, "b") == "a"  # claim with the value
+        assert await sb.get("j") is None
+        await _until_subscribed(b.remote.statistics)
+        for stats in (a.remote.statistics(), b.remote.statistics()):
+            assert stats.failures == stats.rejected == 0 and stats.subscribed
+        assert a.remote.statistics().published == 1 and b.remote.statistics().hits == 1
+
+
+async def _until_subscribed(statistics: Callable[[], RemoteStatistics]) -> None:
+    with anyio.fail_after(10):
+        # The subscription is another task's state, with no event to wait on.
+        while not statistics().subscribed:  # noqa: ASYNC110
+            await anyio.sleep(0.005)
 
 
 async def test_the_password_is_never_shown(

@@ -4,10 +4,11 @@ The local database stays the first tier and the truth for this machine; Redis
 is a second tier that only ever saves work. A local miss asks Redis, and a
 value found there is recorded locally with origin `REMOTE` (which replaces
 nothing, and any local value replaces it). A value computed here (origin
-`LOCAL`) is published if Redis has none for the key: `SET key value NX` is
-the insert rule applied server-side in one atomic step, because everything in
-Redis was published as `LOCAL` and `may_replace(LOCAL, LOCAL)` is false, so
-the first writer fleet-wide wins.
+`LOCAL`) is published if Redis has none for the key: `SET key value NX` (in a
+script that also announces the value, below) is the insert rule applied
+server-side in one atomic step, because everything in Redis was published as
+`LOCAL` and `may_replace(LOCAL, LOCAL)` is false, so the first writer
+fleet-wide wins.
 
 Every remote call is bounded: `remote_timeout` per operation, a connection
 pool of fixed size, a cap on value size (a larger value stays local) and a
@@ -22,15 +23,22 @@ Fleet-wide single flight: a host that misses a key in both tiers takes a
 lease on it before computing (`SET <key>:lease <token> NX PX <lease_ttl>`),
 and a heartbeat extends the lease while the computation runs, only while the
 token is still ours (a Lua script, so the check and the extension are one
-step). Other hosts poll, at a growing interval, until the value lands or the
-lease is gone; the lease is deleted (token-checked) when the computation ends,
+step). The lease is deleted (token-checked) when the computation ends,
 whether it stored a value or raised, so a failure lets the next host try, and
 a holder that died stops heartbeating and its lease expires within
-`lease_ttl`. Polling rather than pub/sub keeps one code path and no
-subscription connection per waiter; the interval is capped (0.1 s) so a waiter learns
-of the value soon after it lands without every waiter of a fleet polling
-hard. A Redis that does not answer
-means computing locally, as without a remote.
+`lease_ttl`. Other hosts wait until the value lands or the lease is gone.
+They are woken by a message: publishing a value, or releasing a lease with no
+value behind it, sends the value's key on the environment's channel
+(`warmenv:<environment>:landed`), and each tier keeps one subscription to it
+(a connection of its own, opened once the server first answers, not one per
+waiter) that wakes the waiters on that key at once. A claim on a lease
+returns the value when there is one, so a woken waiter needs one round
+trip. Polling stays as the fallback, because pub/sub delivers at most once
+and only to a live subscription: a waiter also polls, every `lease_ttl / 10`
+while the subscription is up (which is also how an expired lease is noticed)
+and at a growing interval capped at 0.1 s while it is not (reconnecting, or
+a server that refuses pub/sub). A Redis that does not answer means computing
+locally, as without a remote.
 
 Key layout: `warmenv:<environment>:<namespace>:<hex of the key bytes>`. The
 environment name cannot hold `:` and the hex part cannot either, so the last
@@ -45,8 +53,8 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 from urllib.parse import urlsplit, urlunsplit
 
@@ -75,6 +83,7 @@ from warmenv.persistence.storage import (
 
 if TYPE_CHECKING:
     import coredis
+    from anyio.abc import TaskGroup
 
     from warmenv.persistence.explain import Explanation
 
@@ -95,11 +104,13 @@ T = TypeVar("T")
 
 DEFAULT_REMOTE_TIMEOUT: Final = 0.25
 DEFAULT_MAX_VALUE_BYTES: Final = 8 * 1024 * 1024
-DEFAULT_MAX_CONNECTIONS: Final = 8
+DEFAULT_MAX_CONNECTIONS: Final = 2
 DEFAULT_LEASE_TTL: Final = 10.0
-# A waiter polls first after this long, then 1.5 times longer each time, up to the cap.
+# Without a subscription a waiter polls first after this long, then 1.5 times
+# longer each time, up to the cap; with one it polls every lease_ttl / this.
 FIRST_POLL_DELAY: Final = 0.002
 MAX_POLL_DELAY: Final = 0.1
+POLLS_PER_LEASE_TTL: Final = 10
 # The first retry after a failure, doubled per failed retry up to the ceiling.
 FIRST_RETRY_DELAY: Final = 0.5
 MAX_RETRY_DELAY: Final = 30.0
@@ -109,12 +120,23 @@ _MAGIC: Final = b"warmenv1"
 _DIGEST_SIZE: Final = 16
 _HEADER: Final = len(_MAGIC) + _DIGEST_SIZE
 
-# KEYS: the lease, the value. ARGV: our token, the TTL in ms.
-# 2: the value is there; 1: the lease is now ours; 0: another host holds it;
+# KEYS: the value. ARGV: the framed value, the channel. 1 if stored, 0 if a value was there.
+# The message is sent with pcall: a server that refuses PUBLISH still stores the value.
+_PUBLISH: Final = b"""
+if redis.call('set', KEYS[1], ARGV[1], 'NX') then
+  redis.pcall('publish', ARGV[2], KEYS[1])
+  return 1
+end
+return 0
+"""
+# KEYS: the lease, the value. ARGV: our token, the TTL in ms, the last byte to read.
+# The value (framed, read up to the byte given) if there is one, so that a waiter gets
+# it in the same round trip; else 1: the lease is now ours; 0: another host holds it;
 # -1: something sits under the lease key that no warmenv host took: it never expires,
 # or expires later than any lease can (a lease never holds more than its TTL).
 _CLAIM: Final = b"""
-if redis.call('exists', KEYS[2]) == 1 then return 2 end
+local framed = redis.call('getrange', KEYS[2], 0, ARGV[3])
+if framed ~= '' then return framed end
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
 local left = redis.call('pttl', KEYS[1])
 if left == -1 or left > tonumber(ARGV[2]) then return -1 end
@@ -125,10 +147,14 @@ _EXTEND: Final = b"""
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
 return 0
 """
-# KEYS: the lease. ARGV: our token. Deletes the lease only if it is still ours.
+# KEYS: the lease, the value. ARGV: our token, the channel. Deletes the lease only if it
+# is still ours; with no value behind it (the computation raised) waiters are woken to
+# take over (after a value, its publication woke them already).
 _RELEASE: Final = b"""
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('del', KEYS[1])
+if redis.call('exists', KEYS[2]) == 0 then redis.pcall('publish', ARGV[2], KEYS[2]) end
+return 1
 """
 
 
@@ -263,6 +289,10 @@ class RemoteStatistics:
     """Computations this process waited for because another host held the lease."""
     leases_lost: int = 0
     """Leases that expired or were taken over while this process still computed."""
+    woken: int = 0
+    """Waits for another host's value ended by its message rather than by polling."""
+    subscribed: bool = False
+    """Whether waiters are woken by messages now (else they only poll)."""
 
 
 class _Down(Exception):
@@ -277,54 +307,49 @@ class RemoteTier:
     settings: RemoteSettings
     environment: str
     _client: coredis.Redis[bytes]
-    _nx: Any
-    """`PureToken.NX`: coredis is imported only when a remote is configured."""
     _refused: type[Exception]
     """coredis's `WrongTypeError`: something not ours sits under our key."""
+    _tasks: TaskGroup
+    """Where the subscription runs, for as long as the tier is connected."""
     _prefix: bytes = attrs.field(init=False)
+    _channel: bytes = attrs.field(init=False)
     _retry_at: float = attrs.field(init=False, default=0.0)
     _delay: float = attrs.field(init=False, default=0.0)
     _counts: dict[str, int] = attrs.field(init=False, factory=dict)
-    # Our own Lua (the lease's claim, extend, release), registered once: run by hash.
+    # Our own Lua (publish; the lease's claim, extend, release), registered once: run by hash.
     _scripts: dict[str | bytes, Any] = attrs.field(init=False, factory=dict)
+    # The waiters on each value key, woken by a message on the channel.
+    _waiters: dict[bytes, set[anyio.Event]] = attrs.field(init=False, factory=dict)
+    _listening: bool = attrs.field(init=False, default=False)
+    _subscribed: bool = attrs.field(init=False, default=False)
 
     def __attrs_post_init__(self) -> None:
         self._prefix = f"warmenv:{self.environment}:".encode()
+        self._channel = self._prefix + b"landed"
 
     @classmethod
     @asynccontextmanager
     async def connect(cls, settings: RemoteSettings, environment: str) -> AsyncIterator[RemoteTier]:
         """The tier for the duration of the block; connections open lazily, on first use."""
         try:
-            import coredis
             from coredis.exceptions import WrongTypeError
-            from coredis.retry import NoRetryPolicy
-            from coredis.tokens import PureToken
         except ImportError:
             raise RemoteError(
                 f"remote {redact(settings.url)!r} needs the redis extra: "
                 "pip install 'warmenv[redis]'"
             ) from None
-        client: coredis.Redis[bytes] = coredis.Redis.from_url(
-            settings.url,
-            decode_responses=False,
-            verify_version=False,
-            retry_policy=NoRetryPolicy(),
-            max_connections=settings.max_connections,
-            connect_timeout=settings.timeout,
-            pool_timeout=settings.timeout,
-            # A connection that stops answering is torn down rather than kept.
-            stream_timeout=max(1.0, 4 * settings.timeout),
-        )
-        # The pool runs its connections in a task group around the block: an
-        # exception from the block is carried past it, so that callers get it
-        # as raised rather than wrapped in an exception group.
+        client = _client(settings, settings.max_connections)
+        # The pool runs its connections in a task group around the block, and
+        # the subscription runs in ours: an exception from the block is carried
+        # past both, so that callers get it as raised rather than wrapped in an
+        # exception group.
         escaped: BaseException | None = None
-        async with client:
+        async with client, anyio.create_task_group() as tasks:
             try:
-                yield cls(settings, environment, client, PureToken.NX, WrongTypeError)
+                yield cls(settings, environment, client, WrongTypeError, tasks)
             except BaseException as exc:
                 escaped = exc
+            tasks.cancel_scope.cancel()
         if escaped is not None:
             raise escaped
 
@@ -350,6 +375,8 @@ class RemoteTier:
             leases=c.get("leases", 0),
             lease_waits=c.get("lease_waits", 0),
             leases_lost=c.get("leases_lost", 0),
+            woken=c.get("woken", 0),
+            subscribed=self._subscribed,
         )
 
     def redis_key(self, namespace: str, key: bytes) -> bytes:
@@ -359,19 +386,26 @@ class RemoteTier:
     async def fetch(self, namespace: str, key: bytes) -> bytes | None:
         """The value Redis holds for the key, or `None` (absent, unusable or unreachable)."""
         rkey = self.redis_key(namespace, key)
-        limit = _HEADER + self.settings.max_value_bytes
-        # GETRANGE reads at most one byte past the cap, so a huge value costs nothing.
         try:
-            framed = await self._call(lambda: self._client.getrange(rkey, 0, limit))
+            framed = await self._call(lambda: self._client.getrange(rkey, 0, self._read_limit))
         except _Down:
             return None
         except Exception as exc:  # a reply that is an error: a wrong type under our key
             self._reject(rkey, f"Redis refused to read it ({exc})")
             return None
+        return self._unframe(rkey, framed)
+
+    @property
+    def _read_limit(self) -> int:
+        # GETRANGE reads at most one byte past the cap, so a huge value costs nothing.
+        return _HEADER + self.settings.max_value_bytes
+
+    def _unframe(self, rkey: bytes, framed: bytes) -> bytes | None:
+        """The value in what GETRANGE read under `rkey`, counted; `None` if absent or unusable."""
         if not framed:
             self._count("misses")
             return None
-        if len(framed) > limit:
+        if len(framed) > self._read_limit:
             self._reject(rkey, f"larger than max_value_bytes={self.settings.max_value_bytes}")
             return None
         value = framed[_HEADER:]
@@ -388,8 +422,9 @@ class RemoteTier:
             return
         rkey = self.redis_key(namespace, key)
         framed = b"".join((_MAGIC, _digest(rkey, value), value))
+        args = (framed, self._channel)
         try:
-            stored = await self._call(lambda: self._client.set(rkey, framed, condition=self._nx))
+            stored = await self._call(lambda: self._script(_PUBLISH)(keys=[rkey], args=args))
         except _Down:
             return
         except Exception as exc:
@@ -411,7 +446,7 @@ class RemoteTier:
         rkey = self.redis_key(namespace, key)
         lkey = rkey + b":lease"
         token = os.urandom(16).hex().encode()
-        held, landed = await self._await_turn(namespace, key, rkey, lkey, token)
+        held, landed = await self._await_turn(rkey, lkey, token)
         if not held:
             yield landed
             return
@@ -429,37 +464,110 @@ class RemoteTier:
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                await self._release(lkey, token)
+                await self._release(lkey, rkey, token)
         if escaped is not None:
             raise escaped
 
     async def _await_turn(
-        self, namespace: str, key: bytes, rkey: bytes, lkey: bytes, token: bytes
+        self, rkey: bytes, lkey: bytes, token: bytes
     ) -> tuple[bool, bytes | None]:
         """(True, None) once the lease is ours, else (False, the value or None to compute here)."""
-        args: tuple[bytes, int] = (token, round(self.settings.lease_ttl * 1000))
+        args = (token, round(self.settings.lease_ttl * 1000), self._read_limit)
         delay = FIRST_POLL_DELAY
         waited = False
         while True:
+            # Watching before the claim: a message that comes between the two is not lost.
+            with self._watching(rkey) as landed:
+                try:
+                    state = await self._call(
+                        lambda: self._script(_CLAIM)(keys=[lkey, rkey], args=args)
+                    )
+                except _Down:
+                    return False, None
+                except Exception as exc:
+                    self._reject(lkey, f"Redis refused to take the lease ({exc})")
+                    return False, None
+                if isinstance(state, bytes):
+                    return False, self._unframe(rkey, state)
+                if state == 1:
+                    return True, None
+                if state != 0:
+                    self._reject(lkey, "not a lease warmenv took (it never expires)")
+                    return False, None
+                if not waited:
+                    waited = True
+                    self._count("lease_waits")
+                if self._subscribed:
+                    poll = self.settings.lease_ttl / POLLS_PER_LEASE_TTL
+                else:
+                    poll, delay = delay, min(delay * 1.5, MAX_POLL_DELAY)
+                with anyio.move_on_after(poll):
+                    await landed.wait()
+
+    @contextmanager
+    def _watching(self, rkey: bytes) -> Iterator[anyio.Event]:
+        """An event set when a message says the key's value landed or its lease was freed."""
+        event = anyio.Event()
+        self._waiters.setdefault(rkey, set()).add(event)
+        try:
+            yield event
+        finally:
+            events = self._waiters.get(rkey)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self._waiters[rkey]
+
+    def _listen_soon(self) -> None:
+        """Start the tier's one subscription, once the server has answered.
+
+        Not before: a tier whose server never answers opens nothing more.
+        """
+        if not self._listening:
+            self._listening = True
+            self._tasks.start_soon(self._listen)
+
+    async def _listen(self) -> None:
+        """Wake the waiters on each key announced on the channel, resubscribing after a loss."""
+        from coredis.retry import NoRetryPolicy
+
+        delay = FIRST_RETRY_DELAY
+        while True:
             try:
-                state = await self._call(lambda: self._script(_CLAIM)(keys=[lkey, rkey], args=args))
-            except _Down:
-                return False, None
-            except Exception as exc:
-                self._reject(lkey, f"Redis refused to take the lease ({exc})")
-                return False, None
-            if state == 1:
-                return True, None
-            if state == 2:
-                return False, await self.fetch(namespace, key)
-            if state != 0:
-                self._reject(lkey, "not a lease warmenv took (it never expires)")
-                return False, None
-            if not waited:
-                waited = True
-                self._count("lease_waits")
+                # A client of its own: the pool multiplexes commands over its
+                # connections, and one that is subscribed must carry nothing else.
+                async with (
+                    _client(self.settings, 1) as client,
+                    client.pubsub(
+                        channels=[self._channel],
+                        ignore_subscribe_messages=True,
+                        retry_policy=NoRetryPolicy(),
+                        subscription_timeout=max(1.0, 4 * self.settings.timeout),
+                        max_idle_seconds=self.settings.lease_ttl,
+                    ) as subscription,
+                ):
+                    self._subscribed = True
+                    delay = FIRST_RETRY_DELAY
+                    async for message in subscription:
+                        if isinstance(rkey := message["data"], bytes):
+                            for event in self._waiters.pop(rkey, ()):
+                                self._count("woken")
+                                event.set()
+            except* Exception as group:
+                # Waiters poll meanwhile; an outage is reported by the calls themselves.
+                # (`except*`: coredis's teardown may fail beside a cancellation,
+                # which must go on while its failure is dropped.)
+                log.debug("%s: the subscription ended (%r)", self.describe(), group.exceptions)
+            finally:
+                if self._subscribed:
+                    self._subscribed = False
+                    # Messages may be lost from now on and waiters poll slowly while
+                    # subscribed: each looks again at once (and sees an outage, if any).
+                    for events in self._waiters.values():
+                        for event in events:
+                            event.set()
             await anyio.sleep(delay)
-            delay = min(delay * 1.5, MAX_POLL_DELAY)
+            delay = min(delay * 2, MAX_RETRY_DELAY)
 
     async def _heartbeat(self, lkey: bytes, token: bytes) -> None:
         args: tuple[bytes, int] = (token, round(self.settings.lease_ttl * 1000))
@@ -485,9 +593,10 @@ class RemoteTier:
             script = self._scripts[source] = self._client.register_script(source)
         return script
 
-    async def _release(self, lkey: bytes, token: bytes) -> None:
+    async def _release(self, lkey: bytes, rkey: bytes, token: bytes) -> None:
+        release = self._script(_RELEASE)
         try:
-            await self._call(lambda: self._script(_RELEASE)(keys=[lkey], args=[token]))
+            await self._call(lambda: release(keys=[lkey, rkey], args=[token, self._channel]))
         except Exception:
             pass  # the lease expires within lease_ttl instead
 
@@ -507,6 +616,7 @@ class RemoteTier:
                 failure = exc
             else:
                 self._recovered()
+                self._listen_soon()
                 return result
         self._failed(failure)
         raise _Down
@@ -542,6 +652,24 @@ class RemoteTier:
 
     def _count(self, name: str) -> None:
         self._counts[name] = self._counts.get(name, 0) + 1
+
+
+def _client(settings: RemoteSettings, connections: int) -> coredis.Redis[bytes]:
+    """A client that fails fast (the tier does the retrying) with a pool of `connections`."""
+    import coredis
+    from coredis.retry import NoRetryPolicy
+
+    return coredis.Redis.from_url(
+        settings.url,
+        decode_responses=False,
+        verify_version=False,
+        retry_policy=NoRetryPolicy(),
+        max_connections=connections,
+        connect_timeout=settings.timeout,
+        pool_timeout=settings.timeout,
+        # A connection that stops answering is torn down rather than kept.
+        stream_timeout=max(1.0, 4 * settings.timeout),
+    )
 
 
 def _digest(rkey: bytes, value: bytes) -> bytes:
