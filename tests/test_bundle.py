@@ -132,6 +132,32 @@ async def test_import_events_are_started_cumulative_progress_then_finished(
     assert steps[-1].bytes_done == steps[-1].total_bytes
 
 
+@pytest.mark.parametrize("batch", [1, 7, 16, 1024])
+async def test_a_bulk_import_counts_each_namespace_whether_a_batch_lies_in_one_or_spans_several(
+    warm_env: Environment, cold_env: Environment, out_dir: Path, batch: int
+) -> None:
+    # The SQLite bundle is copied in bulk, batch by batch of rowids, and each batch's
+    # totals are exact (a flat bundle's partly skipped batches are estimated).
+    bundle_path = out_dir / "bulk.bundle"
+    await export_bundle(warm_env, bundle_path, name="b", version="1", format="sqlite")
+    # Three entries already there: those batches are partly skipped.
+    present = [(b"k000", b"local"), (b"k050", b"local"), (b"k119", b"local")]
+    await cold_env.storage(KERNELS).insert_many(present)
+    report = await import_bundle(bundle_path, cold_env, batch_size=batch)
+    expected = {
+        namespace: (len(items), sum(len(k) + len(v) for k, v in items.items()))
+        for namespace, items in sample_entries().items()
+    }
+    expected[str(KERNELS)] = (
+        expected[str(KERNELS)][0] - 3,
+        expected[str(KERNELS)][1]
+        - sum(len(k) + len(b"kernel-%d" % int(k[1:])) for k, _ in present),
+    )
+    assert {s.namespace: (s.entries, s.bytes) for s in report.namespaces} == expected
+    assert (report.imported, report.skipped) == (TOTAL - 3, 3)
+    assert report.bytes == sum(size for _, size in expected.values())
+
+
 async def test_an_open_bundle_can_be_imported(bundle_path: Path, cold_env: Environment) -> None:
     async with open_bundle(bundle_path) as bundle:
         report = await import_bundle(bundle, cold_env)

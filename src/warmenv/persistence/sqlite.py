@@ -1011,7 +1011,7 @@ def _batch_bounds(
 def _seen(
     alias: str, start: int, end: int, clause: str, params: list[str], conn: sqlite3.Connection
 ) -> list[tuple[str, int, int]]:
-    return schema.namespace_totals(
+    return schema.range_totals(
         conn,
         table=f"{alias}.entries AS b",
         where=f"b.rowid BETWEEN ? AND ? AND {clause}",
