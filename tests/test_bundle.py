@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import textwrap
@@ -454,6 +455,26 @@ async def test_a_sqlite_file_that_is_not_a_bundle_is_not_a_bundle_rather_than_co
     with pytest.raises(NotABundleError, match="not warmenv's"):
         async with open_bundle(other):
             pass
+
+
+async def test_a_large_sqlite_bundle_is_written_with_large_pages_and_a_small_one_is_not(
+    warm_env: Environment, cold_env: Environment, out_dir: Path
+) -> None:
+    from warmenv.persistence.files import LARGE_BUNDLE, LARGE_PAGE
+
+    small = out_dir / "small.bundle"
+    await export_bundle(warm_env, small, name="s", version="1", format=BundleFormat.SQLITE)
+    big_ns = Namespace("app", "big", version="1")
+    values = [(b"b%05d" % i, bytes([i % 251]) * 4096) for i in range(LARGE_BUNDLE // 4096 + 1)]
+    await warm_env.storage(big_ns).insert_many(values)
+    large = out_dir / "large.bundle"
+    await export_bundle(warm_env, large, name="l", version="1", format=BundleFormat.SQLITE)
+    for path, page_size in ((small, 4096), (large, LARGE_PAGE)):
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            assert conn.execute("PRAGMA page_size").fetchone()[0] == page_size
+    report = await import_bundle(large, cold_env)
+    assert report.imported == TOTAL + len(values)
+    assert await cold_env.storage(big_ns).get(values[-1][0]) == values[-1][1]
 
 
 async def test_rows_whose_key_or_value_is_not_a_blob_are_malformed(
