@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import textwrap
 from pathlib import Path
@@ -157,6 +158,41 @@ async def test_a_bulk_import_counts_each_namespace_whether_a_batch_lies_in_one_o
     assert {s.namespace: (s.entries, s.bytes) for s in report.namespaces} == expected
     assert (report.imported, report.skipped) == (TOTAL - 3, 3)
     assert report.bytes == sum(size for _, size in expected.values())
+
+
+async def test_bulk_imports_space_out_checkpoints_while_they_run_and_checkpoint_at_the_end(
+    warm_env: Environment, cold_env: Environment, out_dir: Path
+) -> None:
+    from warmenv.persistence.sqlite import BULK_CHECKPOINT_PAGES
+
+    bundle_path = out_dir / "bulk.bundle"
+    await export_bundle(warm_env, bundle_path, name="b", version="1", format="sqlite")
+    db = cold_env.database
+    assert db is not None
+
+    def spacing(conn: sqlite3.Connection) -> int:
+        return int(conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+
+    def unwritten_pages(conn: sqlite3.Connection) -> int:
+        # Pages the database file lacks: still only in the WAL (not checkpointed).
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        size = conn.execute("PRAGMA page_size").fetchone()[0]
+        return int(pages - os.stat(db.path).st_size // size)
+
+    assert await db.run(spacing) == 1000
+    # Two imports overlapping: the spacing holds until the last one ends.
+    async with importing(bundle_path, cold_env, batch_size=16) as first:
+        events = aiter(first)
+        await anext(events)  # Started
+        await anext(events)  # one batch
+        assert await db.run(spacing) == BULK_CHECKPOINT_PAGES
+        await import_bundle(bundle_path, cold_env, batch_size=16)
+        assert await db.run(spacing) == BULK_CHECKPOINT_PAGES
+        async for _ in events:
+            pass
+    assert first.report.complete
+    assert await db.run(spacing) == 1000
+    assert await db.run(unwritten_pages) == 0
 
 
 async def test_an_open_bundle_can_be_imported(bundle_path: Path, cold_env: Environment) -> None:
