@@ -132,8 +132,8 @@ class SqliteDatabase:
         While copies run, the connection checkpoints the WAL every
         `BULK_CHECKPOINT_PAGES` instead of SQLite's 1,000 pages, and the last
         copy to end checkpoints once more. Each checkpoint syncs the WAL and
-        the database file: every 1,000 pages, a copy of 100 MB would wait for
-        the disk about 70 times, for what it writes anyway. Nothing committed
+        the database file: every 1,000 pages, copying 100 MB of entries waits
+        for the disk about 100 times, for what it writes anyway. Nothing committed
         is less durable for it: in WAL mode with synchronous=NORMAL a commit
         reaches the disk at the next checkpoint, which without a copy running
         may be much later still, and when the copy ends everything it and
@@ -174,11 +174,11 @@ class SqliteDatabase:
             # The worker runs calls in order, so this detach follows even an
             # attach whose caller was cancelled while it ran.
             with anyio.CancelScope(shield=True):
+                self._bulk_copies -= 1
                 try:
                     await self.run(partial(_detach, alias))
                 except sqlite3.Error:
                     pass
-                self._bulk_copies -= 1
                 if not self._bulk_copies:
                     await self.run(_end_bulk_checkpoints)
 
