@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sqlite3
 import textwrap
 from pathlib import Path
@@ -130,6 +132,67 @@ async def test_import_events_are_started_cumulative_progress_then_finished(
     assert done == sorted(done)
     assert done[-1] == TOTAL
     assert steps[-1].bytes_done == steps[-1].total_bytes
+
+
+@pytest.mark.parametrize("batch", [1, 7, 16, 1024])
+async def test_a_bulk_import_counts_each_namespace_whether_a_batch_lies_in_one_or_spans_several(
+    warm_env: Environment, cold_env: Environment, out_dir: Path, batch: int
+) -> None:
+    # The SQLite bundle is copied in bulk, batch by batch of rowids, and each batch's
+    # totals are exact (a flat bundle's partly skipped batches are estimated).
+    bundle_path = out_dir / "bulk.bundle"
+    await export_bundle(warm_env, bundle_path, name="b", version="1", format="sqlite")
+    # Three entries already there: those batches are partly skipped.
+    present = [(b"k000", b"local"), (b"k050", b"local"), (b"k119", b"local")]
+    await cold_env.storage(KERNELS).insert_many(present)
+    report = await import_bundle(bundle_path, cold_env, batch_size=batch)
+    expected = {
+        namespace: (len(items), sum(len(k) + len(v) for k, v in items.items()))
+        for namespace, items in sample_entries().items()
+    }
+    expected[str(KERNELS)] = (
+        expected[str(KERNELS)][0] - 3,
+        expected[str(KERNELS)][1]
+        - sum(len(k) + len(b"kernel-%d" % int(k[1:])) for k, _ in present),
+    )
+    assert {s.namespace: (s.entries, s.bytes) for s in report.namespaces} == expected
+    assert (report.imported, report.skipped) == (TOTAL - 3, 3)
+    assert report.bytes == sum(size for _, size in expected.values())
+
+
+async def test_bulk_imports_space_out_checkpoints_while_they_run_and_checkpoint_at_the_end(
+    warm_env: Environment, cold_env: Environment, out_dir: Path
+) -> None:
+    from warmenv.persistence.sqlite import BULK_CHECKPOINT_PAGES
+
+    bundle_path = out_dir / "bulk.bundle"
+    await export_bundle(warm_env, bundle_path, name="b", version="1", format="sqlite")
+    db = cold_env.database
+    assert db is not None
+
+    def spacing(conn: sqlite3.Connection) -> int:
+        return int(conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+
+    def unwritten_pages(conn: sqlite3.Connection) -> int:
+        # Pages the database file lacks: still only in the WAL (not checkpointed).
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        size = conn.execute("PRAGMA page_size").fetchone()[0]
+        return int(pages - os.stat(db.path).st_size // size)
+
+    assert await db.run(spacing) == 1000
+    # Two imports overlapping: the spacing holds until the last one ends.
+    async with importing(bundle_path, cold_env, batch_size=16) as first:
+        events = aiter(first)
+        await anext(events)  # Started
+        await anext(events)  # one batch
+        assert await db.run(spacing) == BULK_CHECKPOINT_PAGES
+        await import_bundle(bundle_path, cold_env, batch_size=16)
+        assert await db.run(spacing) == BULK_CHECKPOINT_PAGES
+        async for _ in events:
+            pass
+    assert first.report.complete
+    assert await db.run(spacing) == 1000
+    assert await db.run(unwritten_pages) == 0
 
 
 async def test_an_open_bundle_can_be_imported(bundle_path: Path, cold_env: Environment) -> None:
@@ -428,6 +491,26 @@ async def test_a_sqlite_file_that_is_not_a_bundle_is_not_a_bundle_rather_than_co
     with pytest.raises(NotABundleError, match="not warmenv's"):
         async with open_bundle(other):
             pass
+
+
+async def test_a_large_sqlite_bundle_is_written_with_large_pages_and_a_small_one_is_not(
+    warm_env: Environment, cold_env: Environment, out_dir: Path
+) -> None:
+    from warmenv.persistence.files import LARGE_BUNDLE, LARGE_PAGE
+
+    small = out_dir / "small.bundle"
+    await export_bundle(warm_env, small, name="s", version="1", format=BundleFormat.SQLITE)
+    big_ns = Namespace("app", "big", version="1")
+    values = [(b"b%05d" % i, bytes([i % 251]) * 4096) for i in range(LARGE_BUNDLE // 4096 + 1)]
+    await warm_env.storage(big_ns).insert_many(values)
+    large = out_dir / "large.bundle"
+    await export_bundle(warm_env, large, name="l", version="1", format=BundleFormat.SQLITE)
+    for path, page_size in ((small, 4096), (large, LARGE_PAGE)):
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            assert conn.execute("PRAGMA page_size").fetchone()[0] == page_size
+    report = await import_bundle(large, cold_env)
+    assert report.imported == TOTAL + len(values)
+    assert await cold_env.storage(big_ns).get(values[-1][0]) == values[-1][1]
 
 
 async def test_rows_whose_key_or_value_is_not_a_blob_are_malformed(

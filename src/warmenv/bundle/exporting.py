@@ -306,7 +306,9 @@ class _ExportJob:
         return self.staging
 
     def _staging_bundle(self) -> StagingFile:
-        self._bundle = StagingFile(self._new_staging())
+        # What it will hold, or before the totals are counted, the sources' size.
+        expected = sum(size for _, size in self.totals.values()) or sum(map(_size, self._sources))
+        self._bundle = StagingFile(self._new_staging(), expected_bytes=expected)
         return self._bundle
 
     def _start_output(self) -> None:
@@ -394,6 +396,13 @@ class _ExportJob:
         if self._sources_reader is not None:
             self._sources_reader.close()
             self._sources_reader = None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # the source's own open says what is wrong with it
 
 
 @contextlib.contextmanager

@@ -506,6 +506,10 @@ class ExportSources:
         self._conns = []
 
 
+LARGE_BUNDLE = 4 << 20
+LARGE_PAGE = 32768
+
+
 @final
 class StagingFile:
     """A SQLite bundle being written: the schema, entries in key order, then the manifest.
@@ -513,9 +517,16 @@ class StagingFile:
     Written without a journal (it is a staging file: a failure discards it)
     and switched to journal mode DELETE when finished, so the bundle reads
     from a read-only directory without a shared-memory file beside it.
+
+    A bundle expected to hold `LARGE_BUNDLE` bytes or more is written with
+    pages of `LARGE_PAGE` bytes instead of SQLite's 4 KiB: every pass an
+    import makes over it (its checks, the digest, the copy) then reads a
+    tenth as many pages, each one system call, and rows of about 1 KiB
+    waste a quarter of a 4 KiB page but little of a large one. Small bundles
+    keep small pages, which cost nothing to read either way.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, expected_bytes: int = 0) -> None:
         self.path = path
         self._conn: sqlite3.Connection | None = None
         self._copied_rowid = 0
@@ -531,6 +542,8 @@ class StagingFile:
                     isolation_level=None,
                     check_same_thread=False,
                 )
+                if expected_bytes >= LARGE_BUNDLE:
+                    conn.execute(f"PRAGMA page_size={LARGE_PAGE}")  # before the first table
                 conn.execute("PRAGMA journal_mode=OFF")
                 conn.execute("PRAGMA synchronous=OFF")
                 schema.create_bundle_schema(conn)
