@@ -20,11 +20,11 @@ Decoded objects cost three to four times their JSON in memory, so only the
 most used JSON containers are also held decoded, in a hot set of at most
 `hot_bytes` (the encoded form stays the backing copy). A hit on one of them
 copies its containers and shares its leaves (strings and numbers are
-immutable), a fraction of a decode. Which values are hot is decided on the
-decode path alone, so a hit costs no bookkeeping: every 8th decode is a
-sample, and a value sampled twice while it is among the last 1,024 samples
-enters the hot set (values asked for evenly over a large store almost never
-do, so they cost no churn), oldest entrant out first.
+immutable): a quarter to a half of a decode. Which values are hot is
+decided on the decode path alone, so a hit costs no bookkeeping: every 4th
+decode is a sample, and a value sampled twice within 2,048 samples enters
+the hot set, the oldest entrant leaving first. Values asked for evenly over
+a large store are seldom sampled twice that soon, so they cause little churn.
 
 A `JsonCodec` store holds a `str` key's value under the `str` itself, not
 its encoding: a hit then costs one dict lookup on a hash the key already
@@ -121,62 +121,86 @@ _IMMUTABLE = frozenset({str, int, float, bool, type(None)})
 
 DEFAULT_HOT_BYTES: Final = 4 * 2**20
 """The default bound on a JSON store's decoded hot set (see the module docstring)."""
-_SAMPLE_EVERY = 8  # a power of two: the decode path tests `count & (_SAMPLE_EVERY - 1)`
-_SAMPLES_KEPT = 1024
+_SAMPLE_EVERY = 4  # a power of two: the decode path tests `count & (_SAMPLE_EVERY - 1)`
+_SLOTS = 1 << 16  # the samples' marks: one byte per `hash(key) & (_SLOTS - 1)`
+_ROUND = 2048  # samples before the marks are forgotten
 # Per hot value beyond the decoded objects: the _Hot itself and its hot-set slot.
 _HOT_OVERHEAD = 160
 
 
-# A copy plan: for each child of a container that is itself a container, its
-# key (or index) and its own plan. Leaves are shared, never copied.
-_Plan = tuple[tuple[Any, "_Plan"], ...]
+# A copy plan: the keys (or indexes) of the children that are containers of
+# leaves only, copied with `.copy()`, and for each child that holds
+# containers itself, its key and its own plan. Leaves are shared, never copied.
+_Plan = tuple[tuple[Any, ...], tuple[tuple[Any, "_Plan"], ...]]
+_LEAVES: _Plan = ((), ())
+_STEP = 64  # a plan step's memory: a 2-tuple or a slot, and its index if it is large
+_PLAN_DEPTH = 32  # a value nested deeper stays encoded (a plan is followed by recursion)
+
+
+class _TooDeep(Exception):
+    pass
 
 
 @final
 class _Hot:
     """A JSON container held decoded (never handed out: each hit gets a copy)."""
 
-    __slots__ = ("data", "plan", "size", "value")
+    __slots__ = ("data", "deep", "flat", "size", "value")
 
     def __init__(self, value: Any, plan: _Plan, size: int, data: bytes) -> None:
         self.value = value
-        self.plan = plan
+        self.flat, self.deep = plan
         self.size = size
         self.data = data
         """The encoded form, held again when the value leaves the hot set."""
 
     def copy(self) -> Any:
-        return _copied(self.value, self.plan)
+        return _copied(self.value, (self.flat, self.deep))
 
 
 def _copied(value: Any, plan: _Plan) -> Any:
     """A copy of a JSON container: new containers, the same (immutable) leaves."""
     copy = value.copy()
-    for key, inner in plan:
+    flat, deep = plan
+    for key in flat:
+        copy[key] = copy[key].copy()
+    for key, inner in deep:
         copy[key] = _copied(copy[key], inner)
     return copy
 
 
-def _plan_of(value: Any) -> tuple[_Plan, int]:
-    """`value`'s copy plan, and the bytes `value` and the plan occupy."""
+def _prepared(value: Any, depth: int = _PLAN_DEPTH) -> tuple[Any, _Plan, int]:
+    """`value` made ready to be held hot: its copy plan, and the bytes it occupies.
+
+    Its dict keys are interned, so every hot value with a key of that name
+    shares one string (less memory, and a copy touches fewer objects).
+    `_TooDeep` if it nests containers more than `depth` deep.
+    """
+    if not depth:
+        raise _TooDeep
     sizeof = sys.getsizeof
-    size = sizeof(value)
-    steps: list[tuple[Any, _Plan]] = []
+    items: Any
     if type(value) is dict:
-        items: Any = value.items()
-        size += sum(map(sizeof, value))  # the keys
+        value = {sys.intern(key): item for key, item in value.items()}
+        items = value.items()
     else:
         items = enumerate(value)
+    size = sizeof(value)
+    flat: list[Any] = []
+    deep: list[tuple[Any, _Plan]] = []
     for key, item in items:
         kind = type(item)
         if kind is dict or kind is list:
-            plan, inner = _plan_of(item)
-            steps.append((key, plan))
-            size += inner + 64  # the step: a 2-tuple, and its index if it is large
+            child, plan, inner = _prepared(item, depth - 1)
+            value[key] = child  # an existing key: iterating goes on
+            size += inner + _STEP
+            if plan == _LEAVES:
+                flat.append(key)
+            else:
+                deep.append((key, plan))
         else:
             size += sizeof(item)
-    plan = tuple(steps)
-    return plan, size + sizeof(plan)
+    return value, (tuple(flat), tuple(deep)), size
 
 
 @attrs.define(eq=False)
@@ -210,10 +234,12 @@ class Store(Generic[K, V]):
         "_limit",
         "_lock",
         "_lru",
+        "_marks",
         "_memoized",
         "_mode",
         "_reads",
-        "_sampled",
+        "_samples",
+        "_stamp",
         "_storage",
         "_undecodable",
         "_values",
@@ -247,7 +273,9 @@ class Store(Generic[K, V]):
         self._hot: OrderedDict[bytes | str, _Hot] = OrderedDict()
         self._hot_size = 0
         self._decodes = 0
-        self._sampled: OrderedDict[bytes | str, None] = OrderedDict()
+        self._marks: bytearray | None = None  # allocated at the first sample (`_sampled`)
+        self._stamp = 1
+        self._samples = 0
         self._undecodable: set[bytes] = set()
         self._reads: dict[bytes, _Flight] = {}
         self._computes: dict[bytes, _Flight] = {}
@@ -374,12 +402,20 @@ class Store(Generic[K, V]):
             self._hits.append(memo)
         kind = type(held)
         if kind is _Hot:
-            value = held.value.copy()
-            for inner_key, inner in held.plan:
+            value = held.value.copy()  # _Hot.copy, inlined
+            for inner_key in held.flat:
+                value[inner_key] = value[inner_key].copy()
+            for inner_key, inner in held.deep:
                 value[inner_key] = _copied(value[inner_key], inner)
             return value
         if kind is bytes:
-            return self._decoded(memo, held)
+            if not self._json:
+                return self._codec.decode_value(held)
+            value = _scan_json(held.decode(), 0)[0]  # _decoded, inlined
+            self._decodes = count = self._decodes + 1
+            if count & (_SAMPLE_EVERY - 1):
+                return value
+            return self._sampled(memo, held, value)
         if kind is tuple:
             return held[0]
         return held
@@ -439,12 +475,20 @@ class Store(Generic[K, V]):
                 self._hits.append(memo)
         kind = type(held)
         if kind is _Hot:
-            value = held.value.copy()
-            for inner_key, inner in held.plan:
+            value = held.value.copy()  # _Hot.copy, inlined
+            for inner_key in held.flat:
+                value[inner_key] = value[inner_key].copy()
+            for inner_key, inner in held.deep:
                 value[inner_key] = _copied(value[inner_key], inner)
             return value  # type: ignore[no-any-return]
         if kind is bytes:
-            return self._decoded(memo, held)  # type: ignore[no-any-return]
+            if not self._json:
+                return self._codec.decode_value(held)
+            value = _scan_json(held.decode(), 0)[0]  # _decoded, inlined
+            self._decodes = count = self._decodes + 1
+            if count & (_SAMPLE_EVERY - 1):
+                return value  # type: ignore[no-any-return]
+            return self._sampled(memo, held, value)  # type: ignore[no-any-return]
         if kind is tuple:
             return held[0]  # type: ignore[no-any-return]
         return held  # type: ignore[no-any-return]
@@ -666,35 +710,47 @@ class Store(Generic[K, V]):
         value = _scan_json(data.decode(), 0)[0]
         # Racing threads may lose a count: it only shifts which decode is a sample.
         self._decodes = count = self._decodes + 1
-        if count & (_SAMPLE_EVERY - 1) or not self._hot_limit:
+        if count & (_SAMPLE_EVERY - 1):
             return value
+        return self._sampled(memo, data, value)
+
+    def _sampled(self, memo: bytes | str, data: bytes, value: Any) -> Any:
+        """`value`, decoded from `data` for a hit and sampled: the second sample turns it hot.
+
+        A sample marks a byte chosen by the key's hash with the round's stamp,
+        and a new round every `_ROUND` samples forgets the marks (a
+        doorkeeper, as in TinyLFU): values asked for evenly over a large store
+        are seldom sampled twice in a round, and so seldom displace hot ones.
+        Two keys that share a byte only make one of them hot early.
+        """
         kind = type(value)
-        if kind is not dict and kind is not list:
+        if (kind is not dict and kind is not list) or not self._hot_limit:
             return value
+        marks = self._marks
+        if marks is None:
+            marks = self._marks = bytearray(_SLOTS)
+        slot = hash(memo) & (_SLOTS - 1)
+        if marks[slot] != self._stamp:
+            marks[slot] = self._stamp
+            self._samples += 1
+            if self._samples >= _ROUND:
+                self._samples = 0
+                self._stamp = self._stamp % 255 + 1  # 1 to 255: 0 is "never marked"
+            return value
+        marks[slot] = 0
         with self._lock:
-            hot = self._promote(memo, data, value) if self._sampled_before(memo) else None
+            hot = self._promote(memo, data, value)
         # `value` is held now; the caller gets a copy of it.
         return value if hot is None else hot.copy()
-
-    def _sampled_before(self, memo: bytes | str) -> bool:
-        """Whether `memo` is among the last samples (then it turns hot); else note it."""
-        sampled = self._sampled
-        if memo in sampled:
-            del sampled[memo]
-            return True
-        sampled[memo] = None
-        if len(sampled) > _SAMPLES_KEPT:
-            sampled.popitem(last=False)
-        return False
 
     def _promote(self, memo: bytes | str, data: bytes, value: Any) -> _Hot | None:
         """Hold `value` (decoded from the held `data`) decoded; None if it cannot be."""
         if self._values.get(memo) is not data:
             return None  # replaced or dropped since the hit read it
         try:
-            plan, size = _plan_of(value)
-        except RecursionError:
-            return None  # nested deeper than a plan can follow: it stays encoded
+            value, plan, size = _prepared(value)
+        except _TooDeep:
+            return None  # it stays encoded
         size += _HOT_OVERHEAD
         if size > self._hot_limit:
             return None
