@@ -124,6 +124,12 @@ DEFAULT_HOT_BYTES: Final = 4 * 2**20
 _SAMPLE_EVERY = 4  # a power of two: the decode path tests `count & (_SAMPLE_EVERY - 1)`
 _SLOTS = 1 << 16  # the samples' marks: one byte per `hash(key) & (_SLOTS - 1)`
 _ROUND = 2048  # samples before the marks are forgotten
+# Promotions are rationed: each sample earns a credit, a promotion costs
+# _PROMOTION of them (at most one per _PROMOTION * _SAMPLE_EVERY decodes, in
+# bursts of up to 8), so keys that come in short bursts and never again cost
+# a small share of the decoding time, however many of them there are.
+_PROMOTION = 8
+_CREDITS = 8 * _PROMOTION
 # Per hot value beyond the decoded objects: the _Hot itself and its hot-set slot.
 _HOT_OVERHEAD = 160
 
@@ -134,6 +140,7 @@ _HOT_OVERHEAD = 160
 _Plan = tuple[tuple[Any, ...], tuple[tuple[Any, "_Plan"], ...]]
 _LEAVES: _Plan = ((), ())
 _STEP = 64  # a plan step's memory: a 2-tuple or a slot, and its index if it is large
+_LEAF = 48  # a leaf's memory beyond its characters (counted in the encoded form's length)
 _PLAN_DEPTH = 32  # a value nested deeper stays encoded (a plan is followed by recursion)
 
 
@@ -170,22 +177,24 @@ def _copied(value: Any, plan: _Plan) -> Any:
 
 
 def _prepared(value: Any, depth: int = _PLAN_DEPTH) -> tuple[Any, _Plan, int]:
-    """`value` made ready to be held hot: its copy plan, and the bytes it occupies.
+    """`value` made ready to be held hot, its copy plan, and the bytes its containers take.
 
-    Its dict keys are interned, so every hot value with a key of that name
-    shares one string (less memory, and a copy touches fewer objects).
-    `_TooDeep` if it nests containers more than `depth` deep.
+    The leaves' memory is estimated (their characters are counted by the
+    caller, as the length of the encoded form, plus `_LEAF` each here):
+    measuring each one would cost as much as the rest of a promotion. Dict
+    keys are interned, so every hot value with a key of that name shares one
+    string (less memory, and a copy touches fewer objects). `_TooDeep` if it
+    nests containers more than `depth` deep.
     """
     if not depth:
         raise _TooDeep
-    sizeof = sys.getsizeof
     items: Any
     if type(value) is dict:
         value = {sys.intern(key): item for key, item in value.items()}
         items = value.items()
     else:
         items = enumerate(value)
-    size = sizeof(value)
+    size = sys.getsizeof(value) + _LEAF * len(value)
     flat: list[Any] = []
     deep: list[tuple[Any, _Plan]] = []
     for key, item in items:
@@ -198,8 +207,6 @@ def _prepared(value: Any, depth: int = _PLAN_DEPTH) -> tuple[Any, _Plan, int]:
                 flat.append(key)
             else:
                 deep.append((key, plan))
-        else:
-            size += sizeof(item)
     return value, (tuple(flat), tuple(deep)), size
 
 
@@ -224,6 +231,7 @@ class Store(Generic[K, V]):
         "_codec",
         "_computes",
         "_counters",
+        "_credits",
         "_decodes",
         "_epoch",
         "_hits",
@@ -276,6 +284,7 @@ class Store(Generic[K, V]):
         self._marks: bytearray | None = None  # allocated at the first sample (`_sampled`)
         self._stamp = 1
         self._samples = 0
+        self._credits = _CREDITS
         self._undecodable: set[bytes] = set()
         self._reads: dict[bytes, _Flight] = {}
         self._computes: dict[bytes, _Flight] = {}
@@ -730,13 +739,19 @@ class Store(Generic[K, V]):
         if marks is None:
             marks = self._marks = bytearray(_SLOTS)
         slot = hash(memo) & (_SLOTS - 1)
+        credits = self._credits + 1
         if marks[slot] != self._stamp:
             marks[slot] = self._stamp
+            self._credits = min(credits, _CREDITS)
             self._samples += 1
             if self._samples >= _ROUND:
                 self._samples = 0
                 self._stamp = self._stamp % 255 + 1  # 1 to 255: 0 is "never marked"
             return value
+        if credits < _PROMOTION:
+            self._credits = credits
+            return value  # it stays marked: a later sample may promote it
+        self._credits = credits - _PROMOTION
         marks[slot] = 0
         with self._lock:
             hot = self._promote(memo, data, value)
@@ -751,7 +766,7 @@ class Store(Generic[K, V]):
             value, plan, size = _prepared(value)
         except _TooDeep:
             return None  # it stays encoded
-        size += _HOT_OVERHEAD
+        size += len(data) + _HOT_OVERHEAD
         if size > self._hot_limit:
             return None
         hot = _Hot(value, plan, size, data)
