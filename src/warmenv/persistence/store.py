@@ -24,7 +24,9 @@ immutable): a quarter to a half of a decode. Which values are hot is
 decided on the decode path alone, so a hit costs no bookkeeping: every 4th
 decode is a sample, and a value sampled twice within 2,048 samples enters
 the hot set, the oldest entrant leaving first. Values asked for evenly over
-a large store are seldom sampled twice that soon, so they cause little churn.
+a large store are seldom sampled twice that soon, and entries are rationed
+(one per 32 decodes at most), so no pattern of keys makes the churn cost
+more than a small share of the decoding.
 
 A `JsonCodec` store holds a `str` key's value under the `str` itself, not
 its encoding: a hit then costs one dict lookup on a hash the key already
