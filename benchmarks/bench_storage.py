@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import os
 import random
 import sqlite3
@@ -25,7 +26,8 @@ import anyio
 import anyio.lowlevel
 import attrs
 
-sys.path.insert(0, str(Path(__file__).parent))
+HERE = str(Path(__file__).parent)
+sys.path.insert(0, HERE)
 from _report import MEMORY_PROBE, Row, per_call_us, print_table
 from warmenv import (
     BytesCodec,
@@ -158,10 +160,48 @@ HITS = 100_000  # entries in the EAGER store whose hits are measured
 
 
 def shaped_value(shape: str, i: int) -> object:
-    """A value whose canonical JSON is about 256 bytes: a str, or a nested dict."""
+    """A value whose canonical JSON is about 256 bytes: a str, or a nested dict.
+
+    Each differs from the others (by `i`), as real values do: nothing can be
+    shared between two values' decoded forms but the dict keys.
+    """
     if shape == "str":
         return f"{'y' * 240}-{i:06d}"
-    return {"block": 128, "choice": "blocked", "ms": 1.5, "note": "x" * 160, "tiles": [16, 32, 64]}
+    return {
+        "block": 128 + i % 7,
+        "choice": "blocked",
+        "ms": 1.5 + i,
+        "note": f"{'x' * 153}-{i:06d}",
+        "tiles": [16, 32, 64 + i % 3],
+    }
+
+
+# How the hits of a benchmark pick their keys (each a stream of draws).
+PATTERNS = {
+    "uniform": "uniform over all keys",
+    "zipf": "Zipf 1.0 over all keys",
+    "few": "uniform over 1,000 keys",
+}
+STREAM = 10_000  # draws per run; every run gets a stream of its own
+
+
+def key_stream(pattern: str, n: int, count: int, rng: random.Random) -> list[str]:
+    """`count` keys of the `n` in a store, drawn as `pattern` says.
+
+    Zipf: the key of rank r is drawn with weight 1/r, and the ranks are
+    shuffled over the table (a service's hot keys are not its first ones).
+    """
+    if pattern == "uniform":
+        picks = [rng.randrange(n) for _ in range(count)]
+    elif pattern == "zipf":
+        order = list(range(n))
+        random.Random(1).shuffle(order)  # the same ranking for every stream
+        weights = list(itertools.accumulate(1 / rank for rank in range(1, n + 1)))
+        picks = [order[r] for r in rng.choices(range(n), cum_weights=weights, k=count)]
+    else:
+        few = random.Random(2).sample(range(n), 1000)
+        picks = [rng.choice(few) for _ in range(count)]
+    return [f"key-{i:06d}" for i in picks]
 
 
 async def fill_store(env: Environment, shape: str, n: int) -> Namespace:
@@ -202,15 +242,16 @@ async def per_key_us(
     return sum(best) / len(keys) * 1e6
 
 
-async def store_hits(root: Path, shape: str, n: int) -> list[Row]:
+async def store_hits(root: Path, shape: str, n: int, patterns: list[str]) -> list[Row]:
     """`get` and `get_or_compute` hits in a 100k-entry EAGER store, beside a dict."""
+    rows = []
     async with open_environment("hits", root=root) as env:
         namespace = await fill_store(env, shape, n)
         store: Store[str, object] = await env.store(namespace, mode=CacheMode.EAGER)
         assert len(store) == n
+        # The same store without a hot set: every hit decodes.
+        cold: Store[str, object] = await Store.open(env.storage(namespace), hot_bytes=0)
         plain = {f"key-{i:06d}": shaped_value(shape, i) for i in range(n)}
-        # Every 7th key, three times over: spread over the table, as a service's are.
-        keys = [f"key-{i:06d}" for i in range(0, n, 7)] * 3
 
         async def dict_get(key: str) -> object:
             return plain.get(key)
@@ -224,42 +265,61 @@ async def store_hits(root: Path, shape: str, n: int) -> list[Row]:
         def compute_hit(key: str) -> Awaitable[object]:
             return store.get_or_compute(key, never, key)
 
-        # Interleaved chunk by chunk (see compare_us): none gets a quieter
-        # moment of the machine than the others.
-        runs: dict[str, Callable[[str], Awaitable[object]]] = {
-            "dict": dict_get,
-            "get": store.get,
-            "compute": compute_hit,
-            "copy": dict_get_copy,
-        }
-        best = await compare_us(runs, keys)
-    label = f"{n // 1000}k EAGER, {shape} values"
-    baseline = "dict.get in a coroutine"
-    rows = [
-        Row(f"Store.get hit ({label})", best["get"], "µs", baseline, best["dict"], "<= 3x"),
-        Row(
-            f"get_or_compute hit ({label})",
-            best["compute"],
-            "µs",
-            baseline,
-            best["dict"],
-            "<= 3x",
-        ),
-    ]
-    if shape == "dict":
-        # A mutable value needs a fresh copy per caller; beside the copy a
-        # hand-written cache would make to give the same guarantee.
-        rows.append(
-            Row(
-                f"Store.get hit ({label})",
-                best["get"],
-                "µs",
-                "dict.get + copy.deepcopy in a coroutine",
-                best["copy"],
-                "",
-            )
-        )
+        for pattern in patterns:
+            runs: dict[str, Callable[[str], Awaitable[object]]] = {
+                "dict": dict_get,
+                "get": store.get,
+                "compute": compute_hit,
+            }
+            if shape == "dict":
+                runs["cold"] = cold.get
+            if shape == "dict" and pattern == "uniform":
+                runs["copy"] = dict_get_copy
+            best = await compare_us(runs, streams(runs, pattern, n))
+            label = f"{n // 1000}k EAGER, {shape} values, {PATTERNS[pattern]}"
+            baseline = "dict.get in a coroutine"
+            rows += [
+                Row(f"Store.get hit ({label})", best["get"], "µs", baseline, best["dict"], "<= 3x"),
+                Row(
+                    f"get_or_compute hit ({label})",
+                    best["compute"],
+                    "µs",
+                    baseline,
+                    best["dict"],
+                    "<= 3x",
+                ),
+            ]
+            if "cold" in best:
+                rows.append(
+                    Row(
+                        f"Store.get hit ({label})",
+                        best["get"],
+                        "µs",
+                        "Store.get with hot_bytes=0 (each hit decodes)",
+                        best["cold"],
+                        "",
+                    )
+                )
+            if "copy" in best:
+                # A mutable value needs a fresh copy per caller; beside the copy a
+                # hand-written cache would make to give the same guarantee.
+                rows.append(
+                    Row(
+                        f"Store.get hit ({label})",
+                        best["get"],
+                        "µs",
+                        "dict.get + copy.deepcopy in a coroutine",
+                        best["copy"],
+                        "",
+                    )
+                )
     return rows
+
+
+def streams(runs: dict[str, object], pattern: str, n: int) -> dict[str, list[str]]:
+    """A stream of keys per run, all drawn alike (see `compare_us`)."""
+    rng = random.Random(3)
+    return {name: key_stream(pattern, n, STREAM, rng) for name in runs}
 
 
 async def hits_under_load(root: Path, askers: int = 200, keys: int = 10) -> Row:
@@ -316,48 +376,57 @@ async def hits_under_load(root: Path, askers: int = 200, keys: int = 10) -> Row:
 
 
 async def compare_us(
-    runs: dict[str, Callable[[str], Awaitable[object]]], keys: list[str], repeat: int = 5
+    runs: dict[str, Callable[[str], Awaitable[object]]],
+    keys: dict[str, list[str]],
+    repeat: int = 5,
 ) -> dict[str, float]:
-    """Mean µs per `await run(key)` of each run, interleaved chunk by chunk.
+    """Mean µs per `await run(key)` of each run over its own stream of keys.
 
-    Every run does a chunk of keys right after the others did the same
-    chunk, so that a change of load on the (shared) machine reaches a figure
-    and its baseline alike; each (run, chunk) keeps its best time over the
-    passes, and a run's figure adds up its chunks' bests. Each run goes over
-    its chunk once untimed first: runs over the same table (a store's get
-    and get_or_compute) would otherwise warm the CPU caches for each other,
-    and the one timed second would look faster.
+    Each run first goes over its whole stream untimed: the store reaches the
+    state the pattern leaves it in (its hot set filled) and the CPU caches
+    hold what they would. Then the runs take turns chunk by chunk, so that a
+    change of load on the (shared) machine reaches a figure and its
+    baseline alike; each (run, chunk) keeps its best time over the passes,
+    and a run's figure adds up its chunks' bests. The streams are drawn
+    alike but differ: a run timed right after another over the same keys
+    would find them in the CPU caches and look faster. Times are the
+    thread's CPU time: on a shared machine, the moments another process
+    held the CPU are not counted against either (its use of the caches is).
     """
-    chunks = _chunks(keys)
-    best = {name: [float("inf")] * len(chunks) for name in runs}
+    chunks = {name: _chunks(keys[name]) for name in runs}
+    best = {name: [float("inf")] * len(chunks[name]) for name in runs}
+    for name, run in runs.items():
+        for key in keys[name]:
+            await run(key)
     for _ in range(repeat):
-        for i, chunk in enumerate(chunks):
+        for i in range(len(best[next(iter(runs))])):
             for name, run in runs.items():
+                chunk = chunks[name][i]
+                start = time.thread_time()
                 for key in chunk:
                     await run(key)
-                start = time.perf_counter()
-                for key in chunk:
-                    await run(key)
-                best[name][i] = min(best[name][i], time.perf_counter() - start)
-    return {name: sum(times) / len(keys) * 1e6 for name, times in best.items()}
+                best[name][i] = min(best[name][i], time.thread_time() - start)
+    return {name: sum(times) / len(keys[name]) * 1e6 for name, times in best.items()}
 
 
 def compare_sync_us(
-    runs: dict[str, Callable[[str], object]], keys: list[str], repeat: int = 5
+    runs: dict[str, Callable[[str], object]], keys: dict[str, list[str]], repeat: int = 5
 ) -> dict[str, float]:
     """`compare_us` for plain functions."""
-    chunks = _chunks(keys)
-    best = {name: [float("inf")] * len(chunks) for name in runs}
+    chunks = {name: _chunks(keys[name]) for name in runs}
+    best = {name: [float("inf")] * len(chunks[name]) for name in runs}
+    for name, run in runs.items():
+        for key in keys[name]:
+            run(key)
     for _ in range(repeat):
-        for i, chunk in enumerate(chunks):
+        for i in range(len(best[next(iter(runs))])):
             for name, run in runs.items():
+                chunk = chunks[name][i]
+                start = time.thread_time()
                 for key in chunk:
                     run(key)
-                start = time.perf_counter()
-                for key in chunk:
-                    run(key)
-                best[name][i] = min(best[name][i], time.perf_counter() - start)
-    return {name: sum(times) / len(keys) * 1e6 for name, times in best.items()}
+                best[name][i] = min(best[name][i], time.thread_time() - start)
+    return {name: sum(times) / len(keys[name]) * 1e6 for name, times in best.items()}
 
 
 def per_key_sync_us(fn: Callable[[Any], object], keys: list[Any], repeat: int = 5) -> float:
@@ -373,8 +442,9 @@ def per_key_sync_us(fn: Callable[[Any], object], keys: list[Any], repeat: int = 
     return sum(best) / len(keys) * 1e6
 
 
-def blocking_hits(root: Path, shape: str, n: int) -> list[Row]:
+def blocking_hits(root: Path, shape: str, n: int, patterns: list[str]) -> list[Row]:
     """warmenv.blocking hits in the EAGER store `store_hits` filled, beside a locked dict."""
+    rows = []
     with blocking.open_environment("hits", root=root) as env:
         store: blocking.BlockingStore[str, object] = env.store(
             Namespace("bench", f"hits-{shape}", version="1")
@@ -382,7 +452,6 @@ def blocking_hits(root: Path, shape: str, n: int) -> list[Row]:
         assert len(store) == n
         plain = {f"key-{i:06d}": shaped_value(shape, i) for i in range(n)}
         lock = threading.Lock()
-        keys = [f"key-{i:06d}" for i in range(0, n, 7)] * 3
 
         def locked_get(key: str) -> object:
             with lock:
@@ -392,22 +461,28 @@ def blocking_hits(root: Path, shape: str, n: int) -> list[Row]:
             with lock:
                 return copy.deepcopy(plain.get(key))
 
-        runs: dict[str, Callable[[str], object]] = {
-            "dict": locked_get,
-            "get": store.get,
-            "copy": locked_copy,
-        }
-        best = compare_sync_us(runs, keys)
-    name = f"warmenv.blocking get hit ({n // 1000}k EAGER, {shape} values)"
-    baseline = "dict.get under a threading.Lock"
-    rows = [
-        Row(name, best["get"], "µs", baseline, best["dict"], "<= 1.2x"),
-        Row(name, best["get"], "µs", "absolute target", 2.0, "< 2 µs"),
-    ]
-    if shape == "dict":
-        rows.append(
-            Row(name, best["get"], "µs", "dict.get + copy.deepcopy under a Lock", best["copy"])
-        )
+        for pattern in patterns:
+            runs: dict[str, Callable[[str], object]] = {"dict": locked_get, "get": store.get}
+            if shape == "dict" and pattern == "uniform":
+                runs["copy"] = locked_copy
+            best = compare_sync_us(runs, streams(runs, pattern, n))
+            name = f"warmenv.blocking get hit ({n // 1000}k EAGER, {shape} values,"
+            name += f" {PATTERNS[pattern]})"
+            baseline = "dict.get under a threading.Lock"
+            rows += [
+                Row(name, best["get"], "µs", baseline, best["dict"], "<= 1.2x"),
+                Row(name, best["get"], "µs", "absolute target", 2.0, "< 2 µs"),
+            ]
+            if "copy" in best:
+                rows.append(
+                    Row(
+                        name,
+                        best["get"],
+                        "µs",
+                        "dict.get + copy.deepcopy under a Lock",
+                        best["copy"],
+                    )
+                )
     return rows
 
 
@@ -449,8 +524,11 @@ def percentile(samples: list[float], p: float) -> float:
 
 _STORE_RSS_CHILD = MEMORY_PROBE + textwrap.dedent(
     """
-    import gc, json, sys, anyio
+    import gc, json, random, sys, anyio
     from warmenv import CacheMode, Namespace, open_environment
+
+    sys.path.insert(0, sys.argv[4])
+    from bench_storage import key_stream
 
     async def main():
         async with open_environment("hits", root=sys.argv[1]) as env:
@@ -458,6 +536,7 @@ _STORE_RSS_CHILD = MEMORY_PROBE + textwrap.dedent(
             storage = env.storage(namespace)
             raw = (await storage.summary()).bytes
             if sys.argv[3] == "store":
+                keys = key_stream("zipf", 100_000, 300_000, random.Random(4))
                 gc.collect()
                 before = rss_mib()
                 held = await env.store(namespace, mode=CacheMode.EAGER)
@@ -467,7 +546,12 @@ _STORE_RSS_CHILD = MEMORY_PROBE + textwrap.dedent(
                 held = {key: json.loads(value) async for key, value in storage.scan()}
             await storage.get(b"-")  # the worker thread lets go of the last page
             gc.collect()
-            print(len(held), raw / 2**20, rss_mib() - before)
+            loaded = rss_mib() - before
+            if sys.argv[3] == "store":
+                for key in keys:  # fills the hot set as a service's hits would
+                    await held.get(key)
+                gc.collect()
+            print(len(held), raw / 2**20, loaded, rss_mib() - before)
 
     anyio.run(main)
     """
@@ -477,22 +561,25 @@ _STORE_RSS_CHILD = MEMORY_PROBE + textwrap.dedent(
 def store_rss(root: Path, shape: str) -> list[Row]:
     """RSS growth of loading an EAGER store, beside the raw size and a dict of the values."""
 
-    def measure(what: str) -> tuple[int, float, float]:
+    def measure(what: str) -> tuple[int, float, float, float]:
         out = subprocess.run(
-            [sys.executable, "-c", _STORE_RSS_CHILD, str(root), shape, what],
+            [sys.executable, "-c", _STORE_RSS_CHILD, str(root), shape, what, HERE],
             capture_output=True,
             text=True,
             check=True,
         ).stdout.split()
-        return int(out[0]), float(out[1]), float(out[2])
+        return int(out[0]), float(out[1]), float(out[2]), float(out[3])
 
-    entries, raw, loaded = measure("store")
-    _, _, plain = measure("dict")
+    entries, raw, loaded, used = measure("store")
+    _, _, plain, _ = measure("dict")
     name = f"RSS of an EAGER store, {entries:,} {shape} entries of ~256 B"
-    return [
-        Row(name, loaded, "MiB", "raw size (keys + values)", raw, "<= 1.5x"),
-        Row(name, loaded, "MiB", "a dict of the decoded values", plain, ""),
-    ]
+    rows = [Row(name, loaded, "MiB", "raw size (keys + values)", raw, "<= 1.5x")]
+    if shape == "dict":  # only containers are ever held decoded (the hot set)
+        rows.append(
+            Row(name + ", after 300k Zipf hits", used, "MiB", "raw size (keys + values)", raw)
+        )
+    rows.append(Row(name, loaded, "MiB", "a dict of the decoded values", plain, ""))
+    return rows
 
 
 _RSS_CHILD = MEMORY_PROBE + textwrap.dedent(
@@ -552,8 +639,8 @@ async def bench(root: Path, entries: int, backend: str) -> list[Row]:
         )
     else:
         rows.append(Row("Storage.get hit", get, "µs", "(see asyncio figure)", get, ""))
-    for shape in ("str", "dict"):
-        rows += await store_hits(root / backend, shape, HITS)
+    rows += await store_hits(root / backend, "str", HITS, ["uniform"])
+    rows += await store_hits(root / backend, "dict", HITS, list(PATTERNS))
     rows.append(await hits_under_load(root / backend))
     if backend == "asyncio":
         raw_bulk = raw_executemany_per_s(root, entries, 1024)
@@ -602,8 +689,8 @@ def main() -> None:
             for row in trio_rows
             if row.name.startswith(("Store.get", "get_or_compute", "p99"))
         ]
-        for shape in ("str", "dict"):
-            rows += blocking_hits(root / "asyncio", shape, HITS)
+        rows += blocking_hits(root / "asyncio", "str", HITS, ["uniform"])
+        rows += blocking_hits(root / "asyncio", "dict", HITS, list(PATTERNS))
         rows.append(blocking_misses(root))
         for shape in ("str", "dict"):
             rows += store_rss(root / "asyncio", shape)

@@ -16,7 +16,17 @@ import pytest
 
 from helpers import run_python
 from redis_server import RedisServer
-from warmenv import ClosedError, Namespace, Origin, Stored, WarmenvError, open_environment
+from warmenv import (
+    CacheMode,
+    ClosedError,
+    Failed,
+    Namespace,
+    Origin,
+    Purged,
+    Stored,
+    WarmenvError,
+    open_environment,
+)
 from warmenv.blocking import (
     BlockingEnvironment,
     BlockingStore,
@@ -26,6 +36,7 @@ from warmenv.blocking import (
 )
 from warmenv.blocking import open_environment as open_blocking
 from warmenv.bundle import Event, ExportReport, Finished, ImportReport, Progress, Started
+from warmenv.persistence.sqlite import SqliteStorage
 
 NS = Namespace("app", "blocking", version="1")
 
@@ -289,6 +300,118 @@ def test_memoize_with_a_key_function(env: BlockingEnvironment) -> None:
     assert greet("ada") == "hello ada!"
     assert greet("ada", punctuation="?") == "hello ada!"
     assert store.get("ada") == "hello ada!"
+
+
+def test_a_miss_is_read_on_the_calling_thread_and_then_held(env: BlockingEnvironment) -> None:
+    writer = env.store(NS)
+    for i in range(20):
+        writer.insert(f"k{i}", {"i": i})
+    codec = TracingCodec()
+    store = env.store(NS, codec=codec, mode=CacheMode.LAZY)
+
+    def read_all() -> list[object]:
+        return [store.get(f"k{i}") for i in range(20)]
+
+    threads, outcomes = in_threads(4, read_all)
+    join(threads)
+
+    assert outcomes == [[{"i": i} for i in range(20)]] * 4
+    assert set(codec.decoded_on) <= {t.ident for t in threads}  # never the loop thread
+    assert len(store) == 20
+    codec.decoded_on.clear()
+    assert store.get("k3") == {"i": 3}
+    assert codec.decoded_on == [threading.get_ident()]  # a hit, from memory
+
+
+def test_threads_reading_through_at_once_each_get_every_value(env: BlockingEnvironment) -> None:
+    writer: BlockingStore[str, list[int]] = env.store(NS)
+    for i in range(200):
+        writer.insert(f"k{i}", [i, i])
+    store: BlockingStore[str, list[int]] = env.store(NS, mode=CacheMode.LAZY)
+
+    def read_all() -> list[list[int] | None]:
+        got = [store.get(f"k{i}") for i in range(200)]
+        for value in got:
+            assert value is not None
+            value.append(-1)  # each thread's own copy
+        return got
+
+    threads, outcomes = in_threads(8, read_all)
+    join(threads)
+
+    assert outcomes == [[[i, i, -1] for i in range(200)]] * 8
+    assert [store.get(f"k{i}") for i in range(200)] == [[i, i] for i in range(200)]
+
+
+def test_a_read_that_a_purge_overtakes_is_not_held(
+    env: BlockingEnvironment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env.store(NS).insert("k", {"v": 1})
+    store: BlockingStore[str, dict[str, int]] = env.store(NS, mode=CacheMode.LAZY)
+    read, purged = threading.Event(), threading.Event()
+    get_blocking = SqliteStorage.get_blocking
+
+    def slow_read(storage: SqliteStorage, key: bytes) -> bytes | None:
+        data = get_blocking(storage, key)
+        read.set()
+        assert purged.wait(timeout=30)
+        return data
+
+    monkeypatch.setattr(SqliteStorage, "get_blocking", slow_read)
+    reader, outcomes = in_threads(1, lambda: store.get("k"))
+    assert read.wait(timeout=30)
+    store.purge_key("k")  # deletes while the reader holds what it read
+    purged.set()
+    join(reader)
+
+    assert outcomes == [{"v": 1}]  # read before the delete: an answer of its time
+    assert len(store) == 0  # but not held, to be served after the purge
+    assert store.get("k") is None
+
+
+def test_a_read_made_while_a_purge_runs_is_dropped_when_it_ends(
+    env: BlockingEnvironment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env.store(NS).insert("k", {"v": 1})
+    store: BlockingStore[str, dict[str, int]] = env.store(NS, mode=CacheMode.LAZY)
+    entered, gate = threading.Event(), threading.Event()
+    purge_key = SqliteStorage.purge_key
+
+    async def slow_purge(storage: SqliteStorage, key: bytes) -> Purged | Failed:
+        entered.set()
+        await anyio.to_thread.run_sync(gate.wait, 30)
+        return await purge_key(storage, key)
+
+    monkeypatch.setattr(SqliteStorage, "purge_key", slow_purge)
+    purger, _ = in_threads(1, lambda: store.purge_key("k"))
+    assert entered.wait(timeout=30)
+    assert store.get("k") == {"v": 1}  # not deleted yet: read on this thread, and held
+    gate.set()
+    join(purger)
+
+    assert len(store) == 0
+    assert store.get("k") is None
+
+
+def test_a_hot_value_is_each_threads_own_copy(env: BlockingEnvironment) -> None:
+    value = {"tiles": [16, 32], "nested": {"deep": [1]}}
+    env.store(NS).insert("k", value)
+    store: BlockingStore[str, dict[str, Any]] = env.store(NS)
+
+    def mutate_copies() -> None:
+        for _ in range(200):
+            got = store.get("k")
+            assert got == value
+            got["tiles"].append(64)
+            got["nested"]["deep"].append(2)
+            got["added"] = True
+
+    threads, outcomes = in_threads(4, mutate_copies)
+    join(threads)
+
+    assert outcomes == [None] * 4
+    assert set(store.store._hot) == {"k"}  # internal: the copies came from the hot set
+    assert store.get("k") == value
 
 
 # --- environments ------------------------------------------------------------------

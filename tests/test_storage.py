@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import anyio.to_thread
 import pytest
 
 from warmenv.persistence import (
@@ -17,6 +18,7 @@ from warmenv.persistence import (
     Storage,
     Stored,
 )
+from warmenv.persistence.sqlite import SqliteStorage
 
 pytestmark = pytest.mark.anyio
 
@@ -26,6 +28,15 @@ LOCAL = Origin.LOCAL
 
 async def test_a_missing_key_is_a_miss(storage: Storage) -> None:
     assert await storage.get(b"nope") is None
+
+
+async def test_get_blocking_reads_on_a_thread_or_says_it_cannot(storage: Storage) -> None:
+    assert await storage.insert(b"k", b"v") == Stored()
+    found = await anyio.to_thread.run_sync(storage.get_blocking, b"k")
+    assert await anyio.to_thread.run_sync(storage.get_blocking, b"nope") is None
+    # SQLite reads the file with a connection of the thread's own; memory cannot (None:
+    # ask `get` on the event loop).
+    assert found == (b"v" if isinstance(storage, SqliteStorage) else None)
 
 
 async def test_an_inserted_value_is_read_back(storage: Storage) -> None:

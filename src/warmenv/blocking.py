@@ -4,8 +4,11 @@ Every blocking environment in a process is served by one event-loop thread
 (started on first use, a daemon, stopped at interpreter exit), so a sync
 caller pays a thread hop only when there is I/O to wait for, never an event
 loop per call. A hit is answered on the caller's own thread from the store's
-memory (`Store.get_nowait`), as cheap as a dict lookup; a miss crosses to the
-loop thread once and waits there for the storage read.
+memory (`Store.get_nowait`), as cheap as a dict lookup. A miss reads the
+environment file on the caller's thread too, with a read-only connection of
+its own (WAL readers never wait for the writer); only what that cannot
+answer (a key the file does not hold, a shared tier, an environment in
+memory) crosses to the loop thread and waits there.
 
 `get_or_compute` runs the computation on the caller's thread: it is the
 application's plain function, free to block, and running it on the loop
@@ -373,6 +376,7 @@ class BlockingStore(Generic[K, V]):
 
     __slots__ = (
         "_codec",
+        "_decoded",
         "_get_nowait",
         "_held",
         "_json",
@@ -380,6 +384,7 @@ class BlockingStore(Generic[K, V]):
         "_loop",
         "_lru",
         "_memoized",
+        "_read_here",
         "_runs",
         "_store",
         "_unpack",
@@ -395,6 +400,8 @@ class BlockingStore(Generic[K, V]):
         self._lru = store._lru
         self._json = store._json
         self._unpack = store._unpack
+        self._decoded = store._decoded
+        self._read_here = store._read_here
         self._codec = codec
         self._loop = loop
         self._lock = threading.Lock()
@@ -419,7 +426,10 @@ class BlockingStore(Generic[K, V]):
     @overload
     def get(self, key: K, default: D) -> V | D: ...
     def get(self, key: K, default: Any = None) -> Any:
-        """The value for `key`, or `default`; a miss reads the storage (on the loop thread)."""
+        """The value for `key`, or `default`; a miss reads the storage on this thread.
+
+        Only what the environment file cannot answer here goes to the loop thread.
+        """
         # Store.get_nowait, inlined with a short loop check: this is the hit path.
         if _running_asyncio_loop() is not None or _sniffio_local.name is not None:
             _refuse_event_loop_thread("get()")
@@ -427,14 +437,20 @@ class BlockingStore(Generic[K, V]):
         held: Any = self._held.get(memo, _ABSENT)
         if held is _ABSENT:
             _refuse_event_loop_thread("get()")  # the full check, for a trio older than 0.23
+            found = self._read_here(memo, self._store._encode_key(key))
+            if found is not _ABSENT:
+                return found
             return self._loop.call(self._store.get, key, default)
         if self._lru is not None:
             try:
                 self._lru.move_to_end(memo)
             except KeyError:
-                pass  # evicted by the loop thread just now: still a hit
-        if type(held) in _IMMUTABLE:
+                pass  # evicted by another thread just now: still a hit
+        kind = type(held)
+        if kind in _IMMUTABLE:
             return held
+        if kind is bytes:
+            return self._decoded(memo, held)
         return self._unpack(held)
 
     def insert(self, key: K, value: V) -> Insertion:
@@ -462,8 +478,11 @@ class BlockingStore(Generic[K, V]):
                 self._lru.move_to_end(memo)
             except KeyError:
                 pass
-        if type(held) in _IMMUTABLE:
+        kind = type(held)
+        if kind in _IMMUTABLE:
             return held  # type: ignore[no-any-return]
+        if kind is bytes:
+            return self._decoded(memo, held)  # type: ignore[no-any-return]
         return self._unpack(held)  # type: ignore[no-any-return]
 
     @overload
@@ -563,6 +582,9 @@ class BlockingStore(Generic[K, V]):
         self, run: _Run, key: K, encoded: bytes, fn: Callable[..., V], args: tuple[Any, ...]
     ) -> V:
         try:
+            found = self._read_here(self._store._memo(encoded), encoded)
+            if found is not _ABSENT:
+                return found  # type: ignore[no-any-return]
             return self._through_the_store(key, fn, args)
         except Exception as exc:
             run.error = exc

@@ -6,7 +6,9 @@ asyncio futures) gets a dedicated thread of its own, woken through trio's
 token. A connection offers one operation, `run(fn)`: call `fn` with the
 sqlite3 connection on the worker thread, in one hop. A transaction is one
 such function, BEGIN to COMMIT, so a caller cancelled mid-way can never
-leave it open: the worker finishes it (or rolls it back) on its own.
+leave it open: the worker finishes it (or rolls it back) on its own. A
+caller that is not on an event loop may read with `run_here(fn)` instead,
+on its own thread with a read-only connection of its own (see `_here`).
 
 A connection belongs to the event loop that opened it; `run` and `close`
 from any other loop or backend raise a `WarmenvError` naming both (see
@@ -40,6 +42,14 @@ class Connection(Protocol):
 
         `WarmenvError` if called from another event loop than the one that
         opened the connection.
+        """
+        ...
+
+    def run_here(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Call `fn(connection)` on this thread with a pooled read-only connection.
+
+        For plain threads (no event loop): no hop to the worker. Safe from
+        any thread; `ClosedError` once the connection is closed.
         """
         ...
 

@@ -18,6 +18,7 @@ import aiosqlite
 import anyio
 
 from warmenv._errors import ClosedError, WarmenvError
+from warmenv._sqlite._here import Readers
 from warmenv._sqlite._loop import asyncio_loop_label, foreign_loop_error
 
 T = TypeVar("T")
@@ -31,11 +32,14 @@ if not hasattr(aiosqlite.Connection, "_execute"):  # pragma: no cover - version 
 
 @final
 class AiosqliteConnection:
-    __slots__ = ("_aio", "_database", "_loop", "_opened_on", "_raw")
+    __slots__ = ("_aio", "_database", "_loop", "_opened_on", "_raw", "_readers")
 
-    def __init__(self, aio: aiosqlite.Connection, raw: sqlite3.Connection, database: str) -> None:
+    def __init__(
+        self, aio: aiosqlite.Connection, raw: sqlite3.Connection, database: str, readers: Readers
+    ) -> None:
         self._aio = aio
         self._raw: sqlite3.Connection | None = raw
+        self._readers = readers
         self._loop = asyncio.get_running_loop()
         self._opened_on = asyncio_loop_label(self._loop)
         self._database = database
@@ -47,7 +51,7 @@ class AiosqliteConnection:
         aio = aiosqlite.Connection(connector, iter_chunk_size=64)
         await aio
         raw: sqlite3.Connection = aio._conn
-        return cls(aio, raw, database)
+        return cls(aio, raw, database, Readers(connector, database))
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         raw = self._raw
@@ -59,12 +63,16 @@ class AiosqliteConnection:
         result: T = await execute(fn, raw)
         return result
 
+    def run_here(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return self._readers.run(fn)
+
     async def close(self) -> None:
         if self._raw is None:
             return
         if asyncio._get_running_loop() is not self._loop:
             raise self._foreign()
         self._raw = None
+        self._readers.close()
         with anyio.CancelScope(shield=True):
             await self._aio.close()
 

@@ -21,6 +21,7 @@ import outcome
 import trio
 
 from warmenv._errors import ClosedError, WarmenvError
+from warmenv._sqlite._here import Readers
 from warmenv._sqlite._loop import foreign_loop_error, trio_run_label
 
 T = TypeVar("T")
@@ -34,11 +35,12 @@ def _worker(jobs: SimpleQueue[_Job]) -> None:
 
 @final
 class TrioConnection:
-    __slots__ = ("_database", "_jobs", "_opened_on", "_raw", "_token")
+    __slots__ = ("_database", "_jobs", "_opened_on", "_raw", "_readers", "_token")
 
-    def __init__(self, jobs: SimpleQueue[_Job], database: str) -> None:
+    def __init__(self, jobs: SimpleQueue[_Job], database: str, readers: Readers) -> None:
         self._jobs = jobs
         self._raw: sqlite3.Connection | None = None
+        self._readers = readers
         self._token = trio.lowlevel.current_trio_token()
         self._opened_on = trio_run_label(self._token)
         self._database = database
@@ -48,7 +50,7 @@ class TrioConnection:
         cls, connector: Callable[[], sqlite3.Connection], database: str
     ) -> TrioConnection:
         jobs: SimpleQueue[_Job] = SimpleQueue()
-        self = cls(jobs, database)
+        self = cls(jobs, database, Readers(connector, database))
         threading.Thread(target=_worker, args=(jobs,), name="warmenv-sqlite", daemon=True).start()
         try:
             self._raw = await self._call(connector, self._token)
@@ -70,6 +72,9 @@ class TrioConnection:
             raise self._foreign()
         return await self._call(partial(fn, raw), token)
 
+    def run_here(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return self._readers.run(fn)
+
     async def close(self) -> None:
         raw = self._raw
         if raw is None:
@@ -81,6 +86,7 @@ class TrioConnection:
         if token is not self._token:
             raise self._foreign()
         self._raw = None
+        self._readers.close()
         with anyio.CancelScope(shield=True):
             try:
                 await self._call(raw.close, token)

@@ -398,6 +398,13 @@ class SqliteStorage(Storage):
             log.warning("read of %s failed, treated as a miss: %s", self.describe(), exc)
             return None
 
+    def get_blocking(self, key: bytes) -> bytes | None:
+        check_key(key)
+        try:
+            return self._db.connection.run_here(partial(_get, self._namespace, key))
+        except sqlite3.Error:
+            return None  # `get` reads again, and logs if it fails too
+
     async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
         wanted = [check_key(k) for k in keys]
         if not wanted:

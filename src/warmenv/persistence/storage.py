@@ -183,6 +183,17 @@ class Storage(Protocol):
         """The values of those `keys` that are stored; missing keys are left out."""
         ...
 
+    def get_blocking(self, key: bytes) -> bytes | None:
+        """The value under `key` read on the calling thread, a thread with no event loop.
+
+        For `warmenv.blocking`, whose misses would otherwise cross to the
+        event-loop thread. `None` means "not found here": not stored, a read
+        that failed, or (this default) a storage that cannot read without its
+        event loop; the caller then awaits `get` on that loop, which decides.
+        Safe to call from any thread.
+        """
+        return None
+
     async def insert(
         self,
         key: bytes,

@@ -14,10 +14,19 @@ they are, anything else as its encoded bytes (what the storage holds),
 decoded afresh on each hit. A caller that mutates what it got therefore
 never changes what the next caller gets. For JSON, bytes that already
 decoded once are decoded by the C scanner directly, skipping the checks
-`json.loads` makes for untrusted input. Holding decoded containers and
-copying them would be faster (0.13 to 0.45 µs against 1 µs for a 256-byte
-object) but the objects cost three to four times the raw size in memory,
-against 1.6x for the JSON, and a store is sized by its memory.
+`json.loads` makes for untrusted input.
+
+Decoded objects cost three to four times their JSON in memory, so only the
+most used JSON containers are also held decoded, in a hot set of at most
+`hot_bytes` (the encoded form stays the backing copy). A hit on one of them
+copies its containers and shares its leaves (strings and numbers are
+immutable): a quarter to a half of a decode. Which values are hot is
+decided on the decode path alone, so a hit costs no bookkeeping: every 4th
+decode is a sample, and a value sampled twice within 2,048 samples enters
+the hot set, the oldest entrant leaving first. Values asked for evenly over
+a large store are seldom sampled twice that soon, and entries are rationed
+(one per 32 decodes at most), so no pattern of keys makes the churn cost
+more than a small share of the decoding.
 
 A `JsonCodec` store holds a `str` key's value under the `str` itself, not
 its encoding: a hit then costs one dict lookup on a hash the key already
@@ -38,6 +47,7 @@ import enum
 import functools
 import inspect
 import sys
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
@@ -111,6 +121,97 @@ _ABSENT: Any = object()
 _IMMUTABLE = frozenset({str, int, float, bool, type(None)})
 
 
+DEFAULT_HOT_BYTES: Final = 4 * 2**20
+"""The default bound on a JSON store's decoded hot set (see the module docstring)."""
+_SAMPLE_EVERY = 4  # a power of two: the decode path tests `count & (_SAMPLE_EVERY - 1)`
+_SLOTS = 1 << 16  # the samples' marks: one byte per `hash(key) & (_SLOTS - 1)`
+_ROUND = 2048  # samples before the marks are forgotten
+# Promotions are rationed: each sample earns a credit, a promotion costs
+# _PROMOTION of them (at most one per _PROMOTION * _SAMPLE_EVERY decodes, in
+# bursts of up to 8), so keys that come in short bursts and never again cost
+# a small share of the decoding time, however many of them there are.
+_PROMOTION = 8
+_CREDITS = 8 * _PROMOTION
+# Per hot value beyond the decoded objects: the _Hot itself and its hot-set slot.
+_HOT_OVERHEAD = 160
+
+
+# A copy plan: the keys (or indexes) of the children that are containers of
+# leaves only, copied with `.copy()`, and for each child that holds
+# containers itself, its key and its own plan. Leaves are shared, never copied.
+_Plan = tuple[tuple[Any, ...], tuple[tuple[Any, "_Plan"], ...]]
+_LEAVES: _Plan = ((), ())
+_STEP = 64  # a plan step's memory: a 2-tuple or a slot, and its index if it is large
+_LEAF = 48  # a leaf's memory beyond its characters (counted in the encoded form's length)
+_PLAN_DEPTH = 32  # a value nested deeper stays encoded (a plan is followed by recursion)
+
+
+class _TooDeep(Exception):
+    pass
+
+
+@final
+class _Hot:
+    """A JSON container held decoded (never handed out: each hit gets a copy)."""
+
+    __slots__ = ("data", "deep", "flat", "size", "value")
+
+    def __init__(self, value: Any, plan: _Plan, size: int, data: bytes) -> None:
+        self.value = value
+        self.flat, self.deep = plan
+        self.size = size
+        self.data = data
+        """The encoded form, held again when the value leaves the hot set."""
+
+    def copy(self) -> Any:
+        return _copied(self.value, (self.flat, self.deep))
+
+
+def _copied(value: Any, plan: _Plan) -> Any:
+    """A copy of a JSON container: new containers, the same (immutable) leaves."""
+    copy = value.copy()
+    flat, deep = plan
+    for key in flat:
+        copy[key] = copy[key].copy()
+    for key, inner in deep:
+        copy[key] = _copied(copy[key], inner)
+    return copy
+
+
+def _prepared(value: Any, depth: int = _PLAN_DEPTH) -> tuple[Any, _Plan, int]:
+    """`value` made ready to be held hot, its copy plan, and the bytes its containers take.
+
+    The leaves' memory is estimated (their characters are counted by the
+    caller, as the length of the encoded form, plus `_LEAF` each here):
+    measuring each one would cost as much as the rest of a promotion. Dict
+    keys are interned, so every hot value with a key of that name shares one
+    string (less memory, and a copy touches fewer objects). `_TooDeep` if it
+    nests containers more than `depth` deep.
+    """
+    if not depth:
+        raise _TooDeep
+    items: Any
+    if type(value) is dict:
+        value = {sys.intern(key): item for key, item in value.items()}
+        items = value.items()
+    else:
+        items = enumerate(value)
+    size = sys.getsizeof(value) + _LEAF * len(value)
+    flat: list[Any] = []
+    deep: list[tuple[Any, _Plan]] = []
+    for key, item in items:
+        kind = type(item)
+        if kind is dict or kind is list:
+            child, plan, inner = _prepared(item, depth - 1)
+            value[key] = child  # an existing key: iterating goes on
+            size += inner + _STEP
+            if plan == _LEAVES:
+                flat.append(key)
+            else:
+                deep.append((key, plan))
+    return value, (tuple(flat), tuple(deep)), size
+
+
 @attrs.define(eq=False)
 class _Flight:
     """One shared run (a storage read, or a computation) for one key."""
@@ -128,17 +229,27 @@ class Store(Generic[K, V]):
     """Typed keys to typed values over a `Storage`, with a local copy."""
 
     __slots__ = (
+        "_changes",
         "_codec",
         "_computes",
         "_counters",
+        "_credits",
+        "_decodes",
         "_epoch",
         "_hits",
+        "_hot",
+        "_hot_limit",
+        "_hot_size",
         "_json",
         "_limit",
+        "_lock",
         "_lru",
+        "_marks",
         "_memoized",
         "_mode",
         "_reads",
+        "_samples",
+        "_stamp",
         "_storage",
         "_undecodable",
         "_values",
@@ -151,9 +262,12 @@ class Store(Generic[K, V]):
         mode: CacheMode,
         max_entries: int | None = None,
         counters: Counters | None = None,
+        hot_bytes: int = DEFAULT_HOT_BYTES,
     ) -> None:
         if max_entries is not None and (type(max_entries) is not int or max_entries < 1):
             raise ValueError(f"max_entries must be a positive int or None, got {max_entries!r}")
+        if type(hot_bytes) is not int or hot_bytes < 0:
+            raise ValueError(f"hot_bytes must be an int >= 0, got {hot_bytes!r}")
         self._storage = storage
         self._codec = codec
         self._mode = mode
@@ -164,10 +278,23 @@ class Store(Generic[K, V]):
         # Keyed by `_memo(encoded)`: the key itself for a JsonCodec str key.
         self._values: dict[bytes | str, Any] = {} if self._lru is None else self._lru
         self._json = type(codec) is JsonCodec
+        # Only a JsonCodec's values are known to be plain containers and leaves.
+        self._hot_limit = hot_bytes if self._json else 0
+        self._hot: OrderedDict[bytes | str, _Hot] = OrderedDict()
+        self._hot_size = 0
+        self._decodes = 0
+        self._marks: bytearray | None = None  # allocated at the first sample (`_sampled`)
+        self._stamp = 1
+        self._samples = 0
+        self._credits = _CREDITS
         self._undecodable: set[bytes] = set()
         self._reads: dict[bytes, _Flight] = {}
         self._computes: dict[bytes, _Flight] = {}
         self._epoch = 0
+        # Bumped before and after every write or purge: a read made on another
+        # thread (`_read_here`) is held only if none overlapped it.
+        self._changes = 0
+        self._lock = threading.Lock()
         self._memoized: str | None = None
         self._counters = counters
         # The hit path's one statistics step: append the key served (None: not counted).
@@ -184,6 +311,7 @@ class Store(Generic[K, V]):
         *,
         max_entries: int | None = None,
         counters: Counters | None = None,
+        hot_bytes: int = DEFAULT_HOT_BYTES,
     ) -> Store[Any, Any]: ...
     @overload
     @classmethod
@@ -195,6 +323,7 @@ class Store(Generic[K, V]):
         *,
         max_entries: int | None = None,
         counters: Counters | None = None,
+        hot_bytes: int = DEFAULT_HOT_BYTES,
     ) -> Store[K, V]: ...
     @classmethod
     async def open(
@@ -205,6 +334,7 @@ class Store(Generic[K, V]):
         *,
         max_entries: int | None = None,
         counters: Counters | None = None,
+        hot_bytes: int = DEFAULT_HOT_BYTES,
     ) -> Store[Any, Any]:
         """A store over `storage`; in `EAGER` mode this loads the namespace.
 
@@ -212,10 +342,17 @@ class Store(Generic[K, V]):
         dropped first; they stay in the storage and are read back on demand).
         An `EAGER` store with a bound loads the first `max_entries` in key order.
         `counters` (handed out by an environment) count its hits, misses and
-        computations for `Environment.statistics()`.
+        computations for `Environment.statistics()`. `hot_bytes` bounds the
+        memory of the decoded copies a `JsonCodec` store keeps of its most used
+        `dict` and `list` values (0: none; each hit then decodes).
         """
         store: Store[Any, Any] = cls(
-            storage, JsonCodec() if codec is None else codec, mode, max_entries, counters
+            storage,
+            JsonCodec() if codec is None else codec,
+            mode,
+            max_entries,
+            counters,
+            hot_bytes,
         )
         if mode is CacheMode.EAGER:
             await store._load()
@@ -235,6 +372,11 @@ class Store(Generic[K, V]):
     def max_entries(self) -> int | None:
         """The most values held in memory, or `None` for no bound."""
         return self._limit
+
+    @property
+    def hot_bytes(self) -> int:
+        """The most memory held by decoded copies of hot values (0 for a non-JSON codec)."""
+        return self._hot_limit
 
     def __len__(self) -> int:
         """Values held in memory (in `LAZY` mode, or with a bound, not all stored ones)."""
@@ -263,14 +405,28 @@ class Store(Generic[K, V]):
                     self._counters.misses += 1
                 return default
         elif self._lru is not None:
-            self._lru.move_to_end(memo)
+            try:
+                self._lru.move_to_end(memo)
+            except KeyError:
+                pass  # dropped by a warmenv.blocking thread just now: still a hit
         if self._hits is not None:
             self._hits.append(memo)
         kind = type(held)
+        if kind is _Hot:
+            value = held.value.copy()  # _Hot.copy, inlined
+            for inner_key in held.flat:
+                value[inner_key] = value[inner_key].copy()
+            for inner_key, inner in held.deep:
+                value[inner_key] = _copied(value[inner_key], inner)
+            return value
         if kind is bytes:
-            if self._json:
-                return _scan_json(held.decode(), 0)[0]
-            return self._codec.decode_value(held)
+            if not self._json:
+                return self._codec.decode_value(held)
+            value = _scan_json(held.decode(), 0)[0]  # _decoded, inlined
+            self._decodes = count = self._decodes + 1
+            if count & (_SAMPLE_EVERY - 1):
+                return value
+            return self._sampled(memo, held, value)
         if kind is tuple:
             return held[0]
         return held
@@ -280,8 +436,8 @@ class Store(Generic[K, V]):
 
         Raises `anyio.WouldBlock` when answering needs a storage read (then
         `await get(key)`). Safe to call from another thread than the store's
-        event loop: it only looks up and reorders dicts, each step atomic under
-        the GIL.
+        event loop: it looks up and reorders dicts, each step atomic under the
+        GIL, and changes what the store holds only under its lock.
         """
         memo = self._memo_of(key)
         held = self._values.get(memo, _ABSENT)
@@ -291,9 +447,11 @@ class Store(Generic[K, V]):
             try:
                 self._lru.move_to_end(memo)
             except KeyError:
-                pass  # evicted by the event loop's thread just now: still a hit
+                pass  # dropped by another thread just now: still a hit
         if self._hits is not None:
             self._hits.append(memo)
+        if type(held) is bytes:
+            return self._decoded(memo, held)  # type: ignore[no-any-return]
         return self._unpack(held)  # type: ignore[no-any-return]
 
     async def insert(self, key: K, value: V) -> Insertion:
@@ -320,14 +478,28 @@ class Store(Generic[K, V]):
             held = await self._compute(self._encode_key(key), fn, args)
         else:
             if self._lru is not None:
-                self._lru.move_to_end(memo)
+                try:
+                    self._lru.move_to_end(memo)
+                except KeyError:
+                    pass  # dropped by a warmenv.blocking thread just now: still a hit
             if self._hits is not None:
                 self._hits.append(memo)
         kind = type(held)
+        if kind is _Hot:
+            value = held.value.copy()  # _Hot.copy, inlined
+            for inner_key in held.flat:
+                value[inner_key] = value[inner_key].copy()
+            for inner_key, inner in held.deep:
+                value[inner_key] = _copied(value[inner_key], inner)
+            return value  # type: ignore[no-any-return]
         if kind is bytes:
-            if self._json:
-                return _scan_json(held.decode(), 0)[0]  # type: ignore[no-any-return]
-            return self._codec.decode_value(held)
+            if not self._json:
+                return self._codec.decode_value(held)
+            value = _scan_json(held.decode(), 0)[0]  # _decoded, inlined
+            self._decodes = count = self._decodes + 1
+            if count & (_SAMPLE_EVERY - 1):
+                return value  # type: ignore[no-any-return]
+            return self._sampled(memo, held, value)  # type: ignore[no-any-return]
         if kind is tuple:
             return held[0]  # type: ignore[no-any-return]
         return held  # type: ignore[no-any-return]
@@ -379,9 +551,14 @@ class Store(Generic[K, V]):
                     held = await self._compute(encoded, functools.partial(fn, *args, **kwargs), ())
                 else:
                     if self._lru is not None:
-                        self._lru.move_to_end(memo)
+                        try:
+                            self._lru.move_to_end(memo)
+                        except KeyError:
+                            pass  # dropped by a warmenv.blocking thread just now
                     if self._hits is not None:
                         self._hits.append(memo)
+                if type(held) is bytes:
+                    return self._decoded(memo, held)  # type: ignore[no-any-return]
                 return self._unpack(held)  # type: ignore[no-any-return]
 
             return memoized
@@ -392,16 +569,23 @@ class Store(Generic[K, V]):
         """Forget one key here and delete it from the storage."""
         encoded = self._encode_key(key)
         self._epoch += 1
-        self._values.pop(self._memo(encoded), None)
+        memo = self._memo(encoded)
         self._undecodable.discard(encoded)
-        return await self._storage.purge_key(encoded)
+        try:
+            self._forget(memo)
+            return await self._storage.purge_key(encoded)
+        finally:
+            self._forget(memo)  # and what a thread read while the delete ran (`_read_here`)
 
     async def purge(self) -> Purged | Failed:
         """Forget everything here and delete the namespace from the storage."""
         self._epoch += 1
-        self._values.clear()
         self._undecodable.clear()
-        return await self._storage.purge()
+        try:
+            self._forget(None)
+            return await self._storage.purge()
+        finally:
+            self._forget(None)  # and what threads read while the delete ran
 
     async def aclose(self) -> None:
         """Flush the counts of hits and misses so far (the environment's, in one write).
@@ -455,7 +639,10 @@ class Store(Generic[K, V]):
         return encoded
 
     def _unpack(self, held: Any) -> Any:
+        """The value `held` stands for, a copy of its own for a container; any thread."""
         kind = type(held)
+        if kind is _Hot:
+            return held.copy()
         if kind is bytes:
             if self._json:
                 return _scan_json(held.decode(), 0)[0]
@@ -475,29 +662,131 @@ class Store(Generic[K, V]):
     def _data_of(self, held: Any) -> bytes:
         if type(held) is bytes:
             return held
+        if type(held) is _Hot:
+            return held.data
         return self._codec.encode_value(self._unpack(held))
 
+    # What a store holds changes under `_lock`, on the event loop's thread and
+    # on warmenv.blocking's threads (reads they made, values they made hot);
+    # hits read without it, each lookup atomic under the GIL.
+
+    def _forget(self, memo: bytes | str | None) -> None:
+        """Drop `memo`'s value (None: every value), and ignore reads that overlap this."""
+        with self._lock:
+            self._changes += 1
+            if memo is None:
+                self._values.clear()
+                self._hot.clear()
+                self._hot_size = 0
+            else:
+                self._values.pop(memo, None)
+                self._drop_hot(memo)
+
     def _keep(self, encoded: bytes, held: Any) -> None:
+        with self._lock:
+            self._hold(encoded, held)
+
+    def _hold(self, encoded: bytes, held: Any) -> None:
+        """`_keep`, with `_lock` held."""
         self._undecodable.discard(encoded)
         memo = self._memo(encoded)
         self._values[memo] = held
+        self._drop_hot(memo)
         lru = self._lru
         if lru is not None:
             lru.move_to_end(memo)
             while len(lru) > self._limit:  # type: ignore[operator]
-                lru.popitem(last=False)
+                dropped, _ = lru.popitem(last=False)
+                self._drop_hot(dropped)
 
     def _remember(self, encoded: bytes, data: bytes) -> Any:
         """Hold the value `data` decodes to; `_ABSENT` (and noted) if it does not."""
         try:
             value = self._codec.decode_value(data)
         except ValueError:
-            self._undecodable.add(encoded)
-            self._values.pop(self._memo(encoded), None)
+            memo = self._memo(encoded)
+            with self._lock:
+                self._undecodable.add(encoded)
+                self._values.pop(memo, None)
+                self._drop_hot(memo)
             return _ABSENT
         held = self._pack(value, data)
         self._keep(encoded, held)
         return held
+
+    def _decoded(self, memo: bytes | str, data: bytes) -> Any:
+        """A fresh decode of the held `data` for a hit (any thread), sampled for the hot set."""
+        if not self._json:
+            return self._codec.decode_value(data)
+        value = _scan_json(data.decode(), 0)[0]
+        # Racing threads may lose a count: it only shifts which decode is a sample.
+        self._decodes = count = self._decodes + 1
+        if count & (_SAMPLE_EVERY - 1):
+            return value
+        return self._sampled(memo, data, value)
+
+    def _sampled(self, memo: bytes | str, data: bytes, value: Any) -> Any:
+        """`value`, decoded from `data` for a hit and sampled: the second sample turns it hot.
+
+        A sample marks a byte chosen by the key's hash with the round's stamp,
+        and a new round every `_ROUND` samples forgets the marks (a
+        doorkeeper, as in TinyLFU): values asked for evenly over a large store
+        are seldom sampled twice in a round, and so seldom displace hot ones.
+        Two keys that share a byte only make one of them hot early.
+        """
+        kind = type(value)
+        if (kind is not dict and kind is not list) or not self._hot_limit:
+            return value
+        marks = self._marks
+        if marks is None:
+            marks = self._marks = bytearray(_SLOTS)
+        slot = hash(memo) & (_SLOTS - 1)
+        credits = self._credits + 1
+        if marks[slot] != self._stamp:
+            marks[slot] = self._stamp
+            self._credits = min(credits, _CREDITS)
+            self._samples += 1
+            if self._samples >= _ROUND:
+                self._samples = 0
+                self._stamp = self._stamp % 255 + 1  # 1 to 255: 0 is "never marked"
+            return value
+        if credits < _PROMOTION:
+            self._credits = credits
+            return value  # it stays marked: a later sample may promote it
+        self._credits = credits - _PROMOTION
+        marks[slot] = 0
+        with self._lock:
+            hot = self._promote(memo, data, value)
+        # `value` is held now; the caller gets a copy of it.
+        return value if hot is None else hot.copy()
+
+    def _promote(self, memo: bytes | str, data: bytes, value: Any) -> _Hot | None:
+        """Hold `value` (decoded from the held `data`) decoded; None if it cannot be."""
+        if self._values.get(memo) is not data:
+            return None  # replaced or dropped since the hit read it
+        try:
+            value, plan, size = _prepared(value)
+        except _TooDeep:
+            return None  # it stays encoded
+        size += len(data) + _HOT_OVERHEAD
+        if size > self._hot_limit:
+            return None
+        hot = _Hot(value, plan, size, data)
+        self._hot[memo] = hot
+        self._hot_size += size
+        self._values[memo] = hot  # an existing key: its LRU place does not move
+        while self._hot_size > self._hot_limit:
+            oldest, out = self._hot.popitem(last=False)
+            self._hot_size -= out.size
+            if self._values.get(oldest) is out:
+                self._values[oldest] = out.data
+        return hot
+
+    def _drop_hot(self, memo: bytes | str) -> None:
+        """Forget `memo`'s decoded copy (its value was replaced or dropped); `_lock` held."""
+        hot = self._hot.pop(memo, None)
+        if hot is not None:
+            self._hot_size -= hot.size
 
     async def _load(self) -> None:
         rows = self._storage.scan()
@@ -524,6 +813,33 @@ class Store(Generic[K, V]):
             # An insert or purge here overtook the read: it is newer than what was read.
             return held
         return _ABSENT if data is None else self._remember(encoded, data)
+
+    def _read_here(self, memo: bytes | str, encoded: bytes) -> Any:
+        """For `warmenv.blocking`: a key not held, read on this thread, not the loop's.
+
+        The value (a decode of its own), or `_ABSENT` when the storage cannot
+        answer here or does not hold it: then ask `get` on the event loop,
+        which decides (and explains a first miss, or notes an undecodable
+        value). Concurrent threads each read; the reads are local and cheap.
+        """
+        if encoded in self._undecodable:
+            return _ABSENT
+        changes = self._changes
+        data = self._storage.get_blocking(encoded)
+        if data is None:
+            return _ABSENT
+        try:
+            value = self._codec.decode_value(data)
+        except ValueError:
+            return _ABSENT
+        held = self._pack(value, data)
+        with self._lock:
+            # A write or purge that overlapped the read may have made it stale.
+            if changes == self._changes and memo not in self._values:
+                self._hold(encoded, held)
+        if self._hits is not None:
+            self._hits.append(memo)
+        return value
 
     async def _compute(
         self, encoded: bytes, fn: Callable[[*Ts], Awaitable[V]], args: tuple[*Ts]
@@ -564,21 +880,25 @@ class Store(Generic[K, V]):
         held = self._values.get(self._memo(encoded), _ABSENT)
         if held is not _ABSENT and self._data_of(held) == data:
             return Stored(), held
-        if encoded in self._undecodable:
-            result: Insertion = await self._storage.replace(encoded, data)
-        else:
-            result = await self._storage.insert(encoded, data, cost=cost)
-            if isinstance(result, Conflict):
-                existing = self._remember(encoded, result.existing)
-                if existing is not _ABSENT:
-                    return result, existing
-                result = await self._storage.replace(encoded, data)
-        held = self._pack(self._codec.decode_value(data), data)
-        if isinstance(result, Stored) or keep_failed:
-            # After a failed write the value is still served from memory: the
-            # storage is a cache, and recomputing would not make it writable.
-            self._keep(encoded, held)
-        return result, held
+        self._changes += 1  # a thread's read that overlaps the write is not kept (`_adopt`)
+        try:
+            if encoded in self._undecodable:
+                result: Insertion = await self._storage.replace(encoded, data)
+            else:
+                result = await self._storage.insert(encoded, data, cost=cost)
+                if isinstance(result, Conflict):
+                    existing = self._remember(encoded, result.existing)
+                    if existing is not _ABSENT:
+                        return result, existing
+                    result = await self._storage.replace(encoded, data)
+            held = self._pack(self._codec.decode_value(data), data)
+            if isinstance(result, Stored) or keep_failed:
+                # After a failed write the value is still served from memory: the
+                # storage is a cache, and recomputing would not make it writable.
+                self._keep(encoded, held)
+            return result, held
+        finally:
+            self._changes += 1
 
     async def _share(
         self, flights: dict[bytes, _Flight], encoded: bytes, run: Callable[[], Awaitable[Any]]
