@@ -15,7 +15,7 @@ import anyio.to_thread
 import pytest
 
 from helpers import run_python
-from redis_server import RedisServer
+from redis_server import RedisServer, tolerating_coredis_streams
 from warmenv import (
     CacheMode,
     ClosedError,
@@ -494,6 +494,7 @@ def test_get_or_compute_records_how_long_fn_took_on_the_calling_thread(root: Pat
 # --- a fleet's shared tier -------------------------------------------------------
 
 
+@tolerating_coredis_streams
 def test_blocking_environments_on_two_hosts_share_values_through_the_remote(
     tmp_path: Path, server: RedisServer
 ) -> None:
@@ -508,6 +509,7 @@ def test_blocking_environments_on_two_hosts_share_values_through_the_remote(
         assert c.store(NS).get("k") is None
 
 
+@tolerating_coredis_streams
 def test_threads_on_two_hosts_compute_each_key_once_fleet_wide(
     tmp_path: Path, server: RedisServer
 ) -> None:
@@ -546,6 +548,7 @@ def test_threads_on_two_hosts_compute_each_key_once_fleet_wide(
     assert sum(s.leases for s in leases) == len(keys)
 
 
+@tolerating_coredis_streams
 def test_an_interrupted_compute_releases_the_fleet_lease_at_once(
     tmp_path: Path, server: RedisServer
 ) -> None:

@@ -19,18 +19,13 @@ import anyio
 import coredis
 import pytest
 
-from redis_server import RedisServer
+from redis_server import COREDIS_UNCLOSED_STREAMS, RedisServer
 from warmenv import Environment, Namespace, open_environment
 from warmenv.persistence import MemoryStorage, Origin, Store
 from warmenv.persistence.remote import RemoteSettings
 
 pytestmark = [
-    # See tests/test_remote.py: coredis leaves streams of failed connections to the GC.
-    pytest.mark.filterwarnings("ignore:Unclosed <MemoryObject:ResourceWarning"),
-    pytest.mark.filterwarnings(
-        "ignore:Exception ignored in. <function MemoryObject"
-        ":pytest.PytestUnraisableExceptionWarning"
-    ),
+    *COREDIS_UNCLOSED_STREAMS,
 ]
 
 NS = Namespace("app", "kernels", version="1")

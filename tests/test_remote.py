@@ -18,7 +18,7 @@ import coredis
 import pytest
 
 from helpers import run_python
-from redis_server import RedisServer, free_port, redis_server
+from redis_server import COREDIS_UNCLOSED_STREAMS, RedisServer, free_port, redis_server
 from warmenv import Namespace, open_environment
 from warmenv.persistence import CacheMode, Conflict, MemoryStorage, Origin, Store, Stored
 from warmenv.persistence.remote import (
@@ -32,15 +32,7 @@ from warmenv.persistence.storage import may_replace
 
 pytestmark = [
     pytest.mark.anyio,
-    # coredis 6.9 leaves a connection's memory streams unclosed when connecting
-    # fails (connection/_base.py `run`: `_connect()` raises before the
-    # `async with` that closes them); they are reclaimed by the GC. Only those
-    # warnings are ignored, and `_collect_here` makes them surface in this module.
-    pytest.mark.filterwarnings("ignore:Unclosed <MemoryObject:ResourceWarning"),
-    pytest.mark.filterwarnings(
-        "ignore:Exception ignored in. <function MemoryObject"
-        ":pytest.PytestUnraisableExceptionWarning"
-    ),
+    *COREDIS_UNCLOSED_STREAMS,
 ]
 
 NS = Namespace("app", "kernels", version="1")
