@@ -52,11 +52,12 @@ def believed(value: object, limit: float) -> float | None:
 
 
 def believed_sql(column: str, limit: float) -> str:
-    """`believed` as an SQL expression over `column` (NULL where not believed)."""
-    return (
-        f"(CASE WHEN typeof({column}) IN ('real', 'integer') AND {column} >= 0 "
-        f"AND {column} < {limit!r} THEN {column} + 0.0 END)"
-    )
+    """`believed` as an SQL expression over `column` (NULL where not believed).
+
+    No type test is needed: SQLite orders every number below every text and
+    blob, so those fail `< limit`, and NULL compares to nothing.
+    """
+    return f"(CASE WHEN {column} >= 0 AND {column} < {limit!r} THEN {column} + 0.0 END)"
 
 
 def typed_sql(alias: str = "") -> str:
