@@ -394,6 +394,20 @@ async def test_a_sqlite_bundle_carrying_a_cost_out_of_range_imports_it_as_unknow
     assert info is not None and info.cost == believed
 
 
+async def test_a_huge_blob_in_the_cost_column_is_one_row_of_the_wrong_type(tmp_path: Path) -> None:
+    bundle, _, _ = await computed_bundle(tmp_path, "sqlite")
+    with sqlite3.connect(bundle) as conn:
+        conn.execute("UPDATE entries SET cost = zeroblob(50000000)")
+        reseal_sqlite(conn)
+    with pytest.raises(CorruptBundleError, match=r": 1 row has a namespace, .* of the wrong type$"):
+        async with open_bundle(bundle):
+            pass
+    async with open_environment("b", root=tmp_path / "b") as env:
+        with pytest.raises(CorruptBundleError, match="written_at or cost not REAL or NULL"):
+            await import_bundle(bundle, env)
+        assert await env.namespaces() == []
+
+
 @pytest.mark.parametrize("verify", [True, False])
 @pytest.mark.parametrize("value", ["'soon'", "x'00'"])
 async def test_a_sqlite_bundle_whose_cost_is_not_a_number_is_corrupt(

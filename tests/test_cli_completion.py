@@ -96,6 +96,12 @@ def test_env_is_completed_with_the_environments_under_root(environments: Path) -
     assert complete(f"warmenv stats --root {environments} --env b") == ["beta"]
 
 
+def test_env_offers_only_valid_names_never_control_characters(environments: Path) -> None:
+    for hostile in ("\x1b[31mevil", "new\nline", "a b", "\x9bcsi"):
+        (environments / f"{hostile}.db").touch()
+    assert complete(f"warmenv ls --root {environments} --env ") == ["alpha", "beta"]
+
+
 def test_env_is_completed_from_the_configured_root(environments: Path) -> None:
     assert complete("warmenv purge --env ", env={"WARMENV_ROOT": str(environments)}) == [
         "alpha",

@@ -38,6 +38,7 @@ import attrs
 from warmenv._errors import WarmenvError
 from warmenv.bundle import Finished, Progress, Started
 from warmenv.bundle.events import Event, ExportReport, ImportReport
+from warmenv.config import is_valid_name
 from warmenv.environment import Environment, active, check_name, open_environment
 from warmenv.persistence.remote import RemoteTier
 
@@ -318,13 +319,16 @@ def complete_environment(prefix: str, parsed_args: argparse.Namespace, **_: Any)
 
     Called by argcomplete (`warmenv ... --env <TAB>`); whatever goes wrong
     (no root, an invalid configuration) completes nothing rather than fail.
+    Only names `--env` accepts are offered: a file named with control
+    characters (an escape sequence, a newline) would otherwise reach the
+    terminal and the command line raw.
     """
     try:
         root = getattr(parsed_args, "root", None) or active()[1]
         names = [p.stem for p in environment_files(Path(root).expanduser())]
     except (OSError, WarmenvError):
         return []
-    return [name for name in names if name.startswith(prefix)]
+    return [name for name in names if name.startswith(prefix) and is_valid_name(name)]
 
 
 async def _no_environment(path: Path) -> str:

@@ -245,8 +245,9 @@ def _check_file(check_rows: bool, conn: sqlite3.Connection) -> _Checked:
         bad = conn.execute(f"SELECT count(*) FROM entries WHERE NOT ({typed})")
         count = int(bad.fetchone()[0])
     if count:
+        rows = "1 row has" if count == 1 else f"{count:,} rows have"
         raise DamagedEntryFileError(
-            f"{count} rows have a namespace, key, value, written_at or cost of the wrong type"
+            f"{rows} a namespace, key, value, written_at or cost of the wrong type"
         )
     totals = schema.namespace_totals(conn)
     utf8 = str(conn.execute("PRAGMA encoding").fetchone()[0]).upper() == "UTF-8"
