@@ -364,10 +364,34 @@ async def test_a_flat_bundle_carrying_a_value_out_of_range_imports_it_as_unknown
         assert (info.cost, info.written_at) == (believed, written_at)
     else:
         assert info.cost == cost
-        if believed is None:  # unknown: written here, now
+        if believed is None or believed > before:  # unknown or in the future: written now
             assert info.written_at is not None and info.written_at >= before
         else:
             assert info.written_at == believed
+
+
+@pytest.mark.parametrize("format", ["flat", "sqlite"])
+@pytest.mark.parametrize("ahead", [60.0, 86400.0 * 365 * 1000])
+async def test_an_entry_carrying_a_written_at_in_the_future_counts_as_written_now(
+    tmp_path: Path, format: str, ahead: float, any_env: Environment
+) -> None:
+    # A wrong clock, or a bundle made to look newest so that gc keeps its
+    # version forever and evicts the live one: never later than the import.
+    bundle, cost, _ = await computed_bundle(tmp_path, format)
+    future = time.time() + ahead
+    if format == "flat":
+        raw = struct.pack("<d", future)
+        bundle.write_bytes(reseal_flat(set_carried(bundle.read_bytes(), 0, "written_at", raw)))
+    else:
+        with sqlite3.connect(bundle) as conn:
+            conn.execute("UPDATE entries SET written_at = ?", (future,))
+            reseal_sqlite(conn)
+    before = time.time()
+    assert (await import_bundle(bundle, any_env)).imported == 1
+    after = time.time()
+    info = await any_env.storage(NS).info(b'"k"')
+    assert info is not None and info.cost == cost
+    assert info.written_at is not None and before <= info.written_at <= after
 
 
 @pytest.mark.parametrize(

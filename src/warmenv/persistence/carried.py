@@ -20,6 +20,8 @@ __all__ = [
     "CarryingEntry",
     "UNKNOWN",
     "WRITTEN_AT_LIMIT",
+    "as_of",
+    "as_of_sql",
     "believed",
     "believed_sql",
     "pack",
@@ -58,6 +60,22 @@ def believed_sql(column: str, limit: float) -> str:
     blob, so those fail `< limit`, and NULL compares to nothing.
     """
     return f"(CASE WHEN {column} >= 0 AND {column} < {limit!r} THEN {column} + 0.0 END)"
+
+
+def as_of(written_at: float | None, now: float) -> float:
+    """When an imported entry counts as written: what it carries, never later than `now`.
+
+    A `written_at` in the future (a wrong clock, or a bundle made to look
+    newest so that `gc --keep-versions` keeps its version and evicts the live
+    one, and `--older-than` never ages it out) counts as written now, as an
+    unknown one does.
+    """
+    return now if written_at is None or written_at > now else written_at
+
+
+def as_of_sql(believed: str, now: float) -> str:
+    """`as_of` as an SQL expression over the believed `written_at` (SQL's min is NULL-safe here)."""
+    return f"coalesce(min({believed}, {now!r}), {now!r})"
 
 
 def typed_sql(alias: str = "") -> str:

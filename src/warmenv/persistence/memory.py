@@ -13,7 +13,7 @@ from typing import TypeVar, final
 
 from anyio.lowlevel import checkpoint
 
-from warmenv.persistence.carried import CarryingEntry
+from warmenv.persistence.carried import CarryingEntry, as_of
 from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.schema import HIT_GRANULARITY
@@ -156,7 +156,9 @@ class MemoryTable:
         """As `SqliteDatabase.insert_imported`: how many entries were stored."""
         rows = self.namespaces.setdefault(namespace, {})
         stored = 0
+        now = wall_clock()
         for key, value, written_at, cost in entries:
+            written_at = as_of(written_at, now)
             outcome = _apply(rows, key, value, int(Origin.IMPORTED), cost, bundle, written_at)
             if isinstance(outcome, Stored):
                 stored += 1

@@ -649,7 +649,7 @@ def _insert_imported(
         bundle_id = None if bundle is None else _bundle_id(bundle, now, conn)
         before = conn.total_changes
         rows = (
-            (namespace, key, value, origin, now if written is None else written, cost, bundle_id)
+            (namespace, key, value, origin, carried.as_of(written, now), cost, bundle_id)
             for key, value, written, cost in entries
         )
         conn.executemany(_INSERT, rows)
@@ -1127,7 +1127,7 @@ def _copy_provenance(alias: str, bundle: BundleRef | None, conn: sqlite3.Connect
     written_at = repr(now)
     if "written_at" in columns:
         believed = carried.believed_sql("b.written_at", carried.WRITTEN_AT_LIMIT)
-        written_at = f"coalesce({believed}, {now!r})"
+        written_at = carried.as_of_sql(believed, now)
     cost = carried.believed_sql("b.cost", carried.COST_LIMIT) if "cost" in columns else "NULL"
     bundle_id = None
     if bundle is not None:
