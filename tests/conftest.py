@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import importlib.util
 from typing import Any
 
@@ -38,7 +39,9 @@ NS = Namespace("app", "kernels", version="1")
 
 @pytest.fixture(autouse=True)
 def _isolated_defaults(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[None]:
     """No test reads the user's config or writes to the user's cache."""
     home = tmp_path_factory.mktemp("home")
@@ -48,6 +51,8 @@ def _isolated_defaults(
     monkeypatch.setattr(warmenv.environment, "_active_name", None)
     monkeypatch.setattr(warmenv.environment, "_active_root", None)
     yield
+    if request.node.get_closest_marker("coredis_streams") is not None:
+        gc.collect()  # see redis_server.tolerating_coredis_streams
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
-from redis_server import RedisServer
+from redis_server import RedisServer, tolerating_coredis_streams
 from test_cli import warmenv
 from warmenv import open_environment
 from warmenv.persistence import Origin, Store
@@ -118,6 +118,7 @@ async def _fetch_from_the_fleet(server: RedisServer, tmp_path: Path) -> Path:
     return tmp_path / "b"
 
 
+@tolerating_coredis_streams
 @pytest.mark.parametrize("loop", LOOPS)
 def test_stats_shows_hits_fetched_from_the_remote(
     server: RedisServer, tmp_path: Path, loop: str

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from redis_server import RedisServer
+from redis_server import RedisServer, tolerating_coredis_streams
 from warmenv import Namespace, WarmenvError, open_environment
 from warmenv.config import Config, ConfigError, load_config, user_root
 from warmenv.persistence.remote import RemoteError
@@ -165,6 +165,7 @@ def test_an_invalid_warmenv_remote_is_a_config_error_and_a_remote_error(
     assert PASSWORD not in str(caught.value)
 
 
+@tolerating_coredis_streams
 @pytest.mark.anyio
 async def test_open_environment_uses_the_configured_remote_unless_told_otherwise(
     tmp_path: Path, server: RedisServer, monkeypatch: pytest.MonkeyPatch
