@@ -572,7 +572,7 @@ def test_eight_processes_asking_for_the_same_twenty_keys_compute_each_once(
 
 @pytest.mark.slow
 def test_long_eight_processes_cold(tmp_path: Path, server: RedisServer) -> None:
-    trials = int(os.environ.get("WARMENV_COLD_FLEET_TRIALS", "5"))
+    trials = int(os.environ.get("WARMENV_COLD_FLEET_TRIALS", "10"))
     scenario = "8 host processes ask for the same 20 keys cold, one Redis (asyncio, trio)"
     with reliability_row(scenario, COLD_CHECKED) as row:
         outages = cold_fleet(tmp_path, server.url, trials, row)
@@ -635,7 +635,7 @@ def test_a_killed_lease_holder_is_taken_over_within_the_ttl(
 def test_long_killed_lease_holders(
     tmp_path: Path, server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    trials = int(os.environ.get("WARMENV_LEASE_KILL_TRIALS", "10"))
+    trials = int(os.environ.get("WARMENV_LEASE_KILL_TRIALS", "20"))
     scenario = "SIGKILL of a lease holder while another host waits (asyncio, trio)"
     with reliability_row(scenario, KILL_CHECKED) as row:
         slowest = killed_holder(tmp_path, server.url, trials, row, monkeypatch)

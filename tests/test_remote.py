@@ -227,7 +227,7 @@ async def test_a_stopped_redis_costs_each_call_at_most_the_timeout_and_is_used_a
 async def test_long_redis_stopped_mid_run(
     tmp_path: Path, server: RedisServer, caplog: pytest.LogCaptureFixture, anyio_backend: object
 ) -> None:
-    trials = int(os.environ.get("WARMENV_REDIS_STOP_TRIALS", "5"))
+    trials = int(os.environ.get("WARMENV_REDIS_STOP_TRIALS", "10"))
     scenario = f"Redis killed under a host, then restarted empty ({backend_label(anyio_backend)})"
     with reliability_row(scenario, STOPPED_CHECKED) as row:
         slowest = await stopped_mid_run(tmp_path, server, caplog, trials, row)
