@@ -632,6 +632,43 @@ def test_the_report_shows_failed_trials_and_sums_backends(tmp_path: Path) -> Non
     assert "- s (trio): trial 7: X" in text
 
 
+def test_a_merged_report_replaces_its_scenarios_rows_and_keeps_the_others(
+    tmp_path: Path,
+) -> None:
+    def run(rows: list[dict[str, object]], *merge: str) -> str:
+        report = tmp_path / "rows.jsonl"
+        report.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        subprocess.run([sys.executable, str(script), *merge, str(report), str(page)], check=True)
+        return page.read_text()
+
+    def row(scenario: str, trials: int, failure: str | None = None) -> dict[str, object]:
+        failures = 1 if failure else 0
+        return {
+            "scenario": scenario,
+            "trials": trials,
+            "failures": failures,
+            "checked": "c | d",
+            "failure": failure,
+        }
+
+    script = Path(__file__).parent.parent / "benchmarks" / "reliability_report.py"
+    page = tmp_path / "reliability.md"
+    marker = "<!-- table: written by benchmarks/reliability_report.py -->"
+    page.write_text(f"# Reliability\n\n{marker}\n\nold table\n")
+    run([row("kept", 1_000, "trial 9: X"), row("rerun", 5, "trial 2: Y"), row("also kept", 3)])
+    text = run([row("rerun", 20), row("new", 4, "trial 4: Z")], "--merge")
+    table = [line for line in text.splitlines() if line.startswith("| ")][1:]
+    assert table == [
+        "| kept | 1,000 | 1 | c \\| d |",
+        "| rerun | 20 | 0 | c \\| d |",
+        "| also kept | 3 | 0 | c \\| d |",
+        "| new | 4 | 1 | c \\| d |",
+    ]
+    assert "- kept: trial 9: X" in text and "- new: trial 4: Z" in text
+    assert "trial 2: Y" not in text and "**2 trials failed:**" in text
+    assert text.count("_Long run of") == 1 and "_Rows rerun on " in text
+
+
 def test_a_report_without_rows_leaves_the_page_alone(tmp_path: Path) -> None:
     page = tmp_path / "reliability.md"
     page.write_text("unchanged\n")
