@@ -356,6 +356,9 @@ def prepare_readonly(conn: sqlite3.Connection) -> int:
     return version
 
 
+_TOTAL_BYTES = "coalesce(sum(length(key) + length(value)), 0)"  # keys plus values
+
+
 def namespace_totals(
     conn: sqlite3.Connection,
     *,
@@ -382,7 +385,8 @@ def range_totals(
 
     Such a range almost always lies in one namespace, and then one aggregate
     over it says everything; grouping (which sorts the range, copying every
-    value into the sorter) runs only for a range that spans namespaces.
+    value into the sorter) runs only for a range that spans namespaces. The
+    rows' types are checked already (a namespace is never NULL).
     """
     first, last, count, size = conn.execute(
         f"SELECT min(namespace), max(namespace), count(*), {_TOTAL_BYTES} "
@@ -394,9 +398,6 @@ def range_totals(
     if first is not None and first == last:
         return [(first, int(count), int(size))]
     return namespace_totals(conn, table=table, where=where, params=params)
-
-
-_TOTAL_BYTES = "coalesce(sum(length(key) + length(value)), 0)"
 
 
 def prefix_sql(prefixes: list[str] | None, column: str = "namespace") -> tuple[str, list[str]]:
