@@ -31,7 +31,7 @@ from contextlib import AsyncExitStack  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import warmenv.environment  # noqa: E402
-from warmenv import Environment, MemoryStorage, Namespace, open_environment  # noqa: E402
+from warmenv import Environment, MemoryStorage, Namespace, WarmenvWarning, open_environment  # noqa: E402
 from warmenv.persistence import Storage  # noqa: E402
 
 NS = Namespace("app", "kernels", version="1")
@@ -180,3 +180,18 @@ async def raw(server: RedisServer) -> AsyncIterator[coredis.Redis[bytes]]:
 
     async with coredis.Redis.from_url(server.url, decode_responses=False) as client:
         yield client
+
+
+@pytest.fixture(params=["sqlite", "memory"])
+async def any_env(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Environment]:
+    """An environment on SQLite, and one degraded to memory: the same contract on both."""
+    if request.param == "sqlite":
+        async with open_environment("any", root=tmp_path / "any-env") as env:
+            yield env
+        return
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.warns(WarmenvWarning, match="in memory"):
+        async with open_environment("any", root=blocker / "sub") as env:
+            assert env.in_memory
+            yield env

@@ -13,7 +13,6 @@ import math
 import sqlite3
 import struct
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -30,7 +29,7 @@ from hostile import (
     sqlite_format_1,
     with_digest,
 )
-from warmenv import Environment, WarmenvWarning, open_environment
+from warmenv import Environment, open_environment
 from warmenv.bundle import (
     CorruptBundleError,
     NotABundleError,
@@ -62,20 +61,6 @@ async def busy_square(n: int) -> int:
     for _ in range(300_000):
         pass
     return n * n
-
-
-@pytest.fixture(params=["sqlite", "memory"])
-async def any_env(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Environment]:
-    """The importing environment: a database file, or memory (the scan path)."""
-    if request.param == "sqlite":
-        async with open_environment("b", root=tmp_path / "b") as env:
-            yield env
-        return
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a directory")
-    with pytest.warns(WarmenvWarning, match="in memory"):
-        async with open_environment("b", root=blocker / "sub") as env:
-            yield env
 
 
 async def computed_bundle(tmp_path: Path, format: str) -> tuple[Path, float, float]:

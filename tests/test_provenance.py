@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from warmenv import Environment, Namespace, WarmenvWarning, open_environment
+from warmenv import Environment, Namespace, open_environment
 from warmenv.bundle import export_bundle
 from warmenv.persistence import Origin, Purged, Storage
 from warmenv.persistence.storage import BundleRef, EntryInfo
@@ -78,21 +77,6 @@ async def test_a_bundle_for_a_local_value_or_a_negative_cost_is_refused(storage:
 
 
 # --- environments: bulk copy and quarantine ------------------------------------------
-
-
-@pytest.fixture(params=["sqlite", "memory"])
-async def any_env(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Environment]:
-    """An environment on SQLite, and one degraded to memory (same contract)."""
-    if request.param == "sqlite":
-        async with open_environment("p", root=tmp_path / "root") as env:
-            yield env
-        return
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a directory")
-    with pytest.warns(WarmenvWarning, match="in memory"):
-        async with open_environment("p", root=blocker / "sub") as env:
-            assert env.in_memory
-            yield env
 
 
 async def test_purge_bundle_removes_only_that_bundles_still_imported_entries(

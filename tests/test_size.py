@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -33,19 +32,6 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     clock = Clock(1_000_000.0)
     monkeypatch.setattr(storage_module, "_clock", clock)
     return clock
-
-
-@pytest.fixture(params=["sqlite", "memory"])
-async def any_env(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Environment]:
-    if request.param == "sqlite":
-        async with open_environment("s", root=tmp_path / "root") as env:
-            yield env
-        return
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a directory")
-    with pytest.warns(WarmenvWarning, match="in memory"):
-        async with open_environment("s", root=blocker / "sub") as env:
-            yield env
 
 
 async def fill(env: Environment, clock: Clock, names: list[bytes], namespace: str = NS) -> None:

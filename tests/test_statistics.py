@@ -7,14 +7,13 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
 import pytest
 
 import warmenv.persistence.statistics as statistics_module
-from warmenv import Environment, WarmenvWarning, open_environment
+from warmenv import Environment, open_environment
 from warmenv.config import ConfigError, load_config
 from warmenv.persistence import BytesCodec, JsonCodec, Origin
 from warmenv.persistence.storage import BundleRef
@@ -24,19 +23,6 @@ pytestmark = pytest.mark.anyio
 
 NS = "app/1/kernels"
 BUNDLE = BundleRef("H100 Linux", "blake2b-256:" + "ab" * 32)
-
-
-@pytest.fixture(params=["sqlite", "memory"])
-async def any_env(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Environment]:
-    if request.param == "sqlite":
-        async with open_environment("s", root=tmp_path / "root") as env:
-            yield env
-        return
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a directory")
-    with pytest.warns(WarmenvWarning, match="in memory"):
-        async with open_environment("s", root=blocker / "sub") as env:
-            yield env
 
 
 def stored_counts(path: Path) -> dict[str, tuple[int, int, int]]:
