@@ -41,7 +41,13 @@ from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.files import read_only_uri
 from warmenv.persistence.namespace import Namespace
-from warmenv.persistence.statistics import EnvironmentStatistics, Pending, Resolved, assemble
+from warmenv.persistence.statistics import (
+    EnvironmentStatistics,
+    Pending,
+    Resolved,
+    assemble,
+    hit_params,
+)
 from warmenv.persistence.storage import (
     DEFAULT_SCAN_BATCH,
     BundleRef,
@@ -786,12 +792,12 @@ def _load_batch(batch: list[Pending], stamp: int, conn: sqlite3.Connection) -> N
     """Put a batch in the temporary tables, each hit key resolved against its entry."""
     for statement in _BATCH_DDL:
         conn.execute(statement)
-    namespaces = [
-        (i, p.namespace, p.misses, p.computes, p.compute_seconds) for i, p in enumerate(batch)
-    ]
-    hits = [(i, key, n) for i, p in enumerate(batch) for key, n in p.counted()]
+    namespaces: list[object] = []
+    add = namespaces.extend
+    for i, p in enumerate(batch):
+        add((i, p.namespace, p.misses, p.computes, p.compute_seconds))
     _insert_values(conn, f"INSERT INTO {_NAMESPACES} {{values}}", namespaces, 5)
-    _insert_values(conn, _RESOLVE, hits, 3, (stamp,))
+    _insert_values(conn, _RESOLVE, hit_params(batch), 3, (stamp,))
     # A LOCAL row for each namespace with misses, for them to be added to.
     conn.execute(
         f"INSERT INTO {_HITS} (i, origin, n) SELECT i, {int(Origin.LOCAL)}, 0 "
@@ -802,25 +808,25 @@ def _load_batch(batch: list[Pending], stamp: int, conn: sqlite3.Connection) -> N
 def _insert_values(
     conn: sqlite3.Connection,
     template: str,
-    rows: Sequence[tuple[object, ...]],
+    params: Sequence[object],
     width: int,
     leading: tuple[object, ...] = (),
 ) -> None:
-    """Run `template` with `{values}` as multi-row VALUES of `rows`, a chunk at a time.
+    """Run `template` with `{values}` as multi-row VALUES of `params`, `width` a row.
 
-    A statement per chunk costs a fraction of `executemany`'s statement per
-    row; chunks stay within the connection's limit on bound parameters.
+    A statement per chunk of rows costs a fraction of `executemany`'s
+    statement per row; chunks stay within the connection's limit on bound
+    parameters. `params` is flat (a row's items one after the other): a
+    tuple per row would be one more object per row for the garbage
+    collector to count.
     """
     limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) - len(leading)
-    per = max(1, min(_VALUES_ROWS, limit // width))
+    per = max(1, min(_VALUES_ROWS, limit // width)) * width
     row = "(" + ",".join("?" * width) + ")"
-    for start in range(0, len(rows), per):
-        chunk = rows[start : start + per]
-        values = "VALUES " + ",".join([row] * len(chunk))
-        conn.execute(
-            template.format(values=values),
-            leading + tuple(itertools.chain.from_iterable(chunk)),
-        )
+    for start in range(0, len(params), per):
+        chunk = params[start : start + per]
+        values = "VALUES " + ",".join([row] * (len(chunk) // width))
+        conn.execute(template.format(values=values), (*leading, *chunk))
 
 
 def _clear_batch(conn: sqlite3.Connection) -> None:
