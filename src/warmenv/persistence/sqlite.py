@@ -42,8 +42,8 @@ from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.files import read_only_uri
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.statistics import (
+    Batch,
     EnvironmentStatistics,
-    Pending,
     Resolved,
     assemble,
     hit_params,
@@ -278,7 +278,7 @@ class SqliteDatabase:
         after = await anyio.to_thread.run_sync(_file_size, self.path)
         return before, after
 
-    async def flush_statistics(self, batch: list[Pending]) -> bool:
+    async def flush_statistics(self, batch: Batch) -> bool:
         """Add a batch of counts to the database in one transaction; False if not written.
 
         Each hit key is resolved against its entry (origin, cost, bundle) inside
@@ -308,7 +308,7 @@ class SqliteDatabase:
             log.warning("explaining a miss in %s failed: %s", self.path, exc)
             return explain([], namespace, key, lambda names, key: set())
 
-    async def statistics(self, pending: list[Pending]) -> EnvironmentStatistics:
+    async def statistics(self, pending: Batch) -> EnvironmentStatistics:
         """The stored counts of every namespace and bundle, plus `pending` (not yet stored)."""
         return await self.run(partial(_statistics, pending, self.version))
 
@@ -788,14 +788,15 @@ _BY_BUNDLE = (
 _VALUES_ROWS = 500
 
 
-def _load_batch(batch: list[Pending], stamp: int, conn: sqlite3.Connection) -> None:
+def _load_batch(batch: Batch, stamp: int, conn: sqlite3.Connection) -> None:
     """Put a batch in the temporary tables, each hit key resolved against its entry."""
     for statement in _BATCH_DDL:
         conn.execute(statement)
     namespaces: list[object] = []
     add = namespaces.extend
-    for i, p in enumerate(batch):
-        add((i, p.namespace, p.misses, p.computes, p.compute_seconds))
+    columns = (batch.namespaces, batch.misses, batch.computes, batch.compute_seconds)
+    for i, row in enumerate(zip(*columns, strict=True)):
+        add((i, *row))
     _insert_values(conn, f"INSERT INTO {_NAMESPACES} {{values}}", namespaces, 5)
     _insert_values(conn, _RESOLVE, hit_params(batch), 3, (stamp,))
     # A LOCAL row for each namespace with misses, for them to be added to.
@@ -838,9 +839,9 @@ def _has_bundles(conn: sqlite3.Connection) -> bool:
     return bool(conn.execute("SELECT EXISTS (SELECT 1 FROM main.bundles)").fetchone()[0])
 
 
-def _resolve_hits(batch: list[Pending], conn: sqlite3.Connection) -> Resolved:
+def _resolve_hits(batch: Batch, conn: sqlite3.Connection) -> Resolved:
     """What a batch's hits were worth, read without writing (for a read-only file)."""
-    if not any(p.served for p in batch):
+    if not batch.served:
         return Resolved(by_origin={}, by_bundle={})
     try:
         _load_batch(batch, 0, conn)
@@ -857,7 +858,7 @@ def _resolve_hits(batch: list[Pending], conn: sqlite3.Connection) -> Resolved:
     return Resolved(by_origin=by_origin, by_bundle=by_bundle)
 
 
-def _flush_statistics(batch: list[Pending], now: int, conn: sqlite3.Connection) -> None:
+def _flush_statistics(batch: Batch, now: int, conn: sqlite3.Connection) -> None:
     stamp = now - now % schema.HIT_GRANULARITY
 
     def body(conn: sqlite3.Connection) -> None:
@@ -886,9 +887,7 @@ def _flush_statistics(batch: list[Pending], now: int, conn: sqlite3.Connection) 
     schema.transaction(conn, body)
 
 
-def _statistics(
-    pending: list[Pending], version: int, conn: sqlite3.Connection
-) -> EnvironmentStatistics:
+def _statistics(pending: Batch, version: int, conn: sqlite3.Connection) -> EnvironmentStatistics:
     totals = _namespaces(conn)
     tables = schema.table_names(conn) if version >= 2 else set()
     counters: dict[str, tuple[int, int, float]] = {}
