@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from hostile import reseal_flat, reseal_sqlite, set_carried
 
+from hostile import reseal_flat, reseal_sqlite, set_carried
 from warmenv import Environment, Namespace, Store, open_environment
 from warmenv.bundle import export_bundle, import_bundle
 from warmenv.persistence import Origin, Purged, Storage
