@@ -764,12 +764,14 @@ _BATCH_DDL = (
     f"CREATE TABLE IF NOT EXISTS {_HITS} (i INTEGER NOT NULL, origin INTEGER NOT NULL, "
     "n INTEGER NOT NULL, cost REAL, bundle INTEGER, stale INTEGER)",
 )
-# ?1 is the recency granule; the VALUES rows are (namespace row, key, times hit).
+# ?1 is the recency granule; the VALUES rows are (namespace row, key, times hit),
+# the key a BLOB or, in a UTF-8 file, an ASCII key's text: CAST makes it the same
+# BLOB, and text is bound cheaper (see statistics.hit_params).
 _RESOLVE = (
     f"INSERT INTO {_HITS} SELECT v.column1, coalesce(e.origin, {int(Origin.LOCAL)}), "
     "v.column3, e.cost, e.bundle, iif(e.last_hit IS NULL OR e.last_hit < ?1, e.rowid, NULL) "
     f"FROM ({{values}}) AS v CROSS JOIN {_NAMESPACES} AS ns ON ns.i = v.column1 "
-    "LEFT JOIN main.entries AS e ON e.namespace = ns.namespace AND e.key = v.column2"
+    "LEFT JOIN main.entries AS e ON e.namespace = ns.namespace AND e.key = CAST(v.column2 AS BLOB)"
 )
 # Per (namespace, origin of the entry hit): hits and seconds saved; misses and
 # computations go on the LOCAL row (every namespace with some has one: below).
@@ -798,7 +800,8 @@ def _load_batch(batch: Batch, stamp: int, conn: sqlite3.Connection) -> None:
     for i, row in enumerate(zip(*columns, strict=True)):
         add((i, *row))
     _insert_values(conn, f"INSERT INTO {_NAMESPACES} {{values}}", namespaces, 5)
-    _insert_values(conn, _RESOLVE, hit_params(batch), 3, (stamp,))
+    utf8 = str(conn.execute("PRAGMA main.encoding").fetchone()[0]).upper() == "UTF-8"
+    _insert_values(conn, _RESOLVE, hit_params(batch, text=utf8), 3, (stamp,))
     # A LOCAL row for each namespace with misses, for them to be added to.
     conn.execute(
         f"INSERT INTO {_HITS} (i, origin, n) SELECT i, {int(Origin.LOCAL)}, 0 "

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from typing import NamedTuple, final
+from typing import NamedTuple, cast, final
 
 import anyio
 import attrs
@@ -118,9 +118,9 @@ class Pending(NamedTuple):
         read-through path holds the latter) comes twice: adding up, as SQL
         and `hits()` do, makes it one.
         """
-        params = hit_params(Batch.of([self]))
-        keys, counts = params[1::3], params[2::3]
-        return [(bytes(key), int(n)) for key, n in zip(keys, counts, strict=True)]
+        params = hit_params(Batch.of([self]))  # keys as bytearray (no `text`)
+        pairs = zip(params[1::3], params[2::3], strict=True)
+        return [(bytes(cast(bytearray, key)), cast(int, n)) for key, n in pairs]
 
     def hits(self) -> dict[bytes, int]:
         """Each hit key, encoded, with how many times it was served."""
@@ -392,7 +392,7 @@ def assemble(
     return EnvironmentStatistics(namespaces=namespaces, bundles=bundle_list)
 
 
-def hit_params(batch: Batch) -> list[int | bytearray]:
+def hit_params(batch: Batch, *, text: bool = False) -> list[int | str | bytearray]:
     """Every key a batch served as flat parameters: namespace's row, encoded key, times served.
 
     Flat (three items a key) rather than a tuple a key: a flush of 10,000
@@ -401,10 +401,13 @@ def hit_params(batch: Batch) -> list[int | bytearray]:
     next pass. Keys go as `bytearray`, which SQLite stores and compares as
     the same BLOB as `bytes`: the sqlite3 module binds a `bytearray`
     directly but passes `bytes` through its adapter lookup first, several
-    times slower, 20,000 times in such a flush. A key served both as a
+    times slower, 20,000 times in such a flush. With `text`, a `str` key
+    whose encoding is ASCII goes as that `str`, cheaper still (no copy): the
+    SQL casts it to the BLOB of its bytes, which are its encoding in a file
+    whose text is UTF-8 (the caller's to know). A key served both as a
     `str` and as its encoding comes twice (see `Pending.counted`).
     """
-    params: list[int | bytearray] = []
+    params: list[int | str | bytearray] = []
     add = params.extend
     encode, blob = _encode_str, bytearray
     served = batch.served
@@ -423,7 +426,11 @@ def hit_params(batch: Batch) -> list[int | bytearray]:
         first = len(params)
         try:  # a JsonCodec's encoding of a str key, inlined
             for key, n in counts.items():
-                add((i, blob(key) if isinstance(key, bytes) else blob(encode(key), "utf-8"), n))
+                if isinstance(key, bytes):
+                    add((i, blob(key), n))
+                else:
+                    encoded = encode(key)
+                    add((i, encoded if text and encoded.isascii() else blob(encoded, "utf-8"), n))
         except UnicodeEncodeError:  # a lone surrogate: the codec's own path says why
             del params[first:]
             for key, n in counts.items():
