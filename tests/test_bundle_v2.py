@@ -387,7 +387,9 @@ async def test_an_entry_carrying_a_written_at_in_the_future_counts_as_written_no
         ("-9e999", None),
         ("1e300", None),
         ("4294967296.0", None),
-        ("4294967295.5", 4294967295.5),
+        ("4294967295.5", None),
+        ("604800.0", None),  # a week: carried.COST_LIMIT
+        ("604799.5", 604799.5),
         ("7", 7.0),
     ],
 )

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+import time
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from rich.progress import Progress
 
 from redis_server import RedisServer, tolerating_coredis_streams
 from test_cli import warmenv
 from warmenv import open_environment
+from warmenv.cli._common import ProgressBar, per_second
+from warmenv.cli._progress import EntriesColumn, EntriesRateColumn
 from warmenv.persistence import Origin, Store
 from warmenv.persistence.storage import BundleRef
 
@@ -380,3 +385,65 @@ def test_stats_html_escapes_control_and_format_characters_from_files(tmp_path: P
     text = page.read_text()
     assert not [ch for ch in text if ch in "\x1b\x07\u202e"]
     assert "\\x1b[2J" in text
+
+
+# --- plural forms: "1 hit", "1 namespace", "1 entry/s" ---------------------------------
+
+# A count of one followed by a plural noun the commands print ("all 1 namespaces").
+ONE_PLURAL = re.compile(r"(?<![\d,.])1 (namespaces|entries|keys|hits|misses)\b")
+
+
+async def _one_of_each(root: Path) -> None:
+    async with open_environment("one", root=root) as env:
+        store: Store[str, int] = await env.store(NS)
+        await store.insert("k", 1)
+        assert await store.get("k") == 1
+        assert await store.get("absent") is None
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_stats_of_one_hit_one_miss_and_one_namespace_says_them_in_the_singular(
+    tmp_path: Path, loop: str
+) -> None:
+    root = tmp_path / "root"
+    anyio.run(_one_of_each, root)
+    page = tmp_path / "one.html"
+    completed = run("stats", "--env", "one", "--html", str(page), root=root, loop=loop)
+    assert completed.returncode == 0, completed.stderr
+    assert (
+        "1 hit, 1 miss (hit rate 50.0%); the hit saved 0.000 s of computation in 1 namespace"
+        in completed.stdout
+    )
+    text = page.read_text()
+    assert "<p>1 hit, 1 miss; the hit saved 0.000 s of computation.</p>" in text
+    assert ">1 hit</text>" in text and "local 1 hit</title>" in text
+    assert not ONE_PLURAL.search(completed.stdout) and not ONE_PLURAL.search(text)
+
+
+def test_the_demo_says_its_one_namespace_in_the_singular(tmp_path: Path) -> None:
+    completed = warmenv("demo", root=tmp_path / "demo")
+    assert completed.returncode == 0, completed.stderr
+    assert "its namespace is for version '1'" in completed.stdout
+    assert not ONE_PLURAL.search(completed.stdout), completed.stdout
+    assert not re.search(r"(?<![\d,.])1 entries/s", completed.stdout)
+
+
+def test_a_rate_of_one_entry_a_second_is_singular(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert per_second(1.0) == per_second(0.6) == per_second(1.49) == "1 entry/s"
+    assert per_second(0.4) == "0 entries/s"
+    assert per_second(3_100.2) == "3,100 entries/s"
+    progress = Progress(EntriesColumn(), EntriesRateColumn())
+    one = progress.add_task("one", entries=1, total_entries=None, entries_per_second=1.2)
+    many = progress.add_task("many", entries=2, total_entries=40, entries_per_second=None)
+    one_task, many_task = (t for t in progress.tasks if t.id in (one, many))
+    assert str(EntriesColumn().render(one_task)) == "1 entry"
+    assert str(EntriesRateColumn().render(one_task)) == "1 entry/s"
+    assert str(EntriesColumn().render(many_task)) == "2/40 entries"
+    assert str(EntriesRateColumn().render(many_task)) == "? entries/s"
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    bar = ProgressBar(total_entries=40, total_bytes=None)
+    bar.update(1)
+    clock[0] += 1.0
+    bar.update(2)
+    assert bar.describe() == "2/40 (5%), 1 entry/s"

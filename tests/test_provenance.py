@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import sqlite3
+import struct
 import time
 from pathlib import Path
 
 import pytest
 
-from warmenv import Environment, Namespace, open_environment
-from warmenv.bundle import export_bundle
+from hostile import reseal_flat, reseal_sqlite, set_carried
+from warmenv import Environment, Namespace, Store, open_environment
+from warmenv.bundle import export_bundle, import_bundle
 from warmenv.persistence import Origin, Purged, Storage
 from warmenv.persistence.storage import BundleRef, EntryInfo
 
@@ -183,3 +185,57 @@ async def test_an_import_records_its_bundle_and_purge_bundle_removes_only_its_en
         assert isinstance(purged, Purged) and purged.count == 1
         assert await env.storage(ns).get(b"a") is None
         assert await env.storage(ns).get(b"b") == b"local"
+
+
+WEEK = 7 * 86400.0
+
+
+@pytest.mark.parametrize("format", ["flat", "sqlite"])
+@pytest.mark.parametrize(
+    ("cost", "believed"),
+    [(WEEK - 1, WEEK - 1), (WEEK, None), (30 * 86400.0, None), (2.0**32 - 1, None)],
+)
+async def test_a_carried_cost_of_a_week_or_more_is_unknown_and_a_hit_saves_nothing(
+    tmp_path: Path, format: str, cost: float, believed: float | None, any_env: Environment
+) -> None:
+    # Every hit counts the entry's cost as saved: a hostile bundle claiming
+    # years a hit would make "seconds saved" meaningless.
+    async with open_environment("ci", root=tmp_path / "ci") as ci:
+        await ci.storage(NS).insert(b'"k"', b"1", cost=1.0)
+    bundle = tmp_path / f"b.{format}"
+    await export_bundle(ci.path, bundle, name="H100 Linux", version="1", format=format)
+    if format == "flat":
+        raw = struct.pack("<d", cost)
+        bundle.write_bytes(reseal_flat(set_carried(bundle.read_bytes(), 0, "cost", raw)))
+    else:
+        conn = sqlite3.connect(bundle)
+        with conn:
+            conn.execute("UPDATE entries SET cost = ?", (cost,))
+            reseal_sqlite(conn)
+        conn.close()
+    assert (await import_bundle(bundle, any_env)).imported == 1
+    info = await any_env.storage(NS).info(b'"k"')
+    assert info is not None and info.origin == Origin.IMPORTED and info.cost == believed
+    store: Store[str, int] = await any_env.store(NS)
+    assert await store.get("k") == 1
+    stats = await any_env.statistics()
+    (kernels,) = stats.namespaces
+    (imported,) = stats.bundles
+    assert kernels.hits_by_origin == {Origin.IMPORTED: 1}
+    assert kernels.saved_seconds == imported.saved_seconds == (believed or 0.0)
+
+
+@pytest.mark.parametrize("format", ["flat", "sqlite"])
+async def test_a_local_cost_of_a_week_or_more_is_kept_but_exported_as_unknown(
+    tmp_path: Path, format: str
+) -> None:
+    async with open_environment("ci", root=tmp_path / "ci") as ci:
+        await ci.storage(NS).insert(b'"k"', b"1", cost=WEEK)
+        kept = await ci.storage(NS).info(b'"k"')
+    assert kept is not None and kept.cost == WEEK  # measured here: believed here
+    bundle = tmp_path / f"b.{format}"
+    await export_bundle(ci.path, bundle, name="H100 Linux", version="1", format=format)
+    async with open_environment("app", root=tmp_path / "app") as env:
+        await import_bundle(bundle, env)
+        info = await env.storage(NS).info(b'"k"')
+    assert info is not None and info.cost is None

@@ -366,3 +366,39 @@ async def test_leaving_the_block_in_a_cancelled_scope_is_not_a_checkpoint(root: 
         left = True  # the background flusher's exit did not raise the cancellation here
     assert left
     assert stored_counts(root / "e.db") == {NS: (1, 0, 0)}  # and close still flushed
+
+
+ODD_KEYS = ["plain", "ключ", 'a "quote" and a \\', "tab\tnew\nline", "\x00", "\x7f", "😀"]
+
+
+@pytest.mark.parametrize("encoding", ["UTF-8", "UTF-16le"])
+async def test_a_hit_on_any_str_key_counts_what_its_entry_saved(
+    tmp_path: Path, encoding: str
+) -> None:
+    # The flush finds each hit key's entry in SQL: a key that is not ASCII,
+    # or that JSON escapes, and a file whose text is not UTF-8, all resolve.
+    root = tmp_path / "root"
+    async with open_environment("e", root=root) as env:
+        path = env.path
+    path.unlink()
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"PRAGMA encoding = '{encoding}'")
+        conn.execute("CREATE TABLE unrelated (x)")  # the encoding is fixed by the first table
+    conn.close()
+    codec: JsonCodec[str, int] = JsonCodec()
+    async with open_environment("e", root=root) as env:
+        storage = env.storage(NS)
+        items = [(codec.encode_key(k), codec.encode_value(i)) for i, k in enumerate(ODD_KEYS)]
+        await storage.insert_many(items, Origin.IMPORTED, cost=2.0, bundle=BUNDLE)
+        store: Store[str, int] = await env.store(NS)
+        for i, key in enumerate(ODD_KEYS):
+            assert await store.get(key) == i
+            assert await store.get(key) == i
+        assert await env.flush_statistics()
+        (kernels,) = (await env.statistics()).namespaces
+        (bundle,) = (await env.statistics()).bundles
+    assert kernels.hits_by_origin == {Origin.IMPORTED: 2 * len(ODD_KEYS)}
+    assert kernels.saved_seconds == bundle.saved_seconds == 4.0 * len(ODD_KEYS)
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA encoding").fetchone()[0].lower() == encoding.lower()
+    conn.close()

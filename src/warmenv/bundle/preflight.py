@@ -129,12 +129,17 @@ def _verdict(manifest: BundleManifest, namespaces: list[str], version: str | Non
             )
         elif other:
             reasons.append(
-                f"{len(other)} of {len(namespaces)} namespaces carry another version than "
+                f"{len(other)} of {len(namespaces)} namespaces "
+                f"{'carries' if len(other) == 1 else 'carry'} another version than "
                 f"{version!r} and will not be read: {', '.join(other[:5])}"
                 + (" ..." if len(other) > 5 else "")
             )
         else:
-            reasons.append(f"all {len(namespaces)} namespaces are for version {version!r}")
+            reasons.append(
+                f"its namespace is for version {version!r}"
+                if len(namespaces) == 1
+                else f"all {len(namespaces)} namespaces are for version {version!r}"
+            )
     if not namespaces:
         ok = False
         reasons.append("the bundle holds no entries")

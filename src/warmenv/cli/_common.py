@@ -715,7 +715,7 @@ class ProgressBar:
             if self.counts_bytes:
                 parts.append(size(self.bytes or 0))
             if entries_rate is not None:
-                parts.append(f"{entries_rate:,.0f} entries/s")
+                parts.append(per_second(entries_rate))
             return ", ".join(parts)
         expected, done = self.total_bytes, self.bytes or 0
         percent = f" ({100.0 * done / expected:.0f}%)" if expected else ""
@@ -801,6 +801,12 @@ def plural(count: int, word: str, many: str | None = None) -> str:
     if count == 1:
         return f"1 {word}"
     return f"{count:,} {many or word + 's'}"
+
+
+def per_second(rate: float) -> str:
+    """An entries/s rate as shown: "1 entry/s", "3,100 entries/s"."""
+    shown = f"{rate:,.0f}"
+    return f"{shown} {'entry' if shown == '1' else 'entries'}/s"
 
 
 def size(n: int) -> str:

@@ -11,7 +11,7 @@ import html
 from collections.abc import Sequence
 from pathlib import Path
 
-from warmenv.cli._common import clean
+from warmenv.cli._common import clean, plural
 from warmenv.persistence.statistics import EnvironmentStatistics
 from warmenv.persistence.storage import Origin
 
@@ -29,9 +29,19 @@ def _text(value: object) -> str:
 
 
 def _chart(
-    title: str, rows: list[tuple[str, list[tuple[str, float, str]]]], unit: str, css: str
+    title: str,
+    rows: list[tuple[str, list[tuple[str, float, str]]]],
+    unit: str,
+    css: str,
+    one: str | None = None,
 ) -> str:
-    """A horizontal bar chart: per row, segments of (legend, value, colour) stacked."""
+    """A horizontal bar chart: per row, segments of (legend, value, colour) stacked.
+
+    `one` is the unit's singular, for a value of exactly 1 ("1 hit")."""
+
+    def counted(value: float, spec: str) -> str:
+        return f"{value:{spec}} {_text(one if one is not None and value == 1 else unit)}"
+
     top = max((sum(v for _, v, _ in segs) for _, segs in rows), default=0.0) or 1.0
     height = 30 + _BAR * 1.5 * len(rows)
     parts = [
@@ -53,12 +63,12 @@ def _chart(
                 f'<rect x="{x:.1f}" y="{y:.1f}" width="{width:.1f}" height="{_BAR}" '
                 f'fill="{colour}" data-label="{_text(label)}" '
                 f'data-series="{_text(legend)}" data-value="{value:g}">'
-                f"<title>{_text(f'{label}: {legend} {value:g} {unit}')}</title></rect>"
+                f"<title>{_text(f'{label}: {legend} ')}{counted(value, 'g')}</title></rect>"
             )
             x += width
             total += value
         parts.append(
-            f'<text x="{x + 6:.1f}" y="{y + _BAR * 0.75:.1f}">{total:,.4g} {_text(unit)}</text>'
+            f'<text x="{x + 6:.1f}" y="{y + _BAR * 0.75:.1f}">{counted(total, ",.4g")}</text>'
         )
     parts.append("</svg>")
     return "\n".join(parts)
@@ -87,7 +97,8 @@ def page(environment: str, stats: EnvironmentStatistics, origins: Sequence[Origi
     ]
     sections = [
         f"<h1>warmenv statistics: {name}</h1>",
-        f"<p>{stats.hits:,} hits, {stats.misses:,} misses; the hits saved "
+        f"<p>{plural(stats.hits, 'hit')}, {plural(stats.misses, 'miss', 'misses')}; "
+        f"the {'hit' if stats.hits == 1 else 'hits'} saved "
         f"{stats.saved_seconds:,.3f} s of computation.</p>",
         "<h2>Hits by origin, per namespace</h2>",
         "<p>"
@@ -96,7 +107,7 @@ def page(environment: str, stats: EnvironmentStatistics, origins: Sequence[Origi
             for origin in origins
         )
         + "</p>",
-        _chart("hits by origin per namespace", hits_rows, "hits", "hits")
+        _chart("hits by origin per namespace", hits_rows, "hits", "hits", one="hit")
         if hits_rows
         else "<p>No namespaces.</p>",
         "<h2>Seconds saved, per namespace</h2>",

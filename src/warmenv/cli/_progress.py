@@ -24,7 +24,7 @@ from rich.progress import (
 from rich.progress import Progress as RichProgress
 from rich.text import Text
 
-from warmenv.cli._common import size
+from warmenv.cli._common import per_second, plural, size
 
 
 class EntriesColumn(ProgressColumn):
@@ -32,8 +32,8 @@ class EntriesColumn(ProgressColumn):
 
     def render(self, task: Task) -> Text:
         done, total = task.fields.get("entries", 0), task.fields.get("total_entries")
-        shown = f"{done:,}" if total is None else f"{done:,}/{total:,}"
-        return Text(f"{shown} entries", style="progress.download")
+        shown = plural(done, "entry", "entries") if total is None else f"{done:,}/{total:,} entries"
+        return Text(shown, style="progress.download")
 
 
 class EntriesRateColumn(ProgressColumn):
@@ -41,8 +41,8 @@ class EntriesRateColumn(ProgressColumn):
 
     def render(self, task: Task) -> Text:
         rate = task.fields.get("entries_per_second")
-        shown = "?" if rate is None else f"{rate:,.0f}"
-        return Text(f"{shown} entries/s", style="progress.data.speed")
+        shown = "? entries/s" if rate is None else per_second(rate)
+        return Text(shown, style="progress.data.speed")
 
 
 class BytesRateColumn(ProgressColumn):

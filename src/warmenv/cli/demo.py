@@ -27,7 +27,7 @@ import anyio
 from warmenv.bundle import export_bundle, importing, open_bundle, preflight
 from warmenv.bundle.manifest import this_machine
 from warmenv.channel import unbounded
-from warmenv.cli._common import Output, as_json, follow, size
+from warmenv.cli._common import Output, as_json, follow, plural, size
 from warmenv.environment import Environment, open_environment
 from warmenv.persistence import CacheMode, Namespace, Store
 
@@ -225,12 +225,12 @@ async def _demo(args: argparse.Namespace, out: Output, root: Path) -> int:
     out.line("")
     out.line(
         f"1. cold start on {machine.label!r}: "
-        f"autotuning {len(keys())} keys (a workload and a size each)"
+        f"autotuning {plural(len(keys()), 'key')} (a workload and a size each)"
     )
     async with open_environment("machine-a", root=root, remote="") as first:
         await first.storage(NAMESPACE).purge()
         cold_choices, cold_misses, cold = await _timed_start_up(out, first, "autotuning")
-        out.line(f"   {cold_misses} keys tuned in {cold:.2f}s")
+        out.line(f"   {plural(cold_misses, 'key')} tuned in {cold:.2f}s")
         out.line("")
         out.line(f"2. export to {bundle_path.name} (bundle {machine.label!r})")
         exported = await export_bundle(first, bundle_path, name=machine.label, version=APP_VERSION)
@@ -240,7 +240,8 @@ async def _demo(args: argparse.Namespace, out: Output, root: Path) -> int:
     for line in str(check).splitlines():
         out.line(f"   {line}")
     out.table(
-        f"   {bundle_path.name}: {exported.entries} entries, {size(exported.bytes)}",
+        f"   {bundle_path.name}: {plural(exported.entries, 'entry', 'entries')}, "
+        f"{size(exported.bytes)}",
         ["namespace", "entries", "size"],
         [[s.namespace, s.entries, size(s.bytes)] for s in namespaces],
     )
@@ -250,7 +251,10 @@ async def _demo(args: argparse.Namespace, out: Output, root: Path) -> int:
         async with importing(bundle_path, second) as progress:
             await follow(out, aiter(progress), "importing")
         imported = progress.report
-        out.line(f"   imported {imported.imported} entries in {imported.elapsed:.2f}s")
+        out.line(
+            f"   imported {plural(imported.imported, 'entry', 'entries')} "
+            f"in {imported.elapsed:.2f}s"
+        )
         out.line("")
         out.line("4. the same start-up on the imported environment")
         warm_choices, warm_misses, warm = await _timed_start_up(out, second, "starting")

@@ -175,7 +175,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     if namespaces:
         out.line(
             f"{plural(hits, 'hit')}, {plural(misses, 'miss', 'misses')} "
-            f"(hit rate {hit_rate(hits, misses)}); the hits saved "
+            f"(hit rate {hit_rate(hits, misses)}); the {'hit' if hits == 1 else 'hits'} saved "
             f"{seconds(shown.saved_seconds)} of computation in "
             f"{plural(len(namespaces), 'namespace')}"
         )

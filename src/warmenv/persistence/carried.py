@@ -32,8 +32,19 @@ __all__ = [
 CarryingEntry: TypeAlias = tuple[bytes, bytes, float | None, float | None]
 """An entry of one namespace with what it carries: (key, value, written_at, cost)."""
 
-COST_LIMIT = 4294967296.0
-"""Seconds (2**32, 136 years): a cost at or above this is not believed."""
+COST_LIMIT = 604800.0
+"""Seconds (a week): a carried cost at or above this is not believed.
+
+Every hit on an imported entry counts its `cost` as seconds saved, so the
+limit is the most one hit may claim, and a bundle may come from anyone. The
+computations warmenv caches (compilation, autotuning, a model's warm-up) take
+seconds to hours, and `get_or_compute` holds its caller for all of it; a
+computation of a week or more is not one anybody waited for, while a hostile
+or broken bundle claiming it (2**32 seconds, the old limit, is 136 years a
+hit) would make "seconds saved" meaningless. Such a cost is recorded as
+unknown, as a NaN is: the entry imports and its hits count, saving nothing.
+A local computation that really took longer is still recorded where it ran,
+but is exported as unknown (export writes only what a reader believes)."""
 WRITTEN_AT_LIMIT = 253402300800.0
 """Unix seconds of 10000-01-01 UTC: a written_at at or after it is not believed."""
 UNKNOWN = bytes.fromhex("000000000000f87f")

@@ -17,7 +17,7 @@ from warmenv.persistence.carried import CarryingEntry, as_of
 from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.schema import HIT_GRANULARITY
-from warmenv.persistence.statistics import EnvironmentStatistics, Pending, Resolved, assemble
+from warmenv.persistence.statistics import Batch, EnvironmentStatistics, Resolved, assemble
 from warmenv.persistence.storage import (
     DEFAULT_SCAN_BATCH,
     BundleRef,
@@ -86,7 +86,7 @@ class MemoryTable:
         self._bundle_hits: dict[int, tuple[int, float]] = {}
         self._bundle_ids: dict[BundleRef, int] = {}
 
-    def _resolve(self, batch: list[Pending]) -> Resolved:
+    def _resolve(self, batch: Batch) -> Resolved:
         by_origin: dict[tuple[str, int], tuple[int, float]] = {}
         by_bundle: dict[int, tuple[int, float]] = {}
         for pending in batch:
@@ -101,7 +101,7 @@ class MemoryTable:
                     _add(by_bundle, ident, n, saved)
         return Resolved(by_origin=by_origin, by_bundle=by_bundle)
 
-    def flush_statistics(self, batch: list[Pending]) -> None:
+    def flush_statistics(self, batch: Batch) -> None:
         """Add a batch of counts, as `SqliteDatabase.flush_statistics` does."""
         resolved = self._resolve(batch)
         for pending in batch:
@@ -117,7 +117,7 @@ class MemoryTable:
         for ident, (hits, saved) in resolved.by_bundle.items():
             _add(self._bundle_hits, ident, hits, saved)
 
-    def statistics(self, pending: list[Pending]) -> EnvironmentStatistics:
+    def statistics(self, pending: Batch) -> EnvironmentStatistics:
         for rows in self.namespaces.values():
             for row in rows.values():
                 if row.bundle is not None:

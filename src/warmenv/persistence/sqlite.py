@@ -41,7 +41,13 @@ from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.files import read_only_uri
 from warmenv.persistence.namespace import Namespace
-from warmenv.persistence.statistics import EnvironmentStatistics, Pending, Resolved, assemble
+from warmenv.persistence.statistics import (
+    Batch,
+    EnvironmentStatistics,
+    Resolved,
+    assemble,
+    hit_params,
+)
 from warmenv.persistence.storage import (
     DEFAULT_SCAN_BATCH,
     BundleRef,
@@ -272,7 +278,7 @@ class SqliteDatabase:
         after = await anyio.to_thread.run_sync(_file_size, self.path)
         return before, after
 
-    async def flush_statistics(self, batch: list[Pending]) -> bool:
+    async def flush_statistics(self, batch: Batch) -> bool:
         """Add a batch of counts to the database in one transaction; False if not written.
 
         Each hit key is resolved against its entry (origin, cost, bundle) inside
@@ -302,7 +308,7 @@ class SqliteDatabase:
             log.warning("explaining a miss in %s failed: %s", self.path, exc)
             return explain([], namespace, key, lambda names, key: set())
 
-    async def statistics(self, pending: list[Pending]) -> EnvironmentStatistics:
+    async def statistics(self, pending: Batch) -> EnvironmentStatistics:
         """The stored counts of every namespace and bundle, plus `pending` (not yet stored)."""
         return await self.run(partial(_statistics, pending, self.version))
 
@@ -758,12 +764,14 @@ _BATCH_DDL = (
     f"CREATE TABLE IF NOT EXISTS {_HITS} (i INTEGER NOT NULL, origin INTEGER NOT NULL, "
     "n INTEGER NOT NULL, cost REAL, bundle INTEGER, stale INTEGER)",
 )
-# ?1 is the recency granule; the VALUES rows are (namespace row, key, times hit).
+# ?1 is the recency granule; the VALUES rows are (namespace row, key, times hit),
+# the key a BLOB or, in a UTF-8 file, an ASCII key's text: CAST makes it the same
+# BLOB, and text is bound cheaper (see statistics.hit_params).
 _RESOLVE = (
     f"INSERT INTO {_HITS} SELECT v.column1, coalesce(e.origin, {int(Origin.LOCAL)}), "
     "v.column3, e.cost, e.bundle, iif(e.last_hit IS NULL OR e.last_hit < ?1, e.rowid, NULL) "
     f"FROM ({{values}}) AS v CROSS JOIN {_NAMESPACES} AS ns ON ns.i = v.column1 "
-    "LEFT JOIN main.entries AS e ON e.namespace = ns.namespace AND e.key = v.column2"
+    "LEFT JOIN main.entries AS e ON e.namespace = ns.namespace AND e.key = CAST(v.column2 AS BLOB)"
 )
 # Per (namespace, origin of the entry hit): hits and seconds saved; misses and
 # computations go on the LOCAL row (every namespace with some has one: below).
@@ -782,16 +790,18 @@ _BY_BUNDLE = (
 _VALUES_ROWS = 500
 
 
-def _load_batch(batch: list[Pending], stamp: int, conn: sqlite3.Connection) -> None:
+def _load_batch(batch: Batch, stamp: int, conn: sqlite3.Connection) -> None:
     """Put a batch in the temporary tables, each hit key resolved against its entry."""
     for statement in _BATCH_DDL:
         conn.execute(statement)
-    namespaces = [
-        (i, p.namespace, p.misses, p.computes, p.compute_seconds) for i, p in enumerate(batch)
-    ]
-    hits = [(i, key, n) for i, p in enumerate(batch) for key, n in p.counted()]
+    namespaces: list[object] = []
+    add = namespaces.extend
+    columns = (batch.namespaces, batch.misses, batch.computes, batch.compute_seconds)
+    for i, row in enumerate(zip(*columns, strict=True)):
+        add((i, *row))
     _insert_values(conn, f"INSERT INTO {_NAMESPACES} {{values}}", namespaces, 5)
-    _insert_values(conn, _RESOLVE, hits, 3, (stamp,))
+    utf8 = str(conn.execute("PRAGMA main.encoding").fetchone()[0]).upper() == "UTF-8"
+    _insert_values(conn, _RESOLVE, hit_params(batch, text=utf8), 3, (stamp,))
     # A LOCAL row for each namespace with misses, for them to be added to.
     conn.execute(
         f"INSERT INTO {_HITS} (i, origin, n) SELECT i, {int(Origin.LOCAL)}, 0 "
@@ -802,25 +812,25 @@ def _load_batch(batch: list[Pending], stamp: int, conn: sqlite3.Connection) -> N
 def _insert_values(
     conn: sqlite3.Connection,
     template: str,
-    rows: Sequence[tuple[object, ...]],
+    params: Sequence[object],
     width: int,
     leading: tuple[object, ...] = (),
 ) -> None:
-    """Run `template` with `{values}` as multi-row VALUES of `rows`, a chunk at a time.
+    """Run `template` with `{values}` as multi-row VALUES of `params`, `width` a row.
 
-    A statement per chunk costs a fraction of `executemany`'s statement per
-    row; chunks stay within the connection's limit on bound parameters.
+    A statement per chunk of rows costs a fraction of `executemany`'s
+    statement per row; chunks stay within the connection's limit on bound
+    parameters. `params` is flat (a row's items one after the other): a
+    tuple per row would be one more object per row for the garbage
+    collector to count.
     """
     limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) - len(leading)
-    per = max(1, min(_VALUES_ROWS, limit // width))
+    per = max(1, min(_VALUES_ROWS, limit // width)) * width
     row = "(" + ",".join("?" * width) + ")"
-    for start in range(0, len(rows), per):
-        chunk = rows[start : start + per]
-        values = "VALUES " + ",".join([row] * len(chunk))
-        conn.execute(
-            template.format(values=values),
-            leading + tuple(itertools.chain.from_iterable(chunk)),
-        )
+    for start in range(0, len(params), per):
+        chunk = params[start : start + per]
+        values = "VALUES " + ",".join([row] * (len(chunk) // width))
+        conn.execute(template.format(values=values), (*leading, *chunk))
 
 
 def _clear_batch(conn: sqlite3.Connection) -> None:
@@ -832,9 +842,9 @@ def _has_bundles(conn: sqlite3.Connection) -> bool:
     return bool(conn.execute("SELECT EXISTS (SELECT 1 FROM main.bundles)").fetchone()[0])
 
 
-def _resolve_hits(batch: list[Pending], conn: sqlite3.Connection) -> Resolved:
+def _resolve_hits(batch: Batch, conn: sqlite3.Connection) -> Resolved:
     """What a batch's hits were worth, read without writing (for a read-only file)."""
-    if not any(p.served for p in batch):
+    if not batch.served:
         return Resolved(by_origin={}, by_bundle={})
     try:
         _load_batch(batch, 0, conn)
@@ -851,7 +861,7 @@ def _resolve_hits(batch: list[Pending], conn: sqlite3.Connection) -> Resolved:
     return Resolved(by_origin=by_origin, by_bundle=by_bundle)
 
 
-def _flush_statistics(batch: list[Pending], now: int, conn: sqlite3.Connection) -> None:
+def _flush_statistics(batch: Batch, now: int, conn: sqlite3.Connection) -> None:
     stamp = now - now % schema.HIT_GRANULARITY
 
     def body(conn: sqlite3.Connection) -> None:
@@ -880,9 +890,7 @@ def _flush_statistics(batch: list[Pending], now: int, conn: sqlite3.Connection) 
     schema.transaction(conn, body)
 
 
-def _statistics(
-    pending: list[Pending], version: int, conn: sqlite3.Connection
-) -> EnvironmentStatistics:
+def _statistics(pending: Batch, version: int, conn: sqlite3.Connection) -> EnvironmentStatistics:
     totals = _namespaces(conn)
     tables = schema.table_names(conn) if version >= 2 else set()
     counters: dict[str, tuple[int, int, float]] = {}

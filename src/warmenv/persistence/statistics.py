@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable
-from typing import NamedTuple, final
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import NamedTuple, cast, final
 
 import anyio
 import attrs
@@ -31,6 +31,7 @@ from warmenv.persistence.storage import Origin
 _JSON_KEYS: JsonCodec[str, object] = JsonCodec()
 
 __all__ = [
+    "Batch",
     "BundleStatistics",
     "Counters",
     "EnvironmentStatistics",
@@ -96,12 +97,11 @@ class EnvironmentStatistics:
 
 
 class Pending(NamedTuple):
-    """One namespace's counts taken from memory, not yet in the database.
+    """One namespace's counts taken from memory, not yet in the database: a row of a `Batch`.
 
-    A tuple rather than an attrs class: one is built per active namespace on
-    every flush, on the event loop, and a tuple is built in a fraction of the
-    time. The hits stay a plain list of the keys served until the writer
-    counts them (`hits()`), so taking them costs the event loop a list copy.
+    Built only where a namespace at a time is wanted (the in-memory storage,
+    `statistics()`, a failed flush putting counts back); SQLite's flush reads
+    the batch's columns.
     """
 
     namespace: str
@@ -118,21 +118,9 @@ class Pending(NamedTuple):
         read-through path holds the latter) comes twice: adding up, as SQL
         and `hits()` do, makes it one.
         """
-        served = self.served
-        counts: dict[bytes | str, int]
-        if len(served) > 64:
-            counts = Counter(served)  # counted in C
-        else:  # a Counter's set-up costs more than a few keys
-            counts = {}
-            for key in served:
-                counts[key] = counts.get(key, 0) + 1
-        try:  # a JsonCodec's encoding of a str key, inlined: a flush encodes thousands
-            return [
-                (key if isinstance(key, bytes) else _encode_str(key).encode(), n)
-                for key, n in counts.items()
-            ]
-        except UnicodeEncodeError:  # a lone surrogate: the codec's own path says why
-            return [(_encoded(key), n) for key, n in counts.items()]
+        params = hit_params(Batch.of([self]))  # keys as bytearray (no `text`)
+        pairs = zip(params[1::3], params[2::3], strict=True)
+        return [(bytes(cast(bytearray, key)), cast(int, n)) for key, n in pairs]
 
     def hits(self) -> dict[bytes, int]:
         """Each hit key, encoded, with how many times it was served."""
@@ -140,6 +128,62 @@ class Pending(NamedTuple):
         for key, n in self.counted():
             hits[key] = hits.get(key, 0) + n
         return hits
+
+
+@final
+class Batch:
+    """Every namespace's counts taken from memory in one drain, as columns.
+
+    Columns rather than an object per namespace: a drain runs on the event
+    loop, and with 10,000 namespaces, 20,000 objects (a tuple and a list
+    each) made it slow and, as they lived through the flush, brought on the
+    cyclic garbage collector's passes (a full one takes tens of milliseconds
+    in a large process). Here a drain appends to six lists.
+    """
+
+    __slots__ = ("compute_seconds", "computes", "ends", "misses", "namespaces", "served")
+
+    def __init__(self) -> None:
+        self.namespaces: list[str] = []
+        self.served: list[bytes | str] = []
+        """Every namespace's served keys, one per hit, one namespace after the other."""
+        self.ends: list[int] = []
+        """Where each namespace's keys end in `served` (they start where the last ended)."""
+        self.misses: list[int] = []
+        self.computes: list[int] = []
+        self.compute_seconds: list[float] = []
+
+    @classmethod
+    def of(cls, pending: Iterable[Pending]) -> Batch:
+        batch = cls()
+        for p in pending:
+            batch.add(p.namespace, p.served, p.misses, p.computes, p.compute_seconds)
+        return batch
+
+    def add(
+        self, namespace: str, served: list[bytes | str], misses: int, computes: int, seconds: float
+    ) -> None:
+        self.namespaces.append(namespace)
+        self.served += served
+        self.ends.append(len(self.served))
+        self.misses.append(misses)
+        self.computes.append(computes)
+        self.compute_seconds.append(seconds)
+
+    def __len__(self) -> int:
+        return len(self.namespaces)
+
+    def __iter__(self) -> Iterator[Pending]:
+        start = 0
+        for i, end in enumerate(self.ends):
+            yield Pending(
+                self.namespaces[i],
+                self.served[start:end],
+                self.misses[i],
+                self.computes[i],
+                self.compute_seconds[i],
+            )
+            start = end
 
 
 @attrs.frozen
@@ -178,24 +222,22 @@ class Counters:
         self.computes += 1
         self.compute_seconds += seconds
 
-    def drain(self) -> Pending | None:
-        """Take the counts so far (leaving zeros), or `None` if there are none.
+    def drain(self, batch: Batch) -> None:
+        """Move the counts so far (leaving zeros) into `batch`, if there are any.
 
         Only copies: counting and encoding the hit keys is left to the
-        writer (`Pending.hits`), off the event loop.
+        writer (`hit_params`), off the event loop.
         """
         hits = self.hits
         n = len(hits)
         if not (n or self.misses or self.computes):
-            return None
+            return
         # Copy then delete the same prefix: an append from another thread in
         # between lands after it and is kept for the next drain.
-        served = hits[:n]
+        batch.add(self.namespace, hits[:n], self.misses, self.computes, self.compute_seconds)
         del hits[:n]
-        misses, self.misses = self.misses, 0
-        computes, self.computes = self.computes, 0
-        seconds, self.compute_seconds = self.compute_seconds, 0.0
-        return Pending(self.namespace, served, misses, computes, seconds)
+        self.misses = self.computes = 0
+        self.compute_seconds = 0.0
 
     def restore(self, pending: Pending) -> None:
         """Put counts back after a flush that failed, so none is lost."""
@@ -209,7 +251,7 @@ class Counters:
         await self.recorder.flush()
 
 
-Flush = Callable[[list[Pending]], Awaitable[bool]]
+Flush = Callable[[Batch], Awaitable[bool]]
 
 
 @final
@@ -238,8 +280,12 @@ class Recorder:
             found = self._counters[namespace] = Counters(namespace, self)
         return found
 
-    def drain(self) -> list[Pending]:
-        return [p for c in self._counters.values() if (p := c.drain()) is not None]
+    def drain(self) -> Batch:
+        """Take every namespace's counts (see `Counters.drain`), on the event loop."""
+        batch = Batch()
+        for counters in self._counters.values():
+            counters.drain(batch)
+        return batch
 
     async def flush(self) -> bool:
         """Write every namespace's counts so far; False if they had to be kept for later."""
@@ -255,14 +301,14 @@ class Recorder:
                     self.restore(batch)
             return written
 
-    def restore(self, batch: list[Pending]) -> None:
+    def restore(self, batch: Batch) -> None:
         for pending in batch:
             counters = self._counters.get(pending.namespace)
             if counters is None:
                 counters = self._counters[pending.namespace] = Counters(pending.namespace, self)
             counters.restore(pending)
 
-    def pending(self) -> list[Pending]:
+    def pending(self) -> Batch:
         """A copy of the counts not yet flushed, left in place (for `statistics()`)."""
         batch = self.drain()
         self.restore(batch)
@@ -284,7 +330,7 @@ def assemble(
     origins: dict[tuple[str, int], tuple[int, float]],
     bundles: list[tuple[int, str, str, int]],
     bundle_hits: dict[int, tuple[int, float]],
-    pending: list[Pending],
+    pending: Batch,
     resolved: Resolved,
 ) -> EnvironmentStatistics:
     """Stored counts plus this process's pending ones, as the public value classes.
@@ -344,6 +390,52 @@ def assemble(
         for ident, name, digest, entries in bundles
     ]
     return EnvironmentStatistics(namespaces=namespaces, bundles=bundle_list)
+
+
+def hit_params(batch: Batch, *, text: bool = False) -> list[int | str | bytearray]:
+    """Every key a batch served as flat parameters: namespace's row, encoded key, times served.
+
+    Flat (three items a key) rather than a tuple a key: a flush of 10,000
+    namespaces builds these in its write transaction, and each tuple would
+    live through it, counted by the cyclic garbage collector towards its
+    next pass. Keys go as `bytearray`, which SQLite stores and compares as
+    the same BLOB as `bytes`: the sqlite3 module binds a `bytearray`
+    directly but passes `bytes` through its adapter lookup first, several
+    times slower, 20,000 times in such a flush. With `text`, a `str` key
+    whose encoding is ASCII goes as that `str`, cheaper still (no copy): the
+    SQL casts it to the BLOB of its bytes, which are its encoding in a file
+    whose text is UTF-8 (the caller's to know). A key served both as a
+    `str` and as its encoding comes twice (see `Pending.counted`).
+    """
+    params: list[int | str | bytearray] = []
+    add = params.extend
+    encode, blob = _encode_str, bytearray
+    served = batch.served
+    start = 0
+    for i, end in enumerate(batch.ends):
+        keys = served[start:end]
+        start = end
+        counts: dict[bytes | str, int]
+        if len(keys) > 64:
+            counts = Counter(keys)  # counted in C
+        else:  # a Counter's set-up costs more than a few keys
+            counts = {}
+            get = counts.get
+            for key in keys:
+                counts[key] = get(key, 0) + 1
+        first = len(params)
+        try:  # a JsonCodec's encoding of a str key, inlined
+            for key, n in counts.items():
+                if isinstance(key, bytes):
+                    add((i, blob(key), n))
+                else:
+                    encoded = encode(key)
+                    add((i, encoded if text and encoded.isascii() else blob(encoded, "utf-8"), n))
+        except UnicodeEncodeError:  # a lone surrogate: the codec's own path says why
+            del params[first:]
+            for key, n in counts.items():
+                add((i, blob(_encoded(key)), n))
+    return params
 
 
 def _encoded(key: bytes | str) -> bytes:
