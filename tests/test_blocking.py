@@ -414,6 +414,34 @@ def test_a_hot_value_is_each_threads_own_copy(env: BlockingEnvironment) -> None:
     assert store.get("k") == value
 
 
+def test_a_blocking_store_takes_max_entries(env: BlockingEnvironment) -> None:
+    filler: BlockingStore[str, int] = env.store(NS, mode=CacheMode.LAZY)
+    for i in range(30):
+        filler.insert(f"k{i}", i)
+    store: BlockingStore[str, int] = env.store(NS, max_entries=10)
+    assert store.max_entries == 10
+    assert len(store) == 10
+    assert [store.get(f"k{i}") for i in range(30)] == list(range(30))  # the rest read through
+    assert len(store) <= 10
+
+
+def test_a_blocking_store_takes_hot_bytes(env: BlockingEnvironment) -> None:
+    store: BlockingStore[str, dict[str, int]] = env.store(NS, hot_bytes=0)
+    assert store.hot_bytes == 0
+    store.insert("k", {"a": 1})
+    for _ in range(256):  # enough for a hot set to take it in
+        assert store.get("k") == {"a": 1}
+    assert not set(store.store._hot)  # internal: nothing held decoded
+    assert env.store(NS).hot_bytes > 0
+
+
+def test_a_blocking_store_refuses_a_bad_bound(env: BlockingEnvironment) -> None:
+    with pytest.raises(ValueError, match="max_entries must be a positive int"):
+        env.store(NS, max_entries=0)
+    with pytest.raises(ValueError, match="hot_bytes must be an int >= 0"):
+        env.store(NS, hot_bytes=-1)
+
+
 # --- environments ------------------------------------------------------------------
 
 
