@@ -658,12 +658,40 @@ async def bench(root: Path, entries: int, backend: str) -> list[Row]:
     return rows
 
 
+def hit_rows(root: Path) -> list[Row]:
+    """The rows of `--hits`, measured as in a full run."""
+
+    async def hits(backend: str) -> list[Row]:
+        rows = await store_hits(root / backend, "str", HITS, ["uniform"])
+        return rows + await store_hits(root / backend, "dict", HITS, list(PATTERNS))
+
+    rows = anyio.run(hits, "asyncio")
+    rows += [
+        attrs.evolve(row, name=row.name + " on trio")
+        for row in anyio.run(hits, "trio", backend="trio")
+    ]
+    rows += blocking_hits(root / "asyncio", "str", HITS, ["uniform"])
+    rows += blocking_hits(root / "asyncio", "dict", HITS, list(PATTERNS))
+    for shape in ("str", "dict"):
+        rows += store_rss(root / "asyncio", shape)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--entries", type=int, default=100_000)
+    parser.add_argument(
+        "--hits",
+        action="store_true",
+        help="only the rows of Store hits, warmenv.blocking hits and a store's RSS: quick"
+        " enough to alternate runs of two versions of the code (PYTHONPATH=old/src)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
+        if args.hits:
+            print_table("bench_storage --hits", hit_rows(root))
+            return
         rows = anyio.run(bench, root, args.entries, "asyncio")
         trio_rows = anyio.run(bench, root, args.entries, "trio", backend="trio")
         # The two backends' gets alternate, best of three each, so that
