@@ -414,6 +414,34 @@ def test_a_hot_value_is_each_threads_own_copy(env: BlockingEnvironment) -> None:
     assert store.get("k") == value
 
 
+def test_get_or_compute_hands_out_copies_of_a_hot_value(env: BlockingEnvironment) -> None:
+    value = {"tiles": [16, 32], "nested": {"deep": [1]}}
+    store: BlockingStore[str, dict[str, Any]] = env.store(NS)
+    store.insert("k", value)
+
+    def never() -> dict[str, Any]:
+        raise AssertionError("a hit must not compute")
+
+    for _ in range(256):  # the hot set takes it in along the way
+        got = store.get_or_compute("k", never)
+        assert got == value
+        got["tiles"].append(64)
+        got["nested"]["deep"].append(2)
+    assert set(store.store._hot) == {"k"}  # internal: the last copies came from the hot set
+    assert store.get("k") == value
+
+
+def test_a_list_of_small_ints_is_each_callers_own_copy(env: BlockingEnvironment) -> None:
+    value = [7] * 200  # held as JSON: its marshal form is larger (internal)
+    store: BlockingStore[str, list[int]] = env.store(NS)
+    store.insert("k", value)
+    for _ in range(3):
+        got = store.get("k")
+        assert got == value
+        got.append(8)
+        assert store.get_or_compute("k", list) == value
+
+
 def test_a_blocking_store_takes_max_entries(env: BlockingEnvironment) -> None:
     filler: BlockingStore[str, int] = env.store(NS, mode=CacheMode.LAZY)
     for i in range(30):
