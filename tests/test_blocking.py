@@ -432,7 +432,7 @@ def test_get_or_compute_hands_out_copies_of_a_hot_value(env: BlockingEnvironment
 
 
 def test_a_list_of_small_ints_is_each_callers_own_copy(env: BlockingEnvironment) -> None:
-    value = [7] * 200  # held as JSON: its marshal form is larger (internal)
+    value = [7] * 200
     store: BlockingStore[str, list[int]] = env.store(NS)
     store.insert("k", value)
     for _ in range(3):

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import enum
-import json
 import re
-import sys
 from typing import Any
 
 import anyio
@@ -130,49 +128,6 @@ async def test_mutating_a_value_from_get_does_not_change_what_later_callers_get(
     first["extra"] = []
     assert await store.get("k") == {"tiles": [16, 32]}
     assert await store.get_or_compute("k", _never) == {"tiles": [16, 32]}
-
-
-# How a store holds a container (internal): in marshal form, or as its JSON
-# when the marshal form would be larger (small ints take 5 bytes in marshal).
-HELD_FORMS: list[Any] = [
-    pytest.param(b'{"a":[1,{"b":"\\u00fc"}],"f":-0.0,"n":null,"t":true}', "bytes", id="marshal"),
-    pytest.param(("[" + ",".join(["7"] * 200) + "]").encode(), "_Json", id="json"),
-]
-
-
-@pytest.mark.parametrize(("data", "form"), HELD_FORMS)
-@pytest.mark.parametrize("mode", list(CacheMode))
-async def test_each_held_form_hands_every_caller_the_stored_value_as_its_own_copy(
-    env: Environment, data: bytes, form: str, mode: CacheMode
-) -> None:
-    stored = json.loads(data)
-    await env.storage(NS).insert(b'"k"', data)
-    store: Store[str, Any] = await env.store(NS, mode=mode, hot_bytes=0)
-    first = await store.get("k")
-    assert type(store._values["k"]).__name__ == form  # internal: the form under test
-    assert first is not None
-    assert _shape(first) == _shape(stored)
-    first.clear()
-    assert _shape(await store.get("k")) == _shape(stored)
-    assert _shape(store.get_nowait("k")) == _shape(stored)
-    assert _shape(await store.get_or_compute("k", _never)) == _shape(stored)
-    assert await store.insert("k", stored) == Stored()  # the value it holds: no write
-
-
-async def test_a_value_nested_deeper_than_marshal_goes_is_held_as_its_json(
-    env: Environment,
-) -> None:
-    depth = 2100  # marshal stops at 2,000 levels; JSON goes as deep as the recursion limit
-    data = b"[" * depth + b"]" * depth
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(10_000)
-    try:
-        await env.storage(NS).insert(b'"k"', data)
-        store: Store[str, Any] = await env.store(NS)
-        assert type(store._values["k"]).__name__ == "_Json"  # internal
-        assert await store.get("k") == json.loads(data)
-    finally:
-        sys.setrecursionlimit(limit)
 
 
 async def test_mutating_a_computed_value_does_not_change_what_later_callers_get(

@@ -10,17 +10,11 @@ entry another process computed, is found rather than recomputed.
 
 Each value is held once, in the form that lets every caller have its own
 copy: immutable values (`str`, `int`, `float`, `bool`, `None`, `bytes`) as
-they are, anything else serialised and decoded afresh on each hit. A caller
-that mutates what it got therefore never changes what the next caller gets.
-A custom codec's values are held as its bytes (what the storage holds). A
-`JsonCodec` store's containers are held in `marshal` form, which decodes in
-half the time of the C JSON scanner for the same object and takes about as
-many bytes for records (fewer for `true`/`false`/`null`, floats and repeated
-keys; more for small ints). A value whose marshal form would take more than
-its JSON and a box (`_Json`) is held as that JSON instead. The marshal form
-never leaves the process, and only what the store itself dumped is ever
-loaded: it is a memory layout, not a format (the storage and bundles hold
-canonical JSON, and marshal may change between Python versions).
+they are, anything else as its encoded bytes (what the storage holds),
+decoded afresh on each hit. A caller that mutates what it got therefore
+never changes what the next caller gets. For JSON, bytes that already
+decoded once are decoded by the C scanner directly, skipping the checks
+`json.loads` makes for untrusted input.
 
 Decoded objects cost three to four times their JSON in memory, so only the
 most used JSON containers are also held decoded, in a bounded hot set
@@ -44,7 +38,6 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
-import marshal
 import sys
 import threading
 import time
@@ -112,40 +105,14 @@ MISSING: Final = Missing.MISSING
 
 
 # How a value is held (the hit path tells them apart by exact type):
-#   bytes      a mutable value: its marshal form in a JsonCodec store, else its
-#              codec bytes; each hit decodes a fresh copy
-#   Hot        a JSON container also held decoded (the hot set): each hit copies it
+#   bytes      a mutable value as its codec bytes; each hit decodes a fresh copy
 #   tuple      a 1-tuple boxing a `bytes` value, which is immutable
-#   _Json      a JSON container whose marshal form would take more memory
+#   Hot        a JSON container also held decoded (the hot set): each hit copies it
 #   otherwise  an immutable value, handed out as it is
 # Plain bytes for the common case: a bytes subclass would carry a GC header.
 _ABSENT: Any = object()
 # Values handed out as they are: nothing a caller does can change them.
 _IMMUTABLE = frozenset({str, int, float, bool, type(None)})
-_loads = marshal.loads
-_BOX = 48  # a _Json's memory beyond its bytes: a marshal form this much longer is still smaller
-
-
-@final
-class _Json:
-    """A JsonCodec store's container held as its JSON (its marshal form is the larger)."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def decoded(self) -> Any:
-        return _scan_json(self.data.decode(), 0)[0]
-
-
-def _held_json(value: Any, data: bytes) -> bytes | _Json:
-    """How a JsonCodec store holds the container `value`, whose JSON is `data`."""
-    try:
-        dumped = marshal.dumps(value)
-    except ValueError:  # nested deeper than marshal goes (2,000 levels)
-        return _Json(data)
-    return dumped if len(dumped) <= len(data) + _BOX else _Json(data)
 
 
 @attrs.define(eq=False)
@@ -346,15 +313,13 @@ class Store(Generic[K, V]):
         if kind is bytes:
             if not self._json:
                 return self._codec.decode_value(held)
-            value = _loads(held)  # _decoded, inlined
+            value = _scan_json(held.decode(), 0)[0]  # _decoded, inlined
             self._decodes = count = self._decodes + 1
             if count & (SAMPLE_EVERY - 1):
                 return value
             return self._sampled(memo, held, value)
         if kind is tuple:
             return held[0]
-        if kind is _Json:
-            return held.decoded()
         return held
 
     def get_nowait(self, key: K) -> V:
@@ -421,15 +386,13 @@ class Store(Generic[K, V]):
         if kind is bytes:
             if not self._json:
                 return self._codec.decode_value(held)
-            value = _loads(held)  # _decoded, inlined
+            value = _scan_json(held.decode(), 0)[0]  # _decoded, inlined
             self._decodes = count = self._decodes + 1
             if count & (SAMPLE_EVERY - 1):
                 return value  # type: ignore[no-any-return]
             return self._sampled(memo, held, value)  # type: ignore[no-any-return]
         if kind is tuple:
             return held[0]  # type: ignore[no-any-return]
-        if kind is _Json:
-            return held.decoded()  # type: ignore[no-any-return]
         return held  # type: ignore[no-any-return]
 
     @overload
@@ -573,12 +536,10 @@ class Store(Generic[K, V]):
             return held.copy()
         if kind is bytes:
             if self._json:
-                return _loads(held)
+                return _scan_json(held.decode(), 0)[0]
             return self._codec.decode_value(held)
         if kind is tuple:
             return held[0]
-        if kind is _Json:
-            return held.decoded()
         return held
 
     def _pack(self, value: object, data: bytes) -> Any:
@@ -587,15 +548,12 @@ class Store(Generic[K, V]):
             return value
         if kind is bytes:
             return (value,)
-        if self._json:
-            return _held_json(value, data)
         return data
 
     def _data_of(self, held: Any) -> bytes:
-        """The codec bytes of what `held` stands for (a JsonCodec store re-encodes)."""
-        if type(held) is bytes and not self._json:
+        if type(held) is bytes:
             return held
-        if type(held) is _Json:
+        if type(held) is Hot:
             return held.data
         return self._codec.encode_value(self._unpack(held))
 
@@ -650,7 +608,7 @@ class Store(Generic[K, V]):
         """A fresh decode of the held `data` for a hit (any thread), sampled for the hot set."""
         if not self._json:
             return self._codec.decode_value(data)
-        value = _loads(data)
+        value = _scan_json(data.decode(), 0)[0]
         # Racing threads may lose a count: it only shifts which decode is a sample.
         self._decodes = count = self._decodes + 1
         if count & (SAMPLE_EVERY - 1):
