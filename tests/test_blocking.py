@@ -414,6 +414,62 @@ def test_a_hot_value_is_each_threads_own_copy(env: BlockingEnvironment) -> None:
     assert store.get("k") == value
 
 
+def test_get_or_compute_hands_out_copies_of_a_hot_value(env: BlockingEnvironment) -> None:
+    value = {"tiles": [16, 32], "nested": {"deep": [1]}}
+    store: BlockingStore[str, dict[str, Any]] = env.store(NS)
+    store.insert("k", value)
+
+    def never() -> dict[str, Any]:
+        raise AssertionError("a hit must not compute")
+
+    for _ in range(256):  # the hot set takes it in along the way
+        got = store.get_or_compute("k", never)
+        assert got == value
+        got["tiles"].append(64)
+        got["nested"]["deep"].append(2)
+    assert set(store.store._hot) == {"k"}  # internal: the last copies came from the hot set
+    assert store.get("k") == value
+
+
+def test_a_list_of_small_ints_is_each_callers_own_copy(env: BlockingEnvironment) -> None:
+    value = [7] * 200
+    store: BlockingStore[str, list[int]] = env.store(NS)
+    store.insert("k", value)
+    for _ in range(3):
+        got = store.get("k")
+        assert got == value
+        got.append(8)
+        assert store.get_or_compute("k", list) == value
+
+
+def test_a_blocking_store_takes_max_entries(env: BlockingEnvironment) -> None:
+    filler: BlockingStore[str, int] = env.store(NS, mode=CacheMode.LAZY)
+    for i in range(30):
+        filler.insert(f"k{i}", i)
+    store: BlockingStore[str, int] = env.store(NS, max_entries=10)
+    assert store.max_entries == 10
+    assert len(store) == 10
+    assert [store.get(f"k{i}") for i in range(30)] == list(range(30))  # the rest read through
+    assert len(store) <= 10
+
+
+def test_a_blocking_store_takes_hot_bytes(env: BlockingEnvironment) -> None:
+    store: BlockingStore[str, dict[str, int]] = env.store(NS, hot_bytes=0)
+    assert store.hot_bytes == 0
+    store.insert("k", {"a": 1})
+    for _ in range(256):  # enough for a hot set to take it in
+        assert store.get("k") == {"a": 1}
+    assert not set(store.store._hot)  # internal: nothing held decoded
+    assert env.store(NS).hot_bytes > 0
+
+
+def test_a_blocking_store_refuses_a_bad_bound(env: BlockingEnvironment) -> None:
+    with pytest.raises(ValueError, match="max_entries must be a positive int"):
+        env.store(NS, max_entries=0)
+    with pytest.raises(ValueError, match="hot_bytes must be an int >= 0"):
+        env.store(NS, hot_bytes=-1)
+
+
 # --- environments ------------------------------------------------------------------
 
 

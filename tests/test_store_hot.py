@@ -176,7 +176,7 @@ async def test_the_hot_set_holds_at_most_hot_bytes(env: Environment) -> None:
     finally:
         tracemalloc.stop()
     assert len(hot(store)) < 2000
-    assert limit // 2 < store._hot_size <= limit  # filled up to the bound, not past it
+    assert limit // 2 < store._hot.size <= limit  # filled up to the bound, not past it
     # The hot set itself, and the 64 KiB of marks that decide what enters it.
     assert grown < limit + 64 * 1024 + 16 * 1024, f"{grown} bytes held after the hits"
 

@@ -86,3 +86,29 @@ async def test_inserting_under_a_bound_keeps_the_storage_complete(env: Environme
         assert await store.insert(f"k{i}", i) == Stored()
     assert len(store) == 3
     assert (await env.storage(NS).summary()).entries == 10
+
+
+async def test_an_environments_store_takes_max_entries(env: Environment) -> None:
+    await _fill(env, 50)
+    store: Store[str, int] = await env.store(NS, max_entries=20)
+    assert store.max_entries == 20
+    assert len(store) == 20
+    for i in range(50):
+        assert await store.get(f"k{i:04d}") == i
+        assert len(store) <= 20
+
+
+async def test_an_environments_store_takes_hot_bytes(env: Environment) -> None:
+    store: Store[str, dict[str, int]] = await env.store(NS, hot_bytes=0)
+    assert store.hot_bytes == 0
+    await store.insert("k", {"a": 1})
+    for _ in range(256):  # enough for a hot set to take it in
+        assert await store.get("k") == {"a": 1}
+    assert not set(store._hot)  # internal: nothing held decoded
+
+
+async def test_an_environments_store_refuses_a_bad_bound(env: Environment) -> None:
+    with pytest.raises(ValueError, match="max_entries must be a positive int"):
+        await env.store(NS, max_entries=0)
+    with pytest.raises(ValueError, match="hot_bytes must be an int >= 0"):
+        await env.store(NS, hot_bytes=-1)

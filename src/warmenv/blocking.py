@@ -50,11 +50,12 @@ from warmenv.bundle.manifest import EnvironmentInfo
 from warmenv.environment import Environment
 from warmenv.environment import open_environment as _open_async
 from warmenv.persistence.codec import BytesCodec, Codec, JsonCodec, canonical_arguments
+from warmenv.persistence.hot import Hot, copied
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.remote import RemoteSettings, RemoteTier
 from warmenv.persistence.storage import Failed as _Failed
 from warmenv.persistence.storage import Insertion, NamespaceSummary, Purged
-from warmenv.persistence.store import _ABSENT, _IMMUTABLE, CacheMode, Store
+from warmenv.persistence.store import _ABSENT, _IMMUTABLE, DEFAULT_HOT_BYTES, CacheMode, Store
 
 __all__ = [
     "BlockingEnvironment",
@@ -324,27 +325,46 @@ class BlockingEnvironment:
 
     @overload
     def store(
-        self, namespace: Namespace | str, codec: None = None, mode: CacheMode = CacheMode.EAGER
+        self,
+        namespace: Namespace | str,
+        codec: None = None,
+        mode: CacheMode = CacheMode.EAGER,
+        *,
+        max_entries: int | None = None,
+        hot_bytes: int = DEFAULT_HOT_BYTES,
     ) -> BlockingStore[Any, Any]: ...
     @overload
     def store(
-        self, namespace: Namespace | str, codec: Codec[K, V], mode: CacheMode = CacheMode.EAGER
+        self,
+        namespace: Namespace | str,
+        codec: Codec[K, V],
+        mode: CacheMode = CacheMode.EAGER,
+        *,
+        max_entries: int | None = None,
+        hot_bytes: int = DEFAULT_HOT_BYTES,
     ) -> BlockingStore[K, V]: ...
     def store(
         self,
         namespace: Namespace | str,
         codec: Codec[Any, Any] | None = None,
         mode: CacheMode = CacheMode.EAGER,
+        *,
+        max_entries: int | None = None,
+        hot_bytes: int = DEFAULT_HOT_BYTES,
     ) -> BlockingStore[Any, Any]:
         """A store over one namespace (an `EAGER` one loads it now).
 
         Without a codec it is a `JsonCodec` store whose types the annotation
-        gives: `store: BlockingStore[str, int] = env.store(ns)`.
+        gives: `store: BlockingStore[str, int] = env.store(ns)`. `max_entries`
+        and `hot_bytes` bound its memory, as for `Store.open`.
         """
         _refuse_event_loop_thread("BlockingEnvironment.store()")
         self._check_open()
         codec = JsonCodec() if codec is None else codec
-        store: Store[Any, Any] = self._loop.call(self._env.store, namespace, codec, mode)
+        opening = functools.partial(
+            self._env.store, namespace, codec, mode, max_entries=max_entries, hot_bytes=hot_bytes
+        )
+        store: Store[Any, Any] = self._loop.call(opening)
         return BlockingStore(store, codec, self._loop)
 
     def namespaces(self) -> list[NamespaceSummary]:
@@ -417,6 +437,16 @@ class BlockingStore(Generic[K, V]):
     def mode(self) -> CacheMode:
         return self._store.mode
 
+    @property
+    def max_entries(self) -> int | None:
+        """The most values held in memory, or `None` for no bound."""
+        return self._store.max_entries
+
+    @property
+    def hot_bytes(self) -> int:
+        """The most memory held by decoded copies of hot values (0 for a non-JSON codec)."""
+        return self._store.hot_bytes
+
     def __len__(self) -> int:
         """Values held in memory."""
         return len(self._store)
@@ -451,6 +481,13 @@ class BlockingStore(Generic[K, V]):
             return held
         if kind is bytes:
             return self._decoded(memo, held)
+        if kind is Hot:
+            value = held.value.copy()  # Hot.copy, inlined: two calls are a third of this hit
+            for inner_key in held.flat:
+                value[inner_key] = value[inner_key].copy()
+            for inner_key, inner in held.deep:
+                value[inner_key] = copied(value[inner_key], inner)
+            return value
         return self._unpack(held)
 
     def insert(self, key: K, value: V) -> Insertion:
@@ -483,6 +520,13 @@ class BlockingStore(Generic[K, V]):
             return held  # type: ignore[no-any-return]
         if kind is bytes:
             return self._decoded(memo, held)  # type: ignore[no-any-return]
+        if kind is Hot:
+            value = held.value.copy()  # Hot.copy, inlined, as in `get`
+            for inner_key in held.flat:
+                value[inner_key] = value[inner_key].copy()
+            for inner_key, inner in held.deep:
+                value[inner_key] = copied(value[inner_key], inner)
+            return value  # type: ignore[no-any-return]
         return self._unpack(held)  # type: ignore[no-any-return]
 
     @overload

@@ -50,7 +50,7 @@ from warmenv.persistence.storage import (
     Storage,
     check_bundle,
 )
-from warmenv.persistence.store import CacheMode, Store
+from warmenv.persistence.store import DEFAULT_HOT_BYTES, CacheMode, Store
 from warmenv.stream import adopt_config, policy_chosen
 
 __all__ = ["Environment", "activate", "active", "open_environment", "set_root"]
@@ -164,19 +164,34 @@ class Environment:
 
     @overload
     async def store(
-        self, namespace: Namespace | str, codec: None = None, mode: CacheMode = CacheMode.EAGER
+        self,
+        namespace: Namespace | str,
+        codec: None = None,
+        mode: CacheMode = CacheMode.EAGER,
+        *,
+        max_entries: int | None = None,
+        hot_bytes: int = DEFAULT_HOT_BYTES,
     ) -> Store[Any, Any]: ...
     @overload
     async def store(
-        self, namespace: Namespace | str, codec: Codec[K, V], mode: CacheMode = CacheMode.EAGER
+        self,
+        namespace: Namespace | str,
+        codec: Codec[K, V],
+        mode: CacheMode = CacheMode.EAGER,
+        *,
+        max_entries: int | None = None,
+        hot_bytes: int = DEFAULT_HOT_BYTES,
     ) -> Store[K, V]: ...
     async def store(
         self,
         namespace: Namespace | str,
         codec: Codec[Any, Any] | None = None,
         mode: CacheMode = CacheMode.EAGER,
+        *,
+        max_entries: int | None = None,
+        hot_bytes: int = DEFAULT_HOT_BYTES,
     ) -> Store[Any, Any]:
-        """A typed `Store` over one namespace.
+        """A typed `Store` over one namespace; `max_entries` and `hot_bytes` as for `Store.open`.
 
         Without a codec it is a `JsonCodec` store of any keys and values
         (`Store[Any, Any]`); annotate to narrow it:
@@ -184,7 +199,9 @@ class Environment:
         """
         storage = self.storage(namespace)
         counters = self._recorder.counters(storage.namespace)
-        return await Store.open(storage, codec, mode, counters=counters)
+        return await Store.open(
+            storage, codec, mode, max_entries=max_entries, counters=counters, hot_bytes=hot_bytes
+        )
 
     async def statistics(self) -> EnvironmentStatistics:
         """Every namespace's and imported bundle's counts, this process's unflushed ones too.

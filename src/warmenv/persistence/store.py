@@ -17,16 +17,8 @@ decoded once are decoded by the C scanner directly, skipping the checks
 `json.loads` makes for untrusted input.
 
 Decoded objects cost three to four times their JSON in memory, so only the
-most used JSON containers are also held decoded, in a hot set of at most
-`hot_bytes` (the encoded form stays the backing copy). A hit on one of them
-copies its containers and shares its leaves (strings and numbers are
-immutable): a quarter to a half of a decode. Which values are hot is
-decided on the decode path alone, so a hit costs no bookkeeping: every 4th
-decode is a sample, and a value sampled twice within 2,048 samples enters
-the hot set, the oldest entrant leaving first. Values asked for evenly over
-a large store are seldom sampled twice that soon, and entries are rationed
-(one per 32 decodes at most), so no pattern of keys makes the churn cost
-more than a small share of the decoding.
+most used JSON containers are also held decoded, in a bounded hot set
+(`warmenv.persistence.hot`); a hit on one copies it instead of decoding.
 
 A `JsonCodec` store holds a `str` key's value under the `str` itself, not
 its encoding: a hit then costs one dict lookup on a hash the key already
@@ -69,10 +61,11 @@ from warmenv.persistence.codec import Codec, JsonCodec, canonical_arguments
 from warmenv.persistence.codec import _encode_str as _encode_json_str
 from warmenv.persistence.codec import _scan_canonical as _scan_json
 from warmenv.persistence.explain import explain_first_miss
+from warmenv.persistence.hot import DEFAULT_HOT_BYTES, SAMPLE_EVERY, Hot, HotSet, copied
 from warmenv.persistence.statistics import Counters
 from warmenv.persistence.storage import Conflict, Failed, Insertion, Purged, Storage, Stored
 
-__all__ = ["MISSING", "CacheMode", "Missing", "Store"]
+__all__ = ["DEFAULT_HOT_BYTES", "MISSING", "CacheMode", "Missing", "Store"]
 
 if sys.version_info >= (3, 13):
     from typing import TypeVar
@@ -114,102 +107,12 @@ MISSING: Final = Missing.MISSING
 # How a value is held (the hit path tells them apart by exact type):
 #   bytes      a mutable value as its codec bytes; each hit decodes a fresh copy
 #   tuple      a 1-tuple boxing a `bytes` value, which is immutable
+#   Hot        a JSON container also held decoded (the hot set): each hit copies it
 #   otherwise  an immutable value, handed out as it is
 # Plain bytes for the common case: a bytes subclass would carry a GC header.
 _ABSENT: Any = object()
 # Values handed out as they are: nothing a caller does can change them.
 _IMMUTABLE = frozenset({str, int, float, bool, type(None)})
-
-
-DEFAULT_HOT_BYTES: Final = 4 * 2**20
-"""The default bound on a JSON store's decoded hot set (see the module docstring)."""
-_SAMPLE_EVERY = 4  # a power of two: the decode path tests `count & (_SAMPLE_EVERY - 1)`
-_SLOTS = 1 << 16  # the samples' marks: one byte per `hash(key) & (_SLOTS - 1)`
-_ROUND = 2048  # samples before the marks are forgotten
-# Promotions are rationed: each sample earns a credit, a promotion costs
-# _PROMOTION of them (at most one per _PROMOTION * _SAMPLE_EVERY decodes, in
-# bursts of up to 8), so keys that come in short bursts and never again cost
-# a small share of the decoding time, however many of them there are.
-_PROMOTION = 8
-_CREDITS = 8 * _PROMOTION
-# Per hot value beyond the decoded objects: the _Hot itself and its hot-set slot.
-_HOT_OVERHEAD = 160
-
-
-# A copy plan: the keys (or indexes) of the children that are containers of
-# leaves only, copied with `.copy()`, and for each child that holds
-# containers itself, its key and its own plan. Leaves are shared, never copied.
-_Plan = tuple[tuple[Any, ...], tuple[tuple[Any, "_Plan"], ...]]
-_LEAVES: _Plan = ((), ())
-_STEP = 64  # a plan step's memory: a 2-tuple or a slot, and its index if it is large
-_LEAF = 48  # a leaf's memory beyond its characters (counted in the encoded form's length)
-_PLAN_DEPTH = 32  # a value nested deeper stays encoded (a plan is followed by recursion)
-
-
-class _TooDeep(Exception):
-    pass
-
-
-@final
-class _Hot:
-    """A JSON container held decoded (never handed out: each hit gets a copy)."""
-
-    __slots__ = ("data", "deep", "flat", "size", "value")
-
-    def __init__(self, value: Any, plan: _Plan, size: int, data: bytes) -> None:
-        self.value = value
-        self.flat, self.deep = plan
-        self.size = size
-        self.data = data
-        """The encoded form, held again when the value leaves the hot set."""
-
-    def copy(self) -> Any:
-        return _copied(self.value, (self.flat, self.deep))
-
-
-def _copied(value: Any, plan: _Plan) -> Any:
-    """A copy of a JSON container: new containers, the same (immutable) leaves."""
-    copy = value.copy()
-    flat, deep = plan
-    for key in flat:
-        copy[key] = copy[key].copy()
-    for key, inner in deep:
-        copy[key] = _copied(copy[key], inner)
-    return copy
-
-
-def _prepared(value: Any, depth: int = _PLAN_DEPTH) -> tuple[Any, _Plan, int]:
-    """`value` made ready to be held hot, its copy plan, and the bytes its containers take.
-
-    The leaves' memory is estimated (their characters are counted by the
-    caller, as the length of the encoded form, plus `_LEAF` each here):
-    measuring each one would cost as much as the rest of a promotion. Dict
-    keys are interned, so every hot value with a key of that name shares one
-    string (less memory, and a copy touches fewer objects). `_TooDeep` if it
-    nests containers more than `depth` deep.
-    """
-    if not depth:
-        raise _TooDeep
-    items: Any
-    if type(value) is dict:
-        value = {sys.intern(key): item for key, item in value.items()}
-        items = value.items()
-    else:
-        items = enumerate(value)
-    size = sys.getsizeof(value) + _LEAF * len(value)
-    flat: list[Any] = []
-    deep: list[tuple[Any, _Plan]] = []
-    for key, item in items:
-        kind = type(item)
-        if kind is dict or kind is list:
-            child, plan, inner = _prepared(item, depth - 1)
-            value[key] = child  # an existing key: iterating goes on
-            size += inner + _STEP
-            if plan == _LEAVES:
-                flat.append(key)
-            else:
-                deep.append((key, plan))
-    return value, (tuple(flat), tuple(deep)), size
 
 
 @attrs.define(eq=False)
@@ -233,23 +136,17 @@ class Store(Generic[K, V]):
         "_codec",
         "_computes",
         "_counters",
-        "_credits",
         "_decodes",
         "_epoch",
         "_hits",
         "_hot",
-        "_hot_limit",
-        "_hot_size",
         "_json",
         "_limit",
         "_lock",
         "_lru",
-        "_marks",
         "_memoized",
         "_mode",
         "_reads",
-        "_samples",
-        "_stamp",
         "_storage",
         "_undecodable",
         "_values",
@@ -279,14 +176,8 @@ class Store(Generic[K, V]):
         self._values: dict[bytes | str, Any] = {} if self._lru is None else self._lru
         self._json = type(codec) is JsonCodec
         # Only a JsonCodec's values are known to be plain containers and leaves.
-        self._hot_limit = hot_bytes if self._json else 0
-        self._hot: OrderedDict[bytes | str, _Hot] = OrderedDict()
-        self._hot_size = 0
-        self._decodes = 0
-        self._marks: bytearray | None = None  # allocated at the first sample (`_sampled`)
-        self._stamp = 1
-        self._samples = 0
-        self._credits = _CREDITS
+        self._hot = HotSet(hot_bytes if self._json else 0)
+        self._decodes = 0  # counted on the hit path: every SAMPLE_EVERY-th is a sample
         self._undecodable: set[bytes] = set()
         self._reads: dict[bytes, _Flight] = {}
         self._computes: dict[bytes, _Flight] = {}
@@ -376,7 +267,7 @@ class Store(Generic[K, V]):
     @property
     def hot_bytes(self) -> int:
         """The most memory held by decoded copies of hot values (0 for a non-JSON codec)."""
-        return self._hot_limit
+        return self._hot.limit
 
     def __len__(self) -> int:
         """Values held in memory (in `LAZY` mode, or with a bound, not all stored ones)."""
@@ -412,19 +303,19 @@ class Store(Generic[K, V]):
         if self._hits is not None:
             self._hits.append(memo)
         kind = type(held)
-        if kind is _Hot:
-            value = held.value.copy()  # _Hot.copy, inlined
+        if kind is Hot:
+            value = held.value.copy()  # Hot.copy, inlined
             for inner_key in held.flat:
                 value[inner_key] = value[inner_key].copy()
             for inner_key, inner in held.deep:
-                value[inner_key] = _copied(value[inner_key], inner)
+                value[inner_key] = copied(value[inner_key], inner)
             return value
         if kind is bytes:
             if not self._json:
                 return self._codec.decode_value(held)
             value = _scan_json(held.decode(), 0)[0]  # _decoded, inlined
             self._decodes = count = self._decodes + 1
-            if count & (_SAMPLE_EVERY - 1):
+            if count & (SAMPLE_EVERY - 1):
                 return value
             return self._sampled(memo, held, value)
         if kind is tuple:
@@ -485,19 +376,19 @@ class Store(Generic[K, V]):
             if self._hits is not None:
                 self._hits.append(memo)
         kind = type(held)
-        if kind is _Hot:
-            value = held.value.copy()  # _Hot.copy, inlined
+        if kind is Hot:
+            value = held.value.copy()  # Hot.copy, inlined
             for inner_key in held.flat:
                 value[inner_key] = value[inner_key].copy()
             for inner_key, inner in held.deep:
-                value[inner_key] = _copied(value[inner_key], inner)
+                value[inner_key] = copied(value[inner_key], inner)
             return value  # type: ignore[no-any-return]
         if kind is bytes:
             if not self._json:
                 return self._codec.decode_value(held)
             value = _scan_json(held.decode(), 0)[0]  # _decoded, inlined
             self._decodes = count = self._decodes + 1
-            if count & (_SAMPLE_EVERY - 1):
+            if count & (SAMPLE_EVERY - 1):
                 return value  # type: ignore[no-any-return]
             return self._sampled(memo, held, value)  # type: ignore[no-any-return]
         if kind is tuple:
@@ -641,7 +532,7 @@ class Store(Generic[K, V]):
     def _unpack(self, held: Any) -> Any:
         """The value `held` stands for, a copy of its own for a container; any thread."""
         kind = type(held)
-        if kind is _Hot:
+        if kind is Hot:
             return held.copy()
         if kind is bytes:
             if self._json:
@@ -662,7 +553,7 @@ class Store(Generic[K, V]):
     def _data_of(self, held: Any) -> bytes:
         if type(held) is bytes:
             return held
-        if type(held) is _Hot:
+        if type(held) is Hot:
             return held.data
         return self._codec.encode_value(self._unpack(held))
 
@@ -677,10 +568,9 @@ class Store(Generic[K, V]):
             if memo is None:
                 self._values.clear()
                 self._hot.clear()
-                self._hot_size = 0
             else:
                 self._values.pop(memo, None)
-                self._drop_hot(memo)
+                self._hot.drop(memo)
 
     def _keep(self, encoded: bytes, held: Any) -> None:
         with self._lock:
@@ -691,13 +581,13 @@ class Store(Generic[K, V]):
         self._undecodable.discard(encoded)
         memo = self._memo(encoded)
         self._values[memo] = held
-        self._drop_hot(memo)
+        self._hot.drop(memo)
         lru = self._lru
         if lru is not None:
             lru.move_to_end(memo)
             while len(lru) > self._limit:  # type: ignore[operator]
                 dropped, _ = lru.popitem(last=False)
-                self._drop_hot(dropped)
+                self._hot.drop(dropped)
 
     def _remember(self, encoded: bytes, data: bytes) -> Any:
         """Hold the value `data` decodes to; `_ABSENT` (and noted) if it does not."""
@@ -708,7 +598,7 @@ class Store(Generic[K, V]):
             with self._lock:
                 self._undecodable.add(encoded)
                 self._values.pop(memo, None)
-                self._drop_hot(memo)
+                self._hot.drop(memo)
             return _ABSENT
         held = self._pack(value, data)
         self._keep(encoded, held)
@@ -721,72 +611,18 @@ class Store(Generic[K, V]):
         value = _scan_json(data.decode(), 0)[0]
         # Racing threads may lose a count: it only shifts which decode is a sample.
         self._decodes = count = self._decodes + 1
-        if count & (_SAMPLE_EVERY - 1):
+        if count & (SAMPLE_EVERY - 1):
             return value
         return self._sampled(memo, data, value)
 
     def _sampled(self, memo: bytes | str, data: bytes, value: Any) -> Any:
-        """`value`, decoded from `data` for a hit and sampled: the second sample turns it hot.
-
-        A sample marks a byte chosen by the key's hash with the round's stamp,
-        and a new round every `_ROUND` samples forgets the marks (a
-        doorkeeper, as in TinyLFU): values asked for evenly over a large store
-        are seldom sampled twice in a round, and so seldom displace hot ones.
-        Two keys that share a byte only make one of them hot early.
-        """
-        kind = type(value)
-        if (kind is not dict and kind is not list) or not self._hot_limit:
+        """`value`, decoded from `data` for a sampled hit: turned hot if the hot set admits it."""
+        if not self._hot.sampled(memo, value):
             return value
-        marks = self._marks
-        if marks is None:
-            marks = self._marks = bytearray(_SLOTS)
-        slot = hash(memo) & (_SLOTS - 1)
-        credits = self._credits + 1
-        if marks[slot] != self._stamp:
-            marks[slot] = self._stamp
-            self._credits = min(credits, _CREDITS)
-            self._samples += 1
-            if self._samples >= _ROUND:
-                self._samples = 0
-                self._stamp = self._stamp % 255 + 1  # 1 to 255: 0 is "never marked"
-            return value
-        if credits < _PROMOTION:
-            self._credits = credits
-            return value  # it stays marked: a later sample may promote it
-        self._credits = credits - _PROMOTION
-        marks[slot] = 0
         with self._lock:
-            hot = self._promote(memo, data, value)
+            hot = self._hot.promote(self._values, memo, data, value)
         # `value` is held now; the caller gets a copy of it.
         return value if hot is None else hot.copy()
-
-    def _promote(self, memo: bytes | str, data: bytes, value: Any) -> _Hot | None:
-        """Hold `value` (decoded from the held `data`) decoded; None if it cannot be."""
-        if self._values.get(memo) is not data:
-            return None  # replaced or dropped since the hit read it
-        try:
-            value, plan, size = _prepared(value)
-        except _TooDeep:
-            return None  # it stays encoded
-        size += len(data) + _HOT_OVERHEAD
-        if size > self._hot_limit:
-            return None
-        hot = _Hot(value, plan, size, data)
-        self._hot[memo] = hot
-        self._hot_size += size
-        self._values[memo] = hot  # an existing key: its LRU place does not move
-        while self._hot_size > self._hot_limit:
-            oldest, out = self._hot.popitem(last=False)
-            self._hot_size -= out.size
-            if self._values.get(oldest) is out:
-                self._values[oldest] = out.data
-        return hot
-
-    def _drop_hot(self, memo: bytes | str) -> None:
-        """Forget `memo`'s decoded copy (its value was replaced or dropped); `_lock` held."""
-        hot = self._hot.pop(memo, None)
-        if hot is not None:
-            self._hot_size -= hot.size
 
     async def _load(self) -> None:
         rows = self._storage.scan()
