@@ -455,7 +455,8 @@ async def test_a_fetched_value_records_the_cost_and_time_it_was_computed_with(
         sb: Store[str, Any] = await b.store(NS)
         assert await sb.get("k") == "v"
         fetched = await b.storage(NS).info(b'"k"')
-    assert computed is not None and computed.cost is not None and computed.cost >= 0.04  # uvloop may wake early
+    # uvloop's timers may wake a little early: 0.04, not 0.05.
+    assert computed is not None and computed.cost is not None and computed.cost >= 0.04
     assert fetched is not None and fetched.origin == Origin.REMOTE
     assert (fetched.cost, fetched.written_at) == (computed.cost, computed.written_at)
 

@@ -708,7 +708,9 @@ class RemoteTier:
     async def _call(self, operation: Callable[[], Awaitable[T]], *, probe: bool = False) -> T:
         """`await operation()` within the timeout; `_Down` if it fails or the tier backs off.
 
-        A `probe` is tried even while the tier backs off.
+        A `probe` is tried even while the tier backs off, and starts no
+        subscription (a command that only asks whether Redis answers opens
+        one connection).
         """
         if not probe and self._retry_at and time.monotonic() < self._retry_at:
             self._count("skipped")
@@ -724,7 +726,8 @@ class RemoteTier:
                 failure = exc
             else:
                 self._recovered()
-                self._listen_soon()
+                if not probe:
+                    self._listen_soon()
                 return result
         raise _Down(self._failed(failure))
 
