@@ -908,8 +908,8 @@ class RemoteStorage(Storage):
         if unreached is None or isinstance(purged, Failed):
             return purged
         return Failed(
-            f"purged {self._local.describe()}, but not the shared copy in"
-            f" {self._tier.describe()} ({unreached}); purge the key again once it answers"
+            f"the entry is purged from {self._local.describe()}, but not the shared copy"
+            f" from {self._tier.describe()} ({unreached}); purge the key again once it answers"
         )
 
     async def summary(self) -> NamespaceSummary:
