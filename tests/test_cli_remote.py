@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import anyio
+import coredis
 import pytest
 
 from redis_server import RedisServer, free_port
@@ -91,3 +92,57 @@ def test_a_reachable_remote_is_not_warned_about(root: Path, server: RedisServer)
     assert completed.returncode == 0, completed.stderr
     assert completed.stderr == ""
     assert NS in completed.stdout
+
+
+def _commands(url: str) -> dict[str, int]:
+    """How many times the server ran each command since its statistics were reset."""
+
+    async def read() -> dict[str, int]:
+        calls: dict[str, int] = {}
+        async with coredis.Redis.from_url(url, decode_responses=True) as client:
+            stats = await client.info("commandstats")
+        for name, counts in stats.items():
+            assert isinstance(name, str) and isinstance(counts, dict)
+            calls[name.removeprefix("cmdstat_")] = int(counts["calls"])
+        return calls
+
+    return anyio.run(read)
+
+
+def test_the_probe_of_a_remote_is_a_ping_that_reads_no_key(root: Path, server: RedisServer) -> None:
+    async def reset() -> None:
+        async with coredis.Redis.from_url(server.url) as client:
+            await client.config_resetstat()
+
+    anyio.run(reset)
+    completed = warmenv("ls", "--env", "fleet", "--remote", server.url, root=root)
+    assert completed.returncode == 0, completed.stderr
+    commands = _commands(server.url)
+    assert commands.get("ping", 0) == 1
+    assert not {"get", "getrange", "evalsha", "eval", "subscribe"} & set(commands), commands
+
+
+def test_stats_counts_the_seconds_that_hits_on_fetched_values_saved(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    async def slow(value: int) -> int:
+        await anyio.sleep(0.05)
+        return value
+
+    async def hosts() -> None:
+        async with open_environment("fleet", root=tmp_path / "a", remote=server.url) as a:
+            store = await a.store(NS)
+            for i in range(2):
+                await store.get_or_compute(f"k{i}", slow, i)
+        async with open_environment("fleet", root=tmp_path / "b", remote=server.url) as b:
+            store = await b.store(NS)
+            for i in range(2):
+                assert await store.get(f"k{i}") == i  # fetched: a remote hit
+            await store.aclose()
+
+    anyio.run(hosts)
+    completed = warmenv("stats", "--env", "fleet", "--json", root=tmp_path / "b")
+    assert completed.returncode == 0, completed.stderr
+    (namespace,) = json.loads(completed.stdout)["namespaces"]
+    assert namespace["hits_by_origin"].get("remote") == 2
+    assert namespace["saved_seconds"] >= 2 * 0.04  # each fetched value's carried cost

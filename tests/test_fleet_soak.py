@@ -191,7 +191,8 @@ async def redis_contents(url: str) -> dict[str, bytes]:
                 continue
             framed = await client.get(rkey)
             assert framed is not None
-            found[json.loads(bytes.fromhex(rkey[len(prefix) :].decode()))] = framed[24:]
+            # The 40-byte frame: marker, digest, then the written_at and cost carried.
+            found[json.loads(bytes.fromhex(rkey[len(prefix) :].decode()))] = framed[40:]
     return found
 
 

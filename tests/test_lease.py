@@ -11,12 +11,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import IO, Any
 
 import anyio
+import attrs
 import coredis
 import pytest
 
@@ -24,7 +25,7 @@ from helpers import Trials, reliability_row
 from redis_server import COREDIS_UNCLOSED_STREAMS, RedisServer
 from warmenv import Environment, Namespace, open_environment
 from warmenv.persistence import MemoryStorage, Origin, Store
-from warmenv.persistence.remote import RemoteSettings
+from warmenv.persistence.remote import RemoteSettings, RemoteTier
 
 pytestmark = [
     *COREDIS_UNCLOSED_STREAMS,
@@ -45,6 +46,31 @@ async def _until(condition: Callable[[], bool], limit: float = 10.0) -> None:
         # Another task's counter, or another host's, has no event to wait on.
         while not condition():  # noqa: ASYNC110
             await anyio.sleep(0.005)
+
+
+@attrs.frozen
+class _TwoHosts:
+    """Hosts a and b: two roots sharing one Redis, each with its tier and a store of NS."""
+
+    a: Environment
+    b: Environment
+    ta: RemoteTier
+    tb: RemoteTier
+    sa: Store[str, str]
+    sb: Store[str, str]
+
+
+@asynccontextmanager
+async def _two_hosts(
+    tmp_path: Path, settings: RemoteSettings, settings_b: RemoteSettings | None = None
+) -> AsyncIterator[_TwoHosts]:
+    """Hosts a and b, b with `settings_b` where given (else both with `settings`)."""
+    async with (
+        open_environment("fleet", root=tmp_path / "a", remote=settings) as a,
+        open_environment("fleet", root=tmp_path / "b", remote=settings_b or settings) as b,
+    ):
+        assert a.remote is not None and b.remote is not None
+        yield _TwoHosts(a, b, a.remote, b.remote, await a.store(NS), await b.store(NS))
 
 
 class _Host:
@@ -69,15 +95,10 @@ class _Host:
 async def test_a_host_waits_for_the_value_another_host_is_computing(
     tmp_path: Path, server: RedisServer
 ) -> None:
-    settings = RemoteSettings(server.url, lease_ttl=1.0)
     work = _Host()
     results: dict[str, str] = {}
-    async with (
-        open_environment("fleet", root=tmp_path / "a", remote=settings) as a,
-        open_environment("fleet", root=tmp_path / "b", remote=settings) as b,
-    ):
-        assert a.remote is not None and b.remote is not None
-        stores: dict[str, Store[str, str]] = {"a": await a.store(NS), "b": await b.store(NS)}
+    async with _two_hosts(tmp_path, RemoteSettings(server.url, lease_ttl=1.0)) as hosts:
+        stores = {"a": hosts.sa, "b": hosts.sb}
 
         async def ask(host: str) -> None:
             results[host] = await stores[host].get_or_compute("k", work.compute, host)
@@ -86,10 +107,10 @@ async def test_a_host_waits_for_the_value_another_host_is_computing(
             tg.start_soon(ask, "a")
             await work.started.wait()
             tg.start_soon(ask, "b")
-            await _until(lambda: b.remote is not None and b.remote.statistics().lease_waits == 1)
+            await _until(lambda: hosts.tb.statistics().lease_waits == 1)
             work.finish.set()
-        info = await b.storage(NS).info(b'"k"')
-        assert a.remote.statistics().leases == 1 and b.remote.statistics().leases == 0
+        info = await hosts.b.storage(NS).info(b'"k"')
+        assert hosts.ta.statistics().leases == 1 and hosts.tb.statistics().leases == 0
     assert work.calls == ["a"]
     assert results == {"a": "a", "b": "a"}
     assert info is not None and info.origin == Origin.REMOTE
@@ -113,16 +134,11 @@ async def test_a_waiting_host_is_woken_by_the_message_when_the_value_lands(
 ) -> None:
     # Subscribed waiters poll every lease_ttl / 10: here once a minute, far beyond the
     # test's limit, so only the message can end the wait in time.
-    settings = RemoteSettings(server.url, lease_ttl=600.0)
     work = _Host()
     results: dict[str, str] = {}
-    async with (
-        open_environment("fleet", root=tmp_path / "a", remote=settings) as a,
-        open_environment("fleet", root=tmp_path / "b", remote=settings) as b,
-    ):
-        assert a.remote is not None and b.remote is not None
-        await _subscribed(b)
-        stores: dict[str, Store[str, str]] = {"a": await a.store(NS), "b": await b.store(NS)}
+    async with _two_hosts(tmp_path, RemoteSettings(server.url, lease_ttl=600.0)) as hosts:
+        await _subscribed(hosts.b)
+        stores = {"a": hosts.sa, "b": hosts.sb}
 
         async def ask(host: str) -> None:
             results[host] = await stores[host].get_or_compute("k", work.compute, host)
@@ -132,11 +148,9 @@ async def test_a_waiting_host_is_woken_by_the_message_when_the_value_lands(
                 tg.start_soon(ask, "a")
                 await work.started.wait()
                 tg.start_soon(ask, "b")
-                await _until(
-                    lambda: b.remote is not None and b.remote.statistics().lease_waits == 1
-                )
+                await _until(lambda: hosts.tb.statistics().lease_waits == 1)
                 work.finish.set()
-        assert b.remote.statistics().woken == 1
+        assert hosts.tb.statistics().woken == 1
     assert work.calls == ["a"]
     assert results == {"a": "a", "b": "a"}
 
@@ -145,24 +159,18 @@ async def test_a_waiting_host_is_woken_by_the_message_when_the_value_lands(
 async def test_the_subscription_comes_back_after_redis_restarts(
     tmp_path: Path, server: RedisServer
 ) -> None:
-    settings = RemoteSettings(server.url, lease_ttl=600.0)
     work = _Host()
     results: dict[str, str] = {}
-    async with (
-        open_environment("fleet", root=tmp_path / "a", remote=settings) as a,
-        open_environment("fleet", root=tmp_path / "b", remote=settings) as b,
-    ):
-        assert a.remote is not None and b.remote is not None
-        tier, waiter = a.remote, b.remote
-        await _subscribed(b)
+    async with _two_hosts(tmp_path, RemoteSettings(server.url, lease_ttl=600.0)) as hosts:
+        tier, waiter = hosts.ta, hosts.tb
+        await _subscribed(hosts.b)
         await anyio.to_thread.run_sync(server.stop)
         await _until(lambda: not waiter.statistics().subscribed)
         await anyio.to_thread.run_sync(server.start)
         await _until(lambda: waiter.statistics().subscribed)
-        sb: Store[str, str] = await b.store(NS)
 
         async def ask_b() -> None:
-            results["b"] = await sb.get_or_compute("k", work.compute, "b")
+            results["b"] = await hosts.sb.get_or_compute("k", work.compute, "b")
 
         # Host a holds the lease and publishes: the message on the new subscription
         # ends b's wait, which polling (once a minute) would not end in time.
@@ -185,29 +193,22 @@ async def test_a_lost_message_is_made_up_for_by_polling(
     muted = server.url.replace("redis://", "redis://mute:pw@")
     work = _Host()
     results: dict[str, str] = {}
-    async with (
-        open_environment("fleet", root=tmp_path / "a", remote=RemoteSettings(muted)) as a,
-        open_environment("fleet", root=tmp_path / "b", remote=RemoteSettings(server.url)) as b,
-    ):
-        assert a.remote is not None and b.remote is not None
-        await _subscribed(b)
-        sa: Store[str, str] = await a.store(NS)
-        sb: Store[str, str] = await b.store(NS)
+    settings = RemoteSettings(muted), RemoteSettings(server.url)
+    async with _two_hosts(tmp_path, *settings) as hosts:
+        await _subscribed(hosts.b)
 
         async def ask_b() -> None:
-            results["b"] = await sb.get_or_compute("k", work.compute, "b")
+            results["b"] = await hosts.sb.get_or_compute("k", work.compute, "b")
 
         with anyio.fail_after(10):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(lambda: sa.get_or_compute("k", work.compute, "a"))
+                tg.start_soon(lambda: hosts.sa.get_or_compute("k", work.compute, "a"))
                 await work.started.wait()
                 tg.start_soon(ask_b)
-                await _until(
-                    lambda: b.remote is not None and b.remote.statistics().lease_waits == 1
-                )
+                await _until(lambda: hosts.tb.statistics().lease_waits == 1)
                 work.finish.set()
-        assert a.remote.statistics().published == 1  # the value is stored all the same
-        assert b.remote.statistics().woken == 0
+        assert hosts.ta.statistics().published == 1  # the value is stored all the same
+        assert hosts.tb.statistics().woken == 0
     assert results == {"b": "a"} and work.calls == ["a"]
 
 
@@ -216,31 +217,22 @@ async def test_waiters_poll_where_the_server_refuses_pub_sub(
     tmp_path: Path, server: RedisServer, raw: coredis.Redis[bytes]
 ) -> None:
     await raw.acl_setuser("default", "-@pubsub")
-    settings = RemoteSettings(server.url, lease_ttl=1.0)
     work = _Host()
     results: dict[str, str] = {}
-    async with (
-        open_environment("fleet", root=tmp_path / "a", remote=settings) as a,
-        open_environment("fleet", root=tmp_path / "b", remote=settings) as b,
-    ):
-        assert a.remote is not None and b.remote is not None
-        sa: Store[str, str] = await a.store(NS)
-        sb: Store[str, str] = await b.store(NS)
+    async with _two_hosts(tmp_path, RemoteSettings(server.url, lease_ttl=1.0)) as hosts:
 
         async def ask_b() -> None:
-            results["b"] = await sb.get_or_compute("k", work.compute, "b")
+            results["b"] = await hosts.sb.get_or_compute("k", work.compute, "b")
 
         with anyio.fail_after(10):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(lambda: sa.get_or_compute("k", work.compute, "a"))
+                tg.start_soon(lambda: hosts.sa.get_or_compute("k", work.compute, "a"))
                 await work.started.wait()
                 tg.start_soon(ask_b)
-                await _until(
-                    lambda: b.remote is not None and b.remote.statistics().lease_waits == 1
-                )
+                await _until(lambda: hosts.tb.statistics().lease_waits == 1)
                 work.finish.set()
-        assert a.remote.statistics().published == 1
-        assert not b.remote.statistics().subscribed and b.remote.statistics().woken == 0
+        assert hosts.ta.statistics().published == 1
+        assert not hosts.tb.statistics().subscribed and hosts.tb.statistics().woken == 0
     assert results == {"b": "a"} and work.calls == ["a"]
 
 
@@ -249,37 +241,31 @@ async def test_a_host_whose_computation_raises_lets_the_next_host_compute_at_onc
     tmp_path: Path, server: RedisServer
 ) -> None:
     # A long TTL: the waiter takes over because the lease is released, not because it expired.
-    settings = RemoteSettings(server.url, lease_ttl=30.0)
     first, second = _Host(), _Host()
     first.fail = True
     second.finish.set()
     results: dict[str, object] = {}
-    async with (
-        open_environment("fleet", root=tmp_path / "a", remote=settings) as a,
-        open_environment("fleet", root=tmp_path / "b", remote=settings) as b,
-    ):
-        sa: Store[str, str] = await a.store(NS)
-        sb: Store[str, str] = await b.store(NS)
+    async with _two_hosts(tmp_path, RemoteSettings(server.url, lease_ttl=30.0)) as hosts:
 
         async def ask_a() -> None:
             try:
-                results["a"] = await sa.get_or_compute("k", first.compute, "a")
+                results["a"] = await hosts.sa.get_or_compute("k", first.compute, "a")
             except ValueError as exc:
                 results["a"] = exc
 
         async def ask_b() -> None:
-            results["b"] = await sb.get_or_compute("k", second.compute, "b")
+            results["b"] = await hosts.sb.get_or_compute("k", second.compute, "b")
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(ask_a)
             await first.started.wait()
             tg.start_soon(ask_b)
-            await _until(lambda: b.remote is not None and b.remote.statistics().lease_waits == 1)
+            await _until(lambda: hosts.tb.statistics().lease_waits == 1)
             failed_at = time.monotonic()
             first.finish.set()
         took = time.monotonic() - failed_at
         # A retry on host a now finds b's value.
-        assert await sa.get_or_compute("k", first.compute, "a again") == "b"
+        assert await hosts.sa.get_or_compute("k", first.compute, "a again") == "b"
     assert isinstance(results["a"], ValueError) and results["b"] == "b"
     assert first.calls == ["a"] and second.calls == ["b"]
     assert took < 5.0
@@ -289,31 +275,25 @@ async def test_a_host_whose_computation_raises_lets_the_next_host_compute_at_onc
 async def test_a_waiting_host_computes_locally_when_redis_stops(
     tmp_path: Path, server: RedisServer
 ) -> None:
-    settings = RemoteSettings(server.url, lease_ttl=30.0)
     first, second = _Host(), _Host()
     second.finish.set()
     results: dict[str, str] = {}
-    async with (
-        open_environment("fleet", root=tmp_path / "a", remote=settings) as a,
-        open_environment("fleet", root=tmp_path / "b", remote=settings) as b,
-    ):
-        sa: Store[str, str] = await a.store(NS)
-        sb: Store[str, str] = await b.store(NS)
+    async with _two_hosts(tmp_path, RemoteSettings(server.url, lease_ttl=30.0)) as hosts:
 
         async def ask_b() -> None:
-            results["b"] = await sb.get_or_compute("k", second.compute, "b")
+            results["b"] = await hosts.sb.get_or_compute("k", second.compute, "b")
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: sa.get_or_compute("k", first.compute, "a"))
+            tg.start_soon(lambda: hosts.sa.get_or_compute("k", first.compute, "a"))
             await first.started.wait()
             tg.start_soon(ask_b)
-            await _until(lambda: b.remote is not None and b.remote.statistics().lease_waits == 1)
+            await _until(lambda: hosts.tb.statistics().lease_waits == 1)
             await anyio.to_thread.run_sync(server.stop)
             stopped_at = time.monotonic()
             await _until(lambda: "b" in results, limit=1.5)
             assert time.monotonic() - stopped_at < 1.5
             first.finish.set()
-        assert await sa.get("k") == "a" and await sb.get("k") == "b"
+        assert await hosts.sa.get("k") == "a" and await hosts.sb.get("k") == "b"
 
 
 @pytest.mark.anyio
@@ -322,21 +302,16 @@ async def test_the_heartbeat_keeps_a_long_computation_s_lease(
 ) -> None:
     settings = RemoteSettings(server.url, lease_ttl=1.0)
     work = _Host()
-    async with (
-        open_environment("fleet", root=tmp_path / "a", remote=settings) as a,
-        open_environment("fleet", root=tmp_path / "b", remote=settings) as b,
-    ):
-        sa: Store[str, str] = await a.store(NS)
-        sb: Store[str, str] = await b.store(NS)
+    async with _two_hosts(tmp_path, settings) as hosts:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: sa.get_or_compute("k", work.compute, "a"))
+            tg.start_soon(lambda: hosts.sa.get_or_compute("k", work.compute, "a"))
             await work.started.wait()
-            tg.start_soon(lambda: sb.get_or_compute("k", work.compute, "b"))
+            tg.start_soon(lambda: hosts.sb.get_or_compute("k", work.compute, "b"))
             # What is tested is time passing: two and a half lease TTLs without a takeover.
             await anyio.sleep(2.5 * settings.lease_ttl)
             assert work.calls == ["a"]
             work.finish.set()
-        assert a.remote is not None and a.remote.statistics().leases_lost == 0
+        assert hosts.ta.statistics().leases_lost == 0
     assert work.calls == ["a"]
 
 
@@ -399,7 +374,7 @@ import anyio
 from warmenv import Environment, Namespace, open_environment
 from warmenv.persistence.remote import RemoteSettings
 
-root, url, ttl, log, keys, backend = sys.argv[1:7]
+root, url, ttl, timeout, log, keys, backend = sys.argv[1:8]
 hang = os.environ.get("WARMENV_TEST_HANG") == "1"
 
 async def compute(key):
@@ -412,9 +387,7 @@ async def compute(key):
     return {"key": key}
 
 async def main():
-    # Eight interpreters on a machine of two shared cores: an answer can take
-    # longer than the default 0.25 s, and a timeout means computing locally.
-    settings = RemoteSettings(url, timeout=min(0.5, float(ttl) / 4), lease_ttl=float(ttl))
+    settings = RemoteSettings(url, timeout=float(timeout), lease_ttl=float(ttl))
     async with open_environment("fleet", root=root, remote=settings) as env:
         store = await env.store(Namespace("app", "kernels", version="1"))
         asked = keys.split(",")
@@ -430,7 +403,11 @@ async def main():
             print("waiting", flush=True)
 
         # Connect before the race: a burst of first contacts on a loaded machine may
-        # exceed the timeout, and computing locally is then the (tested) fallback.
+        # exceed the timeout, and a tier backing off then computes locally (the
+        # fallback, tested elsewhere). Ready means answering, not backing off.
+        for _ in range(20):
+            if (await env.remote.ping()).reachable:
+                break
         await store.get("warm-up")
         print("ready", flush=True)
         await anyio.to_thread.run_sync(sys.stdin.readline)
@@ -452,7 +429,9 @@ anyio.run(main, backend=backend)
 class _Child:
     """A host: a fresh interpreter with its own root, started and stepped through pipes."""
 
-    def __init__(self, root: Path, url: str, ttl: float, log: Path, keys: list[str], i: int):
+    def __init__(
+        self, root: Path, url: str, ttl: float, log: Path, keys: list[str], i: int, timeout: float
+    ) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         self.process = subprocess.Popen(
             [
@@ -462,6 +441,7 @@ class _Child:
                 str(root),
                 url,
                 str(ttl),
+                str(timeout),
                 str(log),
                 ",".join(keys),
                 "trio" if i % 2 else "asyncio",
@@ -531,6 +511,16 @@ def _computations(log: Path) -> list[tuple[int, str, float]]:
     return [tuple(json.loads(line)) for line in log.read_text().splitlines()]
 
 
+# Eight interpreters on a machine of two shared cores (with other work on it): a
+# host may not be scheduled for longer than the default 0.25 s, or 0.5 s, between
+# sending a command and reading its answer, and a timeout means computing locally,
+# which breaks "once fleet-wide" by design. What this test checks is single
+# flight, not the timeout (test_remote's outage tests bound that), so the hosts
+# allow an answer 2 s; the lease TTL stays four timeouts (RemoteSettings's rule).
+# No host crashes here, so the TTL costs nothing.
+COLD_TIMEOUT = 2.0
+COLD_TTL = 4 * COLD_TIMEOUT
+
 COLD_CHECKED = (
     "each of the 20 keys computed exactly once fleet-wide (the hosts' shared computation "
     "log), 20 leases taken in all; every host answered every key with its value and exited 0"
@@ -551,7 +541,10 @@ def cold_fleet(tmp_path: Path, url: str, trials: int, row: Trials) -> int:
             here.mkdir()
             log = here / "computations.jsonl"
             keys = [f"t{trial}-k{i:02}" for i in range(20)]
-            children.extend(_Child(here / f"host{i}", url, 2.0, log, keys, i) for i in range(8))
+            children.extend(
+                _Child(here / f"host{i}", url, COLD_TTL, log, keys, i, COLD_TIMEOUT)
+                for i in range(8)
+            )
             for child in children:
                 child.expect("ready")
             for child in children:
@@ -580,6 +573,7 @@ def test_long_eight_processes_cold(tmp_path: Path, server: RedisServer) -> None:
 
 
 KILL_TTL = 1.0
+KILL_TIMEOUT = KILL_TTL / 4  # as before: the largest timeout a 1 s lease allows
 KILL_CHECKED = (
     f"the waiting host computes the key itself once the killed holder's lease expires, "
     f"within lease_ttl ({KILL_TTL:g} s) + 1 s of the kill; exactly two computations, the "
@@ -599,7 +593,7 @@ def killed_holder(
             log = here / "computations.jsonl"
             key = [f"t{trial}-k"]
             monkeypatch.setenv("WARMENV_TEST_HANG", "1")
-            holder = _Child(here / "holder", url, KILL_TTL, log, key, trial)
+            holder = _Child(here / "holder", url, KILL_TTL, log, key, trial, KILL_TIMEOUT)
             children.append(holder)
             monkeypatch.delenv("WARMENV_TEST_HANG")
             holder.expect("ready")
@@ -608,7 +602,7 @@ def killed_holder(
             while not _computations(log):  # the holder has the lease and computes (forever)
                 assert time.monotonic() < deadline, "the holder never started computing"
                 time.sleep(0.01)
-            waiter = _Child(here / "waiter", url, KILL_TTL, log, key, trial + 1)
+            waiter = _Child(here / "waiter", url, KILL_TTL, log, key, trial + 1, KILL_TIMEOUT)
             children.append(waiter)
             waiter.expect("ready")
             waiter.go()

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import logging
 import os
 import signal
 import socket
+import struct
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,8 +22,19 @@ import pytest
 
 from helpers import Trials, backend_label, reliability_row, run_python
 from redis_server import COREDIS_UNCLOSED_STREAMS, RedisServer, free_port, redis_server
+from test_blocking import TracingCodec
 from warmenv import Namespace, open_environment
-from warmenv.persistence import CacheMode, Conflict, MemoryStorage, Origin, Store, Stored
+from warmenv.blocking import open_environment as open_blocking
+from warmenv.persistence import (
+    CacheMode,
+    Conflict,
+    Failed,
+    MemoryStorage,
+    Origin,
+    Purged,
+    Store,
+    Stored,
+)
 from warmenv.persistence.remote import (
     RemoteError,
     RemoteSettings,
@@ -409,7 +423,8 @@ async def test_statistics_and_values_survive_a_json_round_trip_of_the_codec(
         await store.insert("k", {"a": [1, 2]})
         assert env.remote is not None
         framed = await raw.get(env.remote.redis_key(NS.full, b'"k"'))
-    assert framed is not None and json.loads(framed[24:]) == {"a": [1, 2]}
+    # Behind the 40-byte frame: marker, digest, written_at and cost.
+    assert framed is not None and json.loads(framed[40:]) == {"a": [1, 2]}
 
 
 async def test_an_error_in_the_block_comes_out_as_raised(
@@ -419,3 +434,291 @@ async def test_an_error_in_the_block_comes_out_as_raised(
         async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
             await env.storage(NS).insert(b"k", b"v")
             raise KeyError("mine")
+
+
+# --- what a value carries: its cost and when it was written ---------------------
+
+
+async def slow_compute(value: object) -> object:
+    await anyio.sleep(0.05)  # the computation's own time: its cost, recorded and carried
+    return value
+
+
+async def test_a_fetched_value_records_the_cost_and_time_it_was_computed_with(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    async with open_environment("fleet", root=tmp_path / "a", remote=server.url) as a:
+        sa: Store[str, Any] = await a.store(NS)
+        assert await sa.get_or_compute("k", slow_compute, "v") == "v"
+        computed = await a.storage(NS).info(b'"k"')
+    async with open_environment("fleet", root=tmp_path / "b", remote=server.url) as b:
+        sb: Store[str, Any] = await b.store(NS)
+        assert await sb.get("k") == "v"
+        fetched = await b.storage(NS).info(b'"k"')
+    # uvloop's timers may wake a little early: 0.04, not 0.05.
+    assert computed is not None and computed.cost is not None and computed.cost >= 0.04
+    assert fetched is not None and fetched.origin == Origin.REMOTE
+    assert (fetched.cost, fetched.written_at) == (computed.cost, computed.written_at)
+
+
+async def test_hits_on_fetched_values_count_the_seconds_they_saved(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    async with open_environment("fleet", root=tmp_path / "a", remote=server.url) as a:
+        sa: Store[str, Any] = await a.store(NS)
+        for i in range(3):
+            await sa.get_or_compute(f"k{i}", slow_compute, i)
+        costs = [await a.storage(NS).info(f'"k{i}"'.encode()) for i in range(3)]
+    async with open_environment("fleet", root=tmp_path / "b", remote=server.url) as b:
+        sb: Store[str, Any] = await b.store(NS)
+        for i in range(3):
+            assert await sb.get_or_compute(f"k{i}", compute, "not computed again") == i
+        await sb.aclose()
+        (stats,) = (await b.statistics()).namespaces
+    assert stats.hits_by_origin == {Origin.REMOTE: 3} and stats.computes == 0
+    assert stats.saved_seconds == pytest.approx(sum(c.cost for c in costs if c and c.cost))
+    assert stats.saved_seconds >= 3 * 0.04
+
+
+def _frame(rkey: bytes, magic: bytes, body: bytes) -> bytes:
+    """A frame as a raw client would write it: the digest is no secret."""
+    digest = hashlib.blake2b(rkey, digest_size=16)
+    digest.update(b"\0")
+    digest.update(body)
+    return magic + digest.digest() + body
+
+
+async def test_a_value_published_before_costs_were_carried_still_reads(
+    tmp_path: Path, server: RedisServer, raw: coredis.Redis[bytes]
+) -> None:
+    async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
+        assert env.remote is not None
+        rkey = env.remote.redis_key(NS.full, b'"old"')
+        await raw.set(rkey, _frame(rkey, b"warmenv1", b'"value"'))
+        before = time.time()
+        assert await env.storage(NS).get(b'"old"') == b'"value"'
+        info = await env.storage(NS).info(b'"old"')
+        assert env.remote.statistics().hits == 1 and env.remote.statistics().rejected == 0
+    assert info is not None and info.origin == Origin.REMOTE and info.cost is None
+    assert info.written_at is not None and before <= info.written_at <= time.time()
+
+
+NAN = float("nan")
+HOSTILE_CARRIED = {
+    # what the frame carries (written_at, cost) -> what is recorded (None: now, or unknown)
+    "nan cost": ((1.0e9, NAN), (1.0e9, None)),
+    "infinite cost": ((1.0e9, float("inf")), (1.0e9, None)),
+    "negative cost": ((1.0e9, -5.0), (1.0e9, None)),
+    "absurd cost": ((1.0e9, 2.0**40), (1.0e9, None)),
+    "future written_at": ((time.time() + 1e6, 2.0), (None, 2.0)),
+    "nan written_at": ((NAN, 2.0), (None, 2.0)),
+    "negative written_at": ((-1.0, 2.0), (None, 2.0)),
+    "negative zero cost": ((1.0e9, -0.0), (1.0e9, 0.0)),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_CARRIED))
+async def test_what_a_value_carries_is_believed_as_a_bundle_s_is(
+    tmp_path: Path, server: RedisServer, raw: coredis.Redis[bytes], case: str
+) -> None:
+    (written_at, cost), (recorded_at, recorded_cost) = HOSTILE_CARRIED[case]
+    async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
+        assert env.remote is not None
+        rkey = env.remote.redis_key(NS.full, b'"k"')
+        await raw.set(rkey, _frame(rkey, b"warmenv2", struct.pack("<dd", written_at, cost) + b"1"))
+        before = time.time()
+        assert await env.storage(NS).get(b'"k"') == b"1"  # the value is used all the same
+        info = await env.storage(NS).info(b'"k"')
+    assert info is not None and info.origin == Origin.REMOTE
+    assert info.cost == recorded_cost and str(info.cost) == str(recorded_cost)  # 0.0, not -0.0
+    if recorded_at is None:  # unknown or in the future: counted as written when fetched
+        assert info.written_at is not None and before <= info.written_at <= time.time()
+    else:
+        assert info.written_at == recorded_at
+
+
+@pytest.mark.parametrize("length", [0, 1, 15])
+async def test_a_frame_too_short_for_what_it_carries_is_a_miss_with_a_warning(
+    tmp_path: Path,
+    server: RedisServer,
+    raw: coredis.Redis[bytes],
+    caplog: pytest.LogCaptureFixture,
+    length: int,
+) -> None:
+    async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
+        assert env.remote is not None
+        rkey = env.remote.redis_key(NS.full, b'"k"')
+        await raw.set(rkey, _frame(rkey, b"warmenv2", b"\x01" * length))
+        with caplog.at_level(logging.WARNING, logger="warmenv.remote"):
+            assert await env.storage(NS).get(b'"k"') is None
+        assert env.remote.statistics().rejected == 1 and env.remote.statistics().hits == 0
+    assert any("too short" in r.message for r in caplog.records)
+
+
+async def test_a_value_at_the_cap_is_shared_and_one_byte_over_is_not(
+    tmp_path: Path, server: RedisServer, raw: coredis.Redis[bytes]
+) -> None:
+    settings = RemoteSettings(server.url, max_value_bytes=100)
+    async with open_environment("fleet", root=tmp_path / "a", remote=settings) as a:
+        await a.storage(NS).insert(b"fits", b"x" * 100)
+        assert a.remote is not None
+        rkey = a.remote.redis_key(NS.full, b"planted")
+        # An old frame holds 16 bytes more value in the same length: still over the cap.
+        await raw.set(rkey, _frame(rkey, b"warmenv1", b"x" * 116))
+    async with open_environment("fleet", root=tmp_path / "b", remote=settings) as b:
+        assert await b.storage(NS).get(b"fits") == b"x" * 100
+        assert await b.storage(NS).get(b"planted") is None
+        assert b.remote is not None and b.remote.statistics().rejected == 1
+
+
+# --- purging with a shared tier ----------------------------------------------------
+
+
+async def test_a_purged_key_is_gone_from_the_fleet_too(
+    tmp_path: Path, server: RedisServer, raw: coredis.Redis[bytes]
+) -> None:
+    async with (
+        open_environment("fleet", root=tmp_path / "a", remote=server.url) as a,
+        open_environment("fleet", root=tmp_path / "b", remote=server.url) as b,
+    ):
+        sa: Store[str, Any] = await a.store(NS)
+        sb: Store[str, Any] = await b.store(NS)
+        await sa.insert("k", "wrong")
+        await sa.insert("kept", 1)
+        assert await sb.get("k") == "wrong"  # b fetched it before the purge: b keeps it
+        assert isinstance(await sa.purge_key("k"), Purged)
+        assert await sa.get("k") is None
+        assert a.remote is not None
+        assert await raw.exists([a.remote.redis_key(NS.full, b'"k"')]) == 0
+        assert await sa.get("kept") == 1
+    async with open_environment("fleet", root=tmp_path / "c", remote=server.url) as c:
+        sc: Store[str, Any] = await c.store(NS)
+        assert await sc.get("k") is None
+        assert await sc.get_or_compute("k", compute, "right") == "right"
+        assert await sc.get("kept") == 1
+
+
+async def test_a_purge_that_cannot_reach_redis_purges_here_and_says_so(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
+        store: Store[str, Any] = await env.store(NS)
+        await store.insert("k", "wrong")
+        assert server.process is not None
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            result = await store.purge_key("k")
+            assert time.monotonic() - started < 1.5
+            assert await env.storage(NS).info(b'"k"') is None  # gone here
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+    assert isinstance(result, Failed)
+    assert "not the shared copy" in result.reason and "purge the key again" in result.reason
+
+
+async def test_purging_a_namespace_is_local_and_the_fleet_s_values_come_back(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
+        store: Store[str, Any] = await env.store(NS)
+        await store.insert("k", 1)
+        assert isinstance(await store.purge(), Purged)
+        assert await env.storage(NS).info(b'"k"') is None
+        assert await store.get("k") == 1  # the fleet's copy, fetched again
+        info = await env.storage(NS).info(b'"k"')
+    assert info is not None and info.origin == Origin.REMOTE
+
+
+# --- ping ----------------------------------------------------------------------------
+
+
+async def test_ping_says_how_fast_a_reachable_redis_answers(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
+        assert env.remote is not None
+        ping = await env.remote.ping()
+        assert env.remote.statistics().failures == 0
+    assert ping.reachable and ping.reason is None
+    assert ping.seconds is not None and 0 < ping.seconds < 1.5
+    assert str(ping).startswith(f"Redis at {redact(server.url)} answered in ")
+
+
+@pytest.mark.parametrize("where", ["refusing", "frozen"])
+async def test_ping_of_an_unreachable_redis_returns_within_the_timeout(
+    tmp_path: Path, where: str
+) -> None:
+    with redis_server(password=PASSWORD) as server:
+        url = server.url
+        assert server.process is not None
+        if where == "frozen":
+            os.kill(server.process.pid, signal.SIGSTOP)
+        else:
+            await anyio.to_thread.run_sync(server.stop)
+        try:
+            async with open_environment("fleet", root=tmp_path, remote=url) as env:
+                assert env.remote is not None
+                started = time.monotonic()
+                ping = await env.remote.ping()
+                assert time.monotonic() - started < 1.5
+                assert env.remote.statistics().outages == 1
+        finally:
+            if server.process is not None:
+                os.kill(server.process.pid, signal.SIGCONT)
+    assert not ping.reachable and ping.seconds is None and ping.reason
+    assert "unavailable" in str(ping) and PASSWORD not in str(ping) + repr(ping)
+
+
+async def test_ping_asks_even_while_the_tier_backs_off_and_ends_the_outage(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
+        assert env.remote is not None
+        await anyio.to_thread.run_sync(server.stop)
+        assert await env.storage(NS).get(b"k") is None  # fails: the tier backs off
+        assert not env.remote.statistics().available
+        await anyio.to_thread.run_sync(server.start)
+        assert (await env.remote.ping()).reachable
+        assert env.remote.statistics().available
+        assert env.remote.statistics().outages == 1
+
+
+# --- warmenv.blocking with a shared tier ----------------------------------------------
+
+
+def test_blocking_hits_with_a_remote_are_read_on_the_calling_thread(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    codec = TracingCodec()
+    with open_blocking("fleet", root=tmp_path / "a", remote=server.url) as a:
+        a.store(NS, codec=codec).insert("local", {"v": 1})
+        lazy = a.store(NS, codec=codec, mode=CacheMode.LAZY)  # holds nothing: reads through
+        codec.decoded_on.clear()
+        assert lazy.get("local") == {"v": 1}
+        assert codec.decoded_on == [threading.get_ident()]  # not the loop thread's
+    with open_blocking("fleet", root=tmp_path / "b", remote=server.url) as b:
+        first = b.store(NS, codec=codec, mode=CacheMode.LAZY)
+        assert first.get("local") == {"v": 1}  # a local miss: fetched from Redis on the loop
+        assert b.remote is not None and b.remote.statistics().hits == 1
+        codec.decoded_on.clear()
+        assert b.store(NS, codec=codec, mode=CacheMode.LAZY).get("local") == {"v": 1}
+        assert codec.decoded_on == [threading.get_ident()]  # now local: read here
+        assert b.remote.statistics().hits == 1
+
+
+def test_a_blocking_miss_against_a_frozen_redis_returns_within_the_timeout(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    assert server.process is not None
+    with open_blocking("fleet", root=tmp_path, remote=server.url) as env:
+        store = env.store(NS, mode=CacheMode.LAZY)
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            assert store.get("missing") is None
+            assert store.get_or_compute("k", lambda: 7) == 7
+            assert time.monotonic() - started < 1.5
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        assert store.get("k") == 7

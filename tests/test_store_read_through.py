@@ -59,9 +59,15 @@ class GatedStorage(Storage):
         return await self.inner.get_many(keys)
 
     async def insert(
-        self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL, *, cost: float | None = None
+        self,
+        key: bytes,
+        value: bytes,
+        origin: Origin = Origin.LOCAL,
+        *,
+        cost: float | None = None,
+        written_at: float | None = None,
     ) -> Insertion:
-        return await self.inner.insert(key, value, origin, cost=cost)
+        return await self.inner.insert(key, value, origin, cost=cost, written_at=written_at)
 
     async def insert_many(
         self,

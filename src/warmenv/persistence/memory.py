@@ -13,7 +13,7 @@ from typing import TypeVar, final
 
 from anyio.lowlevel import checkpoint
 
-from warmenv.persistence.carried import CarryingEntry, as_of
+from warmenv.persistence.carried import WRITTEN_AT_LIMIT, CarryingEntry, as_of, believed
 from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.schema import HIT_GRANULARITY
@@ -309,12 +309,14 @@ class MemoryStorage(Storage):
         origin: Origin = Origin.LOCAL,
         *,
         cost: float | None = None,
+        written_at: float | None = None,
     ) -> Insertion:
         check_key(key)
         check_value(value)
         cost = check_cost(cost)
+        written_at = as_of(believed(written_at, WRITTEN_AT_LIMIT), wall_clock())
         await checkpoint()
-        return _apply(self._rows, key, value, int(origin), cost)
+        return _apply(self._rows, key, value, int(origin), cost, None, written_at)
 
     async def insert_many(
         self,

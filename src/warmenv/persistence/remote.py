@@ -17,7 +17,16 @@ call at most one timeout and then nothing until the next retry. One warning is
 logged per outage, not per call. A value read from Redis is bytes checked
 against a digest bound to its key (written by `publish`), then handed to the
 store's codec, never unpickled; wrong types, oversized or garbled values under
-our keys are misses plus a warning.
+our keys are misses plus a warning. A value carries what its entry carries in
+a bundle, when it was written and what it cost (`warmenv.persistence.carried`,
+whose rules decide what is believed), so that hits on it count the time they
+saved on every host.
+
+A purge of one key (`purge_key`) deletes the fleet's copy too: a value worth
+purging here (wrong, or made by a bad build) would otherwise come back from
+Redis at the next lookup, on this host and on every host that has not fetched
+it yet. A purge of a namespace stays local: it would be a scan of the whole
+server, and one host's clean-up must not make the whole fleet recompute.
 
 Fleet-wide single flight: a host that misses a key in both tiers takes a
 lease on it before computing (`SET <key>:lease <token> NX PX <lease_ttl>`),
@@ -62,6 +71,7 @@ import anyio
 import attrs
 
 from warmenv._errors import WarmenvError
+from warmenv.persistence import carried
 from warmenv.persistence.storage import (
     DEFAULT_SCAN_BATCH,
     BundleRef,
@@ -79,6 +89,7 @@ from warmenv.persistence.storage import (
     check_item,
     check_key,
     check_value,
+    wall_clock,
 )
 
 if TYPE_CHECKING:
@@ -90,11 +101,13 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MAX_VALUE_BYTES",
     "DEFAULT_REMOTE_TIMEOUT",
+    "Ping",
     "RemoteError",
     "RemoteSettings",
     "RemoteStatistics",
     "RemoteStorage",
     "RemoteTier",
+    "RemoteValue",
     "redact",
     "remote_settings",
 ]
@@ -115,10 +128,16 @@ POLLS_PER_LEASE_TTL: Final = 10
 FIRST_RETRY_DELAY: Final = 0.5
 MAX_RETRY_DELAY: Final = 30.0
 
-# A published value is framed: magic, then a digest of (key, value), then the value.
-_MAGIC: Final = b"warmenv1"
+# A published value is framed: magic, then a digest of the key and the body, then the
+# body: what the entry carries (`carried.pack`: written_at, cost), then the value.
+# Frames of version 1 (warmenv 0.2.0.dev before costs were carried) have the value
+# alone for a body; they still read, carrying nothing (unknown).
+_MAGIC: Final = b"warmenv2"
+_MAGIC_V1: Final = b"warmenv1"
 _DIGEST_SIZE: Final = 16
-_HEADER: Final = len(_MAGIC) + _DIGEST_SIZE
+_BODY: Final = len(_MAGIC) + _DIGEST_SIZE
+_CARRIED: Final = 16
+_HEADER: Final = _BODY + _CARRIED
 
 # KEYS: the value. ARGV: the framed value, the channel. 1 if stored, 0 if a value was there.
 # The message is sent with pcall: a server that refuses PUBLISH still stores the value.
@@ -295,8 +314,41 @@ class RemoteStatistics:
     """Whether waiters are woken by messages now (else they only poll)."""
 
 
+@attrs.frozen
+class RemoteValue:
+    """A value read from Redis, with what its entry carried (each believed, or None)."""
+
+    value: bytes
+    written_at: float | None
+    """Unix seconds when the host that computed it stored it."""
+    cost: float | None
+    """Seconds its computation took there."""
+
+
+@attrs.frozen
+class Ping:
+    """Whether the remote answered a PING within the timeout: what `warmenv` says of a probe."""
+
+    remote: str
+    """The server, as `describe()` says it (the password hidden)."""
+    reachable: bool
+    seconds: float | None
+    """The round trip, connecting included, when it answered."""
+    reason: str | None
+    """Why it did not answer (the password hidden), when it did not."""
+
+    def __str__(self) -> str:
+        if self.reachable:
+            return f"{self.remote} answered in {1000 * (self.seconds or 0.0):.1f} ms"
+        return f"{self.remote} is unavailable ({self.reason})"
+
+
 class _Down(Exception):
     """The remote did not answer (or is backing off): the caller falls back to local."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @final
@@ -383,7 +435,21 @@ class RemoteTier:
         """Where `key` of `namespace` lives in Redis (see the module docstring)."""
         return b"%s%s:%s" % (self._prefix, namespace.encode(), key.hex().encode())
 
-    async def fetch(self, namespace: str, key: bytes) -> bytes | None:
+    async def ping(self) -> Ping:
+        """Whether Redis answers now, within the timeout; never raises.
+
+        Tried even while the tier backs off after a failure (the caller asks
+        about now), and its outcome counts as any operation's: an answer ends
+        an outage, a failure starts one (warned about once) or extends it.
+        """
+        started = time.perf_counter()
+        try:
+            await self._call(self._client.ping, probe=True)
+        except _Down as down:
+            return Ping(self.describe(), False, None, down.reason)
+        return Ping(self.describe(), True, time.perf_counter() - started, None)
+
+    async def fetch(self, namespace: str, key: bytes) -> RemoteValue | None:
         """The value Redis holds for the key, or `None` (absent, unusable or unreachable)."""
         rkey = self.redis_key(namespace, key)
         try:
@@ -395,33 +461,72 @@ class RemoteTier:
             return None
         return self._unframe(rkey, framed)
 
+    async def purge(self, namespace: str, key: bytes) -> str | None:
+        """Delete the fleet's copy of the key; `None` if done, else why it could not be."""
+        rkey = self.redis_key(namespace, key)
+        try:
+            await self._call(lambda: self._client.delete([rkey]))
+        except _Down as down:
+            return down.reason
+        except Exception as exc:  # the server answered with an error (an ACL without DEL)
+            return f"Redis refused to delete it ({exc})"
+        return None
+
     @property
     def _read_limit(self) -> int:
         # GETRANGE reads at most one byte past the cap, so a huge value costs nothing.
         return _HEADER + self.settings.max_value_bytes
 
-    def _unframe(self, rkey: bytes, framed: bytes) -> bytes | None:
+    def _unframe(self, rkey: bytes, framed: bytes) -> RemoteValue | None:
         """The value in what GETRANGE read under `rkey`, counted; `None` if absent or unusable."""
         if not framed:
             self._count("misses")
             return None
+        too_large = f"larger than max_value_bytes={self.settings.max_value_bytes}"
         if len(framed) > self._read_limit:
-            self._reject(rkey, f"larger than max_value_bytes={self.settings.max_value_bytes}")
+            self._reject(rkey, too_large)
             return None
-        value = framed[_HEADER:]
-        if framed[: len(_MAGIC)] != _MAGIC or framed[len(_MAGIC) : _HEADER] != _digest(rkey, value):
+        magic = framed[: len(_MAGIC)]
+        body = memoryview(framed)[_BODY:]
+        if magic not in (_MAGIC, _MAGIC_V1) or framed[len(_MAGIC) : _BODY] != _digest(rkey, body):
             self._reject(rkey, "not a value warmenv published under this key")
             return None
+        if magic == _MAGIC_V1:
+            written_at = cost = None
+            value = framed[_BODY:]
+        elif len(body) < _CARRIED:
+            self._reject(rkey, "a frame too short to hold what its entry carries")
+            return None
+        else:
+            # What a value carries is believed as what a bundle's entry carries is.
+            written_at, cost = carried.unpack(body[:_CARRIED])
+            value = framed[_HEADER:]
+        if len(value) > self.settings.max_value_bytes:
+            self._reject(rkey, too_large)
+            return None
         self._count("hits")
-        return value
+        return RemoteValue(value, written_at, cost)
 
-    async def publish(self, namespace: str, key: bytes, value: bytes) -> None:
-        """Offer a value computed here; Redis keeps the first one offered fleet-wide."""
+    async def publish(
+        self,
+        namespace: str,
+        key: bytes,
+        value: bytes,
+        *,
+        cost: float | None = None,
+        written_at: float | None = None,
+    ) -> None:
+        """Offer a value computed here; Redis keeps the first one offered fleet-wide.
+
+        The value carries its `cost` and `written_at` (default: now), so that
+        a host that fetches it records both, as an import does a bundle's.
+        """
         if len(value) > self.settings.max_value_bytes:
             self._count("too_large")
             return
         rkey = self.redis_key(namespace, key)
-        framed = b"".join((_MAGIC, _digest(rkey, value), value))
+        carrying = carried.pack(wall_clock() if written_at is None else written_at, cost)
+        framed = b"".join((_MAGIC, _digest(rkey, carrying, value), carrying, value))
         args = (framed, self._channel)
         try:
             stored = await self._call(lambda: self._script(_PUBLISH)(keys=[rkey], args=args))
@@ -434,7 +539,7 @@ class RemoteTier:
         self._count("published" if stored else "already_published")
 
     @asynccontextmanager
-    async def lease(self, namespace: str, key: bytes) -> AsyncIterator[bytes | None]:
+    async def lease(self, namespace: str, key: bytes) -> AsyncIterator[RemoteValue | None]:
         """The fleet's right to compute the key for the block, or the value another host stored.
 
         Yields `None` when this process should compute: it holds the lease
@@ -470,7 +575,7 @@ class RemoteTier:
 
     async def _await_turn(
         self, rkey: bytes, lkey: bytes, token: bytes
-    ) -> tuple[bool, bytes | None]:
+    ) -> tuple[bool, RemoteValue | None]:
         """(True, None) once the lease is ours, else (False, the value or None to compute here)."""
         args = (token, round(self.settings.lease_ttl * 1000), self._read_limit)
         delay = FIRST_POLL_DELAY
@@ -600,11 +705,16 @@ class RemoteTier:
         except Exception:
             pass  # the lease expires within lease_ttl instead
 
-    async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:
-        """`await operation()` within the timeout; `_Down` if it fails or the tier backs off."""
-        if self._retry_at and time.monotonic() < self._retry_at:
+    async def _call(self, operation: Callable[[], Awaitable[T]], *, probe: bool = False) -> T:
+        """`await operation()` within the timeout; `_Down` if it fails or the tier backs off.
+
+        A `probe` is tried even while the tier backs off, and starts no
+        subscription (a command that only asks whether Redis answers opens
+        one connection).
+        """
+        if not probe and self._retry_at and time.monotonic() < self._retry_at:
             self._count("skipped")
-            raise _Down
+            raise _Down(f"not tried: backing off for {self._delay:g} s after a failure")
         failure: BaseException | None = None
         with anyio.move_on_after(self.settings.timeout):
             try:
@@ -616,29 +726,33 @@ class RemoteTier:
                 failure = exc
             else:
                 self._recovered()
-                self._listen_soon()
+                if not probe:
+                    self._listen_soon()
                 return result
-        self._failed(failure)
-        raise _Down
+        raise _Down(self._failed(failure))
 
-    def _failed(self, failure: BaseException | None) -> None:
+    def _failed(self, failure: BaseException | None) -> str:
+        """Count the failure and back off; why it failed (the password hidden)."""
         self._count("failures")
         first = self._delay == 0.0
         self._delay = FIRST_RETRY_DELAY if first else min(self._delay * 2, MAX_RETRY_DELAY)
         self._retry_at = time.monotonic() + self._delay
+        reason = (
+            f"no answer within {self.settings.timeout} s"
+            if failure is None
+            else f"{type(failure).__name__}: {failure}"
+        )
+        if self.settings.url in reason:
+            reason = redact(reason)
         if first:
             self._count("outages")
-            reason = (
-                f"no answer within {self.settings.timeout} s"
-                if failure is None
-                else f"{type(failure).__name__}: {failure}"
-            )
             log.warning(
                 "%s is unavailable (%s); serving from the local tier, retrying in %.1f s",
                 self.describe(),
-                redact(reason) if self.settings.url in reason else reason,
+                reason,
                 self._delay,
             )
+        return reason
 
     def _recovered(self) -> None:
         if self._delay:
@@ -672,10 +786,11 @@ def _client(settings: RemoteSettings, connections: int) -> coredis.Redis[bytes]:
     )
 
 
-def _digest(rkey: bytes, value: bytes) -> bytes:
+def _digest(rkey: bytes, *body: bytes | memoryview) -> bytes:
     digest = hashlib.blake2b(rkey, digest_size=_DIGEST_SIZE)
     digest.update(b"\0")
-    digest.update(value)
+    for part in body:
+        digest.update(part)
     return digest.digest()
 
 
@@ -710,6 +825,13 @@ class RemoteStorage(Storage):
             return value
         return await self._backfill(key)
 
+    def get_blocking(self, key: bytes) -> bytes | None:
+        # The local tier only: a miss here is `None`, and the caller then awaits
+        # `get` on its event loop, which asks Redis there (within the tier's
+        # timeout and backoff). Asking Redis from this thread would need a
+        # client of its own per thread, or a wait on the loop thread anyway.
+        return self._local.get_blocking(key)
+
     async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
         keys = [check_key(key) for key in keys]
         found = await self._local.get_many(keys)
@@ -727,11 +849,14 @@ class RemoteStorage(Storage):
         origin: Origin = Origin.LOCAL,
         *,
         cost: float | None = None,
+        written_at: float | None = None,
     ) -> Insertion:
-        result = await self._local.insert(key, value, origin, cost=cost)
+        if origin == Origin.LOCAL and written_at is None:
+            written_at = wall_clock()  # one time, here and carried: the same entry
+        result = await self._local.insert(key, value, origin, cost=cost, written_at=written_at)
         if origin == Origin.LOCAL and not isinstance(result, Conflict):
             # A write that failed locally (read-only disk) still helps the fleet.
-            await self._tier.publish(self._namespace, key, value)
+            await self._tier.publish(self._namespace, key, value, cost=cost, written_at=written_at)
         return result
 
     async def insert_many(
@@ -752,7 +877,7 @@ class RemoteStorage(Storage):
         summary = await self._local.insert_many(pairs, origin, cost=cost, bundle=bundle)
         if summary.stored:
             for key, value in pairs:
-                await self._tier.publish(self._namespace, key, value)
+                await self._tier.publish(self._namespace, key, value, cost=cost)
         return summary
 
     async def replace(
@@ -770,7 +895,22 @@ class RemoteStorage(Storage):
         return await self._local.purge()
 
     async def purge_key(self, key: bytes) -> Purged | Failed:
-        return await self._local.purge_key(key)
+        """Delete the entry here and the fleet's copy in Redis (see the module docstring).
+
+        Redis first: a lookup here in between still finds the local entry,
+        rather than fetching the copy back. The count is of this environment's
+        entries. A copy that could not be deleted (Redis unavailable) is
+        `Failed`, after the local entry is gone: it may come back from Redis,
+        so the purge is worth repeating once Redis answers.
+        """
+        unreached = await self._tier.purge(self._namespace, check_key(key))
+        purged = await self._local.purge_key(key)
+        if unreached is None or isinstance(purged, Failed):
+            return purged
+        return Failed(
+            f"the entry is purged from {self._local.describe()}, but not the shared copy"
+            f" from {self._tier.describe()} ({unreached}); purge the key again once it answers"
+        )
 
     async def summary(self) -> NamespaceSummary:
         return await self._local.summary()
@@ -798,14 +938,16 @@ class RemoteStorage(Storage):
             yield None if landed is None else await self._record(key, landed)
 
     async def _backfill(self, key: bytes) -> bytes | None:
-        value = await self._tier.fetch(self._namespace, check_key(key))
-        if value is None:
+        fetched = await self._tier.fetch(self._namespace, check_key(key))
+        if fetched is None:
             return None
-        return await self._record(key, value)
+        return await self._record(key, fetched)
 
-    async def _record(self, key: bytes, value: bytes) -> bytes:
-        check_value(value)
-        result = await self._local.insert(key, value, Origin.REMOTE)
+    async def _record(self, key: bytes, fetched: RemoteValue) -> bytes:
+        value = check_value(fetched.value)
+        result = await self._local.insert(
+            key, value, Origin.REMOTE, cost=fetched.cost, written_at=fetched.written_at
+        )
         if isinstance(result, Conflict):
             return result.existing  # a local value landed meanwhile: it wins
         return value

@@ -428,13 +428,14 @@ class SqliteStorage(Storage):
         origin: Origin = Origin.LOCAL,
         *,
         cost: float | None = None,
+        written_at: float | None = None,
     ) -> Insertion:
         check_key(key)
         check_value(value)
         cost = check_cost(cost)
         try:
             return await self._db.run(
-                partial(_insert, self._namespace, key, value, int(Origin(origin)), cost)
+                partial(_insert, self._namespace, key, value, int(Origin(origin)), cost, written_at)
             )
         except sqlite3.Error as exc:
             return self._failed("insert", exc)
@@ -609,6 +610,7 @@ def _insert(
     value: bytes,
     origin: int,
     cost: float | None,
+    written_at: float | None,
     conn: sqlite3.Connection,
 ) -> Insertion:
     def body(conn: sqlite3.Connection) -> Insertion:
@@ -617,7 +619,10 @@ def _insert(
         ).fetchone()
         if row is not None and not may_replace(row[1], origin):
             return Conflict(bytes(row[0]))
-        conn.execute(_REPLACE, (namespace, key, value, origin, wall_clock(), cost))
+        written = carried.as_of(
+            carried.believed(written_at, carried.WRITTEN_AT_LIMIT), wall_clock()
+        )
+        conn.execute(_REPLACE, (namespace, key, value, origin, written, cost))
         return Stored()
 
     return schema.transaction(conn, body)

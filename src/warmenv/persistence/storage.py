@@ -201,11 +201,15 @@ class Storage(Protocol):
         origin: Origin = Origin.LOCAL,
         *,
         cost: float | None = None,
+        written_at: float | None = None,
     ) -> Insertion:
         """Store `value` unless the rules keep the existing one (`Conflict`).
 
         `cost` is how many seconds computing `value` took, when known: hits on
-        it then count as that much time saved.
+        it then count as that much time saved. `written_at` is when a value
+        that came from elsewhere (`REMOTE`) was first written, believed as a
+        bundle's is (`warmenv.persistence.carried`): unknown, out of range or
+        later than now counts as now, as `None` does.
         """
         ...
 
