@@ -1,6 +1,8 @@
 """Bundle import and export next to a raw sqlite3 copy, in one run.
 
-Run: python benchmarks/bench_bundle.py [--entries 100000] [--large]
+Run: python benchmarks/bench_bundle.py [--entries 100000] [--rounds 5] [--large]
+Each row is the median of --rounds measurements, its baseline's too, taken in
+alternating order in the same rounds; the single figures go to stderr.
 --large also measures peak RSS growth importing and exporting a 1 GiB bundle
 (about a minute; not run in CI).
 """
@@ -12,6 +14,7 @@ import itertools
 import os
 import random
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,7 +74,12 @@ async def import_per_s(bundle: Path, root: Path, name: str, n: int, verify: bool
         start = time.perf_counter()
         report = await import_bundle(bundle, env, verify=verify)
         elapsed = time.perf_counter() - start
+        path = env.path
     assert report.imported == n, report
+    # Removed like the baseline's target: every round writes a fresh file, and
+    # the disk does not fill with one environment per round.
+    for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        leftover.unlink(missing_ok=True)
     return n / elapsed
 
 
@@ -142,70 +150,109 @@ def rss_growth(root: Path, action: str, bundle: str, fmt: str) -> float:
     return float(out.stdout.split()[-1])
 
 
-async def bench(root: Path, n: int) -> list[Row]:
+async def bench(root: Path, n: int, rounds: int) -> list[Row]:
     source = await make_source(root, n, 1024)
     sqlite_bundle = root / "b.sqlite"
     flat_bundle = root / "b.flat"
-    # Every figure is the best of three, like its baseline, so that no figure
-    # is the one run that met a cold cache or a busy moment of the machine.
-    # The three rounds interleave every measure with the baseline, so that a
-    # change of load on a shared machine reaches the baseline and the
-    # figures alike instead of whichever block happened to run then.
+    # Every figure, the baseline included, is measured once per round, each
+    # time into a fresh target, and reported as its median over the rounds;
+    # a ratio is the ratio of the medians. One measurement of the raw copy
+    # alone varied twofold between runs on a quiet machine (its one large
+    # transaction waits for the disk twice), so a ratio over single
+    # measurements said more about that moment than about the import.
+    # Within a round the measures run in one order, and in the reverse
+    # order the next round, so that a drift of the machine's load (or of
+    # its page cache) reaches the baseline and each figure alike.
+    # An export comes first in the forward order: the imports read its file.
     runs: dict[str, list[float]] = {}
+    counter = itertools.count()
 
-    def record(measure: str, value: float) -> None:
-        runs.setdefault(measure, []).append(value)
+    async def export_sqlite() -> float:
+        return await export_per_s(source, sqlite_bundle, "sqlite", n)
 
-    for i in range(3):
-        record("export sqlite", await export_per_s(source, sqlite_bundle, "sqlite", n))
-        record("export flat", await export_per_s(source, flat_bundle, "flat", n))
-        record("baseline", raw_copy_per_s(sqlite_bundle, root, n))
-        record("no digest", await import_per_s(sqlite_bundle, root, f"plain{i}", n, verify=False))
-        record(
-            "with digest", await import_per_s(sqlite_bundle, root, f"checked{i}", n, verify=True)
-        )
-        record("flat import", await import_per_s(flat_bundle, root, f"flat{i}", n, verify=True))
+    async def export_flat() -> float:
+        return await export_per_s(source, flat_bundle, "flat", n)
+
+    async def baseline() -> float:
+        return raw_copy_per_s(sqlite_bundle, root, n)
+
+    async def no_digest() -> float:
+        return await import_per_s(sqlite_bundle, root, f"plain{next(counter)}", n, verify=False)
+
+    async def with_digest() -> float:
+        return await import_per_s(sqlite_bundle, root, f"checked{next(counter)}", n, verify=True)
+
+    async def flat_import() -> float:
+        return await import_per_s(flat_bundle, root, f"flat{next(counter)}", n, verify=True)
+
+    async def copy_sqlite() -> float:
         # The private copy on its own (it is part of every import above).
-        record("copy sqlite", private_copy_s(sqlite_bundle, root) * 1e3)
-        record("copy flat", private_copy_s(flat_bundle, root) * 1e3)
-    export_sqlite, export_flat = max(runs["export sqlite"]), max(runs["export flat"])
-    baseline = max(runs["baseline"])
-    no_digest, with_digest = max(runs["no digest"]), max(runs["with digest"])
-    flat_import = max(runs["flat import"])
-    copy_sqlite, copy_flat = min(runs["copy sqlite"]), min(runs["copy flat"])
+        return private_copy_s(sqlite_bundle, root) * 1e3
+
+    async def copy_flat() -> float:
+        return private_copy_s(flat_bundle, root) * 1e3
+
+    measures = {
+        "export sqlite": export_sqlite,
+        "export flat": export_flat,
+        "baseline": baseline,
+        "no digest": no_digest,
+        "with digest": with_digest,
+        "flat import": flat_import,
+        "copy sqlite": copy_sqlite,
+        "copy flat": copy_flat,
+    }
+    # The bundles exist before any round reads them.
+    await export_sqlite()
+    await export_flat()
+    for i in range(rounds):
+        order = list(measures.items())
+        for name, measure in order if i % 2 == 0 else reversed(order):
+            runs.setdefault(name, []).append(await measure())
+    for name, values in runs.items():
+        shown = ", ".join(f"{v:,.0f}" for v in values)
+        print(f"{name}: {shown} (median {statistics.median(values):,.0f})", file=sys.stderr)
+    median = {name: statistics.median(values) for name, values in runs.items()}
+    export_sqlite_m, export_flat_m = median["export sqlite"], median["export flat"]
+    baseline_m = median["baseline"]
+    no_digest_m, with_digest_m = median["no digest"], median["with digest"]
+    flat_import_m = median["flat import"]
+    copy_sqlite_m, copy_flat_m = median["copy sqlite"], median["copy flat"]
     get = await flat_get_us(flat_bundle, n)
     # The copy beside the import it is part of: the ratio is its share of that import's time.
     unit = "entries/s"
     raw = "raw sqlite3 ATTACH + INSERT OR IGNORE"
     return [
-        Row("import SQLite bundle, verify=False", no_digest, unit, raw, baseline, ">= 0.9x"),
-        Row("import SQLite bundle, digest checked", with_digest, unit, raw, baseline, ">= 0.75x"),
-        Row("import flat bundle, digest checked", flat_import, unit, raw, baseline, ""),
-        Row("export to SQLite", export_sqlite, unit, raw, baseline, ">= 0.9x"),
-        Row("export to flat", export_flat, unit, raw, baseline, ">= 0.5x"),
+        Row("import SQLite bundle, verify=False", no_digest_m, unit, raw, baseline_m, ">= 0.9x"),
+        Row(
+            "import SQLite bundle, digest checked", with_digest_m, unit, raw, baseline_m, ">= 0.75x"
+        ),
+        Row("import flat bundle, digest checked", flat_import_m, unit, raw, baseline_m, ""),
+        Row("export to SQLite", export_sqlite_m, unit, raw, baseline_m, ">= 0.9x"),
+        Row("export to flat", export_flat_m, unit, raw, baseline_m, ">= 0.5x"),
         Row(f"flat get, {n:,} entries", get, "µs", "target", 4.0, "< 4 µs"),
         Row(
             "private copy of the SQLite bundle",
-            copy_sqlite,
+            copy_sqlite_m,
             "ms",
             "import SQLite bundle, verify=False",
-            n / no_digest * 1e3,
+            n / no_digest_m * 1e3,
             "",
         ),
         Row(
             "private copy of the SQLite bundle",
-            copy_sqlite,
+            copy_sqlite_m,
             "ms",
             "import SQLite bundle, digest checked",
-            n / with_digest * 1e3,
+            n / with_digest_m * 1e3,
             "",
         ),
         Row(
             "private copy of the flat bundle",
-            copy_flat,
+            copy_flat_m,
             "ms",
             "import flat bundle, digest checked",
-            n / flat_import * 1e3,
+            n / flat_import_m * 1e3,
             "",
         ),
     ]
@@ -215,9 +262,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--large", action="store_true", help="also the 1 GiB memory runs")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="rounds of every measure; each row is the median"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        rows = anyio.run(bench, Path(tmp), args.entries)
+        rows = anyio.run(bench, Path(tmp), args.entries, args.rounds)
     if args.large:
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
