@@ -22,11 +22,12 @@ import errno
 import heapq
 import os
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, Callable, Generator, Iterable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, final
 
+import anyio
 import attrs
 
 from warmenv import _sqlite
@@ -188,15 +189,34 @@ class EntryFile:
         """As `page`, each entry with the written_at and cost it carries (believed, or None)."""
         return await self._run(partial(_page_carrying, self.format, namespace, after, limit))
 
-    async def hash_entries(self, new_hasher: Callable[[], Hasher]) -> str:
-        """Feed every entry, in key order, to a hasher; its value.
+    async def hash_entries(
+        self, new_hasher: Callable[[], Hasher]
+    ) -> AsyncGenerator[int | str, None]:
+        """Feed every entry, in key order, to a hasher: the bytes of keys and values
+        done so far after each slice of the pass (an int), then its value (a str).
 
         Bundles are written in key order, so the table is read in rowid order
         (sequentially) while checking that each row sorts after the last. A
         file whose rows are not in key order falls back to SQLite's integrity
-        check and a read in index order, with a fresh hasher.
+        check and a read in index order, with a fresh hasher (and the count
+        of bytes done starts again from 0). A (namespace, key) that appears
+        twice is damage either way: the digest would vouch for two values of
+        which an import keeps one.
+
+        Each slice (about `HASH_SLICE` bytes) is one hop to the worker, so a
+        caller can show how far the pass is, and cancel it between slices.
         """
-        return await self._run(partial(_hash_entries, new_hasher, self.format))
+        steps = await self._run(partial(_hash_entries, new_hasher, self.format))
+        try:
+            while True:
+                step = await self._run(partial(_next_step, steps))
+                yield step
+                if isinstance(step, str):
+                    return
+        finally:
+            # The generator holds a cursor and a digest thread: closed where it ran.
+            with anyio.CancelScope(shield=True):
+                await self._connection.run(lambda _conn: steps.close())
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         try:
@@ -239,19 +259,37 @@ def _check_file(check_rows: bool, conn: sqlite3.Connection) -> _Checked:
     # The table itself is scanned for rows of the wrong types (a damaged file can hold
     # rows its index lacks); the totals come through the index, which is far cheaper
     # than grouping a table scan.
-    count = 0
-    if check_rows:
-        typed = schema.well_typed() + (f" AND {carried.typed_sql()}" if format == 2 else "")
-        bad = conn.execute(f"SELECT count(*) FROM entries WHERE NOT ({typed})")
-        count = int(bad.fetchone()[0])
-    if count:
-        rows = "1 row has" if count == 1 else f"{count:,} rows have"
-        raise DamagedEntryFileError(
-            f"{rows} a namespace, key, value, written_at or cost of the wrong type"
-        )
     totals = schema.namespace_totals(conn)
+    if check_rows:
+        _check_rows(conn, format, sum(count for _, count, _ in totals))
     utf8 = str(conn.execute("PRAGMA encoding").fetchone()[0]).upper() == "UTF-8"
     return _Checked(meta, [NamespaceSummary(n, c, b) for n, c, b in totals], utf8, format)
+
+
+def _check_rows(conn: sqlite3.Connection, format: int | None, indexed: int) -> None:
+    """Damage that reading the rows would meet: a row of the wrong types, a row the
+    index lacks (`indexed`: the rows the totals counted), a (namespace, key) twice.
+
+    A file that is hashed before use leaves this to the hash, which sees all of
+    it in the one pass it makes anyway; this is one table scan and one scan of
+    the (namespace, key) index, for a file read without a digest.
+    """
+    typed = schema.well_typed() + (f" AND {carried.typed_sql()}" if format == 2 else "")
+    rows, bad = conn.execute(
+        f"SELECT count(*), coalesce(sum(NOT ({typed})), 0) FROM entries"
+    ).fetchone()
+    if bad:
+        what = "1 row has" if bad == 1 else f"{int(bad):,} rows have"
+        raise DamagedEntryFileError(
+            f"{what} a namespace, key, value, written_at or cost of the wrong type"
+        )
+    if rows != indexed:
+        raise DamagedEntryFileError(f"its table holds {rows:,} rows but its index {indexed:,}")
+    twice = conn.execute(
+        "SELECT namespace, key FROM entries GROUP BY namespace, key HAVING count(*) > 1 LIMIT 1"
+    ).fetchone()
+    if twice is not None:
+        raise _duplicate(*twice)
 
 
 def _check_not_newer(conn: sqlite3.Connection) -> None:
@@ -312,22 +350,28 @@ def _check_types(row: tuple[object, ...]) -> None:
         raise DamagedEntryFileError("a row has a namespace or key of the wrong type")
 
 
-def _feeder(hasher: Hasher, format: int | None) -> Callable[[list[tuple[object, ...]]], None]:
+def _feeder(hasher: Hasher, format: int | None) -> Callable[[list[tuple[object, ...]]], int]:
     """Feed a batch of rows (namespace and key already checked) to `hasher`, checking
-    the rest of each row: a value and, in format 2, what it carries, as stored."""
+    the rest of each row: a value and, in format 2, what it carries, as stored.
+    Returns the bytes of keys and values fed (the measure of progress)."""
     if format != 2:
 
-        def feed(rows: list[tuple[object, ...]]) -> None:
+        def feed(rows: list[tuple[object, ...]]) -> int:
+            size = 0
             for row in rows:
-                if type(row[2]) is not bytes:
+                value = row[2]
+                if type(value) is not bytes:
                     raise DamagedEntryFileError("a row's value is not a BLOB")
+                size += len(row[1]) + len(value)  # type: ignore[arg-type]
             hasher.add(rows)  # type: ignore[arg-type]
+            return size
 
         return feed
     pack = carried.pack
 
-    def feed_carrying(rows: list[tuple[object, ...]]) -> None:
+    def feed_carrying(rows: list[tuple[object, ...]]) -> int:
         entries = []
+        size = 0
         for namespace, key, value, written_at, cost in rows:
             if (
                 type(value) is not bytes
@@ -337,8 +381,10 @@ def _feeder(hasher: Hasher, format: int | None) -> Callable[[list[tuple[object, 
                 raise DamagedEntryFileError(
                     "a row's value is not a BLOB, or its written_at or cost not REAL or NULL"
                 )
+            size += len(key) + len(value)  # type: ignore[arg-type]
             entries.append((namespace, key, value, pack(written_at, cost)))
         hasher.add_carrying(entries)  # type: ignore[arg-type]
+        return size
 
     return feed_carrying
 
@@ -347,12 +393,31 @@ class _NotInKeyOrder(Exception):
     pass
 
 
+HASH_SLICE = 8 << 20
+"""Bytes of keys and values hashed per hop to the worker (a progress step)."""
+
+
+def _next_step(steps: Generator[int, None, str], conn: sqlite3.Connection) -> int | str:
+    """The next progress step (bytes done) of a hashing pass, or its digest at the end."""
+    try:
+        return next(steps)
+    except StopIteration as done:
+        return str(done.value)
+
+
+def _duplicate(namespace: object, key: object) -> DamagedEntryFileError:
+    return DamagedEntryFileError(f"the key {key!r} of namespace {namespace!r} appears twice")
+
+
 def _hash_entries(
     new_hasher: Callable[[], Hasher], format: int | None, conn: sqlite3.Connection
-) -> str:
+) -> Generator[int, None, str]:
+    """A hashing pass over `conn`, run a slice per `next` on its thread: yields the bytes
+    done so far after each slice, returns the digest."""
     columns = "namespace, key, value" + (", written_at, cost" if format == 2 else "")
     hasher = new_hasher()
     feed = _feeder(hasher, format)
+    done = reported = 0
     try:
         cursor = conn.execute(f"SELECT {columns} FROM entries ORDER BY rowid")
         previous_namespace: str | None = None
@@ -367,9 +432,16 @@ def _hash_entries(
                         raise _NotInKeyOrder
                     previous_namespace = namespace
                 elif key <= previous_key:
+                    if key == previous_key:
+                        raise _duplicate(namespace, key)
                     raise _NotInKeyOrder
                 previous_key = key
-            feed(rows)
+            done += feed(rows)
+            if done - reported >= HASH_SLICE:
+                reported = done
+                yield done
+        if done != reported:
+            yield done
         return hasher.value()
     except _NotInKeyOrder:
         pass
@@ -381,12 +453,23 @@ def _hash_entries(
         raise DamagedEntryFileError(f"SQLite finds it damaged: {'; '.join(problems)}")
     hasher = new_hasher()
     feed = _feeder(hasher, format)
+    done = reported = 0
+    yield 0
     try:
         cursor = conn.execute(f"SELECT {columns} FROM entries ORDER BY namespace, key")
+        previous: tuple[object, object] | None = None
         while rows := cursor.fetchmany(_BATCH):
             for row in rows:
                 _check_types(row)
-            feed(rows)
+                if (row[0], row[1]) == previous:
+                    raise _duplicate(row[0], row[1])
+                previous = (row[0], row[1])
+            done += feed(rows)
+            if done - reported >= HASH_SLICE:
+                reported = done
+                yield done
+        if done != reported:
+            yield done
         return hasher.value()
     finally:
         hasher.close()
