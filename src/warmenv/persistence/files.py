@@ -395,6 +395,7 @@ class _NotInKeyOrder(Exception):
 
 HASH_SLICE = 8 << 20
 """Bytes of keys and values hashed per hop to the worker (a progress step)."""
+_HASH_ROWS = _BATCH  # rows read and hashed at a time
 
 
 def _next_step(steps: Generator[int, None, str], conn: sqlite3.Connection) -> int | str:
@@ -415,6 +416,7 @@ def _hash_entries(
     """A hashing pass over `conn`, run a slice per `next` on its thread: yields the bytes
     done so far after each slice, returns the digest."""
     columns = "namespace, key, value" + (", written_at, cost" if format == 2 else "")
+    yield 0
     hasher = new_hasher()
     feed = _feeder(hasher, format)
     done = reported = 0
@@ -422,7 +424,7 @@ def _hash_entries(
         cursor = conn.execute(f"SELECT {columns} FROM entries ORDER BY rowid")
         previous_namespace: str | None = None
         previous_key = b""
-        while rows := cursor.fetchmany(_BATCH):
+        while rows := cursor.fetchmany(_HASH_ROWS):
             for row in rows:
                 namespace, key = row[0], row[1]
                 if type(namespace) is not str or type(key) is not bytes:
@@ -451,14 +453,14 @@ def _hash_entries(
     problems = [row[0] for row in conn.execute("PRAGMA integrity_check(5)")]
     if problems != ["ok"]:
         raise DamagedEntryFileError(f"SQLite finds it damaged: {'; '.join(problems)}")
+    yield 0
     hasher = new_hasher()
     feed = _feeder(hasher, format)
     done = reported = 0
-    yield 0
     try:
         cursor = conn.execute(f"SELECT {columns} FROM entries ORDER BY namespace, key")
         previous: tuple[object, object] | None = None
-        while rows := cursor.fetchmany(_BATCH):
+        while rows := cursor.fetchmany(_HASH_ROWS):
             for row in rows:
                 _check_types(row)
                 if (row[0], row[1]) == previous:
