@@ -208,6 +208,10 @@ async def bench(root: Path, n: int, rounds: int) -> list[Row]:
     for i in range(rounds):
         order = list(measures.items())
         for name, measure in order if i % 2 == 0 else reversed(order):
+            # Each measure starts with nothing of the last one left to write back:
+            # a copy right after the raw copy's large commit waited several
+            # times as long for the disk as the same copy a moment later.
+            os.sync()
             runs.setdefault(name, []).append(await measure())
     for name, values in runs.items():
         shown = ", ".join(f"{v:,.0f}" for v in values)
