@@ -271,8 +271,10 @@ def _check_rows(conn: sqlite3.Connection, format: int | None, indexed: int) -> N
     index lacks (`indexed`: the rows the totals counted), a (namespace, key) twice.
 
     A file that is hashed before use leaves this to the hash, which sees all of
-    it in the one pass it makes anyway; this is one table scan and one scan of
-    the (namespace, key) index, for a file read without a digest.
+    it in the one pass it makes anyway; this is one table scan, for a file read
+    without a digest. A repeated key needs no scan of its own where the table
+    has a unique (namespace, key) index holding every row (the row counts
+    agree); a table without one is grouped by (namespace, key) to find it.
     """
     typed = schema.well_typed() + (f" AND {carried.typed_sql()}" if format == 2 else "")
     rows, bad = conn.execute(
@@ -285,11 +287,28 @@ def _check_rows(conn: sqlite3.Connection, format: int | None, indexed: int) -> N
         )
     if rows != indexed:
         raise DamagedEntryFileError(f"its table holds {rows:,} rows but its index {indexed:,}")
+    if _unique_entries(conn):
+        return  # the index that holds every row holds no (namespace, key) twice
     twice = conn.execute(
         "SELECT namespace, key FROM entries GROUP BY namespace, key HAVING count(*) > 1 LIMIT 1"
     ).fetchone()
     if twice is not None:
         raise _duplicate(*twice)
+
+
+def _unique_entries(conn: sqlite3.Connection) -> bool:
+    """Whether the entries table has a unique index on exactly (namespace, key), as
+    every bundle export writes has (its primary key); a file made otherwise may not."""
+    indexes = conn.execute(
+        "SELECT name FROM pragma_index_list('entries') WHERE \"unique\" AND NOT partial"
+    )
+    for (name,) in indexes.fetchall():
+        columns = conn.execute(
+            "SELECT name FROM pragma_index_info(?) ORDER BY seqno", (name,)
+        ).fetchall()
+        if columns == [("namespace",), ("key",)]:
+            return True
+    return False
 
 
 def _check_not_newer(conn: sqlite3.Connection) -> None:
