@@ -364,50 +364,6 @@ def _page_carrying(
     return conn.execute(sql, [*params, limit]).fetchall()
 
 
-def _check_types(row: tuple[object, ...]) -> None:
-    if type(row[0]) is not str or type(row[1]) is not bytes:
-        raise DamagedEntryFileError("a row has a namespace or key of the wrong type")
-
-
-def _feeder(hasher: Hasher, format: int | None) -> Callable[[list[tuple[object, ...]]], int]:
-    """Feed a batch of rows (namespace and key already checked) to `hasher`, checking
-    the rest of each row: a value and, in format 2, what it carries, as stored.
-    Returns the bytes of keys and values fed (the measure of progress)."""
-    if format != 2:
-
-        def feed(rows: list[tuple[object, ...]]) -> int:
-            size = 0
-            for row in rows:
-                value = row[2]
-                if type(value) is not bytes:
-                    raise DamagedEntryFileError("a row's value is not a BLOB")
-                size += len(row[1]) + len(value)  # type: ignore[arg-type]
-            hasher.add(rows)  # type: ignore[arg-type]
-            return size
-
-        return feed
-    pack = carried.pack
-
-    def feed_carrying(rows: list[tuple[object, ...]]) -> int:
-        entries = []
-        size = 0
-        for namespace, key, value, written_at, cost in rows:
-            if (
-                type(value) is not bytes
-                or (written_at is not None and type(written_at) is not float)
-                or (cost is not None and type(cost) is not float)
-            ):
-                raise DamagedEntryFileError(
-                    "a row's value is not a BLOB, or its written_at or cost not REAL or NULL"
-                )
-            size += len(key) + len(value)  # type: ignore[arg-type]
-            entries.append((namespace, key, value, pack(written_at, cost)))
-        hasher.add_carrying(entries)  # type: ignore[arg-type]
-        return size
-
-    return feed_carrying
-
-
 class _NotInKeyOrder(Exception):
     pass
 
@@ -429,63 +385,85 @@ def _duplicate(namespace: object, key: object) -> DamagedEntryFileError:
     return DamagedEntryFileError(f"the key {key!r} of namespace {namespace!r} appears twice")
 
 
+class _Order:
+    """The (namespace, key) of the last row a pass took, to check the next against."""
+
+    __slots__ = ("key", "namespace")
+
+    def __init__(self) -> None:
+        self.namespace: str | None = None
+        self.key = b""
+
+
+def _take(rows: list[tuple[Any, ...]], format: int | None, last: _Order) -> tuple[list[Any], int]:
+    """Check a batch of rows in one loop (their types; each sorting after the last,
+    else `_NotInKeyOrder`; no key twice) and frame it for the hasher: the entries
+    (in format 2 each with its 16 carried bytes), and the bytes of keys and values."""
+    namespace, key = last.namespace, last.key
+    size = 0
+    pack = carried.pack
+    entries: list[Any] = rows if format != 2 else []
+    for row in rows:
+        if type(row[0]) is not str or type(row[1]) is not bytes or type(row[2]) is not bytes:
+            raise DamagedEntryFileError("a row's namespace, key or value has the wrong type")
+        if row[0] != namespace:
+            if namespace is not None and row[0] < namespace:
+                raise _NotInKeyOrder
+            namespace = row[0]
+        elif row[1] <= key:
+            if row[1] == key:
+                raise _duplicate(namespace, key)
+            raise _NotInKeyOrder
+        key = row[1]
+        size += len(key) + len(row[2])
+        if format == 2:
+            written_at, cost = row[3], row[4]
+            if (written_at is not None and type(written_at) is not float) or (
+                cost is not None and type(cost) is not float
+            ):
+                raise DamagedEntryFileError("a row has its written_at or cost not REAL or NULL")
+            entries.append((namespace, key, row[2], pack(written_at, cost)))
+    last.namespace, last.key = namespace, key
+    return entries, size
+
+
 def _hash_entries(
     new_hasher: Callable[[], Hasher], format: int | None, conn: sqlite3.Connection
 ) -> Generator[int, None, str]:
     """A hashing pass over `conn`, run a slice per `next` on its thread: yields the bytes
-    done so far after each slice, returns the digest."""
+    done so far after each slice (from 0), returns the digest."""
     columns = "namespace, key, value" + (", written_at, cost" if format == 2 else "")
-    yield 0
-    hasher = new_hasher()
-    feed = _feeder(hasher, format)
-    done = reported = 0
     try:
-        cursor = conn.execute(f"SELECT {columns} FROM entries ORDER BY rowid")
-        previous_namespace: str | None = None
-        previous_key = b""
-        while rows := cursor.fetchmany(_HASH_ROWS):
-            for row in rows:
-                namespace, key = row[0], row[1]
-                if type(namespace) is not str or type(key) is not bytes:
-                    raise DamagedEntryFileError("a row's namespace or key has the wrong type")
-                if namespace != previous_namespace:
-                    if previous_namespace is not None and namespace < previous_namespace:
-                        raise _NotInKeyOrder
-                    previous_namespace = namespace
-                elif key <= previous_key:
-                    if key == previous_key:
-                        raise _duplicate(namespace, key)
-                    raise _NotInKeyOrder
-                previous_key = key
-            done += feed(rows)
-            if done - reported >= HASH_SLICE:
-                reported = done
-                yield done
-        if done != reported:
-            yield done
-        return hasher.value()
+        sql = f"SELECT {columns} FROM entries ORDER BY rowid"
+        return (yield from _hash_in(sql, conn, new_hasher, format))
     except _NotInKeyOrder:
         pass
-    finally:
-        hasher.close()
     # Reading in index order trusts the index to match the table: check that.
     problems = [row[0] for row in conn.execute("PRAGMA integrity_check(5)")]
     if problems != ["ok"]:
         raise DamagedEntryFileError(f"SQLite finds it damaged: {'; '.join(problems)}")
+    try:
+        sql = f"SELECT {columns} FROM entries ORDER BY namespace, key"
+        return (yield from _hash_in(sql, conn, new_hasher, format))
+    except _NotInKeyOrder:
+        raise DamagedEntryFileError("its index does not keep its rows in order") from None
+
+
+def _hash_in(
+    sql: str, conn: sqlite3.Connection, new_hasher: Callable[[], Hasher], format: int | None
+) -> Generator[int, None, str]:
+    """Hash the rows `sql` reads, which must come in key order (else `_NotInKeyOrder`)."""
     yield 0
     hasher = new_hasher()
-    feed = _feeder(hasher, format)
+    add = hasher.add_carrying if format == 2 else hasher.add
+    last = _Order()
     done = reported = 0
     try:
-        cursor = conn.execute(f"SELECT {columns} FROM entries ORDER BY namespace, key")
-        previous: tuple[object, object] | None = None
+        cursor = conn.execute(sql)
         while rows := cursor.fetchmany(_HASH_ROWS):
-            for row in rows:
-                _check_types(row)
-                if (row[0], row[1]) == previous:
-                    raise _duplicate(row[0], row[1])
-                previous = (row[0], row[1])
-            done += feed(rows)
+            entries, size = _take(rows, format, last)
+            add(entries)
+            done += size
             if done - reported >= HASH_SLICE:
                 reported = done
                 yield done
