@@ -214,8 +214,9 @@ class EntryFile:
                 if isinstance(step, str):
                     return
         finally:
-            # The generator holds a cursor and a digest thread: closed where it ran.
-            with anyio.CancelScope(shield=True):
+            # The generator holds a cursor and a digest thread: closed where it ran
+            # (unless the file was closed meanwhile: then collected, as the cursor is).
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await self._connection.run(lambda _conn: steps.close())
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
