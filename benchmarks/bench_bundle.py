@@ -1,6 +1,8 @@
 """Bundle import and export next to a raw sqlite3 copy, in one run.
 
-Run: python benchmarks/bench_bundle.py [--entries 100000] [--large]
+Run: python benchmarks/bench_bundle.py [--entries 100000] [--rounds 5] [--large]
+Each row is the median of --rounds measurements, its baseline's too, taken in
+alternating order in the same rounds; the single figures go to stderr.
 --large also measures peak RSS growth importing and exporting a 1 GiB bundle
 (about a minute; not run in CI).
 """
@@ -12,6 +14,7 @@ import itertools
 import os
 import random
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,7 +74,12 @@ async def import_per_s(bundle: Path, root: Path, name: str, n: int, verify: bool
         start = time.perf_counter()
         report = await import_bundle(bundle, env, verify=verify)
         elapsed = time.perf_counter() - start
+        path = env.path
     assert report.imported == n, report
+    # Removed like the baseline's target: every round writes a fresh file, and
+    # the disk does not fill with one environment per round.
+    for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        leftover.unlink(missing_ok=True)
     return n / elapsed
 
 
@@ -132,6 +140,28 @@ _RSS_CHILD = MEMORY_PROBE + textwrap.dedent(
 )
 
 
+def in_child(what: str, *args: object) -> float:
+    """One measure (`child`) in a fresh process of this script: its figure."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", what, *map(str, args)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(out.stdout.split()[-1])
+
+
+def child(what: str, args: list[str]) -> float:
+    """The measure `in_child` asked for, in this process."""
+    if what == "raw":
+        return raw_copy_per_s(Path(args[0]), Path(args[1]), int(args[2]))
+    if what == "export":
+        source, out, fmt, n = Path(args[0]), Path(args[1]), args[2], int(args[3])
+        return anyio.run(export_per_s, source, out, fmt, n)
+    bundle, root, name, n, verify = Path(args[0]), Path(args[1]), args[2], int(args[3]), args[4]
+    return anyio.run(import_per_s, bundle, root, name, n, verify == "1")
+
+
 def rss_growth(root: Path, action: str, bundle: str, fmt: str) -> float:
     out = subprocess.run(
         [sys.executable, "-c", _RSS_CHILD, str(root), action, bundle, fmt],
@@ -142,70 +172,116 @@ def rss_growth(root: Path, action: str, bundle: str, fmt: str) -> float:
     return float(out.stdout.split()[-1])
 
 
-async def bench(root: Path, n: int) -> list[Row]:
+async def bench(root: Path, n: int, rounds: int) -> list[Row]:
     source = await make_source(root, n, 1024)
     sqlite_bundle = root / "b.sqlite"
     flat_bundle = root / "b.flat"
-    # Every figure is the best of three, like its baseline, so that no figure
-    # is the one run that met a cold cache or a busy moment of the machine.
-    # The three rounds interleave every measure with the baseline, so that a
-    # change of load on a shared machine reaches the baseline and the
-    # figures alike instead of whichever block happened to run then.
+    # Every figure, the baseline included, is measured once per round, each
+    # time into a fresh target, and reported as its median over the rounds;
+    # a ratio is the ratio of the medians. One measurement of the raw copy
+    # alone varied twofold between runs on a quiet machine (its one large
+    # transaction waits for the disk twice), so a ratio over single
+    # measurements said more about that moment than about the import.
+    # Within a round the measures run in one order, and in the reverse
+    # order the next round, so that a drift of the machine's load (or of
+    # its page cache) reaches the baseline and each figure alike.
+    # Each import, export and raw copy runs in a process of its own, as a
+    # command would: in one long process the digest-checked import ran 20%
+    # slower after the flat import than after the other import (the heap
+    # the one before left behind), which no order of rounds evens out.
     runs: dict[str, list[float]] = {}
+    counter = itertools.count()
 
-    def record(measure: str, value: float) -> None:
-        runs.setdefault(measure, []).append(value)
+    async def export_sqlite() -> float:
+        return in_child("export", source, sqlite_bundle, "sqlite", n)
 
-    for i in range(3):
-        record("export sqlite", await export_per_s(source, sqlite_bundle, "sqlite", n))
-        record("export flat", await export_per_s(source, flat_bundle, "flat", n))
-        record("baseline", raw_copy_per_s(sqlite_bundle, root, n))
-        record("no digest", await import_per_s(sqlite_bundle, root, f"plain{i}", n, verify=False))
-        record(
-            "with digest", await import_per_s(sqlite_bundle, root, f"checked{i}", n, verify=True)
-        )
-        record("flat import", await import_per_s(flat_bundle, root, f"flat{i}", n, verify=True))
+    async def export_flat() -> float:
+        return in_child("export", source, flat_bundle, "flat", n)
+
+    async def baseline() -> float:
+        return in_child("raw", sqlite_bundle, root, n)
+
+    async def no_digest() -> float:
+        return in_child("import", sqlite_bundle, root, f"plain{next(counter)}", n, 0)
+
+    async def with_digest() -> float:
+        return in_child("import", sqlite_bundle, root, f"checked{next(counter)}", n, 1)
+
+    async def flat_import() -> float:
+        return in_child("import", flat_bundle, root, f"flat{next(counter)}", n, 1)
+
+    async def copy_sqlite() -> float:
         # The private copy on its own (it is part of every import above).
-        record("copy sqlite", private_copy_s(sqlite_bundle, root) * 1e3)
-        record("copy flat", private_copy_s(flat_bundle, root) * 1e3)
-    export_sqlite, export_flat = max(runs["export sqlite"]), max(runs["export flat"])
-    baseline = max(runs["baseline"])
-    no_digest, with_digest = max(runs["no digest"]), max(runs["with digest"])
-    flat_import = max(runs["flat import"])
-    copy_sqlite, copy_flat = min(runs["copy sqlite"]), min(runs["copy flat"])
+        return private_copy_s(sqlite_bundle, root) * 1e3
+
+    async def copy_flat() -> float:
+        return private_copy_s(flat_bundle, root) * 1e3
+
+    measures = {
+        "export sqlite": export_sqlite,
+        "export flat": export_flat,
+        "baseline": baseline,
+        "no digest": no_digest,
+        "with digest": with_digest,
+        "flat import": flat_import,
+        "copy sqlite": copy_sqlite,
+        "copy flat": copy_flat,
+    }
+    # The bundles exist before any round reads them.
+    await export_per_s(source, sqlite_bundle, "sqlite", n)
+    await export_per_s(source, flat_bundle, "flat", n)
+    for i in range(rounds):
+        order = list(measures.items())
+        for name, measure in order if i % 2 == 0 else reversed(order):
+            # Each measure starts with nothing of the last one left to write back:
+            # a copy right after the raw copy's large commit waited several
+            # times as long for the disk as the same copy a moment later.
+            os.sync()
+            runs.setdefault(name, []).append(await measure())
+    for name, values in runs.items():
+        shown = ", ".join(f"{v:,.0f}" for v in values)
+        print(f"{name}: {shown} (median {statistics.median(values):,.0f})", file=sys.stderr)
+    median = {name: statistics.median(values) for name, values in runs.items()}
+    export_sqlite_m, export_flat_m = median["export sqlite"], median["export flat"]
+    baseline_m = median["baseline"]
+    no_digest_m, with_digest_m = median["no digest"], median["with digest"]
+    flat_import_m = median["flat import"]
+    copy_sqlite_m, copy_flat_m = median["copy sqlite"], median["copy flat"]
     get = await flat_get_us(flat_bundle, n)
     # The copy beside the import it is part of: the ratio is its share of that import's time.
     unit = "entries/s"
     raw = "raw sqlite3 ATTACH + INSERT OR IGNORE"
     return [
-        Row("import SQLite bundle, verify=False", no_digest, unit, raw, baseline, ">= 0.9x"),
-        Row("import SQLite bundle, digest checked", with_digest, unit, raw, baseline, ">= 0.75x"),
-        Row("import flat bundle, digest checked", flat_import, unit, raw, baseline, ""),
-        Row("export to SQLite", export_sqlite, unit, raw, baseline, ">= 0.9x"),
-        Row("export to flat", export_flat, unit, raw, baseline, ">= 0.5x"),
+        Row("import SQLite bundle, verify=False", no_digest_m, unit, raw, baseline_m, ">= 0.9x"),
+        Row(
+            "import SQLite bundle, digest checked", with_digest_m, unit, raw, baseline_m, ">= 0.75x"
+        ),
+        Row("import flat bundle, digest checked", flat_import_m, unit, raw, baseline_m, ""),
+        Row("export to SQLite", export_sqlite_m, unit, raw, baseline_m, ">= 0.9x"),
+        Row("export to flat", export_flat_m, unit, raw, baseline_m, ">= 0.5x"),
         Row(f"flat get, {n:,} entries", get, "µs", "target", 4.0, "< 4 µs"),
         Row(
             "private copy of the SQLite bundle",
-            copy_sqlite,
+            copy_sqlite_m,
             "ms",
             "import SQLite bundle, verify=False",
-            n / no_digest * 1e3,
+            n / no_digest_m * 1e3,
             "",
         ),
         Row(
             "private copy of the SQLite bundle",
-            copy_sqlite,
+            copy_sqlite_m,
             "ms",
             "import SQLite bundle, digest checked",
-            n / with_digest * 1e3,
+            n / with_digest_m * 1e3,
             "",
         ),
         Row(
             "private copy of the flat bundle",
-            copy_flat,
+            copy_flat_m,
             "ms",
             "import flat bundle, digest checked",
-            n / flat_import * 1e3,
+            n / flat_import_m * 1e3,
             "",
         ),
     ]
@@ -215,9 +291,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--large", action="store_true", help="also the 1 GiB memory runs")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="rounds of every measure; each row is the median"
+    )
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        print(child(args.child[0], args.child[1:]))
+        return
     with tempfile.TemporaryDirectory() as tmp:
-        rows = anyio.run(bench, Path(tmp), args.entries)
+        rows = anyio.run(bench, Path(tmp), args.entries, args.rounds)
     if args.large:
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)

@@ -371,10 +371,11 @@ def _interrupt_after_first_progress(*args: str) -> subprocess.CompletedProcess[s
 
 def first_progress_line(stdout: IO[str], stderr: IO[str] | None = None) -> str:
     """The plain lines up to the first that shows progress (`done/total`): the operation's
-    batches are under way. An import's digest check comes before, in a line of its own.
-    `stderr`, if given, is read into the failure of a command that ended before."""
+    batches are under way. An import's digest check comes before, in lines of its own
+    (`verifying NAME: bytes/total ...`). `stderr`, if given, is read into the failure of
+    a command that ended before."""
     lines = ""
-    while "/" not in (line := stdout.readline()):
+    while "/" not in (line := stdout.readline()) or line.startswith("verifying "):
         assert line.startswith("verifying "), (lines + line, stderr and stderr.read())
         lines += line
     return lines + line

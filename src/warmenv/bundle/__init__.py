@@ -33,6 +33,7 @@ from warmenv.bundle.events import (
     NotFinishedError,
     Progress,
     Started,
+    Verifying,
 )
 from warmenv.bundle.exporting import (
     BundleFormat,
@@ -81,6 +82,7 @@ __all__ = [
     "SqliteBundle",
     "Started",
     "UnsupportedSchemaError",
+    "Verifying",
     "export_bundle",
     "exporting",
     "import_bundle",

@@ -10,12 +10,14 @@ crash from deep inside a parser.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import aclosing
 from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Generic, Protocol, Self, TypeVar, final
 
 from warmenv.bundle.errors import CorruptBundleError
+from warmenv.bundle.events import Verifying
 from warmenv.bundle.manifest import BundleManifest, Digest
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.namespace import Namespace
@@ -27,7 +29,11 @@ __all__ = [
     "BundleReader",
     "BundleOpener",
     "ClosesOnExit",
+    "DigestProgress",
 ]
+
+DigestProgress = Callable[[Verifying], None]
+"""Called with how far a digest is, between its steps, on the caller's event loop."""
 
 
 def check_namespace_names(names: Iterable[str], source: str) -> None:
@@ -68,12 +74,21 @@ class Bundle(Protocol):
         """A SQLite file of the environment schema an environment may copy in bulk."""
         ...
 
-    async def compute_digest(self) -> str:
-        """The content digest of what the bundle holds (compare with the manifest's)."""
+    async def compute_digest(self, progress: DigestProgress | None = None) -> str:
+        """The content digest of what the bundle holds (compare with the manifest's).
+
+        `progress` is called with a `Verifying` event as the digest goes
+        (bytes of keys and values hashed, of the whole).
+        """
         ...
 
-    async def verify(self) -> None:
+    async def verify(self, progress: DigestProgress | None = None) -> None:
         """`CorruptBundleError` unless the content matches the manifest's digest."""
+        ...
+
+    def verifying(self) -> AsyncIterator[Verifying]:
+        """`verify`, as events: `Verifying` steps, then `CorruptBundleError` at the end
+        unless the content matches (an import yields these in its own stream)."""
         ...
 
     async def private_copy(self, near: Path | None) -> Bundle | None:
@@ -180,18 +195,49 @@ class BundleReader(ClosesOnExit):
     def entry_file(self) -> Path | None:
         return None
 
-    async def compute_digest(self) -> str:
-        """The digest by streaming every namespace in order (readers do it faster)."""
+    async def _digest_steps(self) -> AsyncGenerator[int | str, None]:
+        """The digest as it goes: bytes of keys and values done (ints, from 0 up), then
+        the digest (a str). The readers override it; this streams every namespace."""
         digest = Digest()
+        done = 0
+        yield done
         for summary in await self.namespaces():
             raw = summary.namespace.encode("utf-8")
             async for key, value in self.scan(summary.namespace):
                 digest.update(raw, key, value)
-        return digest.value()
+                done += len(key) + len(value)
+            yield done
+        yield digest.value()
 
-    async def verify(self) -> None:
-        expected = self.manifest.digest
-        actual = await self.compute_digest()
+    async def _digest(self, result: Callable[[str], None]) -> AsyncGenerator[Verifying, None]:
+        """`_digest_steps` as events; the digest goes to `result` at the end."""
+        total = sum(summary.bytes for summary in await self.namespaces())
+        async with aclosing(self._digest_steps()) as steps:
+            async for step in steps:
+                if isinstance(step, str):
+                    result(step)
+                else:
+                    yield Verifying(step, total)
+
+    async def compute_digest(self, progress: DigestProgress | None = None) -> str:
+        result: list[str] = []
+        async with aclosing(self._digest(result.append)) as events:
+            async for event in events:
+                if progress is not None:
+                    progress(event)
+        return result[0]
+
+    async def verify(self, progress: DigestProgress | None = None) -> None:
+        async for event in self.verifying():
+            if progress is not None:
+                progress(event)
+
+    async def verifying(self) -> AsyncGenerator[Verifying, None]:
+        result: list[str] = []
+        async with aclosing(self._digest(result.append)) as events:
+            async for event in events:
+                yield event
+        expected, actual = self.manifest.digest, result[0]
         if actual != expected:
             raise CorruptBundleError(
                 f"{self.describe()}: its content does not match its digest (manifest says "

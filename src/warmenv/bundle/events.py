@@ -4,7 +4,9 @@ An import or export yields `BundleStarted` once, `BundleProgress` at least
 once per batch (cumulative counts, so a consumer that drops events still
 shows the truth), and `BundleFinished` with the report. An import from a
 URL yields `Downloading` events before `BundleStarted`, while the bundle
-is fetched (an export never does). Command-line
+is fetched (an export never does); an import that checks the digest yields
+`Verifying` events after `BundleStarted`, while the digest is computed, and
+before the first `BundleProgress`. Command-line
 progress bars, logs and tests all read the same events.
 
 `BundleFinished` is generic in its report, so an import's events carry an
@@ -48,6 +50,7 @@ __all__ = [
     "NotFinishedError",
     "Progress",
     "Started",
+    "Verifying",
 ]
 
 
@@ -126,6 +129,22 @@ class Downloading:
         return self.bytes_done / self.elapsed if self.elapsed > 0 else 0.0
 
 
+@attrs.frozen
+class Verifying:
+    """The digest is being checked: bytes of keys and values hashed so far, of the whole.
+
+    Cumulative, like `BundleProgress`. The first comes at 0, the last at
+    `total_bytes` once every entry is hashed (the comparison with the
+    manifest follows). A SQLite bundle whose rows are not stored in key
+    order is hashed a second time in order, and the count then starts again
+    from 0. `compute_digest(progress=...)` and `verify(progress=...)` of a
+    bundle report the same events.
+    """
+
+    bytes_done: int
+    total_bytes: int
+
+
 R = TypeVar("R", ImportReport, ExportReport)
 
 
@@ -136,7 +155,9 @@ class BundleFinished(Generic[R]):
     report: R
 
 
-ImportEvent: TypeAlias = Downloading | BundleStarted | BundleProgress | BundleFinished[ImportReport]
+ImportEvent: TypeAlias = (
+    Downloading | BundleStarted | Verifying | BundleProgress | BundleFinished[ImportReport]
+)
 ExportEvent: TypeAlias = BundleStarted | BundleProgress | BundleFinished[ExportReport]
 BundleEvent: TypeAlias = ImportEvent | ExportEvent
 

@@ -25,7 +25,7 @@ import mmap
 import os
 import struct
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
 from functools import partial
 from pathlib import Path
 from typing import BinaryIO, ClassVar, TypeVar, final
@@ -69,6 +69,7 @@ _MAX_U32 = 0xFFFFFFFF
 _FENCE = 8  # one key in this many is kept for the first, coarse search
 _FORGET_EVERY = 4096  # entries between releases of mapped pages already read
 _DIGEST_BATCH = 1024  # entries hashed at a time (a few such batches wait at most)
+_DIGEST_SLICE = 8 << 20  # bytes of keys and values hashed per step of progress
 
 
 class _Reader:
@@ -262,22 +263,51 @@ class FlatBundle(BundleReader, Bundle):
         offset = at + 16 * position
         return key, value, *carried.unpack(self._view[offset : offset + 16])
 
-    async def compute_digest(self) -> str:
-        return await anyio.to_thread.run_sync(self.compute_digest_sync)
+    async def _digest_steps(self) -> AsyncGenerator[int | str, None]:
+        # A slice at a time on a worker thread: the caller sees progress between them.
+        steps = self._digest_slices()
+        try:
+            while True:
+                step = await anyio.to_thread.run_sync(_next_step, steps)
+                yield step
+                if isinstance(step, str):
+                    return
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(steps.close)
 
     def compute_digest_sync(self) -> str:
         """The content digest of the entries (and what they carry), on the calling thread."""
+        steps = self._digest_slices()
+        while isinstance(step := _next_step(steps), int):
+            pass
+        return step
+
+    def _digest_slices(self) -> Generator[int, None, str]:
+        """Hash the entries in order, yielding the bytes of keys and values done so far
+        every `_DIGEST_SLICE` bytes or so (from 0 to all of them); returns the digest."""
         digest = BackgroundDigest(self._version)
         marks = self._first_marks()
         add = digest.add if self._carried_at is None else digest.add_carrying
         entry = self._entry if self._carried_at is None else self._carrying_entry
+        words = self._words
+        done = reported = 0
         try:
+            yield done
             for ns_id, name in enumerate(self._names):
                 start, end = self._ranges[ns_id]
                 for batch in range(start, end, _DIGEST_BATCH):
                     self._forget_before(batch, marks)
-                    positions = range(batch, min(batch + _DIGEST_BATCH, end))
-                    add((name, *entry(position)) for position in positions)
+                    stop = min(batch + _DIGEST_BATCH, end)
+                    add((name, *entry(position)) for position in range(batch, stop))
+                    # Key and value lengths are the 3rd and 5th word of each index entry.
+                    done += sum(words[batch * 5 + 2 : stop * 5 : 5])
+                    done += sum(words[batch * 5 + 4 : stop * 5 : 5])
+                    if done - reported >= _DIGEST_SLICE:
+                        reported = done
+                        yield done
+            if done != reported:
+                yield done
             return digest.value()
         finally:
             digest.close()
@@ -589,3 +619,11 @@ def _pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:
         written = os.pwrite(fd, view, offset)
         view = view[written:]
         offset += written
+
+
+def _next_step(steps: Generator[int, None, str]) -> int | str:
+    """The next step of a digest (bytes done), or the digest once it is done."""
+    try:
+        return next(steps)
+    except StopIteration as done:
+        return str(done.value)

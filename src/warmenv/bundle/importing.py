@@ -49,6 +49,7 @@ from warmenv.bundle.events import (
     EventStreamBase,
     ImportEvent,
     ImportReport,
+    Verifying,
 )
 from warmenv.bundle.open import open_private
 from warmenv.environment import Environment
@@ -214,7 +215,9 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
         total_bytes = sum(s.bytes for s in selected)
         yield BundleStarted(tuple(s.namespace for s in selected), total_entries, total_bytes)
         if self._verify:
-            await _verify(bundle)
+            async with aclosing(_verifying(bundle)) as steps:
+                async for step in steps:
+                    yield step
         for summary in selected:
             tally.by_ns[summary.namespace] = (0, 0)
         entry_file = bundle.entry_file
@@ -267,9 +270,11 @@ class _Tally:
         )
 
 
-async def _verify(bundle: Bundle) -> None:
+async def _verifying(bundle: Bundle) -> AsyncGenerator[Verifying, None]:
     try:
-        await bundle.verify()
+        async with aclosing(bundle.verifying()) as steps:  # type: ignore[type-var]
+            async for step in steps:
+                yield step
     except CorruptBundleError as exc:
         raise CorruptBundleError(f"{exc}; nothing was imported") from None
 

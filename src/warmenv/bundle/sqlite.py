@@ -15,7 +15,8 @@ speaks bundles.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar, final
@@ -140,9 +141,17 @@ class SqliteBundle(BundleReader, Bundle):
         """1 (entries alone) or 2 (each entry carries its written_at and cost)."""
         return self._file.format or 1
 
-    async def compute_digest(self) -> str:
-        format = self.format_version
-        return await self._read(self._file.hash_entries(partial(BackgroundDigest, format)))
+    async def _digest_steps(self) -> AsyncGenerator[int | str, None]:
+        steps = self._file.hash_entries(partial(BackgroundDigest, self.format_version))
+        async with aclosing(steps):
+            while True:
+                try:
+                    step = await anext(steps)
+                except DamagedEntryFileError as exc:
+                    raise CorruptBundleError(f"{self._label}: {exc}") from None
+                yield step
+                if isinstance(step, str):
+                    return
 
     async def private_copy(self, near: Path | None) -> SqliteBundle | None:
         if self._private or self._fd is None:

@@ -36,7 +36,7 @@ import anyio.to_thread
 import attrs
 
 from warmenv._errors import WarmenvError
-from warmenv.bundle import Finished, Progress, Started
+from warmenv.bundle import Finished, Progress, Started, Verifying
 from warmenv.bundle.events import Event, ExportReport, ImportReport
 from warmenv.config import is_valid_name
 from warmenv.environment import Environment, active, check_name, open_environment
@@ -577,11 +577,11 @@ class Output:
             yield bar
 
     @contextmanager
-    def working(self, label: str, covers: str) -> Iterator[None]:
-        """A step that measures nothing as it goes (a digest check): what it `covers`
-        and the time it has taken, drawn while the block runs."""
-        with self._progress(label, covers=covers):
-            yield
+    def checking(self, label: str, total_bytes: int) -> Iterator[ProgressBar]:
+        """A digest check: bytes of keys and values hashed of `total_bytes`, bytes/s,
+        the time left (fed by `Verifying` events)."""
+        with self._progress(label, bytes=True, total_bytes=total_bytes) as bar:
+            yield bar
 
     @contextmanager
     def _progress(
@@ -592,7 +592,6 @@ class Output:
         bytes: bool = False,
         total_entries: int | None = None,
         total_bytes: int | None = None,
-        covers: str = "",
     ) -> Iterator[ProgressBar]:
         """A bar on a terminal, a plain line a second elsewhere, silence for JSON and --quiet.
 
@@ -600,7 +599,6 @@ class Output:
         time left is best estimated from them), else entries.
         """
         label = clean(label)
-        covers = clean(covers)
         bar = ProgressBar(
             total_entries if entries else None, total_bytes if bytes else None, counts_bytes=bytes
         )
@@ -618,7 +616,6 @@ class Output:
                     total_entries=total_entries,
                     entries_per_second=None,
                     bytes_per_second=None,
-                    covers=covers,
                 )
 
                 def draw(bar: ProgressBar) -> None:
@@ -633,12 +630,6 @@ class Output:
 
                 bar.draw = draw
                 yield bar
-                if not (entries or bytes):  # the step is done: a full bar, not a pulse
-                    progress.update(task, total=1, completed=1)
-            return
-        if not (entries or bytes):
-            print(f"{label} ({covers})...", flush=True)
-            yield bar
             return
         printed: list[float] = []  # when the last line was printed
         shown: list[tuple[int | None, int | None]] = []  # and what it showed
@@ -760,7 +751,7 @@ async def follow(
     `on_start` sees the `Started` event (the totals) and may refuse to go on
     by raising: nothing has been written or published by then. `verifying`
     names the bundle of an import that checks its digest first: that phase is
-    drawn on its own, with what it covers and the time it takes.
+    drawn as a bar of its own, from the `Verifying` events.
     """
     async for event in events:
         if isinstance(event, Started):
@@ -772,11 +763,12 @@ async def follow(
     started = event
     following: Event | None = None
     if verifying is not None:
-        # The import checks the digest before its first batch; the next event
-        # comes once that is done.
-        covers = f"{plural(started.total_entries, 'entry', 'entries')}, {size(started.total_bytes)}"
-        with out.working(f"verifying {verifying}", covers):
+        # The import checks the digest before its first batch.
+        with out.checking(f"verifying {verifying}", started.total_bytes) as checked:
             following = await anext(events, None)
+            while isinstance(following, Verifying):
+                checked.update(bytes=following.bytes_done)
+                following = await anext(events, None)
     with out.transfer(label, started.total_entries, started.total_bytes) as bar:
 
         def show(event: Event) -> ImportReport | ExportReport | None:

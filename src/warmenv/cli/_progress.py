@@ -3,9 +3,9 @@
 Imported only when a bar is drawn on a terminal (rich is the `cli` extra).
 What a bar shows follows from what the operation measures: an import or
 export counts entries and bytes (entries done and entries/s, bytes done and
-bytes/s, and the time left estimated from the bytes), a download counts
-bytes, the demo's warm-up counts entries, and a check with no measure of its
-own (a digest) shows what it covers and the time it has taken so far.
+bytes/s, and the time left estimated from the bytes), a download and a
+digest check (`warmenv verify`, an import's verify phase) count bytes, and
+the demo's warm-up counts entries.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from rich.progress import (
     ProgressColumn,
     Task,
     TextColumn,
-    TimeElapsedColumn,
     TimeRemainingColumn,
 )
 from rich.progress import Progress as RichProgress
@@ -65,7 +64,7 @@ class TimeLeftColumn(TimeRemainingColumn):
 
 def progress(console: Console, *, entries: bool, bytes: bool) -> RichProgress:
     """A rich display for one bar measuring `bytes` (its total is the task's), `entries`
-    (the task's total when there are no bytes, else fields), both, or neither."""
+    (the task's total when there are no bytes, else fields), or both."""
     columns: list[ProgressColumn | str] = [TextColumn("{task.description}", markup=False)]
     columns.append(BarColumn())
     if entries and bytes:
@@ -74,8 +73,5 @@ def progress(console: Console, *, entries: bool, bytes: bool) -> RichProgress:
         columns += [MofNCompleteColumn(), EntriesRateColumn()]
     if bytes:
         columns += [DownloadColumn(binary_units=True), BytesRateColumn()]
-    if entries or bytes:
-        columns.append(TimeLeftColumn())
-    else:
-        columns += [TextColumn("{task.fields[covers]}", markup=False), TimeElapsedColumn()]
+    columns.append(TimeLeftColumn())
     return RichProgress(*columns, console=console)

@@ -22,11 +22,12 @@ import errno
 import heapq
 import os
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, Callable, Generator, Iterable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, final
 
+import anyio
 import attrs
 
 from warmenv import _sqlite
@@ -188,15 +189,35 @@ class EntryFile:
         """As `page`, each entry with the written_at and cost it carries (believed, or None)."""
         return await self._run(partial(_page_carrying, self.format, namespace, after, limit))
 
-    async def hash_entries(self, new_hasher: Callable[[], Hasher]) -> str:
-        """Feed every entry, in key order, to a hasher; its value.
+    async def hash_entries(
+        self, new_hasher: Callable[[], Hasher]
+    ) -> AsyncGenerator[int | str, None]:
+        """Feed every entry, in key order, to a hasher: the bytes of keys and values
+        done so far after each slice of the pass (an int), then its value (a str).
 
         Bundles are written in key order, so the table is read in rowid order
         (sequentially) while checking that each row sorts after the last. A
         file whose rows are not in key order falls back to SQLite's integrity
-        check and a read in index order, with a fresh hasher.
+        check and a read in index order, with a fresh hasher (and the count
+        of bytes done starts again from 0). A (namespace, key) that appears
+        twice is damage either way: the digest would vouch for two values of
+        which an import keeps one.
+
+        Each slice (about `HASH_SLICE` bytes) is one hop to the worker, so a
+        caller can show how far the pass is, and cancel it between slices.
         """
-        return await self._run(partial(_hash_entries, new_hasher, self.format))
+        steps = await self._run(partial(_hash_entries, new_hasher, self.format))
+        try:
+            while True:
+                step = await self._run(partial(_next_step, steps))
+                yield step
+                if isinstance(step, str):
+                    return
+        finally:
+            # The generator holds a cursor and a digest thread: closed where it ran
+            # (unless the file was closed meanwhile: then collected, as the cursor is).
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await self._connection.run(lambda _conn: steps.close())
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         try:
@@ -239,19 +260,56 @@ def _check_file(check_rows: bool, conn: sqlite3.Connection) -> _Checked:
     # The table itself is scanned for rows of the wrong types (a damaged file can hold
     # rows its index lacks); the totals come through the index, which is far cheaper
     # than grouping a table scan.
-    count = 0
-    if check_rows:
-        typed = schema.well_typed() + (f" AND {carried.typed_sql()}" if format == 2 else "")
-        bad = conn.execute(f"SELECT count(*) FROM entries WHERE NOT ({typed})")
-        count = int(bad.fetchone()[0])
-    if count:
-        rows = "1 row has" if count == 1 else f"{count:,} rows have"
-        raise DamagedEntryFileError(
-            f"{rows} a namespace, key, value, written_at or cost of the wrong type"
-        )
     totals = schema.namespace_totals(conn)
+    if check_rows:
+        _check_rows(conn, format, sum(count for _, count, _ in totals))
     utf8 = str(conn.execute("PRAGMA encoding").fetchone()[0]).upper() == "UTF-8"
     return _Checked(meta, [NamespaceSummary(n, c, b) for n, c, b in totals], utf8, format)
+
+
+def _check_rows(conn: sqlite3.Connection, format: int | None, indexed: int) -> None:
+    """Damage that reading the rows would meet: a row of the wrong types, a row the
+    index lacks (`indexed`: the rows the totals counted), a (namespace, key) twice.
+
+    A file that is hashed before use leaves this to the hash, which sees all of
+    it in the one pass it makes anyway; this is one table scan, for a file read
+    without a digest. A repeated key needs no scan of its own where the table
+    has a unique (namespace, key) index holding every row (the row counts
+    agree); a table without one is grouped by (namespace, key) to find it.
+    """
+    typed = schema.well_typed() + (f" AND {carried.typed_sql()}" if format == 2 else "")
+    rows, bad = conn.execute(
+        f"SELECT count(*), coalesce(sum(NOT ({typed})), 0) FROM entries"
+    ).fetchone()
+    if bad:
+        what = "1 row has" if bad == 1 else f"{int(bad):,} rows have"
+        raise DamagedEntryFileError(
+            f"{what} a namespace, key, value, written_at or cost of the wrong type"
+        )
+    if rows != indexed:
+        raise DamagedEntryFileError(f"its table holds {rows:,} rows but its index {indexed:,}")
+    if _unique_entries(conn):
+        return  # the index that holds every row holds no (namespace, key) twice
+    twice = conn.execute(
+        "SELECT namespace, key FROM entries GROUP BY namespace, key HAVING count(*) > 1 LIMIT 1"
+    ).fetchone()
+    if twice is not None:
+        raise _duplicate(*twice)
+
+
+def _unique_entries(conn: sqlite3.Connection) -> bool:
+    """Whether the entries table has a unique index on exactly (namespace, key), as
+    every bundle export writes has (its primary key); a file made otherwise may not."""
+    indexes = conn.execute(
+        "SELECT name FROM pragma_index_list('entries') WHERE \"unique\" AND NOT partial"
+    )
+    for (name,) in indexes.fetchall():
+        columns = conn.execute(
+            "SELECT name FROM pragma_index_info(?) ORDER BY seqno", (name,)
+        ).fetchall()
+        if columns == [("namespace",), ("key",)]:
+            return True
+    return False
 
 
 def _check_not_newer(conn: sqlite3.Connection) -> None:
@@ -307,86 +365,111 @@ def _page_carrying(
     return conn.execute(sql, [*params, limit]).fetchall()
 
 
-def _check_types(row: tuple[object, ...]) -> None:
-    if type(row[0]) is not str or type(row[1]) is not bytes:
-        raise DamagedEntryFileError("a row has a namespace or key of the wrong type")
-
-
-def _feeder(hasher: Hasher, format: int | None) -> Callable[[list[tuple[object, ...]]], None]:
-    """Feed a batch of rows (namespace and key already checked) to `hasher`, checking
-    the rest of each row: a value and, in format 2, what it carries, as stored."""
-    if format != 2:
-
-        def feed(rows: list[tuple[object, ...]]) -> None:
-            for row in rows:
-                if type(row[2]) is not bytes:
-                    raise DamagedEntryFileError("a row's value is not a BLOB")
-            hasher.add(rows)  # type: ignore[arg-type]
-
-        return feed
-    pack = carried.pack
-
-    def feed_carrying(rows: list[tuple[object, ...]]) -> None:
-        entries = []
-        for namespace, key, value, written_at, cost in rows:
-            if (
-                type(value) is not bytes
-                or (written_at is not None and type(written_at) is not float)
-                or (cost is not None and type(cost) is not float)
-            ):
-                raise DamagedEntryFileError(
-                    "a row's value is not a BLOB, or its written_at or cost not REAL or NULL"
-                )
-            entries.append((namespace, key, value, pack(written_at, cost)))
-        hasher.add_carrying(entries)  # type: ignore[arg-type]
-
-    return feed_carrying
-
-
 class _NotInKeyOrder(Exception):
     pass
 
 
+HASH_SLICE = 8 << 20
+"""Bytes of keys and values hashed per hop to the worker (a progress step)."""
+_HASH_ROWS = _BATCH  # rows read and hashed at a time
+
+
+def _next_step(steps: Generator[int, None, str], conn: sqlite3.Connection) -> int | str:
+    """The next progress step (bytes done) of a hashing pass, or its digest at the end."""
+    try:
+        return next(steps)
+    except StopIteration as done:
+        return str(done.value)
+
+
+def _duplicate(namespace: object, key: object) -> DamagedEntryFileError:
+    return DamagedEntryFileError(f"the key {key!r} of namespace {namespace!r} appears twice")
+
+
+class _Order:
+    """The (namespace, key) of the last row a pass took, to check the next against."""
+
+    __slots__ = ("key", "namespace")
+
+    def __init__(self) -> None:
+        self.namespace: str | None = None
+        self.key = b""
+
+
+def _take(rows: list[tuple[Any, ...]], format: int | None, last: _Order) -> tuple[list[Any], int]:
+    """Check a batch of rows in one loop (their types; each sorting after the last,
+    else `_NotInKeyOrder`; no key twice) and frame it for the hasher: the entries
+    (in format 2 each with its 16 carried bytes), and the bytes of keys and values."""
+    namespace, key = last.namespace, last.key
+    size = 0
+    pack = carried.pack
+    entries: list[Any] = rows if format != 2 else []
+    for row in rows:
+        if type(row[0]) is not str or type(row[1]) is not bytes or type(row[2]) is not bytes:
+            raise DamagedEntryFileError("a row's namespace, key or value has the wrong type")
+        if row[0] != namespace:
+            if namespace is not None and row[0] < namespace:
+                raise _NotInKeyOrder
+            namespace = row[0]
+        elif row[1] <= key:
+            if row[1] == key:
+                raise _duplicate(namespace, key)
+            raise _NotInKeyOrder
+        key = row[1]
+        size += len(key) + len(row[2])
+        if format == 2:
+            written_at, cost = row[3], row[4]
+            if (written_at is not None and type(written_at) is not float) or (
+                cost is not None and type(cost) is not float
+            ):
+                raise DamagedEntryFileError("a row has its written_at or cost not REAL or NULL")
+            entries.append((namespace, key, row[2], pack(written_at, cost)))
+    last.namespace, last.key = namespace, key
+    return entries, size
+
+
 def _hash_entries(
     new_hasher: Callable[[], Hasher], format: int | None, conn: sqlite3.Connection
-) -> str:
+) -> Generator[int, None, str]:
+    """A hashing pass over `conn`, run a slice per `next` on its thread: yields the bytes
+    done so far after each slice (from 0), returns the digest."""
     columns = "namespace, key, value" + (", written_at, cost" if format == 2 else "")
-    hasher = new_hasher()
-    feed = _feeder(hasher, format)
     try:
-        cursor = conn.execute(f"SELECT {columns} FROM entries ORDER BY rowid")
-        previous_namespace: str | None = None
-        previous_key = b""
-        while rows := cursor.fetchmany(_BATCH):
-            for row in rows:
-                namespace, key = row[0], row[1]
-                if type(namespace) is not str or type(key) is not bytes:
-                    raise DamagedEntryFileError("a row's namespace or key has the wrong type")
-                if namespace != previous_namespace:
-                    if previous_namespace is not None and namespace < previous_namespace:
-                        raise _NotInKeyOrder
-                    previous_namespace = namespace
-                elif key <= previous_key:
-                    raise _NotInKeyOrder
-                previous_key = key
-            feed(rows)
-        return hasher.value()
+        sql = f"SELECT {columns} FROM entries ORDER BY rowid"
+        return (yield from _hash_in(sql, conn, new_hasher, format))
     except _NotInKeyOrder:
         pass
-    finally:
-        hasher.close()
     # Reading in index order trusts the index to match the table: check that.
     problems = [row[0] for row in conn.execute("PRAGMA integrity_check(5)")]
     if problems != ["ok"]:
         raise DamagedEntryFileError(f"SQLite finds it damaged: {'; '.join(problems)}")
-    hasher = new_hasher()
-    feed = _feeder(hasher, format)
     try:
-        cursor = conn.execute(f"SELECT {columns} FROM entries ORDER BY namespace, key")
-        while rows := cursor.fetchmany(_BATCH):
-            for row in rows:
-                _check_types(row)
-            feed(rows)
+        sql = f"SELECT {columns} FROM entries ORDER BY namespace, key"
+        return (yield from _hash_in(sql, conn, new_hasher, format))
+    except _NotInKeyOrder:
+        raise DamagedEntryFileError("its index does not keep its rows in order") from None
+
+
+def _hash_in(
+    sql: str, conn: sqlite3.Connection, new_hasher: Callable[[], Hasher], format: int | None
+) -> Generator[int, None, str]:
+    """Hash the rows `sql` reads, which must come in key order (else `_NotInKeyOrder`)."""
+    yield 0
+    hasher = new_hasher()
+    add = hasher.add_carrying if format == 2 else hasher.add
+    last = _Order()
+    done = reported = 0
+    try:
+        cursor = conn.execute(sql)
+        while rows := cursor.fetchmany(_HASH_ROWS):
+            entries, size = _take(rows, format, last)
+            add(entries)
+            done += size
+            if done - reported >= HASH_SLICE:
+                reported = done
+                yield done
+        if done != reported:
+            yield done
         return hasher.value()
     finally:
         hasher.close()

@@ -167,16 +167,15 @@ class SqliteDatabase:
                 # fail too, and are counted as failed one by one below.
                 log.warning("importing %s into %s: %s", source, self.path, exc)
                 provenance = await self.run(partial(_copy_provenance, alias, None))
-            start: int | None = await self.run(partial(_first_rowid, alias))
+            start, last = await self.run(partial(_rowid_range, alias))
             while start is not None:
-                copy = partial(_copy_batch, alias, start, batch_size, clause, params, provenance)
+                span = _Span(alias, start, min(start + batch_size - 1, last), last)
+                copy = partial(_copy_batch, span, clause, params, provenance)
                 try:
                     batch = await self.run(copy)
                 except sqlite3.Error as exc:
                     log.warning("importing %s into %s: a batch failed: %s", source, self.path, exc)
-                    batch = await self.run(
-                        partial(_count_failed_batch, alias, start, batch_size, clause, params)
-                    )
+                    batch = await self.run(partial(_count_failed_batch, span, clause, params))
                 start = batch.following
                 yield batch
         finally:
@@ -1179,24 +1178,36 @@ def _detach(alias: str, conn: sqlite3.Connection) -> None:
     conn.execute(f"DETACH DATABASE {alias}")
 
 
-def _first_rowid(alias: str, conn: sqlite3.Connection) -> int | None:
-    row = conn.execute(f"SELECT min(rowid) FROM {alias}.entries").fetchone()
-    return None if row[0] is None else int(row[0])
+def _rowid_range(alias: str, conn: sqlite3.Connection) -> tuple[int | None, int]:
+    """The first and last rowid of the source (None, 0: it is empty)."""
+    first, last = conn.execute(f"SELECT min(rowid), max(rowid) FROM {alias}.entries").fetchone()
+    return (None, 0) if first is None else (int(first), int(last))
 
 
-def _batch_bounds(
-    alias: str, start: int, batch_size: int, conn: sqlite3.Connection
-) -> tuple[int, int | None]:
-    """The last rowid of the batch starting at `start`, and the first of the next."""
-    row = conn.execute(
-        f"SELECT rowid FROM {alias}.entries WHERE rowid >= ? ORDER BY rowid LIMIT 1 OFFSET ?",
-        (start, batch_size),
-    ).fetchone()
-    if row is None:
-        end = conn.execute(f"SELECT max(rowid) FROM {alias}.entries").fetchone()[0]
-        return int(end), None
-    following = int(row[0])
-    return following - 1, following
+@attrs.frozen
+class _Span:
+    """A batch of a bulk copy: the rowids `start` to `end` of the source's `last`.
+
+    A bundle's rowids run without gaps (export writes them in one go), so a
+    batch is a range of `batch_size` rowids, with no query to find where it
+    ends; a range that holds nothing (a file with gaps) skips to the next row.
+    """
+
+    alias: str
+    start: int
+    end: int
+    last: int
+
+    def following(self, seen: int, conn: sqlite3.Connection) -> int | None:
+        """Where the next batch starts (None: this was the last)."""
+        if self.end >= self.last:
+            return None
+        if seen:
+            return self.end + 1
+        row = conn.execute(
+            f"SELECT min(rowid) FROM {self.alias}.entries WHERE rowid > ?", (self.end,)
+        ).fetchone()
+        return None if row[0] is None else int(row[0])
 
 
 def _seen(
@@ -1211,29 +1222,22 @@ def _seen(
 
 
 def _count_failed_batch(
-    alias: str,
-    start: int,
-    batch_size: int,
-    clause: str,
-    params: list[str],
-    conn: sqlite3.Connection,
+    span: _Span, clause: str, params: list[str], conn: sqlite3.Connection
 ) -> CopiedBatch:
-    end, following = _batch_bounds(alias, start, batch_size, conn)
-    seen = _seen(alias, start, end, clause, params, conn)
+    seen = _seen(span.alias, span.start, span.end, clause, params, conn)
+    total = sum(c for _, c, _ in seen)
     return CopiedBatch(
-        seen=sum(c for _, c, _ in seen),
+        seen=total,
         seen_bytes=sum(b for _, _, b in seen),
         imported=[],
         last_namespace=seen[-1][0] if seen else "",
-        following=following,
+        following=span.following(total, conn),
         failed=True,
     )
 
 
 def _copy_batch(
-    alias: str,
-    start: int,
-    batch_size: int,
+    span: _Span,
     clause: str,
     params: list[str],
     provenance: _Provenance,
@@ -1245,7 +1249,7 @@ def _copy_batch(
     or none of the batch went in; only a batch where some did (a resumed
     import, a few local values) is redone with RETURNING to count them.
     """
-    end, following = _batch_bounds(alias, start, batch_size, conn)
+    alias, start, end = span.alias, span.start, span.end
     source = (
         f"SELECT b.namespace, b.key, b.value, {int(Origin.IMPORTED)}, "
         f"{provenance.written_at}, {provenance.cost}, ? "
@@ -1280,7 +1284,7 @@ def _copy_batch(
             seen_bytes=sum(b for _, _, b in seen),
             imported=imported,
             last_namespace=seen[-1][0] if seen else "",
-            following=following,
+            following=span.following(total, conn),
         )
 
     return schema.transaction(conn, body)
