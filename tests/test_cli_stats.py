@@ -420,6 +420,20 @@ def test_stats_of_one_hit_one_miss_and_one_namespace_says_them_in_the_singular(
     assert not ONE_PLURAL.search(completed.stdout) and not ONE_PLURAL.search(text)
 
 
+def test_a_bundle_of_one_entry_is_verified_in_the_singular(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    anyio.run(_one_of_each, root)
+    bundle = str(tmp_path / "one.bundle")
+    exported = warmenv(
+        "export", bundle, "--env", "one", "--name", "one", "--app-version", "1", root=root
+    )
+    assert exported.returncode == 0, exported.stderr
+    completed = warmenv("verify", bundle, root=root)
+    assert completed.returncode == 0, completed.stderr
+    assert ": ok (1 entry, digest " in completed.stdout
+    assert not ONE_PLURAL.search(completed.stdout), completed.stdout
+
+
 def test_the_demo_says_its_one_namespace_in_the_singular(tmp_path: Path) -> None:
     completed = warmenv("demo", root=tmp_path / "demo")
     assert completed.returncode == 0, completed.stderr
