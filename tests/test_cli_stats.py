@@ -19,6 +19,7 @@ from test_cli import warmenv
 from warmenv import open_environment
 from warmenv.cli._common import ProgressBar, per_second
 from warmenv.cli._progress import EntriesColumn, EntriesRateColumn
+from warmenv.cli.stats import seconds
 from warmenv.persistence import Origin, Store
 from warmenv.persistence.storage import BundleRef
 
@@ -432,6 +433,12 @@ def test_a_bundle_of_one_entry_is_verified_in_the_singular(tmp_path: Path) -> No
     assert completed.returncode == 0, completed.stderr
     assert ": ok (1 entry, digest " in completed.stdout
     assert not ONE_PLURAL.search(completed.stdout), completed.stdout
+
+
+def test_a_duration_of_thousands_of_hours_is_grouped_as_the_counts_are() -> None:
+    # Hits on values whose carried cost is just under a week add up fast.
+    assert seconds(10_000 * 604_799.0) == "1,679,997.2 h"
+    assert seconds(7_200.0) == "120.0 min" and seconds(3.5) == "3.500 s"
 
 
 def test_the_demo_says_its_one_namespace_in_the_singular(tmp_path: Path) -> None:
