@@ -617,6 +617,16 @@ async def test_preflight_lists_namespaces_of_another_version(bundle_path: Path) 
     assert "re-export" in str(report)
 
 
+async def test_preflight_of_an_empty_bundle_claims_nothing_of_its_namespaces(
+    tmp_path: Path,
+) -> None:
+    async with open_environment("empty", root=tmp_path, remote="") as env:
+        await export_bundle(env, tmp_path / "b.bundle", name="empty", version="1")
+    report = await preflight(tmp_path / "b.bundle", version="1")
+    assert not report.ok
+    assert report.reasons[1:] == ("the bundle holds no entries",)  # not "all 0 namespaces"
+
+
 async def test_namespace_prefix_helpers_match_whole_segments() -> None:
     from warmenv.persistence.namespace import matches_prefix
 

@@ -19,6 +19,7 @@ from test_cli import warmenv
 from warmenv import open_environment
 from warmenv.cli._common import ProgressBar, per_second
 from warmenv.cli._progress import EntriesColumn, EntriesRateColumn
+from warmenv.cli.stats import seconds
 from warmenv.persistence import Origin, Store
 from warmenv.persistence.storage import BundleRef
 
@@ -418,6 +419,26 @@ def test_stats_of_one_hit_one_miss_and_one_namespace_says_them_in_the_singular(
     assert "<p>1 hit, 1 miss; the hit saved 0.000 s of computation.</p>" in text
     assert ">1 hit</text>" in text and "local 1 hit</title>" in text
     assert not ONE_PLURAL.search(completed.stdout) and not ONE_PLURAL.search(text)
+
+
+def test_a_bundle_of_one_entry_is_verified_in_the_singular(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    anyio.run(_one_of_each, root)
+    bundle = str(tmp_path / "one.bundle")
+    exported = warmenv(
+        "export", bundle, "--env", "one", "--name", "one", "--app-version", "1", root=root
+    )
+    assert exported.returncode == 0, exported.stderr
+    completed = warmenv("verify", bundle, root=root)
+    assert completed.returncode == 0, completed.stderr
+    assert ": ok (1 entry, digest " in completed.stdout
+    assert not ONE_PLURAL.search(completed.stdout), completed.stdout
+
+
+def test_a_duration_of_thousands_of_hours_is_grouped_as_the_counts_are() -> None:
+    # Hits on values whose carried cost is just under a week add up fast.
+    assert seconds(10_000 * 604_799.0) == "1,679,997.2 h"
+    assert seconds(7_200.0) == "120.0 min" and seconds(3.5) == "3.500 s"
 
 
 def test_the_demo_says_its_one_namespace_in_the_singular(tmp_path: Path) -> None:

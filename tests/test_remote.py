@@ -397,6 +397,30 @@ async def test_the_password_is_never_shown(
         assert PASSWORD not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        # coredis takes a password from the query string too.
+        f"redis://127.0.0.1:6390/0?password={PASSWORD}",
+        f"redis://:x@127.0.0.1:6390/0?db=1&PASSWORD={PASSWORD}&ssl=no",
+        # Unencoded, '#', '?' and '/' end the host part: the parser's message
+        # would quote the password's pieces (as a port, say).
+        f"redis://:{PASSWORD}#tail@127.0.0.1:6390/0",
+        f"redis://:{PASSWORD}/tail@127.0.0.1:6390/0",
+        f"redis://:{PASSWORD}?tail@127.0.0.1:6390/0",
+        f"redis://:{PASSWORD}\uff03@127.0.0.1:6390/0",  # NFKC makes it a '#'
+    ],
+)
+def test_a_password_in_any_part_of_the_url_is_never_shown(url: str) -> None:
+    assert PASSWORD not in redact(url)
+    try:
+        settings = RemoteSettings(url)
+    except RemoteError as exc:
+        assert PASSWORD not in str(exc)
+    else:
+        assert PASSWORD not in repr(settings)
+
+
 async def test_the_variable_warmenv_remote_configures_the_tier(
     tmp_path: Path, server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

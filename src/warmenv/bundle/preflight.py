@@ -134,7 +134,7 @@ def _verdict(manifest: BundleManifest, namespaces: list[str], version: str | Non
                 f"{version!r} and will not be read: {', '.join(other[:5])}"
                 + (" ..." if len(other) > 5 else "")
             )
-        else:
+        elif namespaces:  # an empty bundle is said below
             reasons.append(
                 f"its namespace is for version {version!r}"
                 if len(namespaces) == 1

@@ -71,14 +71,14 @@ def shown_origins(namespaces: list[NamespaceStatistics], *, fleet: bool) -> list
 
 
 def seconds(value: float) -> str:
-    """A duration for a table: `0.120 s`, `12.3 s`, `4.2 min`, `3.1 h`."""
+    """A duration for a table: `0.120 s`, `12.3 s`, `4.2 min`, `3.1 h`, `1,234.5 h`."""
     if value < 10:
         return f"{value:.3f} s"
     if value < 600:
         return f"{value:.1f} s"
     if value < 36_000:
         return f"{value / 60:.1f} min"
-    return f"{value / 3600:.1f} h"
+    return f"{value / 3600:,.1f} h"
 
 
 def hit_rate(hits: int, misses: int) -> str:

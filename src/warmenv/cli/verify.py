@@ -46,6 +46,6 @@ async def verified(bundle: Bundle, path: Path, out: Output) -> tuple[str, int]:
 async def run(args: argparse.Namespace, out: Output) -> int:
     async with open_bundle(args.bundle) as bundle:
         digest, entries = await verified(bundle, args.bundle, out)
-    out.line(f"{args.bundle}: ok ({entries:,} entries, digest {digest})")
+    out.line(f"{args.bundle}: ok ({plural(entries, 'entry', 'entries')}, digest {digest})")
     out.result({"path": str(args.bundle), "ok": True, "entries": entries, "digest": digest})
     return 0

@@ -61,6 +61,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -181,8 +182,16 @@ class RemoteError(WarmenvError):
     """The remote setting cannot be used (a malformed URL, or the `redis` extra missing)."""
 
 
+# A query parameter naming a password (coredis reads `?password=` as the URL's password).
+_QUERY_PASSWORD: Final = re.compile(r"(?i)([?&][^=&#]*pass[^=&#]*=)[^&#]*")
+
+
 def redact(url: str) -> str:
     """`url` with its password replaced by `***`, for logs, errors and reprs."""
+    return _QUERY_PASSWORD.sub(r"\1***", _redact_userinfo(url))
+
+
+def _redact_userinfo(url: str) -> str:
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -251,8 +260,12 @@ def check_url(url: object, where: str = "remote") -> str:
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 (a bad port raises here)
-    except ValueError as exc:
-        raise RemoteError(f"{where}: {redact(url)!r} is not a valid URL ({exc})") from None
+    except ValueError:
+        # Not the parser's message: it may quote the password, taken for a port or a host.
+        raise RemoteError(
+            f"{where}: {redact(url)!r} is not a valid URL (a malformed host or port; a password"
+            " with '#', '/' or '?' goes in the query, percent-encoded: ?password=a%23b)"
+        ) from None
     if parts.scheme not in ("redis", "rediss") or not parts.hostname:
         raise RemoteError(
             f"{where}: {redact(url)!r} is not a Redis URL; use redis://[:password@]host[:port][/db]"
