@@ -8,7 +8,7 @@ from typing import Any
 
 from warmenv.bundle import CorruptBundleError, open_bundle
 from warmenv.bundle.base import Bundle
-from warmenv.cli._common import Output
+from warmenv.cli._common import Output, plural
 
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
