@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import struct
 import time
@@ -75,6 +76,17 @@ async def test_a_bundle_for_a_local_value_or_a_negative_cost_is_refused(storage:
         await storage.insert_many([(b"k", b"v")], Origin.LOCAL, bundle=A)
     with pytest.raises(ValueError, match="cost"):
         await storage.insert(b"k", b"v", cost=-1.0)
+    assert await storage.get(b"k") is None
+
+
+@pytest.mark.parametrize("cost", [math.inf, math.nan, -math.inf])
+async def test_a_cost_that_is_not_a_finite_duration_is_refused(
+    storage: Storage, cost: float
+) -> None:
+    # An infinite cost once went in, then `warmenv stats` printed "saved inf h" and
+    # its --json wrote `Infinity`, which is not JSON.
+    with pytest.raises(ValueError, match="finite"):
+        await storage.insert(b"k", b"v", cost=cost)
     assert await storage.get(b"k") is None
 
 

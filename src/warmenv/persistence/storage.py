@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager, nullcontext
@@ -293,8 +294,9 @@ class Storage(Protocol):
 def check_cost(cost: object) -> float | None:
     if cost is None:
         return None
-    if isinstance(cost, bool) or not isinstance(cost, int | float) or not cost >= 0:
-        raise ValueError(f"cost is seconds (a number >= 0) or None, got {cost!r}")
+    # Infinite is not a duration: it would read as "saved inf h" and break `--json`.
+    if isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 <= cost < math.inf:
+        raise ValueError(f"cost is seconds (a finite number >= 0) or None, got {cost!r}")
     return float(cost)
 
 
