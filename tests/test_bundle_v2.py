@@ -9,7 +9,6 @@ and values no reader would believe are recorded as unknown.
 from __future__ import annotations
 
 import json
-import math
 import sqlite3
 import struct
 import time

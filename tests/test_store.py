@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import logging
+
 import anyio
+import anyio.lowlevel
 import pytest
 from anyio import wait_all_tasks_blocked
 
@@ -80,6 +83,29 @@ async def test_an_undecodable_value_is_a_miss_and_the_next_insert_repairs_it(
         assert await store.get("k") is None
     assert await store.insert("k", 5) == Stored()
     assert await storage.get(b'"k"') == b"5"
+
+
+async def test_a_value_computed_over_one_that_does_not_decode_keeps_its_cost_and_says_so(
+    any_env: Environment, caplog: pytest.LogCaptureFixture
+) -> None:
+    storage = any_env.storage(NS)
+    await storage.insert(b'"k"', b"\xff not json")
+    await storage.insert(b'"j"', b"{broken")
+
+    async def tune(value: int) -> int:
+        await anyio.lowlevel.checkpoint()
+        return value
+
+    with caplog.at_level(logging.WARNING, logger="warmenv.store"):
+        store: Store[str, int] = await any_env.store(NS, mode=CacheMode.EAGER)
+        assert await store.get_or_compute("k", tune, 5) == 5
+        assert await store.get_or_compute("j", tune, 6) == 6
+    assert await storage.get(b'"k"') == b"5"
+    info = await storage.info(b'"k"')
+    # The repair records what the computation took, so its hits count seconds saved.
+    assert info is not None and info.cost is not None and info.cost >= 0
+    warnings = [r.getMessage() for r in caplog.records if r.name == "warmenv.store"]
+    assert len(warnings) == 1 and "cannot decode" in warnings[0], warnings
 
 
 async def test_a_conflicting_value_that_does_not_decode_is_repaired(env: Environment) -> None:

@@ -86,9 +86,9 @@ class GatedStorage(Storage):
         return await self.inner.touch(keys)
 
     async def replace(
-        self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL
+        self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL, *, cost: float | None = None
     ) -> Stored | Failed:
-        return await self.inner.replace(key, value, origin)
+        return await self.inner.replace(key, value, origin, cost=cost)
 
     def scan(self, batch_size: int = DEFAULT_SCAN_BATCH) -> AsyncIterator[tuple[bytes, bytes]]:
         return self.inner.scan(batch_size)

@@ -357,12 +357,13 @@ class MemoryStorage(Storage):
         return self._table.touch(self._namespace, wanted)
 
     async def replace(
-        self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL
+        self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL, *, cost: float | None = None
     ) -> Stored | Failed:
         check_key(key)
         check_value(value)
+        cost = check_cost(cost)
         await checkpoint()
-        self._rows[key] = _Row(value, int(origin), None, None)
+        self._rows[key] = _Row(value, int(origin), cost, None)
         return Stored()
 
     async def scan(

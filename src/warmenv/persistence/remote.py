@@ -894,11 +894,11 @@ class RemoteStorage(Storage):
         return summary
 
     async def replace(
-        self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL
+        self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL, *, cost: float | None = None
     ) -> Stored | Failed:
-        result = await self._local.replace(key, value, origin)
+        result = await self._local.replace(key, value, origin, cost=cost)
         if origin == Origin.LOCAL:
-            await self._tier.publish(self._namespace, key, value)
+            await self._tier.publish(self._namespace, key, value, cost=cost)
         return result
 
     def scan(self, batch_size: int = DEFAULT_SCAN_BATCH) -> AsyncIterator[tuple[bytes, bytes]]:

@@ -488,12 +488,15 @@ class SqliteStorage(Storage):
         return await self._db.touch(self._namespace, keys)
 
     async def replace(
-        self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL
+        self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL, *, cost: float | None = None
     ) -> Stored | Failed:
         check_key(key)
         check_value(value)
+        cost = check_cost(cost)
         try:
-            await self._db.run(partial(_replace, self._namespace, key, value, int(Origin(origin))))
+            await self._db.run(
+                partial(_replace, self._namespace, key, value, int(Origin(origin)), cost)
+            )
         except sqlite3.Error as exc:
             return self._failed("replace", exc)
         return Stored()
@@ -669,10 +672,15 @@ def _insert_imported(
 
 
 def _replace(
-    namespace: str, key: bytes, value: bytes, origin: int, conn: sqlite3.Connection
+    namespace: str,
+    key: bytes,
+    value: bytes,
+    origin: int,
+    cost: float | None,
+    conn: sqlite3.Connection,
 ) -> None:
     def body(conn: sqlite3.Connection) -> None:
-        conn.execute(_REPLACE, (namespace, key, value, origin, wall_clock(), None))
+        conn.execute(_REPLACE, (namespace, key, value, origin, wall_clock(), cost))
 
     schema.transaction(conn, body)
 

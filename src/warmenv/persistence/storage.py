@@ -242,9 +242,13 @@ class Storage(Protocol):
         ...
 
     async def replace(
-        self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL
+        self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL, *, cost: float | None = None
     ) -> Stored | Failed:
-        """Store `value` whatever is there (to repair a value that no longer decodes)."""
+        """Store `value` whatever is there (to repair a value that no longer decodes).
+
+        `cost` is what computing the repaired value took, so that its hits still
+        count the seconds they save.
+        """
         ...
 
     def scan(self, batch_size: int = DEFAULT_SCAN_BATCH) -> AsyncIterator[tuple[bytes, bytes]]:

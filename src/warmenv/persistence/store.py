@@ -38,6 +38,7 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
+import logging
 import sys
 import threading
 import time
@@ -64,6 +65,8 @@ from warmenv.persistence.explain import explain_first_miss
 from warmenv.persistence.hot import DEFAULT_HOT_BYTES, SAMPLE_EVERY, Hot, HotSet, copied
 from warmenv.persistence.statistics import Counters
 from warmenv.persistence.storage import Conflict, Failed, Insertion, Purged, Storage, Stored
+
+log = logging.getLogger("warmenv.store")
 
 __all__ = ["DEFAULT_HOT_BYTES", "MISSING", "CacheMode", "Missing", "Store"]
 
@@ -150,6 +153,7 @@ class Store(Generic[K, V]):
         "_storage",
         "_undecodable",
         "_values",
+        "_warned",
     )
 
     def __init__(
@@ -179,6 +183,7 @@ class Store(Generic[K, V]):
         self._hot = HotSet(hot_bytes if self._json else 0)
         self._decodes = 0  # counted on the hit path: every SAMPLE_EVERY-th is a sample
         self._undecodable: set[bytes] = set()
+        self._warned = False  # about a value that does not decode: once per store
         self._reads: dict[bytes, _Flight] = {}
         self._computes: dict[bytes, _Flight] = {}
         self._epoch = 0
@@ -599,6 +604,15 @@ class Store(Generic[K, V]):
                 self._undecodable.add(encoded)
                 self._values.pop(memo, None)
                 self._hot.drop(memo)
+                warn, self._warned = not self._warned, True
+            if warn:
+                # Silent, this looked like a cache that never hits: say why, once.
+                log.warning(
+                    "%s holds a value its codec cannot decode: it is a miss, and the value "
+                    "computed next replaces it (a codec that changed needs a new namespace "
+                    "version)",
+                    self._storage.describe(),
+                )
             return _ABSENT
         held = self._pack(value, data)
         self._keep(encoded, held)
@@ -719,14 +733,14 @@ class Store(Generic[K, V]):
         self._changes += 1  # a thread's read that overlaps the write is not kept (`_adopt`)
         try:
             if encoded in self._undecodable:
-                result: Insertion = await self._storage.replace(encoded, data)
+                result: Insertion = await self._storage.replace(encoded, data, cost=cost)
             else:
                 result = await self._storage.insert(encoded, data, cost=cost)
                 if isinstance(result, Conflict):
                     existing = self._remember(encoded, result.existing)
                     if existing is not _ABSENT:
                         return result, existing
-                    result = await self._storage.replace(encoded, data)
+                    result = await self._storage.replace(encoded, data, cost=cost)
             held = self._pack(self._codec.decode_value(data), data)
             if isinstance(result, Stored) or keep_failed:
                 # After a failed write the value is still served from memory: the
