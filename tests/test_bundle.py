@@ -594,6 +594,20 @@ async def test_a_flat_bundle_reads_from_bytes(warm_env: Environment, out_dir: Pa
     await bundle.aclose()
 
 
+async def test_a_loop_of_lookups_in_a_cancelled_scope_ends(bundle_path: Path) -> None:
+    # A flat lookup checks for cancellation only now and then (it never
+    # waits); a loop of them must still end when its scope is cancelled.
+    async with open_bundle(bundle_path) as bundle:
+        calls = 0
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            while calls < 10_000:
+                calls += 1
+                await bundle.get(KERNELS, b"k010")
+        assert scope.cancelled_caught
+        assert calls <= 64
+
+
 async def test_preflight_says_the_bundle_can_hit_here(bundle_path: Path) -> None:
     report = await preflight(bundle_path, version="1")
     assert report.ok
