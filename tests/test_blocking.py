@@ -547,6 +547,48 @@ def test_get_or_compute_records_how_long_fn_took_on_the_calling_thread(root: Pat
     assert recorded.cost is not None and recorded.cost >= 0.05
 
 
+def counted(root: Path) -> tuple[int, int, int]:
+    """(hits, misses, computes) of NS in the environment "test", as it keeps them."""
+
+    async def statistics() -> tuple[int, int, int]:
+        async with open_environment("test", root=root) as again:
+            (counts,) = (await again.statistics()).namespaces
+            return counts.hits, counts.misses, counts.computes
+
+    return anyio.run(statistics)
+
+
+def test_hits_answered_on_the_calling_thread_are_counted(root: Path) -> None:
+    with open_blocking("test", root=root) as env:
+        store: BlockingStore[str, int] = env.store(NS)
+        store.insert("k", 1)
+        for _ in range(3):
+            assert store.get("k") == 1
+            assert store.get_or_compute("k", int, "2") == 1
+        assert store.get("absent") is None
+    assert counted(root) == (6, 1, 0)
+
+
+def test_threads_waiting_for_one_run_each_count_a_miss(root: Path) -> None:
+    codec = TracingCodec()
+    started, release = threading.Event(), threading.Event()
+
+    def tune(key: str) -> dict[str, Any]:
+        started.set()
+        assert release.wait(timeout=30)
+        return {"key": key}
+
+    with open_blocking("test", root=root) as env:
+        store = env.store(NS, codec=codec)
+        first, _ = in_threads(1, lambda: store.get_or_compute("k", tune, "k"))
+        assert started.wait(timeout=30)
+        others, _ = in_threads(7, lambda: store.get_or_compute("k", tune, "k"))
+        codec.wait_for(others, encodings=2)
+        release.set()
+        join(first + others)
+    assert counted(root) == (0, 8, 1)
+
+
 # --- a fleet's shared tier -------------------------------------------------------
 
 

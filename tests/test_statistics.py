@@ -202,6 +202,56 @@ async def test_a_lazy_store_counts_reads_through_as_hits(any_env: Environment) -
     assert (kernels.hits, kernels.misses, kernels.computes) == (2, 0, 0)
 
 
+async def test_askers_sharing_one_read_each_count_a_hit(root: Path) -> None:
+    async with open_environment("e", root=root) as env:
+        store: Store[str, int] = await env.store(NS)
+        await env.storage(NS).insert(b'"k"', b"1")  # after the store opened: read through
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(store.get_or_compute, "k", slow_square, 1)
+        (kernels,) = (await env.statistics()).namespaces
+    assert (kernels.hits, kernels.misses, kernels.computes) == (5, 0, 0)
+
+
+async def test_askers_sharing_one_computation_each_count_a_miss(root: Path) -> None:
+    gate = anyio.Event()
+
+    async def tune() -> int:
+        await gate.wait()
+        return 1
+
+    async with open_environment("e", root=root) as env:
+        store: Store[str, int] = await env.store(NS)
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(store.get_or_compute, "k", tune)
+            await anyio.wait_all_tasks_blocked()
+            gate.set()
+        (kernels,) = (await env.statistics()).namespaces
+    assert (kernels.hits, kernels.misses, kernels.computes) == (0, 5, 1)
+
+
+async def test_memoized_calls_sharing_one_run_each_count_a_miss(root: Path) -> None:
+    gate = anyio.Event()
+
+    async with open_environment("e", root=root) as env:
+        store: Store[list[int], int] = await env.store(NS)
+
+        @store.memoize
+        async def tune(n: int) -> int:
+            await gate.wait()
+            return n
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(tune, 3)
+            await anyio.wait_all_tasks_blocked()
+            gate.set()
+        assert await tune(3) == 3
+        (kernels,) = (await env.statistics()).namespaces
+    assert (kernels.hits, kernels.misses, kernels.computes) == (1, 5, 1)
+
+
 async def test_a_key_served_by_get_and_by_a_read_through_counts_as_one_entry(
     any_env: Environment,
 ) -> None:

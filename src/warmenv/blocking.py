@@ -388,6 +388,8 @@ class _Run:
     owner: int
     done: threading.Event = attrs.field(factory=threading.Event)
     error: Exception | None = None
+    # Whether the run found a stored value (its waiters count hits) or computed it (misses).
+    found: bool = False
 
 
 @final
@@ -399,6 +401,7 @@ class BlockingStore(Generic[K, V]):
         "_decoded",
         "_get_nowait",
         "_held",
+        "_hits",
         "_json",
         "_lock",
         "_loop",
@@ -417,6 +420,8 @@ class BlockingStore(Generic[K, V]):
         # store (a hit is one check and one lookup: see `get`). The same
         # objects for the store's life: it clears them, never replaces them.
         self._held = store._values
+        # The store's hit counts: a list, appended to from any thread (atomic).
+        self._hits = store._hits
         self._lru = store._lru
         self._json = store._json
         self._unpack = store._unpack
@@ -476,6 +481,8 @@ class BlockingStore(Generic[K, V]):
                 self._lru.move_to_end(memo)
             except KeyError:
                 pass  # evicted by another thread just now: still a hit
+        if self._hits is not None:
+            self._hits.append(memo)
         kind = type(held)
         if kind in _IMMUTABLE:
             return held
@@ -515,6 +522,8 @@ class BlockingStore(Generic[K, V]):
                 self._lru.move_to_end(memo)
             except KeyError:
                 pass
+        if self._hits is not None:
+            self._hits.append(memo)
         kind = type(held)
         if kind in _IMMUTABLE:
             return held  # type: ignore[no-any-return]
@@ -617,10 +626,27 @@ class BlockingStore(Generic[K, V]):
             run.done.wait()
             if run.error is not None:
                 raise run.error
-            try:
-                return self._get_nowait(key)  # the value the run left, a copy of our own
-            except anyio.WouldBlock:
+            if run.found:
+                try:
+                    return self._get_nowait(key)  # the value the run left, a copy of our own
+                except anyio.WouldBlock:
+                    continue  # already dropped again: this thread asks anew
+            memo = self._store._memo_of(key)
+            held = self._held.get(memo, _ABSENT)
+            if held is _ABSENT:
                 continue  # abandoned, or already dropped again: this thread runs it
+            # Computed for this thread too: a miss, counted where counts change.
+            try:
+                self._loop.loop.call_soon_threadsafe(self._store._missed)
+            except RuntimeError:
+                raise ClosedError("warmenv.blocking's event-loop thread has stopped") from None
+            return self._handout(memo, held)
+
+    def _handout(self, memo: bytes | str, held: Any) -> V:
+        """The caller's own copy of the held value, as `Store.get_nowait` hands it out."""
+        if type(held) is bytes:
+            return self._decoded(memo, held)  # type: ignore[no-any-return]
+        return self._unpack(held)  # type: ignore[no-any-return]
 
     def _lead(
         self, run: _Run, key: K, encoded: bytes, fn: Callable[..., V], args: tuple[Any, ...]
@@ -628,8 +654,9 @@ class BlockingStore(Generic[K, V]):
         try:
             found = self._read_here(self._store._memo(encoded), encoded)
             if found is not _ABSENT:
+                run.found = True
                 return found  # type: ignore[no-any-return]
-            return self._through_the_store(key, fn, args)
+            return self._through_the_store(run, key, fn, args)
         except Exception as exc:
             run.error = exc
             raise
@@ -640,7 +667,9 @@ class BlockingStore(Generic[K, V]):
                     del self._runs[encoded]
             run.done.set()
 
-    def _through_the_store(self, key: K, fn: Callable[..., V], args: tuple[Any, ...]) -> V:
+    def _through_the_store(
+        self, run: _Run, key: K, fn: Callable[..., V], args: tuple[Any, ...]
+    ) -> V:
         """`Store.get_or_compute` on the loop thread, with `fn` run on this thread.
 
         The store decides whether to compute, as for an async caller: after
@@ -688,6 +717,7 @@ class BlockingStore(Generic[K, V]):
             while asks.get() is not None:
                 pass
             raise
+        run.found = not outcome  # the store found a value without asking for fn
         return tasks[0].result()
 
 

@@ -217,8 +217,7 @@ class Counters:
         self.compute_seconds = 0.0
 
     def computed(self, seconds: float) -> None:
-        """A lookup missed and its value was computed, taking `seconds`."""
-        self.misses += 1
+        """A value was computed, taking `seconds` (its askers count their misses)."""
         self.computes += 1
         self.compute_seconds += seconds
 

@@ -371,7 +371,7 @@ class Store(Generic[K, V]):
         memo: Any = key if type(key) is str and self._json else self._codec.encode_key(key)
         held: Any = self._values.get(memo, _ABSENT)
         if held is _ABSENT:
-            held = await self._compute(self._encode_key(key), fn, args)
+            held = await self._compute(memo, self._encode_key(key), fn, args)
         else:
             if self._lru is not None:
                 try:
@@ -444,7 +444,9 @@ class Store(Generic[K, V]):
                 held = self._values.get(memo, _ABSENT)
                 if held is _ABSENT:
                     encoded = memo if type(memo) is bytes else self._encode_key(given)
-                    held = await self._compute(encoded, functools.partial(fn, *args, **kwargs), ())
+                    held = await self._compute(
+                        memo, encoded, functools.partial(fn, *args, **kwargs), ()
+                    )
                 else:
                     if self._lru is not None:
                         try:
@@ -692,28 +694,46 @@ class Store(Generic[K, V]):
         return value
 
     async def _compute(
-        self, encoded: bytes, fn: Callable[[*Ts], Awaitable[V]], args: tuple[*Ts]
+        self,
+        memo: bytes | str,
+        encoded: bytes,
+        fn: Callable[[*Ts], Awaitable[V]],
+        args: tuple[*Ts],
     ) -> Any:
-        """The held value for a key not in memory: read through, else one shared run."""
-        return await self._share(
+        """The held value for a key not in memory: read through, else one shared run.
+
+        Every asker sharing the run counts once: a hit if it found a stored
+        value, a miss if the value had to be computed (by this run's `fn`).
+        """
+        held, found = await self._share(
             self._computes, encoded, functools.partial(self._fill, encoded, fn, args)
         )
+        if found:
+            if self._hits is not None:
+                self._hits.append(memo)
+        else:
+            self._missed()
+        return held
+
+    def _missed(self) -> None:
+        """Count a lookup that found nothing (on the event loop's thread)."""
+        if self._counters is not None:
+            self._counters.misses += 1
 
     async def _fill(
         self, encoded: bytes, fn: Callable[[*Ts], Awaitable[V]], args: tuple[*Ts]
-    ) -> Any:
+    ) -> tuple[Any, bool]:
+        """What this store now holds for the key, and whether it was found (not computed)."""
         held = await self._read(encoded)
         if held is not _ABSENT:
-            if self._hits is not None:
-                self._hits.append(encoded)
-            return held
+            return held, True
         # Fleet-wide single flight: with a shared tier, one host computes the
         # key at a time and the others get its value (`Storage.lease`).
         async with self._storage.lease(encoded) as landed:
             if landed is not None:
                 held = self._remember(encoded, landed)
                 if held is not _ABSENT:
-                    return held
+                    return held, True
             start = time.perf_counter()
             value = await fn(*args)
             cost = time.perf_counter() - start
@@ -721,7 +741,7 @@ class Store(Generic[K, V]):
                 self._counters.computed(cost)
             data = self._codec.encode_value(value)
             _, held = await self._put(encoded, data, keep_failed=True, cost=cost)
-        return held
+        return held, False
 
     async def _put(
         self, encoded: bytes, data: bytes, *, keep_failed: bool, cost: float | None = None
