@@ -100,6 +100,7 @@ def bench(session: nox.Session) -> None:
         "bench_schema.py",
         "bench_explain.py",
         "bench_download.py",
+        "bench_remote.py",
     )
     args = list(session.posargs)
     if args and args[0].endswith(".py"):  # one script, with its own options after it

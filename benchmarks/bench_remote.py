@@ -3,6 +3,9 @@
 A remote hit (local miss, Redis hit, local backfill) is compared with what it
 cannot avoid: a raw coredis GET of the same key plus a local insert. A local
 hit is compared with the same hit in an environment without a remote.
+Publishing is inline (no queue), so an insert with a remote is compared with
+the same insert without one plus one raw coredis round trip carrying the
+value (`SET key value NX`): at most one round trip of delay is the target.
 
 A fleet asking cold: 8 processes (each its own root, connected and subscribed
 beforehand) ask for the same 20 keys at once, each computation taking
@@ -15,7 +18,7 @@ coordinating costs: the leases, the message that wakes a waiter and the
 claim that returns the value.
 
 Run: python benchmarks/bench_remote.py [--keys 2000] [--size 256] [--backend asyncio]
-     [--compute-ms 200] [--fleet-only]
+     [--compute-ms 200] [--fleet-only | --publish-only]
 """
 
 from __future__ import annotations
@@ -69,6 +72,66 @@ async def raw_get_and_insert_us(root: Path, url: str, rkeys: list[bytes], ks: li
             assert value is not None
             await storage.insert(key, value, Origin.REMOTE)
         return (time.perf_counter() - start) / len(ks) * 1e6
+
+
+async def publish_delay_us(
+    tmp: Path, url: str, n: int, payload: bytes, tag: str
+) -> tuple[float, float]:
+    """Per insert of a key Redis lacks: with a remote, and without one plus a raw round trip."""
+    ks = keys(n, tag)
+    async with (
+        coredis.Redis.from_url(url, decode_responses=False) as client,
+        open_environment("bench", root=tmp / f"with-{tag}", remote=url) as with_remote,
+        open_environment("bench", root=tmp / f"without-{tag}", remote="") as without,
+    ):
+        a, b = with_remote.storage(NS), without.storage(NS)
+        await a.get(b"warm-up")  # the first connection and the subscription
+        await client.get(b"warm-up")
+        assert with_remote.remote is not None
+        rkeys = [b"raw-" + with_remote.remote.redis_key(NS.full, k) for k in ks]
+        framed = os.urandom(40) + payload  # the frame's header and the value
+
+        async def with_us(part: slice) -> float:
+            start = time.perf_counter()
+            for key in ks[part]:
+                await a.insert(key, payload)
+            return (time.perf_counter() - start) / len(ks[part]) * 1e6
+
+        async def without_us(part: slice) -> float:
+            start = time.perf_counter()
+            for key, rkey in zip(ks[part], rkeys[part], strict=True):
+                await b.insert(key, payload)
+                await client.set(rkey, framed, condition=coredis.PureToken.NX)
+            return (time.perf_counter() - start) / len(ks[part]) * 1e6
+
+        best_with = best_without = float("inf")
+        for half in range(2):  # alternate which side goes first
+            part = slice(half * n // 2, (half + 1) * n // 2)
+            if half == 0:
+                best_with = min(best_with, await with_us(part))
+                best_without = min(best_without, await without_us(part))
+            else:
+                best_without = min(best_without, await without_us(part))
+                best_with = min(best_with, await with_us(part))
+        stats = with_remote.remote.statistics()
+        assert stats.published == n and stats.failures == 0, stats
+    return best_with, best_without
+
+
+async def measure_publish(url: str, n: int, size: int) -> list[Row]:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-publish-"))
+    payload = os.urandom(size)
+    timed = [await publish_delay_us(tmp, url, n, payload, f"p{trial}") for trial in range(3)]
+    return [
+        Row(
+            "insert with a remote (stored here, then published)",
+            min(with_us for with_us, _ in timed),
+            "us",
+            "the same insert without a remote + one raw coredis SET NX",
+            min(without_us for _, without_us in timed),
+            "<= 1x (at most one round trip of delay)",
+        )
+    ]
 
 
 FLEET_CHILD = """
@@ -181,8 +244,13 @@ async def main(args: argparse.Namespace) -> None:
     server.start()
     try:
         backend = "asyncio" if args.backend == "uvloop" else args.backend
-        rows = [] if args.fleet_only else await measure(server.url, args.keys, args.size)
-        rows += await measure_fleet(server.url, args.compute_ms, backend)
+        rows = []
+        if not (args.fleet_only or args.publish_only):
+            rows += await measure(server.url, args.keys, args.size)
+        if not args.fleet_only:
+            rows += await measure_publish(server.url, args.keys, args.size)
+        if not args.publish_only:
+            rows += await measure_fleet(server.url, args.compute_ms, backend)
     finally:
         server.stop()
     print_table(f"The shared tier (Redis), {args.backend}", rows)
@@ -269,7 +337,9 @@ if __name__ == "__main__":
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--backend", default="asyncio", choices=["asyncio", "trio", "uvloop"])
     parser.add_argument("--compute-ms", type=float, default=200.0)
-    parser.add_argument("--fleet-only", action="store_true")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--fleet-only", action="store_true")
+    only.add_argument("--publish-only", action="store_true")
     args = parser.parse_args()
     if args.backend == "uvloop":
         anyio.run(main, args, backend="asyncio", backend_options={"use_uvloop": True})

@@ -17,9 +17,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+import attrs
 import pytest
 
-__all__ = ["COREDIS_UNCLOSED_STREAMS", "RedisServer", "redis_server", "tolerating_coredis_streams"]
+__all__ = [
+    "COREDIS_UNCLOSED_STREAMS",
+    "Certificate",
+    "RedisServer",
+    "redis_server",
+    "self_signed_certificate",
+    "tolerating_coredis_streams",
+]
 
 READY = b"Ready to accept connections"
 
@@ -59,7 +67,9 @@ def free_port() -> int:
 class RedisServer:
     """One `redis-server` child on 127.0.0.1:`port`; `stop` and `start` again at will."""
 
-    def __init__(self, password: str | None = None, data_dir: Path | None = None) -> None:
+    def __init__(
+        self, password: str | None = None, data_dir: Path | None = None, tls: Path | None = None
+    ) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.fail("install redis-server: the remote tier's tests run their own servers")
@@ -68,17 +78,28 @@ class RedisServer:
         # With a directory, every write is in its append-only file before Redis
         # answers it (`appendfsync always`): a killed server restarts with its data.
         self.data_dir = data_dir
+        # With a directory for its certificate, the server speaks TLS only (rediss://).
+        self.certificate = None if tls is None else self_signed_certificate(tls)
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/0"
+        if self.certificate is None:
+            return f"redis://{auth}127.0.0.1:{self.port}/0"
+        # The documented way to trust a private CA (docs/fleet.md).
+        return f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_ca_certs={self.certificate.cert}"
 
     def start(self) -> None:
         assert self.process is None, "already running"
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1"]
+        args = [self.binary, "--bind", "127.0.0.1"]
+        if self.certificate is None:
+            args += ["--port", str(self.port)]
+        else:
+            cert, key = str(self.certificate.cert), str(self.certificate.key)
+            args += ["--port", "0", "--tls-port", str(self.port), "--tls-auth-clients", "no"]
+            args += ["--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", cert]
         args += ["--save", "", "--loglevel", "notice"]
         if self.data_dir is None:
             args += ["--appendonly", "no"]
@@ -110,9 +131,31 @@ class RedisServer:
         self.process = None
 
 
+@attrs.frozen
+class Certificate:
+    """A self-signed certificate for 127.0.0.1, its own CA, and its key."""
+
+    cert: Path
+    key: Path
+
+
+def self_signed_certificate(directory: Path) -> Certificate:
+    binary = shutil.which("openssl")
+    if binary is None:
+        pytest.fail("install openssl: the rediss:// tests make their server a certificate")
+    directory.mkdir(parents=True, exist_ok=True)
+    made = Certificate(directory / "cert.pem", directory / "key.pem")
+    args = [binary, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
+    args += ["-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
+    args += ["-addext", "subjectAltName=IP:127.0.0.1"]
+    args += ["-keyout", str(made.key), "-out", str(made.cert)]
+    subprocess.run(args, check=True, capture_output=True)
+    return made
+
+
 @contextmanager
-def redis_server(password: str | None = None) -> Iterator[RedisServer]:
-    server = RedisServer(password)
+def redis_server(password: str | None = None, tls: Path | None = None) -> Iterator[RedisServer]:
+    server = RedisServer(password, tls=tls)
     server.start()
     try:
         yield server

@@ -355,6 +355,26 @@ async def test_a_planted_lease_outliving_any_real_one_is_ignored_with_a_warning(
 
 
 @pytest.mark.anyio
+async def test_the_lease_of_a_holder_that_died_expires_and_a_waiting_host_takes_over(
+    tmp_path: Path, server: RedisServer, raw: coredis.Redis[bytes]
+) -> None:
+    # The lease a holder took just before it died: another token, and no heartbeat.
+    settings = RemoteSettings(server.url, lease_ttl=1.0)
+    async with open_environment("fleet", root=tmp_path, remote=settings) as env:
+        assert env.remote is not None
+        lease = env.remote.redis_key(NS.full, b'"k"') + b":lease"
+        await raw.set(lease, b"a-dead-holder-s-token", px=round(settings.lease_ttl * 1000))
+        store: Store[str, str] = await env.store(NS)
+        work = _Host()
+        work.finish.set()
+        with anyio.fail_after(settings.lease_ttl + 1.0):
+            assert await store.get_or_compute("k", work.compute, "taken over") == "taken over"
+        stats = env.remote.statistics()
+        assert (stats.lease_waits, stats.leases, stats.rejected) == (1, 1, 0)
+        assert work.calls == ["taken over"]
+
+
+@pytest.mark.anyio
 async def test_a_storage_without_a_shared_tier_leases_at_once() -> None:
     async with MemoryStorage(NS).lease(b"k") as landed:
         assert landed is None

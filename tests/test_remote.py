@@ -146,6 +146,47 @@ async def test_a_value_over_the_cap_stays_local_and_is_counted(
         assert await b.storage(NS).get(b"big") is None
 
 
+async def test_a_burst_of_calls_opens_no_more_connections_than_the_pool_holds(
+    tmp_path: Path, server: RedisServer, raw: coredis.Redis[bytes]
+) -> None:
+    settings = RemoteSettings(server.url, max_connections=2)
+    async with open_environment("fleet", root=tmp_path, remote=settings) as env:
+        storage = env.storage(NS)
+        async with anyio.create_task_group() as tg:
+            for i in range(200):
+                tg.start_soon(storage.get, b"missing-%d" % i)
+                tg.start_soon(storage.insert, b"k%d" % i, b"v")
+        clients = await raw.client_list()
+        assert env.remote is not None and env.remote.statistics().published == 200
+    # The raw client, the pool and the tier's one subscription.
+    assert len(clients) <= 1 + settings.max_connections + 1, clients
+
+
+async def test_publishing_a_value_is_one_round_trip(
+    tmp_path: Path, server: RedisServer, raw: coredis.Redis[bytes]
+) -> None:
+    async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
+        storage = env.storage(NS)
+        await storage.insert(b"first", b"v")  # connects and loads the script
+        assert env.remote is not None
+        await _until_subscribed(env.remote.statistics)
+        await raw.config_resetstat()
+        for i in range(20):
+            await storage.insert(b"k%d" % i, b"v")
+        stats = await raw.info("commandstats")
+    calls: dict[str, int] = {}
+    for name, counts in stats.items():
+        assert isinstance(counts, dict)
+        calls[str(name)] = int(counts["calls"])
+    # One EVALSHA per insert; its SET NX and PUBLISH run inside it, on the server.
+    assert calls == {
+        "cmdstat_config|resetstat": 1,
+        "cmdstat_evalsha": 20,
+        "cmdstat_set": 20,
+        "cmdstat_publish": 20,
+    }
+
+
 async def test_another_process_shares_its_values(tmp_path: Path, server: RedisServer) -> None:
     code = f"""
 import anyio, sys
@@ -395,6 +436,36 @@ async def test_the_password_is_never_shown(
         with pytest.raises(RemoteError) as caught:
             RemoteSettings(server.url.replace("redis://", "http://"))
         assert PASSWORD not in str(caught.value)
+
+
+async def test_a_rediss_url_shares_values_over_tls(tmp_path: Path) -> None:
+    with redis_server(password=PASSWORD, tls=tmp_path / "tls") as server:
+        assert server.url.startswith("rediss://")
+        async with open_environment("fleet", root=tmp_path / "a", remote=server.url) as a:
+            store: Store[str, Any] = await a.store(NS)
+            assert await store.get_or_compute("k", compute, "over TLS") == "over TLS"
+            assert a.remote is not None and a.remote.statistics().published == 1
+            assert PASSWORD not in a.describe()
+        async with open_environment("fleet", root=tmp_path / "b", remote=server.url) as b:
+            store = await b.store(NS)
+            assert await store.get("k") == "over TLS"
+            assert b.remote is not None and b.remote.statistics().hits == 1
+
+
+async def test_a_rediss_server_whose_certificate_is_not_trusted_is_not_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with redis_server(password=PASSWORD, tls=tmp_path / "tls") as server:
+        untrusted = server.url.partition("?")[0]  # the private CA not given
+        with caplog.at_level(logging.WARNING, logger="warmenv.remote"):
+            async with open_environment("fleet", root=tmp_path / "a", remote=untrusted) as a:
+                store: Store[str, Any] = await a.store(NS)
+                assert await store.get_or_compute("k", compute, "local") == "local"
+                assert a.remote is not None
+                stats = a.remote.statistics()
+                assert stats.outages == 1 and stats.published == 0
+        assert any("unavailable" in r.getMessage() for r in caplog.records)
+        assert not any(PASSWORD in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize(
