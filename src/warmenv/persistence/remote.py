@@ -139,12 +139,16 @@ _DIGEST_SIZE: Final = 16
 _BODY: Final = len(_MAGIC) + _DIGEST_SIZE
 _CARRIED: Final = 16
 _HEADER: Final = _BODY + _CARRIED
+_LEASE: Final = b":lease"  # a key's lease is its Redis key with this suffix
 
-# KEYS: the value. ARGV: the framed value, the channel. 1 if stored, 0 if a value was there.
-# The message is sent with pcall: a server that refuses PUBLISH still stores the value.
+# KEYS: the value, its lease. ARGV: the framed value, the channel. 1 if stored, 0 if a
+# value was there. Only a host waiting for a lease's holder listens for the message, so
+# it is sent only while the key's lease is held: a plain insert costs no message (a
+# waiter whose holder died finds the value by polling). Sent with pcall: a server that
+# refuses PUBLISH still stores the value.
 _PUBLISH: Final = b"""
 if redis.call('set', KEYS[1], ARGV[1], 'NX') then
-  redis.pcall('publish', ARGV[2], KEYS[1])
+  if redis.call('exists', KEYS[2]) == 1 then redis.pcall('publish', ARGV[2], KEYS[1]) end
   return 1
 end
 return 0
@@ -374,6 +378,8 @@ class RemoteTier:
     _client: coredis.Redis[bytes]
     _refused: type[Exception]
     """coredis's `WrongTypeError`: something not ours sits under our key."""
+    _no_script: type[Exception]
+    """coredis's `NoScriptError`: the server lost our scripts (a restart)."""
     _tasks: TaskGroup
     """Where the subscription runs, for as long as the tier is connected."""
     _prefix: bytes = attrs.field(init=False)
@@ -381,8 +387,8 @@ class RemoteTier:
     _retry_at: float = attrs.field(init=False, default=0.0)
     _delay: float = attrs.field(init=False, default=0.0)
     _counts: dict[str, int] = attrs.field(init=False, factory=dict)
-    # Our own Lua (publish; the lease's claim, extend, release), registered once: run by hash.
-    _scripts: dict[str | bytes, Any] = attrs.field(init=False, factory=dict)
+    # The SHA-1 of our own Lua (publish; the lease's claim, extend, release): run by hash.
+    _scripts: dict[bytes, str] = attrs.field(init=False, factory=dict)
     # The waiters on each value key, woken by a message on the channel.
     _waiters: dict[bytes, set[anyio.Event]] = attrs.field(init=False, factory=dict)
     _listening: bool = attrs.field(init=False, default=False)
@@ -397,7 +403,7 @@ class RemoteTier:
     async def connect(cls, settings: RemoteSettings, environment: str) -> AsyncIterator[RemoteTier]:
         """The tier for the duration of the block; connections open lazily, on first use."""
         try:
-            from coredis.exceptions import WrongTypeError
+            from coredis.exceptions import NoScriptError, WrongTypeError
         except ImportError:
             raise RemoteError(
                 f"remote {redact(settings.url)!r} needs the redis extra: "
@@ -411,7 +417,7 @@ class RemoteTier:
         escaped: BaseException | None = None
         async with client, anyio.create_task_group() as tasks:
             try:
-                yield cls(settings, environment, client, WrongTypeError, tasks)
+                yield cls(settings, environment, client, WrongTypeError, NoScriptError, tasks)
             except BaseException as exc:
                 escaped = exc
             tasks.cancel_scope.cancel()
@@ -542,7 +548,9 @@ class RemoteTier:
         framed = b"".join((_MAGIC, _digest(rkey, carrying, value), carrying, value))
         args = (framed, self._channel)
         try:
-            stored = await self._call(lambda: self._script(_PUBLISH)(keys=[rkey], args=args))
+            stored = await self._call(
+                lambda: self._script(_PUBLISH, [rkey, rkey + _LEASE], args)
+            )
         except _Down:
             return
         except Exception as exc:
@@ -562,7 +570,7 @@ class RemoteTier:
         another host published it while this one waited.
         """
         rkey = self.redis_key(namespace, key)
-        lkey = rkey + b":lease"
+        lkey = rkey + _LEASE
         token = os.urandom(16).hex().encode()
         held, landed = await self._await_turn(rkey, lkey, token)
         if not held:
@@ -598,7 +606,7 @@ class RemoteTier:
             with self._watching(rkey) as landed:
                 try:
                     state = await self._call(
-                        lambda: self._script(_CLAIM)(keys=[lkey, rkey], args=args)
+                        lambda: self._script(_CLAIM, [lkey, rkey], args)
                     )
                 except _Down:
                     return False, None
@@ -692,7 +700,7 @@ class RemoteTier:
         while True:
             await anyio.sleep(self.settings.lease_ttl / 3)
             try:
-                kept = await self._call(lambda: self._script(_EXTEND)(keys=[lkey], args=args))
+                kept = await self._call(lambda: self._script(_EXTEND, [lkey], args))
             except Exception:
                 continue  # not answering (counted) or refusing: the next beat tries again
             if kept != 1:
@@ -705,16 +713,26 @@ class RemoteTier:
                 )
                 return
 
-    def _script(self, source: str | bytes) -> Any:
-        script = self._scripts.get(source)
-        if script is None:
-            script = self._scripts[source] = self._client.register_script(source)
-        return script
+    async def _script(self, source: bytes, keys: list[bytes], args: Iterable[object]) -> Any:
+        """Run our Lua `source` by its hash, loading it where the server lacks it (a restart).
+
+        A plain EVALSHA: coredis's `Script` wraps each call in a retry and a
+        transform, which cost as much again as the round trip's own Python.
+        """
+        sha = self._scripts.get(source)
+        if sha is None:
+            sha = self._scripts[source] = hashlib.sha1(source, usedforsecurity=False).hexdigest()
+        arguments: Any = list(args)
+        try:
+            return await self._client.evalsha(sha, keys=keys, args=arguments)
+        except self._no_script:
+            await self._client.script_load(source)
+            return await self._client.evalsha(sha, keys=keys, args=arguments)
 
     async def _release(self, lkey: bytes, rkey: bytes, token: bytes) -> None:
-        release = self._script(_RELEASE)
+        args = (token, self._channel)
         try:
-            await self._call(lambda: release(keys=[lkey, rkey], args=[token, self._channel]))
+            await self._call(lambda: self._script(_RELEASE, [lkey, rkey], args))
         except Exception:
             pass  # the lease expires within lease_ttl instead
 
