@@ -548,9 +548,7 @@ class RemoteTier:
         framed = b"".join((_MAGIC, _digest(rkey, carrying, value), carrying, value))
         args = (framed, self._channel)
         try:
-            stored = await self._call(
-                lambda: self._script(_PUBLISH, [rkey, rkey + _LEASE], args)
-            )
+            stored = await self._call(lambda: self._script(_PUBLISH, [rkey, rkey + _LEASE], args))
         except _Down:
             return
         except Exception as exc:
@@ -605,9 +603,7 @@ class RemoteTier:
             # Watching before the claim: a message that comes between the two is not lost.
             with self._watching(rkey) as landed:
                 try:
-                    state = await self._call(
-                        lambda: self._script(_CLAIM, [lkey, rkey], args)
-                    )
+                    state = await self._call(lambda: self._script(_CLAIM, [lkey, rkey], args))
                 except _Down:
                     return False, None
                 except Exception as exc:
