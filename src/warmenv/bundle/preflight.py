@@ -133,6 +133,14 @@ async def _check(bundle: Bundle, version: str | None, asked: list[str] | None) -
     )
 
 
+def _versions(found: list[str]) -> str:
+    """ "version '1'", "versions '1' and '1.5'", "versions '1', '1.5' and '3'"."""
+    if len(found) == 1:
+        return f"version {found[0]!r}"
+    quoted = [repr(v) for v in found]
+    return f"versions {', '.join(quoted[:-1])} and {quoted[-1]}"
+
+
 def _no_keys(namespaces: list[str], key: bytes) -> set[str]:
     raise AssertionError("preflight asks about namespaces, never a key")
 
@@ -189,7 +197,7 @@ def _verdict(manifest: BundleManifest, namespaces: list[str], version: str | Non
             ok = False
             found = sorted({Namespace.raw(n).version for n in other})
             reasons.append(
-                f"no namespace is for version {version!r} (the bundle holds {', '.join(found)}); "
+                f"no namespace is for version {version!r} (the bundle holds {_versions(found)}); "
                 "re-export it from this version"
             )
         elif other:
