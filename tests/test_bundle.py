@@ -631,6 +631,23 @@ async def test_preflight_lists_namespaces_of_another_version(bundle_path: Path) 
     assert "re-export" in str(report)
 
 
+async def test_preflight_of_another_version_says_which_versions_the_bundle_holds(
+    env: Environment, tmp_path: Path
+) -> None:
+    for version in ("1", "1.5"):
+        await env.storage(Namespace("app", "kernels", version=version)).insert(b"k", b"v")
+    await export_bundle(env, tmp_path / "b.bundle", name="b", version="1")
+    report = await preflight(tmp_path / "b.bundle", version="2")
+    assert (
+        "no namespace is for version '2' (the bundle holds versions '1' and '1.5'); "
+        "re-export it from this version"
+    ) in report.reasons
+    await env.storage(Namespace("app", "kernels", version="1.5")).purge()
+    await export_bundle(env, tmp_path / "one.bundle", name="one", version="1")
+    report = await preflight(tmp_path / "one.bundle", version="2")
+    assert "(the bundle holds version '1')" in report.reasons[-1]
+
+
 async def test_preflight_of_an_empty_bundle_claims_nothing_of_its_namespaces(
     tmp_path: Path,
 ) -> None:

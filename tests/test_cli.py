@@ -266,6 +266,30 @@ def test_check_reports_the_preflight(bundle: Path, tmp_path: Path) -> None:
     assert "will not hit" in other.stdout
 
 
+def test_check_says_which_namespaces_of_the_application_the_bundle_holds(
+    bundle: Path, tmp_path: Path
+) -> None:
+    args = ["check", str(bundle), "--namespace", "app/1/kernels", "--namespace", "app/2/kernels"]
+    completed = warmenv(*args, root=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    assert (
+        "- 1 of 2 namespaces named is not in the bundle and will miss: 'app/2/kernels' "
+        "(nearest there: 'app/1/kernels', version '1' instead of '2')\n"
+    ) in completed.stdout
+    report = as_json(warmenv(*args, "--json", root=tmp_path))
+    assert report["would_hit"] == ["app/1/kernels"]
+    assert [e["namespace"] for e in report["would_miss"]] == ["app/2/kernels"]
+    missed = warmenv("check", str(bundle), "--namespace", "app/2/kernels", root=tmp_path)
+    assert missed.returncode == 1
+    assert "will not hit" in missed.stdout
+
+
+def test_check_of_an_empty_namespace_is_bad_usage(bundle: Path, tmp_path: Path) -> None:
+    completed = warmenv("check", str(bundle), "--namespace", "/", root=tmp_path)
+    assert completed.returncode == 2
+    assert "--namespace must not be empty" in completed.stderr
+
+
 def test_purge_needs_confirmation_then_deletes(warm_root: Path) -> None:
     refused = warmenv("purge", "--env", "warm", root=warm_root)
     assert refused.returncode == 2

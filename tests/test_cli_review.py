@@ -384,8 +384,17 @@ def versions_root(tmp_path: Path) -> Path:
     return root
 
 
-def test_explain_prints_the_namespaces_nearby(versions_root: Path) -> None:
-    completed = warmenv("explain", "app/2/kernels", "k1", "--env", "e", root=versions_root)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_explain_prints_the_namespaces_nearby(versions_root: Path, backend: str) -> None:
+    completed = warmenv(
+        "explain",
+        "app/2/kernels",
+        "k1",
+        "--env",
+        "e",
+        root=versions_root,
+        env={"WARMENV_CLI_BACKEND": backend},
+    )
     assert completed.returncode == 0, completed.stderr
     lines = completed.stdout.splitlines()
     assert lines[0].startswith("namespace 'app/2/kernels' holds no entries, so key \"k1\" misses")

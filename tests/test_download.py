@@ -405,6 +405,20 @@ async def test_preflight_of_a_flat_bundle_reads_only_its_header(
 
 
 @pytest.mark.anyio
+async def test_preflight_of_named_namespaces_by_url_counts_the_entries_downloaded(
+    server: BundleServer, bundle_path: Path, root: Path
+) -> None:
+    # A flat bundle's header names its namespaces without counting their
+    # entries, so naming namespaces downloads the bundle whole.
+    url = server.put("/warm.bundle", bundle_path.read_bytes())
+    named = ["app/1/kernels", "app/2/kernels"]
+    by_url = await preflight(url, namespaces=named)
+    assert by_url == await preflight(bundle_path, namespaces=named)
+    assert by_url.would_hit == ("app/1/kernels",)
+    assert staging_left(root) == []
+
+
+@pytest.mark.anyio
 async def test_preflight_downloads_what_it_cannot_read_by_range(
     server: BundleServer, bundle_path: Path, root: Path
 ) -> None:

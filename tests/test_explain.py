@@ -16,7 +16,7 @@ import pytest
 import warmenv.persistence.explain as explain_module
 from redis_server import RedisServer
 from test_store_read_through import GatedStorage
-from warmenv import Environment, MemoryStorage, open_environment
+from warmenv import Environment, MemoryStorage, Namespace, open_environment
 from warmenv.persistence import Store
 from warmenv.persistence.explain import Explanation, Nearby
 from warmenv.persistence.memory import MemoryTable
@@ -270,3 +270,85 @@ async def test_a_storage_of_the_applications_own_is_not_explained(
     with caplog.at_level(logging.DEBUG, logger="warmenv.explain"):
         assert await store.get("k1") is None  # a miss, and no error
     assert [r for r in caplog.records if r.name == "warmenv.explain"] == []
+
+
+# --- preflight: which of the application's namespaces would hit ------------------------
+
+
+@pytest.fixture
+async def layout_bundle(env: Environment, tmp_path: Path, bundle_format: str) -> Path:
+    """A bundle (each format) of `LAYOUT`."""
+    from warmenv.bundle import export_bundle
+
+    await fill(env, LAYOUT)
+    out = tmp_path / f"layout.{bundle_format}.bundle"
+    await export_bundle(env, out, name="layout", version="1", format=bundle_format)
+    return out
+
+
+async def test_preflight_says_which_named_namespaces_the_bundle_holds(layout_bundle: Path) -> None:
+    from warmenv.bundle import preflight
+
+    report = await preflight(layout_bundle, namespaces=["app/1/kernels", "app/2/kernels"])
+    assert report.ok
+    assert report.would_hit == ("app/1/kernels",)
+    (missing,) = report.would_miss
+    assert missing == Explanation(
+        namespace="app/2/kernels",
+        key=None,
+        entries=0,
+        has_key=None,
+        nearby=(
+            Nearby("app/1/kernels", ("version",), 3, None),
+            Nearby("app/2/tuned", ("path",), 1, None),
+            Nearby("tool/2/kernels", ("name",), 1, None),
+            Nearby("app/1/tuned", ("version", "path"), 1, None),
+        ),
+    )  # as env.explain would say it of an environment holding the bundle
+    assert (
+        "1 of 2 namespaces named is not in the bundle and will miss: 'app/2/kernels' "
+        "(nearest there: 'app/1/kernels', version '1' instead of '2')"
+    ) in report.reasons
+
+
+async def test_preflight_will_not_hit_when_the_bundle_holds_none_of_the_named_namespaces(
+    layout_bundle: Path,
+) -> None:
+    from warmenv.bundle import preflight
+
+    report = await preflight(layout_bundle, namespaces=[Namespace("app", "kernels", version="3")])
+    assert not report.ok
+    assert report.would_hit == ()
+    assert report.reasons[-1] == (
+        "the namespace named is not in the bundle and will miss: 'app/3/kernels' "
+        "(nearest there: 'app/1/kernels', version '1' instead of '3')"
+    )
+    assert "will not hit" in str(report)
+
+
+async def test_preflight_says_when_every_named_namespace_would_hit(layout_bundle: Path) -> None:
+    from warmenv.bundle import preflight
+
+    report = await preflight(layout_bundle, namespaces=["app/1/kernels", "app/2/tuned"])
+    assert report.ok and report.would_miss == ()
+    assert report.reasons[-1] == "both namespaces named are in the bundle"
+
+
+async def test_preflight_of_a_named_namespace_with_nothing_near_says_so(
+    layout_bundle: Path,
+) -> None:
+    from warmenv.bundle import preflight
+
+    report = await preflight(layout_bundle, namespaces=["zzz/1/none"])
+    assert report.reasons[-1] == (
+        "the namespace named is not in the bundle and will miss: 'zzz/1/none' "
+        "(nothing like it there)"
+    )
+
+
+async def test_preflight_without_named_namespaces_lists_none(layout_bundle: Path) -> None:
+    from warmenv.bundle import preflight
+
+    report = await preflight(layout_bundle)
+    assert (report.would_hit, report.would_miss) == ((), ())
+    assert not any("named" in reason for reason in report.reasons)

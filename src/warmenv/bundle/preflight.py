@@ -5,7 +5,10 @@ Every system that ships warm caches today shares one complaint: the cache
 OS or architecture than the one the entries were captured on) or a different
 version of the application (namespaces carry a version segment, so entries
 written by 1.2 are never read by 1.3). Preflight checks both before import
-and says so in words.
+and says so in words. Given the namespaces an application will look up, it
+also says which of them the bundle holds, and for each other one the
+bundle's nearest namespaces, found as `env.explain` finds them in an
+environment (the same code, over the bundle's namespace counts).
 
 A bundle named by an http(s) URL is checked without downloading it where
 the server allows: a flat bundle's manifest and namespace names are at its
@@ -18,6 +21,7 @@ ignores `Range`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextlib import aclosing
 from pathlib import Path
 
@@ -27,6 +31,7 @@ from warmenv.bundle.base import Bundle
 from warmenv.bundle.download import Download, DownloadOptions, is_url, read_header
 from warmenv.bundle.manifest import BundleManifest, EnvironmentInfo, this_machine
 from warmenv.bundle.open import open_any
+from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.namespace import Namespace
 
 __all__ = ["Preflight", "preflight"]
@@ -45,6 +50,10 @@ class Preflight:
     other_versions: tuple[str, ...]
     matching_namespaces: tuple[str, ...]
     reasons: tuple[str, ...]
+    would_hit: tuple[str, ...] = ()
+    """The namespaces named (`namespaces=`) that the bundle holds entries of."""
+    would_miss: tuple[Explanation, ...] = ()
+    """For each namespace named that the bundle does not hold, the bundle's nearest."""
 
     def __str__(self) -> str:
         verdict = "can hit" if self.ok else "will not hit"
@@ -61,27 +70,36 @@ async def preflight(
     source: str | Path | Bundle,
     *,
     version: str | None = None,
+    namespaces: Iterable[Namespace | str] | None = None,
     download: DownloadOptions | None = None,
 ) -> Preflight:
     """Check a bundle (a path, an http(s) URL or an open bundle) against this machine and `version`.
 
-    A URL's manifest is read with a `Range` request where possible (see the
-    module's docstring); `download` sets the limits of fetching it.
+    `namespaces`: those the application will look up; the report says which
+    the bundle holds (`would_hit`) and why each other one would miss
+    (`would_miss`), and cannot hit if it holds none of them. A URL's
+    manifest is read with a `Range` request where possible (see the
+    module's docstring; with `namespaces`, the bundle is downloaded whole,
+    to count its entries); `download` sets the limits of fetching it.
     """
+    asked = None if namespaces is None else [Namespace.coerce(n).full for n in namespaces]
     if is_url(source):
         assert isinstance(source, str)
-        return await _check_url(source, version, download)
+        return await _check_url(source, version, asked, download)
     if isinstance(source, str | Path):
         bundle = await open_any(Path(source))
         try:
-            return await _check(bundle, version)
+            return await _check(bundle, version, asked)
         finally:
             await bundle.aclose()
-    return await _check(source, version)
+    return await _check(source, version, asked)
 
 
-async def _check_url(url: str, version: str | None, options: DownloadOptions | None) -> Preflight:
-    header = await read_header(url, options)
+async def _check_url(
+    url: str, version: str | None, asked: list[str] | None, options: DownloadOptions | None
+) -> Preflight:
+    # A flat bundle's header names its namespaces but does not count their entries.
+    header = None if asked is not None else await read_header(url, options)
     if header is not None:
         manifest, names = header
         return _verdict(manifest, names, version)
@@ -91,14 +109,69 @@ async def _check_url(url: str, version: str | None, options: DownloadOptions | N
             pass
     bundle = await fetched.open()
     try:
-        return await _check(bundle, version)
+        return await _check(bundle, version, asked)
     finally:
         await bundle.aclose()
 
 
-async def _check(bundle: Bundle, version: str | None) -> Preflight:
-    namespaces = [s.namespace for s in await bundle.namespaces()]
-    return _verdict(bundle.manifest, namespaces, version)
+async def _check(bundle: Bundle, version: str | None, asked: list[str] | None) -> Preflight:
+    summaries = await bundle.namespaces()
+    namespaces = [s.namespace for s in summaries]
+    report = _verdict(bundle.manifest, namespaces, version)
+    if asked is None or not namespaces:  # an empty bundle is said already
+        return report
+    counts = [(s.namespace, s.entries) for s in summaries]
+    explained = [explain(counts, name, None, _no_keys) for name in dict.fromkeys(asked)]
+    would_hit = tuple(e.namespace for e in explained if e.entries)
+    would_miss = tuple(e for e in explained if not e.entries)
+    return attrs.evolve(
+        report,
+        ok=report.ok and bool(would_hit or not explained),
+        would_hit=would_hit,
+        would_miss=would_miss,
+        reasons=(*report.reasons, _named(len(explained), would_miss)),
+    )
+
+
+def _versions(found: list[str]) -> str:
+    """ "version '1'", "versions '1' and '1.5'", "versions '1', '1.5' and '3'"."""
+    if len(found) == 1:
+        return f"version {found[0]!r}"
+    quoted = [repr(v) for v in found]
+    return f"versions {', '.join(quoted[:-1])} and {quoted[-1]}"
+
+
+def _no_keys(namespaces: list[str], key: bytes) -> set[str]:
+    raise AssertionError("preflight asks about namespaces, never a key")
+
+
+def _named(count: int, missing: tuple[Explanation, ...]) -> str:
+    """The reason that says which namespaces named would miss, and what is near each."""
+    if not missing:
+        if count == 1:
+            return "the namespace named is in the bundle"
+        if count == 2:
+            return "both namespaces named are in the bundle"
+        return f"all {count:,} namespaces named are in the bundle"
+    shown = ", ".join(_nearest(e) for e in missing[:5]) + (" ..." if len(missing) > 5 else "")
+    if count == 1:
+        head = "the namespace named is not"
+    elif len(missing) == count:
+        head = f"none of the {count:,} namespaces named is"
+    else:
+        verb = "is" if len(missing) == 1 else "are"
+        head = f"{len(missing):,} of {count:,} namespaces named {verb} not"
+    return f"{head} in the bundle and will miss: {shown}"
+
+
+def _nearest(explanation: Explanation) -> str:
+    if not explanation.nearby:
+        return f"{explanation.namespace!r} (nothing like it there)"
+    near = explanation.nearby[0]
+    return (
+        f"{explanation.namespace!r} "
+        f"(nearest there: {near.namespace!r}, {explanation.differences(near)})"
+    )
 
 
 def _verdict(manifest: BundleManifest, namespaces: list[str], version: str | None) -> Preflight:
@@ -124,7 +197,7 @@ def _verdict(manifest: BundleManifest, namespaces: list[str], version: str | Non
             ok = False
             found = sorted({Namespace.raw(n).version for n in other})
             reasons.append(
-                f"no namespace is for version {version!r} (the bundle holds {', '.join(found)}); "
+                f"no namespace is for version {version!r} (the bundle holds {_versions(found)}); "
                 "re-export it from this version"
             )
         elif other:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from warmenv.bundle import open_bundle, preflight
-from warmenv.cli._common import Failure, Output, as_json, plural
+from warmenv.cli._common import Failure, Output, UsageError, as_json, plural, text_argument
 from warmenv.cli.verify import verified
 
 
@@ -22,8 +22,9 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         help="say whether a bundle can hit on this machine",
         description="Say whether BUNDLE's entries can hit on this machine: its content must "
         "match its digest, it must have been captured on the same OS and architecture, and "
-        "(with --app-version) hold namespaces of your application's version. Exit 0 if it "
-        "can hit, 1 if not.",
+        "(with --app-version) hold namespaces of your application's version, and (with "
+        "--namespace) hold at least one of the namespaces named; for each named one it lacks, "
+        "it shows its nearest. Exit 0 if it can hit, 1 if not.",
     )
     parser.add_argument("bundle", metavar="BUNDLE", type=Path, help="the bundle file to check")
     parser.add_argument(
@@ -34,13 +35,26 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         help="your application's version, to find namespaces of another version "
         "(--version is an alias, kept for 0.1 scripts)",
     )
+    parser.add_argument(
+        "--namespace",
+        dest="namespaces",
+        action="append",
+        metavar="NAMESPACE",
+        help="a namespace your application looks up, whole (not a prefix), e.g. app/2/kernels "
+        "(repeatable): say whether the bundle holds it, and if not, its nearest there",
+    )
     parser.set_defaults(run=run)
 
 
 async def run(args: argparse.Namespace, out: Output) -> int:
+    namespaces = None
+    if args.namespaces is not None:
+        namespaces = [text_argument(n, "--namespace") for n in args.namespaces]
+        if not all(n.strip("/") for n in namespaces):
+            raise UsageError("--namespace must not be empty: give one, e.g. app/2/kernels")
     async with open_bundle(args.bundle) as bundle:
         _, entries = await verified(bundle, args.bundle, out)
-        report = await preflight(bundle, version=args.app_version)
+        report = await preflight(bundle, version=args.app_version, namespaces=namespaces)
     verdict = "can hit" if report.ok else "will not hit"
     machine = report.machine
     # Line by line rather than str(report): each reason is escaped as a whole,

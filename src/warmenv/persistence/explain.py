@@ -93,17 +93,22 @@ class Explanation:
             lines.append(f"  and {_plural(len(self.nearby) - _SHOWN, 'more namespace')}")
         return "\n".join(lines)
 
-    def _describe(self, nearby: Nearby) -> str:
+    def differences(self, nearby: Nearby) -> str:
+        """How `nearby` differs from the asked namespace: "version '1' instead of '2'"."""
         asked = Namespace.raw(self.namespace)
         there = Namespace.raw(nearby.namespace)
-        differences = ", ".join(
+        return ", ".join(
             f"{segment} {getattr(there, segment)!r} instead of {getattr(asked, segment)!r}"
             for segment in nearby.differs
         )
+
+    def _describe(self, nearby: Nearby) -> str:
         key = ""
         if nearby.has_key is not None:
             key = "; holds the key" if nearby.has_key else "; not the key"
-        return f"- {nearby.namespace!r}: {differences}; {_entries(nearby.entries)}{key}"
+        return (
+            f"- {nearby.namespace!r}: {self.differences(nearby)}; {_entries(nearby.entries)}{key}"
+        )
 
 
 def _plural(count: int, word: str) -> str:
