@@ -10,7 +10,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from warmenv.bundle import open_bundle, preflight
+from warmenv.bundle import preflight
+from warmenv.bundle.open import open_snapshot
 from warmenv.cli._common import Failure, Output, as_json, plural
 from warmenv.cli.verify import verified
 
@@ -38,7 +39,7 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace, out: Output) -> int:
-    async with open_bundle(args.bundle) as bundle:
+    async with open_snapshot(args.bundle) as bundle:
         _, entries = await verified(bundle, args.bundle, out)
         report = await preflight(bundle, version=args.app_version)
     verdict = "can hit" if report.ok else "will not hit"
