@@ -29,6 +29,7 @@ from warmenv import open_environment
 # The fixtures these tests share with test_cli.py.
 warm_root = test_cli.warm_root
 bundle = test_cli.bundle
+big_flat_bundle = test_cli.big_flat_bundle
 
 CLI = "import sys; from warmenv.cli import main; sys.exit(main(sys.argv[1:]))"
 
@@ -391,6 +392,29 @@ def test_check_of_a_sound_bundle_says_its_digest_matches(bundle: Path, tmp_path:
     assert completed.returncode == 0, completed.stderr
     assert "can hit" in completed.stdout
     assert f"its content matches its digest ({TOTAL} entries)" in completed.stdout
+
+
+@pytest.mark.parametrize("command", ["verify", "check"])
+def test_a_flat_bundle_truncated_while_it_is_checked_does_not_crash_the_command(
+    big_flat_bundle: Path, tmp_path: Path, command: str
+) -> None:
+    # The bundle used to be read through a mapping: truncated under it, the process died
+    # of SIGBUS (exit 135, no message). Now the command reads a copy of its own.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "warmenv", command, str(big_flat_bundle)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert process.stdout is not None
+    first = process.stdout.readline()  # the digest check is under way
+    assert first.startswith("verifying "), first
+    os.truncate(big_flat_bundle, 64)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, (process.returncode, err)
+    assert ("ok (150,000 entries" if command == "verify" else "can hit") in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big", "big.bundle"]
 
 
 def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path) -> None:

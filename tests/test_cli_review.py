@@ -182,6 +182,18 @@ def test_a_blank_name_or_one_with_control_characters_is_bad_usage(
     assert list(tmp_path.iterdir()) == [warm_root]
 
 
+@pytest.mark.parametrize("version", ["1\n2", "1\x1b[2J", "1\u202e2", "1\x9b"])
+def test_an_app_version_with_control_characters_is_bad_usage(
+    warm_root: Path, tmp_path: Path, version: str
+) -> None:
+    out = tmp_path / "o.bundle"
+    completed = warmenv(
+        "export", str(out), "--name", "n", "--app-version", version, "--env", "warm", root=warm_root
+    )
+    assert "--app-version" in assert_one_error_line(completed, 2)
+    assert list(tmp_path.iterdir()) == [warm_root]
+
+
 # --- 6. check --json carries the digest reason ------------------------------------------------
 
 

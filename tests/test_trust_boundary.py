@@ -229,6 +229,24 @@ async def test_a_namespace_that_is_not_utf8_is_listed_and_left_out_of_exports(
         await bundle.verify()
 
 
+async def test_an_empty_namespace_is_left_out_of_exports_so_readers_accept_the_bundle(
+    warm_env: Environment, out_dir: Path, cold_env: Environment, bundle_format: str
+) -> None:
+    # Written by something else: no warmenv API makes an empty namespace, and no reader takes one.
+    with sqlite3.connect(warm_env.path) as conn:
+        conn.execute(
+            "INSERT INTO entries (namespace, key, value, origin) VALUES ('', X'6b', X'76', 0)"
+        )
+    conn.close()
+    out = out_dir / "skips-empty.bundle"
+    report = await export_bundle(warm_env, out, name="skips", version="1", format=bundle_format)
+    assert report.entries == sum(len(v) for v in sample_entries().values())
+    async with open_bundle(out) as bundle:
+        await bundle.verify()
+    await import_bundle(out, cold_env)
+    assert await env_contents(cold_env) == sample_entries()
+
+
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A 320 KiB file system of its own (tmpfs), to fill up for real."""

@@ -2,7 +2,11 @@
 
 Only a regular file (or a symlink to one) is opened: a FIFO, a device, a
 socket or a directory raises `NotABundleError` at once. `open_private`
-opens a private copy instead, for an import (see `warmenv.bundle._files`).
+opens a private copy instead, for an import (see `warmenv.bundle._files`),
+and `open_snapshot` does the same for commands that read a whole bundle
+(`warmenv verify`, `check`): a flat bundle opened in place is a mapping, and
+reading a mapping of a file that someone truncates kills the process
+(SIGBUS); the copy costs one sequential read and write of the file.
 """
 
 from __future__ import annotations
@@ -19,12 +23,19 @@ from warmenv.bundle.errors import NotABundleError
 from warmenv.bundle.flat import FLAT_MAGIC, FlatBundle, _map_private_copy, map_file, map_private
 from warmenv.bundle.sqlite import SQLITE_MAGIC, SqliteBundle, open_sqlite_bundle
 
-__all__ = ["open_bundle"]
+__all__ = ["open_bundle", "open_snapshot"]
 
 
 def open_bundle(path: str | Path) -> BundleOpener[FlatBundle | SqliteBundle]:
     """`async with open_bundle(path) as bundle:` for a bundle of either format."""
     return BundleOpener(partial(open_any, Path(path)))
+
+
+def open_snapshot(path: str | Path) -> BundleOpener[FlatBundle | SqliteBundle]:
+    """`async with open_snapshot(path) as bundle:` opens a private copy of the bundle at
+    `path`, in the temporary directory; it is removed on exit. For callers that verify
+    the digest before reading entries (that pass checks every row, so the open does not)."""
+    return BundleOpener(partial(open_private, Path(path), None, verified=True))
 
 
 def _not_a_bundle(path: Path) -> NotABundleError:

@@ -10,7 +10,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from warmenv.bundle import open_bundle, preflight
+from warmenv.bundle import preflight
+from warmenv.bundle.open import open_snapshot
 from warmenv.cli._common import Failure, Output, UsageError, as_json, plural, text_argument
 from warmenv.cli.verify import verified
 
@@ -52,7 +53,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         namespaces = [text_argument(n, "--namespace") for n in args.namespaces]
         if not all(n.strip("/") for n in namespaces):
             raise UsageError("--namespace must not be empty: give one, e.g. app/2/kernels")
-    async with open_bundle(args.bundle) as bundle:
+    async with open_snapshot(args.bundle) as bundle:
         _, entries = await verified(bundle, args.bundle, out)
         report = await preflight(bundle, version=args.app_version, namespaces=namespaces)
     verdict = "can hit" if report.ok else "will not hit"

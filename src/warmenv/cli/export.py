@@ -85,6 +85,11 @@ async def run(args: argparse.Namespace, out: Output) -> int:
             "--app-version must not be empty: give your application's version, "
             "e.g. --app-version 1.2"
         )
+    if has_control_characters(version):
+        raise UsageError(
+            f"--app-version '{clean(version)}' contains control characters; give your "
+            "application's version in printable text, e.g. --app-version 1.2"
+        )
     prefixes = namespace_prefixes(args)
     out.when_interrupted = f"no bundle was written, and {args.out} is as it was"
     if args.sources:

@@ -6,8 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from warmenv.bundle import CorruptBundleError, open_bundle
+from warmenv.bundle import CorruptBundleError
 from warmenv.bundle.base import Bundle
+from warmenv.bundle.open import open_snapshot
 from warmenv.cli._common import Output, plural
 
 
@@ -44,7 +45,7 @@ async def verified(bundle: Bundle, path: Path, out: Output) -> tuple[str, int]:
 
 
 async def run(args: argparse.Namespace, out: Output) -> int:
-    async with open_bundle(args.bundle) as bundle:
+    async with open_snapshot(args.bundle) as bundle:
         digest, entries = await verified(bundle, args.bundle, out)
     out.line(f"{args.bundle}: ok ({plural(entries, 'entry', 'entries')}, digest {digest})")
     out.result({"path": str(args.bundle), "ok": True, "entries": entries, "digest": digest})

@@ -513,7 +513,8 @@ class ExportSources:
 
     Several sources merge with the first source winning on a repeated
     namespace and key. Rows that are not entries (wrong types) and
-    namespaces that are not UTF-8 are left out and counted in `skipped`.
+    namespaces no reader accepts (empty, not UTF-8) are left out and counted
+    in `skipped`.
     """
 
     def __init__(self, paths: list[Path], prefixes: list[str] | None) -> None:
@@ -753,7 +754,8 @@ class StagingFile:
 @attrs.frozen
 class _Exportable:
     """Which rows of a source an export takes: entries of the right types, under the
-    prefixes, in namespaces that are UTF-8 text (written by something else, one may not be).
+    prefixes, in namespaces a bundle reader accepts: non-empty UTF-8 text (a file written
+    by something else may hold others, and a bundle holding one could not be read).
     """
 
     table: str
@@ -772,7 +774,7 @@ class _Exportable:
                 bytes(raw)
                 for conn in conns
                 for (raw,) in conn.execute(f"SELECT DISTINCT CAST(namespace AS BLOB) FROM {table}")
-                if not _is_utf8(bytes(raw))
+                if not raw or not _is_utf8(bytes(raw))
             }
         )
         where = f"{schema.well_typed()} AND {matches}"
@@ -781,7 +783,8 @@ class _Exportable:
         return cls(table, where, [*match_params, *bad], matches, [*match_params])
 
     def left_out(self, conn: sqlite3.Connection) -> int:
-        """How many rows under the prefixes the condition leaves out (wrong types, not UTF-8)."""
+        """How many rows under the prefixes the condition leaves out (wrong types, namespaces
+        that are empty or not UTF-8)."""
         row = conn.execute(
             f"SELECT count(*) FROM {self.table} WHERE {self.matches} AND NOT ({self.where})",
             [*self.match_params, *self.params],
