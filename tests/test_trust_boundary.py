@@ -110,6 +110,36 @@ def test_a_bundle_truncated_or_rewritten_mid_import_never_crashes_the_process(
     assert outcome == {"imported": sum(len(v) for v in sample_entries().values())}
 
 
+_READ_AFTER_TRUNCATION = """
+import json, os, sys, anyio
+from warmenv.bundle.open import open_snapshot
+
+async def main():
+    path, verified = sys.argv[1], sys.argv[3] == "verified"
+    async with open_snapshot(path, verified=verified) as bundle:
+        os.truncate(path, 64)
+        entries = 0
+        for summary in await bundle.namespaces():
+            async for _ in bundle.scan(summary.namespace):
+                entries += 1
+        await bundle.verify()
+    print(json.dumps({"entries": entries}))
+
+anyio.run(main, backend=sys.argv[2])
+"""
+
+
+@pytest.mark.parametrize("verified", ["verified", "checked at open"])
+def test_a_snapshot_reads_whole_after_its_file_is_truncated(
+    bundle_path: Path, backend_name: str, verified: str
+) -> None:
+    # What `warmenv inspect`, `verify`, `check` and `import` open: a private copy. A
+    # child process, so a SIGBUS (a mapping of the truncated file) is a failure.
+    result = run_python(_READ_AFTER_TRUNCATION, str(bundle_path), backend_name, verified)
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    assert json.loads(result.stdout) == {"entries": sum(len(v) for v in sample_entries().values())}
+
+
 @pytest.fixture(params=["fifo", "directory", "device"])
 def not_a_file(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     if request.param == "fifo":

@@ -3,8 +3,8 @@
 Only a regular file (or a symlink to one) is opened: a FIFO, a device, a
 socket or a directory raises `NotABundleError` at once. `open_private`
 opens a private copy instead, for an import (see `warmenv.bundle._files`),
-and `open_snapshot` does the same for commands that read a whole bundle
-(`warmenv verify`, `check`): a flat bundle opened in place is a mapping, and
+and `open_snapshot` does the same for the commands (`warmenv inspect`,
+`verify`, `check`, `import`): a flat bundle opened in place is a mapping, and
 reading a mapping of a file that someone truncates kills the process
 (SIGBUS); the copy costs one sequential read and write of the file.
 """
@@ -31,11 +31,15 @@ def open_bundle(path: str | Path) -> BundleOpener[FlatBundle | SqliteBundle]:
     return BundleOpener(partial(open_any, Path(path)))
 
 
-def open_snapshot(path: str | Path) -> BundleOpener[FlatBundle | SqliteBundle]:
+def open_snapshot(
+    path: str | Path, *, near: Path | None = None, verified: bool = True
+) -> BundleOpener[FlatBundle | SqliteBundle]:
     """`async with open_snapshot(path) as bundle:` opens a private copy of the bundle at
-    `path`, in the temporary directory; it is removed on exit. For callers that verify
-    the digest before reading entries (that pass checks every row, so the open does not)."""
-    return BundleOpener(partial(open_private, Path(path), None, verified=True))
+    `path`, beside the directory `near` (default: in the temporary directory); it is
+    removed on exit, and an import of it copies nothing more. `verified`: the caller
+    verifies the digest before reading entries (that pass checks every row, so the open
+    does not); pass False to have the open check them."""
+    return BundleOpener(partial(open_private, Path(path), near, verified=verified))
 
 
 def _not_a_bundle(path: Path) -> NotABundleError:

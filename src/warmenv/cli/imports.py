@@ -24,10 +24,11 @@ import anyio.to_thread
 import attrs
 
 from warmenv._errors import WarmenvError
-from warmenv.bundle import Downloading, ImportReport, importing, open_bundle
+from warmenv.bundle import Downloading, ImportReport, importing
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.download import is_url, redact
 from warmenv.bundle.events import Event
+from warmenv.bundle.open import open_snapshot
 from warmenv.cli._common import (
     Failure,
     Output,
@@ -76,7 +77,11 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     if is_url(args.bundle):  # fetched once the environment is open, into a directory beside it
         return await _run(args, out, args.bundle, prefixes, redact(args.bundle))
     path = Path(args.bundle)
-    async with open_bundle(path) as bundle:  # a bad bundle fails before anything exists
+    where = _where(args)
+    near = None if where is None else await anyio.to_thread.run_sync(_existing, where[1])
+    # The import's own private copy (beside the environment's directory where it
+    # exists), opened before the environment: a bad bundle fails before anything exists.
+    async with open_snapshot(path, near=near, verified=args.verify) as bundle:
         if prefixes is not None and not any(
             matches_any(s.namespace, prefixes) for s in await bundle.namespaces()
         ):
@@ -181,15 +186,28 @@ class _Made:
     database: Path | None = None
 
 
-async def _not_there_yet(args: argparse.Namespace) -> _Made:
+def _where(args: argparse.Namespace) -> tuple[str, Path] | None:
+    """The environment's name and root, as the open will take them (None: it will fail)."""
     name, root = args.env, args.root
     if name is None or root is None:
         try:
             default_name, default_root = active()
         except WarmenvError:
-            return _Made()  # the open says what is wrong
+            return None  # the open says what is wrong
         name, root = name or default_name, root or default_root
-    return await anyio.to_thread.run_sync(_missing, Path(root), f"{name}.db")
+    return name, Path(root).expanduser()
+
+
+def _existing(directory: Path) -> Path | None:
+    return directory if directory.is_dir() else None
+
+
+async def _not_there_yet(args: argparse.Namespace) -> _Made:
+    where = _where(args)
+    if where is None:
+        return _Made()
+    name, root = where
+    return await anyio.to_thread.run_sync(_missing, root, f"{name}.db")
 
 
 def _missing(root: Path, file_name: str) -> _Made:

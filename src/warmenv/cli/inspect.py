@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from warmenv.bundle import open_bundle
+from warmenv.bundle.open import open_snapshot
 from warmenv.cli._common import Output, as_json, size
 
 
@@ -23,7 +23,9 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace, out: Output) -> int:
-    async with open_bundle(args.bundle) as bundle:
+    # A private copy: inspect reads every key of a flat bundle, and reading a
+    # mapping of a file someone truncates meanwhile would kill the command.
+    async with open_snapshot(args.bundle, verified=False) as bundle:
         manifest = bundle.manifest
         namespaces = await bundle.namespaces()
         kind = bundle.describe()
