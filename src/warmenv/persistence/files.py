@@ -655,7 +655,9 @@ class StagingFile:
     ) -> dict[str, tuple[int, int]]:
         conn = self._connection()
         error: sqlite3.Error | None = None
-        for uri in schema.open_uris(source, read_write=False):
+        # Read-write first, as `_open_source`: detaching it, as the last
+        # connection, removes the -wal and -shm files reading it needed.
+        for uri in schema.open_uris(source, read_write=True):
             try:
                 conn.execute(f"ATTACH DATABASE ? AS {_SOURCE}", (uri,))
                 self._attached = True
