@@ -178,6 +178,27 @@ def test_export_into_an_unwritable_directory_fails_in_one_line(shared_tmp: Path,
 
 
 @pytest.mark.parametrize("form", ["sqlite", "flat"])
+def test_export_from_an_environment_in_a_read_only_directory_reads_it_and_leaves_it_alone(
+    shared_tmp: Path, form: str
+) -> None:
+    # Neither read-write nor read-only can make the -shm file there: only immutable reads it.
+    source = shared_tmp / "source"
+    _fill(source)
+    out = shared_tmp / "out"
+    out.mkdir()
+    out.chmod(0o777)
+    child = run_python(
+        CLI,
+        *("export", str(out / "b.bundle"), str(source / "warm.db"), "--name", "n"),
+        *("--app-version", "1", "--format", form, "--root", str(shared_tmp / "r")),
+        user=unprivileged_user(),
+    )
+    assert child.returncode == 0, child.stderr
+    assert (out / "b.bundle").is_file()
+    assert sorted(p.name for p in source.iterdir()) == ["warm.db"]
+
+
+@pytest.mark.parametrize("form", ["sqlite", "flat"])
 def test_export_past_the_file_size_limit_fails_in_one_line(tmp_path: Path, form: str) -> None:
     # A file-size limit makes writes fail as a full disk does, without a disk to fill.
     source = tmp_path / "source"

@@ -44,7 +44,6 @@ __all__ = [
     "NotEntryFileError",
     "StagingFile",
     "StagingWriteError",
-    "read_only_uri",
 ]
 
 T = TypeVar("T")
@@ -123,11 +122,6 @@ class Hasher(Protocol):
     def close(self) -> None: ...
 
 
-def read_only_uri(path: Path, *, immutable: bool = False) -> str:
-    """A read-only URI for `path` (immutable where no lock file can be made)."""
-    return f"{path.resolve().as_uri()}?{'immutable=1' if immutable else 'mode=ro'}"
-
-
 def _is_not_database(exc: sqlite3.Error) -> bool:
     text = str(exc)
     return "not a database" in text or "file is encrypted" in text
@@ -164,7 +158,9 @@ class EntryFile:
         # private copy holds (never a -wal file beside it), and nothing is created.
         try:
             connection, checked = await _sqlite.open_with(
-                read_only_uri(path, immutable=True), partial(_check_file, check_rows), uri=True
+                schema.read_only_uri(path, immutable=True),
+                partial(_check_file, check_rows),
+                uri=True,
             )
         except UnicodeDecodeError as exc:
             raise DamagedEntryFileError(f"text that is not UTF-8 ({exc})") from None
@@ -481,21 +477,17 @@ def _hash_in(
 def _open_source(path: Path) -> sqlite3.Connection:
     """Open an environment to export from, reading under one snapshot.
 
-    Read-write where possible (without creating anything), so that closing
-    it, as the last connection, removes the -wal and -shm files it needed;
-    read-only, then immutable, where the file or its directory is not writable.
+    Read-write first (`schema.open_uris`): export must leave no -wal or -shm
+    file beside an environment it only reads.
     """
-    uri = path.resolve().as_uri()
     last: sqlite3.Error | None = None
-    for query in ("mode=rw", "mode=ro", "immutable=1"):
+    for uri in schema.open_uris(path, read_write=True):
         conn = None
         try:
-            conn = sqlite3.connect(
-                f"{uri}?{query}", uri=True, isolation_level=None, check_same_thread=False
-            )
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
             conn.text_factory = schema.decode_text
             conn.execute("BEGIN")  # one snapshot for both passes
-            if schema.entry_columns(conn)[:3] != schema.ENTRY_COLUMNS[:3]:
+            if not schema.has_entry_columns(conn):
                 conn.close()
                 raise NotEntryFileError(f"{path} is not a warmenv environment (no entries table)")
             return conn
@@ -663,14 +655,13 @@ class StagingFile:
     ) -> dict[str, tuple[int, int]]:
         conn = self._connection()
         error: sqlite3.Error | None = None
-        for immutable in (False, True):
+        # Read-write first, as `_open_source`: detaching it, as the last
+        # connection, removes the -wal and -shm files reading it needed.
+        for uri in schema.open_uris(source, read_write=True):
             try:
-                conn.execute(
-                    f"ATTACH DATABASE ? AS {_SOURCE}",
-                    (read_only_uri(source, immutable=immutable),),
-                )
+                conn.execute(f"ATTACH DATABASE ? AS {_SOURCE}", (uri,))
                 self._attached = True
-                columns = schema.entry_columns(conn, _SOURCE)
+                readable = schema.has_entry_columns(conn, _SOURCE)
                 break
             except sqlite3.Error as exc:
                 if self._attached:
@@ -680,7 +671,7 @@ class StagingFile:
                 error = exc
         else:
             raise NotEntryFileError(f"{source} cannot be read as a warmenv environment ({error})")
-        if columns[:3] != schema.ENTRY_COLUMNS[:3]:
+        if not readable:
             raise NotEntryFileError(f"{source} is not a warmenv environment (no entries table)")
         self._carried = _carried_columns(conn, _SOURCE)
         conn.text_factory = schema.decode_text
@@ -810,7 +801,7 @@ def _is_utf8(raw: bytes) -> bool:
 def manifest_of(path: Path) -> object:
     """The `manifest` meta value of a SQLite file, or `None` (is it a bundle?)."""
     try:
-        conn = sqlite3.connect(read_only_uri(path), uri=True)
+        conn = sqlite3.connect(schema.read_only_uri(path), uri=True)
         try:
             return schema.meta_value(conn, "manifest")
         finally:

@@ -1,23 +1,26 @@
-"""The environment file's rules, written once: schema, checks, transactions, insert rule.
+"""The environment file's rules, written once: schema, checks, opening, transactions, insert rule.
 
 An environment database and a SQLite bundle share the first four columns of
 `entries` (a bundle of format 1 has exactly those, one of format 2 adds
 `written_at` and `cost`; an environment adds its provenance columns, at
 version 2), so everything that knows what such a file looks like lives here:
 the tables, the version checks and the upgrade from version 1, the check that
-the `entries` table has the columns and column types warmenv wrote, how a
-transaction is run, how the insert rule is stated in SQL, how entries are
+the `entries` table has the columns and column types warmenv wrote, the
+read-only modes an existing file is opened in when it cannot be written, how
+a transaction is run, how the insert rule is stated in SQL, how entries are
 summed per namespace and how namespace prefixes become SQL conditions. Every
 other module (environment storage, bundle files, the bulk paths of import and
 export) calls these functions instead of repeating them, so a rule cannot
-drift between copies. All functions take a `sqlite3.Connection` and run on
-the connection's worker thread.
+drift between copies. The functions that take a `sqlite3.Connection` run on
+the connection's worker thread; those that take a path resolve it (a file
+system call), so async code calls them on a worker thread too.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import attrs
@@ -38,10 +41,13 @@ __all__ = [
     "create_bundle_schema",
     "create_environment_schema",
     "entries_shape_ok",
+    "has_entry_columns",
     "install_functions",
     "namespace_totals",
+    "open_uris",
     "prefix_sql",
     "range_totals",
+    "read_only_uri",
     "transaction",
     "well_typed",
 ]
@@ -134,6 +140,28 @@ UPSERT = (
 )
 
 
+def read_only_uri(path: Path, *, immutable: bool = False) -> str:
+    """A read-only URI for `path`: `mode=ro`, or `immutable=1` (no lock, no -shm
+    file, no -wal file read: the main file's bytes alone)."""
+    return f"{path.resolve().as_uri()}?{'immutable=1' if immutable else 'mode=ro'}"
+
+
+def open_uris(path: Path, *, read_write: bool) -> list[str]:
+    """The URIs to open an existing file by, in the order to try them.
+
+    - `mode=rw`, with `read_write`: never creates the file, and the last
+      connection to close it removes the -wal and -shm files it needed, so a
+      read leaves nothing beside the file (a `mode=ro` connection cannot).
+    - `mode=ro`: where the file or its directory is not writable; it still
+      locks and reads the -wal file, so it sees what writers committed.
+    - `immutable=1`: where even `mode=ro` fails, e.g. a WAL file whose
+      directory cannot hold the -shm file that `mode=ro` needs.
+    """
+    uri = path.resolve().as_uri()
+    modes = ["mode=rw", "mode=ro", "immutable=1"] if read_write else ["mode=ro", "immutable=1"]
+    return [f"{uri}?{mode}" for mode in modes]
+
+
 class NewerSchemaError(sqlite3.DatabaseError):
     """The file was written by a newer warmenv: left untouched rather than dropped."""
 
@@ -206,6 +234,13 @@ def entry_columns(conn: sqlite3.Connection, schema: str = "main") -> list[tuple[
     """The entries table's (column, declared type) list."""
     rows = conn.execute(f"PRAGMA {schema}.table_info(entries)")
     return [(str(row[1]), str(row[2]).upper()) for row in rows]
+
+
+def has_entry_columns(conn: sqlite3.Connection, schema: str = "main") -> bool:
+    """Whether `entries` starts namespace TEXT, key BLOB, value BLOB: a table export
+    reads, of an environment of any version or a bundle of any format (origin is
+    not read: a bundle's entries are imported whatever their origin was)."""
+    return entry_columns(conn, schema)[:3] == ENTRY_COLUMNS[:3]
 
 
 def entries_shape_ok(conn: sqlite3.Connection, schema: str = "main") -> bool:

@@ -39,7 +39,6 @@ from warmenv._fs import non_regular_kind
 from warmenv.persistence import carried, schema
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.explain import Explanation, explain
-from warmenv.persistence.files import read_only_uri
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.statistics import (
     Batch,
@@ -155,10 +154,7 @@ class SqliteDatabase:
         try:
             if self._bulk_copies == 1:
                 await self.run(partial(_autocheckpoint, BULK_CHECKPOINT_PAGES))
-            try:
-                await self.run(partial(_attach, alias, read_only_uri(source)))
-            except sqlite3.Error:
-                await self.run(partial(_attach, alias, read_only_uri(source, immutable=True)))
+            await self.run(partial(_attach, alias, source))
             clause, params = schema.prefix_sql(prefixes, column="b.namespace")
             try:
                 provenance = await self.run(partial(_copy_provenance, alias, bundle))
@@ -330,8 +326,7 @@ def _namespaces(conn: sqlite3.Connection) -> list[tuple[str, int, int]]:
 async def open_database(path: Path, *, create: bool = True) -> SqliteDatabase:
     """Open (and if need be create) the database at `path`, read-write if possible.
 
-    Falls back to read-only (`mode=ro`, then `immutable=1` for a WAL file whose
-    directory cannot hold the shared-memory file) when the file exists but
+    Falls back to read-only (`schema.open_uris`) when the file exists but
     cannot be written. Raises `sqlite3.Error` or `OSError` when neither works.
     """
     kind = await anyio.to_thread.run_sync(non_regular_kind, path)
@@ -366,13 +361,12 @@ async def open_database(path: Path, *, create: bool = True) -> SqliteDatabase:
 
 
 async def _open_readonly(path: Path) -> SqliteDatabase:
-    uri = (await anyio.to_thread.run_sync(path.resolve)).as_uri()
+    """Open an environment that cannot be written (`schema.open_uris`; read-write failed)."""
+    uris = await anyio.to_thread.run_sync(partial(schema.open_uris, path, read_write=False))
     error: sqlite3.Error | None = None
-    for query in ("mode=ro", "immutable=1"):
+    for uri in uris:
         try:
-            connection, version = await _sqlite.open_with(
-                f"{uri}?{query}", schema.prepare_readonly, uri=True
-            )
+            connection, version = await _sqlite.open_with(uri, schema.prepare_readonly, uri=True)
         except sqlite3.Error as exc:
             error = exc
             continue
@@ -1178,8 +1172,17 @@ def _end_bulk_checkpoints(conn: sqlite3.Connection) -> None:
         log.debug("checkpoint after a bulk copy failed: %s", exc)
 
 
-def _attach(alias: str, uri: str, conn: sqlite3.Connection) -> None:
-    conn.execute(f"ATTACH DATABASE ? AS {alias}", (uri,))
+def _attach(alias: str, source: Path, conn: sqlite3.Connection) -> None:
+    """ATTACH `source` read-only (`schema.open_uris`): the first URI SQLite accepts."""
+    error: sqlite3.Error | None = None
+    for uri in schema.open_uris(source, read_write=False):
+        try:
+            conn.execute(f"ATTACH DATABASE ? AS {alias}", (uri,))
+            return
+        except sqlite3.Error as exc:
+            error = exc
+    assert error is not None
+    raise error
 
 
 def _detach(alias: str, conn: sqlite3.Connection) -> None:
