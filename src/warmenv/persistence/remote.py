@@ -125,6 +125,8 @@ DEFAULT_LEASE_TTL: Final = 10.0
 FIRST_POLL_DELAY: Final = 0.002
 MAX_POLL_DELAY: Final = 0.1
 POLLS_PER_LEASE_TTL: Final = 10
+# Keys whose unusable value is warned about, each once; past this many, at DEBUG only.
+MAX_REJECTED_WARNED: Final = 100
 # The first retry after a failure, doubled per failed retry up to the ceiling.
 FIRST_RETRY_DELAY: Final = 0.5
 MAX_RETRY_DELAY: Final = 30.0
@@ -392,6 +394,8 @@ class RemoteTier:
     # The waiters on each value key, woken by a message on the channel.
     _waiters: dict[bytes, set[anyio.Event]] = attrs.field(init=False, factory=dict)
     _listening: bool = attrs.field(init=False, default=False)
+    # The keys whose unusable value was warned about (each once, up to a bound).
+    _rejected: set[bytes] = attrs.field(init=False, factory=set)
     _subscribed: bool = attrs.field(init=False, default=False)
 
     def __attrs_post_init__(self) -> None:
@@ -769,6 +773,11 @@ class RemoteTier:
             if failure is None
             else f"{type(failure).__name__}: {failure}"
         )
+        cause = None if failure is None else (failure.__cause__ or failure.__context__)
+        if cause is not None and str(cause) not in reason:
+            # coredis says only "Unable to establish a connection"; the cause says
+            # why (an untrusted certificate, a refused port).
+            reason += f" ({type(cause).__name__}: {cause})"
         if self.settings.url in reason:
             reason = redact(reason)
         if first:
@@ -789,7 +798,20 @@ class RemoteTier:
 
     def _reject(self, rkey: bytes, why: str) -> None:
         self._count("rejected")
-        log.warning("%s: ignoring the value under %r: %s (a miss)", self.describe(), rkey, why)
+        # Once per key: garbage under a key stays until it is evicted, and a
+        # warning per lookup of it would flood the log (counted all the same).
+        if rkey in self._rejected or len(self._rejected) >= MAX_REJECTED_WARNED:
+            log.debug("%s: ignoring the value under %r: %s (a miss)", self.describe(), rkey, why)
+            return
+        self._rejected.add(rkey)
+        last = len(self._rejected) == MAX_REJECTED_WARNED
+        log.warning(
+            "%s: ignoring the value under %r: %s (a miss)%s",
+            self.describe(),
+            rkey,
+            why,
+            "; further keys like it are logged at DEBUG only" if last else "",
+        )
 
     def _count(self, name: str) -> None:
         self._counts[name] = self._counts.get(name, 0) + 1
