@@ -171,7 +171,7 @@ class EntryFile:
         return cls(connection, path, checked)
 
     async def get(self, namespace: str, key: bytes) -> bytes | None:
-        return await self._run(partial(_get, namespace, key))
+        return await self._run(partial(schema.value_of, namespace, key))
 
     async def page(
         self, namespace: str, after: bytes | None, limit: int
@@ -324,13 +324,6 @@ def _check_not_newer(conn: sqlite3.Connection) -> None:
             f"it is a bundle of format {version}, newer than this warmenv reads "
             f"(1 and {schema.BUNDLE_VERSION}); upgrade warmenv"
         )
-
-
-def _get(namespace: str, key: bytes, conn: sqlite3.Connection) -> bytes | None:
-    row = conn.execute(
-        "SELECT value FROM entries WHERE namespace = ? AND key = ?", (namespace, key)
-    ).fetchone()
-    return None if row is None else bytes(row[0])
 
 
 def _page(

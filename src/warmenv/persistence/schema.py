@@ -49,6 +49,7 @@ __all__ = [
     "range_totals",
     "read_only_uri",
     "transaction",
+    "value_of",
     "well_typed",
 ]
 
@@ -392,6 +393,18 @@ def prepare_readonly(conn: sqlite3.Connection) -> int:
 
 
 _TOTAL_BYTES = "coalesce(sum(length(key) + length(value)), 0)"  # keys plus values
+
+
+def value_of(namespace: str, key: bytes, conn: sqlite3.Connection) -> bytes | None:
+    """The value stored for `(namespace, key)`, or None; a value that is not a BLOB
+    (a row something else wrote) is no value, never coerced."""
+    row = conn.execute(
+        "SELECT value FROM entries WHERE namespace = ? AND key = ?", (namespace, key)
+    ).fetchone()
+    if row is None or not isinstance(row[0], bytes):
+        return None
+    value: bytes = row[0]
+    return value
 
 
 def namespace_totals(

@@ -392,7 +392,7 @@ class SqliteStorage(Storage):
     async def get(self, key: bytes) -> bytes | None:
         check_key(key)
         try:
-            return await self._db.run(partial(_get, self._namespace, key))
+            return await self._db.run(partial(schema.value_of, self._namespace, key))
         except sqlite3.Error as exc:
             log.warning("read of %s failed, treated as a miss: %s", self.describe(), exc)
             return None
@@ -400,7 +400,7 @@ class SqliteStorage(Storage):
     def get_blocking(self, key: bytes) -> bytes | None:
         check_key(key)
         try:
-            return self._db.connection.run_here(partial(_get, self._namespace, key))
+            return self._db.connection.run_here(partial(schema.value_of, self._namespace, key))
         except sqlite3.Error:
             return None  # `get` reads again, and logs if it fails too
 
@@ -575,16 +575,6 @@ class _Counter:
         for _ in self.items:
             self.count += 1
         return self.count
-
-
-def _get(namespace: str, key: bytes, conn: sqlite3.Connection) -> bytes | None:
-    row = conn.execute(
-        "SELECT value FROM entries WHERE namespace = ? AND key = ?", (namespace, key)
-    ).fetchone()
-    if row is None or not isinstance(row[0], bytes):
-        return None
-    value: bytes = row[0]
-    return value
 
 
 def _get_many(namespace: str, keys: list[bytes], conn: sqlite3.Connection) -> dict[bytes, bytes]:
