@@ -18,6 +18,7 @@ import pytest
 
 from conftest import KERNELS, sample_entries
 from warmenv import open_environment
+from warmenv.bundle import open_bundle
 
 TOTAL = sum(len(items) for items in sample_entries().values())
 
@@ -175,6 +176,65 @@ def test_export_writes_a_bundle_and_reports_it(warm_root: Path, tmp_path: Path) 
     )
     assert report["entries"] == TOTAL - 1
     assert out.is_file()
+
+
+@pytest.mark.parametrize("bundle_format", ["sqlite", "flat"])
+def test_export_writes_format_1_for_old_readers_on_request(
+    warm_root: Path, tmp_path: Path, bundle_format: str
+) -> None:
+    reports = {}
+    for version in ("1", "2"):
+        out = tmp_path / f"b{version}.bundle"
+        reports[version] = as_json(
+            warmenv(
+                "export",
+                str(out),
+                "--name",
+                "n",
+                "--app-version",
+                "1",
+                "--format",
+                bundle_format,
+                "--format-version",
+                version,
+                "--env",
+                "warm",
+                "--json",
+                root=warm_root,
+            )
+        )
+
+    async def format_version() -> int:
+        async with open_bundle(tmp_path / "b1.bundle") as bundle:
+            await bundle.verify()
+            return bundle.format_version
+
+    assert anyio.run(format_version) == 1
+    assert reports["1"]["entries"] == TOTAL
+    assert reports["1"].keys() == reports["2"].keys()  # the output is the same otherwise
+
+
+@pytest.mark.parametrize("bad", ["3", "0", "two"])
+def test_export_of_an_unknown_format_version_is_bad_usage(
+    warm_root: Path, tmp_path: Path, bad: str
+) -> None:
+    out = tmp_path / "b.bundle"
+    completed = warmenv(
+        "export",
+        str(out),
+        "--name",
+        "n",
+        "--app-version",
+        "1",
+        "--format-version",
+        bad,
+        "--env",
+        "warm",
+        root=warm_root,
+    )
+    assert completed.returncode == 2
+    assert "--format-version" in completed.stderr
+    assert not out.exists()
 
 
 def test_export_takes_explicit_sources(warm_root: Path, tmp_path: Path) -> None:

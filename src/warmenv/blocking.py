@@ -817,6 +817,7 @@ def export_bundle(
     format: str = BundleFormat.SQLITE,
     namespaces: list[str] | None = None,
     environments: Sequence[EnvironmentInfo] | None = None,
+    format_version: int = 2,
 ) -> ExportReport:
     """Write the entries of `sources` to the bundle `out`, as `warmenv.bundle.export_bundle`.
 
@@ -843,6 +844,7 @@ def export_bundle(
             namespaces=namespaces,
             environments=environments,
             version=version,
+            format_version=format_version,
         ),
         progress,
     )

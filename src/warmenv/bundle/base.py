@@ -30,6 +30,7 @@ __all__ = [
     "BundleOpener",
     "ClosesOnExit",
     "DigestProgress",
+    "FORMAT_VERSIONS",
 ]
 
 DigestProgress = Callable[[Verifying], None]
@@ -50,6 +51,11 @@ class BundleFormat(enum.StrEnum):
 
     SQLITE = "sqlite"
     FLAT = "flat"
+
+
+FORMAT_VERSIONS = (1, 2)
+"""The versions of both formats warmenv reads and writes: 1, 0.1's (entries alone),
+and 2, what export writes by default (each entry carries its written_at and cost)."""
 
 
 class Bundle(Protocol):

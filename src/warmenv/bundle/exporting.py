@@ -6,10 +6,14 @@ for the counts and sizes (the flat format puts its index before its data,
 and progress events want totals), once to write. Memory holds one batch per
 source, whatever the bundle's size.
 
-Bundles are written in format 2: each entry carries its `written_at` and
-`cost` from the source environment (unknown where the source has none, or
-holds a value no reader would believe), covered by the digest, so a hit on
-the entry after an import counts the time it saved.
+Bundles are written in format 2 by default: each entry carries its
+`written_at` and `cost` from the source environment (unknown where the
+source has none, or holds a value no reader would believe), covered by the
+digest, so a hit on the entry after an import counts the time it saved.
+`format_version=1` writes what warmenv 0.1 wrote instead, for a fleet whose
+readers know only format 1 (they refuse format 2): the entries alone, under
+the format-1 digest, so what they carry is dropped and a hit on them after
+an import saves nothing that statistics can count.
 
 The bundle is written to a staging file beside `out`, synced, and renamed
 onto `out` only when complete, so a failed, cancelled or killed export leaves
@@ -34,7 +38,7 @@ import attrs
 
 from warmenv._fs import non_regular_kind
 from warmenv.bundle import _files
-from warmenv.bundle.base import BundleFormat
+from warmenv.bundle.base import FORMAT_VERSIONS, BundleFormat
 from warmenv.bundle.errors import BundleError, NotABundleError
 from warmenv.bundle.events import (
     BundleFinished,
@@ -69,7 +73,7 @@ from warmenv.persistence.storage import NamespaceSummary
 __all__ = ["BundleFormat", "ExportProgress", "InvalidSourceError", "export_bundle", "exporting"]
 
 _BATCH = 1024
-_Packed = tuple[str, bytes, bytes, bytes]  # an entry and its 16 carried bytes
+_Packed = tuple[str, bytes, bytes, bytes]  # an entry and its carried bytes (16, or none)
 
 Source = Environment | str | Path
 
@@ -87,11 +91,14 @@ async def export_bundle(
     format: str = BundleFormat.SQLITE,
     namespaces: list[str] | None = None,
     environments: Sequence[EnvironmentInfo] | None = None,
+    format_version: int = 2,
 ) -> ExportReport:
     """Write the entries of `sources` to the bundle `out`; see the module docstring.
 
     `version` is the application's version, recorded in the manifest; it is
     required because warmenv's own version says nothing about the entries.
+    `format_version=1` writes a bundle that readers of format 1 (warmenv 0.1)
+    accept, without each entry's written_at and cost.
     """
     async with exporting(
         sources,
@@ -101,6 +108,7 @@ async def export_bundle(
         namespaces=namespaces,
         environments=environments,
         version=version,
+        format_version=format_version,
     ) as progress:
         async for _ in progress:
             pass
@@ -117,6 +125,7 @@ async def exporting(
     format: str = BundleFormat.SQLITE,
     namespaces: list[str] | None = None,
     environments: Sequence[EnvironmentInfo] | None = None,
+    format_version: int = 2,
 ) -> AsyncIterator[ExportProgress]:
     """`async with exporting(...) as progress: async for event in progress:` runs the export.
 
@@ -130,6 +139,12 @@ async def exporting(
         bundle_format = BundleFormat(format)
     except ValueError:
         raise ValueError(f"unknown bundle format {format!r}; use 'sqlite' or 'flat'") from None
+    # A bool is an int to Python, but format_version=True is a mistake, not format 1.
+    if type(format_version) is not int or format_version not in FORMAT_VERSIONS:
+        raise ValueError(
+            f"unknown bundle format version {format_version!r}; use 2 (the default) or 1 "
+            "(for readers of format 1, such as warmenv 0.1)"
+        )
     if not isinstance(name, str) or not name:
         raise ValueError("a bundle needs a non-empty name")
     if version is None:
@@ -150,7 +165,8 @@ async def exporting(
     )
     manifest.check_readable()
     paths = await anyio.to_thread.run_sync(_source_paths, _as_list(sources))
-    progress = ExportProgress(_ExportJob(paths, Path(out), bundle_format, namespaces, manifest))
+    job = _ExportJob(paths, Path(out), bundle_format, format_version, namespaces, manifest)
+    progress = ExportProgress(job)
     try:
         yield progress
         await progress.finish()
@@ -247,11 +263,13 @@ class _ExportJob:
         sources: list[Path],
         out: Path,
         format: BundleFormat,
+        format_version: int,
         prefixes: list[str] | None,
         manifest: BundleManifest,
     ) -> None:
         self.out = out
         self.format = format
+        self.format_version = format_version
         self.manifest = manifest
         self.done = self.bytes_done = 0
         self.skipped = 0
@@ -261,7 +279,7 @@ class _ExportJob:
         self._bundle: StagingFile | None = None
         self._sources_reader: ExportSources | None = None
         self._rows: Iterator[CarriedRow] = iter(())
-        self._digest = BackgroundDigest(2)
+        self._digest = BackgroundDigest(format_version)
         # One source into the SQLite format is copied inside SQLite; the digest
         # is then taken from the rows as written, read back while still cached.
         self._copying = False
@@ -308,7 +326,9 @@ class _ExportJob:
     def _staging_bundle(self) -> StagingFile:
         # What it will hold, or before the totals are counted, the sources' size.
         expected = sum(size for _, size in self.totals.values()) or sum(map(_size, self._sources))
-        self._bundle = StagingFile(self._new_staging(), expected_bytes=expected)
+        self._bundle = StagingFile(
+            self._new_staging(), expected_bytes=expected, format_version=self.format_version
+        )
         return self._bundle
 
     def _start_output(self) -> None:
@@ -317,7 +337,14 @@ class _ExportJob:
             self._file = handle
             entries = sum(e for e, _ in self.totals.values())
             size = sum(b for _, b in self.totals.values())
-            self._writer = FlatWriter(handle, self.manifest, sorted(self.totals), entries, size)
+            self._writer = FlatWriter(
+                handle,
+                self.manifest,
+                sorted(self.totals),
+                entries,
+                size,
+                format_version=self.format_version,
+            )
         else:
             self._staging_bundle().begin()
 
@@ -329,16 +356,25 @@ class _ExportJob:
                 batch = self._bundle.copy_step()
             else:
                 batch = list(itertools.islice(self._rows, _BATCH))
-            pack = carried.pack
-            entries = [(ns, key, value, pack(w, c)) for ns, key, value, w, c in batch]
+            entries = self._packed(batch)
             if batch and not self._copying:
                 self._write(batch, entries)
         if not batch:
             return None
-        self._digest.add_carrying(entries)
+        if self.format_version == 1:
+            self._digest.add((ns, key, value) for ns, key, value, _ in entries)
+        else:
+            self._digest.add_carrying(entries)
         self.bytes_done += sum(len(key) + len(value) for _, key, value, _ in entries)
         self.done += len(batch)
         return batch[-1][0]
+
+    def _packed(self, batch: list[CarriedRow]) -> list[_Packed]:
+        """The batch with what each entry carries packed (nothing in format 1)."""
+        if self.format_version == 1:
+            return [(ns, key, value, b"") for ns, key, value, _, _ in batch]
+        pack = carried.pack
+        return [(ns, key, value, pack(w, c)) for ns, key, value, w, c in batch]
 
     def _write(self, batch: list[CarriedRow], entries: list[_Packed]) -> None:
         """Write a batch; `entries` is the same batch with its carried bytes packed."""

@@ -13,8 +13,9 @@ bytes that remain before anything is allocated for it, every offset against
 the data section, the index order entry by entry. After that a lookup is two
 binary searches with no further checks. What an entry carries needs no
 check at open: a value out of range is read as unknown (`carried.unpack`),
-and the digest covers the bytes as they are. Format 2 is what export writes;
-format 1 (no carried bytes) is still read.
+and the digest covers the bytes as they are. Format 2 is what export writes
+by default; format 1 (no carried bytes) is still read, and written on request
+for readers that know no other (warmenv 0.1).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ T = TypeVar("T")
 
 FLAT_MAGIC = b"WARMENV\x01"
 FORMAT_VERSION = 2
-"""The version export writes; every version up to it is read."""
+"""The version export writes by default; every version up to it is read (and written)."""
 _CARRIED_SIZE = {1: 0, 2: 16}  # bytes each entry carries, per format version
 _U32 = struct.Struct("<I")
 _ENTRY = struct.Struct("<IIIII")
@@ -527,8 +528,8 @@ def map_private(path: Path, source: str) -> FlatBundle:
 
 @final
 class FlatWriter:
-    """Writes a flat bundle (format 2) whose shape (namespaces, entries, sizes) is known
-    up front.
+    """Writes a flat bundle whose shape (namespaces, entries, sizes) is known up front,
+    in format 2 (the default) or 1 (0.1's: version field 1, no carried records).
 
     The index, the carried bytes and the data go to three positions of the
     same file as entries arrive in sorted order, so nothing but the current
@@ -539,6 +540,7 @@ class FlatWriter:
     __slots__ = (
         "_carried_at",
         "_carried_buffer",
+        "_carries",
         "_data_at",
         "_data_buffer",
         "_data_pos",
@@ -558,15 +560,19 @@ class FlatWriter:
         namespaces: list[str],
         entries: int,
         data_bytes: int,
+        *,
+        format_version: int = FORMAT_VERSION,
     ) -> None:
-        if data_bytes > _MAX_U32 or entries > _MAX_U32 // 36:
+        check_format_version(format_version, "a flat bundle to write")
+        carried_size = _CARRIED_SIZE[format_version]
+        if data_bytes > _MAX_U32 or entries > _MAX_U32 // (20 + carried_size):
             raise BundleTooLargeError(
                 f"{entries} entries with {data_bytes} bytes of data do not fit a flat bundle "
                 "(4 GiB of data at most); export to the SQLite format instead"
             )
         manifest_json = manifest.to_json()
         header = bytearray(FLAT_MAGIC)
-        header += _U32.pack(FORMAT_VERSION)
+        header += _U32.pack(format_version)
         header += _U32.pack(len(manifest_json))
         self._digest_at = len(header) + manifest_json.index(manifest.digest.encode())
         header += manifest_json
@@ -580,7 +586,8 @@ class FlatWriter:
         file.flush()
         self._index_at = len(header)
         self._carried_at = self._index_at + entries * 20
-        self._data_at = self._carried_at + entries * 16
+        self._data_at = self._carried_at + entries * carried_size
+        self._carries = carried_size > 0
         self._data_pos = 0
         self._index_buffer = bytearray()
         self._carried_buffer = bytearray()
@@ -588,13 +595,15 @@ class FlatWriter:
         self._ns_ids = {name: i for i, name in enumerate(namespaces)}
 
     def add(self, namespace: str, key: bytes, value: bytes, carrying: bytes) -> None:
-        """Append one entry (in sorted order) with its 16 carried bytes (`carried.pack`)."""
+        """Append one entry (in sorted order) with its 16 carried bytes (`carried.pack`),
+        which format 1 has no place for and leaves out."""
         k_off = self._data_pos + len(self._data_buffer)
         v_off = k_off + len(key)
         self._index_buffer += _ENTRY.pack(
             self._ns_ids[namespace], k_off, len(key), v_off, len(value)
         )
-        self._carried_buffer += carrying
+        if self._carries:
+            self._carried_buffer += carrying
         self._data_buffer += key
         self._data_buffer += value
         if len(self._data_buffer) >= self._FLUSH_AT:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from warmenv.bundle import BundleFormat, ExportReport, Started, exporting
+from warmenv.bundle.base import FORMAT_VERSIONS
 from warmenv.cli._common import (
     Failure,
     Output,
@@ -63,6 +64,15 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         choices=[str(f) for f in BundleFormat],
         default=str(BundleFormat.SQLITE),
         help="the bundle format (default: sqlite; flat reads faster, see docs/bundle-format.md)",
+    )
+    parser.add_argument(
+        "--format-version",
+        type=int,
+        choices=FORMAT_VERSIONS,
+        default=2,
+        help="the bundle format version (default: 2, where each entry carries its "
+        "written_at and cost); 1 for readers that know only format 1, such as warmenv 0.1: "
+        "it carries neither, so hits on its entries count no seconds saved",
     )
     add_namespace_option(parser)
     parser.set_defaults(run=run)
@@ -117,7 +127,13 @@ async def _export(
 ) -> ExportReport:
     try:
         async with exporting(
-            sources, args.out, name=name, version=version, format=args.format, namespaces=prefixes
+            sources,
+            args.out,
+            name=name,
+            version=version,
+            format=args.format,
+            namespaces=prefixes,
+            format_version=args.format_version,
         ) as progress:
             report = await follow(
                 out,

@@ -12,7 +12,8 @@ raises `NewerEntryFileError`. The bundle layer turns them into its own errors.
 
 A file is read in either bundle format: 1, the four columns of 0.1, and 2,
 which adds each entry's `written_at` and `cost` (`warmenv.persistence.carried`)
-and is what export writes, filled from the source environment.
+and is what export writes by default, filled from the source environment.
+A staging file is written in either, format 1 for readers that know no other.
 """
 
 from __future__ import annotations
@@ -594,10 +595,18 @@ class StagingFile:
     tenth as many pages, each one system call, and rows of about 1 KiB
     waste a quarter of a 4 KiB page but little of a large one. Small bundles
     keep small pages, which cost nothing to read either way.
+
+    `format_version` 2 (the default) writes what each entry carries; 1 writes
+    0.1's four columns and `schema_version` '1', for readers of format 1
+    only, and what the rows carry is dropped.
     """
 
-    def __init__(self, path: Path, *, expected_bytes: int = 0) -> None:
+    def __init__(self, path: Path, *, expected_bytes: int = 0, format_version: int = 2) -> None:
         self.path = path
+        self.format_version = format_version
+        # The columns written beyond (namespace, key, value, origin), and what the
+        # rows read back carry: nothing in format 1.
+        self._carrying = format_version == 2
         self._conn: sqlite3.Connection | None = None
         self._copied_rowid = 0
         self._copy_after: tuple[str, bytes] | None = None
@@ -616,7 +625,7 @@ class StagingFile:
                     conn.execute(f"PRAGMA page_size={LARGE_PAGE}")  # before the first table
                 conn.execute("PRAGMA journal_mode=OFF")
                 conn.execute("PRAGMA synchronous=OFF")
-                schema.create_bundle_schema(conn)
+                schema.create_bundle_schema(conn, format_version)
         except BaseException:
             self.close()
             raise
@@ -630,13 +639,21 @@ class StagingFile:
             self._connection().execute("BEGIN")
 
     def add(self, rows: list[CarriedRow]) -> None:
-        """Append entries (already in key order) as IMPORTED, with what they carry."""
+        """Append entries (already in key order) as IMPORTED, with what they carry
+        (in format 2; format 1 has no place for it)."""
         with _writing(self.path):
-            self._connection().executemany(
-                "INSERT INTO entries (namespace, key, value, origin, written_at, cost) "
-                f"VALUES (?, ?, ?, {int(Origin.IMPORTED)}, ?, ?)",
-                rows,
-            )
+            if self._carrying:
+                self._connection().executemany(
+                    "INSERT INTO entries (namespace, key, value, origin, written_at, cost) "
+                    f"VALUES (?, ?, ?, {int(Origin.IMPORTED)}, ?, ?)",
+                    rows,
+                )
+            else:
+                self._connection().executemany(
+                    "INSERT INTO entries (namespace, key, value, origin) "
+                    f"VALUES (?, ?, ?, {int(Origin.IMPORTED)})",
+                    (row[:3] for row in rows),
+                )
 
     def attach_source(self, source: Path, prefixes: list[str] | None) -> dict[str, tuple[int, int]]:
         """Copy from one environment inside SQLite; the totals under one snapshot."""
@@ -679,7 +696,8 @@ class StagingFile:
         return {namespace: (count, size) for namespace, count, size in rows}
 
     def copy_step(self) -> list[CarriedRow]:
-        """Copy the next batch from the attached source; the rows as written (empty: done)."""
+        """Copy the next batch from the attached source; the rows as written (empty: done),
+        carrying nothing (`None`) in format 1."""
         with _writing(self.path):
             return self._copy_step()
 
@@ -690,15 +708,20 @@ class StagingFile:
         if self._copied_rowid:  # past the first batch: continue after the last row copied
             after = " AND (namespace, key) > (?, ?)"
             params += self._copy_after
+        carried_columns, carried_values, carried_read = (
+            (", written_at, cost", f", {self._carried}", "written_at, cost")
+            if self._carrying
+            else ("", "", "NULL, NULL")
+        )
         conn.execute(
-            "INSERT INTO main.entries (namespace, key, value, origin, written_at, cost) "
-            f"SELECT namespace, key, value, {int(Origin.IMPORTED)}, {self._carried} "
+            f"INSERT INTO main.entries (namespace, key, value, origin{carried_columns}) "
+            f"SELECT namespace, key, value, {int(Origin.IMPORTED)}{carried_values} "
             f"FROM {_SOURCE}.entries "
             f"WHERE {self._where}{after} ORDER BY namespace, key LIMIT {_BATCH}",
             params,
         )
         rows = conn.execute(
-            "SELECT rowid, namespace, key, value, written_at, cost FROM main.entries "
+            f"SELECT rowid, namespace, key, value, {carried_read} FROM main.entries "
             "WHERE rowid > ? ORDER BY rowid",
             (self._copied_rowid,),
         ).fetchall()
@@ -718,7 +741,7 @@ class StagingFile:
         conn = self._connection()
         conn.execute(
             "INSERT INTO meta (k, v) VALUES ('schema_version', ?), ('manifest', ?)",
-            (schema.BUNDLE_VERSION, manifest_json),
+            (schema.BUNDLE_SCHEMA_VERSIONS[self.format_version], manifest_json),
         )
         conn.execute("COMMIT")
         if self._attached:

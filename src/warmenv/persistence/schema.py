@@ -29,6 +29,7 @@ from warmenv.persistence.storage import may_replace, wall_clock
 
 __all__ = [
     "BUNDLE_COLUMNS",
+    "BUNDLE_SCHEMA_VERSIONS",
     "BUNDLE_VERSION",
     "ENTRY_COLUMNS",
     "ENVIRONMENT_COLUMNS",
@@ -65,18 +66,29 @@ ENTRY_COLUMNS = [
     ("origin", "INTEGER"),
 ]
 _META_DDL = "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL)"
-# A SQLite bundle of format 2 (what export writes) adds what an entry carries to
-# another machine, the environment's next two columns: written_at and cost
-# (warmenv.persistence.carried). Its meta says schema_version 2. warmenv 0.1
-# refuses it (other columns); import reads both formats.
+# A SQLite bundle of format 2 (what export writes by default) adds what an entry
+# carries to another machine, the environment's next two columns: written_at and
+# cost (warmenv.persistence.carried). Its meta says schema_version 2. warmenv 0.1
+# refuses it (other columns); import reads both formats, and export writes
+# format 1 on request, exactly as 0.1 did, for readers that know no other.
 BUNDLE_VERSION = "2"
 BUNDLE_COLUMNS = [*ENTRY_COLUMNS, ("written_at", "REAL"), ("cost", "REAL")]
-_BUNDLE_DDL = (
-    _META_DDL,
-    "CREATE TABLE IF NOT EXISTS entries ("
-    "namespace TEXT NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL, "
-    "origin INTEGER NOT NULL, written_at REAL, cost REAL, PRIMARY KEY (namespace, key))",
-)
+_BUNDLE_DDL = {
+    1: (
+        _META_DDL,
+        "CREATE TABLE IF NOT EXISTS entries ("
+        "namespace TEXT NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL, "
+        "origin INTEGER NOT NULL, PRIMARY KEY (namespace, key))",
+    ),
+    2: (
+        _META_DDL,
+        "CREATE TABLE IF NOT EXISTS entries ("
+        "namespace TEXT NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL, "
+        "origin INTEGER NOT NULL, written_at REAL, cost REAL, PRIMARY KEY (namespace, key))",
+    ),
+}
+# The meta `schema_version` of a SQLite bundle of each format, as text (0.1 wrote '1').
+BUNDLE_SCHEMA_VERSIONS = {1: SCHEMA_VERSION, 2: BUNDLE_VERSION}
 
 # An environment is at version 2: the entry file's columns, then provenance
 # (written_at: unix seconds, NULL for entries that predate version 2; cost:
@@ -208,9 +220,10 @@ def transaction(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T
     return result
 
 
-def create_bundle_schema(conn: sqlite3.Connection) -> None:
-    """Create the tables of a SQLite bundle of format 2 (`BUNDLE_COLUMNS`)."""
-    for statement in _BUNDLE_DDL:
+def create_bundle_schema(conn: sqlite3.Connection, format_version: int = 2) -> None:
+    """Create the tables of a SQLite bundle of format 2 (`BUNDLE_COLUMNS`) or 1
+    (`ENTRY_COLUMNS`, 0.1's table exactly)."""
+    for statement in _BUNDLE_DDL[format_version]:
         conn.execute(statement)
 
 
