@@ -68,7 +68,11 @@ class RedisServer:
     """One `redis-server` child on 127.0.0.1:`port`; `stop` and `start` again at will."""
 
     def __init__(
-        self, password: str | None = None, data_dir: Path | None = None, tls: Path | None = None
+        self,
+        password: str | None = None,
+        data_dir: Path | None = None,
+        tls: Path | None = None,
+        tls_name: str = "IP:127.0.0.1",
     ) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
@@ -79,7 +83,8 @@ class RedisServer:
         # answers it (`appendfsync always`): a killed server restarts with its data.
         self.data_dir = data_dir
         # With a directory for its certificate, the server speaks TLS only (rediss://).
-        self.certificate = None if tls is None else self_signed_certificate(tls)
+        # `tls_name`: the subjectAltName it is for (another one: a host name mismatch).
+        self.certificate = None if tls is None else self_signed_certificate(tls, tls_name)
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -139,23 +144,25 @@ class Certificate:
     key: Path
 
 
-def self_signed_certificate(directory: Path) -> Certificate:
+def self_signed_certificate(directory: Path, name: str = "IP:127.0.0.1") -> Certificate:
     binary = shutil.which("openssl")
     if binary is None:
         pytest.fail("install openssl: the rediss:// tests make their server a certificate")
     directory.mkdir(parents=True, exist_ok=True)
     made = Certificate(directory / "cert.pem", directory / "key.pem")
     args = [binary, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
-    args += ["-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
-    args += ["-addext", "subjectAltName=IP:127.0.0.1"]
+    args += ["-nodes", "-days", "1", "-subj", f"/CN={name.partition(':')[2]}"]
+    args += ["-addext", f"subjectAltName={name}"]
     args += ["-keyout", str(made.key), "-out", str(made.cert)]
     subprocess.run(args, check=True, capture_output=True)
     return made
 
 
 @contextmanager
-def redis_server(password: str | None = None, tls: Path | None = None) -> Iterator[RedisServer]:
-    server = RedisServer(password, tls=tls)
+def redis_server(
+    password: str | None = None, tls: Path | None = None, tls_name: str = "IP:127.0.0.1"
+) -> Iterator[RedisServer]:
+    server = RedisServer(password, tls=tls, tls_name=tls_name)
     server.start()
     try:
         yield server

@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import struct
@@ -488,6 +489,45 @@ async def test_a_rediss_server_whose_certificate_is_not_trusted_is_not_used(
         outage = [r.getMessage() for r in caplog.records if "unavailable" in r.getMessage()]
         assert outage and "CERTIFICATE_VERIFY_FAILED" in outage[0]  # why, not only "unable"
         assert not any(PASSWORD in r.getMessage() for r in caplog.records)
+
+
+async def test_a_rediss_server_whose_certificate_names_another_host_is_not_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Signed by the CA the URL names, but for "localhost", not 127.0.0.1: coredis's
+    # own TLS settings took it (no host name check); warmenv's refuse it.
+    with redis_server(password=PASSWORD, tls=tmp_path / "tls", tls_name="DNS:localhost") as server:
+        with caplog.at_level(logging.WARNING, logger="warmenv.remote"):
+            async with open_environment("fleet", root=tmp_path / "a", remote=server.url) as a:
+                store: Store[str, Any] = await a.store(NS)
+                assert await store.get_or_compute("k", compute, "local") == "local"
+                assert a.remote is not None
+                stats = a.remote.statistics()
+                assert stats.outages == 1 and stats.published == 0
+        outage = [r.getMessage() for r in caplog.records if "unavailable" in r.getMessage()]
+        assert outage and "127.0.0.1" in outage[0] and "CERTIFICATE_VERIFY_FAILED" in outage[0]
+
+
+@pytest.mark.parametrize(
+    ("query", "said"),
+    [
+        ("ssl_cert_reqs=none", "always checks the server's certificate"),
+        ("ssl_cert_reqs=optional", "always checks the server's certificate"),
+        ("ssl_check_hostname=false", "always checks the server's host name"),
+        ("ssl_ca_certs=/nonexistent/ca.pem", "ssl_ca_certs='/nonexistent/ca.pem'"),
+        ("ssl_ca_certs=/etc/hostname", "holds no usable CA certificate"),
+        ("ssl_certfile=/nonexistent/host.pem", "ssl_certfile='/nonexistent/host.pem'"),
+        ("ssl_keyfile=/etc/hostname", "needs ssl_certfile="),
+    ],
+)
+async def test_rediss_settings_that_would_not_check_or_cannot_be_read_are_refused(
+    tmp_path: Path, query: str, said: str
+) -> None:
+    url = f"rediss://:{PASSWORD}@127.0.0.1:{free_port()}/0?{query}"
+    with pytest.raises(RemoteError, match=re.escape(said)) as raised:
+        async with open_environment("fleet", root=tmp_path, remote=url):
+            pass
+    assert PASSWORD not in str(raised.value)
 
 
 @pytest.mark.parametrize(

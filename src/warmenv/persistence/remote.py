@@ -62,11 +62,12 @@ import hashlib
 import logging
 import os
 import re
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import anyio
 import attrs
@@ -817,13 +818,73 @@ class RemoteTier:
         self._counts[name] = self._counts.get(name, 0) + 1
 
 
+# The query parameters of a rediss:// URL that name files, and what each holds.
+_TLS_FILES: Final = {
+    "ssl_ca_certs": "the CA certificates to trust",
+    "ssl_certfile": "this host's certificate",
+    "ssl_keyfile": "this host's key",
+}
+_TRUE: Final = ("1", "true", "yes", "on")
+
+
+def tls_context(url: str) -> ssl.SSLContext | None:
+    """The TLS context of a rediss:// URL (None for redis://): the server's certificate
+    and its host name are always checked.
+
+    coredis, left to read the URL, checks no host name and takes a server that
+    sends no certificate: any certificate of a trusted CA (with the system's
+    CAs, any public one) would do for any host, and the password and values
+    would go to whoever holds it. So warmenv builds the context, from the same
+    query parameters, and refuses those that would switch checking off.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "rediss":
+        return None
+    query = {name: values[-1] for name, values in parse_qs(parts.query).items()}
+    reqs = query.get("ssl_cert_reqs")
+    if reqs is not None and reqs.lower() not in ("required", "cert_required"):
+        raise RemoteError(
+            f"remote: ssl_cert_reqs={reqs!r}: warmenv always checks the server's certificate;"
+            " drop the parameter (name a private CA with ssl_ca_certs=FILE)"
+        )
+    check = query.get("ssl_check_hostname")
+    if check is not None and check.lower() not in _TRUE:
+        raise RemoteError(
+            f"remote: ssl_check_hostname={check!r}: warmenv always checks the server's host"
+            " name; drop the parameter"
+        )
+    for name, what in _TLS_FILES.items():
+        path = query.get(name)
+        if path is not None and not os.path.isfile(path):
+            raise RemoteError(f"remote: {name}={path!r} ({what}) is not a file")
+    try:
+        context = ssl.create_default_context(cafile=query.get("ssl_ca_certs"))
+    except (OSError, ssl.SSLError) as exc:
+        raise RemoteError(
+            f"remote: ssl_ca_certs={query['ssl_ca_certs']!r} holds no usable CA certificate ({exc})"
+        ) from None
+    if "ssl_certfile" in query:
+        try:
+            context.load_cert_chain(query["ssl_certfile"], query.get("ssl_keyfile"))
+        except (OSError, ssl.SSLError) as exc:
+            raise RemoteError(
+                f"remote: ssl_certfile={query['ssl_certfile']!r} and ssl_keyfile="
+                f"{query.get('ssl_keyfile')!r} are not a usable certificate and key ({exc})"
+            ) from None
+    elif "ssl_keyfile" in query:
+        raise RemoteError("remote: ssl_keyfile= needs ssl_certfile= (the certificate it signs)")
+    return context
+
+
 def _client(settings: RemoteSettings, connections: int) -> coredis.Redis[bytes]:
     """A client that fails fast (the tier does the retrying) with a pool of `connections`."""
     import coredis
     from coredis.retry import NoRetryPolicy
 
+    tls = tls_context(settings.url)
     return coredis.Redis.from_url(
         settings.url,
+        ssl_context=tls,  # None for redis://; for rediss:// coredis's own is never used
         decode_responses=False,
         verify_version=False,
         retry_policy=NoRetryPolicy(),
