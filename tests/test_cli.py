@@ -144,6 +144,16 @@ def test_demo_prints_a_table_of_cold_and_warm_start(tmp_path: Path) -> None:
     assert "faster and chose the same implementations" in completed.stdout
 
 
+@pytest.mark.parametrize(
+    ("option", "value"), [("--remote", "redis://127.0.0.1:1/0"), ("--env", "other")]
+)
+def test_the_demo_refuses_options_it_would_ignore(tmp_path: Path, option: str, value: str) -> None:
+    completed = warmenv("demo", option, value, root=tmp_path / "demo")
+    assert completed.returncode == 2
+    assert f"takes no {option}" in completed.stderr
+    assert not (tmp_path / "demo").exists()
+
+
 def test_ls_lists_environments_and_namespaces(warm_root: Path) -> None:
     report = as_json(warmenv("ls", "--env", "warm", "--json", root=warm_root))
     assert [e["name"] for e in report["environments"]] == ["warm"]

@@ -27,7 +27,7 @@ import anyio
 from warmenv.bundle import export_bundle, importing, open_bundle, preflight
 from warmenv.bundle.manifest import this_machine
 from warmenv.channel import unbounded
-from warmenv.cli._common import Output, as_json, follow, plural, size
+from warmenv.cli._common import Output, UsageError, as_json, follow, plural, size
 from warmenv.environment import Environment, open_environment
 from warmenv.persistence import CacheMode, Namespace, Store
 
@@ -212,6 +212,12 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace, out: Output) -> int:
+    # Its two machines are environments of its own, on local files by design
+    # (demo data never reaches a fleet's Redis): options naming others would be ignored.
+    if args.remote is not None:
+        raise UsageError("warmenv demo takes no --remote: its two machines share a bundle file")
+    if args.env is not None:
+        raise UsageError("warmenv demo takes no --env: it makes machine-a and machine-b")
     if args.root is not None:
         return await _demo(args, out, Path(args.root))
     with tempfile.TemporaryDirectory(prefix="warmenv-demo-") as tmp:
