@@ -171,6 +171,32 @@ def test_a_signal_mid_import_leaves_whole_batches(
     assert 0 < count < BIG
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_signal_while_the_digest_is_checked_says_nothing_was_imported(
+    big: tuple[Path, Path], tmp_path: Path, backend: str
+) -> None:
+    # It said "what was imported so far is in whole batches; run the import again"
+    # (found by a review): nothing was, and the new environment is removed.
+    _, bundle = big
+    root = tmp_path / "target"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "warmenv", "import", str(bundle), "--env", "t", "--root", str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "WARMENV_CLI_BACKEND": backend},
+    )
+    assert process.stdout is not None
+    first = process.stdout.readline()
+    assert first.startswith("verifying "), first
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 143, err
+    assert err.count("\n") == 1 and "nothing was imported" in err, err
+    assert "whole batches" not in err
+    assert not root.exists()
+
+
 # --- blocked -----------------------------------------------------------------------
 
 

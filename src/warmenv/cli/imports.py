@@ -24,7 +24,13 @@ import anyio.to_thread
 import attrs
 
 from warmenv._errors import WarmenvError
-from warmenv.bundle import Downloading, ImportReport, importing
+from warmenv.bundle import (
+    Downloading,
+    ImportProgress,
+    ImportReport,
+    NotFinishedError,
+    importing,
+)
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.download import is_url, redact
 from warmenv.bundle.events import Event
@@ -140,6 +146,7 @@ async def _import(
     out.when_interrupted = (
         "what was imported so far is in whole batches; run the import again to finish it"
     )
+    progress: ImportProgress | None = None
     try:
         async with importing(bundle, env, namespaces=prefixes, verify=args.verify) as progress:
             events: AsyncIterator[Event] = aiter(progress)
@@ -152,8 +159,23 @@ async def _import(
         if isinstance(exc, UnicodeError):
             raise
         raise UsageError(clean(exc)) from None
+    except BaseException:
+        # Stopped before its first batch (while downloading or verifying, say):
+        # then there is nothing to finish, and the message must not say there is.
+        if progress is None or _committed(progress) == 0:
+            out.when_interrupted = "nothing was imported"
+        raise
     assert isinstance(report, ImportReport)
     return report
+
+
+def _committed(progress: ImportProgress) -> int:
+    """Entries the import's whole batches took in or found present (0: none ran)."""
+    try:
+        report = progress.report
+    except NotFinishedError:
+        return 0
+    return report.imported + report.skipped + report.failed
 
 
 async def _downloading(
