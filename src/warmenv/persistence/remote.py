@@ -58,6 +58,7 @@ not hex digits).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -379,6 +380,8 @@ class RemoteTier:
     settings: RemoteSettings
     environment: str
     _client: coredis.Redis[bytes]
+    _tls: ssl.SSLContext | None
+    """The checked TLS context of a rediss:// URL, for every client of the tier."""
     _refused: type[Exception]
     """coredis's `WrongTypeError`: something not ours sits under our key."""
     _no_script: type[Exception]
@@ -390,8 +393,6 @@ class RemoteTier:
     _retry_at: float = attrs.field(init=False, default=0.0)
     _delay: float = attrs.field(init=False, default=0.0)
     _counts: dict[str, int] = attrs.field(init=False, factory=dict)
-    # The SHA-1 of our own Lua (publish; the lease's claim, extend, release): run by hash.
-    _scripts: dict[bytes, str] = attrs.field(init=False, factory=dict)
     # The waiters on each value key, woken by a message on the channel.
     _waiters: dict[bytes, set[anyio.Event]] = attrs.field(init=False, factory=dict)
     _listening: bool = attrs.field(init=False, default=False)
@@ -414,7 +415,9 @@ class RemoteTier:
                 f"remote {redact(settings.url)!r} needs the redis extra: "
                 "pip install 'warmenv[redis]'"
             ) from None
-        client = _client(settings, settings.max_connections)
+        # Reading the TLS files (and the system's CAs) is file I/O: not on the loop.
+        tls = await anyio.to_thread.run_sync(tls_context, settings.url)
+        client = _client(settings, settings.max_connections, tls)
         # The pool runs its connections in a task group around the block, and
         # the subscription runs in ours: an exception from the block is carried
         # past both, so that callers get it as raised rather than wrapped in an
@@ -422,7 +425,7 @@ class RemoteTier:
         escaped: BaseException | None = None
         async with client, anyio.create_task_group() as tasks:
             try:
-                yield cls(settings, environment, client, WrongTypeError, NoScriptError, tasks)
+                yield cls(settings, environment, client, tls, WrongTypeError, NoScriptError, tasks)
             except BaseException as exc:
                 escaped = exc
             tasks.cancel_scope.cancel()
@@ -664,7 +667,7 @@ class RemoteTier:
                 # A client of its own: the pool multiplexes commands over its
                 # connections, and one that is subscribed must carry nothing else.
                 async with (
-                    _client(self.settings, 1) as client,
+                    _client(self.settings, 1, self._tls) as client,
                     client.pubsub(
                         channels=[self._channel],
                         ignore_subscribe_messages=True,
@@ -720,9 +723,7 @@ class RemoteTier:
         A plain EVALSHA: coredis's `Script` wraps each call in a retry and a
         transform, which cost as much again as the round trip's own Python.
         """
-        sha = self._scripts.get(source)
-        if sha is None:
-            sha = self._scripts[source] = hashlib.sha1(source, usedforsecurity=False).hexdigest()
+        sha = _sha1(source)
         arguments: Any = list(args)
         try:
             return await self._client.evalsha(sha, keys=keys, args=arguments)
@@ -876,12 +877,14 @@ def tls_context(url: str) -> ssl.SSLContext | None:
     return context
 
 
-def _client(settings: RemoteSettings, connections: int) -> coredis.Redis[bytes]:
-    """A client that fails fast (the tier does the retrying) with a pool of `connections`."""
+def _client(
+    settings: RemoteSettings, connections: int, tls: ssl.SSLContext | None
+) -> coredis.Redis[bytes]:
+    """A client that fails fast (the tier does the retrying) with a pool of `connections`;
+    `tls`: the context `tls_context` made for a rediss:// URL."""
     import coredis
     from coredis.retry import NoRetryPolicy
 
-    tls = tls_context(settings.url)
     return coredis.Redis.from_url(
         settings.url,
         ssl_context=tls,  # None for redis://; for rediss:// coredis's own is never used
@@ -894,6 +897,12 @@ def _client(settings: RemoteSettings, connections: int) -> coredis.Redis[bytes]:
         # A connection that stops answering is torn down rather than kept.
         stream_timeout=max(1.0, 4 * settings.timeout),
     )
+
+
+@functools.cache
+def _sha1(script: bytes) -> str:
+    """The hash EVALSHA runs our Lua `script` by (one of four constants)."""
+    return hashlib.sha1(script, usedforsecurity=False).hexdigest()
 
 
 def _digest(rkey: bytes, *body: bytes | memoryview) -> bytes:
