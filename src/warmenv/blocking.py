@@ -640,13 +640,7 @@ class BlockingStore(Generic[K, V]):
                 self._loop.loop.call_soon_threadsafe(self._store._missed)
             except RuntimeError:
                 raise ClosedError("warmenv.blocking's event-loop thread has stopped") from None
-            return self._handout(memo, held)
-
-    def _handout(self, memo: bytes | str, held: Any) -> V:
-        """The caller's own copy of the held value, as `Store.get_nowait` hands it out."""
-        if type(held) is bytes:
-            return self._decoded(memo, held)  # type: ignore[no-any-return]
-        return self._unpack(held)  # type: ignore[no-any-return]
+            return self._store._handout(memo, held)
 
     def _lead(
         self, run: _Run, key: K, encoded: bytes, fn: Callable[..., V], args: tuple[Any, ...]

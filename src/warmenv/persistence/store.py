@@ -297,8 +297,7 @@ class Store(Generic[K, V]):
         if held is _ABSENT:
             held = await self._read(self._encode_key(key))
             if held is _ABSENT:
-                if self._counters is not None:
-                    self._counters.misses += 1
+                self._missed()
                 return default
         elif self._lru is not None:
             try:
@@ -346,6 +345,10 @@ class Store(Generic[K, V]):
                 pass  # dropped by another thread just now: still a hit
         if self._hits is not None:
             self._hits.append(memo)
+        return self._handout(memo, held)
+
+    def _handout(self, memo: bytes | str, held: Any) -> V:
+        """The caller's own copy of the held value (decoded, or a copy of a hot one)."""
         if type(held) is bytes:
             return self._decoded(memo, held)  # type: ignore[no-any-return]
         return self._unpack(held)  # type: ignore[no-any-return]
