@@ -175,6 +175,9 @@ def manifests() -> Iterator[tuple[str, bytes]]:
             f"manifest-environments-{environment!r}",
             json.dumps(dict(good, environments=environment)).encode(),
         )
+    # Well formed but over the 1 MiB limit, padded in a field no other limit bounds.
+    padded = dict(good, environments=[{"label": "l", "devices": ["d" * (1 << 20)]}])
+    yield "manifest-over-the-size-limit", json.dumps(padded).encode()
     yield "manifest-schema-2", json.dumps(dict(good, schema=2)).encode()
     yield "manifest-not-json", b"{not json"
     yield "manifest-not-utf8", b"\xff\xfe{}"
@@ -348,6 +351,13 @@ def sqlite_cases(valid: Path, rng: random.Random) -> Iterator[Case]:
             "no-manifest": ["DELETE FROM meta WHERE k = 'manifest'"],
             "manifest-not-json": ["UPDATE meta SET v = '{oops' WHERE k = 'manifest'"],
             "manifest-blob": ["UPDATE meta SET v = x'00ff' WHERE k = 'manifest'"],
+            "manifest-over-the-size-limit-text": [
+                "UPDATE meta SET v = json_set(v, '$.environments[0].devices', "
+                "json_array(printf('%.*c', 2000000, 'd'))) WHERE k = 'manifest'"
+            ],
+            "manifest-over-the-size-limit-blob": [
+                "UPDATE meta SET v = zeroblob(2000000) WHERE k = 'manifest'"
+            ],
             "manifest-schema-2": [
                 "UPDATE meta SET v = json_set(v, '$.schema', 2) WHERE k = 'manifest'"
             ],

@@ -25,6 +25,7 @@ import pytest
 from test_cli import run_raw, terminal
 from warmenv import open_environment
 from warmenv.bundle import export_bundle
+from warmenv.cli._common import clean
 
 CONTROLS = [chr(c) for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)]]
 PAYLOAD = "\x1b[2J\x1b]0;pwned\x07\x9b31m[bold red]FAKE[/] :warning:\r\n- bundle 'x' can hit: ok"
@@ -262,7 +263,13 @@ def test_error_lines_escape_every_control_character(
     assert "\\x1b[2J" in stderr or "\\x1b" in stderr
     stdout = assert_nothing_raw(completed.stdout)
     if json_mode:
-        assert json.loads(stdout)["exit"] == completed.returncode
+        document = json.loads(stdout)
+        assert document["exit"] == completed.returncode
+        # The exact text (JSON escapes it), of which the line is the escaped form; a
+        # message that quotes a bad argument escaped (ls-bad-name) holds no raw ESC.
+        if "tampered" in command or "missing" in command:
+            assert "\x1b" in document["error"]
+        assert f"warmenv: error: {clean(document['error'])}\n" == stderr
 
 
 def test_error_lines_on_a_terminal_escape_control_characters(

@@ -35,6 +35,7 @@ from warmenv.bundle import (
     Downloading,
     DownloadOptions,
     ImportEvent,
+    InvalidManifestError,
     NotABundleError,
     export_bundle,
     import_bundle,
@@ -402,6 +403,23 @@ async def test_preflight_of_a_flat_bundle_reads_only_its_header(
     assert by_url == await preflight(big_bundle, version="1")
     assert all(s.range is not None for s in server.seen)
     assert sum(s.sent for s in server.seen) < len(body) // 10
+
+
+@pytest.mark.anyio
+async def test_preflight_by_url_refuses_a_huge_manifest_length_from_the_first_range(
+    server: BundleServer, bundle_path: Path, bundle_format: str
+) -> None:
+    # Before the limit, a length field claiming 4 GiB made preflight ask for ever
+    # larger ranges and then for the whole file, to call it truncated at the end.
+    body = bundle_path.read_bytes()
+    if bundle_format == "flat":
+        body = body[:12] + (0xFFFFFFF0).to_bytes(4, "little") + body[16:]
+    else:  # a SQLite bundle's header is not read by range: only the flat one has a field
+        body = b"WARMENV\x01" + (2).to_bytes(4, "little") + (0xFFFFFFF0).to_bytes(4, "little")
+    url = server.put("/claims.bundle", body)
+    with pytest.raises(InvalidManifestError, match="4,294,967,280 bytes, over the"):
+        await preflight(url)
+    assert len(server.seen) == 1 and server.seen[0].range is not None
 
 
 @pytest.mark.anyio

@@ -108,7 +108,23 @@ async def test_explain_with_nothing_nearby_says_so(env: Environment) -> None:
     await fill(env, {"other/1/unrelated": ["k1"]})
     explanation = await env.explain("app/2/kernels", "k1")
     assert explanation.nearby == ()
-    assert "no namespace here differs from it only in its version or path" in str(explanation)
+    assert str(explanation) == (
+        "namespace 'app/2/kernels' holds no entries, so key \"k1\" misses; no other namespace "
+        "here differs from it only in its version or path (nothing like it was computed or "
+        "imported in this environment)"
+    )
+
+
+async def test_explain_of_a_hit_with_nothing_nearby_does_not_say_nothing_was_computed(
+    env: Environment,
+) -> None:
+    # It said "a lookup of it hits; ... (nothing like it was computed ...)".
+    await fill(env, {"app/1/kernels": ["k1"]})
+    explanation = await env.explain("app/1/kernels", "k1")
+    assert str(explanation) == (
+        "namespace 'app/1/kernels' holds key \"k1\": a lookup of it hits; no other namespace "
+        "here differs from it only in its version or path"
+    )
 
 
 async def test_an_explanation_is_a_frozen_value(env: Environment) -> None:

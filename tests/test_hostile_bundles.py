@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -89,5 +90,16 @@ async def test_random_bytes_raise_only_bundle_errors(
     path = tmp / "random.bundle"
     path.write_bytes(data)
     with pytest.raises(BundleError):
+        async with open_bundle(path):
+            pass
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("cut", [10, 14, 40])  # in the version, the manifest length, the manifest
+async def test_a_truncated_flat_header_error_names_the_file(tmp_path: Path, cut: int) -> None:
+    # It said only "flat bundle truncated: the format version needs 4 bytes ...".
+    path = tmp_path / "cut.bundle"
+    path.write_bytes((await _template("flat", tmp_path))[:cut])
+    with pytest.raises(BundleError, match="^" + re.escape(f"{path}: flat bundle truncated: the ")):
         async with open_bundle(path):
             pass

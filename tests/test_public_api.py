@@ -7,6 +7,7 @@ dropped from a module's `__all__` breaks users' imports, so it fails here.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 
 import pytest
 
@@ -182,3 +183,10 @@ def test_the_event_loop_thread_error_stays_in_blocking_and_is_a_warmenv_error() 
     assert "EventLoopThreadError" not in warmenv.__all__
     assert issubclass(EventLoopThreadError, warmenv.WarmenvError)
     assert issubclass(EventLoopThreadError, RuntimeError)
+
+
+def test_the_installed_version_is_the_one_written_in_the_package() -> None:
+    # pyproject.toml reads it from warmenv/__init__.py: `warmenv --version`, the
+    # package metadata and the changelog's release cannot drift apart.
+    assert importlib.metadata.version("warmenv") == warmenv.__version__
+    assert warmenv.__version__.startswith("0.2.")

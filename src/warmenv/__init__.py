@@ -5,7 +5,7 @@ Public names only; each lives in the module named after its concept.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 from warmenv._errors import ClosedError, WarmenvError, WarmenvWarning
 from warmenv.config import Config, ConfigError, load_config

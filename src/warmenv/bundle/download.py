@@ -45,7 +45,7 @@ from warmenv.bundle.errors import (
 )
 from warmenv.bundle.events import Downloading
 from warmenv.bundle.flat import FLAT_MAGIC, FlatBundle, check_format_version
-from warmenv.bundle.manifest import BundleManifest
+from warmenv.bundle.manifest import BundleManifest, check_manifest_size
 from warmenv.bundle.open import open_private_file
 from warmenv.bundle.sqlite import SqliteBundle
 
@@ -445,6 +445,7 @@ def _parse_flat_header(data: bytes, label: str) -> tuple[BundleManifest, list[st
         return None
     check_format_version(u32(data[pos : pos + 4], "little"), label)
     manifest_len = u32(data[pos + 4 : pos + 8], "little")
+    check_manifest_size(manifest_len, label)  # not worth asking the server for more
     pos += 8
     if len(data) < pos + manifest_len + 4:
         return None

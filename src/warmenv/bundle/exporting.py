@@ -66,7 +66,7 @@ from warmenv.persistence.files import (
     ExportSources,
     StagingFile,
     StagingWriteError,
-    manifest_of,
+    has_manifest,
 )
 from warmenv.persistence.storage import NamespaceSummary
 
@@ -476,6 +476,6 @@ def _check_out(out: Path) -> None:
         os.close(fd)
     if head.startswith(FLAT_MAGIC):
         return
-    if head == SQLITE_MAGIC and manifest_of(out) is not None:
+    if head == SQLITE_MAGIC and has_manifest(out):
         return
     raise FileExistsError(f"'{out}' exists and is not a warmenv bundle; remove it first")

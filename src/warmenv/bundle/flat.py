@@ -50,7 +50,12 @@ from warmenv.bundle.errors import (
     NotABundleError,
     UnsupportedSchemaError,
 )
-from warmenv.bundle.manifest import DIGEST_PLACEHOLDER, BackgroundDigest, BundleManifest
+from warmenv.bundle.manifest import (
+    DIGEST_PLACEHOLDER,
+    BackgroundDigest,
+    BundleManifest,
+    check_manifest_size,
+)
 from warmenv.persistence import carried
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.namespace import Namespace
@@ -77,11 +82,12 @@ _DIGEST_SLICE = 8 << 20  # bytes of keys and values hashed per step of progress
 class _Reader:
     """Bounds-checked reading of the header; every failure is a CorruptBundleError."""
 
-    __slots__ = ("data", "pos")
+    __slots__ = ("data", "pos", "source")
 
-    def __init__(self, data: memoryview) -> None:
+    def __init__(self, data: memoryview, source: str) -> None:
         self.data = data
         self.pos = 0
+        self.source = source
 
     def u32(self, what: str) -> int:
         return _U32.unpack(self.take(4, what))[0]  # type: ignore[no-any-return]
@@ -90,8 +96,8 @@ class _Reader:
         end = self.pos + size
         if end > len(self.data):
             raise CorruptBundleError(
-                f"flat bundle truncated: {what} needs {size} bytes at offset {self.pos}, "
-                f"only {len(self.data) - self.pos} remain"
+                f"{self.source}: flat bundle truncated: {what} needs {size} bytes at "
+                f"offset {self.pos}, only {len(self.data) - self.pos} remain"
             )
         chunk = self.data[self.pos : end]
         self.pos = end
@@ -385,13 +391,14 @@ class FlatBundle(BundleReader, Bundle):
             closer()
 
     def _parse(self, data: memoryview) -> None:
-        reader = _Reader(data)
+        reader = _Reader(data, self._source)
         if bytes(reader.take(len(FLAT_MAGIC), "the magic")) != FLAT_MAGIC:
             raise NotABundleError(f"{self._source} is not a flat warmenv bundle (bad magic)")
         version = reader.u32("the format version")
         check_format_version(version, self._source)
         self._version = version
         manifest_len = reader.u32("the manifest length")
+        check_manifest_size(manifest_len, self._source)  # before reading it, by its length
         manifest_bytes = bytes(reader.take(manifest_len, "the manifest"))
         try:
             self._manifest = BundleManifest.from_json(manifest_bytes)

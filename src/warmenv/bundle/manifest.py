@@ -22,7 +22,7 @@ import struct
 import sys
 import threading
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -30,10 +30,12 @@ from warmenv.bundle.errors import InvalidManifestError, UnsupportedSchemaError
 
 __all__ = [
     "DIGEST_ALGORITHM",
+    "MAX_MANIFEST_BYTES",
     "BackgroundDigest",
     "BundleManifest",
     "Digest",
     "EnvironmentInfo",
+    "check_manifest_size",
     "this_machine",
 ]
 
@@ -43,6 +45,23 @@ _DIGEST_PREFIX = DIGEST_ALGORITHM + ":"
 # A placeholder of the final length, so a writer can reserve the digest's bytes.
 DIGEST_PLACEHOLDER = _DIGEST_PREFIX + "0" * 64
 _MAX_TEXT = 4096
+MAX_MANIFEST_BYTES: Final = 1 << 20
+"""The largest manifest (its UTF-8 JSON, in bytes) any reader accepts and export writes.
+
+A real one is a few hundred bytes; the limit lets every reader refuse a
+hostile one by its length alone, before reading it, where the flat format's
+u32 length field alone would let a file make a reader allocate 4 GiB.
+"""
+
+
+def check_manifest_size(size: int, label: str = "") -> None:
+    """`InvalidManifestError` for a manifest of `size` bytes over `MAX_MANIFEST_BYTES`
+    (its message starting with the file's `label`, if given)."""
+    if size > MAX_MANIFEST_BYTES:
+        raise InvalidManifestError(
+            f"{label}{': ' if label else ''}the manifest is {size:,} bytes, over the "
+            f"{MAX_MANIFEST_BYTES:,} bytes a reader accepts (one warmenv writes is a few hundred)"
+        )
 
 
 def _os_name() -> str:
@@ -130,6 +149,11 @@ class BundleManifest:
     @classmethod
     def from_json(cls, data: bytes | str) -> BundleManifest:
         """Parse and check a manifest; `InvalidManifestError` names what is wrong."""
+        if isinstance(data, str):  # a character is at least one byte: encode only a short one
+            check_manifest_size(len(data))
+            check_manifest_size(len(data.encode("utf-8", "surrogatepass")))
+        else:
+            check_manifest_size(len(data))
         try:
             document = json.loads(data)
         except (ValueError, RecursionError) as exc:

@@ -39,13 +39,19 @@ from warmenv.bundle.errors import (
     NotABundleError,
     UnsupportedSchemaError,
 )
-from warmenv.bundle.manifest import BackgroundDigest, BundleManifest
+from warmenv.bundle.manifest import (
+    MAX_MANIFEST_BYTES,
+    BackgroundDigest,
+    BundleManifest,
+    check_manifest_size,
+)
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.files import (
     DamagedEntryFileError,
     EntryFile,
     NewerEntryFileError,
     NotEntryFileError,
+    OversizedManifestError,
 )
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import NamespaceSummary, check_batch_size, check_key
@@ -216,7 +222,12 @@ async def _open_checked(
     path: Path, fd: int | None, label: str, *, private: bool, check_rows: bool = True
 ) -> SqliteBundle:
     try:
-        file = await EntryFile.open(path, check_rows=check_rows)
+        file = await EntryFile.open(
+            path, max_manifest_bytes=MAX_MANIFEST_BYTES, check_rows=check_rows
+        )
+    except OversizedManifestError as exc:
+        check_manifest_size(exc.size, label)
+        raise  # EntryFile refuses only a manifest over the limit it was given
     except NewerEntryFileError as exc:
         raise UnsupportedSchemaError(f"{label}: {exc}") from None
     except NotEntryFileError as exc:
@@ -226,7 +237,7 @@ async def _open_checked(
     except DamagedEntryFileError as exc:
         raise CorruptBundleError(f"{label}: {exc}") from None
     try:
-        manifest_text = file.meta.get("manifest")
+        manifest_text = file.manifest
         if manifest_text is None:
             raise NotABundleError(
                 f"{label} is a SQLite database of warmenv's schema without a manifest "

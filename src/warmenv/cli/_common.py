@@ -513,11 +513,11 @@ class Output:
         print(f"warmenv: warning: {clean(text)}", file=sys.stderr, flush=True)
 
     def fail(self, text: object, status: int, document: dict[str, Any] | None = None) -> None:
-        """The command's last word: one line on stderr, and a JSON object with `--json`."""
-        message = clean(text)
-        print(f"warmenv: error: {message}", file=sys.stderr, flush=True)
+        """The command's last word: one line on stderr, and a JSON object with `--json`
+        (holding the exact text, as all JSON output does: JSON escapes what the line must)."""
+        print(f"warmenv: error: {clean(text)}", file=sys.stderr, flush=True)
         if self.json:
-            self.result({"error": message, "exit": status, **(document or {})})
+            self.result({"error": str(text), "exit": status, **(document or {})})
 
     def result(self, document: dict[str, Any]) -> None:
         """The final answer: JSON in --json mode; otherwise nothing (already shown)."""

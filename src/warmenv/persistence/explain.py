@@ -83,9 +83,16 @@ class Explanation:
         else:
             head = f"{asked} holds no entries, so key {_key(self.key)} misses"
         if not self.nearby:
+            # "Nothing like it" only where the namespace itself is empty: of one that holds
+            # entries (or the very key), something was computed or imported.
+            nothing = (
+                ""
+                if self.entries
+                else (" (nothing like it was computed or imported in this environment)")
+            )
             return (
-                f"{head}; no namespace here differs from it only in its version or path "
-                "(nothing like it was computed or imported in this environment)"
+                f"{head}; no other namespace here differs from it only in its version or "
+                f"path{nothing}"
             )
         lines = [f"{head}; nearest namespaces here:"]
         lines += [f"  {self._describe(n)}" for n in self.nearby[:_SHOWN]]

@@ -43,6 +43,7 @@ __all__ = [
     "ExportSources",
     "NewerEntryFileError",
     "NotEntryFileError",
+    "OversizedManifestError",
     "StagingFile",
     "StagingWriteError",
 ]
@@ -69,6 +70,14 @@ class DamagedEntryFileError(EntryFileError):
 
 class NewerEntryFileError(EntryFileError):
     """The file is a bundle of a format newer than this warmenv reads."""
+
+
+class OversizedManifestError(EntryFileError):
+    """The file's manifest is larger than the caller accepts; `size` is its bytes."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"its manifest is {size:,} bytes")
+        self.size = size
 
 
 class StagingWriteError(EntryFileError):
@@ -132,7 +141,7 @@ def _is_not_database(exc: sqlite3.Error) -> bool:
 class EntryFile:
     """A SQLite file of the entries schema, opened read-only and checked (a bundle)."""
 
-    __slots__ = ("_connection", "format", "meta", "namespaces", "path", "utf8")
+    __slots__ = ("_connection", "format", "manifest", "namespaces", "path", "utf8")
 
     def __init__(
         self,
@@ -142,16 +151,21 @@ class EntryFile:
     ) -> None:
         self._connection = connection
         self.path = path
-        self.meta = checked.meta
+        self.manifest = checked.manifest
+        """The raw `meta` value under `manifest` (any SQLite type), or None."""
         self.namespaces = checked.namespaces
         self.utf8 = checked.utf8  # whether its text is UTF-8, as an environment's is
         self.format = checked.format
         """The bundle format its columns are (1 or 2); None: an environment's columns."""
 
     @classmethod
-    async def open(cls, path: Path, *, check_rows: bool = True) -> EntryFile:
+    async def open(
+        cls, path: Path, *, max_manifest_bytes: int, check_rows: bool = True
+    ) -> EntryFile:
         """Open read-only and check the schema and every row's types.
 
+        A manifest over `max_manifest_bytes` is `OversizedManifestError`, found
+        by its size alone, before any of it is read into Python.
         `check_rows=False` leaves the rows' types to `hash_entries`, which
         checks them as it reads: for a file that is hashed before any use.
         """
@@ -160,7 +174,7 @@ class EntryFile:
         try:
             connection, checked = await _sqlite.open_with(
                 schema.read_only_uri(path, immutable=True),
-                partial(_check_file, check_rows),
+                partial(_check_file, check_rows, max_manifest_bytes),
                 uri=True,
             )
         except UnicodeDecodeError as exc:
@@ -228,7 +242,7 @@ class EntryFile:
 
 @attrs.frozen
 class _Checked:
-    meta: dict[str, object]
+    manifest: object
     namespaces: list[NamespaceSummary]
     utf8: bool
     format: int | None
@@ -243,7 +257,7 @@ _FORMATS: dict[tuple[tuple[str, str], ...], int | None] = {
 }
 
 
-def _check_file(check_rows: bool, conn: sqlite3.Connection) -> _Checked:
+def _check_file(check_rows: bool, max_manifest: int, conn: sqlite3.Connection) -> _Checked:
     tables = schema.table_names(conn)
     if not {"meta", "entries"} <= tables:
         missing = sorted({"meta", "entries"} - tables)
@@ -253,7 +267,10 @@ def _check_file(check_rows: bool, conn: sqlite3.Connection) -> _Checked:
     if tuple(columns) not in _FORMATS:
         raise NotEntryFileError(f"its entries table has columns {columns}, not warmenv's")
     format = _FORMATS[tuple(columns)]
-    meta = {str(k): v for k, v in conn.execute("SELECT k, v FROM meta")}
+    size = schema.meta_size(conn, "manifest")
+    if size is not None and size > max_manifest:
+        raise OversizedManifestError(size)
+    manifest = schema.meta_value(conn, "manifest")
     # The table itself is scanned for rows of the wrong types (a damaged file can hold
     # rows its index lacks); the totals come through the index, which is far cheaper
     # than grouping a table scan.
@@ -261,7 +278,7 @@ def _check_file(check_rows: bool, conn: sqlite3.Connection) -> _Checked:
     if check_rows:
         _check_rows(conn, format, sum(count for _, count, _ in totals))
     utf8 = str(conn.execute("PRAGMA encoding").fetchone()[0]).upper() == "UTF-8"
-    return _Checked(meta, [NamespaceSummary(n, c, b) for n, c, b in totals], utf8, format)
+    return _Checked(manifest, [NamespaceSummary(n, c, b) for n, c, b in totals], utf8, format)
 
 
 def _check_rows(conn: sqlite3.Connection, format: int | None, indexed: int) -> None:
@@ -313,7 +330,7 @@ def _check_not_newer(conn: sqlite3.Connection) -> None:
     """`NewerEntryFileError` for a bundle whose `schema_version` is above the newest format."""
     try:
         version = schema.meta_value(conn, "schema_version")
-        is_bundle = schema.meta_value(conn, "manifest") is not None
+        is_bundle = schema.has_meta(conn, "manifest")
     except sqlite3.Error:
         return  # a `meta` of another shape: the checks that follow say what the file is
     try:
@@ -814,13 +831,14 @@ def _is_utf8(raw: bytes) -> bool:
     return True
 
 
-def manifest_of(path: Path) -> object:
-    """The `manifest` meta value of a SQLite file, or `None` (is it a bundle?)."""
+def has_manifest(path: Path) -> bool:
+    """Whether a SQLite file's `meta` holds a manifest (is it a bundle?); its value
+    is not read, so a hostile file's huge one costs nothing."""
     try:
         conn = sqlite3.connect(schema.read_only_uri(path), uri=True)
         try:
-            return schema.meta_value(conn, "manifest")
+            return schema.has_meta(conn, "manifest")
         finally:
             conn.close()
     except sqlite3.Error:
-        return None
+        return False

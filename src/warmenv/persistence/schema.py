@@ -43,7 +43,9 @@ __all__ = [
     "create_environment_schema",
     "entries_shape_ok",
     "has_entry_columns",
+    "has_meta",
     "install_functions",
+    "meta_size",
     "namespace_totals",
     "open_uris",
     "prefix_sql",
@@ -284,6 +286,23 @@ def meta_value(conn: sqlite3.Connection, key: str) -> object:
     return None if row is None else row[0]
 
 
+def has_meta(conn: sqlite3.Connection, key: str) -> bool:
+    """Whether `meta` holds `key`, without fetching its value (which may be huge)."""
+    return conn.execute("SELECT 1 FROM meta WHERE k = ?", (key,)).fetchone() is not None
+
+
+# The size in bytes of a stored value, as SQL. octet_length (SQLite 3.43+) reads
+# it from the record's header; before it, the value is cast to a blob inside SQLite.
+_OCTETS = "octet_length(v)" if sqlite3.sqlite_version_info >= (3, 43) else "length(CAST(v AS BLOB))"
+
+
+def meta_size(conn: sqlite3.Connection, key: str) -> int | None:
+    """The bytes of the `meta` value under `key`, or `None`: measured in SQLite, so a
+    hostile file's huge value is refused before Python holds any of it."""
+    row = conn.execute(f"SELECT {_OCTETS} FROM meta WHERE k = ?", (key,)).fetchone()
+    return None if row is None else int(row[0] or 0)
+
+
 def _check_not_newer(found: str | None) -> None:
     """Refuse a file of a newer schema: its entries are another warmenv's to keep."""
     try:
@@ -298,7 +317,7 @@ def _check_not_newer(found: str | None) -> None:
 
 
 def _check_not_bundle(conn: sqlite3.Connection) -> None:
-    if meta_value(conn, "manifest") is not None:
+    if has_meta(conn, "manifest"):
         raise sqlite3.DatabaseError("it is a bundle, not an environment: import it instead")
 
 
