@@ -15,7 +15,7 @@ import pytest
 from rich.progress import Progress
 
 from redis_server import RedisServer, tolerating_coredis_streams
-from test_cli import warmenv
+from test_cli import terminal, warmenv
 from warmenv import open_environment
 from warmenv.cli._common import ProgressBar, per_second
 from warmenv.cli._progress import EntriesColumn, EntriesRateColumn
@@ -468,3 +468,14 @@ def test_a_rate_of_one_entry_a_second_is_singular(monkeypatch: pytest.MonkeyPatc
     clock[0] += 1.0
     bar.update(2)
     assert bar.describe() == "2/40 (5%), 1 entry/s"
+
+
+def test_no_line_of_a_table_ends_in_spaces_plain_or_on_a_terminal(counted_root: Path) -> None:
+    # The plain header's last column and rich's table title were padded with spaces.
+    plain = run("stats", "--env", "stats", root=counted_root, loop="asyncio")
+    assert plain.returncode == 0, plain.stderr
+    status, shown = terminal("stats", "--env", "stats", "--root", str(counted_root))
+    assert status == 0
+    for text in (plain.stdout, shown.decode("utf-8")):
+        padded = [line for line in text.replace("\r", "").splitlines() if line.endswith(" ")]
+        assert padded == [], text

@@ -540,7 +540,10 @@ class Output:
             from rich.table import Table
             from rich.text import Text
 
-            table = Table(title=Text(title), title_justify="left")
+            # The title is a line of its own: as rich's table title it is padded with
+            # spaces to the table's width, and a copied line should not end in spaces.
+            self.console.print(Text(title))
+            table = Table()
             for i, column in enumerate(columns):
                 table.add_column(Text(column), justify="right" if i else "left")
             for row in cells:
@@ -552,7 +555,7 @@ class Output:
             for i, column in enumerate(columns)
         ]
         print(title)
-        print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+        print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
         for row in cells:
             print(
                 "  ".join(
