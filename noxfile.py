@@ -98,6 +98,7 @@ def bench(session: nox.Session) -> None:
         "bench_storage.py",
         "bench_bundle.py",
         "bench_schema.py",
+        "bench_statistics.py",
         "bench_explain.py",
         "bench_download.py",
         "bench_remote.py",

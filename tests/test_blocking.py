@@ -8,6 +8,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,9 @@ from warmenv.blocking import (
 )
 from warmenv.blocking import open_environment as open_blocking
 from warmenv.bundle import Event, ExportReport, Finished, ImportReport, Progress, Started
+from warmenv.persistence.explain import Explanation
 from warmenv.persistence.sqlite import SqliteStorage
+from warmenv.persistence.statistics import EnvironmentStatistics
 
 NS = Namespace("app", "blocking", version="1")
 
@@ -589,6 +592,133 @@ def test_threads_waiting_for_one_run_each_count_a_miss(root: Path) -> None:
     assert counted(root) == (0, 8, 1)
 
 
+# --- statistics, explanations, gc -------------------------------------------------
+
+OLD = Namespace("app", "blocking", version="0")
+
+
+def fill(env: BlockingEnvironment) -> None:
+    """The same entries, hits, misses and computation in whichever environment it is given."""
+    old: BlockingStore[str, int] = env.store(OLD)
+    store: BlockingStore[str, int] = env.store(NS)
+    for i in range(5):
+        old.insert(f"k{i}", i)
+    for i in range(5):
+        store.insert(f"k{i}", i)
+    assert [store.get("k0"), store.get("k1"), store.get("absent")] == [0, 1, None]
+    assert store.get_or_compute("computed", int, "7") == 7
+
+
+def test_statistics_are_what_the_async_environment_reports(
+    root: Path, env: BlockingEnvironment
+) -> None:
+    fill(env)
+    ours = env.statistics()  # this process's counts, not flushed yet, included
+
+    async def theirs() -> EnvironmentStatistics:
+        async with open_environment("test", root=root) as same:
+            return await same.statistics()
+
+    assert isinstance(ours, EnvironmentStatistics)
+    assert ours == anyio.run(theirs)
+    counts = {n.namespace: (n.entries, n.hits, n.misses, n.computes) for n in ours.namespaces}
+    assert counts == {str(NS): (6, 2, 2, 1), str(OLD): (5, 0, 0, 0)}
+
+
+def test_explain_is_what_the_async_environment_explains(
+    root: Path, env: BlockingEnvironment
+) -> None:
+    fill(env)
+    asked = Namespace("app", "blocking", version="2")
+    ours = [env.explain(asked), env.explain(asked, "k1"), env.explain(str(asked), key=b'"k1"')]
+
+    async def theirs() -> list[Explanation]:
+        async with open_environment("test", root=root) as same:
+            return [
+                await same.explain(asked),
+                await same.explain(asked, "k1"),
+                await same.explain(str(asked), key=b'"k1"'),
+            ]
+
+    assert ours == anyio.run(theirs)
+    assert [str(e) for e in ours] == [str(e) for e in anyio.run(theirs)]
+    assert {(n.namespace, n.has_key) for n in ours[1].nearby} == {(str(NS), True), (str(OLD), True)}
+
+
+def test_gc_evicts_what_the_async_environment_evicts(root: Path) -> None:
+    for name in ("ours", "theirs"):
+        with open_blocking(name, root=root) as filling:
+            fill(filling)
+    with open_blocking("ours", root=root) as env:
+        ours = [
+            env.gc(older_than=timedelta(days=1)),
+            env.gc(keep_versions=1),
+            env.gc(max_bytes=20),
+            env.gc(),
+        ]
+        ours_left = env.namespaces()
+
+    async def theirs() -> tuple[list[Purged | Failed], list[Any]]:
+        async with open_environment("theirs", root=root) as same:
+            purged = [
+                await same.gc(older_than=timedelta(days=1)),
+                await same.gc(keep_versions=1),
+                await same.gc(max_bytes=20),
+                await same.gc(),
+            ]
+            return purged, await same.namespaces()
+
+    assert (ours, ours_left) == anyio.run(theirs)
+    assert ours[:2] == [Purged(0), Purged(5)]  # nothing a day old; then version "0" goes
+    assert isinstance(ours[2], Purged) and ours[2].count > 0
+    assert sum(n.bytes for n in ours_left) <= 20
+
+
+def outcome(call: Callable[[], object]) -> tuple[type[BaseException], str]:
+    with pytest.raises(Exception) as raised:
+        call()
+    return type(raised.value), str(raised.value)
+
+
+# The blocking call, and the async one of the same name and arguments.
+BAD_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+    ("gc", (), {"keep_versions": 0}),
+    ("gc", (), {"max_bytes": -1}),
+    ("gc", (), {"older_than": "yesterday"}),
+    ("explain", (NS,), {"key": 5}),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "args", "kwargs"), BAD_CALLS, ids=[f"{m}-{next(iter(k))}" for m, _, k in BAD_CALLS]
+)
+def test_a_bad_argument_raises_what_the_async_environment_raises(
+    root: Path, env: BlockingEnvironment, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    ours = outcome(lambda: getattr(env, method)(*args, **kwargs))
+
+    async def theirs() -> tuple[type[BaseException], str]:
+        async with open_environment("test", root=root) as same:
+            try:
+                await getattr(same, method)(*args, **kwargs)
+            except Exception as exc:
+                return type(exc), str(exc)
+        raise AssertionError(f"{method} accepted {args} {kwargs}")
+
+    assert ours == anyio.run(theirs)
+    assert ours[0] in (ValueError, TypeError)
+
+
+def test_statistics_explain_and_gc_of_a_closed_environment_raise_closed_error(
+    root: Path,
+) -> None:
+    with open_blocking("test", root=root) as env:
+        pass
+    for call in (env.statistics, lambda: env.explain(NS), env.gc):
+        with pytest.raises(ClosedError, match="is closed; open it again"):
+            call()
+
+
 # --- a fleet's shared tier -------------------------------------------------------
 
 
@@ -695,6 +825,31 @@ async def test_a_store_used_on_an_event_loop_thread_raises_even_for_a_hit(root: 
                 call()
         with pytest.raises(EventLoopThreadError):
             import_bundle(root / "x.bundle", env)
+        await anyio.to_thread.run_sync(stack.close)
+
+
+@pytest.mark.anyio
+async def test_statistics_explain_and_gc_on_an_event_loop_thread_say_to_use_the_async_api(
+    root: Path,
+) -> None:
+    with ExitStack() as stack:
+        env = await anyio.to_thread.run_sync(stack.enter_context, open_blocking("t", root=root))
+        store: BlockingStore[str, int] = await anyio.to_thread.run_sync(env.store, NS)
+        await anyio.to_thread.run_sync(store.insert, "k", 1)
+        # From a worker thread they work, as every blocking call does.
+        before = await anyio.to_thread.run_sync(env.statistics)
+
+        calls: list[Callable[[], object]] = [
+            env.statistics,
+            lambda: env.explain(NS, "k"),
+            lambda: env.gc(max_bytes=0),
+        ]
+        for call in calls:
+            with pytest.raises(EventLoopThreadError, match="use the async API"):
+                call()
+        # Refused before anything ran: gc(max_bytes=0) evicted nothing.
+        assert await anyio.to_thread.run_sync(env.statistics) == before
+        assert before.namespaces[0].entries == 1
         await anyio.to_thread.run_sync(stack.close)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
 
 import pytest
 
@@ -107,6 +108,26 @@ CONTRACT: dict[str, list[str]] = {
     ],
 }
 
+# The public attributes of `Environment` that `BlockingEnvironment` does not
+# mirror, each with the reason. Every other one must have a blocking twin with
+# the same parameters (see the test below), so a method added to the async
+# environment fails there until it is mirrored or listed here.
+NOT_MIRRORED_BY_BLOCKING: dict[str, str] = {
+    "storage": "storages are async, usable on the loop thread only; env.store(ns) is the twin",
+    "database": "the open SqliteDatabase, usable on the loop thread only (env.environment)",
+    "close": "leaving the `with` block of warmenv.blocking.open_environment closes it",
+    "flush_statistics": "statistics() includes unflushed counts; the loop thread flushes them",
+    "run_statistics_flusher": "run by open_environment on the loop thread",
+    "bulk_copy": "an import's internals (warmenv.blocking.import_bundle)",
+    "insert_imported": "an import's internals (warmenv.blocking.import_bundle)",
+    "snapshot_directory": "an import's internals (warmenv.blocking.import_bundle)",
+    "touch": "a store's internals (hit recency, batched by the store)",
+    # Gaps, not choices: API.md's 0.2 size additions not mirrored yet.
+    "purge_bundle": "not mirrored yet",
+    "vacuum": "not mirrored yet",
+    "max_bytes": "not mirrored yet (warmenv.blocking.open_environment takes no max_bytes)",
+}
+
 # What a user of stores and environments imports from the package itself.
 TOP_LEVEL = [
     "WarmenvError",
@@ -167,6 +188,37 @@ def test_top_level_names_are_the_same_objects_as_in_their_modules() -> None:
         homes = [module for module in modules if name in getattr(module, "__all__", ())]
         for module in homes:
             assert getattr(module, name) is getattr(warmenv, name), f"{module.__name__}.{name}"
+
+
+def public_attributes(cls: type) -> set[str]:
+    return {name for name in dir(cls) if not name.startswith("_")}
+
+
+def test_every_environment_method_has_a_blocking_twin_with_its_parameters() -> None:
+    from warmenv import Environment
+    from warmenv.blocking import BlockingEnvironment
+
+    mirrored = public_attributes(Environment) - NOT_MIRRORED_BY_BLOCKING.keys()
+    missing = sorted(mirrored - public_attributes(BlockingEnvironment))
+    assert not missing, f"BlockingEnvironment lacks {missing}"
+    for name in sorted(mirrored):
+        theirs, ours = getattr(Environment, name), getattr(BlockingEnvironment, name)
+        if not callable(theirs):  # a property or a slot: present is all there is to it
+            continue
+        assert not inspect.iscoroutinefunction(ours), f"BlockingEnvironment.{name} is async"
+        expected = list(inspect.signature(theirs).parameters.values())
+        actual = list(inspect.signature(ours).parameters.values())
+        assert actual == expected, f"BlockingEnvironment.{name}{inspect.signature(ours)}"
+
+
+def test_what_blocking_does_not_mirror_it_really_lacks() -> None:
+    from warmenv import Environment
+    from warmenv.blocking import BlockingEnvironment
+
+    stale = NOT_MIRRORED_BY_BLOCKING.keys() & public_attributes(BlockingEnvironment)
+    assert not stale, f"mirrored now, drop from NOT_MIRRORED_BY_BLOCKING: {sorted(stale)}"
+    unknown = NOT_MIRRORED_BY_BLOCKING.keys() - public_attributes(Environment)
+    assert not unknown, f"not attributes of Environment: {sorted(unknown)}"
 
 
 def test_missing_is_the_one_sentinel_everywhere() -> None:

@@ -35,6 +35,7 @@ import sys
 import threading
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Generic, ParamSpec, TypeVarTuple, final, overload
 
@@ -50,9 +51,11 @@ from warmenv.bundle.manifest import EnvironmentInfo
 from warmenv.environment import Environment
 from warmenv.environment import open_environment as _open_async
 from warmenv.persistence.codec import BytesCodec, Codec, JsonCodec, canonical_arguments
+from warmenv.persistence.explain import Explanation
 from warmenv.persistence.hot import Hot, copied
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.remote import RemoteSettings, RemoteTier
+from warmenv.persistence.statistics import EnvironmentStatistics
 from warmenv.persistence.storage import Failed as _Failed
 from warmenv.persistence.storage import Insertion, NamespaceSummary, Purged
 from warmenv.persistence.store import _ABSENT, _IMMUTABLE, DEFAULT_HOT_BYTES, CacheMode, Store
@@ -372,6 +375,36 @@ class BlockingEnvironment:
         _refuse_event_loop_thread("BlockingEnvironment.namespaces()")
         self._check_open()
         return self._loop.call(self._env.namespaces)
+
+    def statistics(self) -> EnvironmentStatistics:
+        """Every namespace's and imported bundle's counts; see `Environment.statistics`.
+
+        Hits answered on any thread are included, flushed or not.
+        """
+        _refuse_event_loop_thread("BlockingEnvironment.statistics()")
+        self._check_open()
+        return self._loop.call(self._env.statistics)
+
+    def explain(self, namespace: Namespace | str, key: bytes | str | None = None) -> Explanation:
+        """Why a lookup of `namespace` (and `key`) misses; see `Environment.explain`."""
+        _refuse_event_loop_thread("BlockingEnvironment.explain()")
+        self._check_open()
+        return self._loop.call(self._env.explain, namespace, key)
+
+    def gc(
+        self,
+        *,
+        max_bytes: int | None = None,
+        older_than: float | timedelta | None = None,
+        keep_versions: int | None = None,
+    ) -> Purged | _Failed:
+        """Evict old versions, entries unused for a while, then by size; see `Environment.gc`."""
+        _refuse_event_loop_thread("BlockingEnvironment.gc()")
+        self._check_open()
+        collecting = functools.partial(
+            self._env.gc, max_bytes=max_bytes, older_than=older_than, keep_versions=keep_versions
+        )
+        return self._loop.call(collecting)
 
     def _check_open(self) -> None:
         if self._closed:
