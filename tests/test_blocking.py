@@ -709,12 +709,57 @@ def test_a_bad_argument_raises_what_the_async_environment_raises(
     assert ours[0] in (ValueError, TypeError)
 
 
+def test_purge_bundle_and_vacuum_do_what_the_async_environment_does(
+    root: Path, tmp_path: Path
+) -> None:
+    with open_blocking("source", root=root) as source:
+        fill(source)
+        bundle = tmp_path / "warm.bundle"
+        export_bundle(source, bundle, name="warm", version="1")
+    for name in ("ours", "theirs"):
+        with open_blocking(name, root=root) as target:
+            import_bundle(bundle, target)
+            target.store(NS).insert("local", 1)
+    with open_blocking("ours", root=root) as env:
+        ours = [env.purge_bundle("warm"), env.purge_bundle("warm")]
+        ours_left = env.namespaces()
+        before, after = env.vacuum()
+
+    async def theirs() -> tuple[list[Purged | Failed], list[Any]]:
+        async with open_environment("theirs", root=root) as same:
+            purged = [await same.purge_bundle("warm"), await same.purge_bundle("warm")]
+            return purged, await same.namespaces()
+
+    assert (ours, ours_left) == anyio.run(theirs)
+    assert ours == [Purged(11), Purged(0)]  # every imported entry, once; the local one stays
+    assert [(n.namespace, n.entries) for n in ours_left] == [(str(NS), 1)]
+    assert before >= after > 0  # the file's sizes; 11 entries' pages freed, then given back
+    with pytest.raises(ValueError, match="purge_bundle takes a bundle digest or name"):
+        with open_blocking("ours", root=root) as env:
+            env.purge_bundle("")
+
+
+def test_open_environment_takes_max_bytes_statistics_and_create(root: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        with open_blocking("absent", root=root, create=False):
+            pass
+    assert not (root / "absent.db").exists()
+    with open_blocking("bounded", root=root, max_bytes=20, statistics=False) as env:
+        assert env.max_bytes == 20
+        fill(env)
+        counted = env.statistics().namespaces
+        assert len(counted) == 2 and all(n.hits == n.misses == n.computes == 0 for n in counted)
+        env.gc()
+        assert sum(n.bytes for n in env.namespaces()) <= 20
+
+
 def test_statistics_explain_and_gc_of_a_closed_environment_raise_closed_error(
     root: Path,
 ) -> None:
     with open_blocking("test", root=root) as env:
         pass
-    for call in (env.statistics, lambda: env.explain(NS), env.gc):
+    calls = (env.statistics, lambda: env.explain(NS), env.gc, env.vacuum)
+    for call in (*calls, lambda: env.purge_bundle("warm")):
         with pytest.raises(ClosedError, match="is closed; open it again"):
             call()
 

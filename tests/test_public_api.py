@@ -122,10 +122,6 @@ NOT_MIRRORED_BY_BLOCKING: dict[str, str] = {
     "insert_imported": "an import's internals (warmenv.blocking.import_bundle)",
     "snapshot_directory": "an import's internals (warmenv.blocking.import_bundle)",
     "touch": "a store's internals (hit recency, batched by the store)",
-    # Gaps, not choices: API.md's 0.2 size additions not mirrored yet.
-    "purge_bundle": "not mirrored yet",
-    "vacuum": "not mirrored yet",
-    "max_bytes": "not mirrored yet (warmenv.blocking.open_environment takes no max_bytes)",
 }
 
 # What a user of stores and environments imports from the package itself.
@@ -242,3 +238,13 @@ def test_the_installed_version_is_the_one_written_in_the_package() -> None:
     # package metadata and the changelog's release cannot drift apart.
     assert importlib.metadata.version("warmenv") == warmenv.__version__
     assert warmenv.__version__.startswith("0.2.")
+
+
+def test_blocking_open_environment_takes_what_open_environment_takes() -> None:
+    # It took neither create, max_bytes nor statistics.
+    from warmenv.blocking import open_environment as open_blocking
+
+    theirs = inspect.signature(warmenv.open_environment).parameters
+    ours = inspect.signature(open_blocking).parameters
+    assert list(ours) == list(theirs)
+    assert [p.default for p in ours.values()] == [p.default for p in theirs.values()]

@@ -263,7 +263,10 @@ def open_environment(
     *,
     root: str | Path | None = None,
     file: str | Path | None = None,
+    create: bool = True,
+    max_bytes: int | None = None,
     remote: str | RemoteSettings | None = None,
+    statistics: bool = True,
 ) -> Iterator[BlockingEnvironment]:
     """Open an environment for the duration of the block, from synchronous code.
 
@@ -275,7 +278,15 @@ def open_environment(
     """
     _refuse_event_loop_thread("open_environment()")
     loop = _shared_loop()
-    opening = _open_async(name, root=root, file=file, remote=remote)
+    opening = _open_async(
+        name,
+        root=root,
+        file=file,
+        create=create,
+        max_bytes=max_bytes,
+        remote=remote,
+        statistics=statistics,
+    )
     with loop.portal.wrap_async_context_manager(opening) as env:
         blocking = BlockingEnvironment(env, loop)
         try:
@@ -322,6 +333,11 @@ class BlockingEnvironment:
     def read_only(self) -> bool:
         """Whether writes fail because the database could only be opened read-only."""
         return self._env.read_only
+
+    @property
+    def max_bytes(self) -> int | None:
+        """The bound `gc()` (and close) evicts entries down to; `None`: unbounded."""
+        return self._env.max_bytes
 
     def describe(self) -> str:
         return self._env.describe()
@@ -405,6 +421,18 @@ class BlockingEnvironment:
             self._env.gc, max_bytes=max_bytes, older_than=older_than, keep_versions=keep_versions
         )
         return self._loop.call(collecting)
+
+    def purge_bundle(self, digest_or_name: str) -> Purged | _Failed:
+        """Remove the entries one bundle imported; see `Environment.purge_bundle`."""
+        _refuse_event_loop_thread("BlockingEnvironment.purge_bundle()")
+        self._check_open()
+        return self._loop.call(self._env.purge_bundle, digest_or_name)
+
+    def vacuum(self) -> tuple[int, int]:
+        """Give freed space back to the file system; see `Environment.vacuum`."""
+        _refuse_event_loop_thread("BlockingEnvironment.vacuum()")
+        self._check_open()
+        return self._loop.call(self._env.vacuum)
 
     def _check_open(self) -> None:
         if self._closed:
