@@ -214,3 +214,26 @@ async def test_every_command_says_one_line_for_an_oversized_manifest(
     _with_manifest(bundle_path, bundle_format, _padded(manifest, 2 * MIB))
     line = assert_one_error_line(warmenv(command, str(bundle_path), root=root), 1)
     assert "2,097,152 bytes, over the 1,048,576" in line
+
+
+async def test_a_second_manifest_row_over_the_limit_is_refused_too(
+    warm_env: Environment, tmp_path: Path
+) -> None:
+    # A `meta` rebuilt without its primary key can hold 'manifest' twice: whichever
+    # row a query meets first, none over the limit is read.
+    path = tmp_path / "twice.bundle"
+    await export_bundle(warm_env, path, name="twice", version="1", format=BundleFormat.SQLITE)
+    conn = sqlite3.connect(path)
+    try:
+        conn.executescript(
+            "CREATE TABLE m2 AS SELECT * FROM meta; DROP TABLE meta; "
+            "CREATE TABLE meta (k TEXT, v TEXT); INSERT INTO meta SELECT * FROM m2; "
+            "DROP TABLE m2;"
+        )
+        conn.execute("INSERT INTO meta VALUES ('manifest', zeroblob(?))", (HUGE,))
+        conn.commit()
+    finally:
+        conn.close()
+    with pytest.raises(InvalidManifestError, match="67,108,864 bytes"):
+        async with open_bundle(path):
+            pass

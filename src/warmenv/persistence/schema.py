@@ -298,9 +298,12 @@ _OCTETS = "octet_length(v)" if sqlite3.sqlite_version_info >= (3, 43) else "leng
 
 def meta_size(conn: sqlite3.Connection, key: str) -> int | None:
     """The bytes of the `meta` value under `key`, or `None`: measured in SQLite, so a
-    hostile file's huge value is refused before Python holds any of it."""
-    row = conn.execute(f"SELECT {_OCTETS} FROM meta WHERE k = ?", (key,)).fetchone()
-    return None if row is None else int(row[0] or 0)
+    hostile file's huge value is refused before Python holds any of it (the largest,
+    should a `meta` made without its primary key hold the key twice)."""
+    count, size = conn.execute(
+        f"SELECT count(*), max({_OCTETS}) FROM meta WHERE k = ?", (key,)
+    ).fetchone()
+    return None if not count else int(size or 0)
 
 
 def _check_not_newer(found: str | None) -> None:
