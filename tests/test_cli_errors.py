@@ -309,6 +309,36 @@ def test_import_into_a_read_only_environment_fails_and_says_why(
     assert json.loads(child.stdout)["exit"] == 1
 
 
+def _read_only_file_in_a_writable_directory(shared_tmp: Path) -> Path:
+    """An environment `warm` whose file the unprivileged user may read but not write,
+    in a directory that user may write (so SQLite could create -wal and -shm there)."""
+    root = shared_tmp / "writable"
+    _fill(root)
+    (root / "warm.db").chmod(0o444)
+    root.chmod(0o777)
+    return root
+
+
+def test_import_into_a_read_only_file_in_a_writable_directory_is_refused_up_front(
+    warm_root: Path, shared_tmp: Path
+) -> None:
+    shipped = shared_tmp / "warm.bundle"
+    completed = warmenv(
+        "export", str(shipped), "--name", "n", "--app-version", "1", "--env", "warm", root=warm_root
+    )
+    assert completed.returncode == 0, completed.stderr
+    shipped.chmod(0o644)
+    root = _read_only_file_in_a_writable_directory(shared_tmp)
+    child = run_python(
+        CLI, "import", str(shipped), "--env", "warm", "--root", str(root), user=unprivileged_user()
+    )
+    line = assert_one_error_line(child, 1)
+    assert "read-only" in line
+    assert "not writable" in line
+    assert child.stdout == ""  # refused before verifying or importing anything
+    assert sorted(p.name for p in root.iterdir()) == ["warm.db"]
+
+
 # --- commands that only read create nothing ----------------------------------------
 
 
@@ -333,6 +363,37 @@ def test_ls_of_an_existing_environment_leaves_its_directory_as_it_was(warm_root:
     completed = warmenv("ls", "--env", "warm", root=warm_root)
     assert completed.returncode == 0, completed.stderr
     assert files_under(warm_root) == before
+
+
+@pytest.mark.parametrize("command", ["ls", "stats"])
+def test_reading_a_read_only_file_in_a_writable_directory_creates_nothing(
+    shared_tmp: Path, command: str
+) -> None:
+    # A mode=ro connection would make -wal and -shm files there and could not remove them.
+    root = _read_only_file_in_a_writable_directory(shared_tmp)
+    child = run_python(CLI, command, "--env", "warm", "--root", str(root), user=unprivileged_user())
+    assert child.returncode == 0, child.stderr
+    assert "app/1/kernels" in child.stdout
+    assert sorted(p.name for p in root.iterdir()) == ["warm.db"]
+
+
+@pytest.mark.parametrize("form", ["sqlite", "flat"])
+def test_export_from_a_read_only_file_in_a_writable_directory_leaves_nothing_beside_it(
+    shared_tmp: Path, form: str
+) -> None:
+    root = _read_only_file_in_a_writable_directory(shared_tmp)
+    out = shared_tmp / "out"
+    out.mkdir()
+    out.chmod(0o777)
+    child = run_python(
+        CLI,
+        *("export", str(out / "b.bundle"), str(root / "warm.db"), "--name", "n"),
+        *("--app-version", "1", "--format", form, "--root", str(shared_tmp / "r")),
+        user=unprivileged_user(),
+    )
+    assert child.returncode == 0, child.stderr
+    assert (out / "b.bundle").is_file()
+    assert sorted(p.name for p in root.iterdir()) == ["warm.db"]
 
 
 @pytest.mark.parametrize("command", ["inspect", "verify", "check"])

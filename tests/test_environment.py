@@ -4,6 +4,7 @@ import json
 import sqlite3
 import textwrap
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -236,6 +237,57 @@ async def test_a_database_in_a_read_only_directory_serves_reads_and_fails_writes
         "many_failed": 1,
     }
     assert "readonly" in str(report["reason"]) or "read-only" in str(report["reason"])
+
+
+async def test_a_read_only_file_in_a_writable_directory_is_read_and_left_alone(
+    shared_tmp: Path, backend_name: str
+) -> None:
+    # SQLite would open it read-only behind a read-write open, and a mode=ro
+    # connection makes -wal and -shm files there that it cannot remove.
+    root = shared_tmp / "ro-file"
+    async with open_environment("ro", root=root) as env:
+        await env.storage(NS).insert(b"k", b"v")
+    (root / "ro.db").chmod(0o444)
+    root.chmod(0o777)
+    child = run_python(_READ_ONLY_CHILD, str(root), backend_name, user=unprivileged_user())
+    [report] = json_lines(child)
+    assert isinstance(report, dict)
+    assert (report["read_only"], report["read"], report["insert_failed"]) == (True, "v", True)
+    assert sorted(p.name for p in root.iterdir()) == ["ro.db"]
+
+
+_LATE_READER_CHILD = textwrap.dedent(
+    """
+    import sys, warnings, anyio
+    from warmenv import open_environment, Namespace
+    warnings.simplefilter("ignore")
+
+    async def main():
+        async with open_environment("live", root=sys.argv[1]) as env:
+            value = await env.storage(Namespace("app", "kernels", version="1")).get(b"late")
+            print((value or b"").decode(), env.read_only)
+
+    anyio.run(main, backend=sys.argv[2])
+    """
+)
+
+
+async def test_a_reader_that_may_not_write_sees_commits_still_in_a_writers_wal(
+    shared_tmp: Path, backend_name: str
+) -> None:
+    root = shared_tmp / "live"
+    root.mkdir(mode=0o777)
+    root.chmod(0o777)
+    async with open_environment("live", root=root) as env:
+        (root / "live.db").chmod(0o444)  # the writer (root) still writes; the reader may not
+        await env.storage(NS).insert(b"late", b"committed")  # in the -wal, not checkpointed
+        beside = sorted(p.name for p in root.iterdir())
+        assert beside == ["live.db", "live.db-shm", "live.db-wal"]
+        reader = partial(run_python, _LATE_READER_CHILD, str(root), backend_name)
+        child = await anyio.to_thread.run_sync(partial(reader, user=unprivileged_user()))
+        assert child.returncode == 0, child.stderr
+        assert child.stdout.split() == ["committed", "True"]
+        assert sorted(p.name for p in root.iterdir()) == beside
 
 
 _UNWRITABLE_CHILD = textwrap.dedent(

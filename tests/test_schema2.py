@@ -23,6 +23,7 @@ from warmenv.persistence.schema import (
     BUNDLE_VERSION,
     ENTRY_COLUMNS,
     ENVIRONMENT_COLUMNS,
+    read_only_uris,
 )
 from warmenv.persistence.sqlite import SqliteStorage
 
@@ -304,3 +305,36 @@ def test_a_sigkill_at_a_random_moment_of_opening_leaves_version_1_or_2_never_bet
     import anyio
 
     assert anyio.run(reopen) == BIG
+
+
+# --- reading a file that is not written: what is beside it decides how -------------
+
+
+def _wal_file(tmp_path: Path) -> Path:
+    path = tmp_path / "e.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE t (x)")
+    conn.close()
+    return path
+
+
+def test_a_wal_file_with_nothing_beside_it_is_read_as_immutable(tmp_path: Path) -> None:
+    # SQLite removes a -wal only after checkpointing it: the main file holds every commit.
+    path = _wal_file(tmp_path)
+    assert read_only_uris(path) == [f"{path.resolve().as_uri()}?immutable=1"]
+
+
+def test_a_wal_file_with_its_wal_and_shm_is_read_through_them(tmp_path: Path) -> None:
+    path = _wal_file(tmp_path)
+    (tmp_path / "e.db-wal").write_bytes(b"\0" * 64)
+    (tmp_path / "e.db-shm").write_bytes(b"\0" * 64)
+    assert read_only_uris(path) == [f"{path.resolve().as_uri()}?mode=ro"]
+
+
+def test_a_wal_with_commits_and_no_shm_is_refused_rather_than_read_stale(tmp_path: Path) -> None:
+    path = _wal_file(tmp_path)
+    (tmp_path / "e.db-wal").write_bytes(b"\0" * 64)
+    with pytest.raises(sqlite3.OperationalError, match="no -shm file"):
+        read_only_uris(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.db", "e.db-wal"]

@@ -18,6 +18,7 @@ system call), so async code calls them on a worker thread too.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -51,9 +52,11 @@ __all__ = [
     "prefix_sql",
     "range_totals",
     "read_only_uri",
+    "read_only_uris",
     "transaction",
     "value_of",
     "well_typed",
+    "writable",
 ]
 
 T = TypeVar("T")
@@ -164,17 +167,83 @@ def read_only_uri(path: Path, *, immutable: bool = False) -> str:
 def open_uris(path: Path, *, read_write: bool) -> list[str]:
     """The URIs to open an existing file by, in the order to try them.
 
-    - `mode=rw`, with `read_write`: never creates the file, and the last
-      connection to close it removes the -wal and -shm files it needed, so a
-      read leaves nothing beside the file (a `mode=ro` connection cannot).
-    - `mode=ro`: where the file or its directory is not writable; it still
-      locks and reads the -wal file, so it sees what writers committed.
-    - `immutable=1`: where even `mode=ro` fails, e.g. a WAL file whose
-      directory cannot hold the -shm file that `mode=ro` needs.
+    - `mode=rw`, with `read_write` and only where this process may write the
+      file (`writable`): never creates the file, and the last connection to
+      close it removes the -wal and -shm files it needed, so a read leaves
+      nothing beside the file. A file we may not write is never offered to
+      `mode=rw`: SQLite would quietly open it read-only, a check that writes
+      nothing would pass, and every later write would fail one by one.
+    - then `read_only_uris`: how a file is read that we do not (or cannot) write.
     """
-    uri = path.resolve().as_uri()
-    modes = ["mode=rw", "mode=ro", "immutable=1"] if read_write else ["mode=ro", "immutable=1"]
-    return [f"{uri}?{mode}" for mode in modes]
+    resolved = path.resolve()
+    first = [f"{resolved.as_uri()}?mode=rw"] if read_write and writable(resolved) else []
+    return first + read_only_uris(resolved)
+
+
+def read_only_uris(path: Path) -> list[str]:
+    """How to read a WAL database without writing it or creating any file beside it.
+
+    A `mode=ro` connection cannot checkpoint, so it never removes the -wal
+    and -shm files it opens, and where none exist and the directory is
+    writable it creates them (owned by us, with the database's permission
+    bits, so the file's owner may then be unable to write its own -shm).
+    So the choice follows what is beside the file:
+
+    - no -wal file (or an empty one and no -shm): `immutable=1`, the main
+      file alone, no lock, nothing created. It is complete: SQLite removes a
+      -wal file only after checkpointing every commit in it into the main file.
+    - a -wal file and a -shm file (a writer has the file open, or left them):
+      `mode=ro` reads through them under the writers' locks, sees every
+      commit and creates nothing; `immutable=1` after it would ignore the
+      -wal's commits, so it is not tried.
+    - a -wal file with content and no -shm (a writer died before
+      checkpointing): its commits can only be read through a -shm file that
+      we would create and leave behind, so the file is refused
+      (`sqlite3.OperationalError`): opening it once as its owner recovers it.
+
+    Residual risk of `immutable=1`: it takes no lock, so a writer who may
+    write the file and opens it afterwards is not seen (its commits stay in
+    its -wal, unseen by this connection until it is opened again), and if
+    that writer checkpoints into the main file while a read is under way,
+    that read may see pages of two versions (an error, or a torn result).
+    Nothing safer exists for a reader that may not create the -shm file
+    through which SQLite's readers and writers coordinate.
+    """
+    resolved = path.resolve()
+    uri = resolved.as_uri()
+    wal = _size(resolved.with_name(resolved.name + "-wal"))
+    shm = _size(resolved.with_name(resolved.name + "-shm")) is not None
+    if wal is None or (wal == 0 and not shm):
+        return [f"{uri}?immutable=1"]
+    if shm:
+        return [f"{uri}?mode=ro"]
+    raise sqlite3.OperationalError(
+        f"{resolved}-wal holds commits not yet in {resolved} and there is no -shm file "
+        "(a writer stopped before checkpointing); reading it would leave a -shm file "
+        "behind, so it is not read: open it once as a user who may write it"
+    )
+
+
+def writable(path: Path) -> bool:
+    """Whether this process may open `path` for writing (what SQLite's `mode=rw` needs).
+
+    Opened, not `os.access`ed: the answer is the kernel's for our effective
+    user, groups, ACLs and a read-only mount alike. Non-blocking, so a FIFO
+    answers at once; nothing is created or changed.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return None
 
 
 class NewerSchemaError(sqlite3.DatabaseError):

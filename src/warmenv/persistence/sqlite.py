@@ -335,6 +335,10 @@ async def open_database(path: Path, *, create: bool = True) -> SqliteDatabase:
     exists = await anyio.to_thread.run_sync(path.exists)
     if not exists and not create:
         raise FileNotFoundError(path)
+    if exists and not await anyio.to_thread.run_sync(schema.writable, path):
+        # Never offered to a read-write open: SQLite would quietly open it
+        # read-only, leave -wal and -shm files, and accept writes that all fail.
+        return await _open_readonly(path)
     try:
         connection, prepared = await _sqlite.open_with(str(path), schema.prepare_writable)
     except sqlite3.Error:
