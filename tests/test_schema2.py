@@ -338,3 +338,13 @@ def test_a_wal_with_commits_and_no_shm_is_refused_rather_than_read_stale(tmp_pat
     with pytest.raises(sqlite3.OperationalError, match="no -shm file"):
         read_only_uris(path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e.db", "e.db-wal"]
+
+
+def test_a_file_with_a_rollback_journal_is_never_read_as_immutable(tmp_path: Path) -> None:
+    # immutable=1 ignores a hot journal and would read the half-written main file.
+    path = tmp_path / "d.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    conn.close()
+    (tmp_path / "d.db-journal").write_bytes(b"\xd9\xd5\x05\xf9\x20\xa1\x63\xd7" + b"\0" * 504)
+    assert read_only_uris(path) == [f"{path.resolve().as_uri()}?mode=ro"]

@@ -189,6 +189,8 @@ def read_only_uris(path: Path) -> list[str]:
     bits, so the file's owner may then be unable to write its own -shm).
     So the choice follows what is beside the file:
 
+    - a rollback journal beside it (a file in journal mode DELETE being
+      written, or left hot by a crash): `mode=ro`, which honours it.
     - no -wal file (or an empty one and no -shm): `immutable=1`, the main
       file alone, no lock, nothing created. It is complete: SQLite removes a
       -wal file only after checkpointing every commit in it into the main file.
@@ -213,6 +215,11 @@ def read_only_uris(path: Path) -> list[str]:
     uri = resolved.as_uri()
     wal = _size(resolved.with_name(resolved.name + "-wal"))
     shm = _size(resolved.with_name(resolved.name + "-shm")) is not None
+    if _size(resolved.with_name(resolved.name + "-journal")):
+        # A rollback journal (a file not in WAL mode, mid-write or left by a crash):
+        # immutable=1 would read the half-written main file; mode=ro honours the journal
+        # (or fails, where rolling it back would need a write), never reads torn pages.
+        return [f"{uri}?mode=ro"]
     if wal is None or (wal == 0 and not shm):
         return [f"{uri}?immutable=1"]
     if shm:
