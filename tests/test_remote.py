@@ -554,6 +554,28 @@ def test_a_password_in_any_part_of_the_url_is_never_shown(url: str) -> None:
         assert PASSWORD not in repr(settings)
 
 
+@pytest.mark.parametrize(
+    ("url", "port"),
+    [
+        ("redis://localhost:notaport/0", "notaport"),
+        ("redis://localhost:99999", "99999"),
+        (f"redis://:{PASSWORD}@localhost:notaport/0", "notaport"),
+        (f"redis://:{PASSWORD}@cache.internal:99999/2", "99999"),
+        (f"rediss://fleet:{PASSWORD}@[::1]:63 79/0", "63 79"),
+    ],
+)
+async def test_a_malformed_port_is_named_as_given_with_the_password_hidden(
+    tmp_path: Path, url: str, port: str
+) -> None:
+    with pytest.raises(RemoteError) as raised:
+        async with open_environment("fleet", root=tmp_path, remote=url):
+            pass
+    message = str(raised.value)
+    assert f"malformed port {port!r}" in message
+    assert redact(url) in message and f":{port}" in redact(url)
+    assert PASSWORD not in message
+
+
 async def test_the_variable_warmenv_remote_configures_the_tier(
     tmp_path: Path, server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

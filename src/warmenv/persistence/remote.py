@@ -211,16 +211,29 @@ def _redact_userinfo(url: str) -> str:
             return url
         scheme, colon, _ = head.partition(":")
         return f"{scheme}{colon}//***@{tail}" if colon else f"***@{tail}"
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
+    # The host and port as given, not as parsed: a malformed port is what the
+    # user must see (the parser would drop it, or raise).
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return urlunsplit((parts.scheme, f"{user}:***@{hostport}", parts.path, parts.query, parts.fragment))
+
+
+def _port_as_given(url: str) -> str | None:
+    """The port text of `url` when it cannot be a password's piece, else `None`.
+
+    It can be one when no `@` ends the host part (`redis://:pw#x@host`: the
+    parser reads `pw#x` up to the `#`, and `pw` as the port).
+    """
     try:
-        port = parts.port
-    except ValueError:
-        port = None
-    netloc = f"{user}:***@{host}" + (f":{port}" if port is not None else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+        netloc = urlsplit(url).netloc
+    except ValueError:  # a malformed host (an unclosed `[`): no port to show
+        return None
+    if "@" in url and "@" not in netloc:
+        return None
+    hostport = netloc.rpartition("@")[2]
+    if hostport.startswith("["):
+        hostport = hostport.partition("]")[2]
+    return hostport.partition(":")[2]
 
 
 @attrs.frozen(repr=False)
@@ -270,6 +283,11 @@ def check_url(url: object, where: str = "remote") -> str:
         parts.port  # noqa: B018 (a bad port raises here)
     except ValueError:
         # Not the parser's message: it may quote the password, taken for a port or a host.
+        if port := _port_as_given(url):
+            raise RemoteError(
+                f"{where}: {redact(url)!r} has a malformed port {port!r}; a port is a number"
+                " from 0 to 65535 (none means 6379)"
+            ) from None
         raise RemoteError(
             f"{where}: {redact(url)!r} is not a valid URL (a malformed host or port; a password"
             " with '#', '/' or '?' goes in the query, percent-encoded: ?password=a%23b)"
