@@ -633,7 +633,10 @@ class RemoteTier:
                 except _Down:
                     return False, None
                 except Exception as exc:
-                    self._reject(lkey, f"Redis refused to take the lease ({exc})")
+                    # A wrong type (what `_call` lets through) under the value's key:
+                    # its GETRANGE is the claim's only command that cares (under the
+                    # lease key, SET NX sees a key and PTTL says it never expires).
+                    self._reject(rkey, f"Redis refused to read it ({exc})")
                     return False, None
                 if isinstance(state, bytes):
                     return False, self._unframe(rkey, state)
