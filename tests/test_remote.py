@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import json
@@ -20,6 +21,7 @@ from typing import Any
 import anyio
 import coredis
 import pytest
+from coredis.retry import NoRetryPolicy
 
 from helpers import Trials, backend_label, reliability_row, run_python
 from redis_server import COREDIS_UNCLOSED_STREAMS, RedisServer, free_port, redis_server
@@ -336,6 +338,53 @@ async def test_a_cold_burst_against_an_unreachable_redis_costs_one_timeout(
     # Calls waiting on connections or on each other's timeouts would add up to
     # several timeouts; side by side they cost one.
     assert remote - local < 2 * settings.timeout, (remote, local)
+
+
+@pytest.mark.parametrize("where", ["silent", "killed"])
+async def test_coredis_s_traceback_for_a_server_that_does_not_answer_stays_out_of_the_logs(
+    tmp_path: Path, server: RedisServer, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    # "silent": a socket whose connections the kernel completes and nobody answers.
+    # "killed": a server that answered, then died under its open connections.
+    with socket.socket() as silent, caplog.at_level(logging.DEBUG):
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0" if where == "silent" else server.url
+        settings = RemoteSettings(url, timeout=0.25)
+        async with open_environment("fleet", root=tmp_path, remote=settings) as env:
+            assert env.remote is not None
+            storage = env.storage(NS)
+            if where == "killed":
+                await storage.insert(b"k", b"v")
+                await _until_subscribed(env.remote.statistics)
+                server.stop()
+            for i in range(3):
+                assert await storage.get(b"missing-%d" % i) is None
+                await anyio.sleep(0.6)  # past the first backoff: each lookup tries again
+            assert env.remote.statistics().outages == 1
+    traced = [r for r in caplog.records if r.exc_info is not None]
+    assert not traced, [(r.name, r.getMessage()) for r in traced]
+    assert not [r for r in caplog.records if r.name.startswith("coredis")]
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "is unavailable" in warned[0], warned
+
+
+async def test_what_the_application_s_own_coredis_clients_log_is_left_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with socket.socket() as silent, caplog.at_level(logging.DEBUG):
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        async with (
+            open_environment("fleet", root=tmp_path, remote=RemoteSettings(url)) as env,
+            coredis.Redis.from_url(url, retry_policy=NoRetryPolicy()) as own,
+        ):
+            assert await env.storage(NS).get(b"k") is None  # the tier's records are its own
+            # Cancelled on asyncio; on trio, coredis makes it a ConnectionError.
+            with anyio.move_on_after(0.25), contextlib.suppress(coredis.exceptions.ConnectionError):
+                await own.ping()
+    assert any(r.name == "coredis" and r.exc_info is not None for r in caplog.records)
 
 
 @pytest.mark.parametrize("kind", ["list", "hash", "garbage", "huge", "moved", "empty"])

@@ -67,6 +67,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
@@ -186,6 +187,40 @@ return 1
 """
 
 
+# The tier whose operation (or subscription) the running task is in. coredis runs
+# each connection in a task of its own, which inherits this from the task that
+# asked for the connection: what coredis logs there is about one of our connections.
+_TIER_AT_WORK: ContextVar[RemoteTier | None] = ContextVar("warmenv_remote_tier", default=None)
+
+
+@final
+class _OurConnections(logging.Filter):
+    """What coredis logs about the tier's own connections, as one DEBUG line of ours.
+
+    coredis logs a connection attempt that failed (a server that never
+    answers, one that stops) at ERROR with its traceback, to the `coredis`
+    logger and so into the application's logs; the tier already said, in one
+    warning per outage, that the server is unavailable and why. Records about
+    the application's own coredis clients pass untouched.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        tier = _TIER_AT_WORK.get()
+        if tier is None:
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        log.debug(
+            "%s: coredis says %r%s",
+            tier.describe(),
+            record.getMessage(),
+            "" if error is None else f" ({type(error).__name__}: {error})",
+        )
+        return False
+
+
+_OUR_CONNECTIONS: Final = _OurConnections()
+
+
 class RemoteError(WarmenvError):
     """The remote setting cannot be used (a malformed URL, or the `redis` extra missing)."""
 
@@ -215,7 +250,8 @@ def _redact_userinfo(url: str) -> str:
     # user must see (the parser would drop it, or raise).
     userinfo, _, hostport = parts.netloc.rpartition("@")
     user = userinfo.partition(":")[0]
-    return urlunsplit((parts.scheme, f"{user}:***@{hostport}", parts.path, parts.query, parts.fragment))
+    netloc = f"{user}:***@{hostport}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def _port_as_given(url: str) -> str | None:
@@ -433,6 +469,8 @@ class RemoteTier:
                 f"remote {redact(settings.url)!r} needs the redis extra: "
                 "pip install 'warmenv[redis]'"
             ) from None
+        # Added once (a logger keeps one of each filter), only once coredis is used.
+        logging.getLogger("coredis").addFilter(_OUR_CONNECTIONS)
         # Reading the TLS files (and the system's CAs) is file I/O: not on the loop.
         tls = await anyio.to_thread.run_sync(tls_context, settings.url)
         client = _client(settings, settings.max_connections, tls)
@@ -682,6 +720,7 @@ class RemoteTier:
         """Wake the waiters on each key announced on the channel, resubscribing after a loss."""
         from coredis.retry import NoRetryPolicy
 
+        _TIER_AT_WORK.set(self)  # this task's own context: its connection's records are ours
         delay = FIRST_RETRY_DELAY
         while True:
             try:
@@ -770,19 +809,23 @@ class RemoteTier:
             self._count("skipped")
             raise _Down(f"not tried: backing off for {self._delay:g} s after a failure")
         failure: BaseException | None = None
-        with anyio.move_on_after(self.settings.timeout):
-            try:
-                result = await operation()
-            except self._refused as exc:
-                self._recovered()
-                raise exc from None  # the server answered: hostile data, not an outage
-            except Exception as exc:
-                failure = exc
-            else:
-                self._recovered()
-                if not probe:
-                    self._listen_soon()
-                return result
+        at_work = _TIER_AT_WORK.set(self)  # for the connections opened meanwhile
+        try:
+            with anyio.move_on_after(self.settings.timeout):
+                try:
+                    result = await operation()
+                except self._refused as exc:
+                    self._recovered()
+                    raise exc from None  # the server answered: hostile data, not an outage
+                except Exception as exc:
+                    failure = exc
+                else:
+                    self._recovered()
+                    if not probe:
+                        self._listen_soon()
+                    return result
+        finally:
+            _TIER_AT_WORK.reset(at_work)
         raise _Down(self._failed(failure))
 
     def _failed(self, failure: BaseException | None) -> str:
