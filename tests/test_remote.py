@@ -135,6 +135,42 @@ async def test_the_first_writer_fleet_wide_wins(tmp_path: Path, server: RedisSer
         assert a.remote is not None and b.remote is not None
         assert a.remote.statistics().published == 1
         assert b.remote.statistics().already_published == 1
+        assert b.remote.statistics().publish_blocked == 0
+
+
+@pytest.mark.parametrize("kind", ["hash", "list", "garbage", "empty", "short", "old-short"])
+async def test_something_not_warmenv_s_under_a_key_is_counted_as_blocking_its_publication(
+    tmp_path: Path,
+    server: RedisServer,
+    raw: coredis.Redis[bytes],
+    caplog: pytest.LogCaptureFixture,
+    kind: str,
+) -> None:
+    async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
+        assert env.remote is not None
+        rkey = env.remote.redis_key(NS.full, b"k")
+        if kind == "hash":
+            await raw.hset(rkey, {b"a": b"b"})
+        elif kind == "list":
+            await raw.rpush(rkey, [b"a", b"b"])
+        elif kind == "garbage":
+            await raw.set(rkey, os.urandom(64))
+        elif kind == "empty":
+            await raw.set(rkey, b"")
+        elif kind == "short":  # the marker, too short for a frame
+            await raw.set(rkey, b"warmenv2" + b"x" * 31)
+        else:
+            await raw.set(rkey, b"warmenv1" + b"x" * 15)
+        storage = env.storage(NS)
+        with caplog.at_level(logging.WARNING, logger="warmenv.remote"):
+            for _ in range(3):
+                await storage.replace(b"k", b"v")
+        stats = env.remote.statistics()
+        assert (stats.publish_blocked, stats.already_published, stats.published) == (3, 0, 0)
+        assert stats.failures == stats.outages == 0
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1, warned  # once per key
+    assert repr(rkey) in warned[0] and "delete it (DEL)" in warned[0]
 
 
 async def test_a_value_over_the_cap_stays_local_and_is_counted(

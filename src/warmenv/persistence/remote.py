@@ -147,8 +147,12 @@ _HEADER: Final = _BODY + _CARRIED
 _LEASE: Final = b":lease"  # a key's lease is its Redis key with this suffix
 
 # KEYS: the value, its lease. ARGV: the framed value, the channel. 1 if stored, 0 if a
-# value was there. Only a host waiting for a lease's holder listens for the message, so
-# it is sent only while the key's lease is held: a plain insert costs no message (a
+# value was there, -1 if what is there is no warmenv frame (another type, or a string
+# without the marker or too short for a frame): it blocks the key until deleted, as the
+# first value under a key stays. Told apart on the server, after SET NX failed: the
+# publication that stores (every one but the first fleet-wide) stays one round trip of
+# the same commands. Only a host waiting for a lease's holder listens for the message,
+# so it is sent only while the key's lease is held: a plain insert costs no message (a
 # waiter whose holder died finds the value by polling). Sent with pcall: a server that
 # refuses PUBLISH still stores the value.
 _PUBLISH: Final = b"""
@@ -156,8 +160,12 @@ if redis.call('set', KEYS[1], ARGV[1], 'NX') then
   if redis.call('exists', KEYS[2]) == 1 then redis.pcall('publish', ARGV[2], KEYS[1]) end
   return 1
 end
-return 0
-"""
+local head = redis.pcall('getrange', KEYS[1], 0, %d)
+if type(head) ~= 'string' then return -1 end
+local magic = string.sub(head, 1, %d)
+if (magic == '%s' and #head >= %d) or (magic == '%s' and #head >= %d) then return 0 end
+return -1
+""" % (_HEADER - 1, len(_MAGIC), _MAGIC, _HEADER, _MAGIC_V1, _BODY)
 # KEYS: the lease, the value. ARGV: our token, the TTL in ms, the last byte to read.
 # The value (framed, read up to the byte given) if there is one, so that a waiter gets
 # it in the same round trip; else 1: the lease is now ours; 0: another host holds it;
@@ -387,6 +395,9 @@ class RemoteStatistics:
     """Waits for another host's value ended by its message rather than by polling."""
     subscribed: bool = False
     """Whether waiters are woken by messages now (else they only poll)."""
+    publish_blocked: int = 0
+    """Values not published because what sits under the key in Redis is no warmenv value
+    (another type, or a string warmenv did not frame): it stays until it is deleted."""
 
 
 @attrs.frozen
@@ -452,6 +463,8 @@ class RemoteTier:
     _listening: bool = attrs.field(init=False, default=False)
     # The keys whose unusable value was warned about (each once, up to a bound).
     _rejected: set[bytes] = attrs.field(init=False, factory=set)
+    # The keys whose value kept ours from being published (each warned about once).
+    _blocked: set[bytes] = attrs.field(init=False, factory=set)
     _subscribed: bool = attrs.field(init=False, default=False)
 
     def __attrs_post_init__(self) -> None:
@@ -512,6 +525,7 @@ class RemoteTier:
             leases_lost=c.get("leases_lost", 0),
             woken=c.get("woken", 0),
             subscribed=self._subscribed,
+            publish_blocked=c.get("publish_blocked", 0),
         )
 
     def redis_key(self, namespace: str, key: bytes) -> bytes:
@@ -618,6 +632,15 @@ class RemoteTier:
         except Exception as exc:
             log.warning("%s refused to store %r: %s", self.describe(), rkey, exc)
             self._count("failures")
+            return
+        if stored == -1:
+            self._count("publish_blocked")
+            self._warn_once(
+                self._blocked,
+                "%s: not publishing under %r: it holds something warmenv did not publish, and"
+                " the first value under a key stays; delete it (DEL) to let the fleet share it",
+                rkey,
+            )
             return
         self._count("published" if stored else "already_published")
 
@@ -864,18 +887,25 @@ class RemoteTier:
 
     def _reject(self, rkey: bytes, why: str) -> None:
         self._count("rejected")
-        # Once per key: garbage under a key stays until it is evicted, and a
-        # warning per lookup of it would flood the log (counted all the same).
-        if rkey in self._rejected or len(self._rejected) >= MAX_REJECTED_WARNED:
-            log.debug("%s: ignoring the value under %r: %s (a miss)", self.describe(), rkey, why)
+        self._warn_once(self._rejected, "%s: ignoring the value under %r: %s (a miss)", rkey, why)
+
+    def _warn_once(self, warned: set[bytes], message: str, rkey: bytes, *args: object) -> None:
+        """Log `message` (about `rkey`, after the tier) as a warning the first time for the key.
+
+        Garbage under a key stays until it is evicted or deleted, and a warning
+        per call that meets it would flood the log (each is counted all the
+        same); past MAX_REJECTED_WARNED keys in `warned`, at DEBUG only.
+        """
+        if rkey in warned or len(warned) >= MAX_REJECTED_WARNED:
+            log.debug(message, self.describe(), rkey, *args)
             return
-        self._rejected.add(rkey)
-        last = len(self._rejected) == MAX_REJECTED_WARNED
+        warned.add(rkey)
+        last = len(warned) == MAX_REJECTED_WARNED
         log.warning(
-            "%s: ignoring the value under %r: %s (a miss)%s",
+            message + "%s",
             self.describe(),
             rkey,
-            why,
+            *args,
             "; further keys like it are logged at DEBUG only" if last else "",
         )
 
