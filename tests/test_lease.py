@@ -335,6 +335,36 @@ async def test_something_that_never_expires_under_the_lease_key_is_ignored_with_
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["hash", "list"])
+async def test_a_wrong_type_under_the_value_key_is_warned_about_under_that_key(
+    tmp_path: Path,
+    server: RedisServer,
+    raw: coredis.Redis[bytes],
+    caplog: pytest.LogCaptureFixture,
+    kind: str,
+) -> None:
+    async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
+        assert env.remote is not None
+        rkey = env.remote.redis_key(NS.full, b'"k"')
+        if kind == "hash":
+            await raw.hset(rkey, {b"a": b"b"})
+        else:
+            await raw.rpush(rkey, [b"a", b"b"])
+        store: Store[str, str] = await env.store(NS)
+        work = _Host()
+        work.finish.set()
+        with caplog.at_level(logging.WARNING, logger="warmenv.remote"), anyio.fail_after(2):
+            # A lookup, then the claim on the lease: both find the value key unreadable.
+            assert await store.get_or_compute("k", work.compute, "local") == "local"
+        assert env.remote.statistics().rejected == 2
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warned and all(repr(rkey) in message for message in warned), warned
+    assert not any(repr(rkey + b":lease") in message for message in warned), warned
+    # Once per key, whichever read met it first (and once that it kept the value unpublished).
+    assert len([message for message in warned if "ignoring the value" in message]) == 1
+
+
+@pytest.mark.anyio
 async def test_a_planted_lease_outliving_any_real_one_is_ignored_with_a_warning(
     tmp_path: Path,
     server: RedisServer,

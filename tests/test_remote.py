@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import json
@@ -20,6 +21,7 @@ from typing import Any
 import anyio
 import coredis
 import pytest
+from coredis.retry import NoRetryPolicy
 
 from helpers import Trials, backend_label, reliability_row, run_python
 from redis_server import COREDIS_UNCLOSED_STREAMS, RedisServer, free_port, redis_server
@@ -133,6 +135,42 @@ async def test_the_first_writer_fleet_wide_wins(tmp_path: Path, server: RedisSer
         assert a.remote is not None and b.remote is not None
         assert a.remote.statistics().published == 1
         assert b.remote.statistics().already_published == 1
+        assert b.remote.statistics().publish_blocked == 0
+
+
+@pytest.mark.parametrize("kind", ["hash", "list", "garbage", "empty", "short", "old-short"])
+async def test_something_not_warmenv_s_under_a_key_is_counted_as_blocking_its_publication(
+    tmp_path: Path,
+    server: RedisServer,
+    raw: coredis.Redis[bytes],
+    caplog: pytest.LogCaptureFixture,
+    kind: str,
+) -> None:
+    async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
+        assert env.remote is not None
+        rkey = env.remote.redis_key(NS.full, b"k")
+        if kind == "hash":
+            await raw.hset(rkey, {b"a": b"b"})
+        elif kind == "list":
+            await raw.rpush(rkey, [b"a", b"b"])
+        elif kind == "garbage":
+            await raw.set(rkey, os.urandom(64))
+        elif kind == "empty":
+            await raw.set(rkey, b"")
+        elif kind == "short":  # the marker, too short for a frame
+            await raw.set(rkey, b"warmenv2" + b"x" * 31)
+        else:
+            await raw.set(rkey, b"warmenv1" + b"x" * 15)
+        storage = env.storage(NS)
+        with caplog.at_level(logging.WARNING, logger="warmenv.remote"):
+            for _ in range(3):
+                await storage.replace(b"k", b"v")
+        stats = env.remote.statistics()
+        assert (stats.publish_blocked, stats.already_published, stats.published) == (3, 0, 0)
+        assert stats.failures == stats.outages == 0
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1, warned  # once per key
+    assert repr(rkey) in warned[0] and "delete it (DEL)" in warned[0]
 
 
 async def test_a_value_over_the_cap_stays_local_and_is_counted(
@@ -336,6 +374,53 @@ async def test_a_cold_burst_against_an_unreachable_redis_costs_one_timeout(
     # Calls waiting on connections or on each other's timeouts would add up to
     # several timeouts; side by side they cost one.
     assert remote - local < 2 * settings.timeout, (remote, local)
+
+
+@pytest.mark.parametrize("where", ["silent", "killed"])
+async def test_coredis_s_traceback_for_a_server_that_does_not_answer_stays_out_of_the_logs(
+    tmp_path: Path, server: RedisServer, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    # "silent": a socket whose connections the kernel completes and nobody answers.
+    # "killed": a server that answered, then died under its open connections.
+    with socket.socket() as silent, caplog.at_level(logging.DEBUG):
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0" if where == "silent" else server.url
+        settings = RemoteSettings(url, timeout=0.25)
+        async with open_environment("fleet", root=tmp_path, remote=settings) as env:
+            assert env.remote is not None
+            storage = env.storage(NS)
+            if where == "killed":
+                await storage.insert(b"k", b"v")
+                await _until_subscribed(env.remote.statistics)
+                server.stop()
+            for i in range(3):
+                assert await storage.get(b"missing-%d" % i) is None
+                await anyio.sleep(0.6)  # past the first backoff: each lookup tries again
+            assert env.remote.statistics().outages == 1
+    traced = [r for r in caplog.records if r.exc_info is not None]
+    assert not traced, [(r.name, r.getMessage()) for r in traced]
+    assert not [r for r in caplog.records if r.name.startswith("coredis")]
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "is unavailable" in warned[0], warned
+
+
+async def test_what_the_application_s_own_coredis_clients_log_is_left_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with socket.socket() as silent, caplog.at_level(logging.DEBUG):
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        async with (
+            open_environment("fleet", root=tmp_path, remote=RemoteSettings(url)) as env,
+            coredis.Redis.from_url(url, retry_policy=NoRetryPolicy()) as own,
+        ):
+            assert await env.storage(NS).get(b"k") is None  # the tier's records are its own
+            # Cancelled on asyncio; on trio, coredis makes it a ConnectionError.
+            with anyio.move_on_after(0.25), contextlib.suppress(coredis.exceptions.ConnectionError):
+                await own.ping()
+    assert any(r.name == "coredis" and r.exc_info is not None for r in caplog.records)
 
 
 @pytest.mark.parametrize("kind", ["list", "hash", "garbage", "huge", "moved", "empty"])
@@ -552,6 +637,28 @@ def test_a_password_in_any_part_of_the_url_is_never_shown(url: str) -> None:
         assert PASSWORD not in str(exc)
     else:
         assert PASSWORD not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    ("url", "port"),
+    [
+        ("redis://localhost:notaport/0", "notaport"),
+        ("redis://localhost:99999", "99999"),
+        (f"redis://:{PASSWORD}@localhost:notaport/0", "notaport"),
+        (f"redis://:{PASSWORD}@cache.internal:99999/2", "99999"),
+        (f"rediss://fleet:{PASSWORD}@[::1]:63 79/0", "63 79"),
+    ],
+)
+async def test_a_malformed_port_is_named_as_given_with_the_password_hidden(
+    tmp_path: Path, url: str, port: str
+) -> None:
+    with pytest.raises(RemoteError) as raised:
+        async with open_environment("fleet", root=tmp_path, remote=url):
+            pass
+    message = str(raised.value)
+    assert f"malformed port {port!r}" in message
+    assert redact(url) in message and f":{port}" in redact(url)
+    assert PASSWORD not in message
 
 
 async def test_the_variable_warmenv_remote_configures_the_tier(

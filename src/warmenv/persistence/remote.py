@@ -67,6 +67,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
@@ -146,8 +147,12 @@ _HEADER: Final = _BODY + _CARRIED
 _LEASE: Final = b":lease"  # a key's lease is its Redis key with this suffix
 
 # KEYS: the value, its lease. ARGV: the framed value, the channel. 1 if stored, 0 if a
-# value was there. Only a host waiting for a lease's holder listens for the message, so
-# it is sent only while the key's lease is held: a plain insert costs no message (a
+# value was there, -1 if what is there is no warmenv frame (another type, or a string
+# without the marker or too short for a frame): it blocks the key until deleted, as the
+# first value under a key stays. Told apart on the server, after SET NX failed: the
+# publication that stores (every one but the first fleet-wide) stays one round trip of
+# the same commands. Only a host waiting for a lease's holder listens for the message,
+# so it is sent only while the key's lease is held: a plain insert costs no message (a
 # waiter whose holder died finds the value by polling). Sent with pcall: a server that
 # refuses PUBLISH still stores the value.
 _PUBLISH: Final = b"""
@@ -155,8 +160,12 @@ if redis.call('set', KEYS[1], ARGV[1], 'NX') then
   if redis.call('exists', KEYS[2]) == 1 then redis.pcall('publish', ARGV[2], KEYS[1]) end
   return 1
 end
-return 0
-"""
+local head = redis.pcall('getrange', KEYS[1], 0, %d)
+if type(head) ~= 'string' then return -1 end
+local magic = string.sub(head, 1, %d)
+if (magic == '%s' and #head >= %d) or (magic == '%s' and #head >= %d) then return 0 end
+return -1
+""" % (_HEADER - 1, len(_MAGIC), _MAGIC, _HEADER, _MAGIC_V1, _BODY)
 # KEYS: the lease, the value. ARGV: our token, the TTL in ms, the last byte to read.
 # The value (framed, read up to the byte given) if there is one, so that a waiter gets
 # it in the same round trip; else 1: the lease is now ours; 0: another host holds it;
@@ -186,6 +195,40 @@ return 1
 """
 
 
+# The tier whose operation (or subscription) the running task is in. coredis runs
+# each connection in a task of its own, which inherits this from the task that
+# asked for the connection: what coredis logs there is about one of our connections.
+_TIER_AT_WORK: ContextVar[RemoteTier | None] = ContextVar("warmenv_remote_tier", default=None)
+
+
+@final
+class _OurConnections(logging.Filter):
+    """What coredis logs about the tier's own connections, as one DEBUG line of ours.
+
+    coredis logs a connection attempt that failed (a server that never
+    answers, one that stops) at ERROR with its traceback, to the `coredis`
+    logger and so into the application's logs; the tier already said, in one
+    warning per outage, that the server is unavailable and why. Records about
+    the application's own coredis clients pass untouched.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        tier = _TIER_AT_WORK.get()
+        if tier is None:
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        log.debug(
+            "%s: coredis says %r%s",
+            tier.describe(),
+            record.getMessage(),
+            "" if error is None else f" ({type(error).__name__}: {error})",
+        )
+        return False
+
+
+_OUR_CONNECTIONS: Final = _OurConnections()
+
+
 class RemoteError(WarmenvError):
     """The remote setting cannot be used (a malformed URL, or the `redis` extra missing)."""
 
@@ -211,16 +254,30 @@ def _redact_userinfo(url: str) -> str:
             return url
         scheme, colon, _ = head.partition(":")
         return f"{scheme}{colon}//***@{tail}" if colon else f"***@{tail}"
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    netloc = f"{user}:***@{host}" + (f":{port}" if port is not None else "")
+    # The host and port as given, not as parsed: a malformed port is what the
+    # user must see (the parser would drop it, or raise).
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    netloc = f"{user}:***@{hostport}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _port_as_given(url: str) -> str | None:
+    """The port text of `url` when it cannot be a password's piece, else `None`.
+
+    It can be one when no `@` ends the host part (`redis://:pw#x@host`: the
+    parser reads `pw#x` up to the `#`, and `pw` as the port).
+    """
+    try:
+        netloc = urlsplit(url).netloc
+    except ValueError:  # a malformed host (an unclosed `[`): no port to show
+        return None
+    if "@" in url and "@" not in netloc:
+        return None
+    hostport = netloc.rpartition("@")[2]
+    if hostport.startswith("["):
+        hostport = hostport.partition("]")[2]
+    return hostport.partition(":")[2]
 
 
 @attrs.frozen(repr=False)
@@ -270,6 +327,11 @@ def check_url(url: object, where: str = "remote") -> str:
         parts.port  # noqa: B018 (a bad port raises here)
     except ValueError:
         # Not the parser's message: it may quote the password, taken for a port or a host.
+        if port := _port_as_given(url):
+            raise RemoteError(
+                f"{where}: {redact(url)!r} has a malformed port {port!r}; a port is a number"
+                " from 0 to 65535 (none means 6379)"
+            ) from None
         raise RemoteError(
             f"{where}: {redact(url)!r} is not a valid URL (a malformed host or port; a password"
             " with '#', '/' or '?' goes in the query, percent-encoded: ?password=a%23b)"
@@ -333,6 +395,9 @@ class RemoteStatistics:
     """Waits for another host's value ended by its message rather than by polling."""
     subscribed: bool = False
     """Whether waiters are woken by messages now (else they only poll)."""
+    publish_blocked: int = 0
+    """Values not published because what sits under the key in Redis is no warmenv value
+    (another type, or a string warmenv did not frame): it stays until it is deleted."""
 
 
 @attrs.frozen
@@ -398,6 +463,8 @@ class RemoteTier:
     _listening: bool = attrs.field(init=False, default=False)
     # The keys whose unusable value was warned about (each once, up to a bound).
     _rejected: set[bytes] = attrs.field(init=False, factory=set)
+    # The keys whose value kept ours from being published (each warned about once).
+    _blocked: set[bytes] = attrs.field(init=False, factory=set)
     _subscribed: bool = attrs.field(init=False, default=False)
 
     def __attrs_post_init__(self) -> None:
@@ -415,6 +482,8 @@ class RemoteTier:
                 f"remote {redact(settings.url)!r} needs the redis extra: "
                 "pip install 'warmenv[redis]'"
             ) from None
+        # Added once (a logger keeps one of each filter), only once coredis is used.
+        logging.getLogger("coredis").addFilter(_OUR_CONNECTIONS)
         # Reading the TLS files (and the system's CAs) is file I/O: not on the loop.
         tls = await anyio.to_thread.run_sync(tls_context, settings.url)
         client = _client(settings, settings.max_connections, tls)
@@ -456,6 +525,7 @@ class RemoteTier:
             leases_lost=c.get("leases_lost", 0),
             woken=c.get("woken", 0),
             subscribed=self._subscribed,
+            publish_blocked=c.get("publish_blocked", 0),
         )
 
     def redis_key(self, namespace: str, key: bytes) -> bytes:
@@ -563,6 +633,15 @@ class RemoteTier:
             log.warning("%s refused to store %r: %s", self.describe(), rkey, exc)
             self._count("failures")
             return
+        if stored == -1:
+            self._count("publish_blocked")
+            self._warn_once(
+                self._blocked,
+                "%s: not publishing under %r: it holds something warmenv did not publish, and"
+                " the first value under a key stays; delete it (DEL) to let the fleet share it",
+                rkey,
+            )
+            return
         self._count("published" if stored else "already_published")
 
     @asynccontextmanager
@@ -615,7 +694,10 @@ class RemoteTier:
                 except _Down:
                     return False, None
                 except Exception as exc:
-                    self._reject(lkey, f"Redis refused to take the lease ({exc})")
+                    # A wrong type (what `_call` lets through) under the value's key:
+                    # its GETRANGE is the claim's only command that cares (under the
+                    # lease key, SET NX sees a key and PTTL says it never expires).
+                    self._reject(rkey, f"Redis refused to read it ({exc})")
                     return False, None
                 if isinstance(state, bytes):
                     return False, self._unframe(rkey, state)
@@ -661,6 +743,7 @@ class RemoteTier:
         """Wake the waiters on each key announced on the channel, resubscribing after a loss."""
         from coredis.retry import NoRetryPolicy
 
+        _TIER_AT_WORK.set(self)  # this task's own context: its connection's records are ours
         delay = FIRST_RETRY_DELAY
         while True:
             try:
@@ -749,19 +832,23 @@ class RemoteTier:
             self._count("skipped")
             raise _Down(f"not tried: backing off for {self._delay:g} s after a failure")
         failure: BaseException | None = None
-        with anyio.move_on_after(self.settings.timeout):
-            try:
-                result = await operation()
-            except self._refused as exc:
-                self._recovered()
-                raise exc from None  # the server answered: hostile data, not an outage
-            except Exception as exc:
-                failure = exc
-            else:
-                self._recovered()
-                if not probe:
-                    self._listen_soon()
-                return result
+        at_work = _TIER_AT_WORK.set(self)  # for the connections opened meanwhile
+        try:
+            with anyio.move_on_after(self.settings.timeout):
+                try:
+                    result = await operation()
+                except self._refused as exc:
+                    self._recovered()
+                    raise exc from None  # the server answered: hostile data, not an outage
+                except Exception as exc:
+                    failure = exc
+                else:
+                    self._recovered()
+                    if not probe:
+                        self._listen_soon()
+                    return result
+        finally:
+            _TIER_AT_WORK.reset(at_work)
         raise _Down(self._failed(failure))
 
     def _failed(self, failure: BaseException | None) -> str:
@@ -800,18 +887,25 @@ class RemoteTier:
 
     def _reject(self, rkey: bytes, why: str) -> None:
         self._count("rejected")
-        # Once per key: garbage under a key stays until it is evicted, and a
-        # warning per lookup of it would flood the log (counted all the same).
-        if rkey in self._rejected or len(self._rejected) >= MAX_REJECTED_WARNED:
-            log.debug("%s: ignoring the value under %r: %s (a miss)", self.describe(), rkey, why)
+        self._warn_once(self._rejected, "%s: ignoring the value under %r: %s (a miss)", rkey, why)
+
+    def _warn_once(self, warned: set[bytes], message: str, rkey: bytes, *args: object) -> None:
+        """Log `message` (about `rkey`, after the tier) as a warning the first time for the key.
+
+        Garbage under a key stays until it is evicted or deleted, and a warning
+        per call that meets it would flood the log (each is counted all the
+        same); past MAX_REJECTED_WARNED keys in `warned`, at DEBUG only.
+        """
+        if rkey in warned or len(warned) >= MAX_REJECTED_WARNED:
+            log.debug(message, self.describe(), rkey, *args)
             return
-        self._rejected.add(rkey)
-        last = len(self._rejected) == MAX_REJECTED_WARNED
+        warned.add(rkey)
+        last = len(warned) == MAX_REJECTED_WARNED
         log.warning(
-            "%s: ignoring the value under %r: %s (a miss)%s",
+            message + "%s",
             self.describe(),
             rkey,
-            why,
+            *args,
             "; further keys like it are logged at DEBUG only" if last else "",
         )
 
