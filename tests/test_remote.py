@@ -43,6 +43,7 @@ from warmenv.persistence.remote import (
     RemoteSettings,
     RemoteStatistics,
     RemoteStorage,
+    check_url,
     redact,
 )
 from warmenv.persistence.storage import may_replace
@@ -659,6 +660,24 @@ async def test_a_malformed_port_is_named_as_given_with_the_password_hidden(
     assert f"malformed port {port!r}" in message
     assert redact(url) in message and f":{port}" in redact(url)
     assert PASSWORD not in message
+
+
+@pytest.mark.parametrize("path", ["/abc", "/0/1", "/-1", "/1.5", "/0x1"])
+async def test_a_malformed_database_number_is_refused_not_taken_for_database_0(
+    tmp_path: Path, path: str
+) -> None:
+    # coredis read `redis://host/abc` as database 0: writes went into another fleet's data.
+    url = f"redis://:{PASSWORD}@localhost{path}"
+    with pytest.raises(RemoteError, match="malformed database number") as raised:
+        async with open_environment("fleet", root=tmp_path, remote=url):
+            pass
+    assert repr(path[1:]) in str(raised.value) and PASSWORD not in str(raised.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("path", ["", "/", "/0", "/15"])
+def test_a_database_number_or_none_is_accepted(path: str) -> None:
+    assert check_url(f"redis://localhost{path}") == f"redis://localhost{path}"
 
 
 async def test_the_variable_warmenv_remote_configures_the_tier(

@@ -341,6 +341,12 @@ def check_url(url: object, where: str = "remote") -> str:
             f"{where}: {redact(url)!r} is not a Redis URL; use redis://[:password@]host[:port][/db]"
             " or rediss:// for TLS"
         )
+    if parts.path not in ("", "/") and not re.fullmatch(r"/[0-9]{1,9}", parts.path):
+        # coredis would take a path it cannot read as database 0: another fleet's data.
+        raise RemoteError(
+            f"{where}: {redact(url)!r} has a malformed database number {parts.path[1:]!r};"
+            " the path is a database number, e.g. /0 (none means 0)"
+        )
     return url
 
 
