@@ -54,12 +54,13 @@ u32 length field alone would let a file make a reader allocate 4 GiB.
 """
 
 
-def check_manifest_size(size: int, label: str = "") -> None:
+def check_manifest_size(size: int | None, label: str = "") -> None:
     """`InvalidManifestError` for a manifest of `size` bytes over `MAX_MANIFEST_BYTES`
-    (its message starting with the file's `label`, if given)."""
-    if size > MAX_MANIFEST_BYTES:
+    (`None`: one known only to be over it), its message starting with `label` if given."""
+    if size is None or size > MAX_MANIFEST_BYTES:
+        measured = "" if size is None else f" {size:,} bytes,"
         raise InvalidManifestError(
-            f"{label}{': ' if label else ''}the manifest is {size:,} bytes, over the "
+            f"{label}{': ' if label else ''}the manifest is{measured} over the "
             f"{MAX_MANIFEST_BYTES:,} bytes a reader accepts (one warmenv writes is a few hundred)"
         )
 

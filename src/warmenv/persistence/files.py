@@ -73,10 +73,11 @@ class NewerEntryFileError(EntryFileError):
 
 
 class OversizedManifestError(EntryFileError):
-    """The file's manifest is larger than the caller accepts; `size` is its bytes."""
+    """The file's manifest is larger than the caller accepts; `size` is its bytes
+    (`None`: SQLite refused it unread, so only known to be over the limit)."""
 
-    def __init__(self, size: int) -> None:
-        super().__init__(f"its manifest is {size:,} bytes")
+    def __init__(self, size: int | None) -> None:
+        super().__init__("its manifest is " + ("too large" if size is None else f"{size:,} bytes"))
         self.size = size
 
 
@@ -267,7 +268,10 @@ def _check_file(check_rows: bool, max_manifest: int, conn: sqlite3.Connection) -
     if tuple(columns) not in _FORMATS:
         raise NotEntryFileError(f"its entries table has columns {columns}, not warmenv's")
     format = _FORMATS[tuple(columns)]
-    size = schema.meta_size(conn, "manifest")
+    try:
+        size = schema.meta_size(conn, "manifest", limit=max_manifest)
+    except sqlite3.DataError:
+        raise OversizedManifestError(None) from None
     if size is not None and size > max_manifest:
         raise OversizedManifestError(size)
     manifest = schema.meta_value(conn, "manifest")
@@ -326,10 +330,13 @@ def _unique_entries(conn: sqlite3.Connection) -> bool:
     return False
 
 
+_MAX_VERSION_BYTES = 64  # a schema_version is "1" or "2": a longer one is not read at all
+
+
 def _check_not_newer(conn: sqlite3.Connection) -> None:
     """`NewerEntryFileError` for a bundle whose `schema_version` is above the newest format."""
     try:
-        version = schema.meta_value(conn, "schema_version")
+        version = schema.meta_value(conn, "schema_version", limit=_MAX_VERSION_BYTES)
         is_bundle = schema.has_meta(conn, "manifest")
     except sqlite3.Error:
         return  # a `meta` of another shape: the checks that follow say what the file is

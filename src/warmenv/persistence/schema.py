@@ -18,9 +18,10 @@ system call), so async code calls them on a worker thread too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -46,6 +47,7 @@ __all__ = [
     "has_entry_columns",
     "has_meta",
     "install_functions",
+    "length_limit",
     "meta_size",
     "namespace_totals",
     "open_uris",
@@ -356,10 +358,31 @@ def schema_version(conn: sqlite3.Connection) -> str | None:
     return None if row is None else str(row[0])
 
 
-def meta_value(conn: sqlite3.Connection, key: str) -> object:
-    """The raw `meta` value under `key` (any SQLite type), or `None`."""
-    row = conn.execute("SELECT v FROM meta WHERE k = ?", (key,)).fetchone()
+def meta_value(conn: sqlite3.Connection, key: str, *, limit: int | None = None) -> object:
+    """The raw `meta` value under `key` (any SQLite type), or `None`.
+
+    With `limit`, a value of more bytes is `sqlite3.DataError`, refused by
+    SQLite from the record's header before it reads the value (see `length_limit`).
+    """
+    with contextlib.nullcontext() if limit is None else length_limit(conn, limit):
+        row = conn.execute("SELECT v FROM meta WHERE k = ?", (key,)).fetchone()
     return None if row is None else row[0]
+
+
+@contextlib.contextmanager
+def length_limit(conn: sqlite3.Connection, limit: int) -> Iterator[None]:
+    """Refuse, for the block, any value of more than `limit` bytes that a query would read.
+
+    SQLite checks a value's length (from its record's header) against
+    SQLITE_LIMIT_LENGTH before reading it and raises `sqlite3.DataError`
+    ("string or blob too big"): a hostile file's huge value never reaches
+    memory, SQLite's or ours.
+    """
+    previous = conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limit)
+    try:
+        yield
+    finally:
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, previous)
 
 
 def has_meta(conn: sqlite3.Connection, key: str) -> bool:
@@ -372,13 +395,18 @@ def has_meta(conn: sqlite3.Connection, key: str) -> bool:
 _OCTETS = "octet_length(v)" if sqlite3.sqlite_version_info >= (3, 43) else "length(CAST(v AS BLOB))"
 
 
-def meta_size(conn: sqlite3.Connection, key: str) -> int | None:
-    """The bytes of the `meta` value under `key`, or `None`: measured in SQLite, so a
-    hostile file's huge value is refused before Python holds any of it (the largest,
-    should a `meta` made without its primary key hold the key twice)."""
-    count, size = conn.execute(
-        f"SELECT count(*), max({_OCTETS}) FROM meta WHERE k = ?", (key,)
-    ).fetchone()
+def meta_size(conn: sqlite3.Connection, key: str, *, limit: int) -> int | None:
+    """The bytes of the `meta` value under `key` (the largest, should a `meta` made
+    without its primary key hold the key twice), or `None` if there is none.
+
+    Measured in SQLite, never read into Python. Where measuring would read the
+    value (text, before SQLite 3.43), one of more than `limit` bytes is refused
+    unread, as `sqlite3.DataError` (`length_limit`): known only to be too large.
+    """
+    with length_limit(conn, limit):
+        count, size = conn.execute(
+            f"SELECT count(*), max({_OCTETS}) FROM meta WHERE k = ?", (key,)
+        ).fetchone()
     return None if not count else int(size or 0)
 
 
