@@ -520,3 +520,29 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path) -> N
     process.stderr.close()
     assert process.wait(timeout=60) == 1
     assert err == b""
+
+
+def test_a_read_only_environment_whose_wal_cannot_be_read_says_why_in_one_sentence(
+    shared_tmp: Path,
+) -> None:
+    # The library's reason holds parentheses of its own: the line keeps it whole,
+    # after "cannot be used (", not split at its last parenthesis.
+    source = shared_tmp / "source"
+    _fill(source)
+    root = shared_tmp / "root"
+    root.mkdir()
+    root.chmod(0o777)  # writable: SQLite could create a -shm here, so it is refused
+    with sqlite3.connect(source / "warm.db") as writer:
+        writer.execute("PRAGMA wal_autocheckpoint=0")
+        writer.execute("UPDATE entries SET value = x'00'")
+        writer.commit()
+        for name in ("warm.db", "warm.db-wal"):  # while open: commits in the -wal, no -shm
+            (root / name).write_bytes((source / name).read_bytes())
+            (root / name).chmod(0o444)
+    writer.close()
+    child = run_python(CLI, "ls", "--env", "warm", "--root", str(root), user=unprivileged_user())
+    line = assert_one_error_line(child, 1)
+    db = root / "warm.db"
+    assert f"{db} cannot be used ({db}-wal holds commits not yet in {db} and there is" in line
+    assert "no -shm file (a writer stopped before checkpointing);" in line
+    assert sorted(p.name for p in root.iterdir()) == ["warm.db", "warm.db-wal"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import random
 import shutil
 import signal
@@ -348,3 +349,31 @@ def test_a_file_with_a_rollback_journal_is_never_read_as_immutable(tmp_path: Pat
     conn.close()
     (tmp_path / "d.db-journal").write_bytes(b"\xd9\xd5\x05\xf9\x20\xa1\x63\xd7" + b"\0" * 504)
     assert read_only_uris(path) == [f"{path.resolve().as_uri()}?mode=ro"]
+
+
+def test_a_spent_journal_beside_a_wal_file_does_not_make_it_read_through_a_new_shm(
+    tmp_path: Path,
+) -> None:
+    # A journal whose header is zeroed (what PERSIST leaves) is not hot: SQLite rolls
+    # nothing back. Read mode=ro, a WAL file in a writable directory would get a -wal
+    # and a -shm created beside it by a reader who may not write it.
+    path = _wal_file(tmp_path)
+    (tmp_path / "e.db-journal").write_bytes(b"\0" * 512)
+    assert read_only_uris(path) == [f"{path.resolve().as_uri()}?immutable=1"]
+
+
+def test_a_spent_journal_beside_a_rollback_file_is_still_read_under_its_locks(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "d.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    conn.close()
+    (tmp_path / "d.db-journal").write_bytes(b"\0" * 512)
+    assert read_only_uris(path) == [f"{path.resolve().as_uri()}?mode=ro"]
+
+
+def test_a_fifo_at_the_journal_path_does_not_block_the_choice(tmp_path: Path) -> None:
+    path = _wal_file(tmp_path)
+    os.mkfifo(tmp_path / "e.db-journal")
+    assert read_only_uris(path) == [f"{path.resolve().as_uri()}?immutable=1"]

@@ -348,8 +348,17 @@ async def _no_environment(path: Path) -> str:
     return f"no environment {path.stem!r} in {path.parent} ({there})"
 
 
-# The library's warning on falling back to memory, reworded as a reason.
-_LIBRARY_NOTE = re.compile(r"^environment '.*?': cannot use (.*) \((.*)\); keeping .*$")
+def _library_note(path: Path, note: str) -> str:
+    """The library's warning on falling back to memory for `path`, reworded as a reason.
+
+    Matched on the path itself: the reason may hold parentheses of its own.
+    """
+    found = re.fullmatch(
+        rf"environment '.*?': cannot use {re.escape(str(path))} \((.*)\); keeping .*",
+        note,
+        re.DOTALL,
+    )
+    return note if found is None else f"{path} cannot be used ({found[1]})"
 
 
 def _kind(path: Path) -> str:
@@ -393,7 +402,7 @@ def _cannot_use(env: Environment, notes: list[str], write: bool) -> str:
     elif env.read_only:
         why = f"{path} can only be opened read-only (its directory is not writable)"
     elif notes:
-        why = _LIBRARY_NOTE.sub(r"\1 cannot be used (\2)", notes[-1])
+        why = _library_note(path, notes[-1])
     else:
         why = f"{path} cannot be opened"
     if env.in_memory and write:

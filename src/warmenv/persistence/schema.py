@@ -217,10 +217,13 @@ def read_only_uris(path: Path) -> list[str]:
     uri = resolved.as_uri()
     wal = _size(resolved.with_name(resolved.name + "-wal"))
     shm = _size(resolved.with_name(resolved.name + "-shm")) is not None
-    if _size(resolved.with_name(resolved.name + "-journal")):
+    journal = _journal(resolved.with_name(resolved.name + "-journal"))
+    if journal == "hot" or (journal == "spent" and not _is_wal(resolved)):
         # A rollback journal (a file not in WAL mode, mid-write or left by a crash):
         # immutable=1 would read the half-written main file; mode=ro honours the journal
         # (or fails, where rolling it back would need a write), never reads torn pages.
+        # A spent one (its header zeroed, as PERSIST leaves it) beside a WAL file is
+        # none of that, and mode=ro there would create the -wal and -shm files.
         return [f"{uri}?mode=ro"]
     if wal is None or (wal == 0 and not shm):
         return [f"{uri}?immutable=1"]
@@ -246,6 +249,40 @@ def writable(path: Path) -> bool:
         return False
     os.close(fd)
     return True
+
+
+def _journal(path: Path) -> str | None:
+    """What is at a database's `-journal` path: None (nothing, or empty), "spent" (a
+    journal whose first byte is zero, which SQLite does not roll back) or "hot"
+    (anything else, an unreadable one included: SQLite decides, never read around)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)  # a FIFO answers at once
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return "hot"
+    try:
+        if os.fstat(fd).st_size == 0:
+            return None
+        return "spent" if os.pread(fd, 1, 0) == b"\0" else "hot"
+    except OSError:
+        return "hot"
+    finally:
+        os.close(fd)
+
+
+def _is_wal(path: Path) -> bool:
+    """Whether the database's header says WAL mode (read and write versions 2)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return False
+    try:
+        return os.pread(fd, 2, 18) == b"\x02\x02"
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _size(path: Path) -> int | None:
