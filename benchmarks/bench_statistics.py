@@ -178,7 +178,9 @@ async def flush_wait(root: Path, namespaces: int, backend: str) -> list[Row]:
             done = anyio.Event()
             waits: list[float] = []
 
-            async def read_through(round_: int = round_, waits: list[float] = waits) -> None:
+            async def read_through(
+                round_: int = round_, waits: list[float] = waits, done: anyio.Event = done
+            ) -> None:
                 n = 0
                 while not done.is_set():
                     start = time.perf_counter()
@@ -249,7 +251,9 @@ def main() -> None:
     backend, options = (
         ("asyncio", {"use_uvloop": True}) if args.backend == "uvloop" else (args.backend, {})
     )
-    anyio.run(measure, args.namespaces, args.backend, args.wait, backend=backend, backend_options=options)
+    anyio.run(
+        measure, args.namespaces, args.backend, args.wait, backend=backend, backend_options=options
+    )
 
 
 if __name__ == "__main__":
