@@ -62,7 +62,7 @@ FLUSH_INTERVAL = 5.0
 """Seconds between background flushes (one flush per interval, written in short slices)."""
 
 SLICE_ROWS = 1000
-"""At most about this many rows (namespaces plus distinct hit keys) in one slice of a flush.
+"""About this many rows (namespaces plus distinct hit keys; at most an eighth more) a slice.
 
 Each slice is one transaction and one call to the connection's worker, so
 this bounds how long another storage call waits behind a flush (see
@@ -73,10 +73,6 @@ SLICE_SERVED = 50_000
 
 A namespace hit very often on a few keys has few rows but a long list to
 count: this bounds the counting a slice does."""
-
-_COUNT_STEP = 64
-"""The least a slice counts of a namespace's served keys at a time (so a
-slice near its row bound still moves on, overshooting by at most this)."""
 
 
 @attrs.frozen
@@ -567,8 +563,9 @@ def _count(
 
     The distinct keys of a run are at most its length, so a run of at most
     `most` keys is counted whole; a longer one a step at a time, each step
-    no longer than the distinct keys still allowed (but `_COUNT_STEP` at
-    least, so that many repeats of a few keys are counted in few steps).
+    no longer than the distinct keys still allowed, but an eighth of `most`
+    at least: near the bound, many repeats of a few keys are still counted
+    in a few steps, at the price of up to `most / 8` keys more.
     """
     stop = min(end, start + unread)
     if stop - start <= most:
@@ -582,8 +579,9 @@ def _count(
         return counts, stop
     counter: Counter[bytes | str] = Counter()
     at = start
+    least = max(most // 8, 1)
     while at < stop and len(counter) < most:
-        step = min(stop, at + max(most - len(counter), _COUNT_STEP))
+        step = min(stop, at + max(most - len(counter), least))
         counter.update(keys[at:step])
         at = step
     return counter, at
