@@ -8,15 +8,19 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
+import warmenv.persistence.sqlite as sqlite_module
 import warmenv.persistence.statistics as statistics_module
 from warmenv import Environment, open_environment
 from warmenv.config import ConfigError, load_config
 from warmenv.persistence import BytesCodec, JsonCodec, Origin
-from warmenv.persistence.storage import BundleRef
+from warmenv.persistence.sqlite import SqliteDatabase
+from warmenv.persistence.statistics import Batch, Cursor, Pending
+from warmenv.persistence.storage import BundleRef, Stored
 from warmenv.persistence.store import CacheMode, Store
 
 pytestmark = pytest.mark.anyio
@@ -452,3 +456,336 @@ async def test_a_hit_on_any_str_key_counts_what_its_entry_saved(
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA encoding").fetchone()[0].lower() == encoding.lower()
     conn.close()
+
+
+# --- a flush in slices ------------------------------------------------------------
+
+
+async def quick(n: int) -> int:
+    return n
+
+
+def count_slices(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record how many served keys each slice written to SQLite took, one item a slice."""
+    original = sqlite_module._flush_statistics
+    slices: list[int] = []
+
+    def counted(batch: Batch, start: Cursor, now: int, conn: sqlite3.Connection) -> Cursor:
+        end = original(batch, start, now, conn)
+        slices.append(end.served - start.served)
+        return end
+
+    monkeypatch.setattr(sqlite_module, "_flush_statistics", counted)
+    return slices
+
+
+def stored_bundle_hits(path: Path) -> list[tuple[int, float]]:
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT hits, saved_seconds FROM bundle_statistics").fetchall()
+    conn.close()
+    return [(int(h), float(s)) for h, s in rows]
+
+
+async def many_namespaces(env: Environment, count: int) -> list[str]:
+    """`count` namespaces, each hit 3 times on 2 keys and missed once (counts pending)."""
+    names = [f"app/{i}/kernels" for i in range(count)]
+    for name in names:
+        await env.storage(name).insert_many([(b'"a"', b"1"), (b'"b"', b"2")])
+        store: Store[str, int] = await env.store(name)
+        assert await store.get("a") == 1
+        assert await store.get("a") == 1
+        assert await store.get("b") == 2
+        assert await store.get("absent") is None
+    return names
+
+
+async def test_a_flush_in_many_slices_counts_every_namespace_exactly(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(statistics_module, "SLICE_ROWS", 25)
+    slices = count_slices(monkeypatch)
+    names = [f"app/{i}/kernels" for i in range(120)]
+    async with open_environment("e", root=root) as env:
+        stores: list[Store[str, int]] = []
+        for i, name in enumerate(names):
+            await env.storage(name).insert_many(
+                [(b'"a"', b"1"), (b'"b"', b"2"), (b'"cold"', b"3")],
+                Origin.IMPORTED if i % 2 else Origin.LOCAL,
+                cost=0.5 if i % 2 else 1.0,
+                bundle=BUNDLE if i % 2 else None,
+            )
+            stores.append(await env.store(name))
+        for i, store in enumerate(stores):
+            assert await store.get("a") == 1
+            assert await store.get("a") == 1
+            assert await store.get("b") == 2
+            assert await store.get("absent") is None
+            if i % 3 == 0:
+                assert await store.get_or_compute("c", quick, i) == i  # a miss, computed
+        assert await env.flush_statistics()
+        computed = {
+            name: info.cost
+            for name in names[::3]
+            if (info := await env.storage(name).info(b'"c"')) is not None and info.cost is not None
+        }
+        stats = await env.statistics()
+        path = env.path
+    assert len(slices) >= 10  # sliced: 120 namespaces, 240 hit keys, 40 computed
+    by_ns = {s.namespace: s for s in stats.namespaces}
+    for i, name in enumerate(names):
+        kernels = by_ns[name]
+        origin, cost = (Origin.IMPORTED, 0.5) if i % 2 else (Origin.LOCAL, 1.0)
+        computes = 1 if i % 3 == 0 else 0
+        assert (kernels.hits, kernels.misses, kernels.computes) == (3, 1 + computes, computes)
+        assert kernels.hits_by_origin == {origin: 3}
+        assert kernels.saved_seconds == pytest.approx(3 * cost)
+        assert kernels.compute_seconds == pytest.approx(computed.get(name, 0.0))
+    assert len(computed) == 40
+    (bundle,) = stats.bundles
+    assert bundle.hits == 180 and bundle.saved_seconds == pytest.approx(90.0)
+    assert stored_counts(path) == {
+        name: (3, 2 if i % 3 == 0 else 1, 1 if i % 3 == 0 else 0) for i, name in enumerate(names)
+    }
+    with sqlite3.connect(path) as conn:
+        recency = conn.execute(
+            "SELECT key, count(*), count(last_hit) FROM entries WHERE key != ? "
+            "GROUP BY key ORDER BY key",
+            (b'"c"',),
+        ).fetchall()
+    conn.close()
+    assert recency == [(b'"a"', 120, 120), (b'"b"', 120, 120), (b'"cold"', 120, 0)]
+
+
+async def test_a_namespace_with_more_hits_than_a_slice_is_split_and_adds_up(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 60 distinct keys, one hit hundreds of times, in slices of 10 rows and 100
+    # served keys: the namespace spans many slices, its misses go once, and the
+    # bundle's hits, the seconds saved and every key's recency still add up.
+    monkeypatch.setattr(statistics_module, "SLICE_ROWS", 10)
+    monkeypatch.setattr(statistics_module, "SLICE_SERVED", 100)
+    slices = count_slices(monkeypatch)
+    codec: JsonCodec[str, int] = JsonCodec()
+    async with open_environment("e", root=root) as env:
+        storage = env.storage(NS)
+        imported = [(codec.encode_key(f"i{n}"), codec.encode_value(n)) for n in range(40)]
+        await storage.insert_many(imported, Origin.IMPORTED, cost=0.25, bundle=BUNDLE)
+        local = [(codec.encode_key(f"l{n}"), codec.encode_value(n)) for n in range(20)]
+        await storage.insert_many(local, cost=2.0)
+        await storage.insert(codec.encode_key("cold"), codec.encode_value(0))
+        store: Store[str, int] = await env.store(NS)
+        for _ in range(300):
+            assert await store.get("i0") == 0  # one hot key: few rows, many served
+        for n in range(40):
+            assert await store.get(f"i{n}") == n
+        for n in range(20):
+            for _ in range(3):
+                assert await store.get(f"l{n}") == n
+        for n in range(7):
+            assert await store.get(f"absent-{n}") is None
+        assert await store.get_or_compute("new", quick, 5) == 5
+        info = await storage.info(codec.encode_key("new"))
+        assert await env.flush_statistics()
+        stats = await env.statistics()
+        path = env.path
+    assert len(slices) >= 6 and sum(slices) == 300 + 40 + 60
+    (kernels,) = stats.namespaces
+    assert kernels.hits_by_origin == {Origin.IMPORTED: 340, Origin.LOCAL: 60}
+    assert (kernels.misses, kernels.computes) == (8, 1)
+    assert info is not None and kernels.compute_seconds == pytest.approx(info.cost)
+    assert kernels.saved_seconds == pytest.approx(340 * 0.25 + 60 * 2.0)
+    (bundle,) = stats.bundles
+    assert (bundle.entries, bundle.hits) == (40, 340)
+    assert bundle.saved_seconds == pytest.approx(85.0)
+    assert stored_counts(path) == {NS: (400, 8, 1)}
+    ((hits, saved),) = stored_bundle_hits(path)
+    assert hits == 340 and saved == pytest.approx(85.0)
+    with sqlite3.connect(path) as conn:
+        never_hit = conn.execute("SELECT key FROM entries WHERE last_hit IS NULL").fetchall()
+    conn.close()
+    assert sorted(never_hit) == [(b'"cold"',), (b'"new"',)]
+
+
+def test_slices_of_a_batch_hold_each_count_once() -> None:
+    # Whatever the bounds, the slices' rows add up to the whole batch's, each
+    # namespace's misses come once, and no slice holds much more than its rows.
+    batch = Batch()
+    batch.add("quiet", [], 2, 1, 0.5)
+    hot: list[bytes | str] = [b"h" for _ in range(500)]
+    hot += [b"x", b"y"]
+    wide: list[bytes | str] = [f"k{n}" for _ in range(2) for n in range(90)]
+    batch.add("hot", hot, 3, 0, 0.0)
+    batch.add("wide", wide, 0, 0, 0.0)
+    batch.add("one", ["only"], 1, 0, 0.0)
+    whole = statistics_module.hit_params(batch)
+    keys = [bytes(key) for key in whole[1::3]]  # type: ignore[arg-type]
+    expected = sorted(zip(whole[::3], keys, whole[2::3], strict=True))
+    for rows, served in [(1, 1), (2, 5), (7, 64), (10, 100), (25, 10_000)]:
+        got: list[tuple[Any, Any, Any]] = []
+        misses, start = 0, statistics_module.START
+        while not batch.written(start):
+            piece = statistics_module.cut(batch, start, rows=rows, served=served)
+            assert piece.end != start  # every slice moves on
+            hits = len(piece.hits) // 3
+            assert len(piece.namespaces) // 5 + hits <= rows + rows // 8 + 1
+            got += zip(piece.hits[::3], piece.hits[1::3], piece.hits[2::3], strict=True)
+            misses += sum(piece.namespaces[2::5])  # type: ignore[arg-type]
+            start = piece.end
+        merged: dict[tuple[object, bytes], int] = {}
+        for i, key, n in got:
+            merged[(i, bytes(key))] = merged.get((i, bytes(key)), 0) + int(n)
+        assert sorted((i, k, n) for (i, k), n in merged.items()) == expected, (rows, served)
+        assert misses == 6
+
+
+def test_what_a_failed_slice_leaves_is_the_rest_of_the_batch() -> None:
+    batch = Batch()
+    batch.add("a", [b"1", b"2"], 1, 0, 0.0)
+    batch.add("b", [b"3", b"4", b"5"], 2, 1, 0.5)
+    batch.add("c", [], 4, 0, 0.0)
+    assert list(batch.rest(Cursor(1, 3))) == [
+        Pending("b", [b"4", b"5"], 0, 0, 0.0),  # its first part, misses too, was written
+        Pending("c", [], 4, 0, 0.0),
+    ]
+    assert list(batch.rest(Cursor(1, 2))) == list(batch)[1:]
+    assert list(batch.rest(statistics_module.START)) == list(batch)
+    assert list(batch.rest(batch.end)) == []
+
+
+async def test_a_failed_middle_slice_loses_nothing_and_counts_nothing_twice(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(statistics_module, "SLICE_ROWS", 25)
+    async with open_environment("e", root=root) as env:
+        names = await many_namespaces(env, 120)
+        db = env.database
+        assert db is not None
+        await db.run(
+            lambda conn: conn.execute(
+                "CREATE TRIGGER fail_one BEFORE INSERT ON statistics "
+                "WHEN new.namespace = 'app/60/kernels' BEGIN SELECT RAISE(ABORT, 'injected'); END"
+            )
+        )
+        assert not await env.flush_statistics()
+        stored = stored_counts(env.path)
+        # The slices before the failing one stay written; it and the rest do not.
+        assert 0 < len(stored) < 60
+        assert set(stored) <= set(names[:60])
+        by_ns = {s.namespace: s for s in (await env.statistics()).namespaces}
+        assert all((by_ns[n].hits, by_ns[n].misses) == (3, 1) for n in names)
+
+        await db.run(lambda conn: conn.execute("DROP TRIGGER fail_one"))
+        assert await env.flush_statistics()
+        assert stored_counts(env.path) == {name: (3, 1, 0) for name in names}
+        by_ns = {s.namespace: s for s in (await env.statistics()).namespaces}
+    assert all((by_ns[n].hits, by_ns[n].misses) == (3, 1) for n in names)
+
+
+async def test_a_failed_slice_inside_a_split_namespace_keeps_its_misses_once(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first slice writes the namespace's misses and the bundle's row; the
+    # second fails on adding to that row: what goes back is the rest of the
+    # hits, without the misses already written.
+    monkeypatch.setattr(statistics_module, "SLICE_ROWS", 10)
+    codec: JsonCodec[str, int] = JsonCodec()
+    async with open_environment("e", root=root) as env:
+        storage = env.storage(NS)
+        items = [(codec.encode_key(f"k{n}"), codec.encode_value(n)) for n in range(40)]
+        await storage.insert_many(items, Origin.IMPORTED, cost=0.5, bundle=BUNDLE)
+        store: Store[str, int] = await env.store(NS)
+        for n in range(40):
+            assert await store.get(f"k{n}") == n
+        for n in range(3):
+            assert await store.get(f"absent-{n}") is None
+        db = env.database
+        assert db is not None
+        await db.run(
+            lambda conn: conn.execute(
+                "CREATE TRIGGER fail_update BEFORE UPDATE ON bundle_statistics "
+                "BEGIN SELECT RAISE(ABORT, 'injected'); END"
+            )
+        )
+        assert not await env.flush_statistics()
+        ((hits, misses, _),) = stored_counts(env.path).values()
+        assert 0 < hits < 40 and misses == 3
+        (kernels,) = (await env.statistics()).namespaces
+        assert (kernels.hits, kernels.misses) == (40, 3)
+
+        await db.run(lambda conn: conn.execute("DROP TRIGGER fail_update"))
+        assert await env.flush_statistics()
+        stats = await env.statistics()
+        path = env.path
+    assert stored_counts(path) == {NS: (40, 3, 0)}
+    ((hits, saved),) = stored_bundle_hits(path)
+    assert hits == 40 and saved == pytest.approx(20.0)
+    (kernels,) = stats.namespaces
+    (bundle,) = stats.bundles
+    assert (kernels.hits, kernels.misses) == (40, 3)
+    assert kernels.saved_seconds == bundle.saved_seconds == pytest.approx(20.0)
+    assert bundle.hits == 40
+
+
+async def test_a_read_during_a_flush_waits_for_one_slice_not_the_whole_flush(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Completions in order: a read asked for once the first slice is written
+    # is queued behind at most the slice asked for then, never the whole flush.
+    monkeypatch.setattr(statistics_module, "SLICE_ROWS", 20)
+    done: list[str] = []
+    first = anyio.Event()
+    original = SqliteDatabase.flush_statistics
+
+    async def telling(self: SqliteDatabase, batch: Batch, start: Cursor) -> Cursor | None:
+        end = await original(self, batch, start)
+        done.append("slice")
+        first.set()
+        return end
+
+    monkeypatch.setattr(SqliteDatabase, "flush_statistics", telling)
+    async with open_environment("e", root=root) as env:
+        await many_namespaces(env, 100)
+        storage = env.storage("app/reader/kernels")
+        assert isinstance(await storage.insert(b"k", b"v"), Stored)
+
+        async def read_once_flushing() -> None:
+            await first.wait()
+            assert await storage.get(b"k") == b"v"
+            done.append("read")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read_once_flushing)
+            assert await env.flush_statistics()
+        assert stored_counts(env.path)["app/99/kernels"] == (3, 1, 0)
+    read = done.index("read")
+    assert read <= 2, done  # behind the slice queued before it, at most
+    assert done[read:].count("slice") >= 8, done  # the flush went on after it
+
+
+async def test_a_flush_cancelled_while_a_slice_is_written_counts_it_once(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The cancellation arrives as the second slice goes to the worker: that
+    # slice still commits (and is known to have), the flush stops after it,
+    # and the next flush writes the rest, nothing twice.
+    monkeypatch.setattr(statistics_module, "SLICE_ROWS", 20)
+    original = SqliteDatabase.flush_statistics
+    calls = 0
+    scope = anyio.CancelScope()
+
+    async def cancelling(self: SqliteDatabase, batch: Batch, start: Cursor) -> Cursor | None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            scope.cancel()
+        return await original(self, batch, start)
+
+    monkeypatch.setattr(SqliteDatabase, "flush_statistics", cancelling)
+    async with open_environment("e", root=root) as env:
+        names = await many_namespaces(env, 50)
+        with scope:
+            await env.flush_statistics()
+        assert scope.cancelled_caught and calls == 2
+        assert 0 < len(stored_counts(env.path)) < 50
+        assert await env.flush_statistics()
+        assert stored_counts(env.path) == {name: (3, 1, 0) for name in names}

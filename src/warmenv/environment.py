@@ -39,7 +39,7 @@ from warmenv.persistence.memory import MemoryStorage, MemoryTable
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.remote import RemoteSettings, RemoteStorage, RemoteTier, remote_settings
 from warmenv.persistence.sqlite import CopiedBatch, SqliteDatabase, SqliteStorage, open_database
-from warmenv.persistence.statistics import Batch, EnvironmentStatistics, Recorder
+from warmenv.persistence.statistics import START, Batch, Cursor, EnvironmentStatistics, Recorder
 from warmenv.persistence.storage import (
     BundleRef,
     Failed,
@@ -234,12 +234,12 @@ class Environment:
         """
         await self._recorder.run(_statistics.FLUSH_INTERVAL if interval is None else interval)
 
-    async def _write_statistics(self, batch: Batch) -> bool:
+    async def _write_statistics(self, batch: Batch, start: Cursor) -> Cursor | None:
         if self._db is not None:
-            return await self._db.flush_statistics(batch)
+            return await self._db.flush_statistics(batch, start)  # one slice
         assert self._memory is not None
-        self._memory.flush_statistics(batch)
-        return True
+        self._memory.flush_statistics(batch if start == START else batch.rest(start))
+        return batch.end
 
     def bulk_copy(
         self,

@@ -15,6 +15,7 @@ import itertools
 import logging
 import os
 import sqlite3
+import sys
 import warnings
 from collections.abc import (
     AsyncGenerator,
@@ -41,11 +42,14 @@ from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.statistics import (
+    START,
     Batch,
+    Cursor,
     EnvironmentStatistics,
     Resolved,
+    Slice,
     assemble,
-    hit_params,
+    cut,
 )
 from warmenv.persistence.storage import (
     DEFAULT_SCAN_BATCH,
@@ -273,23 +277,25 @@ class SqliteDatabase:
         after = await anyio.to_thread.run_sync(_file_size, self.path)
         return before, after
 
-    async def flush_statistics(self, batch: Batch) -> bool:
-        """Add a batch of counts to the database in one transaction; False if not written.
+    async def flush_statistics(self, batch: Batch, start: Cursor = START) -> Cursor | None:
+        """Add one slice of a batch, from `start`, in one transaction; where it ended, or None.
 
-        Each hit key is resolved against its entry (origin, cost, bundle) inside
-        the transaction, and its recency recorded, so the hit path never reads
-        provenance. A read-only or version-1 file keeps nothing (the counts
-        stay in memory for `statistics()`); a failure (busy, full disk) is
-        logged and the caller keeps the counts for the next flush.
+        One slice (`statistics.cut`: about `SLICE_ROWS` rows) per call, so a
+        call queued behind it waits for that slice only; the caller calls
+        again from where this one ended. Each hit key is resolved against its
+        entry (origin, cost, bundle) inside the transaction, and its recency
+        recorded, so the hit path never reads provenance. A read-only or
+        version-1 file keeps nothing (the counts stay in memory for
+        `statistics()`); a failure (busy, full disk) is logged and the caller
+        keeps this slice and the rest for the next flush.
         """
         if self.read_only or self.version < 2:
-            return False
+            return None
         try:
-            await self.run(partial(_flush_statistics, batch, int(wall_clock())))
+            return await self.run(partial(_flush_statistics, batch, start, int(wall_clock())))
         except sqlite3.Error as exc:
             log.warning("recording statistics in %s failed (kept for later): %s", self.path, exc)
-            return False
-        return True
+            return None
 
     async def explain(self, namespace: str, key: bytes | None) -> Explanation:
         """Why a lookup in `namespace` (of `key`) misses here, read in one hop.
@@ -748,7 +754,7 @@ def _bundle_id(bundle: BundleRef, now: float, conn: sqlite3.Connection) -> int:
 
 # --- statistics ---------------------------------------------------------------
 
-# A batch goes into SQLite as two temporary tables: a row per namespace (its
+# A slice of a batch goes into SQLite as two temporary tables: a row per namespace (its
 # misses and computations) and a row per hit key, resolved against its entry
 # as it is inserted (origin, cost, bundle, and the entry's rowid if its
 # recency is older than this granule). Rows go in as multi-row VALUES, one
@@ -790,18 +796,17 @@ _BY_BUNDLE = (
 _VALUES_ROWS = 500
 
 
-def _load_batch(batch: Batch, stamp: int, conn: sqlite3.Connection) -> None:
-    """Put a batch in the temporary tables, each hit key resolved against its entry."""
+def _text_keys(conn: sqlite3.Connection) -> bool:
+    """Whether ASCII keys may go as text (the file's text is UTF-8: see `hit_params`)."""
+    return str(conn.execute("PRAGMA main.encoding").fetchone()[0]).upper() == "UTF-8"
+
+
+def _load_slice(piece: Slice, stamp: int, conn: sqlite3.Connection) -> None:
+    """Put a slice in the temporary tables, each hit key resolved against its entry."""
     for statement in _BATCH_DDL:
         conn.execute(statement)
-    namespaces: list[object] = []
-    add = namespaces.extend
-    columns = (batch.namespaces, batch.misses, batch.computes, batch.compute_seconds)
-    for i, row in enumerate(zip(*columns, strict=True)):
-        add((i, *row))
-    _insert_values(conn, f"INSERT INTO {_NAMESPACES} {{values}}", namespaces, 5)
-    utf8 = str(conn.execute("PRAGMA main.encoding").fetchone()[0]).upper() == "UTF-8"
-    _insert_values(conn, _RESOLVE, hit_params(batch, text=utf8), 3, (stamp,))
+    _insert_values(conn, f"INSERT INTO {_NAMESPACES} {{values}}", piece.namespaces, 5)
+    _insert_values(conn, _RESOLVE, piece.hits, 3, (stamp,))
     # A LOCAL row for each namespace with misses, for them to be added to.
     conn.execute(
         f"INSERT INTO {_HITS} (i, origin, n) SELECT i, {int(Origin.LOCAL)}, 0 "
@@ -846,8 +851,10 @@ def _resolve_hits(batch: Batch, conn: sqlite3.Connection) -> Resolved:
     """What a batch's hits were worth, read without writing (for a read-only file)."""
     if not batch.served:
         return Resolved(by_origin={}, by_bundle={})
+    # Whole, in one call: nothing is written, and statistics() flushed first.
+    whole = cut(batch, START, rows=sys.maxsize, served=sys.maxsize, text=_text_keys(conn))
     try:
-        _load_batch(batch, 0, conn)
+        _load_slice(whole, 0, conn)
         by_origin = {
             (namespace, int(origin)): (int(hits), float(saved))
             for namespace, origin, hits, saved, _, _, _ in conn.execute(_BY_ORIGIN)
@@ -861,11 +868,15 @@ def _resolve_hits(batch: Batch, conn: sqlite3.Connection) -> Resolved:
     return Resolved(by_origin=by_origin, by_bundle=by_bundle)
 
 
-def _flush_statistics(batch: Batch, now: int, conn: sqlite3.Connection) -> None:
+def _flush_statistics(batch: Batch, start: Cursor, now: int, conn: sqlite3.Connection) -> Cursor:
+    # Slices of one namespace add up: the UPSERTs add, a hit key's bundle is
+    # resolved per slice, and an entry whose recency one slice wrote is no
+    # longer stale for the next (same granule), so it is written once.
     stamp = now - now % schema.HIT_GRANULARITY
+    piece = cut(batch, start, text=_text_keys(conn))
 
     def body(conn: sqlite3.Connection) -> None:
-        _load_batch(batch, stamp, conn)
+        _load_slice(piece, stamp, conn)
         conn.execute(
             "INSERT INTO statistics (namespace, origin, hits, saved_seconds, misses, computes, "
             f"compute_seconds) {_BY_ORIGIN} ON CONFLICT (namespace, origin) DO UPDATE SET "
@@ -888,6 +899,7 @@ def _flush_statistics(batch: Batch, now: int, conn: sqlite3.Connection) -> None:
         _clear_batch(conn)
 
     schema.transaction(conn, body)
+    return piece.end
 
 
 def _statistics(pending: Batch, version: int, conn: sqlite3.Connection) -> EnvironmentStatistics:

@@ -6,9 +6,19 @@ even resolves what a hit was worth: it appends the key it served to a list
 few seconds, and when a store or its environment closes, the lists and
 integers are drained into one batch and handed to the environment's storage,
 which resolves each hit key against its entry (origin, recorded `cost`, the
-bundle it came from) and adds the counts to the database in one transaction
-of UPSERT increments, so counts from several processes add up and survive
-restarts. The same batch records the hit keys' recency, for eviction.
+bundle it came from) and adds the counts to the database by UPSERT
+increments, so counts from several processes add up and survive restarts.
+The same batch records the hit keys' recency, for eviction.
+
+A batch is written in slices of a bounded number of rows (`cut`), each its
+own short transaction and its own call to the connection's worker: the
+flush shares that one connection with every other storage call, so a miss
+reading through waits behind one slice, never behind a whole flush of
+10,000 namespaces. A namespace with more hit keys than a slice holds is
+split across slices (its misses and computations go with its first part);
+the parts add up, as counts from several processes do. A slice that fails
+is put back in memory with everything after it, for the next flush; the
+slices before it stay written.
 
 Counters belong to the environment, one per namespace, not to a store: a
 store that is dropped without being closed leaves its counts with the
@@ -18,6 +28,7 @@ environment, which flushes them on close.
 from __future__ import annotations
 
 import logging
+import sys
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import NamedTuple, cast, final
@@ -34,17 +45,34 @@ __all__ = [
     "Batch",
     "BundleStatistics",
     "Counters",
+    "Cursor",
     "EnvironmentStatistics",
     "NamespaceStatistics",
     "Pending",
     "Recorder",
+    "START",
     "Resolved",
+    "Slice",
+    "cut",
 ]
 
 log = logging.getLogger("warmenv.statistics")
 
 FLUSH_INTERVAL = 5.0
-"""Seconds between background flushes (at most one write transaction per interval)."""
+"""Seconds between background flushes (one flush per interval, written in short slices)."""
+
+SLICE_ROWS = 1000
+"""About this many rows (namespaces plus distinct hit keys; at most an eighth more) a slice.
+
+Each slice is one transaction and one call to the connection's worker, so
+this bounds how long another storage call waits behind a flush (see
+docs/benchmarks.md for how it was chosen)."""
+
+SLICE_SERVED = 50_000
+"""At most this many served keys (hits, before they are counted) read by one slice.
+
+A namespace hit very often on a few keys has few rows but a long list to
+count: this bounds the counting a slice does."""
 
 
 @attrs.frozen
@@ -173,6 +201,36 @@ class Batch:
     def __len__(self) -> int:
         return len(self.namespaces)
 
+    @property
+    def end(self) -> Cursor:
+        """The cursor past the batch's last namespace: everything written."""
+        return Cursor(len(self.namespaces), len(self.served))
+
+    def written(self, cursor: Cursor) -> bool:
+        """Whether a flush that reached `cursor` wrote the whole batch."""
+        return cursor.namespace >= len(self.namespaces)
+
+    def rest(self, start: Cursor) -> Batch:
+        """What a flush that reached `start` has not written, as a batch of its own.
+
+        A namespace cut at `start` keeps only its keys from there; its misses
+        and computations went with its first part, unless that is `start`.
+        """
+        rest = Batch()
+        i, at = start.namespace, start.served
+        ends = self.ends
+        for j in range(i, len(ends)):
+            begin = ends[j - 1] if j else 0
+            first = j > i or at == begin
+            rest.add(
+                self.namespaces[j],
+                self.served[at if j == i else begin : ends[j]],
+                self.misses[j] if first else 0,
+                self.computes[j] if first else 0,
+                self.compute_seconds[j] if first else 0.0,
+            )
+        return rest
+
     def __iter__(self) -> Iterator[Pending]:
         start = 0
         for i, end in enumerate(self.ends):
@@ -184,6 +242,34 @@ class Batch:
                 self.compute_seconds[i],
             )
             start = end
+
+
+@attrs.frozen
+class Cursor:
+    """How far a flush got through a batch: its next namespace, and its next served key.
+
+    A cursor at a namespace's first served key (or at a namespace with no
+    hits) means nothing of it is written yet, its misses included.
+    """
+
+    namespace: int
+    served: int
+
+
+START = Cursor(0, 0)
+"""A flush that has written nothing yet."""
+
+
+@attrs.frozen
+class Slice:
+    """One slice of a batch, as flat parameters for SQL, and where the next slice starts."""
+
+    namespaces: list[object]
+    """(batch index, namespace, misses, computes, compute seconds), one after the other;
+    a namespace continued from an earlier slice has zeros (they went with its first part)."""
+    hits: list[int | str | bytearray]
+    """(batch index, encoded key, times served), one after the other (see `hit_params`)."""
+    end: Cursor
 
 
 @attrs.frozen
@@ -225,7 +311,7 @@ class Counters:
         """Move the counts so far (leaving zeros) into `batch`, if there are any.
 
         Only copies: counting and encoding the hit keys is left to the
-        writer (`hit_params`), off the event loop.
+        writer (`cut`), off the event loop.
         """
         hits = self.hits
         n = len(hits)
@@ -246,20 +332,23 @@ class Counters:
         self.compute_seconds += pending.compute_seconds
 
     async def flush(self) -> None:
-        """Flush the environment's counts (every namespace's: one transaction for all)."""
+        """Flush the environment's counts (every namespace's, in short slices)."""
         await self.recorder.flush()
 
 
-Flush = Callable[[Batch], Awaitable[bool]]
+Flush = Callable[[Batch, Cursor], Awaitable[Cursor | None]]
+"""Write the slice of a batch that starts at the cursor (the writer sizes it, see
+`cut`), in one transaction; return where it ended, or None if it was not written."""
 
 
 @final
 class Recorder:
     """An environment's counters, one per namespace, and the flush that empties them.
 
-    `write` stores a batch (returns False if it could not: the counts are
-    then kept for the next flush). Flushes are serialised by a lock, so a
-    store's close and the background flush never write the same counts twice.
+    `write` stores one slice of a batch and says where it ended (None if it
+    could not: that slice and the rest are then kept for the next flush).
+    Flushes are serialised by a lock, so a store's close and the background
+    flush never write the same counts twice.
     """
 
     __slots__ = ("_counters", "_lock", "_write", "enabled")
@@ -287,18 +376,32 @@ class Recorder:
         return batch
 
     async def flush(self) -> bool:
-        """Write every namespace's counts so far; False if they had to be kept for later."""
+        """Write every namespace's counts so far, slice by slice; False if some were kept.
+
+        Another storage call waits behind one slice at most: each is its own
+        call to the worker, queued after whatever was asked for meanwhile.
+        A slice runs shielded from cancellation, so whether it committed is
+        always known (a cancelled wait would not stop the worker's COMMIT,
+        and restoring its counts then would count them twice); a cancelled
+        flush stops between slices and keeps the rest for the next one.
+        """
         async with self._lock:
             batch = self.drain()
             if not batch:
                 return True
-            written = False
+            done = START
             try:
-                written = await self._write(batch)
+                while not batch.written(done):
+                    await anyio.lowlevel.checkpoint_if_cancelled()
+                    with anyio.CancelScope(shield=True):
+                        reached = await self._write(batch, done)
+                    if reached is None:
+                        return False
+                    done = reached
             finally:
-                if not written:
-                    self.restore(batch)
-            return written
+                if not batch.written(done):
+                    self.restore(batch.rest(done))
+            return True
 
     def restore(self, batch: Batch) -> None:
         for pending in batch:
@@ -391,6 +494,50 @@ def assemble(
     return EnvironmentStatistics(namespaces=namespaces, bundles=bundle_list)
 
 
+def cut(
+    batch: Batch,
+    start: Cursor,
+    *,
+    rows: int | None = None,
+    served: int | None = None,
+    text: bool = False,
+) -> Slice:
+    """The slice of `batch` from `start`: about `rows` rows, at most `served` keys counted.
+
+    `rows` and `served` default to `SLICE_ROWS` and `SLICE_SERVED`.
+
+    Rows are namespaces and distinct hit keys (what a slice inserts and
+    resolves in SQL). A namespace that does not fit is cut after the keys
+    that do, and the next slice goes on from there. Runs on the writer's
+    thread: the counting and encoding never happen on the event loop.
+    Parameters are flat, keys as `bytearray` or ASCII `str` (see `hit_params`).
+    """
+    namespaces: list[object] = []
+    params: list[int | str | bytearray] = []
+    add = namespaces.extend
+    keys, ends = batch.served, batch.ends
+    i, at = start.namespace, start.served
+    left = SLICE_ROWS if rows is None else rows
+    unread = SLICE_SERVED if served is None else served
+    while i < len(ends) and left > 0 and unread > 0:
+        end, name = ends[i], batch.namespaces[i]
+        if at == (ends[i - 1] if i else 0):
+            add((i, name, batch.misses[i], batch.computes[i], batch.compute_seconds[i]))
+        else:  # continued: its misses and computations went with its first part
+            add((i, name, 0, 0, 0.0))
+        left -= 1
+        if at < end:
+            counts, stop = _count(keys, at, end, max(left, 1), unread)
+            unread -= stop - at
+            left -= len(counts)
+            at = stop
+            _add_hits(params, i, counts, text)
+            if at < end:
+                break
+        i += 1
+    return Slice(namespaces, params, Cursor(i, at))
+
+
 def hit_params(batch: Batch, *, text: bool = False) -> list[int | str | bytearray]:
     """Every key a batch served as flat parameters: namespace's row, encoded key, times served.
 
@@ -406,35 +553,57 @@ def hit_params(batch: Batch, *, text: bool = False) -> list[int | str | bytearra
     whose text is UTF-8 (the caller's to know). A key served both as a
     `str` and as its encoding comes twice (see `Pending.counted`).
     """
-    params: list[int | str | bytearray] = []
+    return cut(batch, START, rows=sys.maxsize, served=sys.maxsize, text=text).hits
+
+
+def _count(
+    keys: list[bytes | str], start: int, end: int, most: int, unread: int
+) -> tuple[dict[bytes | str, int], int]:
+    """Count `keys[start:end]` until about `most` distinct ones or `unread` read; where it stopped.
+
+    The distinct keys of a run are at most its length, so a run of at most
+    `most` keys is counted whole; a longer one a step at a time, each step
+    no longer than the distinct keys still allowed, but an eighth of `most`
+    at least: near the bound, many repeats of a few keys are still counted
+    in a few steps, at the price of up to `most / 8` keys more.
+    """
+    stop = min(end, start + unread)
+    if stop - start <= most:
+        run = keys[start:stop]
+        if len(run) > 64:
+            return Counter(run), stop  # counted in C
+        counts: dict[bytes | str, int] = {}  # a Counter's set-up costs more than a few keys
+        get = counts.get
+        for key in run:
+            counts[key] = get(key, 0) + 1
+        return counts, stop
+    counter: Counter[bytes | str] = Counter()
+    at = start
+    least = max(most // 8, 1)
+    while at < stop and len(counter) < most:
+        step = min(stop, at + max(most - len(counter), least))
+        counter.update(keys[at:step])
+        at = step
+    return counter, at
+
+
+def _add_hits(
+    params: list[int | str | bytearray], i: int, counts: dict[bytes | str, int], text: bool
+) -> None:
     add = params.extend
     encode, blob = _encode_str, bytearray
-    served = batch.served
-    start = 0
-    for i, end in enumerate(batch.ends):
-        keys = served[start:end]
-        start = end
-        counts: dict[bytes | str, int]
-        if len(keys) > 64:
-            counts = Counter(keys)  # counted in C
-        else:  # a Counter's set-up costs more than a few keys
-            counts = {}
-            get = counts.get
-            for key in keys:
-                counts[key] = get(key, 0) + 1
-        first = len(params)
-        try:  # a JsonCodec's encoding of a str key, inlined
-            for key, n in counts.items():
-                if isinstance(key, bytes):
-                    add((i, blob(key), n))
-                else:
-                    encoded = encode(key)
-                    add((i, encoded if text and encoded.isascii() else blob(encoded, "utf-8"), n))
-        except UnicodeEncodeError:  # a lone surrogate: the codec's own path says why
-            del params[first:]
-            for key, n in counts.items():
-                add((i, blob(_encoded(key)), n))
-    return params
+    first = len(params)
+    try:  # a JsonCodec's encoding of a str key, inlined
+        for key, n in counts.items():
+            if isinstance(key, bytes):
+                add((i, blob(key), n))
+            else:
+                encoded = encode(key)
+                add((i, encoded if text and encoded.isascii() else blob(encoded, "utf-8"), n))
+    except UnicodeEncodeError:  # a lone surrogate: the codec's own path says why
+        del params[first:]
+        for key, n in counts.items():
+            add((i, blob(_encoded(key)), n))
 
 
 def _encoded(key: bytes | str) -> bytes:
