@@ -56,7 +56,9 @@ def _add_bad_row(path: Path, kind: str) -> None:
     conn = sqlite3.connect(path)
     with conn:
         if kind == "null":  # warmenv's table says NOT NULL; another program's may not
-            columns = ", ".join(name for name, in conn.execute("SELECT name FROM pragma_table_info('entries')"))
+            columns = ", ".join(
+                name for (name,) in conn.execute("SELECT name FROM pragma_table_info('entries')")
+            )
             conn.execute("ALTER TABLE entries RENAME TO old_entries")
             conn.execute(
                 "CREATE TABLE entries (namespace TEXT, key BLOB NOT NULL, value BLOB NOT NULL, "
@@ -171,9 +173,7 @@ async def test_export_leaves_out_a_namespace_that_is_not_utf8_text(
 # --- the command line -------------------------------------------------------------
 
 
-def test_ls_lists_a_namespace_that_is_not_utf8_text_and_succeeds(
-    bad_root: Path, kind: str
-) -> None:
+def test_ls_lists_a_namespace_that_is_not_utf8_text_and_succeeds(bad_root: Path, kind: str) -> None:
     completed = warmenv("ls", "--env", "warm", root=bad_root)
     assert completed.returncode == 0, completed.stderr
     assert KINDS[kind][1].replace("\udcff", "\\xff") in completed.stdout
