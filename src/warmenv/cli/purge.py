@@ -29,6 +29,7 @@ from warmenv.cli._common import (
     text_argument,
 )
 from warmenv.persistence.namespace import matches_any
+from warmenv.persistence.schema import namespace_addressable
 from warmenv.persistence.statistics import BundleStatistics
 from warmenv.persistence.storage import Failed
 
@@ -59,10 +60,22 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     prefixes = namespace_prefixes(args)
     out.when_interrupted = "nothing deleted"
     async with environment(args, out, write=True) as env:
-        doomed = [s for s in await env.namespaces() if matches_any(s.namespace, prefixes)]
-        entries = sum(s.entries for s in doomed)
+        matching = [s for s in await env.namespaces() if matches_any(s.namespace, prefixes)]
+        # A namespace that is not UTF-8 text (something else wrote it) is no store's to
+        # purge: it is named and left, before anything is deleted.
+        doomed = [s for s in matching if namespace_addressable(s.namespace)]
+        left = [s for s in matching if not namespace_addressable(s.namespace)]
+        kept = (
+            f"left {plural(len(left), 'namespace')} that "
+            f"{'is' if len(left) == 1 else 'are'} not UTF-8 text (written by something "
+            f"else): {', '.join(_quoted(s.namespace) for s in left)}"
+        )
         if prefixes is not None and not doomed:
-            raise Failure(f"{no_match(prefixes)} in {env.describe()}; nothing deleted")
+            also = f"; {kept}" if left else ""
+            raise Failure(f"{no_match(prefixes)} in {env.describe()}; nothing deleted{also}")
+        if left:
+            out.warning(f"{env.describe()}: {kept}")
+        entries = sum(s.entries for s in doomed)
         if doomed and not args.yes:
             if not sys.stdin.isatty() or args.json:
                 raise UsageError(
@@ -96,11 +109,20 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         f"deleted {plural(removed, 'entry', 'entries')} in "
         f"{plural(len(doomed) - len(failures), 'namespace')}"
     )
-    document = {"environment": env.name, "deleted": removed, "failed": failures}
+    document = {
+        "environment": env.name,
+        "deleted": removed,
+        "failed": failures,
+        "left": [s.namespace for s in left],
+    }
     if failures:
         raise Failure(f"{plural(len(failures), 'namespace')} could not be purged", document)
     out.result(document)
     return 0
+
+
+def _quoted(text: str) -> str:
+    return f"'{text}'"
 
 
 def _names(bundle: BundleStatistics) -> tuple[str, ...]:

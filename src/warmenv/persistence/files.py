@@ -804,7 +804,11 @@ class _Exportable:
             {
                 bytes(raw)
                 for conn in conns
-                for (raw,) in conn.execute(f"SELECT DISTINCT CAST(namespace AS BLOB) FROM {table}")
+                for (raw,) in conn.execute(
+                    # Other types are left out by well_typed (a NULL has no bytes to compare).
+                    f"SELECT DISTINCT CAST(namespace AS BLOB) FROM {table} "
+                    "WHERE typeof(namespace) = 'text'"
+                )
                 if not raw or not _is_utf8(bytes(raw))
             }
         )

@@ -49,7 +49,9 @@ __all__ = [
     "install_functions",
     "length_limit",
     "meta_size",
+    "namespace_addressable",
     "namespace_totals",
+    "namespace_read",
     "open_uris",
     "prefix_sql",
     "range_totals",
@@ -302,6 +304,43 @@ def well_typed(alias: str = "") -> str:
         f"typeof({alias}namespace) = 'text' AND typeof({alias}key) = 'blob' "
         f"AND typeof({alias}value) = 'blob'"
     )
+
+
+# The SQLite types a namespace can have besides text, as `namespace_read` tags them.
+_NOT_TEXT_TAGS = ("<BLOB>", "<INTEGER>", "<REAL>", "<NULL>")
+
+
+def namespace_read(column: str = "namespace") -> str:
+    """How a namespace is read back from a file, as SQL, written once.
+
+    Text reads as itself (text that is not UTF-8 comes back with surrogates,
+    through `decode_text`). A value of another SQLite type (a row something
+    else wrote: a BLOB, or an INTEGER, REAL or NULL where the column allows
+    one) reads as its content as text followed by its type's tag, `app/1/k <BLOB>`
+    (`<NULL>` alone), so it is listed and shown where its text would be, never
+    mistaken for the text namespace a store addresses, and never compared with
+    one in Python (bytes against str).
+    """
+    return (
+        f"iif(typeof({column}) = 'text', {column}, coalesce(CAST({column} AS TEXT) || ' ', '') "
+        f"|| '<' || upper(typeof({column})) || '>')"
+    )
+
+
+def namespace_addressable(namespace: str) -> bool:
+    """Whether a namespace read from a file is one a store can address: UTF-8 text.
+
+    False for text that is not UTF-8 (read with surrogates) and for a value of
+    another type (tagged by `namespace_read`): their rows are listed, left out
+    of exports, and left alone by what works namespace by namespace (purge).
+    """
+    if namespace.endswith(_NOT_TEXT_TAGS):
+        return False
+    try:
+        namespace.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def decode_text(raw: bytes) -> str:
@@ -595,7 +634,7 @@ def namespace_totals(
     Bytes are keys plus values, the one measure of size everywhere.
     """
     rows = conn.execute(
-        f"SELECT namespace, count(*), {_TOTAL_BYTES} "
+        f"SELECT {namespace_read()}, count(*), {_TOTAL_BYTES} "
         f"FROM {table} WHERE {where} GROUP BY namespace ORDER BY namespace",
         params,
     )

@@ -10,6 +10,7 @@ the busy timeout makes writers of several processes queue rather than fail.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import logging
@@ -319,14 +320,21 @@ class SqliteDatabase:
         return Failed(reason)
 
 
-def _namespaces(conn: sqlite3.Connection) -> list[tuple[str, int, int]]:
-    # A namespace that is not UTF-8 (written by something else) is listed, not hidden.
+@contextlib.contextmanager
+def _foreign_text(conn: sqlite3.Connection) -> Iterator[None]:
+    """Read text that is not UTF-8 (written by something else) instead of failing on it:
+    such a namespace is listed, not hidden (`schema.decode_text`)."""
     previous = conn.text_factory
     conn.text_factory = schema.decode_text
     try:
-        return schema.namespace_totals(conn)
+        yield
     finally:
         conn.text_factory = previous
+
+
+def _namespaces(conn: sqlite3.Connection) -> list[tuple[str, int, int]]:
+    with _foreign_text(conn):
+        return schema.namespace_totals(conn)
 
 
 async def open_database(path: Path, *, create: bool = True) -> SqliteDatabase:
@@ -903,7 +911,14 @@ def _flush_statistics(batch: Batch, start: Cursor, now: int, conn: sqlite3.Conne
 
 
 def _statistics(pending: Batch, version: int, conn: sqlite3.Connection) -> EnvironmentStatistics:
-    totals = _namespaces(conn)
+    with _foreign_text(conn):
+        return _statistics_read(pending, version, conn)
+
+
+def _statistics_read(
+    pending: Batch, version: int, conn: sqlite3.Connection
+) -> EnvironmentStatistics:
+    totals = schema.namespace_totals(conn)
     tables = schema.table_names(conn) if version >= 2 else set()
     counters: dict[str, tuple[int, int, float]] = {}
     origins: dict[tuple[str, int], tuple[int, float]] = {}
@@ -911,8 +926,8 @@ def _statistics(pending: Batch, version: int, conn: sqlite3.Connection) -> Envir
     bundle_hits: dict[int, tuple[int, float]] = {}
     if schema.STATISTICS_TABLES <= tables:
         for namespace, origin, hits, saved, misses, computes, seconds in conn.execute(
-            "SELECT namespace, origin, hits, saved_seconds, misses, computes, compute_seconds "
-            "FROM statistics"
+            f"SELECT {schema.namespace_read()}, origin, hits, saved_seconds, misses, computes, "
+            "compute_seconds FROM statistics"
         ):
             if hits:
                 origins[(namespace, int(origin))] = (int(hits), float(saved))
@@ -949,20 +964,23 @@ def _statistics(pending: Batch, version: int, conn: sqlite3.Connection) -> Envir
 def _explain(namespace: str, key: bytes | None, conn: sqlite3.Connection) -> Explanation:
     # Counts only: the primary key's index answers them without reading a
     # value, where sizes (as `namespaces()` gives) would read every row. A
-    # namespace that is not UTF-8 (written by something else) is listed too.
-    previous = conn.text_factory
-    conn.text_factory = schema.decode_text
-    try:
+    # namespace that is not UTF-8 text (written by something else) is listed too.
+    with _foreign_text(conn):
         counts = conn.execute(
-            "SELECT namespace, count(*) FROM entries GROUP BY namespace ORDER BY namespace"
+            f"SELECT {schema.namespace_read()}, count(*) FROM entries "
+            "GROUP BY namespace ORDER BY namespace"
         ).fetchall()
-    finally:
-        conn.text_factory = previous
 
     def holding(namespaces: list[str], key: bytes) -> set[str]:
-        # One indexed lookup per namespace (the primary key is (namespace, key)).
+        # One indexed lookup per namespace (the primary key is (namespace, key));
+        # no store reaches a namespace that is not UTF-8 text, so none holds it for one.
         lookup = "SELECT 1 FROM entries WHERE namespace = ? AND key = ?"
-        return {n for n in namespaces if conn.execute(lookup, (n, key)).fetchone() is not None}
+        return {
+            n
+            for n in namespaces
+            if schema.namespace_addressable(n)
+            and conn.execute(lookup, (n, key)).fetchone() is not None
+        }
 
     return explain(counts, namespace, key, holding)
 

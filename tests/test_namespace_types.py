@@ -1,0 +1,235 @@
+"""A row whose namespace is not UTF-8 text: listed tagged, left out of exports, left by purge.
+
+Something other than warmenv can write an environment's file: a namespace
+stored as a BLOB (bytes bound from Python), as NULL where the column allows
+it, or as text that is not UTF-8. No store can address such a namespace, so
+its rows are not entries; every command and library call must still work:
+list them (escaped, a non-text one tagged with its type, `app/1/k <BLOB>`),
+leave them out of exports, leave them alone when purging, and never fail
+with a `TypeError` comparing bytes with text.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import anyio
+import pytest
+
+from conftest import KERNELS, sample_entries
+from test_cli import warmenv
+from test_cli_errors import assert_one_error_line
+from warmenv import open_environment
+from warmenv.bundle import export_bundle, open_bundle
+from warmenv.persistence.schema import namespace_addressable
+
+# (what is stored as the namespace, how warmenv lists it)
+KINDS = {
+    "blob": (b"app/1/k", "app/1/k <BLOB>"),
+    "blob-not-utf8": (b"app/1/\xff", "app/1/\udcff <BLOB>"),
+    "null": (None, "<NULL>"),
+    "text-not-utf8": ("text-not-utf8", "app/1/\udcff"),
+}
+GOOD = sum(len(items) for items in sample_entries().values())
+
+
+@pytest.fixture(params=list(KINDS))
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def _fill(root: Path) -> Path:
+    async def fill() -> Path:
+        async with open_environment("warm", root=root) as env:
+            for namespace, items in sample_entries().items():
+                await env.storage(namespace).insert_many(items.items())
+            return env.path
+
+    return anyio.run(fill)
+
+
+def _add_bad_row(path: Path, kind: str) -> None:
+    """One row, written with sqlite3 as another program would, under a bad namespace."""
+    stored, _ = KINDS[kind]
+    conn = sqlite3.connect(path)
+    with conn:
+        if kind == "null":  # warmenv's table says NOT NULL; another program's may not
+            columns = ", ".join(
+                name for (name,) in conn.execute("SELECT name FROM pragma_table_info('entries')")
+            )
+            conn.execute("ALTER TABLE entries RENAME TO old_entries")
+            conn.execute(
+                "CREATE TABLE entries (namespace TEXT, key BLOB NOT NULL, value BLOB NOT NULL, "
+                "origin INTEGER NOT NULL, written_at REAL, cost REAL, "
+                "bundle INTEGER REFERENCES bundles (id), last_hit INTEGER, "
+                "PRIMARY KEY (namespace, key))"
+            )
+            conn.execute(f"INSERT INTO entries ({columns}) SELECT {columns} FROM old_entries")
+            conn.execute("DROP TABLE old_entries")
+        if kind == "text-not-utf8":
+            conn.execute(
+                "INSERT INTO entries (namespace, key, value, origin) "
+                "VALUES (CAST(X'6170702f312fff' AS TEXT), X'6b', X'76', 0)"
+            )
+        else:
+            conn.execute(
+                "INSERT INTO entries (namespace, key, value, origin) VALUES (?, X'6b', X'76', 0)",
+                (stored,),
+            )
+    conn.close()
+
+
+def _bad_rows(path: Path) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        (count,) = conn.execute(
+            "SELECT count(*) FROM entries WHERE typeof(namespace) != 'text' "
+            "OR CAST(namespace AS BLOB) = X'6170702f312fff'"
+        ).fetchone()
+    finally:
+        conn.close()
+    return int(count)
+
+
+@pytest.fixture
+def bad_root(tmp_path: Path, kind: str) -> Path:
+    """A root whose environment 'warm' holds `sample_entries()` and one bad row."""
+    root = tmp_path / "root"
+    _add_bad_row(_fill(root), kind)
+    return root
+
+
+# --- the library, on every backend --------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_namespaces_list_a_namespace_that_is_not_utf8_text_tagged(
+    bad_root: Path, kind: str
+) -> None:
+    async with open_environment("warm", root=bad_root) as env:
+        listed = {s.namespace: s.entries for s in await env.namespaces()}
+    assert listed[KINDS[kind][1]] == 1
+    assert not namespace_addressable(KINDS[kind][1])
+    assert all(namespace_addressable(n) for n in sample_entries())
+    assert {n: listed[n] for n in sample_entries()} == {
+        n: len(items) for n, items in sample_entries().items()
+    }
+
+
+@pytest.mark.anyio
+async def test_statistics_list_a_namespace_that_is_not_utf8_text_tagged(
+    bad_root: Path, kind: str
+) -> None:
+    async with open_environment("warm", root=bad_root) as env:
+        await env.storage(KERNELS).get(b"k001")  # a hit pending, resolved against the file
+        statistics = await env.statistics()
+    by_name = {s.namespace: s for s in statistics.namespaces}
+    assert by_name[KINDS[kind][1]].entries == 1
+    assert by_name[str(KERNELS)].entries == len(sample_entries()[str(KERNELS)])
+
+
+@pytest.mark.anyio
+async def test_explain_reads_past_a_namespace_that_is_not_utf8_text(
+    bad_root: Path, kind: str
+) -> None:
+    async with open_environment("warm", root=bad_root) as env:
+        explanation = await env.explain("app/1/k", b"k")
+        str(explanation)
+    assert explanation.entries == 0 and explanation.has_key is False
+    bad = [n for n in explanation.nearby if n.namespace == KINDS[kind][1]]
+    assert all(n.has_key is False for n in bad)  # no store reaches it: it holds nothing for one
+
+
+@pytest.mark.anyio
+async def test_purging_every_addressable_namespace_leaves_the_bad_row_and_only_it(
+    bad_root: Path,
+) -> None:
+    async with open_environment("warm", root=bad_root) as env:
+        for summary in await env.namespaces():
+            if namespace_addressable(summary.namespace):
+                assert not isinstance(await env.storage(summary.namespace).purge(), Exception)
+        left = [s.entries for s in await env.namespaces()]
+        path = env.path
+    assert left == [1]
+    assert _bad_rows(path) == 1
+
+
+@pytest.mark.anyio
+async def test_export_leaves_out_a_namespace_that_is_not_utf8_text(
+    bad_root: Path, tmp_path: Path, kind: str
+) -> None:
+    out = tmp_path / "out.bundle"
+    async with open_environment("warm", root=bad_root) as env:
+        report = await export_bundle(env, out, name="skips", version="1")
+    assert report.entries == GOOD
+    async with open_bundle(out) as bundle:
+        await bundle.verify()
+        exported = {s.namespace for s in await bundle.namespaces()}
+    assert exported == set(sample_entries())
+
+
+# --- the command line -------------------------------------------------------------
+
+
+def test_ls_lists_a_namespace_that_is_not_utf8_text_and_succeeds(bad_root: Path, kind: str) -> None:
+    completed = warmenv("ls", "--env", "warm", root=bad_root)
+    assert completed.returncode == 0, completed.stderr
+    assert KINDS[kind][1].replace("\udcff", "\\xff") in completed.stdout
+    assert completed.stderr == ""
+    as_json = warmenv("ls", "--env", "warm", "--json", root=bad_root)
+    assert as_json.returncode == 0, as_json.stderr
+    listed = {n["namespace"] for n in json.loads(as_json.stdout)["namespaces"]}
+    assert KINDS[kind][1] in listed
+
+
+def test_stats_lists_a_namespace_that_is_not_utf8_text_and_succeeds(
+    bad_root: Path, kind: str
+) -> None:
+    completed = warmenv("stats", "--env", "warm", root=bad_root)
+    assert completed.returncode == 0, completed.stderr
+    assert KINDS[kind][1].replace("\udcff", "\\xff") in completed.stdout
+    assert "Traceback" not in completed.stderr
+
+
+def test_explain_succeeds_beside_a_namespace_that_is_not_utf8_text(bad_root: Path) -> None:
+    completed = warmenv("explain", "--env", "warm", "app/1/k", "k", root=bad_root)
+    assert completed.returncode == 0, completed.stderr
+    assert "app/1/kernels" in completed.stdout
+
+
+def test_purge_leaves_a_namespace_that_is_not_utf8_text_and_says_so(
+    bad_root: Path, kind: str
+) -> None:
+    completed = warmenv("purge", "--env", "warm", "--namespace", "app", "--yes", root=bad_root)
+    assert completed.returncode == 0, completed.stderr
+    if kind == "null":  # `<NULL>` lies under no prefix: nothing to say
+        assert completed.stderr == ""
+    else:
+        assert completed.stderr.count("\n") == 1, completed.stderr
+        assert completed.stderr.startswith("warmenv: warning: ")
+        assert "not UTF-8 text" in completed.stderr and "warm.db" in completed.stderr
+        assert KINDS[kind][1].replace("\udcff", "\\xff") in completed.stderr
+    listed = warmenv("ls", "--env", "warm", "--json", root=bad_root)
+    left = {n["namespace"] for n in json.loads(listed.stdout)["namespaces"]}
+    assert left == {"app2/1/kernels", KINDS[kind][1]}  # app/... purged, the bad row kept
+    assert _bad_rows(bad_root / "warm.db") == 1
+
+
+def test_purge_matching_only_a_namespace_that_is_not_utf8_text_is_one_error_line(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "root"
+    path = _fill(root)
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "INSERT INTO entries (namespace, key, value, origin) VALUES (?, X'6b', X'76', 0)",
+            (b"bad/1/k",),
+        )
+    conn.close()
+    completed = warmenv("purge", "--env", "warm", "--namespace", "bad", "--yes", root=root)
+    line = assert_one_error_line(completed, 1)
+    assert "nothing deleted" in line and "'bad/1/k <BLOB>'" in line and "warm.db" in line
+    listed = warmenv("ls", "--env", "warm", "--json", root=root)
+    assert len(json.loads(listed.stdout)["namespaces"]) == len(sample_entries()) + 1
