@@ -21,7 +21,7 @@ import pytest
 from conftest import KERNELS, sample_entries
 from test_cli import warmenv
 from test_cli_errors import assert_one_error_line
-from warmenv import open_environment
+from warmenv import Purged, open_environment
 from warmenv.bundle import export_bundle, open_bundle
 from warmenv.persistence.schema import namespace_addressable
 
@@ -102,6 +102,29 @@ def bad_root(tmp_path: Path, kind: str) -> Path:
 
 
 # --- the library, on every backend --------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_gc_keeping_versions_leaves_a_namespace_that_is_not_utf8_text(
+    bad_root: Path, kind: str
+) -> None:
+    # It raised "a namespace must be a non-empty str, got b'app/1/k'", or could not
+    # decode the text, and evicted nothing.
+    async with open_environment("warm", root=bad_root) as env:
+        await env.storage("app/9/kernels").insert(b"new", b"v")  # written last: the newest
+        purged = await env.gc(keep_versions=1)
+        listed = {s.namespace for s in await env.namespaces()}
+    assert isinstance(purged, Purged) and purged.count > 0
+    assert "app/1/kernels" not in listed and "app/9/kernels" in listed
+    assert KINDS[kind][1] in listed
+    assert _bad_rows(bad_root / "warm.db") == 1
+
+
+def test_gc_keep_versions_on_the_command_line_leaves_it_too(bad_root: Path) -> None:
+    completed = warmenv("gc", "--keep-versions", "1", "--env", "warm", root=bad_root)
+    assert completed.returncode == 0, completed.stderr
+    assert "Traceback" not in completed.stderr and "unexpected" not in completed.stderr
+    assert _bad_rows(bad_root / "warm.db") == 1
 
 
 @pytest.mark.anyio

@@ -1066,11 +1066,17 @@ def _gc(
 def _keep_versions(keep: int, upgraded_at: float, conn: sqlite3.Connection) -> int:
     """Per (name, path), delete the namespaces of all but the `keep` newest-written versions."""
     groups: dict[tuple[str, str], list[tuple[float, str]]] = {}
-    rows = conn.execute(
-        "SELECT namespace, max(coalesce(written_at, ?)) FROM entries GROUP BY namespace",
-        (upgraded_at,),
-    )
+    # Only namespaces a store can address have versions to keep: a row something else
+    # wrote (not text, or text that is not UTF-8) is left alone, as purge leaves it.
+    with _foreign_text(conn):
+        rows = conn.execute(
+            "SELECT namespace, max(coalesce(written_at, ?)) FROM entries "
+            "WHERE typeof(namespace) = 'text' AND namespace != '' GROUP BY namespace",
+            (upgraded_at,),
+        ).fetchall()
     for namespace, newest in rows:
+        if not schema.namespace_addressable(namespace):
+            continue
         parsed = Namespace.raw(namespace)
         groups.setdefault((parsed.name, parsed.path), []).append((float(newest), namespace))
     removed = 0
