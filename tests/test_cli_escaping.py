@@ -24,8 +24,8 @@ import pytest
 
 from test_cli import run_raw, terminal
 from warmenv import open_environment
+from warmenv._text import clean
 from warmenv.bundle import export_bundle
-from warmenv.cli._common import clean
 
 CONTROLS = [chr(c) for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)]]
 PAYLOAD = "\x1b[2J\x1b]0;pwned\x07\x9b31m[bold red]FAKE[/] :warning:\r\n- bundle 'x' can hit: ok"

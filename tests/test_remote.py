@@ -406,6 +406,58 @@ async def test_coredis_s_traceback_for_a_server_that_does_not_answer_stays_out_o
     assert len(warned) == 1 and "is unavailable" in warned[0], warned
 
 
+@contextlib.contextmanager
+def answering_every_command_with(reply: bytes) -> Iterator[str]:
+    """A server speaking just enough RESP: every request it reads gets `reply`."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    stop = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            while not stop.is_set() and conn.recv(65536):
+                conn.sendall(reply)
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+    finally:
+        stop.set()
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)  # wakes the accept (close alone does not)
+        listener.close()
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+
+
+async def test_a_server_s_error_text_reaches_the_log_escaped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A hostile server's error reply carried raw into the application's log lines:
+    # an escape sequence there clears or recolours the terminal that tails the log.
+    with (
+        answering_every_command_with(b"-ERR \x1b[2J\x1b]0;pwned\x07fake\r\n") as url,
+        caplog.at_level(logging.DEBUG, logger="warmenv"),
+    ):
+        settings = RemoteSettings(url, timeout=0.5)
+        async with open_environment("fleet", root=tmp_path, remote=settings) as env:
+            assert await env.storage(NS).get(b"k") is None
+            assert env.remote is not None and env.remote.statistics().outages == 1
+    ours = [r.getMessage() for r in caplog.records if r.name.startswith("warmenv")]
+    assert any("\\x1b[2J" in message for message in ours), ours
+    assert not [m for m in ours if "\x1b" in m or "\x07" in m], ours
+
+
 async def test_what_the_application_s_own_coredis_clients_log_is_left_alone(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

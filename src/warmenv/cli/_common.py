@@ -22,7 +22,6 @@ import sqlite3
 import sys
 import threading
 import time
-import unicodedata
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
@@ -36,6 +35,7 @@ import anyio.to_thread
 import attrs
 
 from warmenv._errors import WarmenvError
+from warmenv._text import clean
 from warmenv.bundle import Finished, Progress, Started, Verifying
 from warmenv.bundle.events import Event, ExportReport, ImportReport
 from warmenv.config import is_valid_name
@@ -78,39 +78,7 @@ class Stopped(BaseException):
         return 128 + self.signum
 
 
-# --- text from outside ---------------------------------------------------------
-
-# Control characters (C0, DEL, C1), invisible format characters (bidi overrides,
-# zero-width joiners), line and paragraph separators, and lone surrogates (a
-# byte that was not UTF-8 in a file name or argument): none of them may reach a
-# terminal as they are.
-_UNSAFE = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
-_SHORT = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
-
-
-def clean(text: object) -> str:
-    """`text` with every character that could steer a terminal written as an escape.
-
-    `"\\x1b[2J"` prints as `\\x1b[2J`, a newline as `\\n`, and a byte that was
-    not UTF-8 (carried by Python as a lone surrogate) as `\\xff`.
-    """
-    value = text if isinstance(text, str) else str(text)
-    if value.isprintable():  # the fast path: nothing to escape (spaces included)
-        return value
-    return "".join(_escape(ch) if unicodedata.category(ch) in _UNSAFE else ch for ch in value)
-
-
-def _escape(ch: str) -> str:
-    code = ord(ch)
-    if ch in _SHORT:
-        return _SHORT[ch]
-    if 0xDC80 <= code <= 0xDCFF:  # surrogateescape: the original byte
-        return f"\\x{code - 0xDC00:02x}"
-    if code <= 0xFF:
-        return f"\\x{code:02x}"
-    if code <= 0xFFFF:
-        return f"\\u{code:04x}"
-    return f"\\U{code:08x}"
+# --- text from outside: escaped by warmenv._text.clean ----------------------------
 
 
 def text_argument(value: str, option: str) -> str:
@@ -126,11 +94,6 @@ def text_argument(value: str, option: str) -> str:
             f"{option} {clean(value)!s} is not valid UTF-8 text; spell it in UTF-8"
         ) from None
     return value
-
-
-def has_control_characters(text: str) -> bool:
-    """Whether `text` holds a character `clean()` would escape (C0, C1, bidi controls...)."""
-    return not text.isprintable() and any(unicodedata.category(ch) in _UNSAFE for ch in text)
 
 
 # --- options -------------------------------------------------------------------

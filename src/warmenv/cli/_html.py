@@ -11,7 +11,8 @@ import html
 from collections.abc import Sequence
 from pathlib import Path
 
-from warmenv.cli._common import clean, plural
+from warmenv._text import clean
+from warmenv.cli._common import plural
 from warmenv.persistence.statistics import EnvironmentStatistics
 from warmenv.persistence.storage import Origin
 

@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from warmenv._text import clean, has_control_characters
 from warmenv.bundle import BundleFormat, ExportReport, Started, exporting
 from warmenv.bundle.base import FORMAT_VERSIONS
 from warmenv.cli._common import (
@@ -23,10 +24,8 @@ from warmenv.cli._common import (
     UsageError,
     add_namespace_option,
     as_json,
-    clean,
     environment,
     follow,
-    has_control_characters,
     namespace_prefixes,
     no_match,
     plural,

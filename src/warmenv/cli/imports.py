@@ -24,6 +24,7 @@ import anyio.to_thread
 import attrs
 
 from warmenv._errors import WarmenvError
+from warmenv._text import clean
 from warmenv.bundle import (
     Downloading,
     ImportProgress,
@@ -41,7 +42,6 @@ from warmenv.cli._common import (
     UsageError,
     add_namespace_option,
     as_json,
-    clean,
     environment,
     follow,
     namespace_prefixes,

@@ -15,10 +15,10 @@ from typing import Any
 import anyio.to_thread
 
 from warmenv._errors import WarmenvError
+from warmenv._text import clean
 from warmenv.cli._common import (
     Output,
     as_json,
-    clean,
     environment,
     environment_files,
     plural,

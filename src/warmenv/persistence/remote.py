@@ -75,6 +75,7 @@ import anyio
 import attrs
 
 from warmenv._errors import WarmenvError
+from warmenv._text import clean
 from warmenv.persistence import carried
 from warmenv.persistence.storage import (
     DEFAULT_SCAN_BATCH,
@@ -636,7 +637,7 @@ class RemoteTier:
         except _Down:
             return
         except Exception as exc:
-            log.warning("%s refused to store %r: %s", self.describe(), rkey, exc)
+            log.warning("%s refused to store %r: %s", self.describe(), rkey, clean(exc))
             self._count("failures")
             return
         if stored == -1:
@@ -875,6 +876,7 @@ class RemoteTier:
             reason += f" ({type(cause).__name__}: {cause})"
         if self.settings.url in reason:
             reason = redact(reason)
+        reason = clean(reason)  # a server's own words: no escape sequence reaches a log
         if first:
             self._count("outages")
             log.warning(
@@ -893,7 +895,9 @@ class RemoteTier:
 
     def _reject(self, rkey: bytes, why: str) -> None:
         self._count("rejected")
-        self._warn_once(self._rejected, "%s: ignoring the value under %r: %s (a miss)", rkey, why)
+        self._warn_once(
+            self._rejected, "%s: ignoring the value under %r: %s (a miss)", rkey, clean(why)
+        )
 
     def _warn_once(self, warned: set[bytes], message: str, rkey: bytes, *args: object) -> None:
         """Log `message` (about `rkey`, after the tier) as a warning the first time for the key.

@@ -1,0 +1,51 @@
+"""Text from outside (files, servers, arguments), made safe to print or log.
+
+Bundle names, namespaces, paths and a server's error replies may carry
+escape sequences; printed or logged as they are, they could move a
+terminal's cursor, recolour it or forge a line. The command line prints
+every such text through `clean`, and the library's log lines quote a
+server's words through it too, so the one rule lives here.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+__all__ = ["clean", "has_control_characters"]
+
+# Control characters (C0, DEL, C1), invisible format characters (bidi overrides,
+# zero-width joiners), line and paragraph separators, and lone surrogates (a
+# byte that was not UTF-8 in a file name or argument): none of them may reach a
+# terminal as they are.
+_UNSAFE = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+_SHORT = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def clean(text: object) -> str:
+    """`text` with every character that could steer a terminal written as an escape.
+
+    `"\\x1b[2J"` prints as `\\x1b[2J`, a newline as `\\n`, and a byte that was
+    not UTF-8 (carried by Python as a lone surrogate) as `\\xff`.
+    """
+    value = text if isinstance(text, str) else str(text)
+    if value.isprintable():  # the fast path: nothing to escape (spaces included)
+        return value
+    return "".join(_escape(ch) if unicodedata.category(ch) in _UNSAFE else ch for ch in value)
+
+
+def has_control_characters(text: str) -> bool:
+    """Whether `text` holds a character `clean()` would escape (C0, C1, bidi controls...)."""
+    return not text.isprintable() and any(unicodedata.category(ch) in _UNSAFE for ch in text)
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if ch in _SHORT:
+        return _SHORT[ch]
+    if 0xDC80 <= code <= 0xDCFF:  # surrogateescape: the original byte
+        return f"\\x{code - 0xDC00:02x}"
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
