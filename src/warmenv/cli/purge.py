@@ -67,7 +67,8 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         left = [s for s in matching if not namespace_addressable(s.namespace)]
         kept = (
             f"left {plural(len(left), 'namespace')} that "
-            f"{'is' if len(left) == 1 else 'are'} not UTF-8 text (written by something "
+            f"{'is' if len(left) == 1 else 'are'} not UTF-8 text"
+            f"{' or empty' if any(not s.namespace for s in left) else ''} (written by something "
             f"else): {', '.join(_quoted(s.namespace) for s in left)}"
         )
         if prefixes is not None and not doomed:

@@ -180,7 +180,8 @@ def explain(
         # Near needs the same name, or the same version and path (`differing`):
         # tested on the string first, so most namespaces are never parsed.
         head, _, rest = name.partition("/")
-        if not entries or (head != asked.name and rest != asked_rest):
+        # An empty namespace (a row something else wrote) is no namespace to parse.
+        if not name or not entries or (head != asked.name and rest != asked_rest):
             continue
         differs = differing(asked, Namespace.raw(name))
         if differs is not None:

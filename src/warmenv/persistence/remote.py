@@ -222,7 +222,7 @@ class _OurConnections(logging.Filter):
             "%s: coredis says %r%s",
             tier.describe(),
             record.getMessage(),
-            "" if error is None else f" ({type(error).__name__}: {error})",
+            "" if error is None else f" ({type(error).__name__}: {clean(error)})",
         )
         return False
 

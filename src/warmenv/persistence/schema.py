@@ -328,13 +328,14 @@ def namespace_read(column: str = "namespace") -> str:
 
 
 def namespace_addressable(namespace: str) -> bool:
-    """Whether a namespace read from a file is one a store can address: UTF-8 text.
+    """Whether a namespace read from a file is one a store can address: non-empty UTF-8 text.
 
-    False for text that is not UTF-8 (read with surrogates) and for a value of
-    another type (tagged by `namespace_read`): their rows are listed, left out
-    of exports, and left alone by what works namespace by namespace (purge).
+    False for text that is not UTF-8 (read with surrogates), for the empty
+    string (`Namespace.raw` refuses it), and for a value of another type
+    (tagged by `namespace_read`): their rows are listed, left out of exports,
+    and left alone by what works namespace by namespace (purge).
     """
-    if namespace.endswith(_NOT_TEXT_TAGS):
+    if not namespace or namespace.endswith(_NOT_TEXT_TAGS):
         return False
     try:
         namespace.encode("utf-8")

@@ -1075,7 +1075,12 @@ def _keep_versions(keep: int, upgraded_at: float, conn: sqlite3.Connection) -> i
             (upgraded_at,),
         ).fetchall()
     for namespace, newest in rows:
-        if not schema.namespace_addressable(namespace):
+        # Text only (the query's typeof): a text namespace ending like a tag
+        # ('app/1/img <BLOB>', a store's own) has versions too; text that is not
+        # UTF-8 (read with surrogates) is no store's.
+        try:
+            namespace.encode("utf-8")
+        except UnicodeEncodeError:
             continue
         parsed = Namespace.raw(namespace)
         groups.setdefault((parsed.name, parsed.path), []).append((float(newest), namespace))
