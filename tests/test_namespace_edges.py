@@ -1,5 +1,9 @@
-"""Regressions found by the second review: an empty namespace row, a text namespace
-ending like a type tag, and a server's words in coredis's records."""
+"""Namespaces at the edges of what a file may hold, and a server's words in coredis's records.
+
+An empty namespace row (another program's), a store's own text namespace that
+ends like the tag of a non-text row, and coredis's exception text in the tier's
+DEBUG line; each was found by a review and fails on the code before its fix.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import anyio
 import pytest
 
 from test_cli import warmenv
-from warmenv import open_environment
+from warmenv import Purged, open_environment
 from warmenv.persistence import remote
 
 
@@ -32,7 +36,7 @@ def _environment(root: Path) -> Path:
     return path
 
 
-def test_review2_explain_and_purge_beside_an_empty_namespace(tmp_path: Path) -> None:
+def test_explain_and_purge_beside_an_empty_namespace(tmp_path: Path) -> None:
     # Both failed with "unexpected ValueError: a namespace must be a non-empty str, got ''":
     # explain of any one-segment namespace, and purge of everything (nothing was deleted).
     root = tmp_path / "root"
@@ -48,22 +52,21 @@ def test_review2_explain_and_purge_beside_an_empty_namespace(tmp_path: Path) -> 
 
 
 @pytest.mark.anyio
-async def test_review2_gc_keeps_versions_of_a_text_namespace_ending_like_a_tag(
+async def test_gc_keeps_versions_of_a_text_namespace_ending_like_a_tag(
     tmp_path: Path,
 ) -> None:
     # A store's own namespace whose path ends in '<BLOB>' was taken for a BLOB row and
     # never evicted by keep_versions.
     async with open_environment("warm", root=tmp_path) as env:
-        await env.storage("app/1/img <BLOB>").insert(b"k", b"v")
-        await anyio.sleep(0.01)
-        await env.storage("app/2/img <BLOB>").insert(b"k", b"v")
+        await env.storage("app/1/img <BLOB>").insert(b"k", b"v", written_at=1_000.0)
+        await env.storage("app/2/img <BLOB>").insert(b"k", b"v", written_at=2_000.0)
         purged = await env.gc(keep_versions=1)
         listed = [s.namespace for s in await env.namespaces()]
-    assert purged.count == 1
+    assert purged == Purged(1)
     assert listed == ["app/2/img <BLOB>"]
 
 
-def test_review2_coredis_s_error_text_is_escaped_in_our_debug_line(
+def test_coredis_s_error_text_is_escaped_in_our_debug_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # An AuthorizationError's server text (CLIENT SETINFO answered -NOPERM) went raw.
