@@ -187,6 +187,7 @@ async def test_export_leaves_out_a_namespace_that_is_not_utf8_text(
     async with open_environment("warm", root=bad_root) as env:
         report = await export_bundle(env, out, name="skips", version="1")
     assert report.entries == GOOD
+    assert report.left_out == 1  # it was left out in silence
     async with open_bundle(out) as bundle:
         await bundle.verify()
         exported = {s.namespace for s in await bundle.namespaces()}
@@ -220,6 +221,31 @@ def test_explain_succeeds_beside_a_namespace_that_is_not_utf8_text(bad_root: Pat
     completed = warmenv("explain", "--env", "warm", "app/1/k", "k", root=bad_root)
     assert completed.returncode == 0, completed.stderr
     assert "app/1/kernels" in completed.stdout
+
+
+def test_export_on_the_command_line_says_what_it_left_out(bad_root: Path, tmp_path: Path) -> None:
+    out = str(tmp_path / "out.bundle")
+    completed = warmenv(
+        "export", out, "--name", "n", "--app-version", "1", "--env", "warm", root=bad_root
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stderr == (
+        "warmenv: warning: left out 1 row whose namespace is not UTF-8 text "
+        "(another program wrote them; `warmenv ls` lists them)\n"
+    )
+    as_json = warmenv(
+        "export",
+        out,
+        "--name",
+        "n",
+        "--app-version",
+        "1",
+        "--env",
+        "warm",
+        "--json",
+        root=bad_root,
+    )
+    assert json.loads(as_json.stdout)["left_out"] == 1
 
 
 def test_purge_leaves_a_namespace_that_is_not_utf8_text_and_says_so(

@@ -87,6 +87,9 @@ class ExportReport:
     bytes: int
     namespaces: tuple[NamespaceSummary, ...]
     elapsed: float
+    left_out: int = 0
+    """Rows of the sources left out because their namespace is not UTF-8 text (another
+    program wrote them): no reader could address them, so no bundle carries them."""
 
 
 @attrs.frozen

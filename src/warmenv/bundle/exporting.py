@@ -245,6 +245,7 @@ class ExportProgress(EventStream[ExportReport]):
                 NamespaceSummary(ns, entries, size) for ns, (entries, size) in job.totals.items()
             ),
             elapsed=time.perf_counter() - started_at,
+            left_out=job.skipped,
         )
         self._report = report
         yield BundleFinished(report)

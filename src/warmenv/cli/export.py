@@ -112,6 +112,11 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         f"{plural(len(report.namespaces), 'namespace')} to {report.path} "
         f"in {report.elapsed:.2f}s"
     )
+    if report.left_out:
+        out.warning(
+            f"left out {plural(report.left_out, 'row')} whose namespace is not UTF-8 text "
+            "(another program wrote them; `warmenv ls` lists them)"
+        )
     out.result(as_json(report))
     return 0
 
