@@ -734,15 +734,28 @@ async def test_a_read_during_a_flush_waits_for_one_slice_not_the_whole_flush(
     monkeypatch.setattr(statistics_module, "SLICE_ROWS", 20)
     done: list[str] = []
     first = anyio.Event()
+    read_queued = anyio.Event()
     original = SqliteDatabase.flush_statistics
+    original_run = SqliteDatabase.run
 
     async def telling(self: SqliteDatabase, batch: Batch, start: Cursor) -> Cursor | None:
         end = await original(self, batch, start)
         done.append("slice")
-        first.set()
+        if not first.is_set():
+            first.set()
+            # The next slice is asked for only once the read is queued: under load the
+            # reader might otherwise be scheduled a slice or two late (what is tested
+            # is the order the worker serves them in, not the scheduler's timing).
+            await read_queued.wait()
         return end
 
+    async def noting(self: SqliteDatabase, fn: Any) -> Any:
+        if first.is_set() and not read_queued.is_set():
+            read_queued.set()  # no checkpoint before run() queues the call
+        return await original_run(self, fn)
+
     monkeypatch.setattr(SqliteDatabase, "flush_statistics", telling)
+    monkeypatch.setattr(SqliteDatabase, "run", noting)
     async with open_environment("e", root=root) as env:
         await many_namespaces(env, 100)
         storage = env.storage("app/reader/kernels")
