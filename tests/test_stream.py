@@ -206,3 +206,14 @@ async def test_open_environment_refuses_an_invalid_configured_stream_policy(
     with pytest.raises(ConfigError, match=r"warmenv\.toml: key 'stream_policy'"):
         async with open_environment("app", root=root):
             pass  # pragma: no cover - the open fails
+
+
+def test_apply_config_as_no_choice_leaves_a_chosen_policy_and_counts_as_none(
+    per_task_project: Path,
+) -> None:
+    stream.apply_config(load_config(), chosen=False)
+    assert stream.policy() is StreamPolicy.PER_TASK
+    assert not stream.policy_chosen()
+    stream.set_policy(StreamPolicy.SINGLE)
+    stream.apply_config(load_config(), chosen=False)
+    assert stream.policy() is StreamPolicy.SINGLE

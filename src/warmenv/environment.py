@@ -51,7 +51,7 @@ from warmenv.persistence.storage import (
     check_bundle,
 )
 from warmenv.persistence.store import DEFAULT_HOT_BYTES, CacheMode, Store
-from warmenv.stream import adopt_config, policy_chosen
+from warmenv.stream import apply_config, policy_chosen
 
 __all__ = ["Environment", "activate", "active", "open_environment", "set_root"]
 
@@ -534,7 +534,7 @@ async def _open(
         if config is None:  # not read yet by the caller
             config = await anyio.to_thread.run_sync(load_config)
         if not policy_chosen():  # the configured stream_policy, unless code chose one
-            adopt_config(config)
+            apply_config(config, chosen=False)
         if max_bytes is None:
             max_bytes = config.max_bytes
     try:

@@ -24,14 +24,11 @@ import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
 
 from warmenv._backend import native_task
-
-if TYPE_CHECKING:
-    from warmenv.config import Config
 
 __all__ = [
     "StreamId",
@@ -83,16 +80,24 @@ def set_policy(policy: StreamPolicy) -> None:
     _chosen = True
 
 
-def apply_config(config: Config) -> None:
-    """Set the policy a configuration names (`load_config().stream_policy`)."""
-    set_policy(config.stream_policy)
+class _Configured(Protocol):
+    """What `apply_config` reads of a `warmenv.config.Config` (stream sits below config)."""
+
+    @property
+    def stream_policy(self) -> StreamPolicy: ...
 
 
-def adopt_config(config: Config) -> None:
-    """Take the configured policy unless the program chose one; `open_environment` calls it."""
-    global _policy
-    if not _chosen:
+def apply_config(config: _Configured, *, chosen: bool = True) -> None:
+    """Set the policy a configuration names (`load_config().stream_policy`).
+
+    Like `set_policy`, this is a choice in code that later opens leave alone.
+    With `chosen=False` (how `open_environment` applies the configuration) the
+    policy is taken only while the program has chosen none, and it is no choice.
+    """
+    global _policy, _chosen
+    if chosen or not _chosen:
         _policy = config.stream_policy
+        _chosen = _chosen or chosen
 
 
 def policy_chosen() -> bool:
