@@ -1,0 +1,184 @@
+"""Facts: what decides whether a compiler's cached entries can hit on a machine.
+
+A compiler's cache entry is only good where the compiler would have produced
+it: the same compiler version, often the same CPU (the code is built for the
+host's instruction set), sometimes the same Python or install path. warmenv
+writes each of these facts into the version segment of the namespace that
+holds a tool's captured files (`caches.jax/jax=0.10.2,jaxlib=0.10.2,cpu=.../files`),
+so entries captured under other facts live in another namespace and can never
+be restored by mistake, and anyone holding a bundle can tell, without the
+compiler installed, why its entries would not hit here.
+
+Every fact is computable on any machine without importing a compiler, from
+its name alone, so preflight needs no knowledge of the tools:
+
+- `python`: the interpreter and its minor version (`cpython3.11`);
+- `cpu`: the architecture and a digest of the CPU model and feature flags
+  (`x86_64-1a2b3c4d5e6f`), since compilers build for the host's features;
+- `<package>.path`: a digest of where the top-level package `<package>` is
+  installed (found with `importlib.util.find_spec`, which runs no package
+  code), for tools whose keys hash their own install path;
+- any other name: the installed version of the distribution of that name
+  (`importlib.metadata`), or `none` when it is not installed.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import platform
+import re
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import attrs
+
+__all__ = ["Facts", "cpu_identity", "fact_here"]
+
+_KEY = re.compile(r"[a-z0-9][a-z0-9_.-]*\Z")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
+NOT_INSTALLED = "none"
+
+
+def _clean(value: str) -> str:
+    """A value as it may stand in a namespace segment (no `/`, `,` or `=`)."""
+    return _UNSAFE.sub("_", value) or "_"
+
+
+@functools.cache
+def cpu_identity() -> str:
+    """The architecture and a digest of the CPU model and its feature flags."""
+    machine = platform.machine() or "unknown"
+    described = [machine, platform.processor()]
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    wanted = ("model name", "flags", "Features", "CPU implementer", "CPU part", "cpu model")
+    seen: set[str] = set()
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        name = name.strip()
+        if name in wanted and name not in seen:  # the first core speaks for all
+            seen.add(name)
+            words = value.split()
+            described.append(f"{name}={' '.join(sorted(words) if name != 'model name' else words)}")
+    digest = hashlib.sha256("\n".join(described).encode()).hexdigest()[:12]
+    return f"{_clean(machine)}-{digest}"
+
+
+def _install_path(package: str) -> str:
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return NOT_INSTALLED
+    where = spec.origin or next(iter(spec.submodule_search_locations or []), "")
+    where = str(Path(where).resolve().parent if spec.origin else Path(where).resolve())
+    return hashlib.sha256(where.encode()).hexdigest()[:12]
+
+
+def fact_here(name: str) -> str:
+    """This machine's value of the fact `name` (see the module's docstring)."""
+    if name == "python":
+        return _clean(f"{sys.implementation.name}{sys.version_info[0]}.{sys.version_info[1]}")
+    if name == "cpu":
+        return cpu_identity()
+    if name.endswith(".path"):
+        return _install_path(name.removesuffix(".path"))
+    try:
+        return _clean(importlib.metadata.version(name))
+    except importlib.metadata.PackageNotFoundError:
+        return NOT_INSTALLED
+
+
+@attrs.frozen
+class Facts:
+    """Ordered `(name, value)` pairs that decide whether captured entries can hit.
+
+    `Facts.here("jax", "jaxlib", "cpu")` takes this machine's values;
+    `segment` is the namespace version segment they become and
+    `Facts.parse` reads one back.
+    """
+
+    pairs: tuple[tuple[str, str], ...]
+
+    def __attrs_post_init__(self) -> None:
+        if not self.pairs:
+            raise ValueError("Facts needs at least one fact (e.g. the tool's version)")
+        for name, value in self.pairs:
+            if not _KEY.match(name):
+                raise ValueError(
+                    f"fact name {name!r} must be lower-case letters, digits, '_', '.' or '-'"
+                )
+            if _clean(value) != value:
+                raise ValueError(
+                    f"fact {name!r} has the value {value!r}: use letters, digits, '.', '_', "
+                    "'+' or '-' only"
+                )
+
+    @classmethod
+    def here(cls, *names: str) -> Facts:
+        """This machine's values of the facts named."""
+        return cls(tuple((name, fact_here(name)) for name in names))
+
+    @classmethod
+    def of(cls, pairs: Iterable[tuple[str, str]]) -> Facts:
+        """Facts given as pairs; values are made segment-safe (`/` becomes `_`)."""
+        return cls(tuple((name, _clean(value)) for name, value in pairs))
+
+    @property
+    def segment(self) -> str:
+        """The namespace version segment: `name=value,name=value`."""
+        return ",".join(f"{name}={value}" for name, value in self.pairs)
+
+    @classmethod
+    def parse(cls, segment: str) -> Facts | None:
+        """The facts a version segment holds, or `None` if it is not one of ours."""
+        pairs = []
+        for part in segment.split(","):
+            name, equals, value = part.partition("=")
+            if not equals or not _KEY.match(name) or not value or _clean(value) != value:
+                return None
+            pairs.append((name, value))
+        return cls(tuple(pairs)) if pairs else None
+
+    def value(self, name: str) -> str | None:
+        return next((value for key, value in self.pairs if key == name), None)
+
+    def mismatches(self, here: Facts | None = None) -> tuple[str, ...]:
+        """Why entries captured under these facts cannot hit on this machine (empty: they can).
+
+        `here` defaults to this machine's values of the same facts.
+        """
+        if here is None:
+            here = Facts.here(*(name for name, _ in self.pairs))
+        reasons = []
+        for name, value in self.pairs:
+            local = here.value(name)
+            if local == value:
+                continue
+            if local is None:
+                reasons.append(f"{_said(name)} {value} was captured; this tool does not use it")
+            elif local == NOT_INSTALLED:
+                reasons.append(f"{_said(name)} {value} was captured; it is not installed here")
+            else:
+                reasons.append(f"{_said(name)} {value} was captured; this machine has {local}")
+        for name, local in here.pairs:
+            if self.value(name) is None:
+                reasons.append(f"{_said(name)} (here {local}) was not recorded at capture")
+        return tuple(reasons)
+
+
+def _said(name: str) -> str:
+    if name == "cpu":
+        return "CPU"
+    if name == "python":
+        return "Python"
+    if name.endswith(".path"):
+        return f"{name.removesuffix('.path')}'s install path"
+    return name

@@ -1,0 +1,239 @@
+"""Writing a bundle's files into a cache directory without trusting the bundle.
+
+A restored file is code: a compiler will load, execute or unpickle it. So a
+key from a bundle is a relative path only after it passed `relative_parts`
+(no `..`, no absolute path, no backslash, drive letter, device name,
+control character or reserved temporary name), and `Writer` places files
+under the target only through directory descriptors opened with
+`O_NOFOLLOW`, so a symlink already in the target is never followed: it is
+left alone and the entry refused, with the reason.
+
+Each file is written under a temporary name in its final directory and
+renamed into place once complete: a process killed mid-restore leaves at
+most a `.warmenv-*.tmp` file, which no compiler reads, never a half file
+under a name a compiler looks up (the next restore removes such leftovers
+once they are old). Files get mode 0644 and directories 0755 at most
+(the umask may remove more); a target directory, or a directory in it,
+that another user owns or can write is refused, because whoever can write
+there can swap what the compiler loads.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import stat
+import time
+import unicodedata
+from pathlib import Path
+from typing import Final
+
+from warmenv._errors import WarmenvError
+
+__all__ = ["TEMPORARY_PREFIX", "UnsafeTargetError", "Writer", "relative_parts"]
+
+TEMPORARY_PREFIX: Final = ".warmenv-"
+_TEMPORARY_SUFFIX: Final = ".tmp"
+_STALE_SECONDS: Final = 600.0
+_MAX_PARTS: Final = 32
+_MAX_PATH: Final = 1024
+_MAX_PART: Final = 255
+_DEVICES: Final = re.compile(r"(CON|PRN|AUX|NUL|COM[0-9¹²³]|LPT[0-9¹²³]|CONIN\$|CONOUT\$)\Z", re.I)
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
+_DIRECTORY_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_MODE: Final = 0o644
+_DIRECTORY_MODE: Final = 0o755
+
+
+class UnsafeTargetError(WarmenvError):
+    """A restore target another user could write into (they could swap what a compiler loads)."""
+
+
+def relative_parts(key: bytes) -> tuple[str, ...] | str:
+    """The path components a bundle key names, or the reason it is refused."""
+    try:
+        text = key.decode("utf-8")
+    except UnicodeDecodeError:
+        return "its path is not UTF-8"
+    if not text:
+        return "its path is empty"
+    if len(key) > _MAX_PATH:
+        return f"its path is longer than {_MAX_PATH} bytes"
+    if text.startswith("/") or re.match(r"[A-Za-z]:", text):
+        return "its path is absolute"
+    if "\\" in text:
+        return "its path holds a backslash"
+    if _CONTROL.search(text):
+        return "its path holds a control character"
+    parts = tuple(text.split("/"))
+    if len(parts) > _MAX_PARTS:
+        return f"its path is more than {_MAX_PARTS} directories deep"
+    for part in parts:
+        if part in ("", ".", ".."):
+            return (
+                f"its path holds {part or 'an empty'!r} component"
+                if part
+                else ("its path holds an empty component")
+            )
+        if len(part.encode()) > _MAX_PART:
+            return f"a name in its path is longer than {_MAX_PART} bytes"
+        if ":" in part:
+            return "a name in its path holds ':' (a drive or stream name elsewhere)"
+        if part.endswith((".", " ")):
+            return "a name in its path ends with '.' or ' ' (renamed silently elsewhere)"
+        if _DEVICES.match(part.split(".", 1)[0].rstrip(" ")):
+            return f"{part!r} in its path is a device name"
+        if part.startswith(TEMPORARY_PREFIX):
+            return f"{part!r} in its path is a name warmenv reserves for files being written"
+    return parts
+
+
+def folded(parts: tuple[str, ...]) -> tuple[str, ...]:
+    """The path as a case-insensitive, normalising file system sees it."""
+    return tuple(unicodedata.normalize("NFC", part).casefold() for part in parts)
+
+
+def check_directory(fd: int, where: Path) -> None:
+    """Refuse a directory that someone other than this user (or root) owns or can write."""
+    st = os.fstat(fd)
+    if st.st_uid not in (os.geteuid(), 0):
+        raise UnsafeTargetError(
+            f"'{where}' belongs to another user (uid {st.st_uid}), who could swap the files a "
+            "compiler loads from it; restore into a directory of your own"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeTargetError(
+            f"'{where}' can be written by other users (mode {stat.filemode(st.st_mode)}), who "
+            f"could swap the files a compiler loads from it; run `chmod go-w '{where}'` or "
+            "restore elsewhere"
+        )
+
+
+class Writer:
+    """Places files under one target directory, refusing what would leave it.
+
+    Not thread-safe: one restore drives it, from one worker thread at a time.
+    `close()` releases the directory descriptors it holds.
+    """
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+        target.mkdir(mode=_DIRECTORY_MODE, parents=True, exist_ok=True)
+        fd = os.open(target, _DIRECTORY_FLAGS & ~os.O_NOFOLLOW)  # the caller named it
+        try:
+            check_directory(fd, target)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fds: dict[tuple[str, ...], int] = {(): fd}
+        self._refused: dict[tuple[str, ...], str] = {}
+        self._seen: dict[tuple[str, ...], tuple[str, ...]] = {}
+        _remove_stale(fd)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def claim(self, parts: tuple[str, ...]) -> str | None:
+        """Reserve a path for this restore; the reason if it is a case-folding twin of another."""
+        for depth in range(1, len(parts) + 1):
+            prefix = parts[:depth]
+            spelled = self._seen.setdefault(folded(prefix), prefix)
+            if spelled != prefix:
+                return (
+                    f"it differs only in case or Unicode form from {'/'.join(spelled)!r} "
+                    "(one file on a case-insensitive file system)"
+                )
+        return None
+
+    def write(self, parts: tuple[str, ...], data: bytes) -> bool | str:
+        """Write one file at `parts` whole: True if written, False if kept, else why not.
+
+        A file already at that path is left alone (what this machine has
+        wins), as is anything that is not a regular file.
+        """
+        directory = self._directory(parts[:-1])
+        if isinstance(directory, str):
+            return directory
+        name = parts[-1]
+        try:
+            st = os.stat(name, dir_fd=directory, follow_symlinks=False)
+        except FileNotFoundError:
+            pass
+        else:
+            if stat.S_ISREG(st.st_mode):
+                return False
+            return f"{_kind(st.st_mode)} is already at {'/'.join(parts)!r}; left alone"
+        temporary = f"{TEMPORARY_PREFIX}{secrets.token_hex(8)}{_TEMPORARY_SUFFIX}"
+        fd = os.open(temporary, _FILE_FLAGS, _FILE_MODE, dir_fd=directory)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except BaseException:
+            os.close(fd)
+            os.unlink(temporary, dir_fd=directory)
+            raise
+        os.close(fd)
+        os.rename(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
+        return True
+
+    def _directory(self, parts: tuple[str, ...]) -> int | str:
+        found = self._fds.get(parts)
+        if found is not None:
+            return found
+        refused = self._refused.get(parts)
+        if refused is not None:
+            return refused
+        parent = self._directory(parts[:-1])
+        if isinstance(parent, str):
+            return parent
+        name = parts[-1]
+        where = "/".join(parts)
+        try:
+            os.mkdir(name, _DIRECTORY_MODE, dir_fd=parent)
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(name, _DIRECTORY_FLAGS, dir_fd=parent)
+        except OSError:
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            reason = f"{_kind(st.st_mode)} is at {where!r} where a directory belongs; left alone"
+            self._refused[parts] = reason
+            return reason
+        try:
+            check_directory(fd, self.target / where)
+        except UnsafeTargetError as error:
+            os.close(fd)
+            self._refused[parts] = str(error)
+            return str(error)
+        self._fds[parts] = fd
+        _remove_stale(fd)
+        return fd
+
+
+def _remove_stale(directory: int) -> None:
+    """Remove temporary files a killed restore left (old enough not to be another's)."""
+    now = time.time()
+    for name in os.listdir(directory):
+        if not (name.startswith(TEMPORARY_PREFIX) and name.endswith(_TEMPORARY_SUFFIX)):
+            continue
+        try:
+            st = os.stat(name, dir_fd=directory, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and now - st.st_mtime > _STALE_SECONDS:
+                os.unlink(name, dir_fd=directory)
+        except OSError:
+            continue
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symlink"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISREG(mode):
+        return "a file"
+    return "a special file"

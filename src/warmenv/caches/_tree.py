@@ -1,0 +1,472 @@
+"""The core every compiler cache shares: a directory tree captured into a namespace and restored.
+
+A tool's cache directory becomes one namespace of the environment,
+`caches.<tool>/<facts>/<part>`: each regular file is one entry, its key the
+file's path relative to the cache directory (POSIX, UTF-8), its value the
+file's bytes. The key never holds the machine's absolute path, so a tree
+captured at `/home/ci/.cache/jax` restores to `/srv/app/cache` on another
+machine; the version segment holds the `Facts` that decide whether the
+files can hit (the tool's version, CPU, Python, ...), so files captured
+under other facts are another namespace and never restored here. They are
+reported as skipped, each with its reasons. From there a namespace travels
+like any other: exported into a bundle, imported, served by the shared tier.
+
+The API (used by `directory.py` and by each tool's module):
+
+- `CacheTree(tool, facts, part="files", index=(), exclude=())`: which
+  namespace a tree lives in, which files are indexes naming others
+  (written last on restore: a compiler that finds the index finds its
+  children) and which files are never captured (fnmatch patterns on the
+  file's name).
+- `await capture(env, tree, source) -> CaptureReport`: store every regular
+  file under `source` (symlinks and special files are left out, named);
+  a file whose bytes changed since the last capture replaces its entry.
+- `await restore(env, tree, target) -> RestoreReport`: write the
+  namespace's files under `target`, never overwriting a file already there
+  (this machine's own wins), every file whole or not at all, under the
+  rules in `_paths.py` for hostile input (a bundle is code: see
+  docs/caches.md). Namespaces of the same tool and part under other facts
+  are listed in `report.skipped` with why they cannot hit here.
+- `captured_trees(namespaces)` reads (namespace, entries) pairs (an
+  environment's or a bundle's) as `TreeCheck` values: per captured tree,
+  whether it can hit on this machine and why not; preflight uses it.
+
+Both functions run file work on worker threads and keep memory bounded by
+batches (`batch_bytes`), so a large cache never blocks the event loop or
+sits in memory whole.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import stat
+import time
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Final, final
+
+import anyio
+import anyio.to_thread
+import attrs
+
+from warmenv.caches._facts import Facts
+from warmenv.caches._paths import TEMPORARY_PREFIX, Writer, relative_parts
+from warmenv.environment import Environment
+from warmenv.persistence import Failed, Namespace, Storage
+
+__all__ = [
+    "CacheTree",
+    "CaptureReport",
+    "LeftOut",
+    "RestoreReport",
+    "Skipped",
+    "TreeCheck",
+    "capture",
+    "captured_trees",
+    "restore",
+]
+
+PREFIX: Final = "caches."
+DEFAULT_BATCH_BYTES: Final = 16 * 1024 * 1024
+MAX_FILE_BYTES: Final = 512 * 1024 * 1024
+_TOOL = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}\Z")
+
+
+@final
+@attrs.frozen
+class CacheTree:
+    """Where one tool's cache directory lives in an environment, and how it is restored."""
+
+    tool: str
+    """The tool's name (`jax`); the namespace's name is `caches.<tool>`."""
+    facts: Facts
+    """What decides a hit; the namespace's version segment."""
+    part: str = "files"
+    """The namespace's path: a tool may keep several trees (`files`, `kernels`)."""
+    index: tuple[str, ...] = ()
+    """Patterns of file names that name other files: restored after every other file."""
+    exclude: tuple[str, ...] = ()
+    """Patterns of file names never captured (locks, logs, the tool's own temporaries)."""
+
+    def __attrs_post_init__(self) -> None:
+        if not _TOOL.match(self.tool):
+            raise ValueError(
+                f"tool name {self.tool!r} must be 1-64 lower-case letters, digits, '_' or '-'"
+            )
+        if not self.part or self.part.startswith("/") or "//" in self.part:
+            raise ValueError(f"part {self.part!r} must be a relative path such as 'files'")
+
+    @property
+    def namespace(self) -> Namespace:
+        return Namespace(PREFIX + self.tool, self.part, version=self.facts.segment)
+
+    def is_index(self, parts: tuple[str, ...]) -> bool:
+        return any(fnmatch.fnmatchcase(parts[-1], pattern) for pattern in self.index)
+
+    def is_excluded(self, name: str) -> bool:
+        return name.startswith(TEMPORARY_PREFIX) or any(
+            fnmatch.fnmatchcase(name, pattern) for pattern in self.exclude
+        )
+
+
+@attrs.frozen
+class LeftOut:
+    """A file not captured, or an entry not restored, and why."""
+
+    path: str
+    reason: str
+
+
+@attrs.frozen
+class Skipped:
+    """A namespace of the same tree captured under other facts: it cannot hit here."""
+
+    namespace: str
+    entries: int
+    reasons: tuple[str, ...]
+
+
+@attrs.frozen
+class CaptureReport:
+    """What `capture` stored from one directory."""
+
+    namespace: str
+    source: Path
+    files: int
+    """Regular files found (those left out not counted)."""
+    stored: int
+    """New entries."""
+    replaced: int
+    """Entries whose file changed since the last capture."""
+    unchanged: int
+    failed: int
+    """Files the storage could not take (full disk, read-only environment)."""
+    bytes: int
+    left_out: tuple[LeftOut, ...]
+    elapsed: float
+
+    def __str__(self) -> str:
+        return (
+            f"captured {self.files} files ({self.bytes:,} bytes) from '{self.source}' into "
+            f"{self.namespace}: {self.stored} new, {self.replaced} changed, "
+            f"{self.unchanged} unchanged"
+            + (f", {self.failed} failed" if self.failed else "")
+            + (f", {len(self.left_out)} left out" if self.left_out else "")
+        )
+
+
+@attrs.frozen
+class RestoreReport:
+    """What `restore` wrote into one directory, and what it would not."""
+
+    namespace: str
+    target: Path
+    written: int
+    kept: int
+    """Entries whose file was already there (left as it was)."""
+    bytes: int
+    """Bytes written."""
+    refused: tuple[LeftOut, ...]
+    """Entries not written: an unsafe path, a symlink in the way, a case-folding twin."""
+    skipped: tuple[Skipped, ...]
+    """Namespaces of this tree captured under other facts."""
+    elapsed: float
+
+    def __str__(self) -> str:
+        lines = [
+            f"restored {self.written} files ({self.bytes:,} bytes) from {self.namespace} into "
+            f"'{self.target}'"
+            + (f", {self.kept} already there" if self.kept else "")
+            + (f", {len(self.refused)} refused" if self.refused else "")
+        ]
+        lines += [f"- refused {r.path!r}: {r.reason}" for r in self.refused[:10]]
+        for skipped in self.skipped:
+            lines.append(
+                f"- skipped {skipped.namespace} ({skipped.entries} entries): "
+                + "; ".join(skipped.reasons)
+            )
+        return "\n".join(lines)
+
+
+@attrs.frozen
+class TreeCheck:
+    """One captured tree as preflight sees it: can its entries hit on this machine?"""
+
+    tool: str
+    namespace: str
+    entries: int
+    reasons: tuple[str, ...]
+    """Why they cannot hit (empty: they can)."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.reasons
+
+
+def captured_trees(namespaces: Iterable[tuple[str, int]]) -> tuple[TreeCheck, ...]:
+    """The captured compiler-cache trees among `(namespace, entries)` pairs, checked here."""
+    found = []
+    for full, entries in namespaces:
+        if not full.startswith(PREFIX):
+            continue
+        namespace = Namespace.raw(full)
+        facts = Facts.parse(namespace.version)
+        tool = namespace.name.removeprefix(PREFIX)
+        if facts is None:
+            reasons: tuple[str, ...] = (
+                f"its version segment {namespace.version!r} is not warmenv's facts",
+            )
+        else:
+            reasons = facts.mismatches()
+        found.append(TreeCheck(tool, full, entries, reasons))
+    return tuple(found)
+
+
+# --- capture -------------------------------------------------------------------------
+
+
+async def capture(
+    env: Environment,
+    tree: CacheTree,
+    source: str | Path,
+    *,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
+) -> CaptureReport:
+    """Store every regular file under `source` in `tree`'s namespace of `env`."""
+    started = time.monotonic()
+    source = Path(source)
+    storage = env.storage(tree.namespace)
+    files, left_out = await anyio.to_thread.run_sync(_listing, source, tree)
+    counts = _CaptureCounts()
+    batch: list[tuple[str, int]] = []
+    size = 0
+    for relative, length in files:
+        batch.append((relative, length))
+        size += length
+        if size >= batch_bytes:
+            await _store_batch(storage, source, batch, counts, left_out)
+            batch, size = [], 0
+    if batch:
+        await _store_batch(storage, source, batch, counts, left_out)
+    return CaptureReport(
+        namespace=str(tree.namespace),
+        source=source,
+        files=counts.files,
+        stored=counts.stored,
+        replaced=counts.replaced,
+        unchanged=counts.unchanged,
+        failed=counts.failed,
+        bytes=counts.bytes,
+        left_out=tuple(left_out),
+        elapsed=time.monotonic() - started,
+    )
+
+
+@attrs.define
+class _CaptureCounts:
+    files: int = 0
+    stored: int = 0
+    replaced: int = 0
+    unchanged: int = 0
+    failed: int = 0
+    bytes: int = 0
+
+
+def _listing(source: Path, tree: CacheTree) -> tuple[list[tuple[str, int]], list[LeftOut]]:
+    """Every regular file under `source` (relative path, size), and what was left out."""
+    files: list[tuple[str, int]] = []
+    left_out: list[LeftOut] = []
+    if not source.is_dir():
+        return files, left_out
+    pending = [""]
+    while pending:
+        relative = pending.pop()
+        with os.scandir(source / relative if relative else source) as entries:
+            for entry in entries:
+                path = f"{relative}/{entry.name}" if relative else entry.name
+                if tree.is_excluded(entry.name):
+                    continue
+                if entry.is_symlink():
+                    left_out.append(LeftOut(path, "a symlink (only regular files are captured)"))
+                elif entry.is_dir(follow_symlinks=False):
+                    pending.append(path)
+                elif entry.is_file(follow_symlinks=False):
+                    why = relative_parts(path.encode("utf-8", "surrogateescape"))
+                    length = entry.stat(follow_symlinks=False).st_size
+                    if isinstance(why, str):
+                        left_out.append(LeftOut(path, why))
+                    elif length > MAX_FILE_BYTES:
+                        left_out.append(LeftOut(path, f"larger than {MAX_FILE_BYTES:,} bytes"))
+                    else:
+                        files.append((path, length))
+                else:
+                    left_out.append(LeftOut(path, "not a regular file"))
+    files.sort()
+    return files, left_out
+
+
+def _read(source: Path, batch: list[tuple[str, int]]) -> list[tuple[str, bytes | None]]:
+    read: list[tuple[str, bytes | None]] = []
+    for relative, _ in batch:
+        try:
+            fd = os.open(source / relative, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            read.append((relative, None))  # removed (or replaced) since the listing
+            continue
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                read.append((relative, None))
+                continue
+            with os.fdopen(fd, "rb", closefd=False) as file:
+                read.append((relative, file.read()))
+        finally:
+            os.close(fd)
+    return read
+
+
+async def _store_batch(
+    storage: Storage,
+    source: Path,
+    batch: list[tuple[str, int]],
+    counts: _CaptureCounts,
+    left_out: list[LeftOut],
+) -> None:
+    read = await anyio.to_thread.run_sync(_read, source, batch)
+    items: dict[bytes, bytes] = {}
+    for relative, data in read:
+        if data is None:
+            left_out.append(LeftOut(relative, "it went away while being captured"))
+        else:
+            items[relative.encode()] = data
+    existing = await storage.get_many(items)
+    new = [(key, value) for key, value in items.items() if key not in existing]
+    counts.files += len(items)
+    counts.bytes += sum(len(value) for value in items.values())
+    if new:
+        summary = await storage.insert_many(new)
+        counts.stored += summary.stored
+        counts.failed += summary.failed
+        counts.unchanged += summary.conflict  # another writer stored it meanwhile
+    for key, value in items.items():
+        if key not in existing:
+            continue
+        if existing[key] == value:
+            counts.unchanged += 1
+        elif isinstance(await storage.replace(key, value), Failed):
+            counts.failed += 1
+        else:
+            counts.replaced += 1
+
+
+# --- restore -------------------------------------------------------------------------
+
+
+async def restore(
+    env: Environment,
+    tree: CacheTree,
+    target: str | Path,
+    *,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
+) -> RestoreReport:
+    """Write `tree`'s captured files under `target` (see the module's docstring)."""
+    started = time.monotonic()
+    target = Path(target)
+    namespace = tree.namespace
+    skipped = tuple(
+        Skipped(check.namespace, check.entries, check.reasons or ("captured under other facts",))
+        for check in captured_trees((s.namespace, s.entries) for s in await env.namespaces())
+        if check.namespace != str(namespace) and _same_tree(check.namespace, namespace)
+    )
+    writer = await anyio.to_thread.run_sync(Writer, target)
+    counts = _RestoreCounts()
+    deferred: list[tuple[tuple[str, ...], bytes]] = []
+    try:
+        async for batch in _batches(env.storage(namespace), batch_bytes):
+            deferred += await anyio.to_thread.run_sync(_place, writer, tree, batch, counts)
+        if deferred:
+            await anyio.to_thread.run_sync(_place_index, writer, deferred, counts)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(writer.close)
+    return RestoreReport(
+        namespace=str(namespace),
+        target=target,
+        written=counts.written,
+        kept=counts.kept,
+        bytes=counts.bytes,
+        refused=tuple(counts.refused),
+        skipped=skipped,
+        elapsed=time.monotonic() - started,
+    )
+
+
+def _same_tree(full: str, namespace: Namespace) -> bool:
+    other = Namespace.raw(full)
+    return (other.name, other.path) == (namespace.name, namespace.path)
+
+
+@attrs.define
+class _RestoreCounts:
+    written: int = 0
+    kept: int = 0
+    bytes: int = 0
+    refused: list[LeftOut] = attrs.Factory(list)
+
+
+async def _batches(storage: Storage, batch_bytes: int) -> AsyncIterator[list[tuple[bytes, bytes]]]:
+    batch: list[tuple[bytes, bytes]] = []
+    size = 0
+    async for key, value in storage.scan():
+        batch.append((key, value))
+        size += len(key) + len(value)
+        if size >= batch_bytes:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _place(
+    writer: Writer,
+    tree: CacheTree,
+    batch: list[tuple[bytes, bytes]],
+    counts: _RestoreCounts,
+) -> list[tuple[tuple[str, ...], bytes]]:
+    """Write a batch's files; return its index files, to be written after every other."""
+    deferred = []
+    for key, value in batch:
+        parts = relative_parts(key)
+        shown = key.decode("utf-8", "backslashreplace")
+        if isinstance(parts, str):
+            counts.refused.append(LeftOut(shown, parts))
+            continue
+        twin = writer.claim(parts)
+        if twin is not None:
+            counts.refused.append(LeftOut(shown, twin))
+        elif tree.is_index(parts):
+            deferred.append((parts, value))
+        else:
+            _write_one(writer, parts, value, counts)
+    return deferred
+
+
+def _place_index(
+    writer: Writer, deferred: list[tuple[tuple[str, ...], bytes]], counts: _RestoreCounts
+) -> None:
+    for parts, value in deferred:
+        _write_one(writer, parts, value, counts)
+
+
+def _write_one(
+    writer: Writer, parts: tuple[str, ...], value: bytes, counts: _RestoreCounts
+) -> None:
+    outcome = writer.write(parts, value)
+    if isinstance(outcome, str):
+        counts.refused.append(LeftOut("/".join(parts), outcome))
+    elif outcome:
+        counts.written += 1
+        counts.bytes += len(value)
+    else:
+        counts.kept += 1

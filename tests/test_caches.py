@@ -1,0 +1,445 @@
+"""The compiler-cache core and its generic directory form, with no compiler installed.
+
+A captured tree restores at another absolute path, through a bundle, under
+this machine's facts only; a hostile bundle's entries never leave the target,
+never follow a symlink there, never land as a half file, and a target other
+users can write is refused. The tools' own tests (real compilers) are in
+tests/compilers/, run by `nox -s compilers`.
+"""
+
+from __future__ import annotations
+
+import os
+import pkgutil
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+import warmenv.caches
+from helpers import json_lines, run_python, unprivileged_user
+from warmenv import Environment, open_environment
+from warmenv.bundle import export_bundle, import_bundle
+from warmenv.caches import CacheTree, Facts, UnsafeTargetError, captured_trees, directory
+
+pytestmark = pytest.mark.anyio
+
+COMPILERS = ("jax", "jaxlib", "numba", "llvmlite", "triton", "torch")
+TREE = directory.tree("demo", Facts.of([("demo", "1"), ("cpu", Facts.here("cpu").pairs[0][1])]))
+
+
+def _cache(root: Path, files: dict[str, bytes]) -> Path:
+    for relative, data in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return root
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        path.relative_to(root).as_posix(): path.read_bytes()
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and not path.is_symlink()
+    }
+
+
+SAMPLE = {
+    "a/b/kernel-1.bin": b"\x7fELF one",
+    "a/kernel-2.bin": b"two" * 1000,
+    "top.json": b"{}",
+}
+
+
+# --- importing warmenv never imports a compiler ---------------------------------------
+
+
+def _cache_modules() -> list[str]:
+    found = ["warmenv", "warmenv.caches"]
+    found += [f"warmenv.caches.{m.name}" for m in pkgutil.iter_modules(warmenv.caches.__path__)]
+    return found
+
+
+@pytest.mark.parametrize("module", _cache_modules())
+def test_importing_warmenv_or_a_cache_module_imports_no_compiler(module: str) -> None:
+    child = run_python(
+        textwrap.dedent(
+            f"""
+            import json, sys, importlib
+            importlib.import_module({module!r})
+            print(json.dumps(sorted(m for m in {COMPILERS!r} if m in sys.modules)))
+            """
+        )
+    )
+    assert json_lines(child) == [[]]
+
+
+# --- capture and restore ---------------------------------------------------------------
+
+
+async def test_a_captured_tree_restores_at_another_absolute_path(
+    env: Environment, tmp_path: Path
+) -> None:
+    source = _cache(tmp_path / "machine-1" / "cache", SAMPLE)
+    captured = await warmenv.caches.capture(env, TREE, source)
+    assert (captured.files, captured.stored, captured.bytes) == (
+        3,
+        3,
+        sum(map(len, SAMPLE.values())),
+    )
+    keys = sorted([key async for key, _ in env.storage(TREE.namespace).scan()])
+    assert keys == sorted(k.encode() for k in SAMPLE)  # relative: no machine path in a key
+
+    target = tmp_path / "elsewhere" / "deeper" / "cache"
+    restored = await warmenv.caches.restore(env, TREE, target)
+    assert (restored.written, restored.kept, restored.refused) == (3, 0, ())
+    assert _files(target) == SAMPLE
+
+
+async def test_the_namespace_version_segment_holds_the_facts(tmp_path: Path) -> None:
+    tree = directory.tree("demo", ("python", "cpu"))
+    namespace = tree.namespace
+    assert namespace.name == "caches.demo"
+    assert Facts.parse(namespace.version) == tree.facts
+    assert tree.facts.mismatches() == ()
+
+
+async def test_a_tree_travels_through_a_bundle_into_a_fresh_root(
+    env: Environment, tmp_path: Path
+) -> None:
+    await warmenv.caches.capture(env, TREE, _cache(tmp_path / "one", SAMPLE))
+    bundle = tmp_path / "caches.bundle"
+    await export_bundle([env], bundle, name="ci", version="1")
+    async with open_environment("fresh", root=tmp_path / "fresh-root") as fresh:
+        await import_bundle(bundle, fresh)
+        report = await warmenv.caches.restore(fresh, TREE, tmp_path / "two")
+    assert report.written == 3
+    assert _files(tmp_path / "two") == SAMPLE
+
+
+async def test_a_recapture_replaces_a_changed_file_and_counts_the_unchanged(
+    env: Environment, tmp_path: Path
+) -> None:
+    source = _cache(tmp_path / "cache", SAMPLE)
+    await warmenv.caches.capture(env, TREE, source)
+    (source / "top.json").write_bytes(b'{"more": 1}')
+    again = await warmenv.caches.capture(env, TREE, source)
+    assert (again.stored, again.replaced, again.unchanged) == (0, 1, 2)
+    assert await env.storage(TREE.namespace).get(b"top.json") == b'{"more": 1}'
+
+
+async def test_capture_leaves_out_symlinks_and_says_so(env: Environment, tmp_path: Path) -> None:
+    source = _cache(tmp_path / "cache", SAMPLE)
+    (tmp_path / "secret").write_bytes(b"not yours")
+    (source / "link").symlink_to(tmp_path / "secret")
+    report = await warmenv.caches.capture(env, TREE, source)
+    assert report.files == 3
+    assert [(left.path, "symlink" in left.reason) for left in report.left_out] == [("link", True)]
+
+
+async def test_a_file_already_in_the_target_is_kept(env: Environment, tmp_path: Path) -> None:
+    await warmenv.caches.capture(env, TREE, _cache(tmp_path / "one", SAMPLE))
+    target = _cache(tmp_path / "two", {"top.json": b"mine"})
+    report = await warmenv.caches.restore(env, TREE, target)
+    assert (report.written, report.kept) == (2, 1)
+    assert (target / "top.json").read_bytes() == b"mine"
+
+
+async def test_entries_captured_under_other_facts_are_skipped_with_the_reason(
+    env: Environment, tmp_path: Path
+) -> None:
+    other = CacheTree("demo", Facts.of([("demo", "0.9"), ("cpu", "x86_64-000000000000")]))
+    await warmenv.caches.capture(env, other, _cache(tmp_path / "one", SAMPLE))
+    report = await warmenv.caches.restore(env, TREE, tmp_path / "two")
+    assert report.written == 0
+    assert not any((tmp_path / "two").iterdir())
+    [skipped] = report.skipped
+    assert skipped.namespace == str(other.namespace)
+    assert skipped.entries == 3
+    assert any("CPU x86_64-000000000000 was captured" in r for r in skipped.reasons)
+    assert "skipped caches.demo/" in str(report)
+
+
+def test_captured_trees_say_per_tree_whether_it_can_hit_here() -> None:
+    here = directory.tree("demo", ("python",)).namespace
+    there = CacheTree("demo", Facts.of([("python", "cpython2.7")])).namespace
+    checks = captured_trees([(str(here), 4), (str(there), 2), ("app/1/kernels", 9)])
+    assert [(c.tool, c.entries, c.ok) for c in checks] == [("demo", 4, True), ("demo", 2, False)]
+    assert "Python cpython2.7 was captured" in checks[1].reasons[0]
+
+
+def test_facts_refuse_a_value_that_would_break_the_segment() -> None:
+    with pytest.raises(ValueError, match="letters, digits"):
+        Facts((("jax", "0.10/2"),))
+    assert Facts.of([("jax", "0.10/2")]).segment == "jax=0.10_2"
+
+
+def test_a_fact_of_a_package_not_installed_reads_none() -> None:
+    assert Facts.here("no-such-distribution-here").pairs == (("no-such-distribution-here", "none"),)
+    [reason] = Facts.of([("no-such-distribution-here", "1.0")]).mismatches()
+    assert "not installed here" in reason
+
+
+# --- a hostile bundle ----------------------------------------------------------------
+
+HOSTILE = {
+    b"../escaped": "'..'",
+    b"a/../../escaped": "'..'",
+    b"/tmp/absolute": "absolute",
+    b"C:/windows": "absolute",
+    b"a\\..\\escaped": "backslash",
+    b"dir/CON": "device name",
+    b"dir/nul.txt": "device name",
+    b"dir/com1.json": "device name",
+    b"a//b": "empty component",
+    b"./dot": "'.'",
+    b"bell\x07": "control character",
+    b"trailing.": "ends with",
+    b"stream:zone": "':'",
+    b"\xff\xfe": "not UTF-8",
+    b"dir/.warmenv-0123.tmp": "reserves",
+}
+
+
+async def test_no_hostile_path_leaves_the_target(env: Environment, tmp_path: Path) -> None:
+    storage = env.storage(TREE.namespace)
+    await storage.insert_many([(key, b"payload") for key in HOSTILE] + [(b"fine/ok", b"ok")])
+    target = tmp_path / "deep" / "target"
+    report = await warmenv.caches.restore(env, TREE, target)
+    assert report.written == 1
+    refused = {r.path.encode("utf-8", "surrogateescape"): r.reason for r in report.refused}
+    assert len(refused) == len(HOSTILE)
+    for key, expected in HOSTILE.items():
+        [reason] = [
+            r.reason for r in report.refused if r.path == key.decode("utf-8", "backslashreplace")
+        ]
+        assert expected in reason, (key, reason)
+    everything = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    assert [p for p in everything if not p.startswith("root")] == [
+        "deep",
+        "deep/target",
+        "deep/target/fine",
+        "deep/target/fine/ok",
+    ]
+
+
+async def test_case_folding_twins_are_refused_after_the_first(
+    env: Environment, tmp_path: Path
+) -> None:
+    await env.storage(TREE.namespace).insert_many(
+        [
+            (b"Kernels/a", b"1"),
+            (b"kernels/b", b"2"),
+            (b"x/caf\xc3\xa9", b"3"),
+            (b"x/cafe\xcc\x81", b"4"),
+        ]
+    )
+    report = await warmenv.caches.restore(env, TREE, tmp_path / "t")
+    assert report.written == 2
+    assert sorted(r.path for r in report.refused) == ["kernels/b", "x/café"]
+    assert all("differs only in case or Unicode form" in r.reason for r in report.refused)
+
+
+async def test_a_symlink_already_in_the_target_is_never_followed(
+    env: Environment, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "linked").symlink_to(outside)  # a directory symlink in the way
+    (target / "file.bin").symlink_to(outside / "victim")  # a dangling file symlink
+    await env.storage(TREE.namespace).insert_many(
+        [(b"linked/payload", b"evil"), (b"file.bin", b"evil"), (b"plain", b"ok")]
+    )
+    report = await warmenv.caches.restore(env, TREE, target)
+    assert report.written == 1
+    assert sorted((r.path, "symlink" in r.reason) for r in report.refused) == [
+        ("file.bin", True),
+        ("linked/payload", True),
+    ]
+    assert list(outside.iterdir()) == []
+
+
+async def test_restored_files_and_directories_no_other_user_can_write(
+    env: Environment, tmp_path: Path
+) -> None:
+    await warmenv.caches.capture(env, TREE, _cache(tmp_path / "one", SAMPLE))
+    previous = os.umask(0)
+    try:
+        await warmenv.caches.restore(env, TREE, tmp_path / "two")
+    finally:
+        os.umask(previous)
+    for path in (tmp_path / "two").rglob("*"):
+        assert not path.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH), path
+
+
+async def test_a_target_other_users_can_write_is_refused(env: Environment, tmp_path: Path) -> None:
+    target = tmp_path / "shared"
+    target.mkdir()
+    target.chmod(0o777)
+    with pytest.raises(UnsafeTargetError, match="chmod go-w"):
+        await warmenv.caches.restore(env, TREE, target)
+
+
+_AS_ANOTHER_USER = textwrap.dedent(
+    """
+    import json, os, stat, sys, anyio
+    from warmenv import open_environment
+    from warmenv.caches import UnsafeTargetError, restore
+    from warmenv.caches.directory import tree
+    from warmenv.caches import Facts
+
+    TREE = tree("demo", Facts.of([("demo", "1")]))
+    home, open_dir, group_dir = sys.argv[1:4]
+
+    async def main():
+        outcome = {}
+        async with open_environment("t", root=os.path.join(home, "root")) as env:
+            await env.storage(TREE.namespace).insert_many([(b"k/one", b"1")])
+            for label, target in (("world", open_dir), ("group", group_dir)):
+                try:
+                    await restore(env, TREE, target)
+                    outcome[label] = "written"
+                except UnsafeTargetError as error:
+                    outcome[label] = str(error)
+            report = await restore(env, TREE, os.path.join(home, "cache"))
+            outcome["own"] = report.written
+            outcome["modes"] = sorted(
+                stat.filemode(os.stat(os.path.join(d, n)).st_mode)
+                for d, dirs, files in os.walk(os.path.join(home, "cache"))
+                for n in dirs + files
+            )
+        print(json.dumps(outcome))
+
+    anyio.run(main)
+    """
+)
+
+
+def test_as_another_user_a_target_others_can_write_is_refused(shared_tmp: Path) -> None:
+    user = unprivileged_user()
+    home = shared_tmp / "home"
+    home.mkdir()
+    if user is not None:
+        import pwd
+
+        entry = pwd.getpwnam(user)
+        os.chown(home, entry.pw_uid, entry.pw_gid)
+    open_dir = shared_tmp / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    group_dir = shared_tmp / "group"
+    group_dir.mkdir()
+    group_dir.chmod(0o775)
+    child = run_python(_AS_ANOTHER_USER, str(home), str(open_dir), str(group_dir), user=user)
+    [outcome] = json_lines(child)
+    assert isinstance(outcome, dict)
+    assert "can be written by other users" in outcome["world"]
+    assert "can be written by other users" in outcome["group"]
+    assert outcome["own"] == 1
+    assert outcome["modes"] == ["-rw-r--r--", "drwxr-xr-x"]
+    assert list(open_dir.iterdir()) == [] and list(group_dir.iterdir()) == []
+
+
+# --- a restore killed half-way ------------------------------------------------------
+
+_RESTORING = textwrap.dedent(
+    """
+    import sys, anyio
+    from warmenv import open_environment
+    from warmenv.caches import CacheTree, Facts, restore
+
+    TREE = CacheTree("demo", Facts.of([("demo", "1")]), index=("*.idx",))
+
+    async def main():
+        async with open_environment("e", root=sys.argv[1]) as env:
+            print("restoring", flush=True)
+            await restore(env, TREE, sys.argv[2], batch_bytes=1)
+            print("done", flush=True)
+
+    anyio.run(main)
+    """
+)
+_CHILD_FILES = 24
+_CHILD_SIZE = 4 * 1024 * 1024
+
+
+def _payload(i: int) -> bytes:
+    return bytes([i]) * _CHILD_SIZE
+
+
+def _placed(directory: Path) -> bool:
+    return directory.is_dir() and any(p.suffix == ".bin" for p in directory.iterdir())
+
+
+def test_a_restore_killed_midway_leaves_no_half_file_and_no_index_before_its_children(
+    tmp_path: Path,
+) -> None:
+    tree = CacheTree("demo", Facts.of([("demo", "1")]), index=("*.idx",))
+
+    async def fill() -> None:
+        async with open_environment("e", root=tmp_path / "root") as env:
+            items = [(f"k/{i:02d}.bin".encode(), _payload(i)) for i in range(_CHILD_FILES)]
+            await env.storage(tree.namespace).insert_many([*items, (b"k/all.idx", b"index")])
+
+    async def restore_again() -> None:
+        async with open_environment("e", root=tmp_path / "root") as env:
+            await warmenv.caches.restore(env, tree, tmp_path / "target-0")
+
+    anyio.run(fill)
+    for attempt in range(3):
+        target = tmp_path / f"target-{attempt}"
+        child = subprocess.Popen(
+            [sys.executable, "-c", _RESTORING, str(tmp_path / "root"), str(target)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout is not None
+        assert child.stdout.readline() == "restoring\n"
+        deadline = time.monotonic() + 60
+        # Kill it as soon as some file is placed, which is while others are being written.
+        while not _placed(target / "k") and child.poll() is None:
+            assert time.monotonic() < deadline, "the restore wrote nothing within 60 s"
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+        named = {p.name: p for p in (target / "k").iterdir() if not p.name.startswith(".")}
+        for name, path in named.items():
+            if name.endswith(".bin"):
+                assert path.read_bytes() == _payload(int(name[:2])), f"{name} is half written"
+        if "all.idx" in named:
+            assert len(named) == _CHILD_FILES + 1, "the index came before its children"
+
+    # A leftover temporary file is removed by a later restore once it is old.
+    leftovers = [p for p in (tmp_path / "target-0" / "k").iterdir() if p.name.startswith(".")]
+    for path in leftovers:
+        os.utime(path, (0, 0))
+    anyio.run(restore_again)
+    assert sorted(p.name for p in (tmp_path / "target-0" / "k").iterdir()) == sorted(
+        [f"{i:02d}.bin" for i in range(_CHILD_FILES)] + ["all.idx"]
+    )
+
+
+async def test_index_files_come_after_every_other_file(env: Environment, tmp_path: Path) -> None:
+    tree = CacheTree("demo", Facts.of([("demo", "1")]), index=("__grp__*",))
+    await env.storage(tree.namespace).insert_many(
+        [(b"k/__grp__a.json", b"{}"), (b"k/b.bin", b"b"), (b"z/c.bin", b"c")]
+    )
+    order: list[str] = []
+    real = os.rename
+
+    def recording(src: object, dst: str, **kwargs: object) -> None:
+        order.append(dst)
+        real(src, dst, **kwargs)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "rename", recording)
+        await warmenv.caches.restore(env, tree, tmp_path / "t")
+    assert order == ["b.bin", "c.bin", "__grp__a.json"]
