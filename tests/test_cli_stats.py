@@ -17,7 +17,8 @@ from rich.progress import Progress
 from redis_server import RedisServer, tolerating_coredis_streams
 from test_cli import terminal, warmenv
 from warmenv import open_environment
-from warmenv.cli._common import ProgressBar, per_second
+from warmenv.cli._format import per_second
+from warmenv.cli._output import ProgressBar
 from warmenv.cli._progress import EntriesColumn, EntriesRateColumn
 from warmenv.cli.stats import seconds
 from warmenv.persistence import Origin, Store

@@ -1,11 +1,15 @@
 # PYTHON_ARGCOMPLETE_OK (shell completion: see `complete` below and docs/cli.md)
 """The `warmenv` command: inspect, move and manage warm environments.
 
-Each sub-command lives in its own module and registers itself on the parser;
-this module only dispatches and turns every way a command can end into one
-line and an exit status: 0 done, 1 failed, 2 bad usage, 128 + the signal
-when stopped (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP). No exception reaches the
-user as a traceback unless `--debug` asks for it.
+Each sub-command lives in its own module, which registers it on the parser
+(`register`) and runs it (`run`); `_COMMANDS` below is the one list of them.
+This module parses, runs the command under the signal handling below, and
+hands every way it ends to `_errors.conclude`, which turns it into one line
+and an exit status: 0 done, 1 failed, 2 bad usage, 128 + the signal when
+stopped (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP). No exception reaches the
+user as a traceback unless `--debug` asks for it. The rooms the commands
+share: `_errors`, `_options`, `_environments`, `_output` (with `_progress`,
+rich's bar), `_format`.
 
 Signals are turned into cancellation of the running command, on asyncio and
 trio alike, so SIGTERM from a service manager cleans up exactly as Ctrl-C
@@ -21,10 +25,8 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import sqlite3
 import sys
 import threading
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,9 +34,7 @@ from typing import Any
 
 import anyio
 
-from warmenv._errors import WarmenvError
 from warmenv.cli import (
-    _common,
     check,
     demo,
     explain,
@@ -48,10 +48,14 @@ from warmenv.cli import (
     vacuum,
     verify,
 )
-from warmenv.cli._common import Failure, Output, Stopped, UsageError, describe_error
+from warmenv.cli._errors import Stopped, UsageError, conclude
+from warmenv.cli._options import ArgumentParser, shared_options
+from warmenv.cli._output import Output
 
 __all__ = ["main"]
 
+# The sub-commands, in the order `--help` lists them. Adding one: its module
+# (with `register` and `run`), its name in the import above, its line here.
 _COMMANDS = (
     demo,
     ls,
@@ -84,7 +88,7 @@ _BACKENDS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _common.ArgumentParser(
+    parser = ArgumentParser(
         prog="warmenv",
         description="Keep expensive start-up results warm, and ship them between machines.",
     )
@@ -95,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command", metavar="COMMAND", required=True, help="what to do (see COMMAND --help)"
     )
     for command in _COMMANDS:
-        command.register(commands, _common.shared_options())
+        command.register(commands, shared_options())
     return parser
 
 
@@ -123,13 +127,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit:  # --help, --version
             raise
         except BaseException as exc:  # every way out becomes one line and a status
-            return _fail(out, exc, debug)
+            return conclude(out, exc, debug)
         late = list(_late_signals)
         if late and status == 0:
             # Asked to stop once the work had completed: the status says so, the
             # line says what was done.
             out.when_interrupted = out.when_completed
-            return _fail(out, Stopped(late[0]), debug)
+            return conclude(out, Stopped(late[0]), debug)
         return status
 
 
@@ -188,52 +192,6 @@ def _backend() -> tuple[str, dict[str, Any]]:
             f"WARMENV_CLI_BACKEND={name!r} is not one of {', '.join(_BACKENDS)}; unset it"
         )
     return _BACKENDS[name]
-
-
-def _fail(out: Output, exc: BaseException, debug: bool) -> int:
-    """Say how the command ended, in one line; returns the exit status."""
-    leaf = _leaf(exc)
-    document: dict[str, Any] = {}
-    if isinstance(leaf, Stopped):
-        status, message = leaf.status, leaf.why
-        if out.when_interrupted:
-            message = f"{message}; {out.when_interrupted}"
-    elif isinstance(leaf, KeyboardInterrupt):
-        status, message = 130, "interrupted"
-        if out.when_interrupted:
-            message = f"{message}; {out.when_interrupted}"
-    elif isinstance(leaf, UsageError):
-        status, message = 2, str(leaf)
-    elif isinstance(leaf, Failure):
-        status, message, document = 1, str(leaf), leaf.document
-    elif isinstance(leaf, WarmenvError | OSError | sqlite3.Error | UnicodeError):
-        status, message = 1, describe_error(leaf, out.subject)
-    else:
-        status = 1
-        message = (
-            f"unexpected {type(leaf).__name__}: {leaf}; run again with --debug and report "
-            "the traceback"
-        )
-    if debug and status not in (0, 2):
-        traceback.print_exception(exc)
-    if isinstance(leaf, BrokenPipeError) and leaf.filename is None:
-        # Whoever read stdout has had enough (`warmenv ls | head`): nothing to say,
-        # unless the command was changing something and stopped half-way.
-        _silence_stdout()
-        if out.when_output_closed is not None:
-            print(f"warmenv: error: {out.when_output_closed()}", file=sys.stderr, flush=True)
-        return 1
-    out.fail(message, status, document)
-    return status
-
-
-def _leaf(exc: BaseException) -> BaseException:
-    """The exception that says what happened, out of any exception groups around it."""
-    while isinstance(exc, BaseExceptionGroup):
-        leaves = list(exc.exceptions)
-        # A stop or interrupt says more than the cancellations it caused.
-        exc = next((e for e in leaves if isinstance(e, Stopped | KeyboardInterrupt)), leaves[0])
-    return exc
 
 
 async def _supervised(args: argparse.Namespace, out: Output) -> int:
@@ -338,15 +296,6 @@ def _flush() -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
-
-
-def _silence_stdout() -> None:
-    """Point stdout at /dev/null, so the interpreter's last flush cannot fail again."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
 
 
 def entry_point() -> None:  # pragma: no cover - the console script

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from warmenv._text import clean
-from warmenv.cli._common import plural
+from warmenv.cli._format import plural
 from warmenv.persistence.statistics import EnvironmentStatistics
 from warmenv.persistence.storage import Origin
 

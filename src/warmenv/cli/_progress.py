@@ -23,7 +23,7 @@ from rich.progress import (
 from rich.progress import Progress as RichProgress
 from rich.text import Text
 
-from warmenv.cli._common import per_second, plural, size
+from warmenv.cli._format import per_second, plural, size
 
 
 class EntriesColumn(ProgressColumn):

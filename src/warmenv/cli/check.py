@@ -12,7 +12,10 @@ from typing import Any
 
 from warmenv.bundle import preflight
 from warmenv.bundle.open import open_snapshot
-from warmenv.cli._common import Failure, Output, UsageError, as_json, plural, text_argument
+from warmenv.cli._errors import Failure, UsageError
+from warmenv.cli._format import as_json, plural
+from warmenv.cli._options import text_argument
+from warmenv.cli._output import Output
 from warmenv.cli.verify import verified
 
 

@@ -27,7 +27,9 @@ import anyio
 from warmenv.bundle import export_bundle, importing, open_bundle, preflight
 from warmenv.bundle.manifest import this_machine
 from warmenv.channel import unbounded
-from warmenv.cli._common import Output, UsageError, as_json, follow, plural, size
+from warmenv.cli._errors import UsageError
+from warmenv.cli._format import as_json, plural, size
+from warmenv.cli._output import Output, follow
 from warmenv.environment import Environment, open_environment
 from warmenv.persistence import CacheMode, Namespace, Store
 

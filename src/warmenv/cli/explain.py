@@ -14,13 +14,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from warmenv.cli._common import (
-    Output,
-    UsageError,
-    as_json,
-    environment,
-    text_argument,
-)
+from warmenv.cli._environments import environment
+from warmenv.cli._errors import UsageError
+from warmenv.cli._format import as_json
+from warmenv.cli._options import text_argument
+from warmenv.cli._output import Output
 
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:

@@ -18,20 +18,11 @@ from typing import Any
 from warmenv._text import clean, has_control_characters
 from warmenv.bundle import BundleFormat, ExportReport, Started, exporting
 from warmenv.bundle.base import FORMAT_VERSIONS
-from warmenv.cli._common import (
-    Failure,
-    Output,
-    UsageError,
-    add_namespace_option,
-    as_json,
-    environment,
-    follow,
-    namespace_prefixes,
-    no_match,
-    plural,
-    size,
-    text_argument,
-)
+from warmenv.cli._environments import environment
+from warmenv.cli._errors import Failure, UsageError
+from warmenv.cli._format import as_json, plural, size
+from warmenv.cli._options import add_namespace_option, namespace_prefixes, no_match, text_argument
+from warmenv.cli._output import Output, follow
 
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:

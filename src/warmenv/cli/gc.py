@@ -13,7 +13,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from warmenv.cli._common import Failure, Output, UsageError, environment, plural, size
+from warmenv.cli._environments import environment
+from warmenv.cli._errors import Failure, UsageError
+from warmenv.cli._format import plural, size
+from warmenv.cli._output import Output
 from warmenv.config import parse_size
 from warmenv.persistence.storage import Failed
 

@@ -36,19 +36,11 @@ from warmenv.bundle.base import Bundle
 from warmenv.bundle.download import is_url, redact
 from warmenv.bundle.events import Event
 from warmenv.bundle.open import open_snapshot
-from warmenv.cli._common import (
-    Failure,
-    Output,
-    UsageError,
-    add_namespace_option,
-    as_json,
-    environment,
-    follow,
-    namespace_prefixes,
-    no_match,
-    plural,
-    size,
-)
+from warmenv.cli._environments import environment
+from warmenv.cli._errors import Failure, UsageError
+from warmenv.cli._format import as_json, plural, size
+from warmenv.cli._options import add_namespace_option, namespace_prefixes, no_match
+from warmenv.cli._output import Output, follow
 from warmenv.environment import Environment, active
 from warmenv.persistence.namespace import matches_any
 

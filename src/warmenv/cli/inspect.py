@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from warmenv.bundle.open import open_snapshot
-from warmenv.cli._common import Output, as_json, size
+from warmenv.cli._format import as_json, size
+from warmenv.cli._output import Output
 
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:

@@ -16,14 +16,9 @@ import anyio.to_thread
 
 from warmenv._errors import WarmenvError
 from warmenv._text import clean
-from warmenv.cli._common import (
-    Output,
-    as_json,
-    environment,
-    environment_files,
-    plural,
-    size,
-)
+from warmenv.cli._environments import environment, environment_files
+from warmenv.cli._format import as_json, plural, size
+from warmenv.cli._output import Output
 from warmenv.environment import active
 from warmenv.persistence.storage import NamespaceSummary
 

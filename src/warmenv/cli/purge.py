@@ -15,19 +15,11 @@ import signal
 import sys
 from typing import Any
 
-from warmenv.cli._common import (
-    Failure,
-    Output,
-    Stopped,
-    UsageError,
-    add_namespace_option,
-    ask,
-    environment,
-    namespace_prefixes,
-    no_match,
-    plural,
-    text_argument,
-)
+from warmenv.cli._environments import environment
+from warmenv.cli._errors import Failure, Stopped, UsageError
+from warmenv.cli._format import plural
+from warmenv.cli._options import add_namespace_option, namespace_prefixes, no_match, text_argument
+from warmenv.cli._output import Output, ask
 from warmenv.persistence.namespace import matches_any
 from warmenv.persistence.schema import namespace_addressable
 from warmenv.persistence.statistics import BundleStatistics

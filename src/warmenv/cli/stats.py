@@ -19,15 +19,11 @@ from typing import Any
 import anyio.to_thread
 
 from warmenv.cli import _html
-from warmenv.cli._common import (
-    Failure,
-    Output,
-    environment,
-    no_match,
-    plural,
-    size,
-    text_argument,
-)
+from warmenv.cli._environments import environment
+from warmenv.cli._errors import Failure
+from warmenv.cli._format import plural, size
+from warmenv.cli._options import no_match, text_argument
+from warmenv.cli._output import Output
 from warmenv.persistence.namespace import matches_any
 from warmenv.persistence.statistics import (
     BundleStatistics,

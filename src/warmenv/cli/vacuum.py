@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from warmenv.cli._common import Output, environment, size
+from warmenv.cli._environments import environment
+from warmenv.cli._format import size
+from warmenv.cli._output import Output
 
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:

@@ -9,7 +9,8 @@ from typing import Any
 from warmenv.bundle import CorruptBundleError
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.open import open_snapshot
-from warmenv.cli._common import Output, plural
+from warmenv.cli._format import plural
+from warmenv.cli._output import Output
 
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:

@@ -1,0 +1,183 @@
+"""Opening the environment a command works on, and saying why one cannot be used.
+
+A command names its environment with `--env`/`--root` (else the
+configured one). The library opens whatever it can, falling back to memory
+when the file cannot be used; a command must not work on a stand-in for
+the file the user asked about, so `environment()` refuses it, and says
+why in terms of the file on disk (a directory in the way, a permission, a
+read-only directory), not the library's exception.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.to_thread
+
+from warmenv._text import clean
+from warmenv.cli._errors import Failure, UsageError
+from warmenv.environment import Environment, check_name, open_environment
+from warmenv.persistence.remote import RemoteTier
+
+if TYPE_CHECKING:
+    from warmenv.cli._output import Output
+
+
+@asynccontextmanager
+async def environment(
+    args: argparse.Namespace, out: Output, *, create: bool = False, write: bool = False
+) -> AsyncIterator[Environment]:
+    """The environment `--env`/`--root` name, refused unless it can do the job.
+
+    `create=False` (commands that only read, and purge) never creates a file
+    or directory: a missing environment is a `Failure` naming what exists.
+    An environment that fell back to memory is refused always (it is not the
+    file the user asked about), a read-only one when `write` is asked for.
+    """
+    if args.env is not None:
+        try:
+            check_name(args.env)
+        except ValueError:
+            raise UsageError(
+                f"invalid environment name '{clean(args.env)}': use letters, digits, '.', "
+                "'_' and '-' (and not '.' or '..')"
+            ) from None
+    async with AsyncExitStack() as stack:
+        with out.holding() as notes:
+            try:
+                env = await stack.enter_async_context(
+                    open_environment(
+                        args.env,
+                        root=args.root,
+                        create=create,
+                        remote=getattr(args, "remote", None),
+                    )
+                )
+            except FileNotFoundError as exc:
+                if create or not exc.filename:
+                    raise
+                raise Failure(await _no_environment(Path(exc.filename))) from None
+        if env.in_memory or (write and env.read_only):
+            raise Failure(await anyio.to_thread.run_sync(_cannot_use, env, notes, write))
+        if not write:
+            # A command that only reads must not evict on close (a configured
+            # max_bytes is enforced by the application and `warmenv gc`).
+            env.max_bytes = None
+        for note in notes:
+            out.warning(note)
+        if env.remote is not None:
+            await _reach(env.remote)
+        if out.subject is None:
+            out.subject = env.path
+        yield env
+
+
+async def _reach(tier: RemoteTier) -> None:
+    """Ask the remote once, so that one that cannot be reached is said at once.
+
+    No command needs the remote to do its job (each works on the local
+    database; the remote is only a second tier for lookups), so none fails
+    for it. Unprobed, the tier would connect on its first lookup, and a
+    command that looks nothing up would never say that `--remote` (or
+    `WARMENV_REMOTE`, or the configuration's `remote`) is unreachable. The
+    tier itself warns, once per outage, with the reason (password hidden),
+    and serves from the local tier from then on without trying again for a
+    while, so the command pays the probe's timeout at most once.
+    """
+    await tier.ping()  # what it says is warned by the tier, once per outage
+
+
+def environment_files(root: Path) -> list[Path]:
+    """The environments under `root`: its `<name>.db` files, sorted (`OSError` if unreadable)."""
+    return sorted(p for p in root.glob("*.db") if p.is_file())
+
+
+async def _no_environment(path: Path) -> str:
+    def existing() -> list[str]:
+        try:
+            return [p.stem for p in environment_files(path.parent)]
+        except OSError:
+            return []
+
+    if await anyio.to_thread.run_sync(path.parent.exists):
+        if not await anyio.to_thread.run_sync(path.parent.is_dir):
+            return f"no environment {path.stem!r}: {path.parent} is not a directory"
+    else:
+        return f"no environment {path.stem!r}: {path.parent} does not exist"
+    names = await anyio.to_thread.run_sync(existing)
+    there = f"environments there: {', '.join(names)}" if names else "it holds no environments"
+    return f"no environment {path.stem!r} in {path.parent} ({there})"
+
+
+def _library_note(path: Path, note: str) -> str:
+    """The library's warning on falling back to memory for `path`, reworded as a reason.
+
+    Matched on the path itself: the reason may hold parentheses of its own.
+    """
+    found = re.fullmatch(
+        rf"environment '.*?': cannot use {re.escape(str(path))} \((.*)\); keeping .*",
+        note,
+        re.DOTALL,
+    )
+    return note if found is None else f"{path} cannot be used ({found[1]})"
+
+
+def _kind(path: Path) -> str:
+    """What kind of file `path` is, in words, for one that is not a regular file."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return "not readable"
+    for test, words in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def _cannot_use(env: Environment, notes: list[str], write: bool) -> str:
+    """Why `env` cannot be used: found on disk where possible, else what the library said."""
+    path = env.path
+    why = ""
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        why = f"{ancestor} is not a directory"
+    elif not path.exists() and not os.access(ancestor, os.W_OK | os.X_OK):
+        why = f"{ancestor} is not writable by this user"
+    elif path.exists() and not path.is_file():
+        return (
+            f"cannot use environment {env.name!r}: {path} is {_kind(path)}, not a database "
+            "file; nothing was done (remove it, or choose another --env)"
+        )
+    elif path.exists() and not os.access(path, os.W_OK if write else os.R_OK):
+        why = f"{path} is not {'writable' if write else 'readable'} by this user"
+    elif env.read_only:
+        why = f"{path} can only be opened read-only (its directory is not writable)"
+    elif notes:
+        why = _library_note(path, notes[-1])
+    else:
+        why = f"{path} cannot be opened"
+    if env.in_memory and write:
+        return (
+            f"cannot write environment {env.name!r}: {why}; nothing would persist, so nothing "
+            "was done (point --root or WARMENV_ROOT at a directory you can write)"
+        )
+    if env.in_memory:
+        return f"cannot read environment {env.name!r}: {why}"
+    return f"environment {env.name!r} is read-only: {why}; nothing was done"

@@ -1,0 +1,52 @@
+"""How numbers and values are written for people and for JSON: counts, sizes, rates.
+
+One spelling for each, shared by every command, the progress display and
+the `stats --html` page: "1 entry" but "2 entries", sizes in binary units
+("2.1 KiB"), rates as "3,100 entries/s".
+"""
+
+from __future__ import annotations
+
+import json as jsonlib
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """`count` and `word`, in the plural unless it is one: "1 namespace", "2 entries"."""
+    if count == 1:
+        return f"1 {word}"
+    return f"{count:,} {many or word + 's'}"
+
+
+def per_second(rate: float) -> str:
+    """An entries/s rate as shown: "1 entry/s", "3,100 entries/s"."""
+    shown = f"{rate:,.0f}"
+    return f"{shown} {'entry' if shown == '1' else 'entries'}/s"
+
+
+def size(n: int) -> str:
+    """A size in bytes as shown: "512 B", "2.1 KiB", "3.0 GiB"."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"  # pragma: no cover
+
+
+def jsonable(value: object) -> object:
+    """`value` as something `json.dumps` writes: a path as text, attrs values as dicts."""
+    if isinstance(value, Path):
+        return str(value)
+    if attrs.has(type(value)):
+        return attrs.asdict(value, recurse=True)  # type: ignore[arg-type]
+    if isinstance(value, tuple):
+        return list(value)
+    raise TypeError(f"cannot show {type(value).__name__} as JSON")
+
+
+def as_json(value: object) -> Any:
+    """An attrs value (report, manifest, summary) as plain JSON data."""
+    return jsonlib.loads(jsonlib.dumps(value, default=jsonable))

@@ -1,0 +1,121 @@
+"""The command line's options: the parser, the options every sub-command shares, and
+the checks an argument passes before any work is done.
+
+A usage mistake is a `UsageError` (one line, exit status 2, JSON with
+`--json`), never argparse's own exit. Text from the command line is checked
+to be UTF-8 here, before it can reach a manifest or a database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any
+
+from warmenv._errors import WarmenvError
+from warmenv._text import clean
+from warmenv.cli._environments import environment_files
+from warmenv.cli._errors import UsageError
+from warmenv.config import is_valid_name
+from warmenv.environment import active
+
+
+def text_argument(value: str, option: str) -> str:
+    """`value` if it is valid text; a usage error (before any work) if not.
+
+    An argument holding bytes that are not UTF-8 reaches Python as lone
+    surrogates, which cannot be written into a manifest or a database.
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(
+            f"{option} {clean(value)!s} is not valid UTF-8 text; spell it in UTF-8"
+        ) from None
+    return value
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is a `UsageError` (one line, `--json` aware)."""
+
+    def error(self, message: str) -> Any:
+        # argparse quotes with repr(), which spells a byte that was not UTF-8
+        # as \udcff; everything else the command prints says \xff.
+        message = _SURROGATE_REPR.sub(lambda m: f"\\x{int(m[1], 16) - 0xDC00:02x}", message)
+        raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
+
+
+_SURROGATE_REPR = re.compile(r"\\u(dc[89a-f][0-9a-f])")
+
+
+def shared_options() -> argparse.ArgumentParser:
+    """`--env`, `--root`, `--remote`, `--json`, `--debug` and `--quiet`, after every sub-command."""
+    parent = ArgumentParser(add_help=False)
+    env = parent.add_argument(
+        "--env", metavar="NAME", help="environment name (default: configured)"
+    )
+    env.completer = complete_environment  # type: ignore[attr-defined]  # read by argcomplete
+    parent.add_argument("--root", metavar="DIR", type=Path, help="where environments live")
+    parent.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parent.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parent.add_argument(
+        "--remote",
+        metavar="URL",
+        help="the fleet's shared tier, redis:// or rediss:// (default: $WARMENV_REMOTE, "
+        "else the config file's remote; '' for none); needs warmenv[redis]",
+    )
+    parent.add_argument(
+        "--quiet",
+        "-q",
+        action="store_true",
+        help="print only warnings and errors (no progress, tables or summaries)",
+    )
+    return parent
+
+
+def add_namespace_option(parser: argparse.ArgumentParser) -> None:
+    """`--namespace PREFIX`, repeatable, matching whole segments."""
+    parser.add_argument(
+        "--namespace",
+        metavar="PREFIX",
+        action="append",
+        dest="namespaces",
+        help="only namespaces under PREFIX (whole segments; repeatable)",
+    )
+
+
+def namespace_prefixes(args: argparse.Namespace) -> list[str] | None:
+    """The `--namespace` prefixes, each checked to be text."""
+    if args.namespaces is None:
+        return None
+    prefixes = [text_argument(p, "--namespace") for p in args.namespaces]
+    if any(not p.strip("/") for p in prefixes):
+        raise UsageError(
+            "--namespace must not be empty: give a prefix such as app or app/1 "
+            "(or leave the option out to mean every namespace)"
+        )
+    return prefixes
+
+
+def no_match(prefixes: list[str]) -> str:
+    """What to say when `--namespace` matches nothing."""
+    listed = ", ".join(repr(p) for p in prefixes)
+    return f"no namespace matches {listed}"
+
+
+def complete_environment(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:
+    """Shell completion of `--env`: the environments under `--root`, or the configured root.
+
+    Called by argcomplete (`warmenv ... --env <TAB>`); whatever goes wrong
+    (no root, an invalid configuration) completes nothing rather than fail.
+    Only names `--env` accepts are offered: a file named with control
+    characters (an escape sequence, a newline) would otherwise reach the
+    terminal and the command line raw.
+    """
+    try:
+        root = getattr(parsed_args, "root", None) or active()[1]
+        names = [p.stem for p in environment_files(Path(root).expanduser())]
+    except (OSError, WarmenvError):
+        return []
+    return [name for name in names if name.startswith(prefix) and is_valid_name(name)]
