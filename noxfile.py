@@ -21,6 +21,17 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def compilers(session: nox.Session) -> None:
+    """The compiler-cache tests on the real compilers (tests/compilers), apart from `tests`.
+
+    A compiler that is missing fails its tests with the install hint; the
+    extras installed here are the ones they need.
+    """
+    session.install("-e", ".[test,jax,numba]")
+    session.run("pytest", "tests/compilers", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def reliability(session: nox.Session) -> None:
     """The long forms of the fault-injection scenarios; rewrites docs/reliability.md's table.
 

@@ -61,9 +61,11 @@ SAMPLE = {
 
 
 def _cache_modules() -> list[str]:
-    found = ["warmenv", "warmenv.caches"]
-    found += [f"warmenv.caches.{m.name}" for m in pkgutil.iter_modules(warmenv.caches.__path__)]
-    return found
+    """warmenv, the package and each module in it but the tools' plug-ins (`_*_plugin`)."""
+    modules = pkgutil.iter_modules(warmenv.caches.__path__)
+    return ["warmenv", "warmenv.caches"] + [
+        f"warmenv.caches.{m.name}" for m in modules if not m.name.endswith("_plugin")
+    ]
 
 
 @pytest.mark.parametrize("module", _cache_modules())

@@ -13,7 +13,10 @@ any tool that caches in a directory (`warmenv.caches.directory`), all on
 the shared core re-exported here.
 
 Importing this package, or any module in it, imports no compiler: a tool's
-package is imported only when its `use()` is called.
+package is imported only when its `use()` is called. The one exception is a
+tool's plug-in module (`_<tool>_plugin.py`, e.g. Numba's cache locator),
+which subclasses the tool's own classes and is loaded by the tool itself,
+by the name warmenv gives it in the tool's settings.
 """
 
 from __future__ import annotations

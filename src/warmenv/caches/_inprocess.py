@@ -1,0 +1,131 @@
+"""The in-process form every tool's `use()` shares: restore now, count hits, capture at exit.
+
+A tool's `use(env)` is called once at start-up, from synchronous code,
+before the first compile. It restores the tool's captured files into the
+cache directory the tool is then pointed at, and (by default) captures that
+directory again when the interpreter exits, so the next machine gets what
+this one compiled. The environment is opened for each of these two steps
+on an event loop of its own (`warmenv.future.block_on`), by name or by the
+file of a `BlockingEnvironment`, so `use()` neither needs nor holds an
+open environment while the application runs, and never blocks an
+application's event loop: called on a thread whose loop is running, it
+raises and says to use the async `restore`/`capture` instead.
+
+`Warmed` is what `use()` returns: what was restored, the hits the tool's
+own counters report so far, and `capture()`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import final
+
+import attrs
+
+from warmenv.blocking import BlockingEnvironment
+from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport, capture, restore
+from warmenv.environment import open_environment
+from warmenv.future import block_on
+
+__all__ = ["EnvironmentChoice", "Warmed", "where"]
+
+log = logging.getLogger("warmenv.caches")
+
+EnvironmentChoice = BlockingEnvironment | str | None
+"""An open blocking environment (its file is used), an environment's name, or the default."""
+
+
+@attrs.frozen
+class _Where:
+    name: str | None
+    root: Path | None
+    file: Path | None
+
+    async def restore(self, tree: CacheTree, target: Path) -> RestoreReport:
+        async with open_environment(self.name, root=self.root, file=self.file) as env:
+            return await restore(env, tree, target)
+
+    async def capture(self, tree: CacheTree, source: Path) -> CaptureReport:
+        async with open_environment(self.name, root=self.root, file=self.file) as env:
+            return await capture(env, tree, source)
+
+
+def where(env: EnvironmentChoice, root: str | Path | None) -> _Where:
+    """Which environment the in-process hooks open, from what `use()` was given."""
+    if isinstance(env, BlockingEnvironment):
+        if env.in_memory:
+            raise ValueError(
+                f"{env.describe()} lives in memory, which this process's compiler hooks cannot "
+                "reopen; give an environment on disk (or its name)"
+            )
+        return _Where(None, None, env.path)
+    return _Where(env, None if root is None else Path(root), None)
+
+
+@final
+@attrs.define(eq=False)
+class Warmed:
+    """What a tool's `use()` set up in this process."""
+
+    tool: str
+    cache_dir: Path
+    """The directory the tool now caches in."""
+    restored: RestoreReport
+    """What the restore at start-up wrote."""
+    _tree: CacheTree = attrs.field(alias="tree")
+    _where: _Where = attrs.field(alias="where")
+    _counters: Callable[[], tuple[int, int, float]] = attrs.field(alias="counters")
+    _captured: bool = attrs.field(default=False, init=False)
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+
+    @property
+    def hits(self) -> int:
+        """Compilations the tool served from its cache so far, by its own counter."""
+        return self._counters()[0]
+
+    @property
+    def misses(self) -> int:
+        """Compilations the tool looked up in its cache and did not find, by its own counter."""
+        return self._counters()[1]
+
+    @property
+    def saved_seconds(self) -> float:
+        """Compile seconds the tool reports its hits saved (0.0 if it does not say)."""
+        return self._counters()[2]
+
+    def capture(self) -> CaptureReport:
+        """Store the cache directory as it is now into the environment."""
+        with self._lock:
+            self._captured = True
+            return block_on(self._where.capture, self._tree, self.cache_dir)
+
+    def capture_at_exit(self) -> None:
+        atexit.register(self._capture_at_exit)
+
+    def _capture_at_exit(self) -> None:
+        try:
+            report = self.capture()
+        except Exception:  # an exit hook must not turn a clean exit into a traceback
+            log.exception("capturing the %s cache at exit failed", self.tool)
+        else:
+            log.info("%s", report)
+
+
+def restored(
+    tool: str,
+    tree: CacheTree,
+    cache_dir: Path,
+    env: EnvironmentChoice,
+    root: str | Path | None,
+    counters: Callable[[], tuple[int, int, float]],
+) -> Warmed:
+    """Restore `tree` into `cache_dir` now and return the handle `use()` gives back."""
+    chosen = where(env, root)
+    report = block_on(chosen.restore, tree, cache_dir)
+    for skipped in report.skipped:
+        log.info("skipped %s: %s", skipped.namespace, "; ".join(skipped.reasons))
+    return Warmed(tool, cache_dir, report, tree=tree, where=chosen, counters=counters)

@@ -1,0 +1,41 @@
+"""Numba's side of warmenv.caches.numba: the path-independent cache locator (imports Numba).
+
+Numba loads this module itself, by the name given in
+`NUMBA_CACHE_LOCATOR_CLASSES`, when it first caches a function; nothing in
+warmenv imports it otherwise, so importing warmenv never imports Numba.
+
+Numba's own locator for `NUMBA_CACHE_DIR` files a function's cache under
+`<parent>_<sha1(absolute source directory)>`: the same code checked out at
+another path looks in another directory and misses. `Locator` files it
+under the function's module name instead (`mypackage.kernels`; a script's
+functions, whose module is `__main__`, under `__main__.<parent>`), which
+is the same wherever the code lives. Numba's index still records a digest
+of the source file's content, so an entry is used only for the very source
+it was compiled from; two modules of one name share a directory safely
+(each rewrites an index whose digest is not its own).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from numba.core import config
+from numba.core.caching import UserProvidedCacheLocator
+
+__all__ = ["Locator"]
+
+
+class Locator(UserProvidedCacheLocator):  # type: ignore[misc]  # Numba is untyped
+    """Numba's `NUMBA_CACHE_DIR` locator with a subdirectory that is the same on every machine."""
+
+    def __init__(self, py_func: Any, py_file: str) -> None:
+        super().__init__(py_func, py_file)
+        module = getattr(py_func, "__module__", None) or "__main__"
+        if module == "__main__":
+            parent = os.path.basename(os.path.dirname(os.path.abspath(py_file)))
+            module = f"__main__.{parent}"
+        self._warmenv_cache_path = os.path.join(config.CACHE_DIR, module.replace(os.sep, "_"))
+
+    def get_cache_path(self) -> str:
+        return self._warmenv_cache_path

@@ -1,0 +1,175 @@
+"""JAX's persistent compilation cache, carried so that it hits on another machine.
+
+What is captured: the files of JAX's compilation-cache directory
+(`<key>-cache`, each a compiled XLA executable with its compile time),
+leaving out its `-atime` bookkeeping and lock files.
+
+What decides a hit: JAX's key hashes the computation, the compile options
+and the backend (jaxlib's version among them), and the executable is built
+for this CPU's instruction set; so the namespace's facts are the `jax` and
+`jaxlib` versions and the `cpu`.
+
+The trap fixed: by default (`jax_persistent_cache_enable_xla_caches` =
+`"xla_gpu_per_fusion_autotune_cache_dir"`) JAX writes the cache directory's
+absolute path into the compile options' DebugOptions, which are hashed into
+every key, even on CPU: a cache copied to another path misses every time.
+`use()` (and `warmenv run --cache jax`) sets it to `"none"`, so keys do not
+depend on where the cache lives. That setting turns off XLA's GPU autotune
+and kernel caches inside the directory, which only GPUs use.
+
+How: the directory form (`warmenv.caches._tree`) on every JAX version,
+restored before the first compile and captured at exit. JAX's pluggable
+cache (`CacheInterface`, which would let it read the environment directly)
+is private API with no stability promise, so warmenv does not install
+itself there.
+
+    import warmenv.caches.jax
+    warmenv.caches.jax.use()  # before the first jit; then use JAX as usual
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from pathlib import Path
+from typing import Any, Final
+
+from warmenv.caches._facts import Facts
+from warmenv.caches._inprocess import EnvironmentChoice, Warmed, restored
+from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport
+from warmenv.caches._tree import capture as _capture
+from warmenv.caches._tree import restore as _restore
+from warmenv.config import load_config
+from warmenv.environment import Environment
+
+__all__ = ["FACTS", "capture", "configure", "hits", "restore", "settings", "tree", "use"]
+
+FACTS: Final = ("jax", "jaxlib", "cpu")
+_EXCLUDE: Final = ("*-atime", ".lockfile", "*.lock")
+_HIT: Final = "/jax/compilation_cache/cache_hits"
+_MISS: Final = "/jax/compilation_cache/cache_misses"
+_SAVED: Final = "/jax/compilation_cache/compile_time_saved_sec"
+INSTALL_HINT: Final = "pip install 'warmenv[jax]' (or: pip install jax jaxlib)"
+
+
+def tree() -> CacheTree:
+    """The tree JAX's cache is captured as, under this machine's facts."""
+    return CacheTree("jax", Facts.here(*FACTS), exclude=_EXCLUDE)
+
+
+async def restore(env: Environment, cache_dir: str | Path) -> RestoreReport:
+    """Write the JAX cache captured under this machine's facts into `cache_dir`."""
+    return await _restore(env, tree(), cache_dir)
+
+
+async def capture(env: Environment, cache_dir: str | Path) -> CaptureReport:
+    """Store JAX's cache directory `cache_dir` into `env`."""
+    return await _capture(env, tree(), cache_dir)
+
+
+def default_cache_dir(root: str | Path | None = None) -> Path:
+    """`<root>/caches/jax` beside the environments (the configured root by default)."""
+    base = Path(root) if root is not None else load_config().root
+    return base / "caches" / "jax"
+
+
+def settings(cache_dir: str | Path, *, min_compile_seconds: float | None = None) -> dict[str, str]:
+    """The environment variables that point a JAX process at `cache_dir`, the trap fixed."""
+    chosen = {
+        "JAX_COMPILATION_CACHE_DIR": str(cache_dir),
+        "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES": "none",
+    }
+    if min_compile_seconds is not None:
+        chosen["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = str(min_compile_seconds)
+    return chosen
+
+
+def configure(cache_dir: str | Path, *, min_compile_seconds: float | None = None) -> None:
+    """Point this process's JAX at `cache_dir` with path-independent keys (imports JAX).
+
+    `min_compile_seconds`: cache only compilations at least this long
+    (JAX's `jax_persistent_cache_min_compile_time_secs`, 1.0 by default).
+    """
+    jax = _import_jax()
+    compilation_cache = importlib.import_module(
+        "jax.experimental.compilation_cache.compilation_cache"
+    )
+    jax.config.update("jax_compilation_cache_dir", str(cache_dir))
+    jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
+    if min_compile_seconds is not None:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_seconds)
+    compilation_cache.reset_cache()  # a cache set up before this call used the old settings
+    _listen(jax)
+
+
+def use(
+    env: EnvironmentChoice = None,
+    *,
+    root: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    min_compile_seconds: float | None = None,
+    capture_at_exit: bool = True,
+) -> Warmed:
+    """Restore JAX's cache from `env` and point JAX at it; call before the first compile.
+
+    `env`: an environment's name (default: the configured one) or an open
+    `warmenv.blocking` environment. `cache_dir` defaults to
+    `<root>/caches/jax`. With `capture_at_exit`, what this process compiled
+    is captured into the environment when the interpreter exits
+    (`Warmed.capture()` does it at once).
+    """
+    directory = Path(cache_dir) if cache_dir is not None else default_cache_dir(root)
+    directory = directory.expanduser()
+    _import_jax()  # fail before the restore, with the install hint
+    warmed = restored("jax", tree(), directory, env, root, hits)
+    configure(directory, min_compile_seconds=min_compile_seconds)
+    if capture_at_exit:
+        warmed.capture_at_exit()
+    return warmed
+
+
+# --- JAX's own counters -----------------------------------------------------------
+
+_lock = threading.Lock()
+_counts = {"hits": 0, "misses": 0}
+_saved = [0.0]
+_listening = [False]
+
+
+def hits() -> tuple[int, int, float]:
+    """This process's compilation-cache hits, misses and compile seconds saved, by JAX's events.
+
+    Counted from the first `configure`/`use`; `(0, 0, 0.0)` before.
+    """
+    with _lock:
+        return _counts["hits"], _counts["misses"], _saved[0]
+
+
+def _on_event(event: str, **_: Any) -> None:
+    if event in (_HIT, _MISS):
+        with _lock:
+            _counts["hits" if event == _HIT else "misses"] += 1
+
+
+def _on_duration(event: str, duration: float, **_: Any) -> None:
+    if event == _SAVED:
+        with _lock:
+            _saved[0] += max(duration, 0.0)
+
+
+def _listen(jax: Any) -> None:
+    with _lock:
+        if _listening[0]:
+            return
+        _listening[0] = True
+    jax.monitoring.register_event_listener(_on_event)
+    jax.monitoring.register_event_duration_secs_listener(_on_duration)
+
+
+def _import_jax() -> Any:
+    try:
+        jax = importlib.import_module("jax")
+        importlib.import_module("jax.monitoring")
+    except ImportError as error:
+        raise ImportError(f"warmenv.caches.jax needs JAX: {INSTALL_HINT}") from error
+    return jax

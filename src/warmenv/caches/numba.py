@@ -1,0 +1,134 @@
+"""Numba's on-disk cache (`@njit(cache=True)`), carried so that it hits on another machine.
+
+What is captured: the index (`.nbi`) and data (`.nbc`) files under
+`NUMBA_CACHE_DIR`; on restore every index is written after the data files
+it names, so a Numba process reading the cache as it fills never finds an
+index whose entries are missing.
+
+What decides a hit: Numba keys an entry by the function's source (a digest
+of the file's content), its signature and the target (LLVM triple, CPU name
+and features), with one file per Python version; the namespace's facts are
+the `numba` and `llvmlite` versions, `python` and the `cpu`.
+
+The trap fixed: Numba files a function's cache in the subdirectory
+`<parent>_<sha1(absolute source directory)>`, so the same code at another
+path (another checkout, container or CI runner) looks elsewhere and misses.
+`use()` and `warmenv run --cache numba` install a locator
+(`NUMBA_CACHE_LOCATOR_CLASSES`, see `_numba_plugin.Locator`) that files it
+under the module's name instead.
+
+    import warmenv.caches.numba
+    warmenv.caches.numba.use()  # before importing the modules with cache=True functions
+
+Numba decides where a function is cached when it is decorated, so `use()`
+must run before the modules defining cached functions are imported.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Any, Final
+
+from warmenv.caches._facts import Facts
+from warmenv.caches._inprocess import EnvironmentChoice, Warmed, restored
+from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport
+from warmenv.caches._tree import capture as _capture
+from warmenv.caches._tree import restore as _restore
+from warmenv.config import load_config
+from warmenv.environment import Environment
+
+__all__ = ["FACTS", "LOCATOR", "capture", "configure", "hits", "restore", "settings", "tree", "use"]
+
+FACTS: Final = ("numba", "llvmlite", "python", "cpu")
+LOCATOR: Final = "warmenv.caches._numba_plugin.Locator"
+INSTALL_HINT: Final = "pip install 'warmenv[numba]' (or: pip install numba)"
+
+
+def tree() -> CacheTree:
+    """The tree Numba's cache is captured as, under this machine's facts."""
+    return CacheTree("numba", Facts.here(*FACTS), index=("*.nbi",))
+
+
+async def restore(env: Environment, cache_dir: str | Path) -> RestoreReport:
+    """Write the Numba cache captured under this machine's facts into `cache_dir`."""
+    return await _restore(env, tree(), cache_dir)
+
+
+async def capture(env: Environment, cache_dir: str | Path) -> CaptureReport:
+    """Store Numba's cache directory `cache_dir` into `env`."""
+    return await _capture(env, tree(), cache_dir)
+
+
+def default_cache_dir(root: str | Path | None = None) -> Path:
+    """`<root>/caches/numba` beside the environments (the configured root by default)."""
+    base = Path(root) if root is not None else load_config().root
+    return base / "caches" / "numba"
+
+
+def settings(cache_dir: str | Path) -> dict[str, str]:
+    """The environment variables that point a Numba process at `cache_dir`, the trap fixed."""
+    return {"NUMBA_CACHE_DIR": str(cache_dir), "NUMBA_CACHE_LOCATOR_CLASSES": LOCATOR}
+
+
+def configure(cache_dir: str | Path) -> None:
+    """Point this process's Numba at `cache_dir` with the path-independent locator (imports Numba).
+
+    Functions decorated before this call keep the locator they were given.
+    """
+    chosen = settings(cache_dir)
+    os.environ.update(chosen)  # for child processes, and for a reload of Numba's config
+    config = _import_numba()
+    config.CACHE_DIR = chosen["NUMBA_CACHE_DIR"]
+    config.CACHE_LOCATOR_CLASSES = chosen["NUMBA_CACHE_LOCATOR_CLASSES"]
+
+
+def use(
+    env: EnvironmentChoice = None,
+    *,
+    root: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    capture_at_exit: bool = True,
+) -> Warmed:
+    """Restore Numba's cache from `env` and point Numba at it, before cached functions exist.
+
+    `env`: an environment's name (default: the configured one) or an open
+    `warmenv.blocking` environment. `cache_dir` defaults to
+    `<root>/caches/numba`. With `capture_at_exit`, what this process
+    compiled is captured into the environment when the interpreter exits.
+    """
+    directory = Path(cache_dir) if cache_dir is not None else default_cache_dir(root)
+    directory = directory.expanduser()
+    _import_numba()
+    warmed = restored("numba", tree(), directory, env, root, hits)
+    configure(directory)
+    if capture_at_exit:
+        warmed.capture_at_exit()
+    return warmed
+
+
+def hits() -> tuple[int, int, float]:
+    """Cache hits and misses of every Numba function in this process (`dispatcher.stats`).
+
+    Numba does not report the compile time a hit saved: the third value is 0.0.
+    """
+    if "numba" not in sys.modules:
+        return 0, 0, 0.0
+    dispatcher = importlib.import_module("numba.core.dispatcher").Dispatcher
+    found_hits = found_misses = 0
+    for candidate in gc.get_objects():
+        if isinstance(candidate, dispatcher):
+            stats = candidate.stats
+            found_hits += sum(stats.cache_hits.values())
+            found_misses += sum(stats.cache_misses.values())
+    return found_hits, found_misses, 0.0
+
+
+def _import_numba() -> Any:
+    try:
+        return importlib.import_module("numba.core.config")
+    except ImportError as error:
+        raise ImportError(f"warmenv.caches.numba needs Numba: {INSTALL_HINT}") from error

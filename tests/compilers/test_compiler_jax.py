@@ -1,0 +1,88 @@
+"""JAX: a cache captured on one machine hits on another; a plain copy of it misses.
+
+Each run is a fresh interpreter at its machine's absolute path compiling
+three jitted functions (and JAX's small helper computations); hits and
+misses are JAX's own `jax.monitoring` events.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import Machine, copy_tree, require, ship
+
+WORKLOAD = """
+    import json, sys, time
+    started = time.monotonic()
+    import jax, jax.numpy as jnp
+    from jax import monitoring
+
+    counts = {"hits": 0, "misses": 0}
+    def on_event(event, **_):
+        if event == "/jax/compilation_cache/cache_hits":
+            counts["hits"] += 1
+        elif event == "/jax/compilation_cache/cache_misses":
+            counts["misses"] += 1
+    monitoring.register_event_listener(on_event)
+
+    mode, cache = sys.argv[1], sys.argv[2]
+    if mode == "ours":
+        import warmenv.caches.jax
+        warmed = warmenv.caches.jax.use(
+            cache_dir=cache, min_compile_seconds=0, capture_at_exit=False
+        )
+        restored = warmed.restored.written
+    else:  # what users do today: JAX's own settings, the cache directory copied
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        restored = 0
+
+    def make(steps, seed):
+        def f(x):
+            for i in range(steps):
+                x = jnp.sin(x) * (i + seed) + jnp.cos(x * seed)
+            return x
+        return jax.jit(f)
+
+    for seed in (1, 2, 3):
+        make(60, seed)(jnp.ones(8)).block_until_ready()
+    result = {"restored": restored, "seconds": time.monotonic() - started, **counts}
+    if mode == "ours":
+        result["warmed_hits"] = warmed.hits
+        result["captured"] = warmed.capture().stored
+    print(json.dumps(result))
+"""
+
+
+def test_jax_is_installed() -> None:
+    require("jax")
+    require("jaxlib")
+
+
+def test_a_jax_cache_captured_on_one_machine_hits_on_another(
+    machines: tuple[Machine, Machine], tmp_path: Path
+) -> None:
+    require("jax")
+    first, second = machines
+    cold = first.run("python", str(first.write("work.py", WORKLOAD)), "ours", str(first.cache))
+    assert cold["hits"] == 0 and cold["misses"] >= 3, cold
+    assert cold["captured"] == cold["misses"]
+
+    ship(first, second, tmp_path)
+    warm = second.run("python", str(second.write("work.py", WORKLOAD)), "ours", str(second.cache))
+    assert warm["restored"] == cold["captured"]
+    assert (warm["hits"], warm["misses"]) == (cold["misses"], 0), warm
+    assert warm["warmed_hits"] == warm["hits"]  # what use() reports is JAX's own count
+
+
+def test_a_plain_copy_of_a_jax_cache_misses(machines: tuple[Machine, Machine]) -> None:
+    require("jax")
+    first, second = machines
+    cold = first.run("python", str(first.write("work.py", WORKLOAD)), "plain", str(first.cache))
+    assert cold["misses"] >= 3
+    copy_tree(first.cache, second.cache)
+    copied = second.run(
+        "python", str(second.write("work.py", WORKLOAD)), "plain", str(second.cache)
+    )
+    # JAX's default setting hashed the first machine's cache path into every key.
+    assert (copied["hits"], copied["misses"]) == (0, cold["misses"]), copied
