@@ -57,7 +57,8 @@ async def test_imported_entries_have_origin_imported(
     await import_bundle(bundle_path, cold_env)
     storage = cold_env.storage(KERNELS)
     assert isinstance(storage, SqliteStorage)
-    assert await storage.origin_of(b"k000") is Origin.IMPORTED
+    info = await storage.info(b"k000")
+    assert info is not None and info.origin is Origin.IMPORTED
 
 
 async def test_import_is_idempotent(bundle_path: Path, cold_env: Environment) -> None:

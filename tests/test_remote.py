@@ -108,7 +108,8 @@ async def test_a_value_computed_on_one_host_is_a_hit_on_another(
         assert await store.get_or_compute("k", expensive) == {"kernel": 42}
         storage = b.storage(NS)
         assert isinstance(storage, RemoteStorage)
-        assert await storage.local.origin_of(b'"k"') == Origin.REMOTE  # type: ignore[attr-defined]
+        info = await storage.local.info(b'"k"')
+        assert info is not None and info.origin is Origin.REMOTE
         assert b.remote is not None and b.remote.statistics().hits == 1
     assert calls == 1
 

@@ -92,7 +92,6 @@ async def test_a_version_1_file_built_by_hand_keeps_every_entry_and_origin(
                 storage = env.storage(namespace)
                 assert isinstance(storage, SqliteStorage)
                 assert await storage.get(key) == value
-                assert await storage.origin_of(key) == Origin(origin)
                 info = await storage.info(key)
                 assert info is not None
                 assert (info.origin, info.written_at, info.cost, info.bundle) == (
