@@ -5,9 +5,8 @@ Public names only; each lives in the module named after its concept.
 
 from __future__ import annotations
 
-__version__ = "0.2.0.dev0"
-
 from warmenv._errors import ClosedError, WarmenvError, WarmenvWarning
+from warmenv._version import __version__
 from warmenv.config import Config, ConfigError, load_config
 from warmenv.environment import Environment, activate, active, open_environment, set_root
 from warmenv.persistence import (

@@ -34,6 +34,7 @@ from typing import Any
 
 import anyio
 
+from warmenv._version import __version__
 from warmenv.cli import (
     check,
     demo,
@@ -92,8 +93,6 @@ def build_parser() -> argparse.ArgumentParser:
         prog="warmenv",
         description="Keep expensive start-up results warm, and ship them between machines.",
     )
-    from warmenv import __version__
-
     parser.add_argument("--version", action="version", version=f"warmenv {__version__}")
     commands = parser.add_subparsers(
         dest="command", metavar="COMMAND", required=True, help="what to do (see COMMAND --help)"
