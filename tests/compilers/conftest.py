@@ -1,93 +1,10 @@
-"""Fixtures for the compiler tests (`nox -s compilers`): real compilers, two "machines".
-
-A machine is a directory at its own absolute path (one deeper than the
-other, neither a prefix of the other) holding the application's code, its
-warmenv root and its compiler cache; each run is a fresh interpreter whose
-working directory is that machine. What one machine captured reaches the
-other only through a bundle: export, then import into a fresh root.
-
-A compiler that is not installed fails its tests with the install hint:
-these tests exist to prove the real thing works, so a skip would hide that.
-"""
+"""The two machines every compiler test runs on (see machines.py)."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import shutil
-import subprocess
-import sys
-import textwrap
-from collections.abc import Callable
-from pathlib import Path
-
-import anyio
-import attrs
 import pytest
 
-from warmenv import open_environment
-from warmenv.bundle import export_bundle, import_bundle
-
-HINTS = {
-    "jax": "pip install 'warmenv[jax]'  (jax and jaxlib)",
-    "numba": "pip install 'warmenv[numba]'",
-}
-
-
-def require(module: str) -> None:
-    """Fail (never skip) when a compiler the test needs is missing, saying how to install it."""
-    if importlib.util.find_spec(module) is None:
-        pytest.fail(f"{module} is not installed; {HINTS.get(module, 'pip install ' + module)}")
-
-
-@attrs.frozen
-class Machine:
-    home: Path
-
-    @property
-    def root(self) -> Path:
-        return self.home / "warmenv-root"
-
-    @property
-    def cache(self) -> Path:
-        return self.home / "cache"
-
-    def write(self, name: str, code: str) -> Path:
-        path = self.home / name
-        path.write_text(textwrap.dedent(code), encoding="utf-8")
-        return path
-
-    def run(
-        self, *argv: str, env: dict[str, str] | None = None, timeout: float = 300
-    ) -> dict[str, object]:
-        """Run a fresh process here; its last stdout line is JSON, returned."""
-        completed = self.process(*argv, env=env, timeout=timeout)
-        assert completed.returncode == 0, completed.stderr[-4000:]
-        lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
-        assert lines, completed.stdout + completed.stderr[-4000:]
-        found = json.loads(lines[-1])
-        assert isinstance(found, dict)
-        return found
-
-    def process(
-        self, *argv: str, env: dict[str, str] | None = None, timeout: float = 300
-    ) -> subprocess.CompletedProcess[str]:
-        variables = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("JAX_", "NUMBA_", "XLA_", "WARMENV_"))
-        }
-        variables["WARMENV_ROOT"] = str(self.root)
-        variables.update(env or {})
-        return subprocess.run(
-            [sys.executable if argv[0] == "python" else argv[0], *argv[1:]],
-            cwd=self.home,
-            env=variables,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+from compilers.machines import Machine
 
 
 @pytest.fixture
@@ -97,25 +14,3 @@ def machines(tmp_path_factory: pytest.TempPathFactory) -> tuple[Machine, Machine
     for machine in (first, second):
         machine.mkdir(parents=True)
     return Machine(first), Machine(second)
-
-
-def ship(source: Machine, target: Machine, tmp_path: Path) -> None:
-    """Export the source machine's environment and import it into the target's fresh root."""
-    bundle = tmp_path / "caches.bundle"
-
-    async def main() -> None:
-        async with open_environment("default", root=source.root) as env:
-            await export_bundle([env], bundle, name="ci", version="1")
-        assert not target.root.exists()
-        async with open_environment("default", root=target.root) as env:
-            await import_bundle(bundle, env)
-
-    anyio.run(main)
-
-
-def copy_tree(source: Path, target: Path) -> None:
-    """What users do today: copy the cache directory as it is."""
-    shutil.copytree(source, target)
-
-
-Ship = Callable[[Machine, Machine, Path], None]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import Machine, copy_tree, require, ship
+from compilers.machines import Machine, copy_tree, require, ship
 
 WORKLOAD = """
     import json, sys, time
