@@ -68,7 +68,7 @@ _UPGRADE_CHILD = """
 import json, sys, time
 import anyio
 from pathlib import Path
-from warmenv.persistence.sqlite import open_database
+from warmenv.persistence.sqlite.database import open_database
 
 async def main():
     path = Path(sys.argv[1])

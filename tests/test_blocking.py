@@ -38,7 +38,7 @@ from warmenv.blocking import (
 from warmenv.blocking import open_environment as open_blocking
 from warmenv.bundle import Event, ExportReport, Finished, ImportReport, Progress, Started
 from warmenv.persistence.explain import Explanation
-from warmenv.persistence.sqlite import SqliteStorage
+from warmenv.persistence.sqlite.storage import SqliteStorage
 from warmenv.persistence.statistics import EnvironmentStatistics
 
 NS = Namespace("app", "blocking", version="1")

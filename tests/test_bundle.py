@@ -34,7 +34,7 @@ from warmenv.bundle import (
     open_bundle,
     preflight,
 )
-from warmenv.persistence.sqlite import SqliteStorage
+from warmenv.persistence.sqlite.storage import SqliteStorage
 
 pytestmark = pytest.mark.anyio
 
@@ -164,7 +164,7 @@ async def test_a_bulk_import_counts_each_namespace_whether_a_batch_lies_in_one_o
 async def test_bulk_imports_space_out_checkpoints_while_they_run_and_checkpoint_at_the_end(
     warm_env: Environment, cold_env: Environment, out_dir: Path
 ) -> None:
-    from warmenv.persistence.sqlite import BULK_CHECKPOINT_PAGES
+    from warmenv.persistence.sqlite.bulk import BULK_CHECKPOINT_PAGES
 
     bundle_path = out_dir / "bulk.bundle"
     await export_bundle(warm_env, bundle_path, name="b", version="1", format="sqlite")

@@ -39,7 +39,8 @@ from warmenv.bundle import (
 )
 from warmenv.persistence import Origin
 from warmenv.persistence.carried import COST_LIMIT, WRITTEN_AT_LIMIT
-from warmenv.persistence.schema import BUNDLE_COLUMNS, ENTRY_COLUMNS
+from warmenv.persistence.schema import BUNDLE_COLUMNS
+from warmenv.persistence.sqlite.schema import ENTRY_COLUMNS
 from warmenv.persistence.store import Store
 
 pytestmark = pytest.mark.anyio

@@ -23,7 +23,7 @@ from test_cli import warmenv
 from test_cli_errors import assert_one_error_line
 from warmenv import Purged, open_environment
 from warmenv.bundle import export_bundle, open_bundle
-from warmenv.persistence.schema import namespace_addressable
+from warmenv.persistence.sqlite.schema import namespace_addressable
 
 # (what is stored as the namespace, how warmenv lists it)
 KINDS = {

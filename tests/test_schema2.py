@@ -19,14 +19,10 @@ import pytest
 
 from warmenv import WarmenvWarning, open_environment
 from warmenv.persistence import Origin, Stored
-from warmenv.persistence.schema import (
-    BUNDLE_COLUMNS,
-    BUNDLE_VERSION,
-    ENTRY_COLUMNS,
-    ENVIRONMENT_COLUMNS,
-    read_only_uris,
-)
-from warmenv.persistence.sqlite import SqliteStorage
+from warmenv.persistence.schema import BUNDLE_COLUMNS, BUNDLE_VERSION
+from warmenv.persistence.sqlite.schema import ENTRY_COLUMNS, ENVIRONMENT_COLUMNS
+from warmenv.persistence.sqlite.storage import SqliteStorage
+from warmenv.persistence.sqlite.uris import read_only_uris
 
 pytestmark = pytest.mark.anyio
 
@@ -175,7 +171,7 @@ _CHILD = """
 import os, signal, sys
 import anyio
 from warmenv import open_environment
-from warmenv.persistence import schema
+from warmenv.persistence.sqlite import schema
 
 path, kill_after, backend = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 if kill_after >= 0:  # a SIGKILL after that many statements of the upgrade, inside it

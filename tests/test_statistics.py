@@ -13,12 +13,12 @@ from typing import Any
 import anyio
 import pytest
 
-import warmenv.persistence.sqlite as sqlite_module
+import warmenv.persistence.sqlite.statistics as sqlite_statistics
 import warmenv.persistence.statistics as statistics_module
 from warmenv import Environment, open_environment
 from warmenv.config import ConfigError, load_config
 from warmenv.persistence import BytesCodec, JsonCodec, Origin
-from warmenv.persistence.sqlite import SqliteDatabase
+from warmenv.persistence.sqlite.database import SqliteDatabase
 from warmenv.persistence.statistics import Batch, Cursor, Pending
 from warmenv.persistence.storage import BundleRef, Stored
 from warmenv.persistence.store import CacheMode, Store
@@ -467,7 +467,7 @@ async def quick(n: int) -> int:
 
 def count_slices(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Record how many served keys each slice written to SQLite took, one item a slice."""
-    original = sqlite_module._flush_statistics
+    original = sqlite_statistics.flush
     slices: list[int] = []
 
     def counted(batch: Batch, start: Cursor, now: int, conn: sqlite3.Connection) -> Cursor:
@@ -475,7 +475,7 @@ def count_slices(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         slices.append(end.served - start.served)
         return end
 
-    monkeypatch.setattr(sqlite_module, "_flush_statistics", counted)
+    monkeypatch.setattr(sqlite_statistics, "flush", counted)
     return slices
 
 

@@ -18,7 +18,7 @@ from warmenv.persistence import (
     Storage,
     Stored,
 )
-from warmenv.persistence.sqlite import SqliteStorage
+from warmenv.persistence.sqlite.storage import SqliteStorage
 
 pytestmark = pytest.mark.anyio
 

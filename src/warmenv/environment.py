@@ -38,7 +38,9 @@ from warmenv.persistence.explain import Explanation, stored_key
 from warmenv.persistence.memory import MemoryStorage, MemoryTable
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.remote import RemoteSettings, RemoteStorage, RemoteTier, remote_settings
-from warmenv.persistence.sqlite import CopiedBatch, SqliteDatabase, SqliteStorage, open_database
+from warmenv.persistence.sqlite.bulk import CopiedBatch
+from warmenv.persistence.sqlite.database import SqliteDatabase, open_database
+from warmenv.persistence.sqlite.storage import SqliteStorage
 from warmenv.persistence.statistics import START, Batch, Cursor, EnvironmentStatistics, Recorder
 from warmenv.persistence.storage import (
     BundleRef,

@@ -55,7 +55,7 @@ from warmenv.bundle.open import open_private
 from warmenv.environment import Environment
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.namespace import matches_any
-from warmenv.persistence.sqlite import CopiedBatch
+from warmenv.persistence.sqlite.bulk import CopiedBatch
 from warmenv.persistence.storage import (
     BundleRef,
     NamespaceSummary,

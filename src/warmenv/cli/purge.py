@@ -21,7 +21,7 @@ from warmenv.cli._format import plural
 from warmenv.cli._options import add_namespace_option, namespace_prefixes, no_match, text_argument
 from warmenv.cli._output import Output, ask
 from warmenv.persistence.namespace import matches_any
-from warmenv.persistence.schema import namespace_addressable
+from warmenv.persistence.sqlite.schema import namespace_addressable
 from warmenv.persistence.statistics import BundleStatistics
 from warmenv.persistence.storage import Failed
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from warmenv.persistence.codec import BytesCodec, Codec, JsonCodec
 from warmenv.persistence.memory import MemoryStorage
 from warmenv.persistence.namespace import Namespace
-from warmenv.persistence.sqlite import SqliteStorage
+from warmenv.persistence.sqlite.storage import SqliteStorage
 from warmenv.persistence.storage import (
     Conflict,
     Failed,

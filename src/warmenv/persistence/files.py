@@ -32,8 +32,10 @@ import anyio
 import attrs
 
 from warmenv import _sqlite
-from warmenv.persistence import carried, schema
+from warmenv.persistence import carried
+from warmenv.persistence import schema as bundle_schema
 from warmenv.persistence.carried import CarryingEntry
+from warmenv.persistence.sqlite import schema, uris
 from warmenv.persistence.storage import NamespaceSummary, Origin
 
 __all__ = [
@@ -174,7 +176,7 @@ class EntryFile:
         # private copy holds (never a -wal file beside it), and nothing is created.
         try:
             connection, checked = await _sqlite.open_with(
-                schema.read_only_uri(path, immutable=True),
+                uris.read_only_uri(path, immutable=True),
                 partial(_check_file, check_rows, max_manifest_bytes),
                 uri=True,
             )
@@ -253,7 +255,7 @@ class _Checked:
 # (None) is read only to say that the file is an environment.
 _FORMATS: dict[tuple[tuple[str, str], ...], int | None] = {
     tuple(schema.ENTRY_COLUMNS): 1,
-    tuple(schema.BUNDLE_COLUMNS): 2,
+    tuple(bundle_schema.BUNDLE_COLUMNS): 2,
     tuple(schema.ENVIRONMENT_COLUMNS): None,
 }
 
@@ -341,13 +343,13 @@ def _check_not_newer(conn: sqlite3.Connection) -> None:
     except sqlite3.Error:
         return  # a `meta` of another shape: the checks that follow say what the file is
     try:
-        newer = is_bundle and int(str(version)) > int(schema.BUNDLE_VERSION)
+        newer = is_bundle and int(str(version)) > int(bundle_schema.BUNDLE_VERSION)
     except ValueError:
         newer = False
     if newer:
         raise NewerEntryFileError(
             f"it is a bundle of format {version}, newer than this warmenv reads "
-            f"(1 and {schema.BUNDLE_VERSION}); upgrade warmenv"
+            f"(1 and {bundle_schema.BUNDLE_VERSION}); upgrade warmenv"
         )
 
 
@@ -495,11 +497,11 @@ def _hash_in(
 def _open_source(path: Path) -> sqlite3.Connection:
     """Open an environment to export from, reading under one snapshot.
 
-    Read-write first (`schema.open_uris`): export must leave no -wal or -shm
+    Read-write first (`uris.open_uris`): export must leave no -wal or -shm
     file beside an environment it only reads.
     """
     last: sqlite3.Error | None = None
-    for uri in schema.open_uris(path, read_write=True):
+    for uri in uris.open_uris(path, read_write=True):
         conn = None
         try:
             conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
@@ -649,7 +651,7 @@ class StagingFile:
                     conn.execute(f"PRAGMA page_size={LARGE_PAGE}")  # before the first table
                 conn.execute("PRAGMA journal_mode=OFF")
                 conn.execute("PRAGMA synchronous=OFF")
-                schema.create_bundle_schema(conn, format_version)
+                bundle_schema.create_bundle_schema(conn, format_version)
         except BaseException:
             self.close()
             raise
@@ -691,7 +693,7 @@ class StagingFile:
         error: sqlite3.Error | None = None
         # Read-write first, as `_open_source`: detaching it, as the last
         # connection, removes the -wal and -shm files reading it needed.
-        for uri in schema.open_uris(source, read_write=True):
+        for uri in uris.open_uris(source, read_write=True):
             try:
                 conn.execute(f"ATTACH DATABASE ? AS {_SOURCE}", (uri,))
                 self._attached = True
@@ -765,7 +767,7 @@ class StagingFile:
         conn = self._connection()
         conn.execute(
             "INSERT INTO meta (k, v) VALUES ('schema_version', ?), ('manifest', ?)",
-            (schema.BUNDLE_SCHEMA_VERSIONS[self.format_version], manifest_json),
+            (bundle_schema.BUNDLE_SCHEMA_VERSIONS[self.format_version], manifest_json),
         )
         conn.execute("COMMIT")
         if self._attached:
@@ -846,7 +848,7 @@ def has_manifest(path: Path) -> bool:
     """Whether a SQLite file's `meta` holds a manifest (is it a bundle?); its value
     is not read, so a hostile file's huge one costs nothing."""
     try:
-        conn = sqlite3.connect(schema.read_only_uri(path), uri=True)
+        conn = sqlite3.connect(uris.read_only_uri(path), uri=True)
         try:
             return schema.has_meta(conn, "manifest")
         finally:

@@ -16,7 +16,7 @@ from anyio.lowlevel import checkpoint
 from warmenv.persistence.carried import WRITTEN_AT_LIMIT, CarryingEntry, as_of, believed
 from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.namespace import Namespace
-from warmenv.persistence.schema import HIT_GRANULARITY
+from warmenv.persistence.sqlite.schema import HIT_GRANULARITY
 from warmenv.persistence.statistics import Batch, EnvironmentStatistics, Resolved, assemble
 from warmenv.persistence.storage import (
     DEFAULT_SCAN_BATCH,

@@ -1,0 +1,283 @@
+"""One open environment database: the connection every namespace shares, and its opening.
+
+An environment is one SQLite file in WAL mode: readers carry on while a
+writer commits, and the busy timeout makes writers of several processes
+queue rather than fail. Opening decides once how the file is used: read-write
+(its schema created, checked or upgraded, `schema.prepare_writable`), or
+read-only where it exists and cannot be written (`uris.read_only_uris`), so
+that a read-only container layer serves reads instead of failing every write
+one by one. The database's operations are each one function on the
+connection's worker (`schema`, `statistics`, `eviction`, `bulk`).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import sqlite3
+import warnings
+from collections.abc import AsyncGenerator, Callable, Iterable
+from functools import partial
+from pathlib import Path
+from typing import TypeVar, final
+
+import anyio
+import anyio.to_thread
+
+from warmenv import _sqlite
+from warmenv._errors import WarmenvError, WarmenvWarning
+from warmenv._fs import non_regular_kind
+from warmenv.persistence.carried import CarryingEntry
+from warmenv.persistence.explain import Explanation, explain
+from warmenv.persistence.sqlite import bulk, eviction, schema, statistics, uris
+from warmenv.persistence.sqlite.bulk import BulkCopies, CopiedBatch
+from warmenv.persistence.statistics import START, Batch, Cursor, EnvironmentStatistics
+from warmenv.persistence.storage import (
+    BundleRef,
+    Failed,
+    InsertSummary,
+    NamespaceSummary,
+    Origin,
+    Purged,
+    check_bundle,
+    check_key,
+    wall_clock,
+)
+
+__all__ = ["SqliteDatabase", "open_database"]
+
+log = logging.getLogger("warmenv.storage")
+T = TypeVar("T")
+
+
+@final
+class SqliteDatabase:
+    """One open environment database: the connection every namespace shares."""
+
+    __slots__ = ("_bulk", "connection", "path", "read_only", "version")
+
+    def __init__(
+        self,
+        connection: _sqlite.Connection,
+        path: Path,
+        *,
+        read_only: bool,
+        version: int = int(schema.ENVIRONMENT_VERSION),
+    ) -> None:
+        self.connection = connection
+        self.path = path
+        self.read_only = read_only
+        self.version = version
+        """The schema version read: 2, or 1 for a version-1 file that could not be upgraded."""
+        self._bulk = BulkCopies()
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return await self.connection.run(fn)
+
+    async def close(self) -> None:
+        await self.connection.close()
+
+    async def namespaces(self) -> list[NamespaceSummary]:
+        try:
+            rows = await self.run(statistics.namespaces)
+        except sqlite3.Error as exc:
+            log.warning("listing namespaces of %s failed: %s", self.path, exc)
+            return []
+        return [NamespaceSummary(namespace=n, entries=c, bytes=b) for n, c, b in rows]
+
+    def copy_from(
+        self,
+        source: Path,
+        prefixes: list[str] | None,
+        batch_size: int,
+        *,
+        bundle: BundleRef | None = None,
+    ) -> AsyncGenerator[CopiedBatch, None]:
+        """Copy the entries of the entry file `source` in, as IMPORTED, a batch at a time
+        (`BulkCopies.copy`: the caller must own `source`, a private verified snapshot)."""
+        return self._bulk.copy(self.run, self.path, source, prefixes, batch_size, bundle=bundle)
+
+    async def insert_imported(
+        self,
+        namespace: str,
+        entries: list[CarryingEntry],
+        bundle: BundleRef | None,
+    ) -> InsertSummary:
+        """Insert `(key, value, written_at, cost)` entries as IMPORTED, in one transaction.
+
+        An import's path for what it cannot copy in bulk (a flat bundle, a
+        bundle checked entry by entry): each entry keeps the written_at (else
+        now) and cost it carries, as the bulk copy keeps a bundle's columns.
+        The values come from a bundle reader, which believed them already.
+        """
+        bundle = check_bundle(bundle, Origin.IMPORTED)
+        try:
+            stored = await self.run(partial(bulk.insert_imported, namespace, entries, bundle))
+        except sqlite3.Error as exc:
+            reason = self._failed("import", exc).reason
+            return InsertSummary(stored=0, conflict=0, failed=len(entries), reason=reason)
+        return InsertSummary(stored=stored, conflict=len(entries) - stored, failed=0)
+
+    async def touch(self, namespace: str, keys: Iterable[bytes]) -> int:
+        """Record that `keys` of `namespace` were hit now: eviction keeps them longest.
+
+        For a store to call with the keys it served since its last call, in
+        batches (every few seconds, and at close), never per hit. Coarse: an
+        entry hit within the last `HIT_GRANULARITY` seconds is not written
+        again. Returns how many entries were updated; a failure (read-only,
+        busy) is logged and counts 0, as recency is only a hint.
+        """
+        wanted = [check_key(k) for k in keys]
+        if not wanted or self.read_only or self.version < 2:
+            return 0
+        try:
+            return await self.run(partial(eviction.touch, namespace, wanted, int(wall_clock())))
+        except sqlite3.Error as exc:
+            log.warning("recording hits in %s failed: %s", self.path, exc)
+            return 0
+
+    async def purge_bundle(self, digest_or_name: str) -> Purged | Failed:
+        """Delete the entries still carrying that bundle's origin (imported from it)."""
+        try:
+            return Purged(await self.run(partial(eviction.purge_bundle, digest_or_name)))
+        except sqlite3.Error as exc:
+            return self._failed("purge_bundle", exc)
+
+    async def gc(
+        self,
+        *,
+        max_bytes: int | None = None,
+        older_than: float | None = None,
+        keep_versions: int | None = None,
+    ) -> Purged | Failed:
+        """Evict entries by version, age and size, in one transaction; how many went.
+
+        `keep_versions`: per application name and path, only the versions
+        written most recently are kept. `older_than` (seconds): entries neither
+        written nor hit for that long go. `max_bytes`: then the least recently
+        hit entries (never hit first, oldest written first) go until the keys
+        and values left add up to at most that.
+        """
+        now = wall_clock()
+        try:
+            evict = partial(eviction.gc, max_bytes, older_than, keep_versions, now)
+            return Purged(await self.run(evict))
+        except sqlite3.Error as exc:
+            return self._failed("gc", exc)
+
+    async def vacuum(self) -> tuple[int, int]:
+        """Give the space of deleted entries back to the file system; sizes before and after.
+
+        Sizes are the database file plus its write-ahead log, in bytes.
+        """
+        if self.read_only:
+            raise WarmenvError(
+                f"cannot vacuum {self.path}: it is open read-only; vacuum it where it is writable"
+            )
+        before = await anyio.to_thread.run_sync(eviction.file_size, self.path)
+        try:
+            await self.run(eviction.vacuum)
+        except sqlite3.Error as exc:
+            raise WarmenvError(
+                f"vacuum of {self.path} failed ({exc}); it needs free disk about the file's "
+                "size and no other process inside a transaction: retry when both hold"
+            ) from None
+        after = await anyio.to_thread.run_sync(eviction.file_size, self.path)
+        return before, after
+
+    async def flush_statistics(self, batch: Batch, start: Cursor = START) -> Cursor | None:
+        """Add one slice of a batch, from `start`, in one transaction; where it ended, or None.
+
+        One slice (`statistics.cut`: about `SLICE_ROWS` rows) per call, so a
+        call queued behind it waits for that slice only; the caller calls
+        again from where this one ended. Each hit key is resolved against its
+        entry (origin, cost, bundle) inside the transaction, and its recency
+        recorded, so the hit path never reads provenance. A read-only or
+        version-1 file keeps nothing (the counts stay in memory for
+        `statistics()`); a failure (busy, full disk) is logged and the caller
+        keeps this slice and the rest for the next flush.
+        """
+        if self.read_only or self.version < 2:
+            return None
+        try:
+            return await self.run(partial(statistics.flush, batch, start, int(wall_clock())))
+        except sqlite3.Error as exc:
+            log.warning("recording statistics in %s failed (kept for later): %s", self.path, exc)
+            return None
+
+    async def explain(self, namespace: str, key: bytes | None) -> Explanation:
+        """Why a lookup in `namespace` (of `key`) misses here, read in one hop.
+
+        A failing read explains over nothing rather than raising (logged):
+        an explanation is a diagnosis, never a new error.
+        """
+        try:
+            return await self.run(partial(statistics.explain_miss, namespace, key))
+        except sqlite3.Error as exc:
+            log.warning("explaining a miss in %s failed: %s", self.path, exc)
+            return explain([], namespace, key, lambda names, key: set())
+
+    async def statistics(self, pending: Batch) -> EnvironmentStatistics:
+        """The stored counts of every namespace and bundle, plus `pending` (not yet stored)."""
+        return await self.run(partial(statistics.read, pending, self.version))
+
+    def _failed(self, operation: str, exc: sqlite3.Error) -> Failed:
+        reason = f"{operation} on {self.path} failed: {exc}"
+        log.warning("%s", reason)
+        return Failed(reason)
+
+
+async def open_database(path: Path, *, create: bool = True) -> SqliteDatabase:
+    """Open (and if need be create) the database at `path`, read-write if possible.
+
+    Falls back to read-only (`uris.open_uris`) when the file exists but
+    cannot be written. Raises `sqlite3.Error` or `OSError` when neither works.
+    """
+    kind = await anyio.to_thread.run_sync(non_regular_kind, path)
+    if kind is not None:  # SQLite would block on a FIFO or read a device forever
+        raise OSError(errno.EINVAL, f"{path} is {kind}, not a database file", str(path))
+    exists = await anyio.to_thread.run_sync(path.exists)
+    if not exists and not create:
+        raise FileNotFoundError(path)
+    if exists and not await anyio.to_thread.run_sync(uris.writable, path):
+        # Never offered to a read-write open: SQLite would quietly open it
+        # read-only, leave -wal and -shm files, and accept writes that all fail.
+        return await _open_readonly(path)
+    try:
+        connection, prepared = await _sqlite.open_with(str(path), schema.prepare_writable)
+    except sqlite3.Error:
+        if not exists:
+            raise
+    else:
+        if prepared.rebuilt_from is not None:
+            warnings.warn(
+                f"{path}: schema version {prepared.rebuilt_from} is not one this warmenv "
+                f"reads (1 or {schema.ENVIRONMENT_VERSION}); its entries were dropped and "
+                "the table rebuilt",
+                WarmenvWarning,
+                stacklevel=3,
+            )
+        if prepared.upgraded_from is not None:
+            log.info(
+                "%s: upgraded from schema version %s to %s in place",
+                path,
+                prepared.upgraded_from,
+                schema.ENVIRONMENT_VERSION,
+            )
+        return SqliteDatabase(connection, path, read_only=False)
+    return await _open_readonly(path)
+
+
+async def _open_readonly(path: Path) -> SqliteDatabase:
+    """Open an environment that cannot be written (`uris.open_uris`; read-write failed)."""
+    candidates = await anyio.to_thread.run_sync(partial(uris.open_uris, path, read_write=False))
+    error: sqlite3.Error | None = None
+    for uri in candidates:
+        try:
+            connection, version = await _sqlite.open_with(uri, schema.prepare_readonly, uri=True)
+        except sqlite3.Error as exc:
+            error = exc
+            continue
+        return SqliteDatabase(connection, path, read_only=True, version=version)
+    assert error is not None
+    raise error

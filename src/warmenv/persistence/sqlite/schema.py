@@ -1,0 +1,542 @@
+"""The environment file's rules, written once: tables, versions, checks, transactions, insert rule.
+
+An environment is one SQLite file whose `entries` table starts with the
+columns every entry file shares (namespace, key, value, origin; a SQLite
+bundle has them too) and adds its provenance at version 2. Everything that
+knows what such a file looks like lives here: the tables, the version checks
+and the upgrade from version 1, the check that `entries` has the columns and
+types warmenv wrote, how a transaction is run, how the insert rule is stated
+in SQL, how namespaces are read back (text that is not UTF-8, values of
+another SQLite type), how entries are summed per namespace and how namespace
+prefixes become SQL conditions. The rest of `persistence.sqlite` (and the
+bundle files, which read the shared columns) calls these functions instead of
+repeating them, so a rule cannot drift between copies. Every function takes a
+`sqlite3.Connection` and runs on the connection's worker thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import attrs
+
+from warmenv.persistence.storage import BundleRef, may_replace, wall_clock
+
+__all__ = [
+    "CARRIED_COLUMNS",
+    "ENTRY_COLUMNS",
+    "ENVIRONMENT_COLUMNS",
+    "ENVIRONMENT_VERSION",
+    "HIT_GRANULARITY",
+    "META_DDL",
+    "SCHEMA_VERSION",
+    "STATISTICS_TABLES",
+    "UPSERT",
+    "NewerSchemaError",
+    "Prepared",
+    "bundle_id",
+    "create_environment_schema",
+    "decode_text",
+    "entry_columns",
+    "foreign_text",
+    "has_entry_columns",
+    "has_meta",
+    "install_functions",
+    "length_limit",
+    "meta_size",
+    "meta_value",
+    "namespace_addressable",
+    "namespace_read",
+    "namespace_totals",
+    "prefix_sql",
+    "prepare_readonly",
+    "prepare_writable",
+    "range_totals",
+    "table_names",
+    "transaction",
+    "value_of",
+    "well_typed",
+]
+
+T = TypeVar("T")
+
+# Version 1: an environment of 0.1, and a SQLite bundle of format 1 (0.1's):
+# exactly these columns, (column, declared type).
+SCHEMA_VERSION = "1"
+ENTRY_COLUMNS = [
+    ("namespace", "TEXT"),
+    ("key", "BLOB"),
+    ("value", "BLOB"),
+    ("origin", "INTEGER"),
+]
+META_DDL = "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL)"
+# What an entry carries to another machine (`warmenv.persistence.carried`), the
+# environment's next two columns. A file of exactly these columns at schema
+# version 2 (a SQLite bundle of format 2) is read like a version-1 environment.
+CARRIED_COLUMNS = [*ENTRY_COLUMNS, ("written_at", "REAL"), ("cost", "REAL")]
+_CARRIED_VERSION = "2"
+
+# An environment is at version 2: the entry file's columns, then provenance
+# (written_at: unix seconds, NULL for entries that predate version 2; cost:
+# seconds the computation took, NULL unless known; bundle: the `bundles` row an
+# imported entry came from) and `last_hit`, the coarse recency eviction reads
+# (unix seconds rounded down to HIT_GRANULARITY, NULL: never hit). The new
+# columns come last and are nullable, so version 1 upgrades by ALTER TABLE
+# ADD COLUMN: a change of the schema alone, no row rewritten.
+ENVIRONMENT_VERSION = "2"
+PROVENANCE_COLUMNS = [
+    ("written_at", "REAL"),
+    ("cost", "REAL"),
+    ("bundle", "INTEGER"),
+    ("last_hit", "INTEGER"),
+]
+ENVIRONMENT_COLUMNS = ENTRY_COLUMNS + PROVENANCE_COLUMNS
+HIT_GRANULARITY = 60
+"""Seconds: a hit is recorded at most once per entry per this long."""
+_BUNDLES_DDL = (
+    "CREATE TABLE IF NOT EXISTS bundles (id INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+    "digest TEXT NOT NULL UNIQUE, imported_at REAL NOT NULL)"
+)
+_ENVIRONMENT_DDL = (
+    META_DDL,
+    _BUNDLES_DDL,
+    "CREATE TABLE IF NOT EXISTS entries ("
+    "namespace TEXT NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL, "
+    "origin INTEGER NOT NULL, written_at REAL, cost REAL, "
+    "bundle INTEGER REFERENCES bundles (id), last_hit INTEGER, "
+    "PRIMARY KEY (namespace, key))",
+)
+# Lookup statistics, added to by every process in UPSERT increments (so
+# counts add up) and created on any writable open (so a version-2 file made
+# before they existed gains them): per (namespace, origin of the entry hit),
+# misses and computations under origin LOCAL; and per imported bundle (a
+# `bundles` row).
+_STATISTICS_DDL = (
+    "CREATE TABLE IF NOT EXISTS statistics (namespace TEXT NOT NULL, origin INTEGER NOT NULL, "
+    "hits INTEGER NOT NULL DEFAULT 0, saved_seconds REAL NOT NULL DEFAULT 0, "
+    "misses INTEGER NOT NULL DEFAULT 0, computes INTEGER NOT NULL DEFAULT 0, "
+    "compute_seconds REAL NOT NULL DEFAULT 0, PRIMARY KEY (namespace, origin))",
+    "CREATE TABLE IF NOT EXISTS bundle_statistics (bundle INTEGER PRIMARY KEY "
+    "REFERENCES bundles (id), hits INTEGER NOT NULL DEFAULT 0, "
+    "saved_seconds REAL NOT NULL DEFAULT 0)",
+)
+STATISTICS_TABLES = frozenset({"statistics", "bundle_statistics"})
+_UPGRADE_1_TO_2 = (
+    _BUNDLES_DDL,
+    "ALTER TABLE entries ADD COLUMN written_at REAL",
+    "ALTER TABLE entries ADD COLUMN cost REAL",
+    "ALTER TABLE entries ADD COLUMN bundle INTEGER REFERENCES bundles (id)",
+    "ALTER TABLE entries ADD COLUMN last_hit INTEGER",
+)
+# The insert rule in SQL: an existing row is replaced only where may_replace
+# says so, and a replaced row takes the newcomer's provenance (its recency stays).
+UPSERT = (
+    "INSERT INTO {table} (namespace, key, value, origin, written_at, cost, bundle) {source} "
+    "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value, "
+    "origin = excluded.origin, written_at = excluded.written_at, cost = excluded.cost, "
+    "bundle = excluded.bundle "
+    "WHERE warmenv_may_replace(entries.origin, excluded.origin)"
+)
+
+
+class NewerSchemaError(sqlite3.DatabaseError):
+    """The file was written by a newer warmenv: left untouched rather than dropped."""
+
+
+def well_typed(alias: str = "") -> str:
+    """The condition a row must meet to be an entry: text namespace, blob key and value."""
+    return (
+        f"typeof({alias}namespace) = 'text' AND typeof({alias}key) = 'blob' "
+        f"AND typeof({alias}value) = 'blob'"
+    )
+
+
+# The SQLite types a namespace can have besides text, as `namespace_read` tags them.
+_NOT_TEXT_TAGS = ("<BLOB>", "<INTEGER>", "<REAL>", "<NULL>")
+
+
+def namespace_read(column: str = "namespace") -> str:
+    """How a namespace is read back from a file, as SQL, written once.
+
+    Text reads as itself (text that is not UTF-8 comes back with surrogates,
+    through `decode_text`). A value of another SQLite type (a row something
+    else wrote: a BLOB, or an INTEGER, REAL or NULL where the column allows
+    one) reads as its content as text followed by its type's tag, `app/1/k <BLOB>`
+    (`<NULL>` alone), so it is listed and shown where its text would be, never
+    mistaken for the text namespace a store addresses, and never compared with
+    one in Python (bytes against str).
+    """
+    return (
+        f"iif(typeof({column}) = 'text', {column}, coalesce(CAST({column} AS TEXT) || ' ', '') "
+        f"|| '<' || upper(typeof({column})) || '>')"
+    )
+
+
+def namespace_addressable(namespace: str) -> bool:
+    """Whether a namespace read from a file is one a store can address: non-empty UTF-8 text.
+
+    False for text that is not UTF-8 (read with surrogates), for the empty
+    string (`Namespace.raw` refuses it), and for a value of another type
+    (tagged by `namespace_read`): their rows are listed, left out of exports,
+    and left alone by what works namespace by namespace (purge).
+    """
+    if not namespace or namespace.endswith(_NOT_TEXT_TAGS):
+        return False
+    try:
+        namespace.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def decode_text(raw: bytes) -> str:
+    """A text factory that reads text which is not UTF-8 (another program wrote it)
+    instead of failing: its bytes come back as surrogates, shown escaped and never
+    written back."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def install_functions(conn: sqlite3.Connection) -> None:
+    """Register the insert rule so SQL statements can apply it."""
+    conn.create_function("warmenv_may_replace", 2, may_replace, deterministic=True)
+
+
+def transaction(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
+    """Run `body` inside BEGIN IMMEDIATE ... COMMIT; on any failure, roll back.
+
+    COMMIT itself can fail (busy, full disk, I/O error). It runs inside the
+    same guard, so a failed COMMIT is rolled back too and the connection is
+    never left inside a transaction holding the write lock.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = body(conn)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # SQLite already rolled back (it does on some I/O errors)
+        raise
+    return result
+
+
+@contextlib.contextmanager
+def foreign_text(conn: sqlite3.Connection) -> Iterator[None]:
+    """Read text that is not UTF-8 (written by something else) instead of failing on it:
+    such a namespace is listed, not hidden (`decode_text`)."""
+    previous = conn.text_factory
+    conn.text_factory = decode_text
+    try:
+        yield
+    finally:
+        conn.text_factory = previous
+
+
+def create_environment_schema(conn: sqlite3.Connection) -> None:
+    """Create an environment's tables (version 2) if they are missing."""
+    for statement in _ENVIRONMENT_DDL:
+        conn.execute(statement)
+    create_statistics_schema(conn)
+
+
+def create_statistics_schema(conn: sqlite3.Connection) -> None:
+    """Create the statistics tables if they are missing (any writable version-2 open)."""
+    for statement in _STATISTICS_DDL:
+        conn.execute(statement)
+
+
+def table_names(conn: sqlite3.Connection) -> set[str]:
+    return {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def entry_columns(conn: sqlite3.Connection, schema: str = "main") -> list[tuple[str, str]]:
+    """The entries table's (column, declared type) list."""
+    rows = conn.execute(f"PRAGMA {schema}.table_info(entries)")
+    return [(str(row[1]), str(row[2]).upper()) for row in rows]
+
+
+def has_entry_columns(conn: sqlite3.Connection, schema: str = "main") -> bool:
+    """Whether `entries` starts namespace TEXT, key BLOB, value BLOB: a table export
+    reads, of an environment of any version or a bundle of any format (origin is
+    not read: a bundle's entries are imported whatever their origin was)."""
+    return entry_columns(conn, schema)[:3] == ENTRY_COLUMNS[:3]
+
+
+def environment_version(conn: sqlite3.Connection) -> int | None:
+    """1 or 2 when the file is an environment of that version in the right shape, else None."""
+    found = schema_version(conn)
+    columns = entry_columns(conn)
+    if found == ENVIRONMENT_VERSION and columns == ENVIRONMENT_COLUMNS:
+        return 2
+    if found == SCHEMA_VERSION and columns == ENTRY_COLUMNS:
+        return 1
+    return None
+
+
+def schema_version(conn: sqlite3.Connection) -> str | None:
+    row = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
+    return None if row is None else str(row[0])
+
+
+def meta_value(conn: sqlite3.Connection, key: str, *, limit: int | None = None) -> object:
+    """The raw `meta` value under `key` (any SQLite type), or `None`.
+
+    With `limit`, a value of more bytes is `sqlite3.DataError`, refused by
+    SQLite from the record's header before it reads the value (see `length_limit`).
+    """
+    with contextlib.nullcontext() if limit is None else length_limit(conn, limit):
+        row = conn.execute("SELECT v FROM meta WHERE k = ?", (key,)).fetchone()
+    return None if row is None else row[0]
+
+
+@contextlib.contextmanager
+def length_limit(conn: sqlite3.Connection, limit: int) -> Iterator[None]:
+    """Refuse, for the block, any value of more than `limit` bytes that a query would read.
+
+    SQLite checks a value's length (from its record's header) against
+    SQLITE_LIMIT_LENGTH before reading it and raises `sqlite3.DataError`
+    ("string or blob too big"): a hostile file's huge value never reaches
+    memory, SQLite's or ours.
+    """
+    previous = conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limit)
+    try:
+        yield
+    finally:
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, previous)
+
+
+def has_meta(conn: sqlite3.Connection, key: str) -> bool:
+    """Whether `meta` holds `key`, without fetching its value (which may be huge)."""
+    return conn.execute("SELECT 1 FROM meta WHERE k = ?", (key,)).fetchone() is not None
+
+
+# The size in bytes of a stored value, as SQL. octet_length (SQLite 3.43+) reads
+# it from the record's header; before it, the value is cast to a blob inside SQLite.
+_OCTETS = "octet_length(v)" if sqlite3.sqlite_version_info >= (3, 43) else "length(CAST(v AS BLOB))"
+
+
+def meta_size(conn: sqlite3.Connection, key: str, *, limit: int) -> int | None:
+    """The bytes of the `meta` value under `key` (the largest, should a `meta` made
+    without its primary key hold the key twice), or `None` if there is none.
+
+    Measured in SQLite, never read into Python. Where measuring would read the
+    value (text, before SQLite 3.43), one of more than `limit` bytes is refused
+    unread, as `sqlite3.DataError` (`length_limit`): known only to be too large.
+    """
+    with length_limit(conn, limit):
+        count, size = conn.execute(
+            f"SELECT count(*), max({_OCTETS}) FROM meta WHERE k = ?", (key,)
+        ).fetchone()
+    return None if not count else int(size or 0)
+
+
+def _check_not_newer(found: str | None) -> None:
+    """Refuse a file of a newer schema: its entries are another warmenv's to keep."""
+    try:
+        newer = found is not None and int(found) > int(ENVIRONMENT_VERSION)
+    except ValueError:
+        newer = False
+    if newer:
+        raise NewerSchemaError(
+            f"schema version {found!r} was written by a newer warmenv (this one reads "
+            f"versions 1 and {ENVIRONMENT_VERSION}); upgrade warmenv, or delete the file"
+        )
+
+
+def _check_not_bundle(conn: sqlite3.Connection) -> None:
+    if has_meta(conn, "manifest"):
+        raise sqlite3.DatabaseError("it is a bundle, not an environment: import it instead")
+
+
+@attrs.frozen
+class Prepared:
+    """What opening an environment for writing found and did."""
+
+    rebuilt_from: str | None = None
+    """The unreadable version whose entries were dropped (None: nothing dropped)."""
+    upgraded_from: str | None = None
+    """The version upgraded in place (every entry kept)."""
+
+
+def prepare_writable(conn: sqlite3.Connection) -> Prepared:
+    """Create, check or upgrade an environment's schema, in one transaction.
+
+    Version 1 is upgraded in place (every entry and origin kept); a version
+    this warmenv does not know and that is not newer (0, missing, garbage) is
+    dropped and rebuilt as in 0.1; a newer version raises `NewerSchemaError`
+    and the file is left as it is. One transaction: a process killed half-way
+    leaves the file at the version it had.
+    """
+    _refuse_early(conn)  # before WAL mode changes the file's header
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    install_functions(conn)
+
+    def body(conn: sqlite3.Connection) -> Prepared:
+        tables = table_names(conn)
+        if not ({"meta", "entries"} & tables):
+            create_environment_schema(conn)
+            _set_version(conn)
+            return Prepared()
+        if "meta" in tables:
+            found = schema_version(conn)
+            _check_not_newer(found)
+        else:
+            found = None
+        version = environment_version(conn) if {"meta", "entries"} <= tables else None
+        if version == 2:
+            if not STATISTICS_TABLES <= tables:
+                create_statistics_schema(conn)
+            return Prepared()
+        if version == 1:
+            _check_not_bundle(conn)
+            upgrade_1_to_2(conn)
+            return Prepared(upgraded_from=SCHEMA_VERSION)
+        conn.execute("DROP TABLE IF EXISTS entries")
+        conn.execute("DROP TABLE IF EXISTS bundles")
+        create_environment_schema(conn)
+        _set_version(conn)
+        return Prepared(rebuilt_from=repr(found))
+
+    return transaction(conn, body)
+
+
+def _refuse_early(conn: sqlite3.Connection) -> None:
+    """Leave a newer environment or a bundle byte for byte as it is: refuse before writing."""
+    if "meta" not in table_names(conn):
+        return
+    _check_not_newer(schema_version(conn))
+    _check_not_bundle(conn)  # of either format: a format-2 bundle says schema_version 2
+
+
+def upgrade_1_to_2(conn: sqlite3.Connection) -> None:
+    """Add the provenance columns and the bundles table (inside the caller's transaction).
+
+    ALTER TABLE ADD COLUMN of a nullable column changes the schema only: no
+    row is rewritten, so the upgrade takes the same time for any size, and
+    entries written before it read `written_at` NULL (unknown). The time of
+    the upgrade is kept in `meta` so that age-based gc can treat them as
+    written then rather than never.
+    """
+    for statement in _UPGRADE_1_TO_2:
+        conn.execute(statement)
+    create_statistics_schema(conn)
+    conn.execute(
+        "INSERT OR REPLACE INTO meta (k, v) VALUES ('upgraded_at', ?)", (repr(wall_clock()),)
+    )
+    _set_version(conn)
+
+
+def _set_version(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        "INSERT OR REPLACE INTO meta (k, v) VALUES ('schema_version', ?)", (ENVIRONMENT_VERSION,)
+    )
+
+
+def prepare_readonly(conn: sqlite3.Connection) -> int:
+    """Check that a file opened read-only is an environment; its version (1 or 2).
+
+    A version-1 file that cannot be written (a read-only layer) is read as
+    it is: reads work, provenance beyond the origin is unknown. So is a
+    bundle (never opened for writing), of format 1 or 2.
+    """
+    install_functions(conn)
+    found = schema_version(conn)
+    _check_not_newer(found)
+    version = environment_version(conn)
+    if version is None and found == _CARRIED_VERSION and entry_columns(conn) == CARRIED_COLUMNS:
+        version = 1  # a bundle of format 2: its entries, read like a version-1 file's
+    if version is None:
+        raise sqlite3.DatabaseError(f"schema version {found!r}, not {ENVIRONMENT_VERSION}")
+    return version
+
+
+_TOTAL_BYTES = "coalesce(sum(length(key) + length(value)), 0)"  # keys plus values
+
+
+def value_of(namespace: str, key: bytes, conn: sqlite3.Connection) -> bytes | None:
+    """The value stored for `(namespace, key)`, or None; a value that is not a BLOB
+    (a row something else wrote) is no value, never coerced."""
+    row = conn.execute(
+        "SELECT value FROM entries WHERE namespace = ? AND key = ?", (namespace, key)
+    ).fetchone()
+    if row is None or not isinstance(row[0], bytes):
+        return None
+    value: bytes = row[0]
+    return value
+
+
+def namespace_totals(
+    conn: sqlite3.Connection,
+    *,
+    table: str = "entries",
+    where: str = "1",
+    params: tuple[object, ...] | list[object] = (),
+) -> list[tuple[str, int, int]]:
+    """(namespace, entries, bytes) per namespace of the rows meeting `where`, in order.
+
+    Bytes are keys plus values, the one measure of size everywhere.
+    """
+    rows = conn.execute(
+        f"SELECT {namespace_read()}, count(*), {_TOTAL_BYTES} "
+        f"FROM {table} WHERE {where} GROUP BY namespace ORDER BY namespace",
+        params,
+    )
+    return [(namespace, int(count), int(size)) for namespace, count, size in rows]
+
+
+def range_totals(
+    conn: sqlite3.Connection, *, table: str, where: str, params: tuple[object, ...]
+) -> list[tuple[str, int, int]]:
+    """`namespace_totals` of a range of rows read in table order (a batch of a bulk copy).
+
+    Such a range almost always lies in one namespace, and then one aggregate
+    over it says everything; grouping (which sorts the range, copying every
+    value into the sorter) runs only for a range that spans namespaces. The
+    rows' types are checked already (a namespace is never NULL).
+    """
+    first, last, count, size = conn.execute(
+        f"SELECT min(namespace), max(namespace), count(*), {_TOTAL_BYTES} "
+        f"FROM {table} WHERE {where}",
+        params,
+    ).fetchone()
+    if not count:
+        return []
+    if first is not None and first == last:
+        return [(first, int(count), int(size))]
+    return namespace_totals(conn, table=table, where=where, params=params)
+
+
+def prefix_sql(prefixes: list[str] | None, column: str = "namespace") -> tuple[str, list[str]]:
+    """Namespace prefixes (whole segments) as an SQL condition on `column`, with parameters.
+
+    A range comparison rather than LIKE, so `_` and `%` in a prefix match only
+    themselves, and so the condition can use the (namespace, key) index.
+    """
+    if prefixes is None:
+        return "1", []
+    parts: list[str] = []
+    params: list[str] = []
+    for prefix in (p.rstrip("/") for p in prefixes):
+        if not prefix:
+            return "1", []
+        # '0' is the character after '/': the range is exactly "starts with prefix/".
+        parts.append(f"({column} = ? OR ({column} >= ? AND {column} < ?))")
+        params += [prefix, prefix + "/", prefix + "0"]
+    return "(" + " OR ".join(parts) + ")", params
+
+
+def bundle_id(bundle: BundleRef, now: float, conn: sqlite3.Connection) -> int:
+    """The `bundles` row of `bundle` (by digest), made or renamed as needed (in a transaction)."""
+    row = conn.execute(
+        "INSERT INTO bundles (name, digest, imported_at) VALUES (?, ?, ?) "
+        "ON CONFLICT (digest) DO UPDATE SET name = excluded.name, "
+        "imported_at = excluded.imported_at RETURNING id",
+        (bundle.name, bundle.digest, now),
+    ).fetchone()
+    return int(row[0])

@@ -1,0 +1,394 @@
+"""One namespace of an environment database: the `Storage` protocol over SQL.
+
+Every operation is one function run on the connection's worker thread (one
+hop). A write is a whole transaction inside that function, BEGIN IMMEDIATE to
+COMMIT, so other processes see it all or nothing, the insert-rule check and
+the write cannot be split by another writer, and a cancelled caller can never
+leave a transaction open. A failure of SQLite is the protocol's answer
+(a miss, `Failed`), logged, never an exception out of a lookup.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from functools import partial
+from typing import TYPE_CHECKING, final
+
+from warmenv.persistence import carried
+from warmenv.persistence.explain import Explanation
+from warmenv.persistence.namespace import Namespace
+from warmenv.persistence.sqlite import schema
+from warmenv.persistence.storage import (
+    DEFAULT_SCAN_BATCH,
+    BundleRef,
+    Conflict,
+    EntryInfo,
+    Failed,
+    Insertion,
+    InsertItems,
+    InsertSummary,
+    NamespaceSummary,
+    Origin,
+    Purged,
+    Storage,
+    Stored,
+    check_batch_size,
+    check_bundle,
+    check_cost,
+    check_item,
+    check_key,
+    check_value,
+    may_replace,
+    wall_clock,
+)
+
+if TYPE_CHECKING:
+    from warmenv.persistence.sqlite.database import SqliteDatabase
+
+__all__ = ["INSERT", "SqliteStorage"]
+
+log = logging.getLogger("warmenv.storage")
+
+_GET_MANY_CHUNK = 500
+INSERT = schema.UPSERT.format(table="entries", source="VALUES (?, ?, ?, ?, ?, ?, ?)")
+"""One row under the insert rule (an import's rows too)."""
+_REPLACE = (
+    "INSERT OR REPLACE INTO entries (namespace, key, value, origin, written_at, cost, bundle) "
+    "VALUES (?, ?, ?, ?, ?, ?, NULL)"
+)
+
+
+@final
+class SqliteStorage(Storage):
+    """One namespace of an environment database."""
+
+    __slots__ = ("_db", "_namespace")
+
+    def __init__(self, db: SqliteDatabase, namespace: Namespace | str) -> None:
+        self._db = db
+        self._namespace = str(Namespace.coerce(namespace))
+
+    @property
+    def namespace(self) -> str:
+        return self._namespace
+
+    async def get(self, key: bytes) -> bytes | None:
+        check_key(key)
+        try:
+            return await self._db.run(partial(schema.value_of, self._namespace, key))
+        except sqlite3.Error as exc:
+            log.warning("read of %s failed, treated as a miss: %s", self.describe(), exc)
+            return None
+
+    def get_blocking(self, key: bytes) -> bytes | None:
+        check_key(key)
+        try:
+            return self._db.connection.run_here(partial(schema.value_of, self._namespace, key))
+        except sqlite3.Error:
+            return None  # `get` reads again, and logs if it fails too
+
+    async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
+        wanted = [check_key(k) for k in keys]
+        if not wanted:
+            return {}
+        try:
+            return await self._db.run(partial(_get_many, self._namespace, wanted))
+        except sqlite3.Error as exc:
+            log.warning("read of %s failed, treated as misses: %s", self.describe(), exc)
+            return {}
+
+    async def insert(
+        self,
+        key: bytes,
+        value: bytes,
+        origin: Origin = Origin.LOCAL,
+        *,
+        cost: float | None = None,
+        written_at: float | None = None,
+    ) -> Insertion:
+        check_key(key)
+        check_value(value)
+        cost = check_cost(cost)
+        try:
+            return await self._db.run(
+                partial(_insert, self._namespace, key, value, int(Origin(origin)), cost, written_at)
+            )
+        except sqlite3.Error as exc:
+            return self._failed("insert", exc)
+
+    async def insert_many(
+        self,
+        items: InsertItems,
+        origin: Origin = Origin.LOCAL,
+        *,
+        cost: float | None = None,
+        bundle: BundleRef | None = None,
+    ) -> InsertSummary:
+        origin = Origin(origin)
+        cost = check_cost(cost)
+        bundle = check_bundle(bundle, origin)
+        pairs: Iterable[tuple[bytes, bytes]]
+        if isinstance(items, AsyncIterable):
+            # A transaction is one call into the worker, which cannot await:
+            # an async source is gathered first.
+            pairs = [check_item(item) async for item in items]
+        else:
+            pairs = items
+        counter = _Counter(pairs)
+        try:
+            stored = await self._db.run(
+                partial(_insert_many, self._namespace, counter, int(origin), cost, bundle)
+            )
+        except sqlite3.Error as exc:
+            failed = self._failed("insert_many", exc)
+            return InsertSummary(stored=0, conflict=0, failed=counter.drain(), reason=failed.reason)
+        return InsertSummary(stored=stored, conflict=counter.count - stored, failed=0)
+
+    async def info(self, key: bytes) -> EntryInfo | None:
+        check_key(key)
+        try:
+            found = await self._db.run(partial(_info, self._namespace, key, self._db.version))
+        except sqlite3.Error as exc:
+            log.warning("reading the provenance in %s failed: %s", self.describe(), exc)
+            return None
+        if found is None:
+            return None
+        origin, written_at, cost, name, digest = found
+        return EntryInfo(
+            origin=Origin(origin),
+            written_at=None if written_at is None else float(written_at),
+            cost=None if cost is None else float(cost),
+            bundle=None if digest is None else BundleRef(str(name), str(digest)),
+        )
+
+    async def touch(self, keys: Iterable[bytes]) -> int:
+        return await self._db.touch(self._namespace, keys)
+
+    async def replace(
+        self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL, *, cost: float | None = None
+    ) -> Stored | Failed:
+        check_key(key)
+        check_value(value)
+        cost = check_cost(cost)
+        try:
+            await self._db.run(
+                partial(_replace, self._namespace, key, value, int(Origin(origin)), cost)
+            )
+        except sqlite3.Error as exc:
+            return self._failed("replace", exc)
+        return Stored()
+
+    async def scan(
+        self, batch_size: int = DEFAULT_SCAN_BATCH
+    ) -> AsyncIterator[tuple[bytes, bytes]]:
+        check_batch_size(batch_size)
+        after: bytes | None = None
+        while True:
+            try:
+                page = await self._db.run(partial(_page, self._namespace, after, batch_size))
+            except sqlite3.Error as exc:
+                log.warning("scan of %s failed, stopped early: %s", self.describe(), exc)
+                return
+            rows, last = page
+            for row in rows:
+                yield row
+            if last is None:
+                return
+            after = last
+
+    async def purge(self) -> Purged | Failed:
+        try:
+            return Purged(await self._db.run(partial(_purge, self._namespace, None)))
+        except sqlite3.Error as exc:
+            return self._failed("purge", exc)
+
+    async def purge_key(self, key: bytes) -> Purged | Failed:
+        check_key(key)
+        try:
+            return Purged(await self._db.run(partial(_purge, self._namespace, key)))
+        except sqlite3.Error as exc:
+            return self._failed("purge_key", exc)
+
+    async def summary(self) -> NamespaceSummary:
+        try:
+            entries, size = await self._db.run(partial(_summary, self._namespace))
+        except sqlite3.Error as exc:
+            log.warning("summary of %s failed: %s", self.describe(), exc)
+            entries, size = 0, 0
+        return NamespaceSummary(namespace=self._namespace, entries=entries, bytes=size)
+
+    def describe(self) -> str:
+        mode = " (read-only)" if self._db.read_only else ""
+        return f"SQLite {self._db.path}{mode} [{self._namespace}]"
+
+    async def explain(self, key: bytes | None = None) -> Explanation:
+        return await self._db.explain(self._namespace, None if key is None else check_key(key))
+
+    async def origin_of(self, key: bytes) -> Origin | None:
+        """The origin of the stored value, or `None` (for tests and diagnostics)."""
+        check_key(key)
+        found = await self._db.run(partial(_origin, self._namespace, key))
+        return None if found is None else Origin(found)
+
+    def _failed(self, operation: str, exc: sqlite3.Error) -> Failed:
+        reason = f"{operation} on {self.describe()} failed: {exc}"
+        log.warning("%s", reason)
+        return Failed(reason)
+
+
+class _Counter:
+    """Checks and counts items as the worker consumes them."""
+
+    __slots__ = ("count", "items")
+
+    def __init__(self, items: Iterable[tuple[bytes, bytes]]) -> None:
+        self.items = iter(items)
+        self.count = 0
+
+    def rows(
+        self, namespace: str, origin: int, written_at: float, cost: float | None, bundle: int | None
+    ) -> Iterator[tuple[str, bytes, bytes, int, float, float | None, int | None]]:
+        for item in self.items:
+            key, value = check_item(item)
+            self.count += 1
+            yield namespace, key, value, origin, written_at, cost, bundle
+
+    def drain(self) -> int:
+        """Count what was not consumed, so a failure accounts for every item."""
+        for _ in self.items:
+            self.count += 1
+        return self.count
+
+
+def _get_many(namespace: str, keys: list[bytes], conn: sqlite3.Connection) -> dict[bytes, bytes]:
+    found: dict[bytes, bytes] = {}
+    for start in range(0, len(keys), _GET_MANY_CHUNK):
+        chunk = keys[start : start + _GET_MANY_CHUNK]
+        marks = ",".join("?" * len(chunk))
+        cursor = conn.execute(
+            f"SELECT key, value FROM entries WHERE namespace = ? AND key IN ({marks})",
+            (namespace, *chunk),
+        )
+        found.update((k, v) for k, v in cursor if isinstance(v, bytes))
+    return found
+
+
+def _insert(
+    namespace: str,
+    key: bytes,
+    value: bytes,
+    origin: int,
+    cost: float | None,
+    written_at: float | None,
+    conn: sqlite3.Connection,
+) -> Insertion:
+    def body(conn: sqlite3.Connection) -> Insertion:
+        row = conn.execute(
+            "SELECT value, origin FROM entries WHERE namespace = ? AND key = ?", (namespace, key)
+        ).fetchone()
+        if row is not None and not may_replace(row[1], origin):
+            return Conflict(bytes(row[0]))
+        written = carried.as_of(
+            carried.believed(written_at, carried.WRITTEN_AT_LIMIT), wall_clock()
+        )
+        conn.execute(_REPLACE, (namespace, key, value, origin, written, cost))
+        return Stored()
+
+    return schema.transaction(conn, body)
+
+
+def _insert_many(
+    namespace: str,
+    counter: _Counter,
+    origin: int,
+    cost: float | None,
+    bundle: BundleRef | None,
+    conn: sqlite3.Connection,
+) -> int:
+    now = wall_clock()
+
+    def body(conn: sqlite3.Connection) -> int:
+        bundle_id = None if bundle is None else schema.bundle_id(bundle, now, conn)
+        before = conn.total_changes
+        conn.executemany(INSERT, counter.rows(namespace, origin, now, cost, bundle_id))
+        return conn.total_changes - before
+
+    return schema.transaction(conn, body)
+
+
+def _replace(
+    namespace: str,
+    key: bytes,
+    value: bytes,
+    origin: int,
+    cost: float | None,
+    conn: sqlite3.Connection,
+) -> None:
+    def body(conn: sqlite3.Connection) -> None:
+        conn.execute(_REPLACE, (namespace, key, value, origin, wall_clock(), cost))
+
+    schema.transaction(conn, body)
+
+
+def _page(
+    namespace: str, after: bytes | None, limit: int, conn: sqlite3.Connection
+) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
+    """One page of a keyset scan, and the key to continue after (`None`: the end)."""
+    if after is None:
+        cursor = conn.execute(
+            "SELECT key, value FROM entries WHERE namespace = ? ORDER BY key LIMIT ?",
+            (namespace, limit),
+        )
+    else:
+        cursor = conn.execute(
+            "SELECT key, value FROM entries WHERE namespace = ? AND key > ? ORDER BY key LIMIT ?",
+            (namespace, after, limit),
+        )
+    raw = cursor.fetchall()
+    rows = [(k, v) for k, v in raw if isinstance(k, bytes) and isinstance(v, bytes)]
+    return rows, (raw[-1][0] if len(raw) == limit else None)
+
+
+def _purge(namespace: str, key: bytes | None, conn: sqlite3.Connection) -> int:
+    def body(conn: sqlite3.Connection) -> int:
+        if key is None:
+            cursor = conn.execute("DELETE FROM entries WHERE namespace = ?", (namespace,))
+        else:
+            cursor = conn.execute(
+                "DELETE FROM entries WHERE namespace = ? AND key = ?", (namespace, key)
+            )
+        return cursor.rowcount
+
+    return schema.transaction(conn, body)
+
+
+def _summary(namespace: str, conn: sqlite3.Connection) -> tuple[int, int]:
+    for _, entries, size in schema.namespace_totals(
+        conn, where="namespace = ?", params=(namespace,)
+    ):
+        return entries, size
+    return 0, 0
+
+
+def _origin(namespace: str, key: bytes, conn: sqlite3.Connection) -> int | None:
+    row = conn.execute(
+        "SELECT origin FROM entries WHERE namespace = ? AND key = ?", (namespace, key)
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def _info(
+    namespace: str, key: bytes, version: int, conn: sqlite3.Connection
+) -> tuple[int, float | None, float | None, str | None, str | None] | None:
+    if version < 2:  # a version-1 file read as it is: only the origin is known
+        origin = _origin(namespace, key, conn)
+        return None if origin is None else (origin, None, None, None, None)
+    row = conn.execute(
+        "SELECT e.origin, e.written_at, e.cost, b.name, b.digest FROM entries AS e "
+        "LEFT JOIN bundles AS b ON b.id = e.bundle AND e.origin = ? "
+        "WHERE e.namespace = ? AND e.key = ?",
+        (int(Origin.IMPORTED), namespace, key),
+    ).fetchone()
+    return None if row is None else (int(row[0]), row[1], row[2], row[3], row[4])
