@@ -32,6 +32,7 @@ from warmenv.bundle import export_bundle, import_bundle
 HINTS = {
     "jax": "pip install 'warmenv[jax]'  (jax and jaxlib)",
     "numba": "pip install 'warmenv[numba]'",
+    "triton": "pip install 'warmenv[triton]'  (triton==3.8.0)",
 }
 
 
@@ -76,7 +77,7 @@ class Machine:
         variables = {
             k: v
             for k, v in os.environ.items()
-            if not k.startswith(("JAX_", "NUMBA_", "XLA_", "WARMENV_"))
+            if not k.startswith(("JAX_", "NUMBA_", "XLA_", "TRITON_", "WARMENV_"))
         }
         variables["WARMENV_ROOT"] = str(self.root)
         variables.update(env or {})

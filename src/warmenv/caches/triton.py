@@ -1,0 +1,494 @@
+"""Triton's kernel cache in the environment: a kernel compiled once is compiled for the fleet.
+
+Triton keys a compiled kernel by a hash of its source, its options, its
+target and the content of Triton's own files, never a path, so a kernel is
+good wherever the same Triton runs. What does not travel is the index:
+Triton's default cache writes, beside each kernel's files, a
+`__grp__<kernel>.json` naming those files by absolute path, so a cache
+directory copied to another path misses every kernel, silently, once the
+original path is gone (another machine, another user, a fresh volume).
+
+Two ways to carry it, over the same namespaces
+(`caches.triton/<facts>/files`: each kernel file keyed `<key>/<file>` as
+under Triton's cache directory; `caches.triton/<facts>/groups`: each index
+as Triton's `RemoteCacheManager` writes it, the kernel's file names only,
+path-independent):
+
+- live, in-process: `use(env)` plugs `Backend` into Triton's cache-manager
+  plug-in (`TRITON_CACHE_MANAGER=triton.runtime.cache:RemoteCacheManager`,
+  `TRITON_REMOTE_CACHE_BACKEND=warmenv.caches.triton:Backend`), so every
+  compile looks its kernel up in the environment (and through it the
+  fleet's shared tier) and stores what it compiles there; `environ()`
+  gives the variables that do the same for a child process, which opens the
+  configured environment.
+- directory: `capture(env)` stores a Triton cache directory's files and
+  indexes, `restore(env)` writes them under another directory with each
+  index rewritten to name the files where they now are, written after
+  every file it names (a compile that finds the index finds its files).
+
+What decides a hit is in the version segment: Triton's version and the
+Python it runs on (its keys hash Triton's compiled library, one per Python
+version). The GPU target is in each kernel's key; a kernel built for
+another target is simply never asked for. The trust model is in
+docs/caches.md: a compiled kernel is code.
+
+Importing this module imports no Triton; `use()` and `Backend` do.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import importlib
+import json
+import os
+import stat
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final, final
+
+import anyio.to_thread
+import attrs
+
+from warmenv import blocking
+from warmenv.caches._facts import Facts
+from warmenv.caches._paths import Writer, relative_parts
+from warmenv.caches._tree import CacheTree, CaptureReport, LeftOut, RestoreReport
+from warmenv.caches._tree import capture as _capture
+from warmenv.caches._tree import restore as _restore
+from warmenv.environment import Environment
+from warmenv.persistence import BytesCodec, CacheMode
+
+__all__ = [
+    "FACTS",
+    "INSTALL_HINT",
+    "TritonCache",
+    "TritonCaptureReport",
+    "TritonRestoreReport",
+    "capture",
+    "cache_dir",
+    "environ",
+    "facts",
+    "hits",
+    "restore",
+    "use",
+]
+
+TOOL: Final = "triton"
+FACTS: Final = ("triton", "python")
+"""The facts that decide whether a captured kernel can hit (see `Facts`)."""
+GROUP_PREFIX: Final = "__grp__"
+_MANAGER: Final = "triton.runtime.cache:RemoteCacheManager"
+_BACKEND: Final = "warmenv.caches.triton:Backend"
+# What Triton leaves in its cache directory that is no kernel: its lock file
+# and the temporary directories it writes through.
+_NOT_KERNELS: Final = ("lock", "tmp.pid_*")
+_MAX_GROUP_BYTES: Final = 1024 * 1024
+INSTALL_HINT: Final = "pip install 'warmenv[triton]' (or: pip install triton==3.8.0)"
+
+
+def facts() -> Facts:
+    """This machine's values of `FACTS`."""
+    return Facts.here(*FACTS)
+
+
+def _trees(chosen: Facts | None = None) -> tuple[CacheTree, CacheTree]:
+    chosen = facts() if chosen is None else chosen
+    files = CacheTree(TOOL, chosen, part="files", exclude=(f"{GROUP_PREFIX}*", *_NOT_KERNELS))
+    groups = CacheTree(TOOL, chosen, part="groups")
+    return files, groups
+
+
+def cache_dir() -> Path:
+    """Triton's cache directory as Triton reads it (`TRITON_CACHE_DIR`, else `~/.triton/cache`)."""
+    configured = os.environ.get("TRITON_CACHE_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    home = os.environ.get("TRITON_HOME") or os.path.expanduser("~/")
+    return Path(home).expanduser() / ".triton" / "cache"
+
+
+# --- live: Triton's cache-manager plug-in ----------------------------------------------
+
+
+@final
+@attrs.define(eq=False)
+class TritonCache:
+    """Triton's cache served from one environment in this process (what `use()` returns)."""
+
+    env: blocking.BlockingEnvironment
+    facts: Facts
+    _files: blocking.BlockingStore[bytes, bytes]
+    _groups: blocking.BlockingStore[bytes, bytes]
+
+    @property
+    def hits(self) -> int:
+        """Kernels Triton found in its cache since `use()`, by its compilation listener."""
+        return hits()[0]
+
+    @property
+    def misses(self) -> int:
+        """Kernels Triton compiled since `use()`, by its compilation listener."""
+        return hits()[1]
+
+    def get(self, key: str, filenames: list[str]) -> dict[str, bytes]:
+        found = {}
+        for filename in filenames:
+            data = self._store(filename).get(_entry(key, filename))
+            if data is not None:
+                found[filename] = data
+        return found
+
+    def put(self, key: str, filename: str, data: bytes) -> None:
+        # A Failed insert (full disk, read-only environment) leaves the kernel
+        # in Triton's own directory, where this process still finds it.
+        self._store(filename).insert(_entry(key, filename), data)
+
+    def _store(self, filename: str) -> blocking.BlockingStore[bytes, bytes]:
+        return self._groups if filename.startswith(GROUP_PREFIX) else self._files
+
+
+def _entry(key: str, filename: str) -> bytes:
+    return f"{key}/{filename}".encode()
+
+
+_serving: TritonCache | None = None
+_serving_lock = threading.Lock()
+_opened = contextlib.ExitStack()
+
+
+def use(
+    env: blocking.BlockingEnvironment | str | None = None, *, root: str | Path | None = None
+) -> TritonCache:
+    """Serve Triton's cache from `env` in this process, from the next compile on.
+
+    `env`: an open `warmenv.blocking` environment (it must stay open while
+    Triton compiles), or an environment's name (default: the configured
+    one), opened now and closed at exit. Every kernel Triton looks up is
+    read from the environment (a hit compiles nothing) and every kernel it
+    compiles is stored there; Triton still writes the files it loads under
+    its own cache directory. Call it at start-up; calling it again serves
+    another environment.
+    """
+    global _serving
+    knobs, manager = _import_triton()
+    if not isinstance(env, blocking.BlockingEnvironment):
+        env = _opened.enter_context(blocking.open_environment(env, root=root))
+        _close_at_exit()
+    served = _serve(env)
+    with _serving_lock:
+        _serving = served
+    knobs.cache.manager_class = manager
+    knobs.cache.remote_manager_class = _backend_class()
+    _listen(knobs)
+    return served
+
+
+def environ() -> dict[str, str]:
+    """The variables that make a child process's Triton use `Backend` (its configured environment).
+
+    Add `WARMENV_ROOT` and `WARMENV_ENVIRONMENT` to choose the environment:
+    the child opens it on its first compile and closes it at exit.
+    """
+    return {"TRITON_CACHE_MANAGER": _MANAGER, "TRITON_REMOTE_CACHE_BACKEND": _BACKEND}
+
+
+def _serve(env: blocking.BlockingEnvironment) -> TritonCache:
+    chosen = facts()
+    files, groups = _trees(chosen)
+    return TritonCache(
+        env,
+        chosen,
+        env.store(files.namespace, BytesCodec(), CacheMode.LAZY),
+        env.store(groups.namespace, BytesCodec(), CacheMode.LAZY),
+    )
+
+
+def _served() -> TritonCache:
+    """The cache `use()` chose, or the configured environment's (a child told by `environ()`)."""
+    global _serving
+    with _serving_lock:
+        if _serving is None:
+            env = _opened.enter_context(blocking.open_environment())
+            _close_at_exit()
+            _serving = _serve(env)
+            _listen(_import_triton()[0])
+        return _serving
+
+
+@functools.cache
+def _close_at_exit() -> None:
+    atexit.register(_opened.close)
+
+
+# --- Triton's own counters --------------------------------------------------------------
+
+_counts_lock = threading.Lock()
+_counts = {"hits": 0, "misses": 0}
+_compile_seconds = [0.0]
+_listening = [False]
+
+
+def hits() -> tuple[int, int, float]:
+    """This process's kernel-cache hits, misses and seconds spent compiling the misses.
+
+    Counted by Triton's compilation listener (`knobs.compilation.listener`)
+    from the first `use()` (or the first compile through `Backend`);
+    `(0, 0, 0.0)` before. Triton reports no compile time for a hit, so what
+    a hit saved is not known here.
+    """
+    with _counts_lock:
+        return _counts["hits"], _counts["misses"], _compile_seconds[0]
+
+
+def _listen(knobs: Any) -> None:
+    """Count Triton's own hit and miss reports, keeping any listener already installed."""
+    with _counts_lock:
+        if _listening[0]:
+            return
+        _listening[0] = True
+    previous = knobs.compilation.listener
+
+    def listener(**report: Any) -> None:
+        with _counts_lock:
+            if report["cache_hit"]:
+                _counts["hits"] += 1
+            else:
+                _counts["misses"] += 1
+                _compile_seconds[0] += report["times"].total / 1e6
+        if previous is not None:
+            previous(**report)
+
+    knobs.compilation.listener = listener
+
+
+def _import_triton() -> tuple[Any, Any]:
+    try:
+        knobs = importlib.import_module("triton.knobs")
+        cache = importlib.import_module("triton.runtime.cache")
+    except ImportError as error:
+        raise ImportError(f"warmenv.caches.triton needs Triton: {INSTALL_HINT}") from error
+    return knobs, cache.RemoteCacheManager
+
+
+@functools.cache
+def _backend_class() -> type:
+    base: Any = importlib.import_module("triton.runtime.cache").RemoteCacheBackend
+
+    class Backend(base):  # type: ignore[misc]
+        """Triton's remote cache backend over a warmenv environment (see the module)."""
+
+        def __init__(self, key: str) -> None:
+            self._key = key
+            self._cache = _served()
+
+        def get(self, filenames: list[str]) -> dict[str, bytes]:
+            return self._cache.get(self._key, filenames)
+
+        def put(self, filename: str, data: bytes) -> None:
+            self._cache.put(self._key, filename, data)
+
+    Backend.__module__ = __name__
+    Backend.__qualname__ = "Backend"
+    return Backend
+
+
+def __getattr__(name: str) -> Any:
+    # `TRITON_REMOTE_CACHE_BACKEND=warmenv.caches.triton:Backend`: Triton asks
+    # for the class by name; it subclasses Triton's, so it is made on demand.
+    if name == "Backend":
+        return _backend_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --- directory: capture and restore ----------------------------------------------------
+
+
+@attrs.frozen
+class TritonCaptureReport:
+    """What `capture` stored from one Triton cache directory."""
+
+    files: CaptureReport
+    """The kernels' files."""
+    groups: int
+    """Indexes stored (one per kernel)."""
+    left_out: tuple[LeftOut, ...]
+    """Indexes not captured, and why."""
+
+    def __str__(self) -> str:
+        return f"{self.files}; {self.groups} kernel indexes" + (
+            f", {len(self.left_out)} left out" if self.left_out else ""
+        )
+
+
+@attrs.frozen
+class TritonRestoreReport:
+    """What `restore` wrote into one Triton cache directory."""
+
+    files: RestoreReport
+    groups: int
+    """Indexes written (kernels Triton will now find)."""
+    kept: int
+    """Indexes already there (left as they were)."""
+    refused: tuple[LeftOut, ...]
+    """Indexes not written: malformed, unsafe, or naming a file that is not there."""
+
+    def __str__(self) -> str:
+        lines = [f"{self.files}", f"{self.groups} kernel indexes written"]
+        lines += [f"- refused {r.path!r}: {r.reason}" for r in self.refused[:10]]
+        return "\n".join(lines)
+
+
+async def capture(env: Environment, source: str | Path | None = None) -> TritonCaptureReport:
+    """Store a Triton cache directory (default: `cache_dir()`) in `env`, indexes as names only."""
+    source = await anyio.to_thread.run_sync(_where, source)
+    files, groups_tree = await anyio.to_thread.run_sync(_trees)
+    captured = await _capture(env, files, source)
+    groups, left_out = await anyio.to_thread.run_sync(_read_groups, source)
+    stored = 0
+    if groups:
+        storage = env.storage(groups_tree.namespace)
+        existing = await storage.get_many(groups)
+        new = [(key, value) for key, value in groups.items() if key not in existing]
+        stored = len(groups) - (await storage.insert_many(new)).failed
+    return TritonCaptureReport(captured, stored, tuple(left_out))
+
+
+def _where(path: str | Path | None) -> Path:
+    """The directory meant, absolute: an index names its files by absolute path."""
+    return Path(os.path.abspath(cache_dir() if path is None else Path(path).expanduser()))
+
+
+def _read_groups(source: Path) -> tuple[dict[bytes, bytes], list[LeftOut]]:
+    """Every index under `source`, as Triton's remote manager writes it (file names only)."""
+    groups: dict[bytes, bytes] = {}
+    left_out: list[LeftOut] = []
+    if not source.is_dir():
+        return groups, left_out
+    for kernel in sorted(os.scandir(source), key=lambda entry: entry.name):
+        if not kernel.is_dir(follow_symlinks=False):
+            continue
+        for entry in sorted(os.scandir(kernel.path), key=lambda entry: entry.name):
+            if not entry.name.startswith(GROUP_PREFIX):
+                continue
+            relative = f"{kernel.name}/{entry.name}"
+            if not entry.is_file(follow_symlinks=False):
+                left_out.append(LeftOut(relative, "not a regular file"))
+                continue
+            names = _group_names(_read_small(entry.path), Path(kernel.path))
+            if isinstance(names, str):
+                left_out.append(LeftOut(relative, names))
+            else:
+                groups[relative.encode()] = _group_bytes(names)
+    return groups, left_out
+
+
+def _read_small(path: str) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as file:
+        return file.read(_MAX_GROUP_BYTES + 1)
+
+
+def _group_names(data: bytes | None, kernel: Path | None) -> list[str] | str:
+    """The file names an index lists, or why it is refused.
+
+    Triton's file cache writes `{"child_paths": {name: absolute path}}`, its
+    remote manager `{"child_paths": [names]}`; a name must be a plain file
+    name and, given the kernel's directory, a path must be that name there.
+    """
+    if data is None:
+        return "it went away while being captured"
+    if len(data) > _MAX_GROUP_BYTES:
+        return f"it is larger than {_MAX_GROUP_BYTES:,} bytes"
+    try:
+        parsed = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return "it is not JSON"
+    children = parsed.get("child_paths") if isinstance(parsed, dict) else None
+    if isinstance(children, Mapping) and kernel is not None:
+        for name, path in children.items():
+            if not isinstance(path, str) or Path(path) != kernel / str(name):
+                return f"it names {path!r}, outside its kernel's directory"
+        children = list(children)
+    if not isinstance(children, list) or not children:
+        return "it lists no files"
+    for name in children:
+        if not isinstance(name, str) or not _plain_name(name):
+            return f"it names {name!r}, which is not a plain file name"
+    return sorted(children)
+
+
+def _plain_name(name: str) -> bool:
+    parts = relative_parts(name.encode())
+    return not isinstance(parts, str) and len(parts) == 1
+
+
+def _group_bytes(names: list[str]) -> bytes:
+    # Byte for byte what Triton's RemoteCacheManager.put_group writes, so the
+    # live and the directory forms store the same value for one kernel.
+    return json.dumps({"child_paths": sorted(names)}).encode()
+
+
+async def restore(env: Environment, target: str | Path | None = None) -> TritonRestoreReport:
+    """Write the kernels captured under this machine's facts into `target` (default: `cache_dir()`).
+
+    Each index is rewritten to name its files under `target` and written
+    only once they are all there, after every file.
+    """
+    target = await anyio.to_thread.run_sync(_where, target)
+    files, groups_tree = await anyio.to_thread.run_sync(_trees)
+    restored = await _restore(env, files, target)
+    groups = [item async for item in env.storage(groups_tree.namespace).scan()]
+    counts = await anyio.to_thread.run_sync(_write_groups, target, groups)
+    return TritonRestoreReport(restored, counts.written, counts.kept, tuple(counts.refused))
+
+
+@attrs.define
+class _GroupCounts:
+    written: int = 0
+    kept: int = 0
+    refused: list[LeftOut] = attrs.Factory(list)
+
+
+def _write_groups(target: Path, groups: list[tuple[bytes, bytes]]) -> _GroupCounts:
+    counts = _GroupCounts()
+    writer = Writer(target)
+    try:
+        for key, value in groups:
+            shown = key.decode("utf-8", "backslashreplace")
+            written = _write_group(writer, target, key, value)
+            if isinstance(written, str):
+                counts.refused.append(LeftOut(shown, written))
+            elif written:
+                counts.written += 1
+            else:
+                counts.kept += 1
+    finally:
+        writer.close()
+    return counts
+
+
+def _write_group(writer: Writer, target: Path, key: bytes, value: bytes) -> bool | str:
+    parts = relative_parts(key)
+    if isinstance(parts, str):
+        return parts
+    if len(parts) != 2 or not parts[1].startswith(GROUP_PREFIX):
+        return "it is not a kernel's index (<key>/__grp__<name>)"
+    names = _group_names(value, None)
+    if isinstance(names, str):
+        return names
+    kernel = target / parts[0]
+    for name in names:
+        try:
+            st = os.stat(kernel / name, follow_symlinks=False)
+        except OSError:
+            return f"its file {name!r} is not in the cache"
+        if not stat.S_ISREG(st.st_mode):
+            return f"its file {name!r} is not a regular file"
+    index = {"child_paths": {name: str(kernel / name) for name in names}}
+    return writer.write(parts, json.dumps(index).encode())

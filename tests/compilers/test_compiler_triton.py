@@ -1,0 +1,242 @@
+"""Triton: kernels compiled on one machine hit on another, live or restored; a plain copy misses.
+
+Triton compiles to cubin here without a GPU (`triton.compile(...,
+target=GPUTarget("cuda", 80, 32))` with its bundled ptxas). The kernel's
+code is written afresh at each machine's absolute path, and hits and misses
+are Triton's own: its compilation listener's `cache_hit`, never files
+existing.
+
+The trap: Triton's default cache writes each kernel's index
+(`__grp__<kernel>.json`) with the absolute paths of the kernel's files, so
+a copied cache directory misses every kernel once the original path is
+gone. Ours stores the index path-independent and rewrites it on restore.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from compilers.machines import Machine, copy_tree, require, ship
+from warmenv.caches import Facts
+
+KERNELS = 3
+
+# Three configurations of one kernel: each is a kernel of its own in Triton's cache.
+WORKLOAD = """
+    import json, sys, time
+    mode = sys.argv[1]
+    import triton
+    import triton.language as tl
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    reported = []
+    knobs.compilation.listener = lambda **report: reported.append(report["cache_hit"])
+    if mode == "live":
+        import warmenv.caches.triton
+
+        served = warmenv.caches.triton.use()
+
+    @triton.jit
+    def scaled_add(x, y, out, n, BLOCK: tl.constexpr, SCALE: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < n
+        a = tl.load(x + offsets, mask=mask)
+        b = tl.load(y + offsets, mask=mask)
+        tl.store(out + offsets, a * SCALE + b, mask=mask)
+
+    signature = {"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32"}
+    started = time.perf_counter()
+    for block in (64, 128, 256):
+        source = ASTSource(scaled_add, signature, constexprs={"BLOCK": block, "SCALE": 2})
+        kernel = triton.compile(source, target=GPUTarget("cuda", 80, 32))
+        assert kernel.asm["cubin"], "no cubin"
+    print(json.dumps({
+        "hits": reported.count(True),
+        "misses": reported.count(False),
+        "seconds": time.perf_counter() - started,
+        "ours": list(warmenv.caches.triton.hits()) if mode == "live" else None,
+    }))
+"""
+
+STEP = """
+    import json, sys
+    import anyio
+    import warmenv
+    import warmenv.caches.triton as triton_cache
+
+    async def main(step, directory):
+        async with warmenv.open_environment() as env:
+            if step == "capture":
+                report = await triton_cache.capture(env, directory)
+                print(json.dumps({"files": report.files.files, "groups": report.groups}))
+            else:
+                report = await triton_cache.restore(env, directory)
+                print(json.dumps({
+                    "files": report.files.written,
+                    "groups": report.groups,
+                    "refused": [[r.path, r.reason] for r in report.refused],
+                    "skipped": [[s.namespace, list(s.reasons)] for s in report.files.skipped],
+                }))
+
+    anyio.run(main, sys.argv[1], sys.argv[2])
+"""
+
+
+def _compile(machine: Machine, mode: str) -> dict[str, Any]:
+    script = machine.write("kernels.py", WORKLOAD)
+    return machine.run("python", str(script), mode, env={"TRITON_CACHE_DIR": str(machine.cache)})
+
+
+def _step(machine: Machine, step: str) -> dict[str, Any]:
+    return machine.run("python", str(machine.write("step.py", STEP)), step, str(machine.cache))
+
+
+def _insert(machine: Machine, part: str, segment: str, items: dict[bytes, bytes]) -> None:
+    code = f"""
+        import anyio, json, warmenv
+        from warmenv import Namespace
+
+        async def main():
+            async with warmenv.open_environment() as env:
+                storage = env.storage(Namespace("caches.triton", {part!r}, {segment!r}))
+                await storage.insert_many({sorted(items.items())!r})
+            print(json.dumps({{}}))
+
+        anyio.run(main)
+    """
+    machine.run("python", str(machine.write("insert.py", code)))
+
+
+def test_triton_is_installed() -> None:
+    require("triton")
+
+
+def test_kernels_compiled_live_on_one_machine_hit_live_on_another(
+    machines: tuple[Machine, Machine], tmp_path: Path
+) -> None:
+    require("triton")
+    first, second = machines
+    cold = _compile(first, "live")
+    assert (cold["hits"], cold["misses"]) == (0, KERNELS), cold
+    assert cold["ours"][:2] == [0, KERNELS]
+
+    ship(first, second, tmp_path)
+    warm = _compile(second, "live")
+
+    assert (warm["hits"], warm["misses"]) == (KERNELS, 0), warm
+    assert warm["ours"][:2] == [KERNELS, 0]  # what hits() reports is Triton's own count
+
+
+def test_a_kernel_compiled_live_is_served_to_an_empty_cache_directory(
+    machines: tuple[Machine, Machine],
+) -> None:
+    require("triton")
+    first, _ = machines
+    _compile(first, "live")
+    shutil.rmtree(first.cache)
+
+    again = _compile(first, "live")
+
+    assert (again["hits"], again["misses"]) == (KERNELS, 0), again
+
+
+def test_a_plain_copy_of_a_triton_cache_misses_once_its_original_path_is_gone(
+    machines: tuple[Machine, Machine],
+) -> None:
+    require("triton")
+    first, second = machines
+    _compile(first, "plain")
+    copy_tree(first.cache, second.cache)
+    shutil.rmtree(first.cache)  # the first machine's disk is not the second's
+
+    copied = _compile(second, "plain")
+
+    # Each __grp__ index names its files at the first machine's absolute path.
+    assert (copied["hits"], copied["misses"]) == (0, KERNELS), copied
+
+
+def test_a_captured_triton_cache_restored_at_another_path_hits(
+    machines: tuple[Machine, Machine], tmp_path: Path
+) -> None:
+    require("triton")
+    first, second = machines
+    _compile(first, "plain")
+    assert _step(first, "capture")["groups"] == KERNELS
+    ship(first, second, tmp_path)
+    shutil.rmtree(first.cache)
+
+    restored = _step(second, "restore")
+    warm = _compile(second, "plain")
+
+    assert (restored["groups"], restored["refused"]) == (KERNELS, [])
+    assert (warm["hits"], warm["misses"]) == (KERNELS, 0), warm
+    indexes = list(second.cache.glob("*/__grp__*.json"))
+    assert len(indexes) == KERNELS
+    for index in indexes:
+        for path in json.loads(index.read_text())["child_paths"].values():
+            assert Path(path).parent == index.parent
+
+
+def test_kernels_compiled_live_restore_into_a_directory_for_a_plain_triton(
+    machines: tuple[Machine, Machine], tmp_path: Path
+) -> None:
+    require("triton")
+    first, second = machines
+    _compile(first, "live")  # the live form's entries, nothing captured from a directory
+    ship(first, second, tmp_path)
+
+    restored = _step(second, "restore")
+    warm = _compile(second, "plain")
+
+    assert restored["groups"] == KERNELS
+    assert (warm["hits"], warm["misses"]) == (KERNELS, 0), warm
+
+
+def test_kernels_captured_for_another_triton_are_skipped_with_the_reason(
+    machines: tuple[Machine, Machine],
+) -> None:
+    require("triton")
+    first, _ = machines
+    here = Facts.here("triton", "python")
+    other = Facts.of([("triton", "0.0.1"), ("python", here.pairs[1][1])])
+    _insert(first, "files", other.segment, {b"KEY/k.cubin": b"cubin"})
+
+    restored = _step(first, "restore")
+
+    assert restored["files"] == 0
+    [[namespace, reasons]] = restored["skipped"]
+    assert "triton=0.0.1" in namespace
+    assert reasons == [f"triton 0.0.1 was captured; this machine has {here.pairs[0][1]}"]
+
+
+def test_a_hostile_kernel_index_is_refused_and_never_written(
+    machines: tuple[Machine, Machine], tmp_path: Path
+) -> None:
+    require("triton")
+    first, _ = machines
+    hostile = {
+        b"K1/__grp__escape.json": b'{"child_paths": ["../../outside"]}',
+        b"K2/__grp__missing.json": b'{"child_paths": ["k.cubin"]}',
+        b"K3/nested/__grp__deep.json": b'{"child_paths": ["k.cubin"]}',
+        b"K4/__grp__garbage.json": b"\x00not json",
+        b"../__grp__up.json": b'{"child_paths": ["k.cubin"]}',
+    }
+    _insert(first, "groups", Facts.here("triton", "python").segment, hostile)
+
+    restored = _step(first, "restore")
+
+    assert restored["groups"] == 0
+    assert dict(restored["refused"]) == {
+        "K1/__grp__escape.json": "it names '../../outside', which is not a plain file name",
+        "K2/__grp__missing.json": "its file 'k.cubin' is not in the cache",
+        "K3/nested/__grp__deep.json": "it is not a kernel's index (<key>/__grp__<name>)",
+        "K4/__grp__garbage.json": "it is not JSON",
+        "../__grp__up.json": "its path holds '..' component",
+    }
+    assert not list(first.cache.rglob("__grp__*"))
+    assert not list(first.home.parent.rglob("__grp__up.json"))
