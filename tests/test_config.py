@@ -8,7 +8,7 @@ import pytest
 from redis_server import RedisServer, tolerating_coredis_streams
 from warmenv import Namespace, WarmenvError, open_environment
 from warmenv.config import Config, ConfigError, load_config, user_root
-from warmenv.persistence.remote import RemoteError
+from warmenv.remote import RemoteError
 from warmenv.stream import StreamPolicy
 
 PASSWORD = "s3cret-Pa55word"

@@ -20,7 +20,7 @@ from warmenv import Environment, MemoryStorage, Namespace, open_environment
 from warmenv.persistence import Store
 from warmenv.persistence.explain import Explanation, Nearby
 from warmenv.persistence.memory import MemoryTable
-from warmenv.persistence.remote import RemoteStorage
+from warmenv.remote import RemoteStorage
 
 pytestmark = pytest.mark.anyio
 

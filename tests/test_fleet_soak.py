@@ -58,7 +58,7 @@ CHILD = """
 import hashlib, json, random, sys, time
 import anyio, attrs
 from warmenv import Namespace, open_environment
-from warmenv.persistence.remote import RemoteSettings
+from warmenv.remote import RemoteSettings
 
 root, url, me, seconds, backend = sys.argv[1:6]
 seconds = float(seconds)

@@ -25,7 +25,7 @@ from helpers import Trials, reliability_row
 from redis_server import COREDIS_UNCLOSED_STREAMS, RedisServer
 from warmenv import Environment, Namespace, open_environment
 from warmenv.persistence import MemoryStorage, Origin, Store
-from warmenv.persistence.remote import RemoteSettings, RemoteTier
+from warmenv.remote import RemoteSettings, RemoteTier
 
 pytestmark = [
     *COREDIS_UNCLOSED_STREAMS,
@@ -422,7 +422,7 @@ CHILD = """
 import json, os, random, sys, time
 import anyio
 from warmenv import Environment, Namespace, open_environment
-from warmenv.persistence.remote import RemoteSettings
+from warmenv.remote import RemoteSettings
 
 root, url, ttl, timeout, log, keys, backend = sys.argv[1:8]
 hang = os.environ.get("WARMENV_TEST_HANG") == "1"

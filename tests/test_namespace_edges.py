@@ -17,7 +17,7 @@ import pytest
 
 from test_cli import warmenv
 from warmenv import Purged, open_environment
-from warmenv.persistence import remote
+from warmenv.remote import tier
 
 
 def _environment(root: Path) -> Path:
@@ -79,12 +79,12 @@ def test_coredis_s_error_text_is_escaped_in_our_debug_line(
     except RuntimeError:
         exc_info = sys.exc_info()
     record = logging.LogRecord("coredis", logging.INFO, __file__, 1, "denied", (), exc_info)
-    token = remote._TIER_AT_WORK.set(Tier())  # type: ignore[arg-type]
+    token = tier._TIER_AT_WORK.set(Tier())  # type: ignore[arg-type]
     try:
         with caplog.at_level(logging.DEBUG, logger="warmenv.remote"):
-            assert remote._OurConnections().filter(record) is False
+            assert tier._OurConnections().filter(record) is False
     finally:
-        remote._TIER_AT_WORK.reset(token)
+        tier._TIER_AT_WORK.reset(token)
     ours = [r.getMessage() for r in caplog.records if r.name == "warmenv.remote"]
     assert ours and "\\x1b[2J" in ours[0], ours
     assert not [m for m in ours if "\x1b" in m or "\x07" in m], ours

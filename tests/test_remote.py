@@ -38,15 +38,9 @@ from warmenv.persistence import (
     Store,
     Stored,
 )
-from warmenv.persistence.remote import (
-    RemoteError,
-    RemoteSettings,
-    RemoteStatistics,
-    RemoteStorage,
-    check_url,
-    redact,
-)
 from warmenv.persistence.storage import may_replace
+from warmenv.remote import RemoteError, RemoteSettings, RemoteStatistics, RemoteStorage
+from warmenv.remote.settings import check_url, redact
 
 pytestmark = [
     pytest.mark.anyio,

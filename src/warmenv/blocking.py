@@ -54,11 +54,11 @@ from warmenv.persistence.codec import BytesCodec, Codec, JsonCodec, canonical_ar
 from warmenv.persistence.explain import Explanation
 from warmenv.persistence.hot import Hot, copied
 from warmenv.persistence.namespace import Namespace
-from warmenv.persistence.remote import RemoteSettings, RemoteTier
 from warmenv.persistence.statistics import EnvironmentStatistics
 from warmenv.persistence.storage import Failed as _Failed
 from warmenv.persistence.storage import Insertion, NamespaceSummary, Purged
 from warmenv.persistence.store import _ABSENT, _IMMUTABLE, DEFAULT_HOT_BYTES, CacheMode, Store
+from warmenv.remote import RemoteSettings, RemoteTier
 
 __all__ = [
     "BlockingEnvironment",

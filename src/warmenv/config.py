@@ -23,7 +23,7 @@ import attrs
 import platformdirs
 
 from warmenv._errors import WarmenvError
-from warmenv.persistence.remote import RemoteError, check_url, redact
+from warmenv.remote.settings import RemoteError, check_url, redact
 from warmenv.stream import StreamPolicy
 
 __all__ = ["Config", "ConfigError", "load_config"]

@@ -8,7 +8,7 @@ crashes its application on a read-only container layer is worse than none.
 
 With a remote (`remote="redis://..."`, else `WARMENV_REMOTE`, else the
 configuration's `remote`) every storage the environment hands out is the
-local one with the fleet's shared tier behind it (`persistence/remote.py`);
+local one with the fleet's shared tier behind it (`remote/`);
 stores, statistics and the CLI see no difference.
 """
 
@@ -37,7 +37,6 @@ from warmenv.persistence.codec import Codec
 from warmenv.persistence.explain import Explanation, stored_key
 from warmenv.persistence.memory import MemoryStorage, MemoryTable
 from warmenv.persistence.namespace import Namespace
-from warmenv.persistence.remote import RemoteSettings, RemoteStorage, RemoteTier, remote_settings
 from warmenv.persistence.sqlite.bulk import CopiedBatch
 from warmenv.persistence.sqlite.database import SqliteDatabase, open_database
 from warmenv.persistence.sqlite.storage import SqliteStorage
@@ -53,6 +52,7 @@ from warmenv.persistence.storage import (
     check_bundle,
 )
 from warmenv.persistence.store import DEFAULT_HOT_BYTES, CacheMode, Store
+from warmenv.remote import RemoteSettings, RemoteStorage, RemoteTier, remote_settings
 from warmenv.stream import apply_config, policy_chosen
 
 __all__ = ["Environment", "activate", "active", "open_environment", "set_root"]

@@ -24,7 +24,7 @@ import anyio.to_thread
 from warmenv._text import clean
 from warmenv.cli._errors import Failure, UsageError
 from warmenv.environment import Environment, check_name, open_environment
-from warmenv.persistence.remote import RemoteTier
+from warmenv.remote import RemoteTier
 
 if TYPE_CHECKING:
     from warmenv.cli._output import Output

@@ -1,32 +1,13 @@
-"""The shared tier: a fleet's warm state in Redis, behind the `Storage` protocol.
-
-The local database stays the first tier and the truth for this machine; Redis
-is a second tier that only ever saves work. A local miss asks Redis, and a
-value found there is recorded locally with origin `REMOTE` (which replaces
-nothing, and any local value replaces it). A value computed here (origin
-`LOCAL`) is published if Redis has none for the key: `SET key value NX` (in a
-script that also announces the value, below) is the insert rule applied
-server-side in one atomic step, because everything in Redis was published as
-`LOCAL` and `may_replace(LOCAL, LOCAL)` is false, so the first writer
-fleet-wide wins.
+"""One environment's connection to the shared tier: bounded calls, leases and wake-ups.
 
 Every remote call is bounded: `remote_timeout` per operation, a connection
 pool of fixed size, a cap on value size (a larger value stays local) and a
 backoff after a failure, so a Redis that is down, slow or hostile costs each
 call at most one timeout and then nothing until the next retry. One warning is
-logged per outage, not per call. A value read from Redis is bytes checked
-against a digest bound to its key (written by `publish`), then handed to the
-store's codec, never unpickled; wrong types, oversized or garbled values under
-our keys are misses plus a warning. A value carries what its entry carries in
-a bundle, when it was written and what it cost (`warmenv.persistence.carried`,
-whose rules decide what is believed), so that hits on it count the time they
-saved on every host.
-
-A purge of one key (`purge_key`) deletes the fleet's copy too: a value worth
-purging here (wrong, or made by a bad build) would otherwise come back from
-Redis at the next lookup, on this host and on every host that has not fetched
-it yet. A purge of a namespace stays local: it would be a scan of the whole
-server, and one host's clean-up must not make the whole fleet recompute.
+logged per outage, not per call. A value read from Redis is checked against
+its frame (`warmenv.remote.wire`) before anything else sees it; wrong types,
+oversized or garbled values under our keys are misses plus a warning (each
+key warned about once, since garbage stays until it is deleted).
 
 Fleet-wide single flight: a host that misses a key in both tiers takes a
 lease on it before computing (`SET <key>:lease <token> NX PX <lease_ttl>`),
@@ -58,72 +39,33 @@ not hex digits).
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import logging
 import os
-import re
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
-from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import anyio
 import attrs
 
-from warmenv._errors import WarmenvError
 from warmenv._text import clean
-from warmenv.persistence import carried
-from warmenv.persistence.storage import (
-    DEFAULT_SCAN_BATCH,
-    BundleRef,
-    Conflict,
-    EntryInfo,
-    Failed,
-    Insertion,
-    InsertItems,
-    InsertSummary,
-    NamespaceSummary,
-    Origin,
-    Purged,
-    Storage,
-    Stored,
-    check_item,
-    check_key,
-    check_value,
-    wall_clock,
-)
+from warmenv.persistence.storage import wall_clock
+from warmenv.remote import wire
+from warmenv.remote.settings import RemoteError, RemoteSettings, redact, tls_context
+from warmenv.remote.wire import BadFrame, RemoteValue
 
 if TYPE_CHECKING:
     import coredis
     from anyio.abc import TaskGroup
 
-    from warmenv.persistence.explain import Explanation
-
-__all__ = [
-    "DEFAULT_MAX_VALUE_BYTES",
-    "DEFAULT_REMOTE_TIMEOUT",
-    "Ping",
-    "RemoteError",
-    "RemoteSettings",
-    "RemoteStatistics",
-    "RemoteStorage",
-    "RemoteTier",
-    "RemoteValue",
-    "redact",
-    "remote_settings",
-]
+__all__ = ["Ping", "RemoteStatistics", "RemoteTier"]
 
 log = logging.getLogger("warmenv.remote")
 T = TypeVar("T")
 
-DEFAULT_REMOTE_TIMEOUT: Final = 0.25
-DEFAULT_MAX_VALUE_BYTES: Final = 8 * 1024 * 1024
-DEFAULT_MAX_CONNECTIONS: Final = 2
-DEFAULT_LEASE_TTL: Final = 10.0
 # Without a subscription a waiter polls first after this long, then 1.5 times
 # longer each time, up to the cap; with one it polls every lease_ttl / this.
 FIRST_POLL_DELAY: Final = 0.002
@@ -134,66 +76,6 @@ MAX_REJECTED_WARNED: Final = 100
 # The first retry after a failure, doubled per failed retry up to the ceiling.
 FIRST_RETRY_DELAY: Final = 0.5
 MAX_RETRY_DELAY: Final = 30.0
-
-# A published value is framed: magic, then a digest of the key and the body, then the
-# body: what the entry carries (`carried.pack`: written_at, cost), then the value.
-# Frames of version 1 (warmenv 0.2.0.dev before costs were carried) have the value
-# alone for a body; they still read, carrying nothing (unknown).
-_MAGIC: Final = b"warmenv2"
-_MAGIC_V1: Final = b"warmenv1"
-_DIGEST_SIZE: Final = 16
-_BODY: Final = len(_MAGIC) + _DIGEST_SIZE
-_CARRIED: Final = 16
-_HEADER: Final = _BODY + _CARRIED
-_LEASE: Final = b":lease"  # a key's lease is its Redis key with this suffix
-
-# KEYS: the value, its lease. ARGV: the framed value, the channel. 1 if stored, 0 if a
-# value was there, -1 if what is there is no warmenv frame (another type, or a string
-# without the marker or too short for a frame): it blocks the key until deleted, as the
-# first value under a key stays. Told apart on the server, after SET NX failed: the
-# publication that stores (every one but the first fleet-wide) stays one round trip of
-# the same commands. Only a host waiting for a lease's holder listens for the message,
-# so it is sent only while the key's lease is held: a plain insert costs no message (a
-# waiter whose holder died finds the value by polling). Sent with pcall: a server that
-# refuses PUBLISH still stores the value.
-_PUBLISH: Final = b"""
-if redis.call('set', KEYS[1], ARGV[1], 'NX') then
-  if redis.call('exists', KEYS[2]) == 1 then redis.pcall('publish', ARGV[2], KEYS[1]) end
-  return 1
-end
-local head = redis.pcall('getrange', KEYS[1], 0, %d)
-if type(head) ~= 'string' then return -1 end
-local magic = string.sub(head, 1, %d)
-if (magic == '%s' and #head >= %d) or (magic == '%s' and #head >= %d) then return 0 end
-return -1
-""" % (_HEADER - 1, len(_MAGIC), _MAGIC, _HEADER, _MAGIC_V1, _BODY)
-# KEYS: the lease, the value. ARGV: our token, the TTL in ms, the last byte to read.
-# The value (framed, read up to the byte given) if there is one, so that a waiter gets
-# it in the same round trip; else 1: the lease is now ours; 0: another host holds it;
-# -1: something sits under the lease key that no warmenv host took: it never expires,
-# or expires later than any lease can (a lease never holds more than its TTL).
-_CLAIM: Final = b"""
-local framed = redis.call('getrange', KEYS[2], 0, ARGV[3])
-if framed ~= '' then return framed end
-if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
-local left = redis.call('pttl', KEYS[1])
-if left == -1 or left > tonumber(ARGV[2]) then return -1 end
-return 0
-"""
-# KEYS: the lease. ARGV: our token, the TTL in ms. 1 if the lease was still ours.
-_EXTEND: Final = b"""
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
-return 0
-"""
-# KEYS: the lease, the value. ARGV: our token, the channel. Deletes the lease only if it
-# is still ours; with no value behind it (the computation raised) waiters are woken to
-# take over (after a value, its publication woke them already).
-_RELEASE: Final = b"""
-if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('del', KEYS[1])
-if redis.call('exists', KEYS[2]) == 0 then redis.pcall('publish', ARGV[2], KEYS[2]) end
-return 1
-"""
 
 
 # The tier whose operation (or subscription) the running task is in. coredis runs
@@ -228,144 +110,6 @@ class _OurConnections(logging.Filter):
 
 
 _OUR_CONNECTIONS: Final = _OurConnections()
-
-
-class RemoteError(WarmenvError):
-    """The remote setting cannot be used (a malformed URL, or the `redis` extra missing)."""
-
-
-# A query parameter naming a password (coredis reads `?password=` as the URL's password).
-_QUERY_PASSWORD: Final = re.compile(r"(?i)([?&][^=&#]*pass[^=&#]*=)[^&#]*")
-
-
-def redact(url: str) -> str:
-    """`url` with its password replaced by `***`, for logs, errors and reprs."""
-    return _QUERY_PASSWORD.sub(r"\1***", _redact_userinfo(url))
-
-
-def _redact_userinfo(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if parts.password is None:
-        # Malformed (`redis:/:pw@host`) or user-only: hide whatever precedes an `@`.
-        head, at, tail = url.rpartition("@")
-        if not at:
-            return url
-        scheme, colon, _ = head.partition(":")
-        return f"{scheme}{colon}//***@{tail}" if colon else f"***@{tail}"
-    # The host and port as given, not as parsed: a malformed port is what the
-    # user must see (the parser would drop it, or raise).
-    userinfo, _, hostport = parts.netloc.rpartition("@")
-    user = userinfo.partition(":")[0]
-    netloc = f"{user}:***@{hostport}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
-def _port_as_given(url: str) -> str | None:
-    """The port text of `url` when it cannot be a password's piece, else `None`.
-
-    It can be one when no `@` ends the host part (`redis://:pw#x@host`: the
-    parser reads `pw#x` up to the `#`, and `pw` as the port).
-    """
-    try:
-        netloc = urlsplit(url).netloc
-    except ValueError:  # a malformed host (an unclosed `[`): no port to show
-        return None
-    if "@" in url and "@" not in netloc:
-        return None
-    hostport = netloc.rpartition("@")[2]
-    if hostport.startswith("["):
-        hostport = hostport.partition("]")[2]
-    return hostport.partition(":")[2]
-
-
-@attrs.frozen(repr=False)
-class RemoteSettings:
-    """Where the shared tier is and how long it may take."""
-
-    url: str
-    """A `redis://` or `rediss://` URL; password, database number and TLS as in the URL."""
-    timeout: float = DEFAULT_REMOTE_TIMEOUT
-    """The most one remote operation may take before the call falls back to local."""
-    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
-    """A value larger than this is neither published nor read (it stays local)."""
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-    """The size of the connection pool."""
-    lease_ttl: float = DEFAULT_LEASE_TTL
-    """How long a computing host's lease outlives its last heartbeat (a crash costs this much)."""
-
-    def __attrs_post_init__(self) -> None:
-        check_url(self.url)
-        if not (isinstance(self.timeout, int | float) and self.timeout > 0):
-            raise ValueError(f"remote timeout must be a positive number, got {self.timeout!r}")
-        for name in ("max_value_bytes", "max_connections"):
-            value = getattr(self, name)
-            if type(value) is not int or value < 1:
-                raise ValueError(f"remote {name} must be a positive int, got {value!r}")
-        # Three heartbeats per TTL, each allowed the whole timeout, must fit in it.
-        if not (isinstance(self.lease_ttl, int | float) and self.lease_ttl >= 4 * self.timeout):
-            raise ValueError(
-                f"remote lease_ttl must be a number of seconds at least 4 x timeout"
-                f" ({4 * self.timeout}), got {self.lease_ttl!r}"
-            )
-
-    def __repr__(self) -> str:
-        return (
-            f"RemoteSettings(url={redact(self.url)!r}, timeout={self.timeout!r}, "
-            f"max_value_bytes={self.max_value_bytes!r}, max_connections={self.max_connections!r}, "
-            f"lease_ttl={self.lease_ttl!r})"
-        )
-
-
-def check_url(url: object, where: str = "remote") -> str:
-    """`url` if it names a Redis server, else `RemoteError` saying what would."""
-    if not isinstance(url, str):
-        raise RemoteError(f"{where} must be a redis:// or rediss:// URL, got {type(url).__name__}")
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 (a bad port raises here)
-    except ValueError:
-        # Not the parser's message: it may quote the password, taken for a port or a host.
-        if port := _port_as_given(url):
-            raise RemoteError(
-                f"{where}: {redact(url)!r} has a malformed port {port!r}; a port is a number"
-                " from 0 to 65535 (none means 6379)"
-            ) from None
-        raise RemoteError(
-            f"{where}: {redact(url)!r} is not a valid URL (a malformed host or port; a password"
-            " with '#', '/' or '?' goes in the query, percent-encoded: ?password=a%23b)"
-        ) from None
-    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
-        raise RemoteError(
-            f"{where}: {redact(url)!r} is not a Redis URL; use redis://[:password@]host[:port][/db]"
-            " or rediss:// for TLS"
-        )
-    if parts.path not in ("", "/") and not re.fullmatch(r"/[0-9]{1,9}", parts.path):
-        # coredis would take a path it cannot read as database 0: another fleet's data.
-        raise RemoteError(
-            f"{where}: {redact(url)!r} has a malformed database number {parts.path[1:]!r};"
-            " the path is a database number, e.g. /0 (none means 0)"
-        )
-    return url
-
-
-def remote_settings(remote: str | RemoteSettings | None) -> RemoteSettings | None:
-    """The settings `open_environment(remote=...)` means; `None` reads `WARMENV_REMOTE`.
-
-    An empty string turns the remote off, even where `WARMENV_REMOTE` is set.
-    """
-    if isinstance(remote, RemoteSettings):
-        return remote
-    if remote is None:
-        remote = os.environ.get("WARMENV_REMOTE")
-        if not remote:
-            return None
-        return RemoteSettings(check_url(remote, "the environment variable WARMENV_REMOTE"))
-    if remote == "":
-        return None
-    return RemoteSettings(check_url(remote))
 
 
 @attrs.frozen
@@ -405,17 +149,6 @@ class RemoteStatistics:
     publish_blocked: int = 0
     """Values not published because what sits under the key in Redis is no warmenv value
     (another type, or a string warmenv did not frame): it stays until it is deleted."""
-
-
-@attrs.frozen
-class RemoteValue:
-    """A value read from Redis, with what its entry carried (each believed, or None)."""
-
-    value: bytes
-    written_at: float | None
-    """Unix seconds when the host that computed it stored it."""
-    cost: float | None
-    """Seconds its computation took there."""
 
 
 @attrs.frozen
@@ -493,7 +226,7 @@ class RemoteTier:
         logging.getLogger("coredis").addFilter(_OUR_CONNECTIONS)
         # Reading the TLS files (and the system's CAs) is file I/O: not on the loop.
         tls = await anyio.to_thread.run_sync(tls_context, settings.url)
-        client = _client(settings, settings.max_connections, tls)
+        client = wire.client(settings, settings.max_connections, tls)
         # The pool runs its connections in a task group around the block, and
         # the subscription runs in ours: an exception from the block is carried
         # past both, so that callers get it as raised rather than wrapped in an
@@ -579,37 +312,20 @@ class RemoteTier:
     @property
     def _read_limit(self) -> int:
         # GETRANGE reads at most one byte past the cap, so a huge value costs nothing.
-        return _HEADER + self.settings.max_value_bytes
+        return wire.HEADER + self.settings.max_value_bytes
 
     def _unframe(self, rkey: bytes, framed: bytes) -> RemoteValue | None:
         """The value in what GETRANGE read under `rkey`, counted; `None` if absent or unusable."""
         if not framed:
             self._count("misses")
             return None
-        too_large = f"larger than max_value_bytes={self.settings.max_value_bytes}"
-        if len(framed) > self._read_limit:
-            self._reject(rkey, too_large)
-            return None
-        magic = framed[: len(_MAGIC)]
-        body = memoryview(framed)[_BODY:]
-        if magic not in (_MAGIC, _MAGIC_V1) or framed[len(_MAGIC) : _BODY] != _digest(rkey, body):
-            self._reject(rkey, "not a value warmenv published under this key")
-            return None
-        if magic == _MAGIC_V1:
-            written_at = cost = None
-            value = framed[_BODY:]
-        elif len(body) < _CARRIED:
-            self._reject(rkey, "a frame too short to hold what its entry carries")
-            return None
-        else:
-            # What a value carries is believed as what a bundle's entry carries is.
-            written_at, cost = carried.unpack(body[:_CARRIED])
-            value = framed[_HEADER:]
-        if len(value) > self.settings.max_value_bytes:
-            self._reject(rkey, too_large)
+        try:
+            fetched = wire.unframe(rkey, framed, self.settings.max_value_bytes)
+        except BadFrame as bad:
+            self._reject(rkey, str(bad))
             return None
         self._count("hits")
-        return RemoteValue(value, written_at, cost)
+        return fetched
 
     async def publish(
         self,
@@ -629,11 +345,12 @@ class RemoteTier:
             self._count("too_large")
             return
         rkey = self.redis_key(namespace, key)
-        carrying = carried.pack(wall_clock() if written_at is None else written_at, cost)
-        framed = b"".join((_MAGIC, _digest(rkey, carrying, value), carrying, value))
+        framed = wire.frame(rkey, value, wall_clock() if written_at is None else written_at, cost)
         args = (framed, self._channel)
         try:
-            stored = await self._call(lambda: self._script(_PUBLISH, [rkey, rkey + _LEASE], args))
+            stored = await self._call(
+                lambda: self._script(wire.PUBLISH, [rkey, rkey + wire.LEASE], args)
+            )
         except _Down:
             return
         except Exception as exc:
@@ -662,7 +379,7 @@ class RemoteTier:
         another host published it while this one waited.
         """
         rkey = self.redis_key(namespace, key)
-        lkey = rkey + _LEASE
+        lkey = rkey + wire.LEASE
         token = os.urandom(16).hex().encode()
         held, landed = await self._await_turn(rkey, lkey, token)
         if not held:
@@ -697,7 +414,7 @@ class RemoteTier:
             # Watching before the claim: a message that comes between the two is not lost.
             with self._watching(rkey) as landed:
                 try:
-                    state = await self._call(lambda: self._script(_CLAIM, [lkey, rkey], args))
+                    state = await self._call(lambda: self._script(wire.CLAIM, [lkey, rkey], args))
                 except _Down:
                     return False, None
                 except Exception as exc:
@@ -757,7 +474,7 @@ class RemoteTier:
                 # A client of its own: the pool multiplexes commands over its
                 # connections, and one that is subscribed must carry nothing else.
                 async with (
-                    _client(self.settings, 1, self._tls) as client,
+                    wire.client(self.settings, 1, self._tls) as client,
                     client.pubsub(
                         channels=[self._channel],
                         ignore_subscribe_messages=True,
@@ -794,7 +511,7 @@ class RemoteTier:
         while True:
             await anyio.sleep(self.settings.lease_ttl / 3)
             try:
-                kept = await self._call(lambda: self._script(_EXTEND, [lkey], args))
+                kept = await self._call(lambda: self._script(wire.EXTEND, [lkey], args))
             except Exception:
                 continue  # not answering (counted) or refusing: the next beat tries again
             if kept != 1:
@@ -813,7 +530,7 @@ class RemoteTier:
         A plain EVALSHA: coredis's `Script` wraps each call in a retry and a
         transform, which cost as much again as the round trip's own Python.
         """
-        sha = _sha1(source)
+        sha = wire.sha1(source)
         arguments: Any = list(args)
         try:
             return await self._client.evalsha(sha, keys=keys, args=arguments)
@@ -824,7 +541,7 @@ class RemoteTier:
     async def _release(self, lkey: bytes, rkey: bytes, token: bytes) -> None:
         args = (token, self._channel)
         try:
-            await self._call(lambda: self._script(_RELEASE, [lkey, rkey], args))
+            await self._call(lambda: self._script(wire.RELEASE, [lkey, rkey], args))
         except Exception:
             pass  # the lease expires within lease_ttl instead
 
@@ -921,256 +638,3 @@ class RemoteTier:
 
     def _count(self, name: str) -> None:
         self._counts[name] = self._counts.get(name, 0) + 1
-
-
-# The query parameters of a rediss:// URL that name files, and what each holds.
-_TLS_FILES: Final = {
-    "ssl_ca_certs": "the CA certificates to trust",
-    "ssl_certfile": "this host's certificate",
-    "ssl_keyfile": "this host's key",
-}
-_TRUE: Final = ("1", "true", "yes", "on")
-
-
-def tls_context(url: str) -> ssl.SSLContext | None:
-    """The TLS context of a rediss:// URL (None for redis://): the server's certificate
-    and its host name are always checked.
-
-    coredis, left to read the URL, checks no host name and takes a server that
-    sends no certificate: any certificate of a trusted CA (with the system's
-    CAs, any public one) would do for any host, and the password and values
-    would go to whoever holds it. So warmenv builds the context, from the same
-    query parameters, and refuses those that would switch checking off.
-    """
-    parts = urlsplit(url)
-    if parts.scheme != "rediss":
-        return None
-    query = {name: values[-1] for name, values in parse_qs(parts.query).items()}
-    reqs = query.get("ssl_cert_reqs")
-    if reqs is not None and reqs.lower() not in ("required", "cert_required"):
-        raise RemoteError(
-            f"remote: ssl_cert_reqs={reqs!r}: warmenv always checks the server's certificate;"
-            " drop the parameter (name a private CA with ssl_ca_certs=FILE)"
-        )
-    check = query.get("ssl_check_hostname")
-    if check is not None and check.lower() not in _TRUE:
-        raise RemoteError(
-            f"remote: ssl_check_hostname={check!r}: warmenv always checks the server's host"
-            " name; drop the parameter"
-        )
-    for name, what in _TLS_FILES.items():
-        path = query.get(name)
-        if path is not None and not os.path.isfile(path):
-            raise RemoteError(f"remote: {name}={path!r} ({what}) is not a file")
-    try:
-        context = ssl.create_default_context(cafile=query.get("ssl_ca_certs"))
-    except (OSError, ssl.SSLError) as exc:
-        raise RemoteError(
-            f"remote: ssl_ca_certs={query['ssl_ca_certs']!r} holds no usable CA certificate ({exc})"
-        ) from None
-    if "ssl_certfile" in query:
-        try:
-            context.load_cert_chain(query["ssl_certfile"], query.get("ssl_keyfile"))
-        except (OSError, ssl.SSLError) as exc:
-            raise RemoteError(
-                f"remote: ssl_certfile={query['ssl_certfile']!r} and ssl_keyfile="
-                f"{query.get('ssl_keyfile')!r} are not a usable certificate and key ({exc})"
-            ) from None
-    elif "ssl_keyfile" in query:
-        raise RemoteError("remote: ssl_keyfile= needs ssl_certfile= (the certificate it signs)")
-    return context
-
-
-def _client(
-    settings: RemoteSettings, connections: int, tls: ssl.SSLContext | None
-) -> coredis.Redis[bytes]:
-    """A client that fails fast (the tier does the retrying) with a pool of `connections`;
-    `tls`: the context `tls_context` made for a rediss:// URL."""
-    import coredis
-    from coredis.retry import NoRetryPolicy
-
-    return coredis.Redis.from_url(
-        settings.url,
-        ssl_context=tls,  # None for redis://; for rediss:// coredis's own is never used
-        decode_responses=False,
-        verify_version=False,
-        retry_policy=NoRetryPolicy(),
-        max_connections=connections,
-        connect_timeout=settings.timeout,
-        pool_timeout=settings.timeout,
-        # A connection that stops answering is torn down rather than kept.
-        stream_timeout=max(1.0, 4 * settings.timeout),
-    )
-
-
-@functools.cache
-def _sha1(script: bytes) -> str:
-    """The hash EVALSHA runs our Lua `script` by (one of four constants)."""
-    return hashlib.sha1(script, usedforsecurity=False).hexdigest()
-
-
-def _digest(rkey: bytes, *body: bytes | memoryview) -> bytes:
-    digest = hashlib.blake2b(rkey, digest_size=_DIGEST_SIZE)
-    digest.update(b"\0")
-    for part in body:
-        digest.update(part)
-    return digest.digest()
-
-
-@final
-class RemoteStorage(Storage):
-    """A local storage with a shared tier behind it (see the module docstring)."""
-
-    __slots__ = ("_local", "_namespace", "_tier")
-
-    def __init__(self, local: Storage, tier: RemoteTier) -> None:
-        self._local = local
-        self._tier = tier
-        self._namespace = local.namespace
-
-    @property
-    def namespace(self) -> str:
-        return self._namespace
-
-    @property
-    def local(self) -> Storage:
-        """The first tier, this machine's storage."""
-        return self._local
-
-    @property
-    def tier(self) -> RemoteTier:
-        """The shared tier."""
-        return self._tier
-
-    async def get(self, key: bytes) -> bytes | None:
-        value = await self._local.get(key)
-        if value is not None:
-            return value
-        return await self._backfill(key)
-
-    def get_blocking(self, key: bytes) -> bytes | None:
-        # The local tier only: a miss here is `None`, and the caller then awaits
-        # `get` on its event loop, which asks Redis there (within the tier's
-        # timeout and backoff). Asking Redis from this thread would need a
-        # client of its own per thread, or a wait on the loop thread anyway.
-        return self._local.get_blocking(key)
-
-    async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
-        keys = [check_key(key) for key in keys]
-        found = await self._local.get_many(keys)
-        for key in keys:
-            if key not in found:
-                value = await self._backfill(key)
-                if value is not None:
-                    found[key] = value
-        return found
-
-    async def insert(
-        self,
-        key: bytes,
-        value: bytes,
-        origin: Origin = Origin.LOCAL,
-        *,
-        cost: float | None = None,
-        written_at: float | None = None,
-    ) -> Insertion:
-        if origin == Origin.LOCAL and written_at is None:
-            written_at = wall_clock()  # one time, here and carried: the same entry
-        result = await self._local.insert(key, value, origin, cost=cost, written_at=written_at)
-        if origin == Origin.LOCAL and not isinstance(result, Conflict):
-            # A write that failed locally (read-only disk) still helps the fleet.
-            await self._tier.publish(self._namespace, key, value, cost=cost, written_at=written_at)
-        return result
-
-    async def insert_many(
-        self,
-        items: InsertItems,
-        origin: Origin = Origin.LOCAL,
-        *,
-        cost: float | None = None,
-        bundle: BundleRef | None = None,
-    ) -> InsertSummary:
-        if origin != Origin.LOCAL:
-            return await self._local.insert_many(items, origin, cost=cost, bundle=bundle)
-        pairs: list[tuple[bytes, bytes]] = []
-        if isinstance(items, Iterable):
-            pairs.extend(check_item(item) for item in items)
-        else:
-            pairs.extend([check_item(item) async for item in items])
-        summary = await self._local.insert_many(pairs, origin, cost=cost, bundle=bundle)
-        if summary.stored:
-            for key, value in pairs:
-                await self._tier.publish(self._namespace, key, value, cost=cost)
-        return summary
-
-    async def replace(
-        self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL, *, cost: float | None = None
-    ) -> Stored | Failed:
-        result = await self._local.replace(key, value, origin, cost=cost)
-        if origin == Origin.LOCAL:
-            await self._tier.publish(self._namespace, key, value, cost=cost)
-        return result
-
-    def scan(self, batch_size: int = DEFAULT_SCAN_BATCH) -> AsyncIterator[tuple[bytes, bytes]]:
-        return self._local.scan(batch_size)
-
-    async def purge(self) -> Purged | Failed:
-        return await self._local.purge()
-
-    async def purge_key(self, key: bytes) -> Purged | Failed:
-        """Delete the entry here and the fleet's copy in Redis (see the module docstring).
-
-        Redis first: a lookup here in between still finds the local entry,
-        rather than fetching the copy back. The count is of this environment's
-        entries. A copy that could not be deleted (Redis unavailable) is
-        `Failed`, after the local entry is gone: it may come back from Redis,
-        so the purge is worth repeating once Redis answers.
-        """
-        unreached = await self._tier.purge(self._namespace, check_key(key))
-        purged = await self._local.purge_key(key)
-        if unreached is None or isinstance(purged, Failed):
-            return purged
-        return Failed(
-            f"the entry is purged from {self._local.describe()}, but not the shared copy"
-            f" from {self._tier.describe()} ({unreached}); purge the key again once it answers"
-        )
-
-    async def summary(self) -> NamespaceSummary:
-        return await self._local.summary()
-
-    async def info(self, key: bytes) -> EntryInfo | None:
-        return await self._local.info(key)
-
-    async def touch(self, keys: Iterable[bytes]) -> int:
-        return await self._local.touch(keys)
-
-    def describe(self) -> str:
-        return f"{self._local.describe()}, shared through {self._tier.describe()}"
-
-    async def explain(self, key: bytes | None = None) -> Explanation | None:
-        # The shared tier lists no namespaces: the local storage explains.
-        return await self._local.explain(key)
-
-    @asynccontextmanager
-    async def lease(self, key: bytes) -> AsyncIterator[bytes | None]:
-        """One computation of `key` fleet-wide (see `RemoteTier.lease`).
-
-        A value another host computed is recorded locally, as a fetched one is.
-        """
-        async with self._tier.lease(self._namespace, check_key(key)) as landed:
-            yield None if landed is None else await self._record(key, landed)
-
-    async def _backfill(self, key: bytes) -> bytes | None:
-        fetched = await self._tier.fetch(self._namespace, check_key(key))
-        if fetched is None:
-            return None
-        return await self._record(key, fetched)
-
-    async def _record(self, key: bytes, fetched: RemoteValue) -> bytes:
-        value = check_value(fetched.value)
-        result = await self._local.insert(
-            key, value, Origin.REMOTE, cost=fetched.cost, written_at=fetched.written_at
-        )
-        if isinstance(result, Conflict):
-            return result.existing  # a local value landed meanwhile: it wins
-        return value

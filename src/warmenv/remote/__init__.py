@@ -1,0 +1,27 @@
+"""The shared tier: a fleet's warm state in Redis, behind the `Storage` protocol.
+
+Four rooms, each importing only those before it: `settings` (the remote URL,
+its bounds and its TLS context, checked when made), `wire` (the frame around
+a published value and the Lua scripts, what is said to Redis), `tier` (one
+environment's connection: bounded calls and backoff, leases, the
+subscription that wakes waiters) and `storage` (`RemoteStorage`, a local
+storage with the tier behind it: the two-tier insert and lookup rules).
+"""
+
+from __future__ import annotations
+
+from warmenv.remote.settings import RemoteError, RemoteSettings, remote_settings
+from warmenv.remote.storage import RemoteStorage
+from warmenv.remote.tier import Ping, RemoteStatistics, RemoteTier
+from warmenv.remote.wire import RemoteValue
+
+__all__ = [
+    "Ping",
+    "RemoteError",
+    "RemoteSettings",
+    "RemoteStatistics",
+    "RemoteStorage",
+    "RemoteTier",
+    "RemoteValue",
+    "remote_settings",
+]

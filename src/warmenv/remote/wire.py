@@ -1,0 +1,192 @@
+"""What the tier says to Redis: the frame around a published value and the Lua scripts.
+
+A value in Redis is framed (a magic marker, a digest bound to its key, what
+its entry carries, the value) so that a host reads back only what a warmenv
+host published under that very key: anything else under our keys (another
+type, a string without the marker, a frame copied from another key, one cut
+short) is told apart from a value and becomes a miss, never bytes handed to a
+codec. The checks that must be one step with a write (publish if absent,
+claim a lease or get the value, extend or release a lease only while it is
+ours) are Lua scripts run by their hash, so each is one atomic round trip.
+
+The client is built here too, with every coredis retry switched off: the
+tier does its own bounded retrying and backing off.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from typing import TYPE_CHECKING, Final
+
+import attrs
+
+from warmenv.persistence import carried
+
+if TYPE_CHECKING:
+    import ssl
+
+    import coredis
+
+    from warmenv.remote.settings import RemoteSettings
+
+__all__ = [
+    "CLAIM",
+    "EXTEND",
+    "HEADER",
+    "LEASE",
+    "PUBLISH",
+    "RELEASE",
+    "BadFrame",
+    "RemoteValue",
+    "client",
+    "frame",
+    "sha1",
+    "unframe",
+]
+
+
+# A published value is framed: magic, then a digest of the key and the body, then the
+# body: what the entry carries (`carried.pack`: written_at, cost), then the value.
+# Frames of version 1 (warmenv 0.2.0.dev before costs were carried) have the value
+# alone for a body; they still read, carrying nothing (unknown).
+_MAGIC: Final = b"warmenv2"
+_MAGIC_V1: Final = b"warmenv1"
+_DIGEST_SIZE: Final = 16
+_BODY: Final = len(_MAGIC) + _DIGEST_SIZE
+_CARRIED: Final = 16
+HEADER: Final = _BODY + _CARRIED
+"""The bytes of a frame before its value."""
+LEASE: Final = b":lease"  # a key's lease is its Redis key with this suffix
+
+# KEYS: the value, its lease. ARGV: the framed value, the channel. 1 if stored, 0 if a
+# value was there, -1 if what is there is no warmenv frame (another type, or a string
+# without the marker or too short for a frame): it blocks the key until deleted, as the
+# first value under a key stays. Told apart on the server, after SET NX failed: the
+# publication that stores (every one but the first fleet-wide) stays one round trip of
+# the same commands. Only a host waiting for a lease's holder listens for the message,
+# so it is sent only while the key's lease is held: a plain insert costs no message (a
+# waiter whose holder died finds the value by polling). Sent with pcall: a server that
+# refuses PUBLISH still stores the value.
+PUBLISH: Final = b"""
+if redis.call('set', KEYS[1], ARGV[1], 'NX') then
+  if redis.call('exists', KEYS[2]) == 1 then redis.pcall('publish', ARGV[2], KEYS[1]) end
+  return 1
+end
+local head = redis.pcall('getrange', KEYS[1], 0, %d)
+if type(head) ~= 'string' then return -1 end
+local magic = string.sub(head, 1, %d)
+if (magic == '%s' and #head >= %d) or (magic == '%s' and #head >= %d) then return 0 end
+return -1
+""" % (HEADER - 1, len(_MAGIC), _MAGIC, HEADER, _MAGIC_V1, _BODY)
+# KEYS: the lease, the value. ARGV: our token, the TTL in ms, the last byte to read.
+# The value (framed, read up to the byte given) if there is one, so that a waiter gets
+# it in the same round trip; else 1: the lease is now ours; 0: another host holds it;
+# -1: something sits under the lease key that no warmenv host took: it never expires,
+# or expires later than any lease can (a lease never holds more than its TTL).
+CLAIM: Final = b"""
+local framed = redis.call('getrange', KEYS[2], 0, ARGV[3])
+if framed ~= '' then return framed end
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+local left = redis.call('pttl', KEYS[1])
+if left == -1 or left > tonumber(ARGV[2]) then return -1 end
+return 0
+"""
+# KEYS: the lease. ARGV: our token, the TTL in ms. 1 if the lease was still ours.
+EXTEND: Final = b"""
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+return 0
+"""
+# KEYS: the lease, the value. ARGV: our token, the channel. Deletes the lease only if it
+# is still ours; with no value behind it (the computation raised) waiters are woken to
+# take over (after a value, its publication woke them already).
+RELEASE: Final = b"""
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('del', KEYS[1])
+if redis.call('exists', KEYS[2]) == 0 then redis.pcall('publish', ARGV[2], KEYS[2]) end
+return 1
+"""
+
+
+@attrs.frozen
+class RemoteValue:
+    """A value read from Redis, with what its entry carried (each believed, or None)."""
+
+    value: bytes
+    written_at: float | None
+    """Unix seconds when the host that computed it stored it."""
+    cost: float | None
+    """Seconds its computation took there."""
+
+
+class BadFrame(Exception):
+    """What sits under a key is no value warmenv published there; its text says why.
+
+    A reason the tier counts and logs (a miss), never raised past it.
+    """
+
+
+def frame(rkey: bytes, value: bytes, written_at: float, cost: float | None) -> bytes:
+    """`value` framed for Redis under `rkey`, carrying when it was written and its cost."""
+    carrying = carried.pack(written_at, cost)
+    return b"".join((_MAGIC, _digest(rkey, carrying, value), carrying, value))
+
+
+def unframe(rkey: bytes, framed: bytes, max_value_bytes: int) -> RemoteValue:
+    """The value in what GETRANGE read under `rkey` (up to `HEADER + max_value_bytes + 1`
+    bytes, never empty); `BadFrame` if it is not a usable one."""
+    too_large = f"larger than max_value_bytes={max_value_bytes}"
+    if len(framed) > HEADER + max_value_bytes:
+        raise BadFrame(too_large)
+    magic = framed[: len(_MAGIC)]
+    body = memoryview(framed)[_BODY:]
+    if magic not in (_MAGIC, _MAGIC_V1) or framed[len(_MAGIC) : _BODY] != _digest(rkey, body):
+        raise BadFrame("not a value warmenv published under this key")
+    if magic == _MAGIC_V1:
+        written_at = cost = None
+        value = framed[_BODY:]
+    elif len(body) < _CARRIED:
+        raise BadFrame("a frame too short to hold what its entry carries")
+    else:
+        # What a value carries is believed as what a bundle's entry carries is.
+        written_at, cost = carried.unpack(body[:_CARRIED])
+        value = framed[HEADER:]
+    if len(value) > max_value_bytes:
+        raise BadFrame(too_large)
+    return RemoteValue(value, written_at, cost)
+
+
+def client(
+    settings: RemoteSettings, connections: int, tls: ssl.SSLContext | None
+) -> coredis.Redis[bytes]:
+    """A client that fails fast (the tier does the retrying) with a pool of `connections`;
+    `tls`: the context `tls_context` made for a rediss:// URL."""
+    import coredis
+    from coredis.retry import NoRetryPolicy
+
+    return coredis.Redis.from_url(
+        settings.url,
+        ssl_context=tls,  # None for redis://; for rediss:// coredis's own is never used
+        decode_responses=False,
+        verify_version=False,
+        retry_policy=NoRetryPolicy(),
+        max_connections=connections,
+        connect_timeout=settings.timeout,
+        pool_timeout=settings.timeout,
+        # A connection that stops answering is torn down rather than kept.
+        stream_timeout=max(1.0, 4 * settings.timeout),
+    )
+
+
+@functools.cache
+def sha1(script: bytes) -> str:
+    """The hash EVALSHA runs our Lua `script` by (one of four constants)."""
+    return hashlib.sha1(script, usedforsecurity=False).hexdigest()
+
+
+def _digest(rkey: bytes, *body: bytes | memoryview) -> bytes:
+    digest = hashlib.blake2b(rkey, digest_size=_DIGEST_SIZE)
+    digest.update(b"\0")
+    for part in body:
+        digest.update(part)
+    return digest.digest()
