@@ -16,7 +16,7 @@ from warmenv import open_environment
 BIN = Path(sys.executable).parent
 COMMANDS = {
     "demo", "ls", "stats", "explain", "export", "import",
-    "inspect", "verify", "check", "purge", "gc", "vacuum",
+    "inspect", "verify", "check", "purge", "gc", "vacuum", "run",
 }  # fmt: skip
 
 

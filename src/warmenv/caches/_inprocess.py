@@ -18,7 +18,9 @@ own counters report so far, and `capture()`.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +33,7 @@ from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport, captur
 from warmenv.environment import open_environment
 from warmenv.future import block_on
 
-__all__ = ["EnvironmentChoice", "Warmed", "where"]
+__all__ = ["COUNTS_VARIABLE", "EnvironmentChoice", "Warmed", "read_counts", "where", "write_counts"]
 
 log = logging.getLogger("warmenv.caches")
 
@@ -129,3 +131,40 @@ def restored(
     for skipped in report.skipped:
         log.info("skipped %s: %s", skipped.namespace, "; ".join(skipped.reasons))
     return Warmed(tool, cache_dir, report, tree=tree, where=chosen, counters=counters)
+
+
+# --- counts from a child process (`warmenv run`) -----------------------------------
+
+COUNTS_VARIABLE = "WARMENV_CACHE_COUNTS"
+"""Names the file where a tool's hook in a child process appends its hit counts at exit."""
+
+
+def write_counts(tool: str, hits: int, misses: int) -> None:
+    """Append this process's counts for `tool` to the file `COUNTS_VARIABLE` names, if any."""
+    path = os.environ.get(COUNTS_VARIABLE)
+    if not path:
+        return
+    line = json.dumps({"tool": tool, "hits": hits, "misses": misses}) + "\n"
+    try:
+        with open(path, "a", encoding="utf-8") as file:
+            file.write(line)
+    except OSError:
+        log.warning("could not write %s's cache counts to %s", tool, path)
+
+
+def read_counts(path: Path) -> dict[str, tuple[int, int]]:
+    """Each tool's hits and misses, summed over the processes that wrote to `path`."""
+    found: dict[str, tuple[int, int]] = {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return found
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+            tool, hits, misses = str(record["tool"]), int(record["hits"]), int(record["misses"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        before = found.get(tool, (0, 0))
+        found[tool] = (before[0] + hits, before[1] + misses)
+    return found

@@ -17,13 +17,26 @@ it was compiled from; two modules of one name share a directory safely
 
 from __future__ import annotations
 
+import atexit
 import os
 from typing import Any
 
 from numba.core import config
 from numba.core.caching import UserProvidedCacheLocator
 
+from warmenv.caches import numba as _numba
+from warmenv.caches._inprocess import COUNTS_VARIABLE, write_counts
+
 __all__ = ["Locator"]
+
+
+def _write_counts() -> None:
+    hits, misses, _ = _numba.hits()
+    write_counts("numba", hits, misses)
+
+
+if os.environ.get(COUNTS_VARIABLE):  # under `warmenv run`: report Numba's own counts at exit
+    atexit.register(_write_counts)
 
 
 class Locator(UserProvidedCacheLocator):  # type: ignore[misc]  # Numba is untyped

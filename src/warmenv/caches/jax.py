@@ -49,6 +49,7 @@ _EXCLUDE: Final = ("*-atime", ".lockfile", "*.lock")
 _HIT: Final = "/jax/compilation_cache/cache_hits"
 _MISS: Final = "/jax/compilation_cache/cache_misses"
 _SAVED: Final = "/jax/compilation_cache/compile_time_saved_sec"
+CACHE_DIR_VARIABLE: Final = "JAX_COMPILATION_CACHE_DIR"
 INSTALL_HINT: Final = "pip install 'warmenv[jax]' (or: pip install jax jaxlib)"
 
 

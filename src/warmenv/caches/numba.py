@@ -45,6 +45,7 @@ __all__ = ["FACTS", "LOCATOR", "capture", "configure", "hits", "restore", "setti
 
 FACTS: Final = ("numba", "llvmlite", "python", "cpu")
 LOCATOR: Final = "warmenv.caches._numba_plugin.Locator"
+CACHE_DIR_VARIABLE: Final = "NUMBA_CACHE_DIR"
 INSTALL_HINT: Final = "pip install 'warmenv[numba]' (or: pip install numba)"
 
 

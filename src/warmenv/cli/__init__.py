@@ -45,6 +45,7 @@ from warmenv.cli import (
     inspect,
     ls,
     purge,
+    run,
     stats,
     vacuum,
     verify,
@@ -70,6 +71,7 @@ _COMMANDS = (
     purge,
     gc,
     vacuum,
+    run,
 )
 
 # How long a stopped command may take to clean up before the process exits anyway.
@@ -105,9 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     arguments = list(sys.argv[1:] if argv is None else argv)
-    # Known before parsing, so that a usage error is JSON too when asked for.
-    out = Output(json="--json" in arguments, quiet=bool({"--quiet", "-q"} & set(arguments)))
-    debug = "--debug" in arguments
+    # Known before parsing, so that a usage error is JSON too when asked for; what
+    # follows `--` is not ours (`warmenv run -- tool --json`).
+    ours = arguments[: arguments.index("--")] if "--" in arguments else arguments
+    out = Output(json="--json" in ours, quiet=bool({"--quiet", "-q"} & set(ours)))
+    debug = "--debug" in ours
     args: argparse.Namespace | None = None
     with out.routing(), _signals_before_the_loop():
         try:
@@ -195,9 +199,12 @@ def _backend() -> tuple[str, dict[str, Any]]:
 
 async def _supervised(args: argparse.Namespace, out: Output) -> int:
     """Run the command; the first stop signal cancels it, as Ctrl-C would."""
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or not getattr(
+        args, "supervised", True
+    ):
         # Signal handlers belong to the main thread; called from any other,
         # the command runs without them (stopping it is the caller's business).
+        # `run` handles its own (it passes them on to its child).
         return int(await args.run(args, out))
     stopped = out.stopped
     deadline: list[threading.Timer] = []

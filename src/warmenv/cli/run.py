@@ -1,0 +1,262 @@
+"""`warmenv run --cache TOOL ... -- COMMAND`: run a process with its compilers' caches warm.
+
+Before COMMAND starts, each tool's cache captured under this machine's facts
+is restored from the environment into the tool's cache directory
+(`--cache-dir DIR/<tool>`, else the directory the tool's own variable names,
+else `<root>/caches/<tool>`); COMMAND runs with each tool pointed there and
+its trap fixed (environment variables: each tool module's `settings`); when
+it ends, the directories are captured back, so a CI warm-up job is
+`warmenv run ... -- python warm.py && warmenv export ...` and a pod's
+entrypoint `warmenv import URL && warmenv run ... -- serve`.
+
+While COMMAND runs, warmenv is a transparent parent: the signals it
+receives (SIGTERM, SIGHUP, SIGUSR1, ...) are passed on to COMMAND and its
+exit status is warmenv's (128 + N if a signal N ended it). SIGINT and
+SIGQUIT typed at a terminal reach COMMAND from the terminal itself (it is
+in the same foreground process group), so warmenv passes those on only
+when they were not (sent with `kill`). A COMMAND ended by a signal is not
+captured: a compiler stopped mid-write (JAX writes its files in place) may
+have left a half-written file, which must not travel to other machines.
+Before and after COMMAND, a stop signal stops warmenv as for any command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+
+from warmenv.caches import CaptureReport, RestoreReport, capture, restore
+from warmenv.caches._inprocess import COUNTS_VARIABLE, read_counts
+from warmenv.caches._tools import Tool, available_tools, tool
+from warmenv.cli._environments import environment
+from warmenv.cli._errors import Failure, Stopped, UsageError
+from warmenv.cli._output import Output
+
+_FORWARDED = tuple(
+    getattr(signal, name)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGWINCH")
+    if hasattr(signal, name)
+)
+_TYPED_AT_A_TERMINAL = frozenset(
+    getattr(signal, name) for name in ("SIGINT", "SIGQUIT") if hasattr(signal, name)
+)
+_STOPPING = frozenset(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+
+def register(commands: Any, parent: argparse.ArgumentParser) -> None:
+    parser = commands.add_parser(
+        "run",
+        parents=[parent],
+        help="run a command with its compilers' caches restored before and captured after",
+        description="Restore each --cache tool's compiler cache from the environment, run "
+        "COMMAND with the tool pointed at it (its cache-miss trap fixed), then capture the "
+        "cache back. Signals are passed on to COMMAND; the exit status is COMMAND's. "
+        f"Tools: {', '.join(available_tools())}.",
+    )
+    parser.add_argument(
+        "--cache",
+        dest="caches",
+        action="append",
+        required=True,
+        metavar="TOOL",
+        help="a compiler whose cache to restore and capture (repeatable)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the caches live, one directory per tool (default: the directory the "
+        "tool's own variable names, else <root>/caches/<tool>)",
+    )
+    parser.add_argument(
+        "--no-capture",
+        action="store_true",
+        help="restore only; leave the environment as it was after COMMAND",
+    )
+    parser.add_argument(
+        "command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run"
+    )
+    parser.set_defaults(run=run, supervised=False)
+
+
+@attrs.define
+class _Phase:
+    """What a signal does now: cancel warmenv's own work, or go to the child."""
+
+    scope: anyio.CancelScope = attrs.Factory(anyio.CancelScope)
+    child: Any = None
+    stopped: list[int] = attrs.Factory(list)
+    forwarded: list[int] = attrs.Factory(list)
+
+
+async def run(args: argparse.Namespace, out: Output) -> int:
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise UsageError(
+            "name the command to run after '--', e.g. warmenv run --cache jax -- python train.py"
+        )
+    try:
+        tools = [tool(name) for name in dict.fromkeys(args.caches)]
+    except LookupError as error:
+        raise UsageError(str(error)) from None
+    phase = _Phase()
+    with anyio.open_signal_receiver(*_FORWARDED) as signals:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_route, signals, phase)
+            status = await _restore_run_capture(args, out, tools, command, phase)
+            tg.cancel_scope.cancel()
+    return status
+
+
+async def _restore_run_capture(
+    args: argparse.Namespace, out: Output, tools: list[Tool], command: list[str], phase: _Phase
+) -> int:
+    document: dict[str, Any] = {"command": command, "tools": {}}
+    with phase.scope:
+        async with environment(args, out, create=True, write=not args.no_capture) as env:
+            base = args.cache_dir or env.path.parent / "caches"
+            directories = {t.name: _cache_dir(t, base, args.cache_dir is not None) for t in tools}
+            trees = {t.name: t.tree() for t in tools}
+            for t in tools:
+                report = await restore(env, trees[t.name], directories[t.name])
+                _said(out, f"{t.name}: {_restored(report)}")
+                document["tools"][t.name] = {
+                    "cache_dir": str(directories[t.name]),
+                    "restored": _as_json(report),
+                }
+    _raise_if_stopped(phase)
+
+    variables = dict(os.environ)
+    for t in tools:
+        variables.update(t.settings(directories[t.name]))
+    with tempfile.TemporaryDirectory(prefix="warmenv-run-") as scratch:
+        counts = Path(scratch) / "counts.jsonl"
+        variables[COUNTS_VARIABLE] = str(counts)
+        returncode = await _child(command, variables, phase, out)
+        for name, (hits, misses) in (await anyio.to_thread.run_sync(read_counts, counts)).items():
+            if name in document["tools"]:
+                document["tools"][name].update(hits=hits, misses=misses)
+                _said(out, f"{name}: {hits} cache hits, {misses} misses (the tool's own counters)")
+    status = returncode if returncode >= 0 else 128 - returncode
+    document["exit"] = status
+    if returncode < 0:
+        _said(
+            out,
+            f"not captured: the command was ended by {signal.Signals(-returncode).name}, and a "
+            "compiler stopped mid-write may have left a half-written file",
+        )
+    elif not args.no_capture:
+        phase.scope = anyio.CancelScope()
+        with phase.scope:
+            async with environment(args, out, create=True, write=True) as env:
+                for t in tools:
+                    captured = await capture(env, trees[t.name], directories[t.name])
+                    _said(out, f"{t.name}: {_captured(captured)}")
+                    document["tools"][t.name]["captured"] = _as_json(captured)
+        _raise_if_stopped(phase)
+    out.result(document)
+    return status
+
+
+async def _child(command: list[str], variables: dict[str, str], phase: _Phase, out: Output) -> int:
+    try:
+        process = await anyio.open_process(
+            command, stdin=None, stdout=None, stderr=None, env=variables
+        )
+    except FileNotFoundError:
+        raise Failure(f"command not found: {command[0]!r}") from None
+    except PermissionError:
+        raise Failure(f"command cannot be run (permission denied): {command[0]!r}") from None
+    phase.child = process
+    try:
+        with anyio.CancelScope(shield=True):  # the child decides when it ends
+            returncode = await process.wait()
+    finally:
+        phase.child = None
+    return int(returncode)
+
+
+async def _route(signals: Any, phase: _Phase) -> None:
+    async for signum in signals:
+        child = phase.child
+        if child is not None:
+            if signum in _TYPED_AT_A_TERMINAL and _in_the_foreground():
+                continue  # the terminal sent it to the child too
+            phase.forwarded.append(signum)
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signum)
+        elif signum in _STOPPING:
+            phase.stopped.append(signum)
+            phase.scope.cancel()
+
+
+def _in_the_foreground() -> bool:
+    """Whether this process's group is its terminal's foreground group (so shares its keys)."""
+    for stream in (sys.stdin, sys.stdout, sys.stderr):
+        try:
+            return os.tcgetpgrp(stream.fileno()) == os.getpgrp()
+        except (OSError, ValueError, AttributeError):
+            continue
+    return False
+
+
+def _raise_if_stopped(phase: _Phase) -> None:
+    if phase.stopped:
+        raise Stopped(phase.stopped[0])
+
+
+def _cache_dir(t: Tool, base: Path, given: bool) -> Path:
+    if not given:
+        named = os.environ.get(t.cache_dir_variable)
+        if named:
+            return Path(named).expanduser()
+    return base / t.name
+
+
+def _said(out: Output, text: str) -> None:
+    if not (out.json or out.quiet):
+        print(f"warmenv: {text}", file=sys.stderr, flush=True)
+
+
+def _restored(report: RestoreReport) -> str:
+    text = f"restored {report.written} files into '{report.target}'"
+    if report.kept:
+        text += f" ({report.kept} already there)"
+    if report.refused:
+        text += f"; refused {len(report.refused)}: " + "; ".join(
+            f"{r.path!r} ({r.reason})" for r in report.refused[:3]
+        )
+    for skipped in report.skipped:
+        text += f"; skipped {skipped.namespace} ({skipped.entries} files): " + "; ".join(
+            skipped.reasons
+        )
+    return text
+
+
+def _captured(report: CaptureReport) -> str:
+    return (
+        f"captured {report.stored} new and {report.replaced} changed files "
+        f"({report.unchanged} unchanged) from '{report.source}'"
+        + (f", {report.failed} failed" if report.failed else "")
+    )
+
+
+def _as_json(report: RestoreReport | CaptureReport) -> dict[str, Any]:
+    document = attrs.asdict(report, recurse=True)
+    for key in ("target", "source"):
+        if key in document:
+            document[key] = str(document[key])
+    return document

@@ -1,0 +1,176 @@
+"""`warmenv run --cache TOOL -- COMMAND`: restore before, run, capture after, transparently.
+
+COMMAND here is a small Python script standing in for a compiler: it reads
+the variables `run` sets and writes a file where the tool would cache. The
+real compilers under `run` are in tests/compilers/test_compiler_run.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import anyio
+import pytest
+
+from warmenv import open_environment
+from warmenv.bundle import export_bundle, import_bundle
+from warmenv.caches import jax as cached_jax
+
+STANDIN = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
+    found = sorted(os.listdir(cache)) if os.path.isdir(cache) else []
+    print(json.dumps({
+        "found": found,
+        "xla_caches": os.environ.get("JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"),
+        "cache": cache,
+    }), flush=True)
+    os.makedirs(cache, exist_ok=True)
+    with open(os.path.join(cache, "jit_f-%d-cache" % len(found)), "wb") as f:
+        f.write(b"executable")
+    if sys.argv[1] == "wait":
+        signal.signal(signal.SIGTERM, lambda n, f: sys.exit(40 + n))
+        print("ready", flush=True)
+        signal.pause()
+    if sys.argv[1] == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+    sys.exit(int(sys.argv[1]))
+    """
+)
+
+
+_WARMENV_RUN = (sys.executable, "-m", "warmenv", "run")
+
+
+def _run(
+    root: Path, *command: str, options: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*_WARMENV_RUN, "--root", str(root), *options, "--", *command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if not k.startswith("JAX_")},
+    )
+
+
+def _script(tmp_path: Path) -> str:
+    path = tmp_path / "standin.py"
+    path.write_text(STANDIN, encoding="utf-8")
+    return str(path)
+
+
+def _standin(tmp_path: Path, how: str) -> list[str]:
+    return [sys.executable, _script(tmp_path), how]
+
+
+def _first_json(stdout: str) -> dict[str, object]:
+    found = json.loads(stdout.splitlines()[0])
+    assert isinstance(found, dict)
+    return found
+
+
+def test_run_passes_the_exit_status_through_and_captures_after(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    completed = _run(root, sys.executable, _script(tmp_path), "3", options=("--cache", "jax"))
+    assert completed.returncode == 3, completed.stderr
+    seen = _first_json(completed.stdout)
+    assert seen["xla_caches"] == "none"  # the trap fixed for the child
+    assert seen["cache"] == str(root / "caches" / "jax")
+    assert "jax: captured 1 new" in completed.stderr
+
+    async def files() -> list[bytes]:
+        async with open_environment("default", root=root) as env:
+            return [k async for k, _ in env.storage(cached_jax.tree().namespace).scan()]
+
+    assert anyio.run(files) == [b"jit_f-0-cache"]
+
+
+def test_run_restores_on_another_machine_before_the_command_starts(tmp_path: Path) -> None:
+    first, second = tmp_path / "one" / "root", tmp_path / "elsewhere" / "deeper" / "root"
+    script = _script(tmp_path)
+    assert _run(first, sys.executable, script, "0", options=("--cache", "jax")).returncode == 0
+    bundle = tmp_path / "jax.bundle"
+
+    async def ship() -> None:
+        async with open_environment("default", root=first) as env:
+            await export_bundle([env], bundle, name="ci", version="1")
+        async with open_environment("default", root=second) as env:
+            await import_bundle(bundle, env)
+
+    anyio.run(ship)
+    cache = tmp_path / "given"
+    completed = _run(
+        second, sys.executable, script, "0", options=("--cache", "jax", "--cache-dir", str(cache))
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert _first_json(completed.stdout)["found"] == ["jit_f-0-cache"]
+    assert (cache / "jax" / "jit_f-0-cache").read_bytes() == b"executable"
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_run_passes_a_signal_on_to_the_command_and_its_status_back(
+    tmp_path: Path, backend: str
+) -> None:
+    root = tmp_path / "root"
+    process = subprocess.Popen(
+        [*_WARMENV_RUN, "--root", str(root), "--cache", "jax", "--", *_standin(tmp_path, "wait")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "WARMENV_CLI_BACKEND": backend},
+    )
+    assert process.stdout is not None
+    process.stdout.readline()  # the stand-in's JSON line
+    assert process.stdout.readline() == "ready\n"
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 40 + signal.SIGTERM, err  # the child's own handler's status
+    assert "jax: captured 1 new" in err  # it ended by itself: captured
+
+
+def test_a_command_ended_by_a_signal_is_not_captured(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    completed = _run(root, sys.executable, _script(tmp_path), "die", options=("--cache", "jax"))
+    assert completed.returncode == 128 + signal.SIGKILL
+    assert "not captured: the command was ended by SIGKILL" in completed.stderr
+
+
+def test_run_refuses_an_unknown_tool_naming_the_known_ones(tmp_path: Path) -> None:
+    completed = _run(tmp_path / "root", "true", options=("--cache", "fortran"))
+    assert completed.returncode == 2
+    assert "unknown cache tool 'fortran': use one of" in completed.stderr
+    assert "jax" in completed.stderr and "numba" in completed.stderr
+
+
+def test_run_without_a_command_is_bad_usage(tmp_path: Path) -> None:
+    completed = _run(tmp_path / "root", options=("--cache", "jax"))
+    assert completed.returncode == 2
+    assert "name the command to run after '--'" in completed.stderr
+
+
+def test_a_command_that_does_not_exist_fails_in_one_line(tmp_path: Path) -> None:
+    completed = _run(tmp_path / "root", "no-such-command-here", options=("--cache", "jax"))
+    assert completed.returncode == 1
+    assert "command not found: 'no-such-command-here'" in completed.stderr
+
+
+def test_options_after_the_double_dash_belong_to_the_command(tmp_path: Path) -> None:
+    completed = _run(
+        tmp_path / "root",
+        sys.executable,
+        _script(tmp_path),
+        "0",
+        "--json",
+        options=("--cache", "jax"),
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert _first_json(completed.stdout)["found"] == []  # the child's line, not warmenv's JSON
+    assert "warmenv: jax: restored" in completed.stderr
