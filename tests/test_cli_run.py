@@ -84,7 +84,7 @@ def test_run_passes_the_exit_status_through_and_captures_after(tmp_path: Path) -
     seen = _first_json(completed.stdout)
     assert seen["xla_caches"] == "none"  # the trap fixed for the child
     assert seen["cache"] == str(root / "caches" / "jax")
-    assert "jax: captured 1 new" in completed.stderr
+    assert "jax: captured 1 files" in completed.stderr and ": 1 new," in completed.stderr
 
     async def files() -> list[bytes]:
         async with open_environment("default", root=root) as env:
@@ -133,7 +133,7 @@ def test_run_passes_a_signal_on_to_the_command_and_its_status_back(
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 40 + signal.SIGTERM, err  # the child's own handler's status
-    assert "jax: captured 1 new" in err  # it ended by itself: captured
+    assert "jax: captured 1 files" in err  # it ended by itself: captured
 
 
 def test_a_command_ended_by_a_signal_is_not_captured(tmp_path: Path) -> None:

@@ -1,28 +1,34 @@
-"""The tools `warmenv run --cache TOOL` knows: the public modules of warmenv.caches.
+"""The tools `warmenv run --cache TOOL` knows: the public modules of warmenv.caches that can.
 
-A tool module provides `tree()` (its `CacheTree` under this machine's
-facts), `settings(cache_dir)` (the environment variables that point a
-process of the tool at `cache_dir` with its trap fixed),
-`CACHE_DIR_VARIABLE` (the tool's own variable naming its cache directory)
-and `INSTALL_HINT`. The modules are found by listing the package, so a new
-tool is one new module; none of them imports its compiler at import time.
+A tool module `warmenv run` can drive provides, beside its in-process `use()`:
+
+- `async restore(env, cache_dir)` and `async capture(env, cache_dir)`, whose
+  reports read as lines (`str()`) and are attrs classes (for `--json`);
+- `settings(cache_dir) -> dict[str, str]`: the environment variables that
+  point a process of the tool at `cache_dir` with its trap fixed;
+- `CACHE_DIR_VARIABLE`: the tool's own variable naming its cache directory.
+
+The modules are found by listing the package, so a new tool is one new
+module; none of them imports its compiler at import time.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import attrs
 
 import warmenv.caches
-from warmenv.caches._tree import CacheTree
+from warmenv.environment import Environment
 
 __all__ = ["Tool", "available_tools", "tool"]
 
-_NOT_TOOLS = frozenset({"directory"})
+_REQUIRED = ("restore", "capture", "settings", "CACHE_DIR_VARIABLE")
 
 
 @attrs.frozen
@@ -32,10 +38,11 @@ class Tool:
     name: str
     module: ModuleType
 
-    def tree(self) -> CacheTree:
-        made = self.module.tree()
-        assert isinstance(made, CacheTree)
-        return made
+    async def restore(self, env: Environment, cache_dir: Path) -> Any:
+        return await self.module.restore(env, cache_dir)
+
+    async def capture(self, env: Environment, cache_dir: Path) -> Any:
+        return await self.module.capture(env, cache_dir)
 
     def settings(self, cache_dir: Path) -> dict[str, str]:
         return dict(self.module.settings(cache_dir))
@@ -45,11 +52,17 @@ class Tool:
         return str(self.module.CACHE_DIR_VARIABLE)
 
 
+@functools.cache
 def available_tools() -> tuple[str, ...]:
-    found = pkgutil.iter_modules(warmenv.caches.__path__)
-    return tuple(
-        sorted(m.name for m in found if not m.name.startswith("_") and m.name not in _NOT_TOOLS)
-    )
+    """The tools `warmenv run` can drive, by name."""
+    found = []
+    for info in pkgutil.iter_modules(warmenv.caches.__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"warmenv.caches.{info.name}")
+        if all(hasattr(module, name) for name in _REQUIRED):
+            found.append(info.name)
+    return tuple(sorted(found))
 
 
 def tool(name: str) -> Tool:

@@ -34,7 +34,6 @@ from typing import Any
 import anyio
 import attrs
 
-from warmenv.caches import CaptureReport, RestoreReport, capture, restore
 from warmenv.caches._inprocess import COUNTS_VARIABLE, read_counts
 from warmenv.caches._tools import Tool, available_tools, tool
 from warmenv.cli._environments import environment
@@ -129,10 +128,9 @@ async def _restore_run_capture(
         async with environment(args, out, create=True, write=not args.no_capture) as env:
             base = args.cache_dir or env.path.parent / "caches"
             directories = {t.name: _cache_dir(t, base, args.cache_dir is not None) for t in tools}
-            trees = {t.name: t.tree() for t in tools}
             for t in tools:
-                report = await restore(env, trees[t.name], directories[t.name])
-                _said(out, f"{t.name}: {_restored(report)}")
+                report = await t.restore(env, directories[t.name])
+                _said(out, f"{t.name}: {report}")
                 document["tools"][t.name] = {
                     "cache_dir": str(directories[t.name]),
                     "restored": _as_json(report),
@@ -163,8 +161,8 @@ async def _restore_run_capture(
         with phase.scope:
             async with environment(args, out, create=True, write=True) as env:
                 for t in tools:
-                    captured = await capture(env, trees[t.name], directories[t.name])
-                    _said(out, f"{t.name}: {_captured(captured)}")
+                    captured = await t.capture(env, directories[t.name])
+                    _said(out, f"{t.name}: {captured}")
                     document["tools"][t.name]["captured"] = _as_json(captured)
         _raise_if_stopped(phase)
     out.result(document)
@@ -231,32 +229,9 @@ def _said(out: Output, text: str) -> None:
         print(f"warmenv: {text}", file=sys.stderr, flush=True)
 
 
-def _restored(report: RestoreReport) -> str:
-    text = f"restored {report.written} files into '{report.target}'"
-    if report.kept:
-        text += f" ({report.kept} already there)"
-    if report.refused:
-        text += f"; refused {len(report.refused)}: " + "; ".join(
-            f"{r.path!r} ({r.reason})" for r in report.refused[:3]
-        )
-    for skipped in report.skipped:
-        text += f"; skipped {skipped.namespace} ({skipped.entries} files): " + "; ".join(
-            skipped.reasons
-        )
-    return text
+def _as_json(report: Any) -> dict[str, Any]:
+    def value(_: Any, __: Any, found: Any) -> Any:
+        return str(found) if isinstance(found, Path) else found
 
-
-def _captured(report: CaptureReport) -> str:
-    return (
-        f"captured {report.stored} new and {report.replaced} changed files "
-        f"({report.unchanged} unchanged) from '{report.source}'"
-        + (f", {report.failed} failed" if report.failed else "")
-    )
-
-
-def _as_json(report: RestoreReport | CaptureReport) -> dict[str, Any]:
-    document = attrs.asdict(report, recurse=True)
-    for key in ("target", "source"):
-        if key in document:
-            document[key] = str(document[key])
+    document: dict[str, Any] = attrs.asdict(report, recurse=True, value_serializer=value)
     return document
