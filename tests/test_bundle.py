@@ -498,7 +498,7 @@ async def test_a_sqlite_file_that_is_not_a_bundle_is_not_a_bundle_rather_than_co
 async def test_a_large_sqlite_bundle_is_written_with_large_pages_and_a_small_one_is_not(
     warm_env: Environment, cold_env: Environment, out_dir: Path
 ) -> None:
-    from warmenv.persistence.files import LARGE_BUNDLE, LARGE_PAGE
+    from warmenv.bundle.sqlite.staging import LARGE_BUNDLE, LARGE_PAGE
 
     small = out_dir / "small.bundle"
     await export_bundle(warm_env, small, name="s", version="1", format=BundleFormat.SQLITE)
@@ -591,7 +591,7 @@ async def test_a_flat_bundle_reads_from_bytes(warm_env: Environment, out_dir: Pa
     await export_bundle(warm_env, bundle_path, name="flat", version="1", format=BundleFormat.FLAT)
     bundle = FlatBundle.from_bytes(bundle_path.read_bytes())
     assert await bundle.get(KERNELS, b"k010") == b"kernel-10"
-    assert bundle.compute_digest_sync() == bundle.manifest.digest
+    assert await bundle.compute_digest() == bundle.manifest.digest
     await bundle.aclose()
 
 

@@ -37,9 +37,9 @@ from warmenv.bundle import (
     import_bundle,
     open_bundle,
 )
+from warmenv.bundle.sqlite.schema import COLUMNS
 from warmenv.persistence import Origin
 from warmenv.persistence.carried import COST_LIMIT, WRITTEN_AT_LIMIT
-from warmenv.persistence.schema import BUNDLE_COLUMNS
 from warmenv.persistence.sqlite.schema import ENTRY_COLUMNS
 from warmenv.persistence.store import Store
 
@@ -211,7 +211,7 @@ async def test_a_sqlite_bundle_of_format_2_has_the_two_columns_and_says_so(
         columns = [(r[1], r[2]) for r in conn.execute("PRAGMA table_info(entries)")]
         version = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()[0]
         row = conn.execute("SELECT cost, typeof(written_at) FROM entries").fetchone()
-    assert (columns, version, row) == (BUNDLE_COLUMNS, "2", (0.5, "real"))
+    assert (columns, version, row) == (COLUMNS[2], "2", (0.5, "real"))
 
 
 @pytest.mark.parametrize("format", FORMATS)

@@ -26,7 +26,7 @@ from warmenv.bundle import (
     open_bundle,
 )
 from warmenv.bundle import flat as flat_module
-from warmenv.persistence import files
+from warmenv.bundle.sqlite import file as files
 
 pytestmark = pytest.mark.anyio
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from warmenv import WarmenvWarning, open_environment
+from warmenv.bundle.sqlite.schema import BUNDLE_VERSION, COLUMNS
 from warmenv.persistence import Origin, Stored
-from warmenv.persistence.schema import BUNDLE_COLUMNS, BUNDLE_VERSION
 from warmenv.persistence.sqlite.schema import ENTRY_COLUMNS, ENVIRONMENT_COLUMNS
 from warmenv.persistence.sqlite.storage import SqliteStorage
 from warmenv.persistence.sqlite.uris import read_only_uris
@@ -162,7 +162,7 @@ async def test_a_bundle_opened_as_an_environment_is_read_and_never_upgraded(
         info = await env.storage("app/1/kernels").info(b"k")
         assert info is not None and info.origin == Origin.IMPORTED and info.written_at is None
     assert hashlib.sha256(out.read_bytes()).hexdigest() == before
-    assert file_state(out)[:2] == (BUNDLE_VERSION, BUNDLE_COLUMNS)
+    assert file_state(out)[:2] == (BUNDLE_VERSION, COLUMNS[2])
 
 
 # --- killed half-way ----------------------------------------------------------------

@@ -15,6 +15,7 @@ from warmenv.bundle.errors import (
     BundleTooLargeError,
     CorruptBundleError,
     InvalidManifestError,
+    InvalidSourceError,
     NotABundleError,
     UnsupportedSchemaError,
 )
@@ -38,7 +39,6 @@ from warmenv.bundle.events import (
 from warmenv.bundle.exporting import (
     BundleFormat,
     ExportProgress,
-    InvalidSourceError,
     export_bundle,
     exporting,
 )
@@ -47,7 +47,7 @@ from warmenv.bundle.importing import ImportProgress, import_bundle, importing
 from warmenv.bundle.manifest import BundleManifest, EnvironmentInfo
 from warmenv.bundle.open import open_bundle
 from warmenv.bundle.preflight import Preflight, preflight
-from warmenv.bundle.sqlite import SqliteBundle
+from warmenv.bundle.sqlite.bundle import SqliteBundle
 
 __all__ = [
     "Bundle",

@@ -47,7 +47,7 @@ from warmenv.bundle.events import Downloading
 from warmenv.bundle.flat import FLAT_MAGIC, FlatBundle, check_format_version
 from warmenv.bundle.manifest import BundleManifest, check_manifest_size
 from warmenv.bundle.open import open_private_file
-from warmenv.bundle.sqlite import SqliteBundle
+from warmenv.bundle.sqlite.bundle import SqliteBundle
 
 if TYPE_CHECKING:
     import httpx

@@ -14,6 +14,7 @@ __all__ = [
     "BundleTooLargeError",
     "CorruptBundleError",
     "InvalidManifestError",
+    "InvalidSourceError",
     "NotABundleError",
     "UnsupportedSchemaError",
 ]
@@ -41,3 +42,7 @@ class CorruptBundleError(BundleError):
 
 class BundleTooLargeError(BundleError):
     """The entries do not fit the format (a flat bundle's data is limited to 4 GiB)."""
+
+
+class InvalidSourceError(BundleError):
+    """An export source is not an environment, an environment database or a root."""

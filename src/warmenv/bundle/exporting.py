@@ -39,7 +39,7 @@ import attrs
 from warmenv._fs import non_regular_kind
 from warmenv.bundle import _files
 from warmenv.bundle.base import FORMAT_VERSIONS, BundleFormat
-from warmenv.bundle.errors import BundleError, NotABundleError
+from warmenv.bundle.errors import InvalidSourceError, NotABundleError
 from warmenv.bundle.events import (
     BundleFinished,
     BundleProgress,
@@ -57,29 +57,20 @@ from warmenv.bundle.manifest import (
     now_iso,
     this_machine,
 )
-from warmenv.bundle.sqlite import SQLITE_MAGIC
+from warmenv.bundle.sqlite.bundle import SQLITE_MAGIC
+from warmenv.bundle.sqlite.schema import has_manifest
+from warmenv.bundle.sqlite.sources import CarriedRow, ExportSources
+from warmenv.bundle.sqlite.staging import StagingFile
 from warmenv.environment import Environment
 from warmenv.persistence import carried
-from warmenv.persistence.files import (
-    CarriedRow,
-    EntryFileError,
-    ExportSources,
-    StagingFile,
-    StagingWriteError,
-    has_manifest,
-)
 from warmenv.persistence.storage import NamespaceSummary
 
-__all__ = ["BundleFormat", "ExportProgress", "InvalidSourceError", "export_bundle", "exporting"]
+__all__ = ["BundleFormat", "ExportProgress", "export_bundle", "exporting"]
 
 _BATCH = 1024
 _Packed = tuple[str, bytes, bytes, bytes]  # an entry and its carried bytes (16, or none)
 
 Source = Environment | str | Path
-
-
-class InvalidSourceError(BundleError):
-    """An export source is not an environment, an environment database or a root."""
 
 
 async def export_bundle(
@@ -299,19 +290,18 @@ class _ExportJob:
             self.out.parent, prefix=f".{self.out.name}.", suffix=_files.STAGING_SUFFIX
         )
         try:
-            with _as_os_errors(), _as_source_errors():
-                sources = self._sources
-                if self.format == BundleFormat.SQLITE and len(sources) == 1:
-                    staging = self._staging_bundle()
-                    self.totals = staging.attach_source(sources[0], self._prefixes)
-                    self.skipped = staging.skipped
-                    self._copying = True
-                else:
-                    reader = self._sources_reader = ExportSources(sources, self._prefixes)
-                    self.skipped = reader.skipped
-                    self.totals = reader.totals()
-                    self._rows = reader.rows()
-                    self._start_output()
+            sources = self._sources
+            if self.format == BundleFormat.SQLITE and len(sources) == 1:
+                staging = self._staging_bundle()
+                self.totals = staging.attach_source(sources[0], self._prefixes)
+                self.skipped = staging.skipped
+                self._copying = True
+            else:
+                reader = self._sources_reader = ExportSources(sources, self._prefixes)
+                self.skipped = reader.skipped
+                self.totals = reader.totals()
+                self._rows = reader.rows()
+                self._start_output()
             self.total_entries = sum(e for e, _ in self.totals.values())
             self.total_bytes = sum(b for _, b in self.totals.values())
         except BaseException:
@@ -351,15 +341,14 @@ class _ExportJob:
 
     def step(self) -> str | None:
         """Write one batch; the last namespace written, or `None` when all are."""
-        with _as_os_errors(), _as_source_errors():
-            if self._copying:
-                assert self._bundle is not None
-                batch = self._bundle.copy_step()
-            else:
-                batch = list(itertools.islice(self._rows, _BATCH))
-            entries = self._packed(batch)
-            if batch and not self._copying:
-                self._write(batch, entries)
+        if self._copying:
+            assert self._bundle is not None
+            batch = self._bundle.copy_step()
+        else:
+            batch = list(itertools.islice(self._rows, _BATCH))
+        entries = self._packed(batch)
+        if batch and not self._copying:
+            self._write(batch, entries)
         if not batch:
             return None
         if self.format_version == 1:
@@ -391,21 +380,20 @@ class _ExportJob:
         """Finish the staging file, sync it and rename it onto `out`."""
         manifest = attrs.evolve(self.manifest, digest=self._digest.value())
         assert self.staging is not None
-        with _as_os_errors():
-            if self._writer is not None:
-                self._writer.finish(manifest.digest)
-                handle = self._file
-                assert handle is not None
-                handle.flush()
+        if self._writer is not None:
+            self._writer.finish(manifest.digest)
+            handle = self._file
+            assert handle is not None
+            handle.flush()
+            os.fsync(handle.fileno())
+            handle.close()
+            self._file = None
+        else:
+            assert self._bundle is not None
+            self._bundle.finish(manifest.to_json().decode("utf-8"))
+            self._bundle = None
+            with open(self.staging, "rb+") as handle:
                 os.fsync(handle.fileno())
-                handle.close()
-                self._file = None
-            else:
-                assert self._bundle is not None
-                self._bundle.finish(manifest.to_json().decode("utf-8"))
-                self._bundle = None
-                with open(self.staging, "rb+") as handle:
-                    os.fsync(handle.fileno())
         _check_out(self.out)  # something foreign may have appeared meanwhile
         os.replace(self.staging, self.out)
         self.staging = None
@@ -440,23 +428,6 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0  # the source's own open says what is wrong with it
-
-
-@contextlib.contextmanager
-def _as_source_errors() -> Iterator[None]:
-    try:
-        yield
-    except EntryFileError as exc:
-        raise InvalidSourceError(str(exc)) from None
-
-
-@contextlib.contextmanager
-def _as_os_errors() -> Iterator[None]:
-    """The staging file's SQLite errors as the `OSError` they stand for."""
-    try:
-        yield
-    except StagingWriteError as exc:
-        raise OSError(exc.errno, exc.strerror, exc.filename) from None
 
 
 def _check_out(out: Path) -> None:

@@ -157,6 +157,7 @@ class FlatBundle(BundleReader, Bundle):
         self._closer = closer
         self._fd = fd  # the file as opened, for a private copy; None: nothing to copy
         self._gets = 0  # lookups so far, for the cancellation check in get
+        self._words = array.array("I")  # the index, once parsed (a view of the blob)
         # Slicing bytes or an mmap yields bytes in one step; anything else is
         # read through a memoryview and copied per slice.
         self._blob = blob if isinstance(blob, bytes | mmap.mmap) else None
@@ -290,13 +291,6 @@ class FlatBundle(BundleReader, Bundle):
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(steps.close)
 
-    def compute_digest_sync(self) -> str:
-        """The content digest of the entries (and what they carry), on the calling thread."""
-        steps = self._digest_slices()
-        while isinstance(step := _next_step(steps), int):
-            pass
-        return step
-
     def _digest_slices(self) -> Generator[int, None, str]:
         """Hash the entries in order, yielding the bytes of keys and values done so far
         every `_DIGEST_SLICE` bytes or so (from 0 to all of them); returns the digest."""
@@ -382,7 +376,7 @@ class FlatBundle(BundleReader, Bundle):
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
-        words = getattr(self, "_words", None)
+        words = self._words
         if isinstance(words, memoryview):
             words.release()
         self._view.release()

@@ -36,6 +36,7 @@ __all__ = [
     "Digest",
     "EnvironmentInfo",
     "check_manifest_size",
+    "oversized_manifest",
     "this_machine",
 ]
 
@@ -54,15 +55,21 @@ u32 length field alone would let a file make a reader allocate 4 GiB.
 """
 
 
-def check_manifest_size(size: int | None, label: str = "") -> None:
-    """`InvalidManifestError` for a manifest of `size` bytes over `MAX_MANIFEST_BYTES`
-    (`None`: one known only to be over it), its message starting with `label` if given."""
-    if size is None or size > MAX_MANIFEST_BYTES:
-        measured = "" if size is None else f" {size:,} bytes,"
-        raise InvalidManifestError(
-            f"{label}{': ' if label else ''}the manifest is{measured} over the "
-            f"{MAX_MANIFEST_BYTES:,} bytes a reader accepts (one warmenv writes is a few hundred)"
-        )
+def check_manifest_size(size: int, label: str = "") -> None:
+    """`InvalidManifestError` for a manifest of `size` bytes over `MAX_MANIFEST_BYTES`,
+    its message starting with `label` if given."""
+    if size > MAX_MANIFEST_BYTES:
+        raise oversized_manifest(size, label)
+
+
+def oversized_manifest(size: int | None, label: str = "") -> InvalidManifestError:
+    """The error for a manifest of `size` bytes, over `MAX_MANIFEST_BYTES` (`None`: one
+    known only to be over it, refused unread), its message starting with `label` if given."""
+    measured = "" if size is None else f" {size:,} bytes,"
+    return InvalidManifestError(
+        f"{label}{': ' if label else ''}the manifest is{measured} over the "
+        f"{MAX_MANIFEST_BYTES:,} bytes a reader accepts (one warmenv writes is a few hundred)"
+    )
 
 
 def _os_name() -> str:
@@ -109,11 +116,6 @@ class BundleManifest:
     created: str
     environments: tuple[EnvironmentInfo, ...]
     digest: str
-
-    @property
-    def digest_algorithm(self) -> str:
-        """The algorithm the digest names (`blake2b-256`)."""
-        return self.digest.partition(":")[0]
 
     def to_json(self) -> bytes:
         """The manifest as UTF-8 JSON, keys sorted."""

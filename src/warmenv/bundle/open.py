@@ -21,7 +21,7 @@ from warmenv.bundle import _files
 from warmenv.bundle.base import BundleOpener
 from warmenv.bundle.errors import NotABundleError
 from warmenv.bundle.flat import FLAT_MAGIC, FlatBundle, _map_private_copy, map_file, map_private
-from warmenv.bundle.sqlite import SQLITE_MAGIC, SqliteBundle, open_sqlite_bundle
+from warmenv.bundle.sqlite.bundle import SQLITE_MAGIC, SqliteBundle, open_sqlite_bundle
 
 __all__ = ["open_bundle", "open_snapshot"]
 

@@ -45,8 +45,8 @@ __all__ = [
     "has_entry_columns",
     "has_meta",
     "install_functions",
+    "is_newer",
     "length_limit",
-    "meta_size",
     "meta_value",
     "namespace_addressable",
     "namespace_read",
@@ -315,33 +315,19 @@ def has_meta(conn: sqlite3.Connection, key: str) -> bool:
     return conn.execute("SELECT 1 FROM meta WHERE k = ?", (key,)).fetchone() is not None
 
 
-# The size in bytes of a stored value, as SQL. octet_length (SQLite 3.43+) reads
-# it from the record's header; before it, the value is cast to a blob inside SQLite.
-_OCTETS = "octet_length(v)" if sqlite3.sqlite_version_info >= (3, 43) else "length(CAST(v AS BLOB))"
-
-
-def meta_size(conn: sqlite3.Connection, key: str, *, limit: int) -> int | None:
-    """The bytes of the `meta` value under `key` (the largest, should a `meta` made
-    without its primary key hold the key twice), or `None` if there is none.
-
-    Measured in SQLite, never read into Python. Where measuring would read the
-    value (text, before SQLite 3.43), one of more than `limit` bytes is refused
-    unread, as `sqlite3.DataError` (`length_limit`): known only to be too large.
-    """
-    with length_limit(conn, limit):
-        count, size = conn.execute(
-            f"SELECT count(*), max({_OCTETS}) FROM meta WHERE k = ?", (key,)
-        ).fetchone()
-    return None if not count else int(size or 0)
+def is_newer(found: object, newest: str) -> bool:
+    """Whether a `schema_version` read from a file (any SQLite type, or None) names a
+    version above `newest`: written by a newer warmenv. The one reading of a version,
+    for environments and bundles alike; anything that is not a number is not newer."""
+    try:
+        return found is not None and int(str(found)) > int(newest)
+    except ValueError:
+        return False
 
 
 def _check_not_newer(found: str | None) -> None:
     """Refuse a file of a newer schema: its entries are another warmenv's to keep."""
-    try:
-        newer = found is not None and int(found) > int(ENVIRONMENT_VERSION)
-    except ValueError:
-        newer = False
-    if newer:
+    if is_newer(found, ENVIRONMENT_VERSION):
         raise NewerSchemaError(
             f"schema version {found!r} was written by a newer warmenv (this one reads "
             f"versions 1 and {ENVIRONMENT_VERSION}); upgrade warmenv, or delete the file"

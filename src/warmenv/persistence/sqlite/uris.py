@@ -15,13 +15,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-__all__ = ["open_uris", "read_only_uri", "read_only_uris", "writable"]
-
-
-def read_only_uri(path: Path, *, immutable: bool = False) -> str:
-    """A read-only URI for `path`: `mode=ro`, or `immutable=1` (no lock, no -shm
-    file, no -wal file read: the main file's bytes alone)."""
-    return f"{path.resolve().as_uri()}?{'immutable=1' if immutable else 'mode=ro'}"
+__all__ = ["open_uris", "read_only_uris", "writable"]
 
 
 def open_uris(path: Path, *, read_write: bool) -> list[str]:

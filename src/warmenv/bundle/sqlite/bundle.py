@@ -8,15 +8,14 @@ shared-memory file next to it. Rows whose key or value is not a BLOB are
 malformed and make the whole bundle corrupt; nothing is ever coerced. Format
 2 (what export writes; meta `schema_version` 2) adds each entry's
 `written_at` and `cost` columns, REAL or NULL; format 1 (0.1's four columns)
-is still read. The SQL lives in `warmenv.persistence.files`; this module
-speaks bundles.
+is still read. The SQL lives beside it (`file`, `staging`, `schema`); this
+module speaks bundles.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from contextlib import aclosing
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar, final
@@ -34,25 +33,13 @@ from warmenv.bundle.base import (
     check_namespace_names,
 )
 from warmenv.bundle.errors import (
-    CorruptBundleError,
     InvalidManifestError,
     NotABundleError,
     UnsupportedSchemaError,
 )
-from warmenv.bundle.manifest import (
-    MAX_MANIFEST_BYTES,
-    BackgroundDigest,
-    BundleManifest,
-    check_manifest_size,
-)
+from warmenv.bundle.manifest import BundleManifest
+from warmenv.bundle.sqlite.file import BundleFile
 from warmenv.persistence.carried import CarryingEntry
-from warmenv.persistence.files import (
-    DamagedEntryFileError,
-    EntryFile,
-    NewerEntryFileError,
-    NotEntryFileError,
-    OversizedManifestError,
-)
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import NamespaceSummary, check_batch_size, check_key
 
@@ -73,7 +60,7 @@ class SqliteBundle(BundleReader, Bundle):
 
     def __init__(
         self,
-        file: EntryFile,
+        file: BundleFile,
         manifest: BundleManifest,
         fd: int | None,
         label: str,
@@ -113,7 +100,7 @@ class SqliteBundle(BundleReader, Bundle):
 
     async def get(self, namespace: Namespace | str, key: bytes) -> bytes | None:
         check_key(key)
-        return await self._read(self._file.get(str(namespace), key))
+        return await self._file.get(str(namespace), key)
 
     def scan(
         self, namespace: Namespace | str, batch_size: int = 1024
@@ -135,7 +122,7 @@ class SqliteBundle(BundleReader, Bundle):
         check_batch_size(batch_size)
         after: bytes | None = None
         while True:
-            rows = await self._read(page(str(namespace), after, batch_size))
+            rows = await page(str(namespace), after, batch_size)
             for row in rows:
                 yield row
             if len(rows) < batch_size:
@@ -147,17 +134,8 @@ class SqliteBundle(BundleReader, Bundle):
         """1 (entries alone) or 2 (each entry carries its written_at and cost)."""
         return self._file.format or 1
 
-    async def _digest_steps(self) -> AsyncGenerator[int | str, None]:
-        steps = self._file.hash_entries(partial(BackgroundDigest, self.format_version))
-        async with aclosing(steps):
-            while True:
-                try:
-                    step = await anext(steps)
-                except DamagedEntryFileError as exc:
-                    raise CorruptBundleError(f"{self._label}: {exc}") from None
-                yield step
-                if isinstance(step, str):
-                    return
+    def _digest_steps(self) -> AsyncGenerator[int | str, None]:
+        return self._file.hash_entries()
 
     async def private_copy(self, near: Path | None) -> SqliteBundle | None:
         if self._private or self._fd is None:
@@ -189,12 +167,6 @@ class SqliteBundle(BundleReader, Bundle):
                 await anyio.to_thread.run_sync(_files.remove_private, path)
             raise
 
-    async def _read(self, reading: Awaitable[T]) -> T:
-        try:
-            return await reading
-        except DamagedEntryFileError as exc:
-            raise CorruptBundleError(f"{self._label}: {exc}") from None
-
     async def aclose(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
@@ -221,21 +193,7 @@ async def open_sqlite_bundle(path: Path) -> SqliteBundle:
 async def _open_checked(
     path: Path, fd: int | None, label: str, *, private: bool, check_rows: bool = True
 ) -> SqliteBundle:
-    try:
-        file = await EntryFile.open(
-            path, max_manifest_bytes=MAX_MANIFEST_BYTES, check_rows=check_rows
-        )
-    except OversizedManifestError as exc:
-        check_manifest_size(exc.size, label)
-        raise  # EntryFile refuses only a manifest over the limit it was given
-    except NewerEntryFileError as exc:
-        raise UnsupportedSchemaError(f"{label}: {exc}") from None
-    except NotEntryFileError as exc:
-        raise NotABundleError(
-            f"{label} is a SQLite database but not a warmenv bundle: {exc}"
-        ) from None
-    except DamagedEntryFileError as exc:
-        raise CorruptBundleError(f"{label}: {exc}") from None
+    file = await BundleFile.open(path, label, check_rows=check_rows)
     try:
         manifest_text = file.manifest
         if manifest_text is None:

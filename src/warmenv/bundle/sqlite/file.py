@@ -1,0 +1,385 @@
+"""The SQLite bundle's file, read: opened read-only, checked whole, paged and hashed.
+
+The SQL of reading a SQLite bundle lives here, so `warmenv.bundle.sqlite.bundle`
+speaks bundles and never touches `sqlite3`: it asks for a file to be opened
+and checked, for pages of one namespace, and for its entries in key order
+(to hash them). Whatever is wrong with the file is raised here, as the
+`BundleError` a caller acts on, naming the file: a file that is not a bundle
+of warmenv's schema is `NotABundleError`; one that is but holds damage (a
+malformed page, a row of the wrong types, a key twice) `CorruptBundleError`;
+one of a newer format than this warmenv reads `UnsupportedSchemaError`; one
+whose manifest is over the limit `InvalidManifestError`, found by its size alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import AsyncGenerator, Callable, Generator
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar, final
+
+import anyio
+import attrs
+
+from warmenv import _sqlite
+from warmenv.bundle.errors import CorruptBundleError, NotABundleError, UnsupportedSchemaError
+from warmenv.bundle.manifest import (
+    MAX_MANIFEST_BYTES,
+    BackgroundDigest,
+    check_manifest_size,
+    oversized_manifest,
+)
+from warmenv.bundle.sqlite import schema as bundle_schema
+from warmenv.persistence import carried
+from warmenv.persistence.carried import CarryingEntry
+from warmenv.persistence.sqlite import schema
+from warmenv.persistence.storage import NamespaceSummary
+
+__all__ = ["HASH_SLICE", "BundleFile"]
+
+T = TypeVar("T")
+_BATCH = 1024
+
+
+def _is_not_database(exc: sqlite3.Error) -> bool:
+    text = str(exc)
+    return "not a database" in text or "file is encrypted" in text
+
+
+def _not_a_bundle(label: str, why: str) -> NotABundleError:
+    return NotABundleError(f"{label} is a SQLite database but not a warmenv bundle: {why}")
+
+
+@final
+class BundleFile:
+    """A SQLite file of the entries schema, opened read-only and checked (a bundle)."""
+
+    __slots__ = ("_connection", "format", "label", "manifest", "namespaces", "path", "utf8")
+
+    def __init__(
+        self,
+        connection: _sqlite.Connection,
+        path: Path,
+        label: str,
+        checked: _Checked,
+    ) -> None:
+        self._connection = connection
+        self.path = path
+        self.label = label
+        """How errors name the file (its path, or a redacted URL)."""
+        self.manifest = checked.manifest
+        """The raw `meta` value under `manifest` (any SQLite type), or None."""
+        self.namespaces = checked.namespaces
+        self.utf8 = checked.utf8  # whether its text is UTF-8, as an environment's is
+        self.format = checked.format
+        """The bundle format its columns are (1 or 2); None: an environment's columns."""
+
+    @classmethod
+    async def open(cls, path: Path, label: str, *, check_rows: bool = True) -> BundleFile:
+        """Open read-only and check the schema and every row's types.
+
+        A manifest over `MAX_MANIFEST_BYTES` is refused by its size alone,
+        before any of it is read into Python. `check_rows=False` leaves the
+        rows' types to `hash_entries`, which checks them as it reads: for a
+        file that is hashed before any use.
+        """
+        # Immutable: the main file alone is read, exactly the bytes an import's
+        # private copy holds (never a -wal file beside it), and nothing is created.
+        try:
+            connection, checked = await _sqlite.open_with(
+                bundle_schema.read_only_uri(path, immutable=True),
+                partial(_check_file, label, check_rows),
+                uri=True,
+            )
+        except UnicodeDecodeError as exc:
+            raise CorruptBundleError(f"{label}: text that is not UTF-8 ({exc})") from None
+        except sqlite3.Error as exc:
+            if _is_not_database(exc):
+                raise _not_a_bundle(label, f"SQLite cannot read it ({exc})") from None
+            raise CorruptBundleError(f"{label}: SQLite cannot read it ({exc})") from None
+        return cls(connection, path, label, checked)
+
+    async def get(self, namespace: str, key: bytes) -> bytes | None:
+        return await self._run(partial(schema.value_of, namespace, key))
+
+    async def page(
+        self, namespace: str, after: bytes | None, limit: int
+    ) -> list[tuple[bytes, bytes]]:
+        """Up to `limit` entries of `namespace` after the key `after`, in key order."""
+        return await self._run(partial(_page, namespace, after, limit))
+
+    async def page_carrying(
+        self, namespace: str, after: bytes | None, limit: int
+    ) -> list[CarryingEntry]:
+        """As `page`, each entry with the written_at and cost it carries (believed, or None)."""
+        return await self._run(partial(_page_carrying, self.format, namespace, after, limit))
+
+    async def hash_entries(self) -> AsyncGenerator[int | str, None]:
+        """The content digest of every entry, in key order: the bytes of keys and values
+        done so far after each slice of the pass (an int), then the digest (a str).
+
+        Bundles are written in key order, so the table is read in rowid order
+        (sequentially) while checking that each row sorts after the last. A
+        file whose rows are not in key order falls back to SQLite's integrity
+        check and a read in index order, with a fresh digest (and the count
+        of bytes done starts again from 0). A (namespace, key) that appears
+        twice is damage either way: the digest would vouch for two values of
+        which an import keeps one.
+
+        Each slice (about `HASH_SLICE` bytes) is one hop to the worker, so a
+        caller can show how far the pass is, and cancel it between slices.
+        """
+        steps = await self._run(partial(_hash_entries, self.label, self.format))
+        try:
+            while True:
+                step = await self._run(partial(_next_step, steps))
+                yield step
+                if isinstance(step, str):
+                    return
+        finally:
+            # The generator holds a cursor and a digest thread: closed where it ran
+            # (unless the file was closed meanwhile: then collected, as the cursor is).
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await self._connection.run(lambda _conn: steps.close())
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        try:
+            return await self._connection.run(fn)
+        except (sqlite3.Error, UnicodeDecodeError) as exc:
+            raise CorruptBundleError(f"{self.label}: reading failed ({exc})") from None
+
+    async def close(self) -> None:
+        await self._connection.close()
+
+
+@attrs.frozen
+class _Checked:
+    manifest: object
+    namespaces: list[NamespaceSummary]
+    utf8: bool
+    format: int | None
+
+
+# The bundle format of each entries table warmenv reads; an environment's table
+# (None) is read only to say that the file is an environment.
+_FORMATS: dict[tuple[tuple[str, str], ...], int | None] = {
+    **{tuple(columns): format for format, columns in bundle_schema.COLUMNS.items()},
+    tuple(schema.ENVIRONMENT_COLUMNS): None,
+}
+
+
+def _check_file(label: str, check_rows: bool, conn: sqlite3.Connection) -> _Checked:
+    tables = schema.table_names(conn)
+    if not {"meta", "entries"} <= tables:
+        missing = sorted({"meta", "entries"} - tables)
+        raise _not_a_bundle(label, f"it has no {' or '.join(repr(t) for t in missing)} table")
+    newer = bundle_schema.newer_version(conn)
+    if newer is not None:
+        raise UnsupportedSchemaError(
+            f"{label}: it is a bundle of format {newer}, newer than this warmenv reads "
+            f"(1 and {bundle_schema.BUNDLE_VERSION}); upgrade warmenv"
+        )
+    columns = schema.entry_columns(conn)
+    if tuple(columns) not in _FORMATS:
+        raise _not_a_bundle(label, f"its entries table has columns {columns}, not warmenv's")
+    format = _FORMATS[tuple(columns)]
+    try:
+        size = bundle_schema.manifest_size(conn, limit=MAX_MANIFEST_BYTES)
+    except sqlite3.DataError:
+        raise oversized_manifest(None, label) from None  # refused unread: over the limit
+    if size is not None:
+        check_manifest_size(size, label)
+    manifest = schema.meta_value(conn, "manifest")
+    # The table itself is scanned for rows of the wrong types (a damaged file can hold
+    # rows its index lacks); the totals come through the index, which is far cheaper
+    # than grouping a table scan.
+    totals = schema.namespace_totals(conn)
+    if check_rows:
+        _check_rows(conn, label, format, sum(count for _, count, _ in totals))
+    utf8 = str(conn.execute("PRAGMA encoding").fetchone()[0]).upper() == "UTF-8"
+    return _Checked(manifest, [NamespaceSummary(n, c, b) for n, c, b in totals], utf8, format)
+
+
+def _check_rows(conn: sqlite3.Connection, label: str, format: int | None, indexed: int) -> None:
+    """Damage that reading the rows would meet: a row of the wrong types, a row the
+    index lacks (`indexed`: the rows the totals counted), a (namespace, key) twice.
+
+    A file that is hashed before use leaves this to the hash, which sees all of
+    it in the one pass it makes anyway; this is one table scan, for a file read
+    without a digest. A repeated key needs no scan of its own where the table
+    has a unique (namespace, key) index holding every row (the row counts
+    agree); a table without one is grouped by (namespace, key) to find it.
+    """
+    typed = schema.well_typed() + (f" AND {carried.typed_sql()}" if format == 2 else "")
+    rows, bad = conn.execute(
+        f"SELECT count(*), coalesce(sum(NOT ({typed})), 0) FROM entries"
+    ).fetchone()
+    if bad:
+        what = "1 row has" if bad == 1 else f"{int(bad):,} rows have"
+        raise CorruptBundleError(
+            f"{label}: {what} a namespace, key, value, written_at or cost of the wrong type"
+        )
+    if rows != indexed:
+        raise CorruptBundleError(
+            f"{label}: its table holds {rows:,} rows but its index {indexed:,}"
+        )
+    if _unique_entries(conn):
+        return  # the index that holds every row holds no (namespace, key) twice
+    twice = conn.execute(
+        "SELECT namespace, key FROM entries GROUP BY namespace, key HAVING count(*) > 1 LIMIT 1"
+    ).fetchone()
+    if twice is not None:
+        raise _duplicate(label, *twice)
+
+
+def _unique_entries(conn: sqlite3.Connection) -> bool:
+    """Whether the entries table has a unique index on exactly (namespace, key), as
+    every bundle export writes has (its primary key); a file made otherwise may not."""
+    indexes = conn.execute(
+        "SELECT name FROM pragma_index_list('entries') WHERE \"unique\" AND NOT partial"
+    )
+    for (name,) in indexes.fetchall():
+        columns = conn.execute(
+            "SELECT name FROM pragma_index_info(?) ORDER BY seqno", (name,)
+        ).fetchall()
+        if columns == [("namespace",), ("key",)]:
+            return True
+    return False
+
+
+def _page(
+    namespace: str, after: bytes | None, limit: int, conn: sqlite3.Connection
+) -> list[tuple[bytes, bytes]]:
+    if after is None:
+        sql = "SELECT key, value FROM entries WHERE namespace = ? ORDER BY key LIMIT ?"
+        return conn.execute(sql, (namespace, limit)).fetchall()
+    sql = "SELECT key, value FROM entries WHERE namespace = ? AND key > ? ORDER BY key LIMIT ?"
+    return conn.execute(sql, (namespace, after, limit)).fetchall()
+
+
+def _page_carrying(
+    format: int | None, namespace: str, after: bytes | None, limit: int, conn: sqlite3.Connection
+) -> list[CarryingEntry]:
+    columns = bundle_schema.CARRIED_READ if format == 2 else "NULL, NULL"
+    after_sql, params = ("", [namespace]) if after is None else (" AND key > ?", [namespace, after])
+    sql = (
+        f"SELECT key, value, {columns} FROM entries WHERE namespace = ?{after_sql} "
+        "ORDER BY key LIMIT ?"
+    )
+    return conn.execute(sql, [*params, limit]).fetchall()
+
+
+class _NotInKeyOrder(Exception):
+    pass
+
+
+HASH_SLICE = 8 << 20
+"""Bytes of keys and values hashed per hop to the worker (a progress step)."""
+_HASH_ROWS = _BATCH  # rows read and hashed at a time
+
+
+def _next_step(steps: Generator[int, None, str], conn: sqlite3.Connection) -> int | str:
+    """The next progress step (bytes done) of a hashing pass, or its digest at the end."""
+    try:
+        return next(steps)
+    except StopIteration as done:
+        return str(done.value)
+
+
+def _duplicate(label: str, namespace: object, key: object) -> CorruptBundleError:
+    return CorruptBundleError(f"{label}: the key {key!r} of namespace {namespace!r} appears twice")
+
+
+class _Order:
+    """The (namespace, key) of the last row a pass took, to check the next against."""
+
+    __slots__ = ("key", "namespace")
+
+    def __init__(self) -> None:
+        self.namespace: str | None = None
+        self.key = b""
+
+
+def _take(
+    rows: list[tuple[Any, ...]], label: str, format: int | None, last: _Order
+) -> tuple[list[Any], int]:
+    """Check a batch of rows in one loop (their types; each sorting after the last,
+    else `_NotInKeyOrder`; no key twice) and frame it for the hasher: the entries
+    (in format 2 each with its 16 carried bytes), and the bytes of keys and values."""
+    namespace, key = last.namespace, last.key
+    size = 0
+    pack = carried.pack
+    entries: list[Any] = rows if format != 2 else []
+    for row in rows:
+        if type(row[0]) is not str or type(row[1]) is not bytes or type(row[2]) is not bytes:
+            raise CorruptBundleError(f"{label}: a row's namespace, key or value has the wrong type")
+        if row[0] != namespace:
+            if namespace is not None and row[0] < namespace:
+                raise _NotInKeyOrder
+            namespace = row[0]
+        elif row[1] <= key:
+            if row[1] == key:
+                raise _duplicate(label, namespace, key)
+            raise _NotInKeyOrder
+        key = row[1]
+        size += len(key) + len(row[2])
+        if format == 2:
+            written_at, cost = row[3], row[4]
+            if (written_at is not None and type(written_at) is not float) or (
+                cost is not None and type(cost) is not float
+            ):
+                raise CorruptBundleError(
+                    f"{label}: a row has its written_at or cost not REAL or NULL"
+                )
+            entries.append((namespace, key, row[2], pack(written_at, cost)))
+    last.namespace, last.key = namespace, key
+    return entries, size
+
+
+def _hash_entries(
+    label: str, format: int | None, conn: sqlite3.Connection
+) -> Generator[int, None, str]:
+    """A hashing pass over `conn`, run a slice per `next` on its thread: yields the bytes
+    done so far after each slice (from 0), returns the digest."""
+    columns = "namespace, key, value" + (", written_at, cost" if format == 2 else "")
+    try:
+        sql = f"SELECT {columns} FROM entries ORDER BY rowid"
+        return (yield from _hash_in(sql, conn, label, format))
+    except _NotInKeyOrder:
+        pass
+    # Reading in index order trusts the index to match the table: check that.
+    problems = [row[0] for row in conn.execute("PRAGMA integrity_check(5)")]
+    if problems != ["ok"]:
+        raise CorruptBundleError(f"{label}: SQLite finds it damaged: {'; '.join(problems)}")
+    try:
+        sql = f"SELECT {columns} FROM entries ORDER BY namespace, key"
+        return (yield from _hash_in(sql, conn, label, format))
+    except _NotInKeyOrder:
+        raise CorruptBundleError(f"{label}: its index does not keep its rows in order") from None
+
+
+def _hash_in(
+    sql: str, conn: sqlite3.Connection, label: str, format: int | None
+) -> Generator[int, None, str]:
+    """Hash the rows `sql` reads, which must come in key order (else `_NotInKeyOrder`)."""
+    yield 0
+    hasher = BackgroundDigest(format or 1)
+    add = hasher.add_carrying if format == 2 else hasher.add
+    last = _Order()
+    done = reported = 0
+    try:
+        cursor = conn.execute(sql)
+        while rows := cursor.fetchmany(_HASH_ROWS):
+            entries, size = _take(rows, label, format, last)
+            add(entries)
+            done += size
+            if done - reported >= HASH_SLICE:
+                reported = done
+                yield done
+        if done != reported:
+            yield done
+        return hasher.value()
+    finally:
+        hasher.close()

@@ -1,0 +1,127 @@
+"""The SQLite bundle's schema: its formats, their tables, and the checks of a file's version.
+
+A SQLite bundle is a `meta` table (a `schema_version` and the `manifest`)
+and an `entries` table of the environment's first four columns, written in
+key order. Format 1 (0.1's) has exactly those four; format 2, what export
+writes by default, adds what an entry carries to another machine
+(`written_at`, `cost`: `warmenv.persistence.carried`), so a hit on the
+imported entry can count the time it saved. warmenv 0.1 refuses format 2
+(other columns); this warmenv reads both and writes format 1 on request,
+exactly as 0.1 did, for readers that know no other. Everything here is the
+bundle's alone: the environment's schema (`warmenv.persistence.schema`)
+knows no bundle format, and this module only borrows its column list and
+its helpers for the `meta` table.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from warmenv.persistence import carried
+from warmenv.persistence.sqlite import schema
+
+__all__ = [
+    "BUNDLE_VERSION",
+    "CARRIED_READ",
+    "COLUMNS",
+    "SCHEMA_VERSIONS",
+    "create",
+    "has_manifest",
+    "manifest_size",
+    "newer_version",
+    "read_only_uri",
+]
+
+BUNDLE_VERSION = "2"
+"""The newest format this warmenv reads and writes (its meta `schema_version`)."""
+
+COLUMNS: dict[int, list[tuple[str, str]]] = {
+    1: list(schema.ENTRY_COLUMNS),
+    2: list(schema.CARRIED_COLUMNS),
+}
+"""The entries table's (column, declared type) list of each format."""
+
+SCHEMA_VERSIONS = {1: schema.SCHEMA_VERSION, 2: BUNDLE_VERSION}
+"""The meta `schema_version` of each format, as text (0.1 wrote '1')."""
+
+_DDL = {
+    1: (
+        schema.META_DDL,
+        "CREATE TABLE IF NOT EXISTS entries ("
+        "namespace TEXT NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL, "
+        "origin INTEGER NOT NULL, PRIMARY KEY (namespace, key))",
+    ),
+    2: (
+        schema.META_DDL,
+        "CREATE TABLE IF NOT EXISTS entries ("
+        "namespace TEXT NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL, "
+        "origin INTEGER NOT NULL, written_at REAL, cost REAL, PRIMARY KEY (namespace, key))",
+    ),
+}
+
+CARRIED_READ = (
+    f"{carried.believed_sql('written_at', carried.WRITTEN_AT_LIMIT)}, "
+    f"{carried.believed_sql('cost', carried.COST_LIMIT)}"
+)
+"""The SQL reading what a row carries (written_at, cost), each NULL where not believed."""
+
+_MAX_VERSION_BYTES = 64  # a schema_version is "1" or "2": a longer one is not read at all
+
+
+def create(conn: sqlite3.Connection, format_version: int = 2) -> None:
+    """Create the tables of a SQLite bundle of format 2 or 1 (0.1's table exactly)."""
+    for statement in _DDL[format_version]:
+        conn.execute(statement)
+
+
+def read_only_uri(path: Path, *, immutable: bool = False) -> str:
+    """A read-only URI for `path`: `mode=ro`, or `immutable=1` (no lock, no -shm
+    file, no -wal file read: the main file's bytes alone)."""
+    return f"{path.resolve().as_uri()}?{'immutable=1' if immutable else 'mode=ro'}"
+
+
+def newer_version(conn: sqlite3.Connection) -> str | None:
+    """The `schema_version` of a bundle newer than this warmenv reads, else None
+    (an older or unreadable one, or a file that is no bundle at all)."""
+    try:
+        version = schema.meta_value(conn, "schema_version", limit=_MAX_VERSION_BYTES)
+        is_bundle = schema.has_meta(conn, "manifest")
+    except sqlite3.Error:
+        return None  # a `meta` of another shape: the checks that follow say what the file is
+    if is_bundle and schema.is_newer(version, BUNDLE_VERSION):
+        return str(version)
+    return None
+
+
+# The size in bytes of a stored value, as SQL. octet_length (SQLite 3.43+) reads
+# it from the record's header; before it, the value is cast to a blob inside SQLite.
+_OCTETS = "octet_length(v)" if sqlite3.sqlite_version_info >= (3, 43) else "length(CAST(v AS BLOB))"
+
+
+def manifest_size(conn: sqlite3.Connection, *, limit: int) -> int | None:
+    """The bytes of the manifest (the largest, should a `meta` made without its
+    primary key hold the key twice), or `None` if there is none.
+
+    Measured in SQLite, never read into Python. Where measuring would read the
+    value (text, before SQLite 3.43), one of more than `limit` bytes is refused
+    unread, as `sqlite3.DataError` (`schema.length_limit`): known only to be too large.
+    """
+    with schema.length_limit(conn, limit):
+        count, size = conn.execute(
+            f"SELECT count(*), max({_OCTETS}) FROM meta WHERE k = 'manifest'"
+        ).fetchone()
+    return None if not count else int(size or 0)
+
+
+def has_manifest(path: Path) -> bool:
+    """Whether a SQLite file's `meta` holds a manifest (is it a bundle?); its value
+    is not read, so a hostile file's huge one costs nothing."""
+    try:
+        conn = sqlite3.connect(read_only_uri(path), uri=True)
+        try:
+            return schema.has_meta(conn, "manifest")
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False

@@ -1,0 +1,228 @@
+"""The SQLite bundle's file, written: a staging file filled in key order, then finished.
+
+Export writes a SQLite bundle into a staging file beside its target (see
+`warmenv.bundle.exporting`): the schema of the format asked for, the
+entries as IMPORTED in (namespace, key) order, either appended a batch at a
+time or, from a single source, copied inside SQLite, then the manifest.
+Whatever SQLite says went wrong writing it is raised as the `OSError` it
+stands for (a full disk, a read-only file system), naming the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import final
+
+from warmenv.bundle.errors import InvalidSourceError
+from warmenv.bundle.sqlite import schema as bundle_schema
+from warmenv.bundle.sqlite.sources import CarriedRow, Exportable, carried_columns, reading
+from warmenv.persistence.sqlite import schema, uris
+from warmenv.persistence.storage import Origin
+
+__all__ = ["LARGE_BUNDLE", "LARGE_PAGE", "StagingFile"]
+
+_BATCH = 1024
+_SOURCE = "warmenv_source"
+
+# SQLite's primary result codes, as the OSError they stand for.
+_ERRNO_OF = {
+    8: errno.EROFS,  # SQLITE_READONLY
+    10: errno.EIO,  # SQLITE_IOERR
+    13: errno.ENOSPC,  # SQLITE_FULL
+    14: errno.EACCES,  # SQLITE_CANTOPEN
+}
+
+
+@contextlib.contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.Error as exc:
+        code = _ERRNO_OF.get(getattr(exc, "sqlite_errorcode", 0) & 0xFF, errno.EIO)
+        raise OSError(code, f"{os.strerror(code)} ({exc})", str(path)) from None
+
+
+LARGE_BUNDLE = 4 << 20
+LARGE_PAGE = 32768
+
+
+@final
+class StagingFile:
+    """A SQLite bundle being written: the schema, entries in key order, then the manifest.
+
+    Written without a journal (it is a staging file: a failure discards it)
+    and switched to journal mode DELETE when finished, so the bundle reads
+    from a read-only directory without a shared-memory file beside it.
+
+    A bundle expected to hold `LARGE_BUNDLE` bytes or more is written with
+    pages of `LARGE_PAGE` bytes instead of SQLite's 4 KiB: every pass an
+    import makes over it (its checks, the digest, the copy) then reads a
+    tenth as many pages, each one system call, and rows of about 1 KiB
+    waste a quarter of a 4 KiB page but little of a large one. Small bundles
+    keep small pages, which cost nothing to read either way.
+
+    `format_version` 2 (the default) writes what each entry carries; 1 writes
+    0.1's four columns and `schema_version` '1', for readers of format 1
+    only, and what the rows carry is dropped.
+    """
+
+    def __init__(self, path: Path, *, expected_bytes: int = 0, format_version: int = 2) -> None:
+        self.path = path
+        self.format_version = format_version
+        # The columns written beyond (namespace, key, value, origin), and what the
+        # rows read back carry: nothing in format 1.
+        self._carrying = format_version == 2
+        self._conn: sqlite3.Connection | None = None
+        self._copied_rowid = 0
+        self._copy_after: tuple[str, bytes] | None = None
+        self._attached = False
+        self._carried = "NULL, NULL"  # the SQL of what the attached source's rows carry
+        self.skipped = 0
+        try:
+            with _writing(path):
+                conn = self._conn = sqlite3.connect(
+                    f"{path.resolve().as_uri()}?mode=rwc",
+                    uri=True,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+                if expected_bytes >= LARGE_BUNDLE:
+                    conn.execute(f"PRAGMA page_size={LARGE_PAGE}")  # before the first table
+                conn.execute("PRAGMA journal_mode=OFF")
+                conn.execute("PRAGMA synchronous=OFF")
+                bundle_schema.create(conn, format_version)
+        except BaseException:
+            self.close()
+            raise
+
+    def _connection(self) -> sqlite3.Connection:
+        assert self._conn is not None, "the staging file is closed"
+        return self._conn
+
+    def begin(self) -> None:
+        with _writing(self.path):
+            self._connection().execute("BEGIN")
+
+    def add(self, rows: list[CarriedRow]) -> None:
+        """Append entries (already in key order) as IMPORTED, with what they carry
+        (in format 2; format 1 has no place for it)."""
+        with _writing(self.path):
+            if self._carrying:
+                self._connection().executemany(
+                    "INSERT INTO entries (namespace, key, value, origin, written_at, cost) "
+                    f"VALUES (?, ?, ?, {int(Origin.IMPORTED)}, ?, ?)",
+                    rows,
+                )
+            else:
+                self._connection().executemany(
+                    "INSERT INTO entries (namespace, key, value, origin) "
+                    f"VALUES (?, ?, ?, {int(Origin.IMPORTED)})",
+                    (row[:3] for row in rows),
+                )
+
+    def attach_source(self, source: Path, prefixes: list[str] | None) -> dict[str, tuple[int, int]]:
+        """Copy from one environment inside SQLite; the totals under one snapshot."""
+        with reading(str(source)):
+            return self._attach_source(source, prefixes)
+
+    def _attach_source(
+        self, source: Path, prefixes: list[str] | None
+    ) -> dict[str, tuple[int, int]]:
+        conn = self._connection()
+        error: sqlite3.Error | None = None
+        # Read-write first, as `_open_source`: detaching it, as the last
+        # connection, removes the -wal and -shm files reading it needed.
+        for uri in uris.open_uris(source, read_write=True):
+            try:
+                conn.execute(f"ATTACH DATABASE ? AS {_SOURCE}", (uri,))
+                self._attached = True
+                readable = schema.has_entry_columns(conn, _SOURCE)
+                break
+            except sqlite3.Error as exc:
+                if self._attached:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute(f"DETACH DATABASE {_SOURCE}")
+                    self._attached = False
+                error = exc
+        else:
+            raise InvalidSourceError(f"{source} cannot be read as a warmenv environment ({error})")
+        if not readable:
+            raise InvalidSourceError(f"{source} is not a warmenv environment (no entries table)")
+        self._carried = carried_columns(conn, _SOURCE)
+        conn.text_factory = schema.decode_text
+        exportable = Exportable.of([conn], f"{_SOURCE}.entries", prefixes)
+        self._where, self._params = exportable.where, exportable.params
+        conn.execute("BEGIN")  # one snapshot of the source for the totals and the copy
+        rows = schema.namespace_totals(
+            conn, table=f"{_SOURCE}.entries", where=self._where, params=self._params
+        )
+        self.skipped = exportable.left_out(conn)
+        self._copy_after = ("", b"")
+        return {namespace: (count, size) for namespace, count, size in rows}
+
+    def copy_step(self) -> list[CarriedRow]:
+        """Copy the next batch from the attached source; the rows as written (empty: done),
+        carrying nothing (`None`) in format 1."""
+        with _writing(self.path):
+            return self._copy_step()
+
+    def _copy_step(self) -> list[CarriedRow]:
+        conn = self._connection()
+        assert self._copy_after is not None, "attach_source() first"
+        after, params = "", list(self._params)
+        if self._copied_rowid:  # past the first batch: continue after the last row copied
+            after = " AND (namespace, key) > (?, ?)"
+            params += self._copy_after
+        carried_columns, carried_values, carried_read = (
+            (", written_at, cost", f", {self._carried}", "written_at, cost")
+            if self._carrying
+            else ("", "", "NULL, NULL")
+        )
+        conn.execute(
+            f"INSERT INTO main.entries (namespace, key, value, origin{carried_columns}) "
+            f"SELECT namespace, key, value, {int(Origin.IMPORTED)}{carried_values} "
+            f"FROM {_SOURCE}.entries "
+            f"WHERE {self._where}{after} ORDER BY namespace, key LIMIT {_BATCH}",
+            params,
+        )
+        rows = conn.execute(
+            f"SELECT rowid, namespace, key, value, {carried_read} FROM main.entries "
+            "WHERE rowid > ? ORDER BY rowid",
+            (self._copied_rowid,),
+        ).fetchall()
+        if not rows:
+            return []
+        last = rows[-1]
+        self._copied_rowid = last[0]
+        self._copy_after = (last[1], last[2])
+        return [row[1:] for row in rows]
+
+    def finish(self, manifest_json: str) -> None:
+        """Write the manifest, commit, and leave a closed file in journal mode DELETE."""
+        with _writing(self.path):
+            self._finish(manifest_json)
+
+    def _finish(self, manifest_json: str) -> None:
+        conn = self._connection()
+        conn.execute(
+            "INSERT INTO meta (k, v) VALUES ('schema_version', ?), ('manifest', ?)",
+            (bundle_schema.SCHEMA_VERSIONS[self.format_version], manifest_json),
+        )
+        conn.execute("COMMIT")
+        if self._attached:
+            conn.execute(f"DETACH DATABASE {_SOURCE}")
+            self._attached = False
+        conn.execute("PRAGMA journal_mode=DELETE")
+        conn.close()
+        self._conn = None
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
