@@ -27,7 +27,7 @@ def compilers(session: nox.Session) -> None:
     A compiler that is missing fails its tests with the install hint; the
     extras installed here are the ones they need.
     """
-    session.install("-e", ".[test,jax,numba,triton]")
+    session.install("-e", ".[test,jax,numba,triton,torch]")
     session.run("pytest", "tests/compilers", *session.posargs)
 
 

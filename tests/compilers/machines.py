@@ -33,6 +33,7 @@ HINTS = {
     "jax": "pip install 'warmenv[jax]'  (jax and jaxlib)",
     "numba": "pip install 'warmenv[numba]'",
     "triton": "pip install 'warmenv[triton]'  (triton==3.8.0)",
+    "torch": "pip install 'warmenv[torch]'  (torch==2.13.0: a bare torch pulls GBs of CUDA)",
 }
 
 
@@ -77,7 +78,7 @@ class Machine:
         variables = {
             k: v
             for k, v in os.environ.items()
-            if not k.startswith(("JAX_", "NUMBA_", "XLA_", "TRITON_", "WARMENV_"))
+            if not k.startswith(("JAX_", "NUMBA_", "XLA_", "TRITON_", "TORCHINDUCTOR_", "WARMENV_"))
         }
         variables["WARMENV_ROOT"] = str(self.root)
         variables.update(env or {})

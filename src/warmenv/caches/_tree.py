@@ -13,11 +13,11 @@ like any other: exported into a bundle, imported, served by the shared tier.
 
 The API (used by `directory.py` and by each tool's module):
 
-- `CacheTree(tool, facts, part="files", index=(), exclude=())`: which
-  namespace a tree lives in, which files are indexes naming others
+- `CacheTree(tool, facts, part="files", index=(), exclude=(), include=())`:
+  which namespace a tree lives in, which files are indexes naming others
   (written last on restore: a compiler that finds the index finds its
-  children) and which files are never captured (fnmatch patterns on the
-  file's name).
+  children), which files are never captured and, if given, the only ones
+  that are (fnmatch patterns on the file's name).
 - `await capture(env, tree, source) -> CaptureReport`: store every regular
   file under `source` (symlinks and special files are left out, named);
   a file whose bytes changed since the last capture replaces its entry.
@@ -89,6 +89,8 @@ class CacheTree:
     """Patterns of file names that name other files: restored after every other file."""
     exclude: tuple[str, ...] = ()
     """Patterns of file names never captured (locks, logs, the tool's own temporaries)."""
+    include: tuple[str, ...] = ()
+    """Patterns of the only file names captured (none: all not excluded); directories all walked."""
 
     def __attrs_post_init__(self) -> None:
         if not _TOOL.match(self.tool):
@@ -104,6 +106,11 @@ class CacheTree:
 
     def is_index(self, parts: tuple[str, ...]) -> bool:
         return any(fnmatch.fnmatchcase(parts[-1], pattern) for pattern in self.index)
+
+    def is_included(self, name: str) -> bool:
+        return not self.include or any(
+            fnmatch.fnmatchcase(name, pattern) for pattern in self.include
+        )
 
     def is_excluded(self, name: str) -> bool:
         return name.startswith(TEMPORARY_PREFIX) or any(
@@ -287,6 +294,8 @@ def _listing(source: Path, tree: CacheTree) -> tuple[list[tuple[str, int]], list
             for entry in entries:
                 path = f"{relative}/{entry.name}" if relative else entry.name
                 if tree.is_excluded(entry.name):
+                    continue
+                if not entry.is_dir(follow_symlinks=False) and not tree.is_included(entry.name):
                     continue
                 if entry.is_symlink():
                     left_out.append(LeftOut(path, "a symlink (only regular files are captured)"))

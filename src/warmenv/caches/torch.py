@@ -1,0 +1,295 @@
+"""torch.compile's caches (Inductor on CPU), carried so that a warm start builds nothing.
+
+What is captured: the Mega-Cache, the portable bytes torch itself makes of
+what a process compiled (`torch.compiler.save_cache_artifacts()`: the FX
+graph and AOT autograd entries), stored in `caches.torch/<facts>/mega`,
+and beside it the kernels those entries load: the shared libraries
+(`<2 chars>/<key>.so`) under Inductor's cache directory
+(`TORCHINDUCTOR_CACHE_DIR`), at their paths relative to it, in
+`caches.torch/<facts>/kernels`.
+
+The trap fixed: the Mega-Cache alone hits torch's graph cache but not its
+kernels. A graph loaded from it still asks g++ for each kernel, because
+the `.so` files are not in it: each is looked up by a name that hashes its
+source and the whole g++ command line, and built when absent. So shipping
+the bytes alone (what torch's documentation suggests) saves the graph
+work and pays every g++ build again. warmenv carries the `.so` files too.
+
+What decides a hit: the g++ command line in each kernel's name holds
+torch's absolute install directory (its include paths) and
+`-march=native` (this CPU's features), and the entries are torch's own
+(its version, the Python that pickled them). So the facts are `torch`,
+`python`, `cpu` and `torch.path`: kernels captured where torch lives
+elsewhere, or on another CPU, are another namespace, skipped with the
+reason, never restored to be rebuilt anyway.
+
+Hits are torch's own counters (`torch._dynamo.utils.counters`: Inductor's
+`fxgraph_cache_hit` and `fxgraph_cache_miss`). The bytes torch loads are
+pickles: a bundle of them is code (docs/caches.md, the trust model).
+
+    import warmenv.caches.torch
+    warmenv.caches.torch.use()  # before the first torch.compile; captured at exit
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import importlib
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Final, final
+
+import anyio.to_thread
+import attrs
+
+from warmenv.caches._facts import Facts
+from warmenv.caches._inprocess import EnvironmentChoice, _Where, where
+from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport
+from warmenv.caches._tree import capture as _capture
+from warmenv.caches._tree import restore as _restore
+from warmenv.config import load_config
+from warmenv.environment import Environment, open_environment
+from warmenv.future import block_on
+from warmenv.persistence import Conflict, Namespace, Stored
+
+__all__ = [
+    "FACTS",
+    "INSTALL_HINT",
+    "TorchCaptureReport",
+    "TorchRestoreReport",
+    "TorchWarmed",
+    "capture",
+    "default_cache_dir",
+    "hits",
+    "restore",
+    "settings",
+    "tree",
+    "use",
+]
+
+log = logging.getLogger("warmenv.caches")
+
+FACTS: Final = ("torch", "python", "cpu", "torch.path")
+"""The facts that decide whether captured kernels and graphs can hit (see `Facts`)."""
+INSTALL_HINT: Final = (
+    "pip install 'warmenv[torch]' (or: pip install torch==2.13.0; never a bare `torch`, "
+    "which may pull several GB of CUDA)"
+)
+_KERNELS: Final = ("*.so",)
+
+
+def tree(facts: Facts | None = None) -> CacheTree:
+    """The tree Inductor's kernels are captured as (its `.so` files), under this machine's facts."""
+    chosen = Facts.here(*FACTS) if facts is None else facts
+    return CacheTree("torch", chosen, part="kernels", include=_KERNELS)
+
+
+def _mega(facts: Facts) -> Namespace:
+    return Namespace("caches.torch", "mega", version=facts.segment)
+
+
+def default_cache_dir(root: str | Path | None = None) -> Path:
+    """`<root>/caches/torch` beside the environments (the configured root by default)."""
+    base = Path(root) if root is not None else load_config().root
+    return base / "caches" / "torch"
+
+
+def settings(cache_dir: str | Path) -> dict[str, str]:
+    """The environment variables that point a torch process's Inductor at `cache_dir`."""
+    return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
+
+
+@attrs.frozen
+class TorchCaptureReport:
+    """What `capture` stored: the kernels, and the Mega-Cache bytes if new."""
+
+    kernels: CaptureReport
+    artifacts: int
+    """Mega-Cache entries stored (0 when this set of artifacts was already there)."""
+
+    def __str__(self) -> str:
+        return f"{self.kernels}; {self.artifacts} new Mega-Cache entries"
+
+
+@attrs.frozen
+class TorchRestoreReport:
+    """What `restore` wrote (the kernels) and read (the Mega-Cache bytes, for torch to load)."""
+
+    kernels: RestoreReport
+    artifacts: tuple[bytes, ...]
+    """Each Mega-Cache entry captured under this machine's facts, for `load_cache_artifacts`."""
+
+    def __str__(self) -> str:
+        return f"{self.kernels}; {len(self.artifacts)} Mega-Cache entries to load"
+
+
+async def capture(
+    env: Environment, cache_dir: str | Path, artifacts: bytes | None = None
+) -> TorchCaptureReport:
+    """Store Inductor's kernels under `cache_dir` and the Mega-Cache bytes `artifacts` in `env`.
+
+    `artifacts` is the first item of `torch.compiler.save_cache_artifacts()`;
+    an entry is keyed by the digest of its bytes. `use()` passes them only
+    when the process compiled something it did not load at start-up, so
+    warm runs add nothing.
+    """
+    facts = await anyio.to_thread.run_sync(Facts.here, *FACTS)
+    kernels = await _capture(env, tree(facts), cache_dir)
+    stored = 0
+    if artifacts:
+        key = hashlib.sha256(artifacts).hexdigest().encode()
+        outcome = await env.storage(_mega(facts)).insert(key, artifacts)
+        stored = 1 if isinstance(outcome, Stored) else 0
+        if not isinstance(outcome, Stored | Conflict):
+            log.warning("the Mega-Cache entry was not stored: %s", outcome)
+    return TorchCaptureReport(kernels, stored)
+
+
+async def restore(env: Environment, cache_dir: str | Path) -> TorchRestoreReport:
+    """Write the kernels captured under this machine's facts into `cache_dir`; read the Mega-Cache.
+
+    The kernels are written before the Mega-Cache bytes are handed back, so
+    a graph torch loads from them finds its kernels built.
+    """
+    facts = await anyio.to_thread.run_sync(Facts.here, *FACTS)
+    kernels = await _restore(env, tree(facts), cache_dir)
+    artifacts = tuple([value async for _, value in env.storage(_mega(facts)).scan()])
+    return TorchRestoreReport(kernels, artifacts)
+
+
+# --- in-process ---------------------------------------------------------------------
+
+
+@final
+@attrs.define(eq=False)
+class TorchWarmed:
+    """What `use()` set up in this process: what was restored, torch's hits, `capture()`."""
+
+    cache_dir: Path
+    """Inductor's cache directory (`TORCHINDUCTOR_CACHE_DIR`)."""
+    restored: RestoreReport
+    """The kernels the restore at start-up wrote."""
+    loaded: int
+    """Mega-Cache entries torch loaded at start-up."""
+    _where: _Where = attrs.field(alias="where")
+    _known: frozenset[str] = attrs.field(alias="known")
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+
+    @property
+    def hits(self) -> int:
+        """Graphs Inductor served from its cache so far, by its own counter."""
+        return hits()[0]
+
+    @property
+    def misses(self) -> int:
+        """Graphs Inductor looked up and compiled, by its own counter."""
+        return hits()[1]
+
+    def capture(self) -> TorchCaptureReport:
+        """Store what this process compiled so far: the Mega-Cache bytes and the kernels."""
+        saved = _import_torch().compiler.save_cache_artifacts()
+        artifacts = None
+        if saved is not None and not _identities(saved[1]) <= self._known:
+            artifacts = bytes(saved[0])  # something not loaded at start-up: new
+        with self._lock:
+            return block_on(_capture_in, self._where, self.cache_dir, artifacts)
+
+    def capture_at_exit(self) -> None:
+        atexit.register(self._capture_at_exit)
+
+    def _capture_at_exit(self) -> None:
+        try:
+            report = self.capture()
+        except Exception:  # an exit hook must not turn a clean exit into a traceback
+            log.exception("capturing the torch cache at exit failed")
+        else:
+            log.info("%s", report)
+
+
+async def _capture_in(
+    chosen: _Where, cache_dir: Path, artifacts: bytes | None
+) -> TorchCaptureReport:
+    async with open_environment(chosen.name, root=chosen.root, file=chosen.file) as env:
+        return await capture(env, cache_dir, artifacts)
+
+
+async def _restore_in(chosen: _Where, cache_dir: Path) -> TorchRestoreReport:
+    async with open_environment(chosen.name, root=chosen.root, file=chosen.file) as env:
+        return await restore(env, cache_dir)
+
+
+def use(
+    env: EnvironmentChoice = None,
+    *,
+    root: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    capture_at_exit: bool = True,
+) -> TorchWarmed:
+    """Restore torch.compile's caches from `env`; call before the first `torch.compile`.
+
+    `env`: an environment's name (default: the configured one) or an open
+    `warmenv.blocking` environment. `cache_dir` is Inductor's cache
+    directory: `TORCHINDUCTOR_CACHE_DIR` if set, else `<root>/caches/torch`
+    (and `TORCHINDUCTOR_CACHE_DIR` is set to it). The kernels are written
+    there, then torch loads the Mega-Cache. With `capture_at_exit`, what
+    this process compiled is captured when the interpreter exits
+    (`TorchWarmed.capture()` does it at once).
+    """
+    torch = _import_torch()
+    if cache_dir is None:
+        configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        cache_dir = Path(configured) if configured else default_cache_dir(root)
+    directory = Path(os.path.abspath(Path(cache_dir).expanduser()))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(directory)
+    chosen = where(env, root)
+    report = block_on(_restore_in, chosen, directory)
+    for skipped in report.kernels.skipped:
+        log.info("skipped %s: %s", skipped.namespace, "; ".join(skipped.reasons))
+    loaded = 0
+    known: frozenset[str] = frozenset()
+    for artifacts in report.artifacts:
+        info = torch.compiler.load_cache_artifacts(artifacts)
+        if info is None:
+            log.warning("torch could not load a Mega-Cache entry (torch logged why)")
+            continue
+        loaded += 1
+        known |= _identities(info)
+    warmed = TorchWarmed(directory, report.kernels, loaded, where=chosen, known=known)
+    if capture_at_exit:
+        warmed.capture_at_exit()
+    return warmed
+
+
+def hits() -> tuple[int, int, float]:
+    """This process's FX graph cache hits and misses, by Inductor's counters, and 0.0.
+
+    `(0, 0, 0.0)` when torch has not been imported. Inductor records no
+    compile time per hit, so what a hit saved is not known here.
+    """
+    utils = _loaded("torch._dynamo.utils")
+    if utils is None:
+        return 0, 0, 0.0
+    inductor = utils.counters["inductor"]
+    return int(inductor["fxgraph_cache_hit"]), int(inductor["fxgraph_cache_miss"]), 0.0
+
+
+def _loaded(module: str) -> Any:
+    return sys.modules.get(module)
+
+
+def _identities(info: Any) -> frozenset[str]:
+    """The artifacts a Mega-Cache holds, by kind and key (torch's `CacheInfo.artifacts`)."""
+    return frozenset(f"{kind}/{key}" for kind, keys in info.artifacts.items() for key in keys)
+
+
+def _import_torch() -> Any:
+    try:
+        torch = importlib.import_module("torch")
+        importlib.import_module("torch._dynamo.utils")
+    except ImportError as error:
+        raise ImportError(f"warmenv.caches.torch needs torch: {INSTALL_HINT}") from error
+    return torch

@@ -1,0 +1,176 @@
+"""torch.compile (Inductor, CPU): caches captured on one machine build nothing on another.
+
+The application is written afresh at each machine's absolute path; hits
+and misses are Inductor's own counters (`fxgraph_cache_hit`/`_miss`), and
+the g++ builds are counted where Inductor starts them
+(`torch._inductor.cpp_builder.CppBuilder.build`, each `.so` it builds).
+
+The trap: the Mega-Cache bytes alone (`save_cache_artifacts()` /
+`load_cache_artifacts()`) hit the graph cache, yet every kernel is built
+again: the `.so` files are not in them. Ours carries them beside the bytes.
+
+One cold compile (the slow part, tens of seconds here) serves every test in
+this module; each warm run is a fresh process on a fresh machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import pytest
+
+from compilers.machines import Machine, require, ship
+from warmenv import Namespace, open_environment
+from warmenv.caches import Facts
+
+APP = """
+    import json, sys, time
+    mode = sys.argv[1]
+    started = time.perf_counter()
+    import torch
+    from torch._dynamo.utils import counters
+    from torch._inductor import cpp_builder
+
+    built = []
+    _build = cpp_builder.CppBuilder.build
+
+    def build(self):
+        if self.get_target_file_path().endswith(".so"):
+            built.append(self.get_target_file_path())
+        return _build(self)
+
+    cpp_builder.CppBuilder.build = build
+    if mode == "ours":
+        import warmenv.caches.torch
+
+        warmed = warmenv.caches.torch.use(capture_at_exit=False)
+    elif mode == "bytes-alone":
+        torch.compiler.load_cache_artifacts(open(sys.argv[2], "rb").read())
+
+    def f(x):
+        return (torch.tanh(x) * 2 + 1).sum(1) + torch.relu(x).amax(1)
+
+    with torch.no_grad():
+        out = torch.compile(f)(torch.arange(256, dtype=torch.float32).reshape(8, 32) / 100)
+    result = {
+        "hits": counters["inductor"]["fxgraph_cache_hit"],
+        "misses": counters["inductor"]["fxgraph_cache_miss"],
+        "built": len(built),
+        "value": round(float(out.sum()), 4),
+        "seconds": time.perf_counter() - started,
+    }
+    if mode == "ours":
+        if len(sys.argv) > 2:  # the bytes torch gives, for the trap's test
+            open(sys.argv[2], "wb").write(torch.compiler.save_cache_artifacts()[0])
+        captured = warmed.capture()
+        result.update(
+            restored=warmed.restored.written,
+            loaded=warmed.loaded,
+            ours=[warmed.hits, warmed.misses],
+            captured_kernels=captured.kernels.stored,
+            captured_artifacts=captured.artifacts,
+        )
+    print(json.dumps(result))
+"""
+
+VARIABLES = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}  # g++ in this process, where it is counted
+
+
+def _run(machine: Machine, *args: str) -> dict[str, Any]:
+    script = machine.write("app.py", APP)
+    variables = {**VARIABLES, "TORCHINDUCTOR_CACHE_DIR": str(machine.cache)}
+    return machine.run("python", str(script), *args, env=variables, timeout=600)
+
+
+@attrs.frozen
+class Cold:
+    machine: Machine
+    result: dict[str, Any]
+    bytes_alone: Path
+
+
+@pytest.fixture(scope="module")
+def cold(tmp_path_factory: pytest.TempPathFactory) -> Cold:
+    require("torch")
+    home = tmp_path_factory.mktemp("machine-a") / "srv" / "app"
+    home.mkdir(parents=True)
+    machine = Machine(home)
+    bytes_alone = tmp_path_factory.mktemp("mega") / "torch-artifacts.bin"
+    return Cold(machine, _run(machine, "ours", str(bytes_alone)), bytes_alone)
+
+
+def _fresh(tmp_path: Path, name: str) -> Machine:
+    home = tmp_path / name / "home" / "ci" / "work" / "app"
+    home.mkdir(parents=True)
+    return Machine(home)
+
+
+def test_torch_is_installed() -> None:
+    require("torch")
+
+
+def test_a_cold_torch_compile_builds_its_kernels_and_captures_them(cold: Cold) -> None:
+    result = cold.result
+    assert (result["hits"], result["misses"]) == (0, 1), result
+    assert result["built"] > 0
+    assert result["ours"] == [0, 1]  # what use() reports is Inductor's own count
+    assert result["captured_kernels"] == result["built"]
+    assert result["captured_artifacts"] == 1
+
+
+def test_torch_compile_captured_on_one_machine_builds_nothing_on_another(
+    cold: Cold, tmp_path: Path
+) -> None:
+    second = _fresh(tmp_path, "b")
+    ship(cold.machine, second, tmp_path)
+
+    warm = _run(second, "ours")
+
+    assert (warm["hits"], warm["misses"]) == (1, 0), warm
+    assert warm["built"] == 0, warm  # no g++ at all
+    assert (warm["restored"], warm["loaded"]) == (cold.result["captured_kernels"], 1)
+    assert warm["value"] == cold.result["value"]
+    assert warm["captured_artifacts"] == 0  # a warm run adds nothing to the environment
+
+
+def test_the_mega_cache_bytes_alone_hit_the_graph_but_build_every_kernel_again(
+    cold: Cold, tmp_path: Path
+) -> None:
+    """The trap: what torch's documentation ships is not enough."""
+    second = _fresh(tmp_path, "c")
+
+    alone = _run(second, "bytes-alone", str(cold.bytes_alone))
+
+    assert (alone["hits"], alone["misses"]) == (1, 0), alone
+    assert alone["built"] == cold.result["built"], alone
+
+
+def test_kernels_captured_where_torch_lives_elsewhere_are_skipped_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    require("torch")
+    import warmenv.caches.torch as torch_cache
+
+    here = Facts.here(*torch_cache.FACTS)
+    elsewhere = Facts.of(
+        [(name, "0123456789ab" if name == "torch.path" else value) for name, value in here.pairs]
+    )
+
+    async def main() -> Any:
+        async with open_environment("default", root=tmp_path / "root") as env:
+            kernels = env.storage(Namespace("caches.torch", "kernels", version=elsewhere.segment))
+            await kernels.insert(b"ab/cabc.so", b"\x7fELF")
+            return await torch_cache.restore(env, tmp_path / "cache")
+
+    restored = anyio.run(main)
+
+    assert restored.kernels.written == 0 and restored.artifacts == ()
+    [skipped] = restored.kernels.skipped
+    assert skipped.reasons == (
+        f"torch's install path 0123456789ab was captured; this machine has "
+        f"{here.value('torch.path')}",
+    )
+    assert not (tmp_path / "cache" / "ab").exists()
