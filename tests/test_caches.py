@@ -25,13 +25,14 @@ import pytest
 import warmenv.caches
 from helpers import json_lines, run_python, unprivileged_user
 from warmenv import Environment, open_environment
-from warmenv.bundle import export_bundle, import_bundle
+from warmenv.bundle import export_bundle, import_bundle, preflight
 from warmenv.caches import CacheTree, Facts, UnsafeTargetError, captured_trees, directory
 
 pytestmark = pytest.mark.anyio
 
 COMPILERS = ("jax", "jaxlib", "numba", "llvmlite", "triton", "torch")
-TREE = directory.tree("demo", Facts.of([("demo", "1"), ("cpu", Facts.here("cpu").pairs[0][1])]))
+TREE = directory.tree("demo", ("attrs", "cpu"))  # facts of this machine: attrs is installed
+ATTRS = Facts.here("attrs").pairs[0][1]
 
 
 def _cache(root: Path, files: dict[str, bytes]) -> Path:
@@ -156,7 +157,7 @@ async def test_a_file_already_in_the_target_is_kept(env: Environment, tmp_path: 
 async def test_entries_captured_under_other_facts_are_skipped_with_the_reason(
     env: Environment, tmp_path: Path
 ) -> None:
-    other = CacheTree("demo", Facts.of([("demo", "0.9"), ("cpu", "x86_64-000000000000")]))
+    other = CacheTree("demo", Facts.of([("attrs", "0.9"), ("cpu", "x86_64-000000000000")]))
     await warmenv.caches.capture(env, other, _cache(tmp_path / "one", SAMPLE))
     report = await warmenv.caches.restore(env, TREE, tmp_path / "two")
     assert report.written == 0
@@ -445,3 +446,52 @@ async def test_index_files_come_after_every_other_file(env: Environment, tmp_pat
         patch.setattr(os, "rename", recording)
         await warmenv.caches.restore(env, tree, tmp_path / "t")
     assert order == ["b.bin", "c.bin", "__grp__a.json"]
+
+
+# --- preflight: warmenv check knows compilers ----------------------------------------
+
+
+async def _bundle_of(env: Environment, tmp_path: Path, *trees: CacheTree) -> Path:
+    for tree in trees:
+        await warmenv.caches.capture(env, tree, _cache(tmp_path / tree.facts.segment, SAMPLE))
+    bundle = tmp_path / "caches.bundle"
+    await export_bundle([env], bundle, name="ci", version="1")
+    return bundle
+
+
+async def test_preflight_says_per_tool_whether_its_cache_can_hit_here(
+    env: Environment, tmp_path: Path
+) -> None:
+    elsewhere = CacheTree("demo", Facts.of([("attrs", ATTRS), ("cpu", "x86_64-000000000000")]))
+    report = await preflight(await _bundle_of(env, tmp_path, TREE, elsewhere))
+    assert report.ok, report.reasons
+    assert sorted((c.namespace, c.ok) for c in report.caches) == sorted(
+        [(str(elsewhere.namespace), False), (str(TREE.namespace), True)]
+    )
+    assert "compiler cache demo: 3 files can hit here (3 more captured under other facts)" in (
+        report.reasons
+    )
+
+
+async def test_preflight_refuses_a_cache_made_for_another_machine_and_says_why(
+    env: Environment, tmp_path: Path
+) -> None:
+    other = CacheTree("jax", Facts.of([("jax", "0.0.1"), ("cpu", "x86_64-000000000000")]))
+    report = await preflight(await _bundle_of(env, tmp_path, other))
+    assert not report.ok
+    [reason] = [r for r in report.reasons if r.startswith("compiler cache jax")]
+    assert "none of its 3 files can hit here" in reason
+    assert "jax 0.0.1 was captured" in reason
+    assert "CPU x86_64-000000000000 was captured; this machine has" in reason
+
+
+async def test_warmenv_check_names_the_compiler_caches(env: Environment, tmp_path: Path) -> None:
+    other = CacheTree("jax", Facts.of([("jax", "0.0.1")]))
+    bundle = await _bundle_of(env, tmp_path, TREE, other)
+    completed = await anyio.run_process(
+        [sys.executable, "-m", "warmenv", "check", str(bundle)], check=False
+    )
+    out = completed.stdout.decode()
+    assert completed.returncode == 1, out
+    assert "- compiler cache demo: 3 files can hit here" in out
+    assert "- compiler cache jax: none of its 3 files can hit here: jax 0.0.1 was captured" in out

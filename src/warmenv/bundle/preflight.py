@@ -31,6 +31,8 @@ from warmenv.bundle.base import Bundle
 from warmenv.bundle.download import Download, DownloadOptions, is_url, read_header
 from warmenv.bundle.manifest import BundleManifest, EnvironmentInfo, this_machine
 from warmenv.bundle.open import open_any
+from warmenv.caches._facts import TreeCheck, captured_trees
+from warmenv.caches._facts import verdict as caches_verdict
 from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.namespace import Namespace
 
@@ -54,6 +56,8 @@ class Preflight:
     """The namespaces named (`namespaces=`) that the bundle holds entries of."""
     would_miss: tuple[Explanation, ...] = ()
     """For each namespace named that the bundle does not hold, the bundle's nearest."""
+    caches: tuple[TreeCheck, ...] = ()
+    """The compiler caches it holds (`warmenv.caches`), each checked against this machine."""
 
     def __str__(self) -> str:
         verdict = "can hit" if self.ok else "will not hit"
@@ -117,7 +121,7 @@ async def _check_url(
 async def _check(bundle: Bundle, version: str | None, asked: list[str] | None) -> Preflight:
     summaries = await bundle.namespaces()
     namespaces = [s.namespace for s in summaries]
-    report = _verdict(bundle.manifest, namespaces, version)
+    report = _verdict(bundle.manifest, namespaces, version, [s.entries for s in summaries])
     if asked is None or not namespaces:  # an empty bundle is said already
         return report
     counts = [(s.namespace, s.entries) for s in summaries]
@@ -174,7 +178,12 @@ def _nearest(explanation: Explanation) -> str:
     )
 
 
-def _verdict(manifest: BundleManifest, namespaces: list[str], version: str | None) -> Preflight:
+def _verdict(
+    manifest: BundleManifest,
+    namespaces: list[str],
+    version: str | None,
+    entries: list[int] | None = None,
+) -> Preflight:
     machine = this_machine()
     captured = manifest.environments
     matching = tuple(e for e in captured if (e.os, e.arch) == (machine.os, machine.arch))
@@ -216,6 +225,11 @@ def _verdict(manifest: BundleManifest, namespaces: list[str], version: str | Non
     if not namespaces:
         ok = False
         reasons.append("the bundle holds no entries")
+    # Compiler caches: their facts (tool version, CPU, Python, ...) against this machine.
+    caches = captured_trees(zip(namespaces, entries or [0] * len(namespaces), strict=True))
+    caches_ok, said = caches_verdict(caches)
+    ok = ok and caches_ok
+    reasons += said
     return Preflight(
         ok=ok,
         bundle=manifest.name,
@@ -226,4 +240,5 @@ def _verdict(manifest: BundleManifest, namespaces: list[str], version: str | Non
         other_versions=tuple(other),
         matching_namespaces=tuple(same),
         reasons=tuple(reasons),
+        caches=caches,
     )

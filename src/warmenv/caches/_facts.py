@@ -36,11 +36,15 @@ from pathlib import Path
 
 import attrs
 
-__all__ = ["Facts", "cpu_identity", "fact_here"]
+from warmenv.persistence.namespace import Namespace
+
+__all__ = ["PREFIX", "Facts", "TreeCheck", "captured_trees", "cpu_identity", "fact_here", "verdict"]
 
 _KEY = re.compile(r"[a-z0-9][a-z0-9_.-]*\Z")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
 NOT_INSTALLED = "none"
+PREFIX = "caches."
+"""Every captured tree's namespace is `caches.<tool>/<facts>/<part>`."""
 
 
 def _clean(value: str) -> str:
@@ -182,3 +186,59 @@ def _said(name: str) -> str:
     if name.endswith(".path"):
         return f"{name.removesuffix('.path')}'s install path"
     return name
+
+
+@attrs.frozen
+class TreeCheck:
+    """One captured tree as preflight sees it: can its entries hit on this machine?"""
+
+    tool: str
+    namespace: str
+    entries: int
+    reasons: tuple[str, ...]
+    """Why they cannot hit (empty: they can)."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.reasons
+
+
+def captured_trees(namespaces: Iterable[tuple[str, int]]) -> tuple[TreeCheck, ...]:
+    """The captured compiler-cache trees among `(namespace, entries)` pairs, checked here."""
+    found = []
+    for full, entries in namespaces:
+        if not full.startswith(PREFIX):
+            continue
+        namespace = Namespace.raw(full)
+        facts = Facts.parse(namespace.version)
+        tool = namespace.name.removeprefix(PREFIX)
+        if facts is None:
+            reasons: tuple[str, ...] = (
+                f"its version segment {namespace.version!r} is not warmenv's facts",
+            )
+        else:
+            reasons = facts.mismatches()
+        found.append(TreeCheck(tool, full, entries, reasons))
+    return tuple(found)
+
+
+def verdict(checks: tuple[TreeCheck, ...]) -> tuple[bool, tuple[str, ...]]:
+    """Whether every tool captured has entries that can hit here, and one line per tool."""
+    ok = True
+    lines = []
+    for tool in dict.fromkeys(check.tool for check in checks):
+        mine = [check for check in checks if check.tool == tool]
+        hitting = sum(check.entries for check in mine if check.ok)
+        missing = [check for check in mine if not check.ok]
+        if any(check.ok for check in mine):
+            line = f"compiler cache {tool}: {hitting:,} files can hit here"
+            if missing:
+                line += f" ({sum(c.entries for c in missing):,} more captured under other facts)"
+        else:
+            ok = False
+            line = (
+                f"compiler cache {tool}: none of its {sum(c.entries for c in mine):,} files can "
+                f"hit here: {'; '.join(dict.fromkeys(r for c in mine for r in c.reasons))}"
+            )
+        lines.append(line)
+    return ok, tuple(lines)

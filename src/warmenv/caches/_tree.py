@@ -27,9 +27,10 @@ The API (used by `directory.py` and by each tool's module):
   rules in `_paths.py` for hostile input (a bundle is code: see
   docs/caches.md). Namespaces of the same tool and part under other facts
   are listed in `report.skipped` with why they cannot hit here.
-- `captured_trees(namespaces)` reads (namespace, entries) pairs (an
-  environment's or a bundle's) as `TreeCheck` values: per captured tree,
-  whether it can hit on this machine and why not; preflight uses it.
+- `captured_trees(namespaces)` (in `_facts.py`, which preflight imports
+  without the rest of this package's layer) reads (namespace, entries)
+  pairs, an environment's or a bundle's, as `TreeCheck` values: per
+  captured tree, whether it can hit on this machine and why not.
 
 Both functions run file work on worker threads and keep memory bounded by
 batches (`batch_bytes`), so a large cache never blocks the event loop or
@@ -43,7 +44,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Final, final
 
@@ -51,7 +52,7 @@ import anyio
 import anyio.to_thread
 import attrs
 
-from warmenv.caches._facts import Facts
+from warmenv.caches._facts import PREFIX, Facts, captured_trees
 from warmenv.caches._paths import TEMPORARY_PREFIX, Writer, relative_parts
 from warmenv.environment import Environment
 from warmenv.persistence import Failed, Namespace, Storage
@@ -62,13 +63,10 @@ __all__ = [
     "LeftOut",
     "RestoreReport",
     "Skipped",
-    "TreeCheck",
     "capture",
-    "captured_trees",
     "restore",
 ]
 
-PREFIX: Final = "caches."
 DEFAULT_BATCH_BYTES: Final = 16 * 1024 * 1024
 MAX_FILE_BYTES: Final = 512 * 1024 * 1024
 _TOOL = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}\Z")
@@ -195,40 +193,6 @@ class RestoreReport:
                 + "; ".join(skipped.reasons)
             )
         return "\n".join(lines)
-
-
-@attrs.frozen
-class TreeCheck:
-    """One captured tree as preflight sees it: can its entries hit on this machine?"""
-
-    tool: str
-    namespace: str
-    entries: int
-    reasons: tuple[str, ...]
-    """Why they cannot hit (empty: they can)."""
-
-    @property
-    def ok(self) -> bool:
-        return not self.reasons
-
-
-def captured_trees(namespaces: Iterable[tuple[str, int]]) -> tuple[TreeCheck, ...]:
-    """The captured compiler-cache trees among `(namespace, entries)` pairs, checked here."""
-    found = []
-    for full, entries in namespaces:
-        if not full.startswith(PREFIX):
-            continue
-        namespace = Namespace.raw(full)
-        facts = Facts.parse(namespace.version)
-        tool = namespace.name.removeprefix(PREFIX)
-        if facts is None:
-            reasons: tuple[str, ...] = (
-                f"its version segment {namespace.version!r} is not warmenv's facts",
-            )
-        else:
-            reasons = facts.mismatches()
-        found.append(TreeCheck(tool, full, entries, reasons))
-    return tuple(found)
 
 
 # --- capture -------------------------------------------------------------------------
