@@ -187,3 +187,28 @@ async def test_open_environment_uses_the_configured_remote_unless_told_otherwise
     async with open_environment("fleet", root=tmp_path / "d") as d:
         assert d.remote is None
         assert await d.storage(ns).get(b"k") is None
+
+
+def test_an_invalid_name_says_the_one_rule_wherever_it_is_checked(tmp_path: Path) -> None:
+    """The library, the configuration and the command line say the same rule; the
+    name is shown as the command shows text from outside (a stray byte as \\xff)."""
+    from warmenv import activate
+    from warmenv.config import check_name
+
+    rule = "use letters, digits, '.', '_' and '-' (and not '.' or '..')"
+    with pytest.raises(ValueError) as raised:
+        activate("a\udcffb")
+    assert str(raised.value) == f"invalid environment name 'a\\xffb': {rule}"
+    with pytest.raises(ValueError, match=re.escape("invalid environment name 7: ")):
+        check_name(7)
+    (tmp_path / "warmenv.toml").write_text('environment = ".."\n')
+    with pytest.raises(ConfigError) as refused:
+        load_config(tmp_path)
+    assert str(refused.value).endswith(f"'..' is not an environment name; {rule}")
+
+
+def test_is_utf8_is_false_only_for_what_cannot_be_written_as_utf_8() -> None:
+    from warmenv._text import is_utf8
+
+    assert is_utf8("") and is_utf8("ascii") and is_utf8("é 日本 🙂") and is_utf8("é".encode())
+    assert not is_utf8("a\udcffb") and not is_utf8("\ud800") and not is_utf8(b"\xff")

@@ -5,13 +5,19 @@ escape sequences; printed or logged as they are, they could move a
 terminal's cursor, recolour it or forge a line. The command line prints
 every such text through `clean`, and the library's log lines quote a
 server's words through it too, so the one rule lives here.
+
+Text that cannot be written as UTF-8 is the other rule here (`is_utf8`):
+Python carries a byte that was not UTF-8 (in a file name, an argument,
+text SQLite read with `surrogateescape`) as a lone surrogate, and a JSON
+escape such as `"\\ud800"` decodes to one; neither can be written into a
+manifest, a database or a bundle.
 """
 
 from __future__ import annotations
 
 import unicodedata
 
-__all__ = ["clean", "has_control_characters"]
+__all__ = ["clean", "has_control_characters", "is_utf8"]
 
 # Control characters (C0, DEL, C1), invisible format characters (bidi overrides,
 # zero-width joiners), line and paragraph separators, and lone surrogates (a
@@ -36,6 +42,20 @@ def clean(text: object) -> str:
 def has_control_characters(text: str) -> bool:
     """Whether `text` holds a character `clean()` would escape (C0, C1, bidi controls...)."""
     return not text.isprintable() and any(unicodedata.category(ch) in _UNSAFE for ch in text)
+
+
+def is_utf8(text: str | bytes) -> bool:
+    """Whether `text` is UTF-8: text without a lone surrogate, or bytes that decode."""
+    if text.isascii():  # the fast path: ASCII is UTF-8
+        return True
+    try:
+        if isinstance(text, str):
+            text.encode("utf-8")
+        else:
+            text.decode("utf-8")
+    except UnicodeError:
+        return False
+    return True
 
 
 def _escape(ch: str) -> str:

@@ -23,6 +23,7 @@ import attrs
 import platformdirs
 
 from warmenv._errors import WarmenvError
+from warmenv._text import clean
 from warmenv.remote.settings import RemoteError, check_url, redact
 from warmenv.stream import StreamPolicy
 
@@ -30,6 +31,7 @@ __all__ = ["Config", "ConfigError", "load_config"]
 
 DEFAULT_ENVIRONMENT = "default"
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
+_NAME_RULE = "use letters, digits, '.', '_' and '-' (and not '.' or '..')"
 _KEYS = ("root", "environment", "stream_policy", "max_bytes", "remote")
 
 
@@ -67,6 +69,20 @@ class Config:
 def is_valid_name(name: object) -> bool:
     """Whether `name` may name an environment: `[A-Za-z0-9._-]+`, not `.` or `..`."""
     return isinstance(name, str) and _NAME.fullmatch(name) is not None and name not in (".", "..")
+
+
+def check_name(name: object) -> str:
+    """`name` if it may name an environment, else `ValueError` saying what may.
+
+    The name is shown as the command line shows text from outside
+    (`warmenv._text.clean`: a byte that was not UTF-8 as `\\xff`), so the
+    library and the command say the same thing.
+    """
+    if not is_valid_name(name):
+        shown = f"'{clean(name)}'" if isinstance(name, str) else repr(name)
+        raise ValueError(f"invalid environment name {shown}: {_NAME_RULE}")
+    assert isinstance(name, str)
+    return name
 
 
 def user_root() -> Path:
@@ -160,7 +176,7 @@ def _root(value: object, where: str, key: str | None, base: Path, start: Path) -
 def _environment(value: object, where: str) -> str:
     if not is_valid_name(value):
         label = where if where.startswith("the environment") else f"{where}: key 'environment'"
-        raise ConfigError(f"{label} must match [A-Za-z0-9._-]+, got {value!r}")
+        raise ConfigError(f"{label}: {value!r} is not an environment name; {_NAME_RULE}")
     assert isinstance(value, str)
     return value
 

@@ -30,7 +30,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from warmenv._errors import ClosedError, WarmenvWarning
-from warmenv.config import Config, is_valid_name, load_config
+from warmenv.config import Config, check_name, load_config
 from warmenv.persistence import statistics as _statistics
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.codec import Codec
@@ -64,17 +64,6 @@ V = TypeVar("V")
 _defaults_lock = threading.Lock()
 _active_name: str | None = None
 _active_root: Path | None = None
-
-
-def check_name(name: object) -> str:
-    """`name` if it may name an environment, else `ValueError` saying what may."""
-    if not is_valid_name(name):
-        raise ValueError(
-            f"invalid environment name {name!r}: use letters, digits, '.', '_' and '-' "
-            "(and not '.' or '..')"
-        )
-    assert isinstance(name, str)
-    return name
 
 
 def activate(name: str) -> None:

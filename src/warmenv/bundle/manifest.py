@@ -26,6 +26,7 @@ from typing import Any, Final
 
 import attrs
 
+from warmenv._text import is_utf8
 from warmenv.bundle.errors import InvalidManifestError, UnsupportedSchemaError
 
 __all__ = [
@@ -139,7 +140,7 @@ class BundleManifest:
             document = self.to_json()
         except UnicodeEncodeError as exc:
             field = next(
-                (f for f in ("name", "version") if not _encodes(getattr(self, f))), "a field"
+                (f for f in ("name", "version") if not is_utf8(getattr(self, f))), "a field"
             )
             raise ValueError(
                 f"the bundle's {field} is not valid text ({exc.reason}); pass a UTF-8 string"
@@ -197,7 +198,7 @@ def _text(document: Mapping[str, Any], field: str, where: str = "") -> str:
         raise InvalidManifestError(
             f"manifest field '{where}{field}' is longer than {_MAX_TEXT} characters"
         )
-    if not _encodes(value):  # a JSON escape such as "\ud800" decodes to a lone surrogate
+    if not is_utf8(value):  # a JSON escape such as "\ud800" decodes to a lone surrogate
         raise InvalidManifestError(f"manifest field '{where}{field}' is not valid Unicode text")
     return value
 
@@ -207,9 +208,7 @@ def _environment(document: object, index: int) -> EnvironmentInfo:
     if not isinstance(document, dict):
         raise InvalidManifestError(f"manifest field 'environments[{index}]' must be an object")
     devices = document.get("devices", [])
-    if not isinstance(devices, list) or not all(
-        isinstance(d, str) and _encodes(d) for d in devices
-    ):
+    if not isinstance(devices, list) or not all(isinstance(d, str) and is_utf8(d) for d in devices):
         raise InvalidManifestError(f"manifest field '{where}devices' must be a list of strings")
     return EnvironmentInfo(
         label=_text(document, "label", where),
@@ -217,14 +216,6 @@ def _environment(document: object, index: int) -> EnvironmentInfo:
         arch=_text(document, "arch", where),
         devices=tuple(devices),
     )
-
-
-def _encodes(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def now_iso() -> str:

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.to_thread
 
-from warmenv._text import clean
+from warmenv._fs import kind_of
 from warmenv.cli._errors import Failure, UsageError
-from warmenv.environment import Environment, check_name, open_environment
+from warmenv.config import check_name
+from warmenv.environment import Environment, open_environment
 from warmenv.remote import RemoteTier
 
 if TYPE_CHECKING:
@@ -44,11 +45,8 @@ async def environment(
     if args.env is not None:
         try:
             check_name(args.env)
-        except ValueError:
-            raise UsageError(
-                f"invalid environment name '{clean(args.env)}': use letters, digits, '.', "
-                "'_' and '-' (and not '.' or '..')"
-            ) from None
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     async with AsyncExitStack() as stack:
         with out.holding() as notes:
             try:
@@ -131,22 +129,11 @@ def _library_note(path: Path, note: str) -> str:
 
 def _kind(path: Path) -> str:
     """What kind of file `path` is, in words, for one that is not a regular file."""
-    import stat
-
     try:
         mode = path.stat().st_mode
     except OSError:
         return "not readable"
-    for test, words in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return words
-    return "not a regular file"
+    return kind_of(mode) or "not a regular file"
 
 
 def _cannot_use(env: Environment, notes: list[str], write: bool) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from warmenv._errors import WarmenvError
-from warmenv._text import clean
+from warmenv._text import clean, is_utf8
 from warmenv.cli._environments import environment_files
 from warmenv.cli._errors import UsageError
 from warmenv.config import is_valid_name
@@ -27,12 +27,8 @@ def text_argument(value: str, option: str) -> str:
     An argument holding bytes that are not UTF-8 reaches Python as lone
     surrogates, which cannot be written into a manifest or a database.
     """
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise UsageError(
-            f"{option} {clean(value)!s} is not valid UTF-8 text; spell it in UTF-8"
-        ) from None
+    if not is_utf8(value):
+        raise UsageError(f"{option} {clean(value)!s} is not valid UTF-8 text; spell it in UTF-8")
     return value
 
 

@@ -21,6 +21,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, Protocol, final
 
+from warmenv._text import is_utf8
+
 if sys.version_info >= (3, 13):
     from typing import TypeVar
 else:
@@ -193,11 +195,8 @@ def _check(obj: object, tuples: bool, utf8: bool = False) -> None:
     # its base and would come back as one.
     kind = type(obj)
     if isinstance(obj, str) and kind is str:
-        if utf8:
-            try:
-                obj.encode("utf-8")
-            except UnicodeEncodeError:
-                raise _NotJson("str with a lone surrogate is not UTF-8 JSON") from None
+        if utf8 and not is_utf8(obj):
+            raise _NotJson("str with a lone surrogate is not UTF-8 JSON")
         return
     if kind is int or kind is bool or obj is None:
         return
