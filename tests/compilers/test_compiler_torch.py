@@ -15,6 +15,8 @@ this module; each warm run is a fresh process on a fresh machine.
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +69,7 @@ APP = """
             open(sys.argv[2], "wb").write(torch.compiler.save_cache_artifacts()[0])
         captured = warmed.capture()
         result.update(
-            restored=warmed.restored.written,
+            restored=warmed.restored.kernels.written,
             loaded=warmed.loaded,
             ours=[warmed.hits, warmed.misses],
             captured_kernels=captured.kernels.stored,
@@ -167,10 +169,33 @@ def test_kernels_captured_where_torch_lives_elsewhere_are_skipped_with_the_reaso
 
     restored = anyio.run(main)
 
-    assert restored.kernels.written == 0 and restored.artifacts == ()
+    assert restored.kernels.written == 0 and restored.artifacts == 0
     [skipped] = restored.kernels.skipped
     assert skipped.reasons == (
         f"torch's install path 0123456789ab was captured; this machine has "
         f"{here.value('torch.path')}",
     )
     assert not (tmp_path / "cache" / "ab").exists()
+
+
+def test_warmenv_run_restores_kernels_and_graphs_so_a_plain_process_builds_nothing(
+    cold: Cold, tmp_path: Path
+) -> None:
+    second = _fresh(tmp_path, "d")
+    ship(cold.machine, second, tmp_path)
+    second.write("app.py", APP)
+
+    completed = second.process(
+        *(sys.executable, "-m", "warmenv", "run", "--cache", "torch", "--json"),
+        *("--", sys.executable, "app.py", "plain"),
+        env=VARIABLES,
+        timeout=600,
+    )
+
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    app, _, rest = completed.stdout.partition("\n")
+    warm, report = json.loads(app), json.loads(rest)
+    assert (warm["hits"], warm["misses"], warm["built"]) == (1, 0, 0), warm
+    restored = report["tools"]["torch"]["restored"]
+    assert restored["kernels"]["written"] == cold.result["captured_kernels"]
+    assert sum(graph["written"] for graph in restored["graphs"]) >= 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -240,3 +241,30 @@ def test_a_hostile_kernel_index_is_refused_and_never_written(
     }
     assert not list(first.cache.rglob("__grp__*"))
     assert not list(first.home.parent.rglob("__grp__up.json"))
+
+
+def test_warmenv_run_warms_a_plain_triton_process_on_another_machine(
+    machines: tuple[Machine, Machine], tmp_path: Path
+) -> None:
+    require("triton")
+    first, second = machines
+
+    def run(machine: Machine) -> tuple[dict[str, Any], dict[str, Any]]:
+        machine.write("kernels.py", WORKLOAD)
+        completed = machine.process(
+            *(sys.executable, "-m", "warmenv", "run", "--cache", "triton", "--json"),
+            *("--", sys.executable, "kernels.py", "plain"),
+        )
+        assert completed.returncode == 0, completed.stderr[-4000:]
+        app, _, rest = completed.stdout.partition("\n")
+        return json.loads(app), json.loads(rest)
+
+    cold, cold_report = run(first)
+    ship(first, second, tmp_path)
+    shutil.rmtree(first.home)  # nothing of the first machine is left to find
+    warm, warm_report = run(second)
+
+    assert (cold["hits"], cold["misses"]) == (0, KERNELS)
+    assert cold_report["tools"]["triton"]["captured"]["groups"] == KERNELS
+    assert warm_report["tools"]["triton"]["restored"]["groups"] == KERNELS
+    assert (warm["hits"], warm["misses"]) == (KERNELS, 0), warm

@@ -57,11 +57,13 @@ from warmenv.future import block_on
 from warmenv.persistence import Conflict, Namespace, Stored
 
 __all__ = [
+    "CACHE_DIR_VARIABLE",
     "FACTS",
     "INSTALL_HINT",
     "TorchCaptureReport",
     "TorchRestoreReport",
     "TorchWarmed",
+    "artifacts",
     "capture",
     "default_cache_dir",
     "hits",
@@ -79,7 +81,9 @@ INSTALL_HINT: Final = (
     "pip install 'warmenv[torch]' (or: pip install torch==2.13.0; never a bare `torch`, "
     "which may pull several GB of CUDA)"
 )
+CACHE_DIR_VARIABLE: Final = "TORCHINDUCTOR_CACHE_DIR"
 _KERNELS: Final = ("*.so",)
+_GRAPHS: Final = ("fxgraph", "aotautograd")
 
 
 def tree(facts: Facts | None = None) -> CacheTree:
@@ -100,45 +104,56 @@ def default_cache_dir(root: str | Path | None = None) -> Path:
 
 def settings(cache_dir: str | Path) -> dict[str, str]:
     """The environment variables that point a torch process's Inductor at `cache_dir`."""
-    return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
+    return {CACHE_DIR_VARIABLE: str(cache_dir)}
 
 
 @attrs.frozen
 class TorchCaptureReport:
-    """What `capture` stored: the kernels, and the Mega-Cache bytes if new."""
+    """What `capture` stored: the kernels, Inductor's graph entries, the Mega-Cache bytes if new."""
 
     kernels: CaptureReport
+    graphs: tuple[CaptureReport, ...]
+    """Inductor's FX graph and AOT autograd entries (`fxgraph/`, `aotautograd/`)."""
     artifacts: int
-    """Mega-Cache entries stored (0 when this set of artifacts was already there)."""
+    """Mega-Cache entries stored (0 when none was given or it was already there)."""
 
     def __str__(self) -> str:
-        return f"{self.kernels}; {self.artifacts} new Mega-Cache entries"
+        graphs = sum(report.files for report in self.graphs)
+        return f"{self.kernels}; {graphs} graph entries; {self.artifacts} new Mega-Cache entries"
 
 
 @attrs.frozen
 class TorchRestoreReport:
-    """What `restore` wrote (the kernels) and read (the Mega-Cache bytes, for torch to load)."""
+    """What `restore` wrote: the kernels, then Inductor's graph entries."""
 
     kernels: RestoreReport
-    artifacts: tuple[bytes, ...]
-    """Each Mega-Cache entry captured under this machine's facts, for `load_cache_artifacts`."""
+    graphs: tuple[RestoreReport, ...]
+    artifacts: int
+    """Mega-Cache entries captured under this machine's facts (`artifacts()` reads them)."""
 
     def __str__(self) -> str:
-        return f"{self.kernels}; {len(self.artifacts)} Mega-Cache entries to load"
+        graphs = sum(report.written for report in self.graphs)
+        return f"{self.kernels}; {graphs} graph entries; {self.artifacts} Mega-Cache entries"
+
+
+def _graph_trees(facts: Facts) -> tuple[CacheTree, ...]:
+    return tuple(CacheTree("torch", facts, part=part) for part in _GRAPHS)
 
 
 async def capture(
     env: Environment, cache_dir: str | Path, artifacts: bytes | None = None
 ) -> TorchCaptureReport:
-    """Store Inductor's kernels under `cache_dir` and the Mega-Cache bytes `artifacts` in `env`.
+    """Store Inductor's kernels and graph entries under `cache_dir`, and `artifacts`, in `env`.
 
-    `artifacts` is the first item of `torch.compiler.save_cache_artifacts()`;
-    an entry is keyed by the digest of its bytes. `use()` passes them only
-    when the process compiled something it did not load at start-up, so
-    warm runs add nothing.
+    `artifacts` is the first item of `torch.compiler.save_cache_artifacts()`
+    (only a process that compiled can give it: `use()` does), keyed by the
+    digest of its bytes; `use()` passes it only when the process compiled
+    something it did not load at start-up, so warm runs add nothing.
     """
     facts = await anyio.to_thread.run_sync(Facts.here, *FACTS)
-    kernels = await _capture(env, tree(facts), cache_dir)
+    source = Path(cache_dir)
+    kernels = await _capture(env, tree(facts), source)
+    graphs = [await _capture(env, graph, source / graph.part) for graph in _graph_trees(facts)]
     stored = 0
     if artifacts:
         key = hashlib.sha256(artifacts).hexdigest().encode()
@@ -146,19 +161,27 @@ async def capture(
         stored = 1 if isinstance(outcome, Stored) else 0
         if not isinstance(outcome, Stored | Conflict):
             log.warning("the Mega-Cache entry was not stored: %s", outcome)
-    return TorchCaptureReport(kernels, stored)
+    return TorchCaptureReport(kernels, tuple(graphs), stored)
 
 
 async def restore(env: Environment, cache_dir: str | Path) -> TorchRestoreReport:
-    """Write the kernels captured under this machine's facts into `cache_dir`; read the Mega-Cache.
+    """Write the kernels, then the graph entries, captured under this machine's facts.
 
-    The kernels are written before the Mega-Cache bytes are handed back, so
-    a graph torch loads from them finds its kernels built.
+    Kernels first: a graph entry torch finds (or loads from the Mega-Cache
+    afterwards) finds the kernels it names already built.
     """
     facts = await anyio.to_thread.run_sync(Facts.here, *FACTS)
-    kernels = await _restore(env, tree(facts), cache_dir)
-    artifacts = tuple([value async for _, value in env.storage(_mega(facts)).scan()])
-    return TorchRestoreReport(kernels, artifacts)
+    target = Path(cache_dir)
+    kernels = await _restore(env, tree(facts), target)
+    graphs = [await _restore(env, graph, target / graph.part) for graph in _graph_trees(facts)]
+    held = await env.storage(_mega(facts)).summary()
+    return TorchRestoreReport(kernels, tuple(graphs), held.entries)
+
+
+async def artifacts(env: Environment) -> tuple[bytes, ...]:
+    """The Mega-Cache entries captured under this machine's facts, for `load_cache_artifacts`."""
+    facts = await anyio.to_thread.run_sync(Facts.here, *FACTS)
+    return tuple([value async for _, value in env.storage(_mega(facts)).scan()])
 
 
 # --- in-process ---------------------------------------------------------------------
@@ -171,8 +194,8 @@ class TorchWarmed:
 
     cache_dir: Path
     """Inductor's cache directory (`TORCHINDUCTOR_CACHE_DIR`)."""
-    restored: RestoreReport
-    """The kernels the restore at start-up wrote."""
+    restored: TorchRestoreReport
+    """What the restore at start-up wrote."""
     loaded: int
     """Mega-Cache entries torch loaded at start-up."""
     _where: _Where = attrs.field(alias="where")
@@ -192,11 +215,11 @@ class TorchWarmed:
     def capture(self) -> TorchCaptureReport:
         """Store what this process compiled so far: the Mega-Cache bytes and the kernels."""
         saved = _import_torch().compiler.save_cache_artifacts()
-        artifacts = None
+        new = None
         if saved is not None and not _identities(saved[1]) <= self._known:
-            artifacts = bytes(saved[0])  # something not loaded at start-up: new
+            new = bytes(saved[0])  # something not loaded at start-up
         with self._lock:
-            return block_on(_capture_in, self._where, self.cache_dir, artifacts)
+            return block_on(_capture_in, self._where, self.cache_dir, new)
 
     def capture_at_exit(self) -> None:
         atexit.register(self._capture_at_exit)
@@ -217,9 +240,11 @@ async def _capture_in(
         return await capture(env, cache_dir, artifacts)
 
 
-async def _restore_in(chosen: _Where, cache_dir: Path) -> TorchRestoreReport:
+async def _restore_in(
+    chosen: _Where, cache_dir: Path
+) -> tuple[TorchRestoreReport, tuple[bytes, ...]]:
     async with open_environment(chosen.name, root=chosen.root, file=chosen.file) as env:
-        return await restore(env, cache_dir)
+        return await restore(env, cache_dir), await artifacts(env)
 
 
 def use(
@@ -246,19 +271,19 @@ def use(
     directory = Path(os.path.abspath(Path(cache_dir).expanduser()))
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(directory)
     chosen = where(env, root)
-    report = block_on(_restore_in, chosen, directory)
+    report, mega = block_on(_restore_in, chosen, directory)
     for skipped in report.kernels.skipped:
         log.info("skipped %s: %s", skipped.namespace, "; ".join(skipped.reasons))
     loaded = 0
     known: frozenset[str] = frozenset()
-    for artifacts in report.artifacts:
-        info = torch.compiler.load_cache_artifacts(artifacts)
+    for entry in mega:
+        info = torch.compiler.load_cache_artifacts(entry)
         if info is None:
             log.warning("torch could not load a Mega-Cache entry (torch logged why)")
             continue
         loaded += 1
         known |= _identities(info)
-    warmed = TorchWarmed(directory, report.kernels, loaded, where=chosen, known=known)
+    warmed = TorchWarmed(directory, report, loaded, where=chosen, known=known)
     if capture_at_exit:
         warmed.capture_at_exit()
     return warmed

@@ -62,6 +62,7 @@ from warmenv.environment import Environment
 from warmenv.persistence import BytesCodec, CacheMode
 
 __all__ = [
+    "CACHE_DIR_VARIABLE",
     "FACTS",
     "INSTALL_HINT",
     "TritonCache",
@@ -73,6 +74,7 @@ __all__ = [
     "facts",
     "hits",
     "restore",
+    "settings",
     "use",
 ]
 
@@ -80,6 +82,7 @@ TOOL: Final = "triton"
 FACTS: Final = ("triton", "python")
 """The facts that decide whether a captured kernel can hit (see `Facts`)."""
 GROUP_PREFIX: Final = "__grp__"
+CACHE_DIR_VARIABLE: Final = "TRITON_CACHE_DIR"
 _MANAGER: Final = "triton.runtime.cache:RemoteCacheManager"
 _BACKEND: Final = "warmenv.caches.triton:Backend"
 # What Triton leaves in its cache directory that is no kernel: its lock file
@@ -103,7 +106,7 @@ def _trees(chosen: Facts | None = None) -> tuple[CacheTree, CacheTree]:
 
 def cache_dir() -> Path:
     """Triton's cache directory as Triton reads it (`TRITON_CACHE_DIR`, else `~/.triton/cache`)."""
-    configured = os.environ.get("TRITON_CACHE_DIR")
+    configured = os.environ.get(CACHE_DIR_VARIABLE)
     if configured:
         return Path(configured).expanduser()
     home = os.environ.get("TRITON_HOME") or os.path.expanduser("~/")
@@ -184,6 +187,15 @@ def use(
     knobs.cache.remote_manager_class = _backend_class()
     _listen(knobs)
     return served
+
+
+def settings(cache_dir: str | Path) -> dict[str, str]:
+    """The environment variables that point a Triton process at the cache directory `cache_dir`.
+
+    With them, Triton's own file cache reads what `restore` wrote there
+    (`warmenv run --cache triton` restores before and captures after).
+    """
+    return {CACHE_DIR_VARIABLE: str(cache_dir)}
 
 
 def environ() -> dict[str, str]:
