@@ -27,6 +27,7 @@ from helpers import Trials, backend_label, reliability_row, run_python
 from redis_server import COREDIS_UNCLOSED_STREAMS, RedisServer, free_port, redis_server
 from test_blocking import TracingCodec
 from warmenv import Namespace, open_environment
+from warmenv._url import check_redis_url, redact
 from warmenv.blocking import open_environment as open_blocking
 from warmenv.persistence import (
     CacheMode,
@@ -40,7 +41,6 @@ from warmenv.persistence import (
 )
 from warmenv.persistence.storage import may_replace
 from warmenv.remote import RemoteError, RemoteSettings, RemoteStatistics, RemoteStorage
-from warmenv.remote.settings import check_url, redact
 
 pytestmark = [
     pytest.mark.anyio,
@@ -724,7 +724,7 @@ async def test_a_malformed_database_number_is_refused_not_taken_for_database_0(
 
 @pytest.mark.parametrize("path", ["", "/", "/0", "/15"])
 def test_a_database_number_or_none_is_accepted(path: str) -> None:
-    assert check_url(f"redis://localhost{path}") == f"redis://localhost{path}"
+    assert check_redis_url(f"redis://localhost{path}") == f"redis://localhost{path}"
 
 
 async def test_the_variable_warmenv_remote_configures_the_tier(

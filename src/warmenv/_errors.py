@@ -17,3 +17,11 @@ class WarmenvWarning(UserWarning):
 
 class ClosedError(WarmenvError, RuntimeError):
     """An environment, storage or bundle was used after it was closed."""
+
+
+class RemoteError(WarmenvError):
+    """The remote setting cannot be used (a malformed URL, or the `redis` extra missing).
+
+    Here rather than beside the Redis tier, because the configuration raises
+    it too (a bad `WARMENV_REMOTE`) and imports nothing of the tier.
+    """

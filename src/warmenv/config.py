@@ -22,9 +22,9 @@ from typing import Any
 import attrs
 import platformdirs
 
-from warmenv._errors import WarmenvError
+from warmenv._errors import RemoteError, WarmenvError
 from warmenv._text import clean
-from warmenv.remote.settings import RemoteError, check_url, redact
+from warmenv._url import check_redis_url, redact
 from warmenv.stream import StreamPolicy
 
 __all__ = ["Config", "ConfigError", "load_config"]
@@ -222,6 +222,6 @@ def _remote(value: object, label: str) -> str | None:
     if value is None or value == "":
         return None
     try:
-        return check_url(value, label)
+        return check_redis_url(value, label)
     except RemoteError as exc:  # the message already names the setting, password hidden
         raise _RemoteConfigError(str(exc)) from None

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import time
-import urllib.parse
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from pathlib import Path
@@ -38,6 +37,7 @@ import anyio.to_thread
 import attrs
 
 from warmenv._errors import WarmenvError
+from warmenv._url import redact
 from warmenv.bundle import _files
 from warmenv.bundle.errors import (
     InvalidManifestError,
@@ -52,7 +52,7 @@ from warmenv.bundle.sqlite.bundle import SqliteBundle
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["DownloadError", "DownloadOptions", "is_url", "redact"]
+__all__ = ["DownloadError", "DownloadOptions"]
 
 _FLUSH_BYTES = 1 << 20  # written to disk (and reported) at least every MiB...
 _FLUSH_SECONDS = 0.25  # ...or this often on a slow link
@@ -95,30 +95,6 @@ class DownloadOptions:
             raise ValueError(f"timeout must be positive, not {self.timeout}")
         if self.retries < 0:
             raise ValueError(f"retries must be 0 or more, not {self.retries}")
-
-
-def is_url(source: object) -> bool:
-    """Whether an import or preflight `source` names a bundle by http(s) URL."""
-    return isinstance(source, str) and source[:8].lower().startswith(("http://", "https://"))
-
-
-def redact(url: str) -> str:
-    """`url` fit to print: the user information and query values replaced by `***`.
-
-    A password (or a token passed as the user name) and a signed URL's
-    signature are credentials; neither may reach a log, an error or JSON.
-    """
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "<an unparseable URL>"
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = "***@" + netloc.rsplit("@", 1)[1]
-    query = parts.query
-    if query:
-        query = "&".join(f"{item.split('=', 1)[0]}=***" for item in query.split("&"))
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
 def _httpx() -> Any:

@@ -39,8 +39,9 @@ from typing import final
 import anyio
 import anyio.lowlevel
 
+from warmenv._url import is_http_url
 from warmenv.bundle.base import Bundle
-from warmenv.bundle.download import Download, DownloadOptions, is_url
+from warmenv.bundle.download import Download, DownloadOptions
 from warmenv.bundle.errors import CorruptBundleError
 from warmenv.bundle.events import (
     BundleFinished,
@@ -121,7 +122,7 @@ async def importing(
     """
     check_batch_size(batch_size)
     near = env.snapshot_directory()
-    if is_url(source):
+    if is_http_url(source):
         assert isinstance(source, str)
         progress = ImportProgress(
             Download(source, near, download), env, namespaces, batch_size, validate, verify

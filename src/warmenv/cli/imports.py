@@ -25,6 +25,7 @@ import attrs
 
 from warmenv._errors import WarmenvError
 from warmenv._text import clean
+from warmenv._url import is_http_url, redact
 from warmenv.bundle import (
     Downloading,
     ImportProgress,
@@ -33,7 +34,6 @@ from warmenv.bundle import (
     importing,
 )
 from warmenv.bundle.base import Bundle
-from warmenv.bundle.download import is_url, redact
 from warmenv.bundle.events import Event
 from warmenv.bundle.open import open_snapshot
 from warmenv.cli._environments import environment
@@ -72,7 +72,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         f"{plural(out.entries_done, 'entry', 'entries')} (whole batches kept; "
         "run it again to finish)"
     )
-    if is_url(args.bundle):  # fetched once the environment is open, into a directory beside it
+    if is_http_url(args.bundle):  # fetched once the environment is open, into a directory beside it
         return await _run(args, out, args.bundle, prefixes, redact(args.bundle))
     path = Path(args.bundle)
     where = _where(args)

@@ -10,7 +10,8 @@ storage with the tier behind it: the two-tier insert and lookup rules).
 
 from __future__ import annotations
 
-from warmenv.remote.settings import RemoteError, RemoteSettings, remote_settings
+from warmenv._errors import RemoteError
+from warmenv.remote.settings import RemoteSettings, remote_settings
 from warmenv.remote.storage import RemoteStorage
 from warmenv.remote.tier import Ping, RemoteStatistics, RemoteTier
 from warmenv.remote.wire import RemoteValue

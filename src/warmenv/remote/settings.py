@@ -17,24 +17,21 @@ coredis read the URL, because coredis's own checks no host name (see
 from __future__ import annotations
 
 import os
-import re
 import ssl
 from typing import Final
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit
 
 import attrs
 
-from warmenv._errors import WarmenvError
+from warmenv._errors import RemoteError
+from warmenv._url import check_redis_url, redact
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_VALUE_BYTES",
     "DEFAULT_REMOTE_TIMEOUT",
-    "RemoteError",
     "RemoteSettings",
-    "check_url",
-    "redact",
     "remote_settings",
     "tls_context",
 ]
@@ -43,57 +40,6 @@ DEFAULT_REMOTE_TIMEOUT: Final = 0.25
 DEFAULT_MAX_VALUE_BYTES: Final = 8 * 1024 * 1024
 DEFAULT_MAX_CONNECTIONS: Final = 2
 DEFAULT_LEASE_TTL: Final = 10.0
-
-
-class RemoteError(WarmenvError):
-    """The remote setting cannot be used (a malformed URL, or the `redis` extra missing)."""
-
-
-# A query parameter naming a password (coredis reads `?password=` as the URL's password).
-_QUERY_PASSWORD: Final = re.compile(r"(?i)([?&][^=&#]*pass[^=&#]*=)[^&#]*")
-
-
-def redact(url: str) -> str:
-    """`url` with its password replaced by `***`, for logs, errors and reprs."""
-    return _QUERY_PASSWORD.sub(r"\1***", _redact_userinfo(url))
-
-
-def _redact_userinfo(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if parts.password is None:
-        # Malformed (`redis:/:pw@host`) or user-only: hide whatever precedes an `@`.
-        head, at, tail = url.rpartition("@")
-        if not at:
-            return url
-        scheme, colon, _ = head.partition(":")
-        return f"{scheme}{colon}//***@{tail}" if colon else f"***@{tail}"
-    # The host and port as given, not as parsed: a malformed port is what the
-    # user must see (the parser would drop it, or raise).
-    userinfo, _, hostport = parts.netloc.rpartition("@")
-    user = userinfo.partition(":")[0]
-    netloc = f"{user}:***@{hostport}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
-def _port_as_given(url: str) -> str | None:
-    """The port text of `url` when it cannot be a password's piece, else `None`.
-
-    It can be one when no `@` ends the host part (`redis://:pw#x@host`: the
-    parser reads `pw#x` up to the `#`, and `pw` as the port).
-    """
-    try:
-        netloc = urlsplit(url).netloc
-    except ValueError:  # a malformed host (an unclosed `[`): no port to show
-        return None
-    if "@" in url and "@" not in netloc:
-        return None
-    hostport = netloc.rpartition("@")[2]
-    if hostport.startswith("["):
-        hostport = hostport.partition("]")[2]
-    return hostport.partition(":")[2]
 
 
 @attrs.frozen(repr=False)
@@ -112,7 +58,7 @@ class RemoteSettings:
     """How long a computing host's lease outlives its last heartbeat (a crash costs this much)."""
 
     def __attrs_post_init__(self) -> None:
-        check_url(self.url)
+        check_redis_url(self.url)
         if not (isinstance(self.timeout, int | float) and self.timeout > 0):
             raise ValueError(f"remote timeout must be a positive number, got {self.timeout!r}")
         for name in ("max_value_bytes", "max_connections"):
@@ -134,38 +80,6 @@ class RemoteSettings:
         )
 
 
-def check_url(url: object, where: str = "remote") -> str:
-    """`url` if it names a Redis server, else `RemoteError` saying what would."""
-    if not isinstance(url, str):
-        raise RemoteError(f"{where} must be a redis:// or rediss:// URL, got {type(url).__name__}")
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 (a bad port raises here)
-    except ValueError:
-        # Not the parser's message: it may quote the password, taken for a port or a host.
-        if port := _port_as_given(url):
-            raise RemoteError(
-                f"{where}: {redact(url)!r} has a malformed port {port!r}; a port is a number"
-                " from 0 to 65535 (none means 6379)"
-            ) from None
-        raise RemoteError(
-            f"{where}: {redact(url)!r} is not a valid URL (a malformed host or port; a password"
-            " with '#', '/' or '?' goes in the query, percent-encoded: ?password=a%23b)"
-        ) from None
-    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
-        raise RemoteError(
-            f"{where}: {redact(url)!r} is not a Redis URL; use redis://[:password@]host[:port][/db]"
-            " or rediss:// for TLS"
-        )
-    if parts.path not in ("", "/") and not re.fullmatch(r"/[0-9]{1,9}", parts.path):
-        # coredis would take a path it cannot read as database 0: another fleet's data.
-        raise RemoteError(
-            f"{where}: {redact(url)!r} has a malformed database number {parts.path[1:]!r};"
-            " the path is a database number, e.g. /0 (none means 0)"
-        )
-    return url
-
-
 def remote_settings(remote: str | RemoteSettings | None) -> RemoteSettings | None:
     """The settings `open_environment(remote=...)` means; `None` reads `WARMENV_REMOTE`.
 
@@ -177,10 +91,10 @@ def remote_settings(remote: str | RemoteSettings | None) -> RemoteSettings | Non
         remote = os.environ.get("WARMENV_REMOTE")
         if not remote:
             return None
-        return RemoteSettings(check_url(remote, "the environment variable WARMENV_REMOTE"))
+        return RemoteSettings(check_redis_url(remote, "the environment variable WARMENV_REMOTE"))
     if remote == "":
         return None
-    return RemoteSettings(check_url(remote))
+    return RemoteSettings(check_redis_url(remote))
 
 
 # The query parameters of a rediss:// URL that name files, and what each holds.

@@ -51,10 +51,12 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 import anyio
 import attrs
 
+from warmenv._errors import RemoteError
 from warmenv._text import clean
+from warmenv._url import redact
 from warmenv.persistence.storage import wall_clock
 from warmenv.remote import wire
-from warmenv.remote.settings import RemoteError, RemoteSettings, redact, tls_context
+from warmenv.remote.settings import RemoteSettings, tls_context
 from warmenv.remote.wire import BadFrame, RemoteValue
 
 if TYPE_CHECKING:
@@ -591,8 +593,8 @@ class RemoteTier:
             # coredis says only "Unable to establish a connection"; the cause says
             # why (an untrusted certificate, a refused port).
             reason += f" ({type(cause).__name__}: {cause})"
-        if self.settings.url in reason:
-            reason = redact(reason)
+        # A message may quote the URL: its credentials stay hidden there too.
+        reason = reason.replace(self.settings.url, redact(self.settings.url))
         reason = clean(reason)  # a server's own words: no escape sequence reaches a log
         if first:
             self._count("outages")
