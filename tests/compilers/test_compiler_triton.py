@@ -139,11 +139,25 @@ def test_a_kernel_compiled_live_is_served_to_an_empty_cache_directory(
     require("triton")
     first, _ = machines
     _compile(first, "live")
-    shutil.rmtree(first.cache)
+    shutil.rmtree(first.root / "caches" / "triton-live")  # where the live form's files land
 
     again = _compile(first, "live")
 
     assert (again["hits"], again["misses"]) == (KERNELS, 0), again
+
+
+def test_the_live_form_leaves_the_cache_directory_of_a_plain_triton_alone(
+    machines: tuple[Machine, Machine],
+) -> None:
+    """Triton's remote manager writes indexes its own file cache cannot read; not there."""
+    require("triton")
+    first, _ = machines
+    _compile(first, "live")
+
+    plain = _compile(first, "plain")  # TRITON_CACHE_DIR: would fail on a list-form index
+
+    assert (plain["hits"], plain["misses"]) == (0, KERNELS), plain
+    assert list((first.root / "caches" / "triton-live").glob("*/__grp__*.json"))
 
 
 def test_a_plain_copy_of_a_triton_cache_misses_once_its_original_path_is_gone(

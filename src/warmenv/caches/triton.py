@@ -58,6 +58,7 @@ from warmenv.caches._paths import Writer, relative_parts
 from warmenv.caches._tree import CacheTree, CaptureReport, LeftOut, RestoreReport
 from warmenv.caches._tree import capture as _capture
 from warmenv.caches._tree import restore as _restore
+from warmenv.config import load_config
 from warmenv.environment import Environment
 from warmenv.persistence import BytesCodec, CacheMode
 
@@ -73,6 +74,7 @@ __all__ = [
     "environ",
     "facts",
     "hits",
+    "live_cache_dir",
     "restore",
     "settings",
     "use",
@@ -163,7 +165,10 @@ _opened = contextlib.ExitStack()
 
 
 def use(
-    env: blocking.BlockingEnvironment | str | None = None, *, root: str | Path | None = None
+    env: blocking.BlockingEnvironment | str | None = None,
+    *,
+    root: str | Path | None = None,
+    cache_dir: str | Path | None = None,
 ) -> TritonCache:
     """Serve Triton's cache from `env` in this process, from the next compile on.
 
@@ -171,8 +176,12 @@ def use(
     Triton compiles), or an environment's name (default: the configured
     one), opened now and closed at exit. Every kernel Triton looks up is
     read from the environment (a hit compiles nothing) and every kernel it
-    compiles is stored there; Triton still writes the files it loads under
-    its own cache directory. Call it at start-up; calling it again serves
+    compiles is stored there. Triton still writes the files it loads into a
+    local directory, `cache_dir` (default `<root>/caches/triton-live`): one
+    used by this form only, because Triton's remote manager writes its
+    indexes there in a form Triton's own file cache cannot read (a plain
+    Triton pointed at it fails with `AttributeError: 'list' object has no
+    attribute 'items'`). Call it at start-up; calling it again serves
     another environment.
     """
     global _serving
@@ -180,13 +189,21 @@ def use(
     if not isinstance(env, blocking.BlockingEnvironment):
         env = _opened.enter_context(blocking.open_environment(env, root=root))
         _close_at_exit()
+    directory = Path(cache_dir) if cache_dir is not None else live_cache_dir(root)
     served = _serve(env)
     with _serving_lock:
         _serving = served
+    knobs.cache.dir = str(directory.expanduser())
     knobs.cache.manager_class = manager
     knobs.cache.remote_manager_class = _backend_class()
     _listen(knobs)
     return served
+
+
+def live_cache_dir(root: str | Path | None = None) -> Path:
+    """`<root>/caches/triton-live`: where the live form's Triton writes the files it loads."""
+    base = Path(root) if root is not None else load_config().root
+    return base / "caches" / "triton-live"
 
 
 def settings(cache_dir: str | Path) -> dict[str, str]:
@@ -202,7 +219,8 @@ def environ() -> dict[str, str]:
     """The variables that make a child process's Triton use `Backend` (its configured environment).
 
     Add `WARMENV_ROOT` and `WARMENV_ENVIRONMENT` to choose the environment:
-    the child opens it on its first compile and closes it at exit.
+    the child opens it on its first compile and closes it at exit. Give the
+    child a `TRITON_CACHE_DIR` of its own (see `use()` for why).
     """
     return {"TRITON_CACHE_MANAGER": _MANAGER, "TRITON_REMOTE_CACHE_BACKEND": _BACKEND}
 
