@@ -18,6 +18,7 @@ import pytest
 from helpers import run_python
 from redis_server import RedisServer, tolerating_coredis_streams
 from warmenv import (
+    BytesCodec,
     CacheMode,
     ClosedError,
     Failed,
@@ -36,7 +37,16 @@ from warmenv.blocking import (
     import_bundle,
 )
 from warmenv.blocking import open_environment as open_blocking
-from warmenv.bundle import Event, ExportReport, Finished, ImportReport, Progress, Started
+from warmenv.bundle import (
+    BundleFormat,
+    Event,
+    ExportReport,
+    Finished,
+    FlatBundle,
+    ImportReport,
+    Progress,
+    Started,
+)
 from warmenv.persistence.explain import Explanation
 from warmenv.persistence.sqlite.storage import SqliteStorage
 from warmenv.persistence.statistics import EnvironmentStatistics
@@ -290,6 +300,38 @@ def test_memoize_names_an_argument_that_cannot_be_part_of_a_key(
         size({1, 2})
 
 
+def test_memoize_keys_calls_by_their_arguments_whatever_the_codec(
+    env: BlockingEnvironment,
+) -> None:
+    # As Store.memoize does: the key is the arguments' JSON list, not the
+    # codec's encoding (it refused any codec but JsonCodec and BytesCodec).
+    store = env.store(NS, codec=TracingCodec())
+    calls: list[tuple[int, int]] = []
+
+    @store.memoize
+    def tune(a: int, b: int = 2) -> dict[str, int]:
+        calls.append((a, b))
+        return {"sum": a + b}
+
+    assert [tune(1), tune(1, b=2), tune(1, 3)] == [{"sum": 3}, {"sum": 3}, {"sum": 4}]
+    assert calls == [(1, 2), (1, 3)]
+    raw: BlockingStore[bytes, bytes] = env.store(NS, codec=BytesCodec())
+    assert raw.get(b"[1,2]") == b'{"sum": 3}'
+
+
+def test_import_bundle_takes_an_open_bundle_as_the_async_form_does(
+    root: Path, tmp_path: Path
+) -> None:
+    with open_blocking("warm", root=root) as warm:
+        warm.store(NS).insert("k", {"block": 128})
+        export_bundle(warm, tmp_path / "b.bundle", name="b", version="1", format=BundleFormat.FLAT)
+    bundle = FlatBundle.from_bytes((tmp_path / "b.bundle").read_bytes())
+    with open_blocking("cold", root=root) as cold:
+        report = import_bundle(bundle, cold)
+        assert report.complete
+        assert cold.store(NS).get("k") == {"block": 128}
+
+
 def test_memoize_with_a_key_function(env: BlockingEnvironment) -> None:
     store: BlockingStore[str, str] = env.store(NS)
 
@@ -413,7 +455,7 @@ def test_a_hot_value_is_each_threads_own_copy(env: BlockingEnvironment) -> None:
     join(threads)
 
     assert outcomes == [None] * 4
-    assert set(store.store._hot) == {"k"}  # internal: the copies came from the hot set
+    assert set(store.store.held.hot) == {"k"}  # internal: the copies came from the hot set
     assert store.get("k") == value
 
 
@@ -430,7 +472,7 @@ def test_get_or_compute_hands_out_copies_of_a_hot_value(env: BlockingEnvironment
         assert got == value
         got["tiles"].append(64)
         got["nested"]["deep"].append(2)
-    assert set(store.store._hot) == {"k"}  # internal: the last copies came from the hot set
+    assert set(store.store.held.hot) == {"k"}  # internal: the last copies came from the hot set
     assert store.get("k") == value
 
 
@@ -462,7 +504,7 @@ def test_a_blocking_store_takes_hot_bytes(env: BlockingEnvironment) -> None:
     store.insert("k", {"a": 1})
     for _ in range(256):  # enough for a hot set to take it in
         assert store.get("k") == {"a": 1}
-    assert not set(store.store._hot)  # internal: nothing held decoded
+    assert not set(store.store.held.hot)  # internal: nothing held decoded
     assert env.store(NS).hot_bytes > 0
 
 

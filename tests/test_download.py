@@ -225,6 +225,29 @@ async def big_bundle(root: Path, tmp_path: Path) -> Path:
 # --- import by URL -----------------------------------------------------------------
 
 
+def test_the_blocking_import_takes_a_url_and_its_download_options(
+    server: BundleServer, tmp_path: Path
+) -> None:
+    # warmenv.blocking.import_bundle had no download= (and took no open bundle).
+    from warmenv import BytesCodec, Namespace, blocking
+
+    ns, out, cold_root = Namespace("app", "big", version="1"), tmp_path / "b.bundle", tmp_path / "c"
+    with blocking.open_environment("warm", root=tmp_path / "w") as warm:
+        store: blocking.BlockingStore[bytes, bytes] = warm.store(ns, codec=BytesCodec())
+        for i in range(8):
+            store.insert(b"k%d" % i, bytes([i]) * (64 << 10))
+        blocking.export_bundle(warm, out, name="big", version="1", format="flat")
+    url = server.put("/b.bundle", out.read_bytes())
+    with blocking.open_environment("cold", root=cold_root) as cold:
+        with pytest.raises(DownloadError, match="over the download limit"):
+            blocking.import_bundle(url, cold, download=DownloadOptions(max_bytes=1 << 16))
+        assert cold.namespaces() == []
+        report = blocking.import_bundle(url, cold, download=DownloadOptions(max_bytes=1 << 30))
+        assert report.complete
+        assert cold.store(ns, codec=BytesCodec()).get(b"k7") == bytes([7]) * (64 << 10)
+    assert staging_left(cold_root) == []
+
+
 @pytest.mark.anyio
 async def test_an_import_by_url_equals_an_import_by_path(
     server: BundleServer, bundle_path: Path, root: Path

@@ -7,7 +7,7 @@ import anyio.lowlevel
 import pytest
 from anyio import wait_all_tasks_blocked
 
-from warmenv import CacheMode, Environment, Namespace, Store
+from warmenv import CacheMode, Environment, Namespace, Store, WarmenvError
 
 pytestmark = pytest.mark.anyio
 
@@ -194,3 +194,57 @@ async def test_one_keys_run_does_not_hold_up_another_key(env: Environment) -> No
         assert await store.get_or_compute("fast", fast) == "fast"
         slow_gate.set()
     assert await store.get("slow") == "slow"
+
+
+async def test_a_compute_asking_for_its_own_key_raises_instead_of_waiting_forever(
+    env: Environment,
+) -> None:
+    store: Store[str, int] = await env.store(NS)
+
+    async def recurse() -> int:
+        return await store.get_or_compute("self", recurse) + 1
+
+    with anyio.fail_after(30):  # the old code waited for itself here, forever
+        with pytest.raises(WarmenvError, match="while computing that very key"):
+            await store.get_or_compute("self", recurse)
+    assert await store.get("self") is None  # the failed run stored nothing
+    assert await store.get_or_compute("self", _one) == 1  # and the next call runs anew
+
+
+async def test_a_memoized_function_calling_itself_with_its_own_arguments_raises(
+    env: Environment,
+) -> None:
+    store: Store[list[object], int] = await env.store(NS)
+
+    @store.memoize
+    async def depth(n: int) -> int:
+        return await depth(n) + 1
+
+    with anyio.fail_after(30):
+        with pytest.raises(WarmenvError, match="it would wait for itself"):
+            await depth(3)
+
+
+async def test_another_task_asking_for_a_key_being_computed_waits_for_it(
+    env: Environment,
+) -> None:
+    # Only the run's own task is refused: a task it starts is another asker.
+    store: Store[str, int] = await env.store(NS)
+    answers: list[int] = []
+
+    async def ask() -> None:
+        answers.append(await store.get_or_compute("k", _one))
+
+    async with anyio.create_task_group() as tg:
+
+        async def compute() -> int:
+            tg.start_soon(ask)
+            await wait_all_tasks_blocked()  # the asker waits for this run now
+            return 7
+
+        tg.start_soon(store.get_or_compute, "k", compute)
+    assert answers == [7]
+
+
+async def _one() -> int:
+    return 1

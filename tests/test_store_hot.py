@@ -1,7 +1,7 @@
 """The hot set: decoded copies of a JSON store's most used containers, bounded in bytes.
 
 The hot set is internal (a hit is answered the same with or without it), so
-these tests look at `store._hot` to know that the hot path is the one they
+these tests look at `store.held.hot` to know that the hot path is the one they
 exercise.
 """
 
@@ -33,7 +33,7 @@ VALUE: dict[str, Any] = {
 
 def hot(store: Store[Any, Any]) -> set[object]:
     """The keys whose values `store` holds decoded (internal)."""
-    return set(store._hot)
+    return set(store.held.hot)
 
 
 async def heat(store: Store[str, Any], key: str, times: int = 64) -> None:
@@ -176,7 +176,7 @@ async def test_the_hot_set_holds_at_most_hot_bytes(env: Environment) -> None:
     finally:
         tracemalloc.stop()
     assert len(hot(store)) < 2000
-    assert limit // 2 < store._hot.size <= limit  # filled up to the bound, not past it
+    assert limit // 2 < store.held.hot.size <= limit  # filled up to the bound, not past it
     # The hot set itself, and the 64 KiB of marks that decide what enters it.
     assert grown < limit + 64 * 1024 + 16 * 1024, f"{grown} bytes held after the hits"
 

@@ -104,7 +104,7 @@ async def test_an_environments_store_takes_hot_bytes(env: Environment) -> None:
     await store.insert("k", {"a": 1})
     for _ in range(256):  # enough for a hot set to take it in
         assert await store.get("k") == {"a": 1}
-    assert not set(store._hot)  # internal: nothing held decoded
+    assert not set(store.held.hot)  # internal: nothing held decoded
 
 
 async def test_an_environments_store_refuses_a_bad_bound(env: Environment) -> None:

@@ -84,7 +84,7 @@ def _revealed(lines: list[str]) -> list[str]:
         line.partition("Revealed type is ")[2]
         .replace("builtins.", "")  # mypy < 2 spells them out
         .replace("warmenv.persistence.store.", "")
-        .replace("warmenv.blocking.", "")
+        .replace("warmenv.blocking._store.", "")
         for line in lines
         if "Revealed" in line
     ]

@@ -9,29 +9,48 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Literal
+
+# asyncio exports it (it is in asyncio.events.__all__) for exactly this: to
+# ask whether a loop runs on this thread without raising, as the public
+# get_running_loop() does (which would cost a hit path several times over).
+from asyncio import _get_running_loop
+from typing import Any, Literal
 
 import anyio
+
+__all__ = ["Backend", "current_backend", "event_loop_here", "native_task"]
 
 Backend = Literal["asyncio", "trio"]
 
 
+class _Unnamed:
+    name: str | None = None
+
+
+try:
+    # trio names itself here while it runs on this thread (trio >= 0.23; anyio
+    # runs trio >= 0.32 only): a plain attribute read, where trio's own
+    # in_trio_run() would have to be imported first.
+    from sniffio import thread_local as _sniffio_thread
+except ImportError:  # no sniffio, so no trio (trio requires it)
+    _sniffio_thread: Any = _Unnamed()  # type: ignore[no-redef]
+
+
+def event_loop_here() -> bool:
+    """Whether an event loop (asyncio's, trio's) runs on this thread.
+
+    The one check of it, cheap enough to make on every hit of a blocking
+    store: blocking on such a thread would stall that loop, or deadlock it.
+    """
+    return _get_running_loop() is not None or _sniffio_thread.name is not None
+
+
 def current_backend() -> Backend:
     """The async library running in this thread; `NoEventLoopError` if none is."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
+    if _get_running_loop() is not None:
         return "asyncio"
-    trio = sys.modules.get("trio")
-    if trio is not None:
-        try:
-            trio.lowlevel.current_task()
-        except RuntimeError:
-            pass
-        else:
-            return "trio"
+    if _sniffio_thread.name == "trio":
+        return "trio"
     raise anyio.NoEventLoopError("no asyncio or trio event loop is running in this thread")
 
 

@@ -18,20 +18,12 @@ import anyio
 import anyio.from_thread
 from anyio import Future, TaskHandle, create_task_group, gather
 
-from warmenv._backend import current_backend
+from warmenv._backend import event_loop_here
 
 __all__ = ["Future", "TaskHandle", "block_on", "create_task_group", "gather", "spawn_detached"]
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
-
-
-def _loop_is_running_here() -> bool:
-    try:
-        current_backend()
-    except anyio.NoEventLoopError:
-        return False
-    return True
 
 
 def _options(backend_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -54,7 +46,7 @@ def block_on(
     uvloop). It refuses to run on a thread whose loop is running, where
     blocking would deadlock that very loop.
     """
-    if _loop_is_running_here():
+    if event_loop_here():
         raise RuntimeError(
             "block_on() was called on a thread whose event loop is running, where it would "
             "block that loop; await the coroutine function instead"

@@ -70,7 +70,7 @@ class JsonCodec(Codec[K, V]):
     def encode_key(self, key: K) -> bytes:
         if isinstance(key, str) and type(key) is str:
             try:
-                return _encode_str(key).encode("utf-8")
+                return encode_str(key).encode("utf-8")
             except UnicodeEncodeError:
                 pass  # a lone surrogate: the general path says where and why
         return _canonical(key, "key", tuples=True)
@@ -120,8 +120,9 @@ class BytesCodec(Codec[bytes, bytes]):
 
 
 # What json.dumps(s, ensure_ascii=False) does for a str, without its dispatch:
-# the hit path of a store encodes a str key on every call.
-_encode_str: Callable[[str], str] = json.encoder.encode_basestring
+# the hit path of a store encodes a str key on every call. For the package's
+# hot paths (a store's memory, the statistics flush), not part of the API.
+encode_str: Callable[[str], str] = json.encoder.encode_basestring
 
 
 def _reject_constant(name: str) -> float:
@@ -131,7 +132,8 @@ def _reject_constant(name: str) -> float:
 # json.loads without its checks for untrusted input (encoding detection,
 # whitespace, trailing data): for text that has already decoded once, as a
 # store's held values have. Returns (value, end), as JSONDecoder.scan_once.
-_scan_canonical: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(
+# For a store's memory (`warmenv.persistence._held`), not part of the API.
+scan_canonical: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(
     json.JSONDecoder(parse_constant=_reject_constant)  # type: ignore[arg-type]
 )
 

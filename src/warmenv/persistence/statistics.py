@@ -36,7 +36,7 @@ from typing import NamedTuple, cast, final
 import anyio
 import attrs
 
-from warmenv.persistence.codec import JsonCodec, _encode_str
+from warmenv.persistence.codec import JsonCodec, encode_str
 from warmenv.persistence.storage import Origin
 
 _JSON_KEYS: JsonCodec[str, object] = JsonCodec()
@@ -591,7 +591,7 @@ def _add_hits(
     params: list[int | str | bytearray], i: int, counts: dict[bytes | str, int], text: bool
 ) -> None:
     add = params.extend
-    encode, blob = _encode_str, bytearray
+    encode, blob = encode_str, bytearray
     first = len(params)
     try:  # a JsonCodec's encoding of a str key, inlined
         for key, n in counts.items():

@@ -1,0 +1,240 @@
+"""Environments for synchronous code: the async `Environment`, reached across one thread hop.
+
+A `BlockingEnvironment` holds an open `Environment` that lives on
+warmenv.blocking's loop thread and calls each of its methods there (the
+crossing of `warmenv.blocking._loop`), so the two cannot differ in what they
+do: only in how they are waited for. Its stores answer hits on the caller's
+thread (`warmenv.blocking._store`).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, final, overload
+
+import attrs
+
+from warmenv._errors import ClosedError
+from warmenv.blocking._loop import LoopThread, refuse_event_loop_thread, shared_loop
+from warmenv.blocking._store import BlockingStore
+from warmenv.environment import Environment
+from warmenv.environment import open_environment as _open_async
+from warmenv.persistence.codec import Codec
+from warmenv.persistence.explain import Explanation
+from warmenv.persistence.hot import DEFAULT_HOT_BYTES
+from warmenv.persistence.namespace import Namespace
+from warmenv.persistence.statistics import EnvironmentStatistics
+from warmenv.persistence.storage import Failed, NamespaceSummary, Purged
+from warmenv.persistence.store import CacheMode, Store
+from warmenv.remote import RemoteSettings, RemoteTier
+
+__all__ = ["BlockingEnvironment", "open_environment"]
+
+if sys.version_info >= (3, 13):
+    from typing import TypeVar
+else:
+    from typing_extensions import TypeVar
+
+K = TypeVar("K", default=Any)
+V = TypeVar("V", default=Any)
+
+
+@attrs.define
+class _Lifetime:
+    """Whether the `with` block of `open_environment` has ended."""
+
+    closed: bool = False
+
+
+@contextmanager
+def open_environment(
+    name: str | None = None,
+    *,
+    root: str | Path | None = None,
+    file: str | Path | None = None,
+    create: bool = True,
+    max_bytes: int | None = None,
+    remote: str | RemoteSettings | None = None,
+    statistics: bool = True,
+) -> Iterator[BlockingEnvironment]:
+    """Open an environment for the duration of the block, from synchronous code.
+
+    Arguments as for `warmenv.open_environment`: `remote` names the fleet's
+    shared tier (`None`: the configured one; `""`: none), and with one,
+    `get_or_compute` runs one computation per key across the fleet. The
+    environment may be shared by any number of threads; it is closed (on
+    the loop thread) when the block exits.
+    """
+    refuse_event_loop_thread("open_environment()")
+    loop = shared_loop()
+    opening = _open_async(
+        name,
+        root=root,
+        file=file,
+        create=create,
+        max_bytes=max_bytes,
+        remote=remote,
+        statistics=statistics,
+    )
+    lifetime = _Lifetime()
+    with loop.entered(opening) as env:
+        try:
+            yield BlockingEnvironment(env, loop, lifetime)
+        finally:
+            lifetime.closed = True
+
+
+@final
+class BlockingEnvironment:
+    """An open environment for synchronous code; see `warmenv.Environment`."""
+
+    __slots__ = ("_env", "_lifetime", "_loop")
+
+    def __init__(self, env: Environment, loop: LoopThread, lifetime: _Lifetime) -> None:
+        self._env = env
+        self._loop = loop
+        self._lifetime = lifetime
+
+    @property
+    def environment(self) -> Environment:
+        """The async environment underneath (usable only on the loop thread)."""
+        return self._env
+
+    @property
+    def name(self) -> str:
+        return self._env.name
+
+    @property
+    def path(self) -> Path:
+        return self._env.path
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether this environment degraded to memory (nothing persists)."""
+        return self._env.in_memory
+
+    @property
+    def remote(self) -> RemoteTier | None:
+        """The fleet's shared tier behind every storage, or `None` (local only)."""
+        return self._env.remote
+
+    @property
+    def read_only(self) -> bool:
+        """Whether writes fail because the database could only be opened read-only."""
+        return self._env.read_only
+
+    @property
+    def max_bytes(self) -> int | None:
+        """The bound `gc()` (and close) evicts entries down to; `None`: unbounded."""
+        return self._env.max_bytes
+
+    def describe(self) -> str:
+        return self._env.describe()
+
+    @overload
+    def store(
+        self,
+        namespace: Namespace | str,
+        codec: None = None,
+        mode: CacheMode = CacheMode.EAGER,
+        *,
+        max_entries: int | None = None,
+        hot_bytes: int = DEFAULT_HOT_BYTES,
+    ) -> BlockingStore[Any, Any]: ...
+    @overload
+    def store(
+        self,
+        namespace: Namespace | str,
+        codec: Codec[K, V],
+        mode: CacheMode = CacheMode.EAGER,
+        *,
+        max_entries: int | None = None,
+        hot_bytes: int = DEFAULT_HOT_BYTES,
+    ) -> BlockingStore[K, V]: ...
+    def store(
+        self,
+        namespace: Namespace | str,
+        codec: Codec[Any, Any] | None = None,
+        mode: CacheMode = CacheMode.EAGER,
+        *,
+        max_entries: int | None = None,
+        hot_bytes: int = DEFAULT_HOT_BYTES,
+    ) -> BlockingStore[Any, Any]:
+        """A store over one namespace (an `EAGER` one loads it now).
+
+        Without a codec it is a `JsonCodec` store whose types the annotation
+        gives: `store: BlockingStore[str, int] = env.store(ns)`. `max_entries`
+        and `hot_bytes` bound its memory, as for `Store.open`.
+        """
+        refuse_event_loop_thread("BlockingEnvironment.store()")
+        self._check_open()
+        opening = functools.partial(
+            self._env.store, namespace, codec, mode, max_entries=max_entries, hot_bytes=hot_bytes
+        )
+        store: Store[Any, Any] = self._loop.call(opening)
+        return BlockingStore(store, self._loop)
+
+    def namespaces(self) -> list[NamespaceSummary]:
+        """Every namespace holding entries, with counts and sizes."""
+        refuse_event_loop_thread("BlockingEnvironment.namespaces()")
+        self._check_open()
+        return self._loop.call(self._env.namespaces)
+
+    def statistics(self) -> EnvironmentStatistics:
+        """Every namespace's and imported bundle's counts; see `Environment.statistics`.
+
+        Hits answered on any thread are included, flushed or not.
+        """
+        refuse_event_loop_thread("BlockingEnvironment.statistics()")
+        self._check_open()
+        return self._loop.call(self._env.statistics)
+
+    def explain(self, namespace: Namespace | str, key: bytes | str | None = None) -> Explanation:
+        """Why a lookup of `namespace` (and `key`) misses; see `Environment.explain`."""
+        refuse_event_loop_thread("BlockingEnvironment.explain()")
+        self._check_open()
+        return self._loop.call(self._env.explain, namespace, key)
+
+    def gc(
+        self,
+        *,
+        max_bytes: int | None = None,
+        older_than: float | timedelta | None = None,
+        keep_versions: int | None = None,
+    ) -> Purged | Failed:
+        """Evict old versions, entries unused for a while, then by size; see `Environment.gc`."""
+        refuse_event_loop_thread("BlockingEnvironment.gc()")
+        self._check_open()
+        collecting = functools.partial(
+            self._env.gc, max_bytes=max_bytes, older_than=older_than, keep_versions=keep_versions
+        )
+        return self._loop.call(collecting)
+
+    def purge_bundle(self, digest_or_name: str) -> Purged | Failed:
+        """Remove the entries one bundle imported; see `Environment.purge_bundle`."""
+        refuse_event_loop_thread("BlockingEnvironment.purge_bundle()")
+        self._check_open()
+        return self._loop.call(self._env.purge_bundle, digest_or_name)
+
+    def vacuum(self) -> tuple[int, int]:
+        """Give freed space back to the file system; see `Environment.vacuum`."""
+        refuse_event_loop_thread("BlockingEnvironment.vacuum()")
+        self._check_open()
+        return self._loop.call(self._env.vacuum)
+
+    def opened(self) -> Environment:
+        """The async environment underneath, or `ClosedError` once this one is closed.
+
+        For warmenv.blocking's own functions (`import_bundle`, `export_bundle`).
+        """
+        self._check_open()
+        return self._env
+
+    def _check_open(self) -> None:
+        if self._lifetime.closed:
+            raise ClosedError(f"{self._env.describe()} is closed; open it again to use it")

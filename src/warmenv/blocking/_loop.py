@@ -1,0 +1,327 @@
+"""The one event-loop thread of warmenv.blocking, and the one way across to it.
+
+Every blocking environment in a process is served by one asyncio loop on a
+daemon thread, started on first use and stopped at interpreter exit (or in
+a forked child, forgotten: the child has the parent's memory, not its
+threads). A synchronous caller reaches it only through `LoopThread`'s
+crossing: a task started on the loop for one coroutine, and a mailbox the
+caller's thread waits on. Through the mailbox the task can also hand work
+back to the waiting thread (`asking`: a computation, a progress callback)
+or hold an async context open while the caller's block runs (`entered`).
+An interrupted caller cancels its task and waits for it to end, so nothing
+it started outlives the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import os
+import queue
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
+from typing import Any, Final, TypeVar, TypeVarTuple, final
+
+import anyio
+import attrs
+
+from warmenv._backend import event_loop_here
+from warmenv._errors import ClosedError, WarmenvError
+
+__all__ = [
+    "Ask",
+    "EventLoopThreadError",
+    "LoopThread",
+    "refuse_event_loop_thread",
+    "refused",
+    "shared_loop",
+]
+
+R = TypeVar("R")
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
+
+Ask = Callable[[Callable[[], T]], Awaitable[T]]
+"""In a crossing's task: `await ask(fn)` runs `fn()` on the waiting thread."""
+
+
+class EventLoopThreadError(WarmenvError, RuntimeError):
+    """warmenv.blocking was called on a thread running an event loop."""
+
+
+def refused(what: str) -> EventLoopThreadError:
+    """The error for `what`, called where an event loop runs (see `event_loop_here`)."""
+    return EventLoopThreadError(
+        f"warmenv.blocking {what} was called on a thread running an event loop, where"
+        " waiting would block that loop; use the async API (warmenv.open_environment,"
+        " await store.get(...)) there"
+    )
+
+
+def refuse_event_loop_thread(what: str) -> None:
+    # Checked on every call, hits included: a hit would work, but the same
+    # line would block (or deadlock) the loop on its first miss.
+    if event_loop_here():
+        raise refused(what)
+
+
+_DONE: Final[Any] = object()  # the mailbox's last item: the task has ended
+
+
+@attrs.define(eq=False)
+class _Letter:
+    """Something the task hands the waiting thread, and the thread's reply."""
+
+    content: Any
+    read: asyncio.Event = attrs.field(factory=asyncio.Event)
+    reply: Any = None
+
+
+@attrs.frozen
+class _Raised:
+    """An exception raised on the waiting thread, for the task to raise."""
+
+    error: Exception
+
+
+@final
+class _Trip:
+    """One coroutine run in a task on the loop, for a caller waiting on its own thread."""
+
+    __slots__ = ("_loop", "_mail", "_tasks")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, make: Callable[[_Trip], Coroutine[Any, Any, Any]]
+    ) -> None:
+        self._loop = loop
+        self._mail: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._tasks: list[asyncio.Task[Any]] = []
+        coroutine = make(self)  # made here: nothing of it runs before the task does
+
+        def start() -> None:
+            task = loop.create_task(coroutine)
+            self._tasks.append(task)
+            task.add_done_callback(lambda _: self._mail.put(_DONE))
+
+        try:
+            loop.call_soon_threadsafe(start)
+        except RuntimeError:
+            coroutine.close()
+            raise ClosedError("warmenv.blocking's event-loop thread has stopped") from None
+
+    # --- in the task ---
+
+    async def hand(self, content: Any) -> Any:
+        """Hand `content` to the waiting thread; its reply."""
+        letter = _Letter(content)
+        self._mail.put(letter)
+        await letter.read.wait()
+        return letter.reply
+
+    async def ask(self, fn: Callable[[], T]) -> T:
+        """`fn()` run on the waiting thread: its value, or the exception it raised."""
+        reply = await self.hand(fn)
+        if isinstance(reply, _Raised):
+            raise reply.error
+        return reply  # type: ignore[no-any-return]
+
+    # --- on the waiting thread ---
+
+    def receive(self) -> Any:
+        """The next letter from the task, or `_DONE` once it has ended."""
+        return self._mail.get()
+
+    def answer(self, letter: _Letter, reply: Any) -> None:
+        letter.reply = reply
+        self._loop.call_soon_threadsafe(letter.read.set)
+
+    def abandon(self) -> None:
+        """Cancel the task (the caller was interrupted, or failed) and wait until it ends."""
+        self._loop.call_soon_threadsafe(lambda: self._tasks[0].cancel())
+        while self._mail.get() is not _DONE:
+            pass
+
+    def result(self) -> Any:
+        return self._tasks[0].result()
+
+
+@final
+class LoopThread:
+    """An asyncio event loop on a daemon thread, and the crossing to it."""
+
+    __slots__ = ("_stopping", "loop", "thread")
+
+    def __init__(self) -> None:
+        ready: concurrent.futures.Future[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = (
+            concurrent.futures.Future()
+        )
+        self.thread = threading.Thread(
+            target=self._main, args=(ready,), name="warmenv-blocking-loop", daemon=True
+        )
+        self.thread.start()
+        self.loop, self._stopping = ready.result()
+
+    @staticmethod
+    def _main(
+        ready: concurrent.futures.Future[tuple[asyncio.AbstractEventLoop, asyncio.Event]],
+    ) -> None:
+        loops: list[object] = []
+
+        async def serve() -> None:
+            loop = asyncio.get_running_loop()
+            loops.append(loop)
+            stopping = asyncio.Event()
+            ready.set_result((loop, stopping))
+            # When this returns, the loop's runner cancels every task still
+            # running (an environment still open closes) and waits for them.
+            await stopping.wait()
+
+        try:
+            anyio.run(serve)
+        except BaseException as exc:  # reported to the thread that started the loop
+            if not ready.done():
+                ready.set_exception(exc)
+            else:
+                raise
+        finally:
+            # anyio tells its worker threads to stop when the loop ends but does
+            # not wait for them; wait, so none outlives the loop thread.
+            for thread in threading.enumerate():
+                if loops and getattr(thread, "loop", None) is loops[0]:
+                    thread.join(timeout=10)
+
+    def call(self, fn: Callable[[*Ts], Coroutine[Any, Any, R]], *args: *Ts) -> R:
+        """`await fn(*args)` in a task on the loop, waiting for it on this thread.
+
+        This is every miss's round trip. The loop is always asyncio's (the
+        thread is ours), and anyio code runs in any asyncio task.
+        """
+        trip = _Trip(self.loop, lambda _: fn(*args))
+        try:
+            trip.receive()  # nothing is handed back: this is its end
+        except BaseException:  # interrupted: the task is ours to cancel and wait for
+            trip.abandon()
+            raise
+        return trip.result()  # type: ignore[no-any-return]
+
+    def asking(
+        self, fn: Callable[[Ask[Any]], Coroutine[Any, Any, R]], *, hand_back_errors: bool
+    ) -> R:
+        """`await fn(ask)` in a task on the loop, running on this thread what it asks for.
+
+        With `hand_back_errors`, an exception raised by what was asked for is
+        raised in the task, at its `await ask(...)` (the task decides); else it
+        cancels the task, as an interruption does, and is raised here once the
+        task has ended.
+        """
+        trip = _Trip(self.loop, lambda trip: fn(trip.ask))
+        try:
+            while (letter := trip.receive()) is not _DONE:
+                if hand_back_errors:
+                    try:
+                        reply = letter.content()
+                    except Exception as exc:
+                        reply = _Raised(exc)
+                else:
+                    reply = letter.content()
+                trip.answer(letter, reply)
+        except BaseException:
+            trip.abandon()
+            raise
+        return trip.result()  # type: ignore[no-any-return]
+
+    @contextmanager
+    def entered(self, manager: AbstractAsyncContextManager[T]) -> Iterator[T]:
+        """`async with manager` in one task on the loop, around the caller's block here."""
+
+        async def hold(trip: _Trip) -> bool | None:
+            value = await manager.__aenter__()
+            exc_info: tuple[Any, Any, Any] = (None, None, None)
+            try:
+                # The block runs on the caller's thread; its exception, if any, comes back.
+                exc_info = await trip.hand(value)
+            finally:
+                # Also when the loop stops (at exit) with the block still running.
+                suppressed = await manager.__aexit__(*exc_info)
+            return suppressed
+
+        trip = _Trip(self.loop, hold)
+        try:
+            letter = trip.receive()
+        except BaseException:
+            trip.abandon()
+            raise
+        if letter is _DONE:
+            trip.result()  # raises why it could not be entered
+            raise AssertionError("entering ended without a value or an error")  # pragma: no cover
+        try:
+            yield letter.content
+        except BaseException as exc:
+            trip.answer(letter, (type(exc), exc, exc.__traceback__))
+            self._end(trip)
+            raise
+        trip.answer(letter, (None, None, None))
+        self._end(trip)
+
+    @staticmethod
+    def _end(trip: _Trip) -> None:
+        try:
+            trip.receive()
+        except BaseException:
+            trip.abandon()
+            raise
+        trip.result()
+
+    def soon(self, fn: Callable[[], object]) -> None:
+        """Run `fn()` on the loop thread soon, without waiting for it."""
+        try:
+            self.loop.call_soon_threadsafe(fn)
+        except RuntimeError:
+            raise ClosedError("warmenv.blocking's event-loop thread has stopped") from None
+
+    def stop(self) -> None:
+        """End the loop (cancelling what still runs, and its worker threads), join the thread."""
+        try:
+            self.loop.call_soon_threadsafe(self._stopping.set)
+        except RuntimeError:
+            pass  # already stopped
+        self.thread.join(timeout=10)
+
+
+_loop_lock = threading.Lock()
+_loop: LoopThread | None = None
+
+
+def shared_loop() -> LoopThread:
+    """The process's loop thread, started on first use."""
+    loop = _loop
+    return _start_loop() if loop is None else loop
+
+
+def _start_loop() -> LoopThread:
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            _loop = LoopThread()
+            atexit.register(_stop_loop)
+        return _loop
+
+
+def _stop_loop() -> None:
+    global _loop
+    with _loop_lock:
+        loop, _loop = _loop, None
+    if loop is not None:
+        loop.stop()
+
+
+def _forget_loop_after_fork() -> None:
+    # The child has the parent's memory but not its threads: start afresh.
+    global _loop, _loop_lock
+    _loop = None
+    _loop_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_loop_after_fork)

@@ -1,0 +1,181 @@
+"""Single flight: one run per key at a time, its outcome shared by every asker.
+
+A store reads a missing key from its storage once however many tasks ask for
+it at that moment, and runs a computation once for all of them;
+`warmenv.blocking` does the same for threads. The rules are the same for both
+and live here, with one driver for tasks (`run`) and one for threads
+(`run_blocking`):
+
+- the first asker of a key starts a run; the others wait for it and get its
+  outcome, the value or the very exception it raised, and the next call
+  after a failure starts a new run;
+- a waiter that is cancelled stops waiting and the run goes on;
+- a run whose starter is cancelled (or interrupted) is abandoned, not
+  shared: one of its waiters starts a new one, so no waiter is handed a
+  cancellation that is not its own;
+- a run knows who runs it (a task, a thread): an asker that is that runner,
+  asking again from inside its own run, would wait for itself forever, and
+  is told so instead.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable, Hashable
+from types import TracebackType
+from typing import Any, Generic, Protocol, TypeVar, final
+
+import anyio
+import attrs
+
+from warmenv._errors import WarmenvError
+
+__all__ = ["Flights", "waits_for_itself"]
+
+KT = TypeVar("KT", bound=Hashable)
+T = TypeVar("T")
+
+
+def waits_for_itself(fn: object, storage: Describes, key: object) -> WarmenvError:
+    """The error for `fn`, which asked `storage` for `key` while its own run computes it."""
+    return WarmenvError(
+        f"{getattr(fn, '__qualname__', fn)!s} asked {storage.describe()} for {key!r} while"
+        " computing that very key; it would wait for itself"
+    )
+
+
+class Describes(Protocol):
+    def describe(self) -> str: ...
+
+
+@attrs.define(eq=False)
+class _Flight:
+    """One run for one key: who runs it, and how it ended."""
+
+    owner: object
+    done: anyio.Event | threading.Event
+    outcome: Any = None
+    error: Exception | None = None
+    traceback: TracebackType | None = None
+    abandoned: bool = False
+    """The starter was cancelled (or interrupted): a waiter starts a new run."""
+
+    def result(self) -> Any:
+        """The shared outcome: the run's value, or the exception it raised."""
+        if self.error is not None:
+            raise self.error.with_traceback(self.traceback)
+        return self.outcome
+
+
+@final
+class Flights(Generic[KT, T]):
+    """The runs in progress, by key; see the module docstring.
+
+    One instance serves either the tasks of one event loop (`run`) or
+    threads (`run_blocking`), not both: their waits differ.
+    """
+
+    __slots__ = ("_flights", "_lock")
+
+    def __init__(self) -> None:
+        self._flights: dict[KT, _Flight] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        """Runs in progress."""
+        return len(self._flights)
+
+    async def run(
+        self,
+        key: KT,
+        fn: Callable[[], Awaitable[T]],
+        *,
+        owner: object = None,
+        itself: Callable[[], Exception] | None = None,
+    ) -> T:
+        """`await fn()` once for every task asking for `key` while it runs.
+
+        `owner` names the asking task (None: not checked); if it is the task
+        running `key`'s run, `itself()` is raised rather than waited for.
+        """
+        while True:
+            flight, leading = self._join(key, owner, anyio.Event, itself)
+            if leading:
+                with _Landing(self._flights, self._lock, key, flight):
+                    flight.outcome = await fn()
+                return flight.outcome  # type: ignore[no-any-return]
+            await flight.done.wait()  # type: ignore[misc]
+            if not flight.abandoned:
+                return flight.result()  # type: ignore[no-any-return]
+
+    def run_blocking(
+        self,
+        key: KT,
+        fn: Callable[[], T],
+        *,
+        owner: object = None,
+        itself: Callable[[], Exception] | None = None,
+    ) -> T:
+        """`fn()` once for every thread asking for `key` while it runs; as `run`."""
+        while True:
+            flight, leading = self._join(key, owner, threading.Event, itself)
+            if leading:
+                with _Landing(self._flights, self._lock, key, flight):
+                    flight.outcome = fn()
+                return flight.outcome  # type: ignore[no-any-return]
+            flight.done.wait()
+            if not flight.abandoned:
+                return flight.result()  # type: ignore[no-any-return]
+
+    def _join(
+        self,
+        key: KT,
+        owner: object,
+        event: Callable[[], anyio.Event | threading.Event],
+        itself: Callable[[], Exception] | None,
+    ) -> tuple[_Flight, bool]:
+        """The run in progress for `key` (and False), or a new one this asker leads (True)."""
+        with self._lock:
+            flight = self._flights.get(key)
+            if flight is None:
+                flight = self._flights[key] = _Flight(owner, event())
+                return flight, True
+        if owner is not None and flight.owner is owner:
+            if itself is not None:
+                raise itself()
+            raise WarmenvError(
+                "a run asked for its own key while computing it; it would wait for itself"
+            )
+        return flight, False
+
+
+@final
+class _Landing:
+    """Around a leader's run: record how it ended, then let the waiters go."""
+
+    __slots__ = ("_flight", "_flights", "_key", "_lock")
+
+    def __init__(
+        self, flights: dict[Any, _Flight], lock: threading.Lock, key: object, flight: _Flight
+    ) -> None:
+        self._flights = flights
+        self._lock = lock
+        self._key = key
+        self._flight = flight
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        flight = self._flight
+        if isinstance(exc, Exception):
+            flight.error, flight.traceback = exc, tb
+        elif exc is not None:
+            # Cancellation (or an interrupt) is the starter's, not an outcome to share.
+            flight.abandoned = True
+        with self._lock:
+            if self._flights.get(self._key) is flight:
+                del self._flights[self._key]
+        flight.done.set()
