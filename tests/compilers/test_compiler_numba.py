@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
+
 from compilers.machines import Machine, copy_tree, require, ship
+from warmenv import Origin, open_environment
 
 KERNELS = """
     import numpy as np
@@ -86,6 +89,16 @@ def test_a_numba_cache_captured_on_one_machine_hits_on_another(
     assert warm["restored"] == cold["captured"]
     assert (warm["hits"], warm["misses"]) == (6, 0), warm
     assert warm["warmed_hits"] == 6  # what use() reports is Numba's own count
+
+    async def statistics() -> tuple[int, int, int]:
+        async with open_environment("default", root=second.root) as env:
+            found = await env.statistics()
+        [numba] = [n for n in found.namespaces if n.namespace.startswith("caches.numba/")]
+        [bundle] = found.bundles
+        return numba.hits, numba.hits_by_origin.get(Origin.IMPORTED, 0), bundle.hits
+
+    # Numba's hits, per function, are hits of the bundle's entries in `warmenv stats`.
+    assert anyio.run(statistics) == (6, 6, 6)
 
 
 def test_a_plain_copy_of_a_numba_cache_misses(machines: tuple[Machine, Machine]) -> None:

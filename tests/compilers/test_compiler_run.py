@@ -13,8 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from compilers.machines import Machine, require, ship
 from compilers.test_compiler_numba import KERNELS
+from warmenv import open_environment
 
 APP = """
     import json
@@ -76,3 +79,10 @@ def test_warmenv_run_warms_jax_and_numba_on_another_machine(
     assert warm["numba_hits"] == 3
     assert warm["jax_hits"] >= 1
     assert warm_report["tools"]["numba"]["hits"] == 3  # Numba's count, reported to warmenv
+
+    async def numba_hits() -> int:
+        async with open_environment("default", root=second.root) as env:
+            found = await env.statistics()
+        return sum(n.hits for n in found.namespaces if n.namespace.startswith("caches.numba/"))
+
+    assert anyio.run(numba_hits) == 3  # counted per entry, as `warmenv stats` shows them

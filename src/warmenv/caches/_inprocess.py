@@ -22,18 +22,33 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import final
 
 import attrs
 
 from warmenv.blocking import BlockingEnvironment
-from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport, capture, restore
+from warmenv.caches._tree import (
+    CacheTree,
+    CaptureReport,
+    RestoreReport,
+    capture,
+    record_hits,
+    restore,
+)
 from warmenv.environment import open_environment
 from warmenv.future import block_on
 
-__all__ = ["COUNTS_VARIABLE", "EnvironmentChoice", "Warmed", "read_counts", "where", "write_counts"]
+__all__ = [
+    "COUNTS_VARIABLE",
+    "Counts",
+    "EnvironmentChoice",
+    "Warmed",
+    "read_counts",
+    "where",
+    "write_counts",
+]
 
 log = logging.getLogger("warmenv.caches")
 
@@ -51,9 +66,14 @@ class _Where:
         async with open_environment(self.name, root=self.root, file=self.file) as env:
             return await restore(env, tree, target)
 
-    async def capture(self, tree: CacheTree, source: Path) -> CaptureReport:
+    async def capture(
+        self, tree: CacheTree, source: Path, served: Mapping[str, int]
+    ) -> CaptureReport:
         async with open_environment(self.name, root=self.root, file=self.file) as env:
-            return await capture(env, tree, source)
+            report = await capture(env, tree, source)
+            if served:
+                await record_hits(env, tree, served)
+            return report
 
 
 def where(env: EnvironmentChoice, root: str | Path | None) -> _Where:
@@ -81,7 +101,8 @@ class Warmed:
     _tree: CacheTree = attrs.field(alias="tree")
     _where: _Where = attrs.field(alias="where")
     _counters: Callable[[], tuple[int, int, float]] = attrs.field(alias="counters")
-    _captured: bool = attrs.field(default=False, init=False)
+    _served: Callable[[], dict[str, int]] | None = attrs.field(alias="served")
+    _recorded: dict[str, int] = attrs.field(factory=dict, init=False)
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
 
     @property
@@ -100,10 +121,22 @@ class Warmed:
         return self._counters()[2]
 
     def capture(self) -> CaptureReport:
-        """Store the cache directory as it is now into the environment."""
+        """Store the cache directory as it is now into the environment.
+
+        The tool's hits per entry since the last capture, where it reports
+        them (Numba), are counted in the environment's statistics too.
+        """
         with self._lock:
-            self._captured = True
-            return block_on(self._where.capture, self._tree, self.cache_dir)
+            served = self._served() if self._served is not None else {}
+            delta = {k: n - self._recorded.get(k, 0) for k, n in served.items()}
+            report = block_on(
+                self._where.capture,
+                self._tree,
+                self.cache_dir,
+                {k: n for k, n in delta.items() if n > 0},
+            )
+            self._recorded = served
+            return report
 
     def capture_at_exit(self) -> None:
         atexit.register(self._capture_at_exit)
@@ -124,13 +157,16 @@ def restored(
     env: EnvironmentChoice,
     root: str | Path | None,
     counters: Callable[[], tuple[int, int, float]],
+    served: Callable[[], dict[str, int]] | None = None,
 ) -> Warmed:
     """Restore `tree` into `cache_dir` now and return the handle `use()` gives back."""
     chosen = where(env, root)
     report = block_on(chosen.restore, tree, cache_dir)
     for skipped in report.skipped:
         log.info("skipped %s: %s", skipped.namespace, "; ".join(skipped.reasons))
-    return Warmed(tool, cache_dir, report, tree=tree, where=chosen, counters=counters)
+    return Warmed(
+        tool, cache_dir, report, tree=tree, where=chosen, counters=counters, served=served
+    )
 
 
 # --- counts from a child process (`warmenv run`) -----------------------------------
@@ -139,12 +175,18 @@ COUNTS_VARIABLE = "WARMENV_CACHE_COUNTS"
 """Names the file where a tool's hook in a child process appends its hit counts at exit."""
 
 
-def write_counts(tool: str, hits: int, misses: int) -> None:
-    """Append this process's counts for `tool` to the file `COUNTS_VARIABLE` names, if any."""
+def write_counts(
+    tool: str, hits: int, misses: int, served: Mapping[str, int] | None = None
+) -> None:
+    """Append this process's counts for `tool` to the file `COUNTS_VARIABLE` names, if any.
+
+    `served`: hits per entry (relative path), where the tool says which.
+    """
     path = os.environ.get(COUNTS_VARIABLE)
     if not path:
         return
-    line = json.dumps({"tool": tool, "hits": hits, "misses": misses}) + "\n"
+    record = {"tool": tool, "hits": hits, "misses": misses, "served": dict(served or {})}
+    line = json.dumps(record) + "\n"
     try:
         with open(path, "a", encoding="utf-8") as file:
             file.write(line)
@@ -152,9 +194,18 @@ def write_counts(tool: str, hits: int, misses: int) -> None:
         log.warning("could not write %s's cache counts to %s", tool, path)
 
 
-def read_counts(path: Path) -> dict[str, tuple[int, int]]:
-    """Each tool's hits and misses, summed over the processes that wrote to `path`."""
-    found: dict[str, tuple[int, int]] = {}
+@attrs.define
+class Counts:
+    """One tool's counts from the processes `warmenv run` ran."""
+
+    hits: int = 0
+    misses: int = 0
+    served: dict[str, int] = attrs.Factory(dict)
+
+
+def read_counts(path: Path) -> dict[str, Counts]:
+    """Each tool's hits, misses and hits per entry, summed over the processes that wrote `path`."""
+    found: dict[str, Counts] = {}
     try:
         text = path.read_text(encoding="utf-8")
     except OSError:
@@ -163,8 +214,12 @@ def read_counts(path: Path) -> dict[str, tuple[int, int]]:
         try:
             record = json.loads(line)
             tool, hits, misses = str(record["tool"]), int(record["hits"]), int(record["misses"])
-        except (ValueError, KeyError, TypeError):
+            served = {str(k): int(n) for k, n in dict(record.get("served", {})).items()}
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue
-        before = found.get(tool, (0, 0))
-        found[tool] = (before[0] + hits, before[1] + misses)
+        counts = found.setdefault(tool, Counts())
+        counts.hits += hits
+        counts.misses += misses
+        for key, n in served.items():
+            counts.served[key] = counts.served.get(key, 0) + n
     return found

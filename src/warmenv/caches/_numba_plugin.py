@@ -32,7 +32,7 @@ __all__ = ["Locator"]
 
 def _write_counts() -> None:
     hits, misses, _ = _numba.hits()
-    write_counts("numba", hits, misses)
+    write_counts("numba", hits, misses, _numba.served())
 
 
 if os.environ.get(COUNTS_VARIABLE):  # under `warmenv run`: report Numba's own counts at exit
@@ -44,11 +44,8 @@ class Locator(UserProvidedCacheLocator):  # type: ignore[misc]  # Numba is untyp
 
     def __init__(self, py_func: Any, py_file: str) -> None:
         super().__init__(py_func, py_file)
-        module = getattr(py_func, "__module__", None) or "__main__"
-        if module == "__main__":
-            parent = os.path.basename(os.path.dirname(os.path.abspath(py_file)))
-            module = f"__main__.{parent}"
-        self._warmenv_cache_path = os.path.join(config.CACHE_DIR, module.replace(os.sep, "_"))
+        subdirectory = _numba.subdirectory(py_func, py_file)
+        self._warmenv_cache_path = os.path.join(config.CACHE_DIR, subdirectory)
 
     def get_cache_path(self) -> str:
         return self._warmenv_cache_path

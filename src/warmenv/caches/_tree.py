@@ -27,6 +27,10 @@ The API (used by `directory.py` and by each tool's module):
   rules in `_paths.py` for hostile input (a bundle is code: see
   docs/caches.md). Namespaces of the same tool and part under other facts
   are listed in `report.skipped` with why they cannot hit here.
+- `await record_hits(env, tree, served)`: count a tool's own hits, per
+  entry it served (`{relative path: hits}`), as hits of those entries in
+  the environment's statistics (`warmenv stats`, per namespace, origin and
+  bundle), through an ordinary `Store` over the namespace.
 - `captured_trees(namespaces)` (in `_facts.py`, which preflight imports
   without the rest of this package's layer) reads (namespace, entries)
   pairs, an environment's or a bundle's, as `TreeCheck` values: per
@@ -44,7 +48,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Final, final
 
@@ -55,7 +59,7 @@ import attrs
 from warmenv.caches._facts import PREFIX, Facts, captured_trees
 from warmenv.caches._paths import TEMPORARY_PREFIX, Writer, relative_parts
 from warmenv.environment import Environment
-from warmenv.persistence import Failed, Namespace, Storage
+from warmenv.persistence import BytesCodec, CacheMode, Failed, Namespace, Storage
 
 __all__ = [
     "CacheTree",
@@ -64,6 +68,7 @@ __all__ = [
     "RestoreReport",
     "Skipped",
     "capture",
+    "record_hits",
     "restore",
 ]
 
@@ -193,6 +198,28 @@ class RestoreReport:
                 + "; ".join(skipped.reasons)
             )
         return "\n".join(lines)
+
+
+async def record_hits(env: Environment, tree: CacheTree, served: Mapping[str, int]) -> int:
+    """Count `served` (a tool's hits per entry, by relative path) in `env`'s statistics.
+
+    Each hit is a lookup of that entry through a `Store`, so it is counted as
+    every store's hits are (by origin, and for the bundle it came from); an
+    entry the environment does not hold is not counted. Returns the hits
+    counted.
+    """
+    counted = 0
+    store = await env.store(tree.namespace, BytesCodec(), CacheMode.LAZY)
+    try:
+        for relative, hits in served.items():
+            for _ in range(hits):
+                if await store.get(relative.encode()) is None:
+                    break
+                counted += 1
+    finally:
+        with anyio.CancelScope(shield=True):
+            await store.aclose()
+    return counted
 
 
 # --- capture -------------------------------------------------------------------------

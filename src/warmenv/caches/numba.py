@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -41,7 +42,19 @@ from warmenv.caches._tree import restore as _restore
 from warmenv.config import load_config
 from warmenv.environment import Environment
 
-__all__ = ["FACTS", "LOCATOR", "capture", "configure", "hits", "restore", "settings", "tree", "use"]
+__all__ = [
+    "FACTS",
+    "LOCATOR",
+    "capture",
+    "configure",
+    "hits",
+    "restore",
+    "served",
+    "settings",
+    "subdirectory",
+    "tree",
+    "use",
+]
 
 FACTS: Final = ("numba", "llvmlite", "python", "cpu")
 LOCATOR: Final = "warmenv.caches._numba_plugin.Locator"
@@ -104,11 +117,48 @@ def use(
     directory = Path(cache_dir) if cache_dir is not None else default_cache_dir(root)
     directory = directory.expanduser()
     _import_numba()
-    warmed = restored("numba", tree(), directory, env, root, hits)
+    warmed = restored("numba", tree(), directory, env, root, hits, served)
     configure(directory)
     if capture_at_exit:
         warmed.capture_at_exit()
     return warmed
+
+
+def subdirectory(py_func: Any, py_file: str) -> str:
+    """Where under the cache directory `Locator` files a function: its module's name."""
+    module = getattr(py_func, "__module__", None) or "__main__"
+    if module == "__main__":
+        parent = os.path.basename(os.path.dirname(os.path.abspath(py_file)))
+        module = f"__main__.{parent}"
+    return module.replace(os.sep, "_")
+
+
+def _index_key(py_func: Any) -> str:
+    """The relative path of a function's index file, as Numba names it under `Locator`."""
+    source = inspect.getfile(py_func)
+    module = os.path.splitext(os.path.basename(source))[0]
+    qualname = getattr(py_func, "__qualname__", py_func.__name__).replace("<", "").replace(">", "")
+    line = py_func.__code__.co_firstlineno
+    python = f"py{sys.version_info[0]}{sys.version_info[1]}{getattr(sys, 'abiflags', '')}"
+    return f"{subdirectory(py_func, source)}/{module}.{qualname}-{line}.{python}.nbi"
+
+
+def _dispatchers() -> list[Any]:
+    if "numba" not in sys.modules:
+        return []
+    dispatcher = importlib.import_module("numba.core.dispatcher").Dispatcher
+    return [candidate for candidate in gc.get_objects() if isinstance(candidate, dispatcher)]
+
+
+def served() -> dict[str, int]:
+    """Hits per captured entry (each function's index file), by Numba's `dispatcher.stats`."""
+    found: dict[str, int] = {}
+    for dispatcher in _dispatchers():
+        count = sum(dispatcher.stats.cache_hits.values())
+        if count:
+            key = _index_key(dispatcher.py_func)
+            found[key] = found.get(key, 0) + count
+    return found
 
 
 def hits() -> tuple[int, int, float]:
@@ -116,15 +166,11 @@ def hits() -> tuple[int, int, float]:
 
     Numba does not report the compile time a hit saved: the third value is 0.0.
     """
-    if "numba" not in sys.modules:
-        return 0, 0, 0.0
-    dispatcher = importlib.import_module("numba.core.dispatcher").Dispatcher
     found_hits = found_misses = 0
-    for candidate in gc.get_objects():
-        if isinstance(candidate, dispatcher):
-            stats = candidate.stats
-            found_hits += sum(stats.cache_hits.values())
-            found_misses += sum(stats.cache_misses.values())
+    for dispatcher in _dispatchers():
+        stats = dispatcher.stats
+        found_hits += sum(stats.cache_hits.values())
+        found_misses += sum(stats.cache_misses.values())
     return found_hits, found_misses, 0.0
 
 

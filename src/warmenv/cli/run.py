@@ -36,6 +36,7 @@ import attrs
 
 from warmenv.caches._inprocess import COUNTS_VARIABLE, read_counts
 from warmenv.caches._tools import Tool, available_tools, tool
+from warmenv.caches._tree import record_hits
 from warmenv.cli._environments import environment
 from warmenv.cli._errors import Failure, Stopped, UsageError
 from warmenv.cli._output import Output
@@ -144,10 +145,11 @@ async def _restore_run_capture(
         counts = Path(scratch) / "counts.jsonl"
         variables[COUNTS_VARIABLE] = str(counts)
         returncode = await _child(command, variables, phase, out)
-        for name, (hits, misses) in (await anyio.to_thread.run_sync(read_counts, counts)).items():
-            if name in document["tools"]:
-                document["tools"][name].update(hits=hits, misses=misses)
-                _said(out, f"{name}: {hits} cache hits, {misses} misses (the tool's own counters)")
+        counted = await anyio.to_thread.run_sync(read_counts, counts)
+    for name, found in counted.items():
+        if name in document["tools"]:
+            document["tools"][name].update(hits=found.hits, misses=found.misses)
+            _said(out, f"{name}: {found.hits} cache hits, {found.misses} misses (its own counters)")
     status = returncode if returncode >= 0 else 128 - returncode
     document["exit"] = status
     if returncode < 0:
@@ -163,6 +165,8 @@ async def _restore_run_capture(
                 for t in tools:
                     captured = await t.capture(env, directories[t.name])
                     _said(out, f"{t.name}: {captured}")
+                    if t.name in counted and counted[t.name].served:
+                        await record_hits(env, t.module.tree(), counted[t.name].served)
                     document["tools"][t.name]["captured"] = _as_json(captured)
         _raise_if_stopped(phase)
     out.result(document)
