@@ -18,9 +18,19 @@ from typing import Any, Literal
 
 import anyio
 
-__all__ = ["Backend", "current_backend", "event_loop_here", "native_task"]
+__all__ = [
+    "Backend",
+    "current_backend",
+    "event_loop_here",
+    "native_task",
+    "running_asyncio_loop",
+]
 
 Backend = Literal["asyncio", "trio"]
+
+running_asyncio_loop = _get_running_loop
+"""The asyncio loop running on this thread, or None (without raising, unlike
+`asyncio.get_running_loop`): for code that must tell its own loop from another."""
 
 
 class _Unnamed:

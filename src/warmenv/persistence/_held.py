@@ -111,16 +111,19 @@ class Held(Generic[K, V]):
 
     # --- the hit path ------------------------------------------------------------
 
-    def hit(self, key: Any, encoded: bool = False) -> Any:
+    def hit(self, key: Any, encoded: bool = False, found: Any = ABSENT, count: bool = True) -> Any:
         """The caller's own copy of `key`'s value, counted as a hit; `ABSENT` if not held.
 
         `encoded`: `key` is already the encoded key (a memoized call's
-        arguments), held under itself. Any thread.
+        arguments), held under itself. `found`: the held form to hand out
+        (read or computed just now) instead of looking `key` up; `count`:
+        whether this is a hit to count. Any thread. Everything a hit does is
+        written out here, in one function: each call would cost a tenth of it.
         """
         memo: Any = (
             key if encoded or (type(key) is str and self.json) else self.codec.encode_key(key)
         )
-        held: Any = self._values.get(memo, ABSENT)
+        held: Any = self._values.get(memo, ABSENT) if found is ABSENT else found
         if held is ABSENT:
             return ABSENT
         if self._lru is not None:
@@ -128,34 +131,32 @@ class Held(Generic[K, V]):
                 self._lru.move_to_end(memo)
             except KeyError:
                 pass  # dropped by another thread just now: still a hit
-        if self._hits is not None:
+        if count and self._hits is not None:
             self._hits.append(memo)
-        if type(held) in _IMMUTABLE:
-            return held  # the cheapest kind, without the call below
-        return self.serve(memo, held)
-
-    def serve(self, memo: bytes | str, held: Any) -> V:
-        """The caller's own copy of `held`, what is held under `memo`; any thread."""
         kind = type(held)
         if kind is Hot:
-            value = held.value.copy()  # Hot.copy, inlined: a call is a tenth of a hit
+            value = held.value.copy()  # Hot.copy, inlined
             for inner_key in held.flat:
                 value[inner_key] = value[inner_key].copy()
             for inner_key, inner in held.deep:
                 value[inner_key] = copied(value[inner_key], inner)
-            return value  # type: ignore[no-any-return]
+            return value
         if kind is bytes:
             if not self.json:
                 return self.codec.decode_value(held)
             value = scan_canonical(held.decode(), 0)[0]
             # Racing threads may lose a count: it only shifts which decode is a sample.
-            self._decodes = count = self._decodes + 1
-            if count & (SAMPLE_EVERY - 1):
-                return value  # type: ignore[no-any-return]
-            return self._sampled(memo, held, value)  # type: ignore[no-any-return]
+            self._decodes = decodes = self._decodes + 1
+            if decodes & (SAMPLE_EVERY - 1):
+                return value
+            return self._sampled(memo, held, value)
         if kind is tuple:
-            return held[0]  # type: ignore[no-any-return]
-        return held  # type: ignore[no-any-return]
+            return held[0]
+        return held
+
+    def serve(self, memo: bytes | str, held: Any) -> V:
+        """The caller's own copy of `held` (read or computed just now), not counted."""
+        return self.hit(memo, True, held, False)  # type: ignore[no-any-return]
 
     def counted(self, memo: bytes | str) -> None:
         """Count a hit on a value found by a read rather than in memory; any thread."""

@@ -58,7 +58,7 @@ class _TooDeep(Exception):
 class Hot:
     """A JSON container held decoded (never handed out: each hit gets a copy).
 
-    The store's hit path (`Held.serve`) inlines `copy` (`value.copy()`, then
+    The store's hit path (`Held.hit`) inlines `copy` (`value.copy()`, then
     `flat`, then `deep` through `copied`): a method call would cost a tenth
     of the hit.
     """
