@@ -62,7 +62,9 @@ def terminal(
     """
     pid, fd = pty.fork()
     if pid == 0:  # the child: a terminal user running the command
-        os.environ.update(COLUMNS="400", LINES="50", TERM="xterm-256color", **(env or {}))
+        os.environ.update(
+            {"COLUMNS": "400", "LINES": "50", "TERM": "xterm-256color", **(env or {})}
+        )
         os.execv(sys.executable, [sys.executable, "-m", "warmenv", *args])
     output = b""
     pending = list(keys)

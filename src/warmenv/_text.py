@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import unicodedata
 
-__all__ = ["clean", "has_control_characters", "is_utf8"]
+__all__ = ["clean", "has_control_characters", "is_utf8", "utf8_safe"]
 
 # Control characters (C0, DEL, C1), invisible format characters (bidi overrides,
 # zero-width joiners), line and paragraph separators, and lone surrogates (a
@@ -56,6 +56,14 @@ def is_utf8(text: str | bytes) -> bool:
     except UnicodeError:
         return False
     return True
+
+
+def utf8_safe(text: str) -> str:
+    """`text` with each lone surrogate written as `clean` writes it (`\\xff` for a byte
+    that was not UTF-8), everything else as it is: text that can be written as UTF-8."""
+    if is_utf8(text):
+        return text
+    return "".join(_escape(ch) if unicodedata.category(ch) == "Cs" else ch for ch in text)
 
 
 def _escape(ch: str) -> str:

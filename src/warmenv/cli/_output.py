@@ -31,10 +31,10 @@ import anyio.from_thread
 import anyio.lowlevel
 import attrs
 
-from warmenv._text import clean
+from warmenv._text import clean, utf8_safe
 from warmenv.bundle import Finished, Progress, Started, Verifying
 from warmenv.bundle.events import Event, ExportReport, ImportReport
-from warmenv.cli._format import jsonable, per_second, size
+from warmenv.cli._format import as_json, per_second, size
 
 
 def _rich_console() -> Any | None:
@@ -123,16 +123,30 @@ class Output:
         if self.json or self.quiet:
             return
         if self.console is not None:
-            self.console.print(clean(text))
+            self._print(clean(text))
         else:
             print(clean(text), flush=True)
 
     def prompt(self, text: object) -> None:
         """A question, the cursor left after it for the answer."""
         if self.console is not None:
-            self.console.print(clean(text), end="")
+            self.console.print(clean(text), end="")  # its last space is the cursor's
         else:
             print(clean(text), end="", flush=True)
+
+    def _print(self, text: str) -> None:
+        """`text` on the terminal, wrapped at its width with no space left at a line's end.
+
+        rich leaves the space it wrapped at at the end of the line, and a
+        copied line (a digest, a summary) should not end in spaces.
+        """
+        from rich.text import Text
+
+        assert self.console is not None
+        lines = Text(text).wrap(self.console, self.console.width)
+        for line in lines:
+            line.rstrip()
+        self.console.print(Text("\n").join(lines), soft_wrap=True)
 
     def warning(self, text: object) -> None:
         if self._held is not None:
@@ -150,8 +164,10 @@ class Output:
     def result(self, document: dict[str, Any]) -> None:
         """The final answer: JSON in --json mode; otherwise nothing (already shown)."""
         if self.json:
-            # ensure_ascii (the default) writes every control character as \\u escape.
-            print(jsonlib.dumps(document, indent=2, default=jsonable), flush=True)
+            # ensure_ascii (the default) writes every control character as \\u escape;
+            # a byte that was not UTF-8 (a lone surrogate) is written as \\xff text,
+            # as on the terminal: "\\udcff" would not decode to UTF-8.
+            print(jsonlib.dumps(_utf8_safe(as_json(document)), indent=2), flush=True)
 
     def table(
         self, title: str, columns: list[str], rows: list[list[object]], empty: str = ""
@@ -170,7 +186,7 @@ class Output:
 
             # The title is a line of its own: as rich's table title it is padded with
             # spaces to the table's width, and a copied line should not end in spaces.
-            self.console.print(Text(title))
+            self._print(title)
             table = Table()
             for i, column in enumerate(columns):
                 table.add_column(Text(column), justify="right" if i else "left")
@@ -282,6 +298,17 @@ class Output:
 
         bar.draw = show
         yield bar
+
+
+def _utf8_safe(data: Any) -> Any:
+    """JSON data with every string, keys too, made `utf8_safe`."""
+    if isinstance(data, str):
+        return utf8_safe(data)
+    if isinstance(data, list):
+        return [_utf8_safe(item) for item in data]
+    if isinstance(data, dict):
+        return {utf8_safe(key): _utf8_safe(value) for key, value in data.items()}
+    return data
 
 
 @attrs.define
