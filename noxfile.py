@@ -32,6 +32,13 @@ def compilers(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def caches_demo(session: nox.Session) -> None:
+    """A real compiler's cold start skipped: JAX cold, a plain copy of its cache, warm."""
+    session.install("-e", ".[jax]")
+    session.run("python", "benchmarks/bench_caches_cpu.py", "--tool", "jax", "--rounds", "1")
+
+
+@nox.session(python=PYTHON)
 def reliability(session: nox.Session) -> None:
     """The long forms of the fault-injection scenarios; rewrites docs/reliability.md's table.
 

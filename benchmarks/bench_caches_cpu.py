@@ -1,0 +1,283 @@
+"""JAX and Numba caches carried by warmenv: cold vs warm, our restore vs `cp -r`, in one run.
+
+(bench_caches.py measures Triton and torch.compile.)
+
+Run: python benchmarks/bench_caches_cpu.py [--tool jax --tool numba] [--jax-steps 400] [--rounds 5]
+(`nox -s caches_demo` runs the JAX row alone: the README's one-command demo.)
+
+Per tool, each run a fresh interpreter at its own "machine" (a directory at
+another absolute path), wall time from the process's start to its end:
+- cold: an empty cache; `use()` captures what was compiled at exit;
+- the bundle: export from the first machine, import into a fresh root on the
+  second;
+- plain copy: the first machine's cache directory copied as it is (`cp -r`)
+  to a third, the tool at its own default settings (what users do today);
+- warm: the second machine, `use()` restoring from the environment;
+- restore vs cp -r: the files of the warm run's restore written into an
+  empty directory by `warmenv.caches.restore`, and the same files copied
+  with `cp -r` from a directory holding them (the floor), alternating, the
+  median of --rounds each.
+Targets (issue 20): warm >= 10x faster than cold (JAX, Numba); restore
+<= 1.5x of `cp -r`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from warmenv import open_environment
+from warmenv.bundle import export_bundle, import_bundle
+from warmenv.caches import restore
+
+JAX_APP = """
+    import json, sys, time
+    mode, cache, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    import jax, jax.numpy as jnp
+    from jax import monitoring
+    counts = {"hits": 0, "misses": 0}
+    def on_event(event, **_):
+        if event == "/jax/compilation_cache/cache_hits":
+            counts["hits"] += 1
+        elif event == "/jax/compilation_cache/cache_misses":
+            counts["misses"] += 1
+    monitoring.register_event_listener(on_event)
+    # Every compilation is cached (JAX's default skips those under 1 s, which on a
+    # loaded machine makes the set cached differ from run to run).
+    if mode == "ours":
+        import warmenv.caches.jax
+        warmenv.caches.jax.use(cache_dir=cache, min_compile_seconds=0)
+    else:
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+    # The issue's workload: a 400-step unrolled loop, one jit, compile-bound.
+    def f(x, w):
+        def body(c, i):
+            return jnp.tanh(c @ w + jnp.sin(c) * i), None
+        c, _ = jax.lax.scan(body, x, jnp.arange(steps, dtype=jnp.float32), unroll=steps)
+        return c
+
+    jax.jit(f)(jnp.ones((8, 32)), jnp.ones((32, 32))).block_until_ready()
+    print(json.dumps(counts), flush=True)
+"""
+
+NUMBA_KERNELS = """
+    import numpy as np
+    from numba import njit, prange
+
+    @njit(cache=True, parallel=True)
+    def pairwise(a):
+        n = a.shape[0]
+        out = np.empty((n, n))
+        for i in prange(n):
+            for j in range(n):
+                d = 0.0
+                for k in range(a.shape[1]):
+                    t = a[i, k] - a[j, k]
+                    d += t * t
+                out[i, j] = np.sqrt(d)
+        return out
+
+    @njit(cache=True, parallel=True)
+    def scale(a, s):
+        out = np.empty_like(a)
+        for i in prange(a.shape[0]):
+            out[i] = a[i] * s
+        return out
+
+    @njit(cache=True)
+    def cumulative(a):
+        out = np.empty_like(a)
+        total = a[0] * 0
+        for i in range(a.shape[0]):
+            total += a[i]
+            out[i] = total
+        return out
+
+    @njit(cache=True)
+    def histogram(a, bins):
+        counts = np.zeros(bins, dtype=np.int64)
+        low, high = a.min(), a.max()
+        for x in a:
+            k = int((x - low) / (high - low + 1e-12) * bins)
+            counts[min(k, bins - 1)] += 1
+        return counts
+
+    @njit(cache=True)
+    def smooth(a):
+        out = np.empty_like(a)
+        for i in range(a.shape[0]):
+            out[i] = 0.5 * a[i] + 0.25 * (a[i - 1] + a[(i + 1) % a.shape[0]])
+        return out
+"""
+
+NUMBA_APP = """
+    import json, os, sys
+    mode, cache = sys.argv[1], sys.argv[2]
+    if mode == "ours":
+        import warmenv.caches.numba
+        warmenv.caches.numba.use(cache_dir=cache)
+    else:
+        os.environ["NUMBA_CACHE_DIR"] = cache
+    import numpy as np
+    import kernels
+    a = np.random.rand(64, 3)
+    kernels.pairwise(a)
+    for dtype in (np.float64, np.float32):
+        v = np.arange(100, dtype=dtype)
+        kernels.scale(v, dtype(2))
+        kernels.cumulative(v)
+        kernels.smooth(v)
+    kernels.histogram(np.random.rand(100), 10)
+    ds = (kernels.pairwise, kernels.scale, kernels.cumulative, kernels.histogram, kernels.smooth)
+    print(json.dumps({
+        "hits": sum(sum(d.stats.cache_hits.values()) for d in ds),
+        "misses": sum(sum(d.stats.cache_misses.values()) for d in ds),
+    }), flush=True)
+"""
+
+
+def machine(base: Path, name: str, tool: str, jax_steps: int) -> Path:
+    home = base / name / "srv" / "app" if name == "a" else base / name / "home" / "ci" / "app"
+    home.mkdir(parents=True)
+    if tool == "jax":
+        (home / "app.py").write_text(textwrap.dedent(JAX_APP))
+    else:
+        (home / "kernels.py").write_text(textwrap.dedent(NUMBA_KERNELS))
+        (home / "app.py").write_text(textwrap.dedent(NUMBA_APP))
+    return home
+
+
+def run(home: Path, mode: str, tool: str, jax_steps: int) -> tuple[float, dict[str, Any]]:
+    variables = {
+        k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "NUMBA_", "WARMENV_"))
+    }
+    variables["WARMENV_ROOT"] = str(home / "root")
+    argv = [sys.executable, "app.py", mode, str(home / "cache")]
+    if tool == "jax":
+        argv.append(str(jax_steps))
+    started = time.perf_counter()
+    completed = subprocess.run(
+        argv, cwd=home, env=variables, capture_output=True, text=True, check=False
+    )
+    elapsed = time.perf_counter() - started
+    if completed.returncode != 0:
+        raise SystemExit(f"{tool} {mode} run failed:\n{completed.stderr[-3000:]}")
+    return elapsed, json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def ship(first: Path, second: Path, scratch: Path) -> None:
+    bundle = scratch / "bundle"
+
+    async def main() -> None:
+        async with open_environment("default", root=first / "root") as env:
+            await export_bundle([env], bundle, name="bench", version="1")
+        async with open_environment("default", root=second / "root") as env:
+            await import_bundle(bundle, env)
+
+    anyio.run(main)
+
+
+def restore_vs_copy(home: Path, tool: str, rounds: int, scratch: Path) -> tuple[float, float, int]:
+    """Median seconds of our restore and of `cp -r` of the same files, and the file count."""
+    module = __import__(f"warmenv.caches.{tool}", fromlist=["tree"])
+    tree = module.tree()
+    ours: list[float] = []
+    floor: list[float] = []
+    files = 0
+
+    async def restore_once(target: Path) -> int:
+        async with open_environment("default", root=home / "root") as env:
+            started = time.perf_counter()
+            report = await restore(env, tree, target)
+            ours.append(time.perf_counter() - started)
+            return report.written
+
+    source = scratch / "restored-once"
+    files = anyio.run(restore_once, source)
+    ours.clear()
+    for i in range(rounds):
+        target = scratch / f"ours-{i}"
+        anyio.run(restore_once, target)
+        copy = scratch / f"copy-{i}"
+        started = time.perf_counter()
+        subprocess.run(["cp", "-r", str(source), str(copy)], check=True)
+        floor.append(time.perf_counter() - started)
+        shutil.rmtree(target)
+        shutil.rmtree(copy)
+    return statistics.median(ours), statistics.median(floor), files
+
+
+def bench(tool: str, args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix=f"bench-caches-{tool}-") as scratch_name:
+        scratch = Path(scratch_name)
+        first = machine(scratch, "a", tool, args.jax_steps)
+        second = machine(scratch, "b", tool, args.jax_steps)
+        third = machine(scratch, "c", tool, args.jax_steps)
+        print(f"{tool}: cold run ...", file=sys.stderr, flush=True)
+        cold, cold_counts = run(first, "ours", tool, args.jax_steps)
+        ship(first, second, scratch)
+        print(f"{tool}: plain copy ...", file=sys.stderr, flush=True)
+        plain_cold, _ = run(third, "plain", tool, args.jax_steps)  # makes the copy's source
+        fourth = machine(scratch, "d", tool, args.jax_steps)
+        shutil.copytree(third / "cache", fourth / "cache")
+        plain, plain_counts = run(fourth, "plain", tool, args.jax_steps)
+        print(f"{tool}: warm run ...", file=sys.stderr, flush=True)
+        warm, warm_counts = run(second, "ours", tool, args.jax_steps)
+        ours, floor, files = restore_vs_copy(second, tool, args.rounds, scratch)
+    return {
+        "tool": tool,
+        "cold": cold,
+        "cold_counts": cold_counts,
+        "plain_cold": plain_cold,
+        "plain": plain,
+        "plain_counts": plain_counts,
+        "warm": warm,
+        "warm_counts": warm_counts,
+        "restore": ours,
+        "cp": floor,
+        "files": files,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tool", action="append", choices=["jax", "numba"])
+    parser.add_argument("--jax-steps", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    rows = [bench(tool, args) for tool in args.tool or ["jax", "numba"]]
+    print()
+    columns = ["tool", "cold", "plain copy: wall, hits", "warm: wall, hits", "warm vs cold"]
+    columns += ["restore", "cp -r", "restore vs cp -r"]
+    print("| " + " | ".join(columns) + " |")
+    print("| " + " | ".join("---" for _ in columns) + " |")
+    for r in rows:
+        cells = [
+            r["tool"],
+            f"{r['cold']:.1f} s ({r['cold_counts']['misses']} compiled and cached)",
+            f"{r['plain']:.1f} s, {r['plain_counts']['hits']} hits",
+            f"{r['warm']:.2f} s, {r['warm_counts']['hits']} hits",
+            f"{r['cold'] / r['warm']:.1f}x faster",
+            f"{r['restore'] * 1000:.1f} ms ({r['files']} files)",
+            f"{r['cp'] * 1000:.1f} ms",
+            f"{r['restore'] / r['cp']:.2f}x",
+        ]
+        print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
