@@ -9,6 +9,7 @@ crash from deep inside a parser.
 
 from __future__ import annotations
 
+import abc
 import enum
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import aclosing
@@ -31,6 +32,7 @@ __all__ = [
     "ClosesOnExit",
     "DigestProgress",
     "FORMAT_VERSIONS",
+    "FileFormat",
 ]
 
 DigestProgress = Callable[[Verifying], None]
@@ -255,6 +257,53 @@ class BundleReader(ClosesOnExit):
 
 
 B = TypeVar("B", bound=ClosesOnExit)
+B_co = TypeVar("B_co", bound=ClosesOnExit, covariant=True)
+
+
+class FileFormat(abc.ABC, Generic[B_co]):
+    """A bundle format as files: how a file of it is recognised and opened.
+
+    One instance per format, listed once in `warmenv.bundle.formats`, which
+    is the only place that tells the formats apart by a file's first bytes;
+    what differs by format is a method here, never a test of the format's name.
+    """
+
+    __slots__ = ()
+    format: ClassVar[BundleFormat]
+    magic: ClassVar[bytes]
+    """The bytes a file of the format starts with."""
+    header_in_front: ClassVar[bool] = False
+    """Whether the manifest and namespace names come first (readable by a range request)."""
+
+    def matches(self, head: bytes) -> bool:
+        """Whether a file starting with `head` is of this format (by its magic)."""
+        return head.startswith(self.magic)
+
+    @abc.abstractmethod
+    async def open(self, path: Path) -> B_co:
+        """Open and validate the file at `path` in place; the caller closes it."""
+
+    @abc.abstractmethod
+    async def open_private_copy(
+        self, fd: int, near: Path | None, label: str, *, verified: bool
+    ) -> B_co:
+        """Copy the open file `fd` into a private directory beside `near` and open the copy
+        (`verified`: the caller checks the digest before reading entries)."""
+
+    @abc.abstractmethod
+    async def open_private_file(self, path: Path, label: str) -> B_co:
+        """Open a file that already lies in a private directory (a download); the bundle
+        owns it, and it is removed if the open fails."""
+
+    def header(self, data: bytes, label: str) -> tuple[BundleManifest, list[str]] | None:
+        """The manifest and namespace names from the first bytes of a file (`data`),
+        or `None` if they are not all there (only where `header_in_front`)."""
+        return None
+
+    def may_replace(self, path: Path) -> bool:
+        """Whether export may replace the file at `path`, which starts with the magic:
+        a bundle (another file of the same first bytes is left alone)."""
+        return True
 
 
 @final

@@ -39,13 +39,10 @@ import attrs
 from warmenv._errors import WarmenvError
 from warmenv._url import redact
 from warmenv.bundle import _files
-from warmenv.bundle.errors import (
-    InvalidManifestError,
-    UnsupportedSchemaError,
-)
 from warmenv.bundle.events import Downloading
-from warmenv.bundle.flat import FLAT_MAGIC, FlatBundle, check_format_version
-from warmenv.bundle.manifest import BundleManifest, check_manifest_size
+from warmenv.bundle.flat import FlatBundle
+from warmenv.bundle.formats import sniff
+from warmenv.bundle.manifest import BundleManifest
 from warmenv.bundle.open import open_private_file
 from warmenv.bundle.sqlite.bundle import SqliteBundle
 
@@ -403,49 +400,15 @@ async def read_header(
                 raise DownloadError(
                     f"{label}: {_reason(exc)}; check the URL and the network"
                 ) from None
-            if not data.startswith(FLAT_MAGIC):
+            found = sniff(bytes(data))
+            if found is None or not found.header_in_front:
                 return None
-            parsed = _parse_flat_header(bytes(data[:want]), label)
+            parsed = found.header(bytes(data[:want]), label)
             if parsed is not None:
                 return parsed
             if len(data) < want or (size is not None and want >= size) or want >= _HEAD_MAX:
                 return None  # the whole file was given, or the header is huge: read it all
             want *= 4
-
-
-def _parse_flat_header(data: bytes, label: str) -> tuple[BundleManifest, list[str]] | None:
-    """The manifest and namespace names from the start of a flat bundle; `None`: need more."""
-    u32 = int.from_bytes
-    pos = len(FLAT_MAGIC)
-    if len(data) < pos + 8:
-        return None
-    check_format_version(u32(data[pos : pos + 4], "little"), label)
-    manifest_len = u32(data[pos + 4 : pos + 8], "little")
-    check_manifest_size(manifest_len, label)  # not worth asking the server for more
-    pos += 8
-    if len(data) < pos + manifest_len + 4:
-        return None
-    try:
-        manifest = BundleManifest.from_json(data[pos : pos + manifest_len])
-    except (InvalidManifestError, UnsupportedSchemaError) as exc:
-        raise type(exc)(f"{label}: {exc}") from None
-    pos += manifest_len
-    count = u32(data[pos : pos + 4], "little")
-    pos += 4
-    names: list[str] = []
-    for i in range(count):
-        if len(data) < pos + 4:
-            return None
-        size = u32(data[pos : pos + 4], "little")
-        pos += 4
-        if len(data) < pos + size:
-            return None
-        try:
-            names.append(data[pos : pos + size].decode("utf-8"))
-        except UnicodeDecodeError:
-            raise InvalidManifestError(f"{label}: namespace {i} is not UTF-8") from None
-        pos += size
-    return manifest, names
 
 
 def _reason(exc: BaseException) -> str:

@@ -48,7 +48,8 @@ from warmenv.bundle.events import (
     ExportEvent,
     ExportReport,
 )
-from warmenv.bundle.flat import FLAT_MAGIC, FlatWriter
+from warmenv.bundle.flat import FlatWriter
+from warmenv.bundle.formats import sniff
 from warmenv.bundle.manifest import (
     DIGEST_PLACEHOLDER,
     BackgroundDigest,
@@ -57,8 +58,6 @@ from warmenv.bundle.manifest import (
     now_iso,
     this_machine,
 )
-from warmenv.bundle.sqlite.bundle import SQLITE_MAGIC
-from warmenv.bundle.sqlite.schema import has_manifest
 from warmenv.bundle.sqlite.sources import CarriedRow, ExportSources
 from warmenv.bundle.sqlite.staging import StagingFile
 from warmenv.environment import Environment
@@ -446,8 +445,7 @@ def _check_out(out: Path) -> None:
         head = _files.read_head(fd)
     finally:
         os.close(fd)
-    if head.startswith(FLAT_MAGIC):
-        return
-    if head == SQLITE_MAGIC and has_manifest(out):
+    found = sniff(head)
+    if found is not None and found.may_replace(out):
         return
     raise FileExistsError(f"'{out}' exists and is not a warmenv bundle; remove it first")

@@ -41,6 +41,7 @@ from warmenv.bundle.base import (
     BundleFormat,
     BundleOpener,
     BundleReader,
+    FileFormat,
     check_namespace_names,
 )
 from warmenv.bundle.errors import (
@@ -61,7 +62,7 @@ from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import NamespaceSummary, check_batch_size, check_key
 
-__all__ = ["FLAT_MAGIC", "FlatBundle", "FlatWriter", "check_format_version"]
+__all__ = ["FLAT", "FLAT_MAGIC", "FlatBundle", "FlatFormat", "FlatWriter", "check_format_version"]
 
 T = TypeVar("T")
 
@@ -386,7 +387,7 @@ class FlatBundle(BundleReader, Bundle):
 
     def _parse(self, data: memoryview) -> None:
         reader = _Reader(data, self._source)
-        if bytes(reader.take(len(FLAT_MAGIC), "the magic")) != FLAT_MAGIC:
+        if not FLAT.matches(bytes(reader.take(len(FLAT_MAGIC), "the magic"))):
             raise NotABundleError(f"{self._source} is not a flat warmenv bundle (bad magic)")
         version = reader.u32("the format version")
         check_format_version(version, self._source)
@@ -525,6 +526,64 @@ def map_private(path: Path, source: str) -> FlatBundle:
         return _map(private, source, keep=False)
     finally:
         os.close(private)
+
+
+@final
+class FlatFormat(FileFormat[FlatBundle]):
+    """The flat bundle as files: its magic, then the header (manifest and names) up front."""
+
+    __slots__ = ()
+    format: ClassVar[BundleFormat] = BundleFormat.FLAT
+    magic: ClassVar[bytes] = FLAT_MAGIC
+    header_in_front: ClassVar[bool] = True
+
+    async def open(self, path: Path) -> FlatBundle:
+        return await anyio.to_thread.run_sync(map_file, path)
+
+    async def open_private_copy(
+        self, fd: int, near: Path | None, label: str, *, verified: bool
+    ) -> FlatBundle:
+        # The copy is mapped, and every open checks the whole index: `verified` changes nothing.
+        return await anyio.to_thread.run_sync(_map_private_copy, fd, near, label)
+
+    async def open_private_file(self, path: Path, label: str) -> FlatBundle:
+        return await anyio.to_thread.run_sync(map_private, path, label)
+
+    def header(self, data: bytes, label: str) -> tuple[BundleManifest, list[str]] | None:
+        u32 = int.from_bytes
+        pos = len(FLAT_MAGIC)
+        if len(data) < pos + 8:
+            return None
+        check_format_version(u32(data[pos : pos + 4], "little"), label)
+        manifest_len = u32(data[pos + 4 : pos + 8], "little")
+        check_manifest_size(manifest_len, label)  # not worth asking the server for more
+        pos += 8
+        if len(data) < pos + manifest_len + 4:
+            return None
+        try:
+            manifest = BundleManifest.from_json(data[pos : pos + manifest_len])
+        except (InvalidManifestError, UnsupportedSchemaError) as exc:
+            raise type(exc)(f"{label}: {exc}") from None
+        pos += manifest_len
+        count = u32(data[pos : pos + 4], "little")
+        pos += 4
+        names: list[str] = []
+        for i in range(count):
+            if len(data) < pos + 4:
+                return None
+            size = u32(data[pos : pos + 4], "little")
+            pos += 4
+            if len(data) < pos + size:
+                return None
+            try:
+                names.append(data[pos : pos + size].decode("utf-8"))
+            except UnicodeDecodeError:
+                raise InvalidManifestError(f"{label}: namespace {i} is not UTF-8") from None
+            pos += size
+        return manifest, names
+
+
+FLAT = FlatFormat()
 
 
 @final

@@ -20,8 +20,9 @@ import anyio.to_thread
 from warmenv.bundle import _files
 from warmenv.bundle.base import BundleOpener
 from warmenv.bundle.errors import NotABundleError
-from warmenv.bundle.flat import FLAT_MAGIC, FlatBundle, _map_private_copy, map_file, map_private
-from warmenv.bundle.sqlite.bundle import SQLITE_MAGIC, SqliteBundle, open_sqlite_bundle
+from warmenv.bundle.flat import FlatBundle
+from warmenv.bundle.formats import AnyFormat, sniff
+from warmenv.bundle.sqlite.bundle import SqliteBundle
 
 __all__ = ["open_bundle", "open_snapshot"]
 
@@ -42,10 +43,15 @@ def open_snapshot(
     return BundleOpener(partial(open_private, Path(path), near, verified=verified))
 
 
-def _not_a_bundle(path: Path) -> NotABundleError:
-    return NotABundleError(
-        f"{path} is not a warmenv bundle (it starts with neither the SQLite nor the flat magic)"
-    )
+def _format_of(head: bytes, label: str, not_a_bundle: str | None = None) -> AnyFormat:
+    found = sniff(head)
+    if found is None:
+        raise NotABundleError(
+            not_a_bundle
+            or f"{label} is not a warmenv bundle (it starts with neither the SQLite nor the "
+            "flat magic)"
+        )
+    return found
 
 
 async def open_any(path: Path) -> FlatBundle | SqliteBundle:
@@ -55,11 +61,7 @@ async def open_any(path: Path) -> FlatBundle | SqliteBundle:
         head = await anyio.to_thread.run_sync(_files.read_head, fd)
     finally:
         os.close(fd)
-    if head.startswith(FLAT_MAGIC):
-        return await anyio.to_thread.run_sync(map_file, path)
-    if head == SQLITE_MAGIC:
-        return await open_sqlite_bundle(path)
-    raise _not_a_bundle(path)
+    return await _format_of(head, str(path)).open(path)
 
 
 async def open_private(
@@ -74,11 +76,8 @@ async def open_private(
     fd = await anyio.to_thread.run_sync(_files.open_regular, path)
     try:
         head = await anyio.to_thread.run_sync(_files.read_head, fd)
-        if head.startswith(FLAT_MAGIC):
-            return await anyio.to_thread.run_sync(_map_private_copy, fd, near, str(path))
-        if head == SQLITE_MAGIC:
-            return await SqliteBundle.from_private_copy(fd, near, str(path), verified=verified)
-        raise _not_a_bundle(path)
+        format = _format_of(head, str(path))
+        return await format.open_private_copy(fd, near, str(path), verified=verified)
     finally:
         os.close(fd)
 
@@ -93,8 +92,4 @@ async def open_private_file(
         head = await anyio.to_thread.run_sync(_files.read_head, fd)
     finally:
         os.close(fd)
-    if head.startswith(FLAT_MAGIC):
-        return await anyio.to_thread.run_sync(map_private, path, label)
-    if head == SQLITE_MAGIC:
-        return await SqliteBundle.from_private_file(path, label)
-    raise NotABundleError(not_a_bundle) if not_a_bundle else _not_a_bundle(Path(label))
+    return await _format_of(head, label, not_a_bundle).open_private_file(path, label)

@@ -30,6 +30,7 @@ from warmenv.bundle.base import (
     BundleFormat,
     BundleOpener,
     BundleReader,
+    FileFormat,
     check_namespace_names,
 )
 from warmenv.bundle.errors import (
@@ -39,11 +40,12 @@ from warmenv.bundle.errors import (
 )
 from warmenv.bundle.manifest import BundleManifest
 from warmenv.bundle.sqlite.file import BundleFile
+from warmenv.bundle.sqlite.schema import has_manifest
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import NamespaceSummary, check_batch_size, check_key
 
-__all__ = ["SQLITE_MAGIC", "SqliteBundle"]
+__all__ = ["SQLITE", "SQLITE_MAGIC", "SqliteBundle", "SqliteFormat"]
 
 T = TypeVar("T")
 R = TypeVar("R", bound=tuple[Any, ...])  # a row: the key first
@@ -182,7 +184,7 @@ async def open_sqlite_bundle(path: Path) -> SqliteBundle:
     fd = await anyio.to_thread.run_sync(_files.open_regular, path)
     try:
         head = await anyio.to_thread.run_sync(_files.read_head, fd)
-        if head != SQLITE_MAGIC:
+        if not SQLITE.matches(head):
             raise NotABundleError(f"{path} is not a SQLite file, so not a SQLite bundle")
         return await _open_checked(path, fd, str(path), private=False)
     except BaseException:
@@ -217,3 +219,30 @@ async def _open_checked(
         await file.close()
         raise
     return SqliteBundle(file, manifest, fd, label, private)
+
+
+@final
+class SqliteFormat(FileFormat[SqliteBundle]):
+    """The SQLite bundle as files: a SQLite database (its magic) holding a manifest."""
+
+    __slots__ = ()
+    format: ClassVar[BundleFormat] = BundleFormat.SQLITE
+    magic: ClassVar[bytes] = SQLITE_MAGIC
+
+    async def open(self, path: Path) -> SqliteBundle:
+        return await open_sqlite_bundle(path)
+
+    async def open_private_copy(
+        self, fd: int, near: Path | None, label: str, *, verified: bool
+    ) -> SqliteBundle:
+        return await SqliteBundle.from_private_copy(fd, near, label, verified=verified)
+
+    async def open_private_file(self, path: Path, label: str) -> SqliteBundle:
+        return await SqliteBundle.from_private_file(path, label)
+
+    def may_replace(self, path: Path) -> bool:
+        # Any SQLite database starts with the magic: only one with a manifest is a bundle.
+        return has_manifest(path)
+
+
+SQLITE = SqliteFormat()

@@ -8,7 +8,7 @@ writes by default, adds what an entry carries to another machine
 imported entry can count the time it saved. warmenv 0.1 refuses format 2
 (other columns); this warmenv reads both and writes format 1 on request,
 exactly as 0.1 did, for readers that know no other. Everything here is the
-bundle's alone: the environment's schema (`warmenv.persistence.schema`)
+bundle's alone: the environment's schema (`warmenv.persistence.sqlite.schema`)
 knows no bundle format, and this module only borrows its column list and
 its helpers for the `meta` table.
 """

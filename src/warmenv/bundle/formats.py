@@ -1,0 +1,44 @@
+"""The bundle formats, listed once: telling a file's format by its first bytes.
+
+Every way into a bundle file (`open_bundle`, an import's private copy, a
+download, the commands, export deciding whether it may replace a file) asks
+`sniff` which format a file's first bytes are, and then asks that format's
+`FileFormat` (`warmenv.bundle.base`) to do what differs by format: open it
+in place, open a private copy, read its header by range, say whether it may
+be replaced. So adding a format is one class and one line here, and no
+caller compares magic bytes or names a format to choose what to do.
+"""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+from warmenv.bundle.base import BundleFormat
+from warmenv.bundle.flat import FLAT, FlatFormat
+from warmenv.bundle.sqlite.bundle import SQLITE, SqliteFormat
+
+__all__ = ["FORMATS", "AnyFormat", "of", "sniff"]
+
+AnyFormat: TypeAlias = SqliteFormat | FlatFormat
+
+FORMATS: tuple[AnyFormat, ...] = (SQLITE, FLAT)
+"""Every format warmenv reads and writes."""
+
+
+def sniff(head: bytes) -> AnyFormat | None:
+    """The format of a file that starts with `head` (by its magic), or `None`: no bundle.
+
+    `head` is `_files.read_head`'s, or more of the file (a download's first range).
+    """
+    for format in FORMATS:
+        if format.matches(head):
+            return format
+    return None
+
+
+def of(format: BundleFormat) -> AnyFormat:
+    """The format named `format`."""
+    for candidate in FORMATS:
+        if candidate.format == format:
+            return candidate
+    raise AssertionError(f"no format {format!r} is listed")  # BundleFormat lists them all
