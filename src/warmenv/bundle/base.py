@@ -32,8 +32,18 @@ __all__ = [
     "ClosesOnExit",
     "DigestProgress",
     "FORMAT_VERSIONS",
+    "CarriedRow",
     "FileFormat",
+    "PackedRow",
+    "StagingCopier",
+    "StagingWriter",
 ]
+
+CarriedRow = tuple[str, bytes, bytes, float | None, float | None]
+"""(namespace, key, value, written_at, cost): an entry export writes, and what it carries."""
+PackedRow = tuple[str, bytes, bytes, bytes]
+"""(namespace, key, value, carried bytes): the same entry as the digest takes it
+(the 16 bytes of `carried.pack`, or none in format 1)."""
 
 DigestProgress = Callable[[Verifying], None]
 """Called with how far a digest is, between its steps, on the caller's event loop."""
@@ -304,6 +314,63 @@ class FileFormat(abc.ABC, Generic[B_co]):
         """Whether export may replace the file at `path`, which starts with the magic:
         a bundle (another file of the same first bytes is left alone)."""
         return True
+
+    @abc.abstractmethod
+    def writer(
+        self,
+        path: Path,
+        manifest: BundleManifest,
+        totals: dict[str, tuple[int, int]],
+        *,
+        format_version: int,
+        expected_bytes: int,
+    ) -> StagingWriter:
+        """A bundle of this format being written to the staging file `path` (it exists,
+        empty), for entries of the namespaces and sizes `totals` (entries, bytes)."""
+
+    def copier(
+        self,
+        new_staging: Callable[[], Path],
+        source: Path,
+        prefixes: list[str] | None,
+        *,
+        format_version: int,
+        expected_bytes: int,
+    ) -> StagingCopier | None:
+        """A bundle of this format filled from the one environment `source` by the format
+        itself, in a staging file it asks `new_staging` for; `None` where the format has
+        no such copy (export then reads the source's rows and hands them to `writer`)."""
+        return None
+
+
+class StagingWriter(Protocol):
+    """A bundle being written to its staging file, for export."""
+
+    def add(self, rows: list[CarriedRow], packed: list[PackedRow]) -> None:
+        """Append a batch of entries in key order (`packed`: the same with their carried
+        bytes packed, which a format may write instead)."""
+        ...
+
+    def finish(self, manifest: BundleManifest) -> None:
+        """Write the manifest (with its digest), sync and close: the file is complete."""
+        ...
+
+    def close(self) -> None:
+        """Close it unfinished (the caller removes the file)."""
+        ...
+
+
+class StagingCopier(StagingWriter, Protocol):
+    """A bundle that copies its entries from one environment itself (`FileFormat.copier`)."""
+
+    totals: dict[str, tuple[int, int]]
+    """Entries and bytes per namespace that the copy will hold."""
+    skipped: int
+    """Rows of the source left out (wrong types, namespaces no reader accepts)."""
+
+    def copy_step(self) -> list[CarriedRow]:
+        """Copy the next batch; the rows as written (empty: done)."""
+        ...
 
 
 @final

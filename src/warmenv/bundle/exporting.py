@@ -30,15 +30,22 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import BinaryIO, final
+from typing import final
 
 import anyio
 import anyio.to_thread
 import attrs
 
 from warmenv._fs import non_regular_kind
-from warmenv.bundle import _files
-from warmenv.bundle.base import FORMAT_VERSIONS, BundleFormat
+from warmenv.bundle import _files, formats
+from warmenv.bundle.base import (
+    FORMAT_VERSIONS,
+    BundleFormat,
+    CarriedRow,
+    PackedRow,
+    StagingCopier,
+    StagingWriter,
+)
 from warmenv.bundle.errors import InvalidSourceError, NotABundleError
 from warmenv.bundle.events import (
     BundleFinished,
@@ -48,8 +55,6 @@ from warmenv.bundle.events import (
     ExportEvent,
     ExportReport,
 )
-from warmenv.bundle.flat import FlatWriter
-from warmenv.bundle.formats import sniff
 from warmenv.bundle.manifest import (
     DIGEST_PLACEHOLDER,
     BackgroundDigest,
@@ -58,8 +63,7 @@ from warmenv.bundle.manifest import (
     now_iso,
     this_machine,
 )
-from warmenv.bundle.sqlite.sources import CarriedRow, ExportSources
-from warmenv.bundle.sqlite.staging import StagingFile
+from warmenv.bundle.sqlite.sources import ExportSources
 from warmenv.environment import Environment
 from warmenv.persistence import carried
 from warmenv.persistence.storage import NamespaceSummary
@@ -67,7 +71,6 @@ from warmenv.persistence.storage import NamespaceSummary
 __all__ = ["BundleFormat", "ExportProgress", "export_bundle", "exporting"]
 
 _BATCH = 1024
-_Packed = tuple[str, bytes, bytes, bytes]  # an entry and its carried bytes (16, or none)
 
 Source = Environment | str | Path
 
@@ -259,21 +262,19 @@ class _ExportJob:
         manifest: BundleManifest,
     ) -> None:
         self.out = out
-        self.format = format
+        self.format = formats.of(format)
         self.format_version = format_version
         self.manifest = manifest
         self.done = self.bytes_done = 0
         self.skipped = 0
         self.staging: Path | None = None
-        self._writer: FlatWriter | None = None
-        self._file: BinaryIO | None = None
-        self._bundle: StagingFile | None = None
+        self._output: StagingWriter | None = None
+        # Where the format fills the bundle from its one source itself (SQLite's copy
+        # inside SQLite); the digest is then taken from the rows as written.
+        self._copier: StagingCopier | None = None
         self._sources_reader: ExportSources | None = None
         self._rows: Iterator[CarriedRow] = iter(())
         self._digest = BackgroundDigest(format_version)
-        # One source into the SQLite format is copied inside SQLite; the digest
-        # is then taken from the rows as written, read back while still cached.
-        self._copying = False
         self._sources = sources
         self._prefixes = prefixes
         self.totals: dict[str, tuple[int, int]] = {}
@@ -290,17 +291,31 @@ class _ExportJob:
         )
         try:
             sources = self._sources
-            if self.format == BundleFormat.SQLITE and len(sources) == 1:
-                staging = self._staging_bundle()
-                self.totals = staging.attach_source(sources[0], self._prefixes)
-                self.skipped = staging.skipped
-                self._copying = True
+            copier = None
+            if len(sources) == 1:
+                copier = self.format.copier(
+                    self._new_staging,
+                    sources[0],
+                    self._prefixes,
+                    format_version=self.format_version,
+                    expected_bytes=self._expected_bytes(),
+                )
+            if copier is not None:
+                self._output = self._copier = copier
+                self.totals = copier.totals
+                self.skipped = copier.skipped
             else:
                 reader = self._sources_reader = ExportSources(sources, self._prefixes)
                 self.skipped = reader.skipped
                 self.totals = reader.totals()
                 self._rows = reader.rows()
-                self._start_output()
+                self._output = self.format.writer(
+                    self._new_staging(),
+                    self.manifest,
+                    self.totals,
+                    format_version=self.format_version,
+                    expected_bytes=self._expected_bytes(),
+                )
             self.total_entries = sum(e for e, _ in self.totals.values())
             self.total_bytes = sum(b for _, b in self.totals.values())
         except BaseException:
@@ -313,41 +328,20 @@ class _ExportJob:
         os.close(os.open(self.staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         return self.staging
 
-    def _staging_bundle(self) -> StagingFile:
-        # What it will hold, or before the totals are counted, the sources' size.
-        expected = sum(size for _, size in self.totals.values()) or sum(map(_size, self._sources))
-        self._bundle = StagingFile(
-            self._new_staging(), expected_bytes=expected, format_version=self.format_version
-        )
-        return self._bundle
-
-    def _start_output(self) -> None:
-        if self.format == BundleFormat.FLAT:
-            handle = open(self._new_staging(), "wb+")
-            self._file = handle
-            entries = sum(e for e, _ in self.totals.values())
-            size = sum(b for _, b in self.totals.values())
-            self._writer = FlatWriter(
-                handle,
-                self.manifest,
-                sorted(self.totals),
-                entries,
-                size,
-                format_version=self.format_version,
-            )
-        else:
-            self._staging_bundle().begin()
+    def _expected_bytes(self) -> int:
+        """What the bundle will hold, or before the totals are counted, the sources' size."""
+        return sum(size for _, size in self.totals.values()) or sum(map(_size, self._sources))
 
     def step(self) -> str | None:
         """Write one batch; the last namespace written, or `None` when all are."""
-        if self._copying:
-            assert self._bundle is not None
-            batch = self._bundle.copy_step()
+        if self._copier is not None:
+            batch = self._copier.copy_step()
         else:
             batch = list(itertools.islice(self._rows, _BATCH))
         entries = self._packed(batch)
-        if batch and not self._copying:
-            self._write(batch, entries)
+        if batch and self._copier is None:
+            assert self._output is not None
+            self._output.add(batch, entries)
         if not batch:
             return None
         if self.format_version == 1:
@@ -358,41 +352,19 @@ class _ExportJob:
         self.done += len(batch)
         return batch[-1][0]
 
-    def _packed(self, batch: list[CarriedRow]) -> list[_Packed]:
+    def _packed(self, batch: list[CarriedRow]) -> list[PackedRow]:
         """The batch with what each entry carries packed (nothing in format 1)."""
         if self.format_version == 1:
             return [(ns, key, value, b"") for ns, key, value, _, _ in batch]
         pack = carried.pack
         return [(ns, key, value, pack(w, c)) for ns, key, value, w, c in batch]
 
-    def _write(self, batch: list[CarriedRow], entries: list[_Packed]) -> None:
-        """Write a batch; `entries` is the same batch with its carried bytes packed."""
-        if self._writer is not None:
-            add = self._writer.add
-            for namespace, key, value, carrying in entries:
-                add(namespace, key, value, carrying)
-        else:
-            assert self._bundle is not None
-            self._bundle.add(batch)
-
     def commit(self) -> BundleManifest:
         """Finish the staging file, sync it and rename it onto `out`."""
         manifest = attrs.evolve(self.manifest, digest=self._digest.value())
-        assert self.staging is not None
-        if self._writer is not None:
-            self._writer.finish(manifest.digest)
-            handle = self._file
-            assert handle is not None
-            handle.flush()
-            os.fsync(handle.fileno())
-            handle.close()
-            self._file = None
-        else:
-            assert self._bundle is not None
-            self._bundle.finish(manifest.to_json().decode("utf-8"))
-            self._bundle = None
-            with open(self.staging, "rb+") as handle:
-                os.fsync(handle.fileno())
+        assert self.staging is not None and self._output is not None
+        self._output.finish(manifest)
+        self._output = self._copier = None
         _check_out(self.out)  # something foreign may have appeared meanwhile
         os.replace(self.staging, self.out)
         self.staging = None
@@ -403,13 +375,9 @@ class _ExportJob:
     def abandon(self) -> None:
         """Close everything and remove the staging file (after failure or cancellation)."""
         self._digest.close()
-        if self._bundle is not None:
-            self._bundle.close()
-            self._bundle = None
-        if self._file is not None:
-            with contextlib.suppress(OSError):
-                self._file.close()
-            self._file = None
+        output, self._output, self._copier = self._output, None, None
+        if output is not None:
+            output.close()
         if self.staging is not None:
             with contextlib.suppress(FileNotFoundError):
                 self.staging.unlink()
@@ -445,7 +413,7 @@ def _check_out(out: Path) -> None:
         head = _files.read_head(fd)
     finally:
         os.close(fd)
-    found = sniff(head)
+    found = formats.sniff(head)
     if found is not None and found.may_replace(out):
         return
     raise FileExistsError(f"'{out}' exists and is not a warmenv bundle; remove it first")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import array
 import bisect
+import contextlib
 import mmap
 import os
 import struct
@@ -41,7 +42,9 @@ from warmenv.bundle.base import (
     BundleFormat,
     BundleOpener,
     BundleReader,
+    CarriedRow,
     FileFormat,
+    PackedRow,
     check_namespace_names,
 )
 from warmenv.bundle.errors import (
@@ -62,7 +65,15 @@ from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import NamespaceSummary, check_batch_size, check_key
 
-__all__ = ["FLAT", "FLAT_MAGIC", "FlatBundle", "FlatFormat", "FlatWriter", "check_format_version"]
+__all__ = [
+    "FLAT",
+    "FLAT_MAGIC",
+    "FlatBundle",
+    "FlatFormat",
+    "FlatStaging",
+    "FlatWriter",
+    "check_format_version",
+]
 
 T = TypeVar("T")
 
@@ -582,8 +593,68 @@ class FlatFormat(FileFormat[FlatBundle]):
             pos += size
         return manifest, names
 
+    def writer(
+        self,
+        path: Path,
+        manifest: BundleManifest,
+        totals: dict[str, tuple[int, int]],
+        *,
+        format_version: int,
+        expected_bytes: int,
+    ) -> FlatStaging:
+        return FlatStaging(path, manifest, totals, format_version=format_version)
+
 
 FLAT = FlatFormat()
+
+
+@final
+class FlatStaging:
+    """A flat bundle being written to a staging file, for export (`FlatFormat.writer`)."""
+
+    __slots__ = ("_file", "_writer")
+
+    def __init__(
+        self,
+        path: Path,
+        manifest: BundleManifest,
+        totals: dict[str, tuple[int, int]],
+        *,
+        format_version: int,
+    ) -> None:
+        self._file: BinaryIO | None = open(path, "wb+")
+        try:
+            self._writer = FlatWriter(
+                self._file,
+                manifest,
+                sorted(totals),
+                sum(entries for entries, _ in totals.values()),
+                sum(size for _, size in totals.values()),
+                format_version=format_version,
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    def add(self, rows: list[CarriedRow], packed: list[PackedRow]) -> None:
+        add = self._writer.add
+        for namespace, key, value, carrying in packed:
+            add(namespace, key, value, carrying)
+
+    def finish(self, manifest: BundleManifest) -> None:
+        self._writer.finish(manifest.digest)
+        handle = self._file
+        assert handle is not None, "the staging file is closed"
+        handle.flush()
+        os.fsync(handle.fileno())
+        handle.close()
+        self._file = None
+
+    def close(self) -> None:
+        handle, self._file = self._file, None
+        if handle is not None:
+            with contextlib.suppress(OSError):
+                handle.close()
 
 
 @final

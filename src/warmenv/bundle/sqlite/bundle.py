@@ -41,6 +41,7 @@ from warmenv.bundle.errors import (
 from warmenv.bundle.manifest import BundleManifest
 from warmenv.bundle.sqlite.file import BundleFile
 from warmenv.bundle.sqlite.schema import has_manifest
+from warmenv.bundle.sqlite.staging import StagingFile
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import NamespaceSummary, check_batch_size, check_key
@@ -243,6 +244,44 @@ class SqliteFormat(FileFormat[SqliteBundle]):
     def may_replace(self, path: Path) -> bool:
         # Any SQLite database starts with the magic: only one with a manifest is a bundle.
         return has_manifest(path)
+
+    def writer(
+        self,
+        path: Path,
+        manifest: BundleManifest,
+        totals: dict[str, tuple[int, int]],
+        *,
+        format_version: int,
+        expected_bytes: int,
+    ) -> StagingFile:
+        staging = StagingFile(path, expected_bytes=expected_bytes, format_version=format_version)
+        try:
+            staging.begin()
+        except BaseException:
+            staging.close()
+            raise
+        return staging
+
+    def copier(
+        self,
+        new_staging: Callable[[], Path],
+        source: Path,
+        prefixes: list[str] | None,
+        *,
+        format_version: int,
+        expected_bytes: int,
+    ) -> StagingFile:
+        # One source is copied inside SQLite (ATTACH, INSERT ... SELECT by batches); the
+        # digest is then taken from the rows as written, read back while still cached.
+        staging = StagingFile(
+            new_staging(), expected_bytes=expected_bytes, format_version=format_version
+        )
+        try:
+            staging.attach_source(source, prefixes)
+        except BaseException:
+            staging.close()
+            raise
+        return staging
 
 
 SQLITE = SqliteFormat()

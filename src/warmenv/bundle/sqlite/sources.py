@@ -20,14 +20,12 @@ from typing import Any, final
 
 import attrs
 
+from warmenv.bundle.base import CarriedRow
 from warmenv.bundle.errors import InvalidSourceError
 from warmenv.bundle.sqlite import schema as bundle_schema
 from warmenv.persistence.sqlite import schema, uris
 
-__all__ = ["CarriedRow", "Exportable", "ExportSources", "carried_columns", "reading"]
-
-CarriedRow = tuple[str, bytes, bytes, float | None, float | None]
-"""(namespace, key, value, written_at, cost): an entry and what it carries."""
+__all__ = ["Exportable", "ExportSources", "carried_columns", "reading"]
 _BATCH = 1024
 
 

@@ -18,9 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import final
 
+from warmenv.bundle.base import CarriedRow, PackedRow
 from warmenv.bundle.errors import InvalidSourceError
+from warmenv.bundle.manifest import BundleManifest
 from warmenv.bundle.sqlite import schema as bundle_schema
-from warmenv.bundle.sqlite.sources import CarriedRow, Exportable, carried_columns, reading
+from warmenv.bundle.sqlite.sources import Exportable, carried_columns, reading
 from warmenv.persistence.sqlite import schema, uris
 from warmenv.persistence.storage import Origin
 
@@ -83,6 +85,8 @@ class StagingFile:
         self._attached = False
         self._carried = "NULL, NULL"  # the SQL of what the attached source's rows carry
         self.skipped = 0
+        self.totals: dict[str, tuple[int, int]] = {}
+        """Entries and bytes per namespace of the attached source (`attach_source`)."""
         try:
             with _writing(path):
                 conn = self._conn = sqlite3.connect(
@@ -108,9 +112,9 @@ class StagingFile:
         with _writing(self.path):
             self._connection().execute("BEGIN")
 
-    def add(self, rows: list[CarriedRow]) -> None:
+    def add(self, rows: list[CarriedRow], packed: list[PackedRow]) -> None:
         """Append entries (already in key order) as IMPORTED, with what they carry
-        (in format 2; format 1 has no place for it)."""
+        (in format 2; format 1 has no place for it). `packed` is not needed."""
         with _writing(self.path):
             if self._carrying:
                 self._connection().executemany(
@@ -163,7 +167,8 @@ class StagingFile:
         )
         self.skipped = exportable.left_out(conn)
         self._copy_after = ("", b"")
-        return {namespace: (count, size) for namespace, count, size in rows}
+        self.totals = {namespace: (count, size) for namespace, count, size in rows}
+        return self.totals
 
     def copy_step(self) -> list[CarriedRow]:
         """Copy the next batch from the attached source; the rows as written (empty: done),
@@ -202,10 +207,12 @@ class StagingFile:
         self._copy_after = (last[1], last[2])
         return [row[1:] for row in rows]
 
-    def finish(self, manifest_json: str) -> None:
-        """Write the manifest, commit, and leave a closed file in journal mode DELETE."""
+    def finish(self, manifest: BundleManifest) -> None:
+        """Write the manifest, commit, and leave a closed, synced file in journal mode DELETE."""
         with _writing(self.path):
-            self._finish(manifest_json)
+            self._finish(manifest.to_json().decode("utf-8"))
+        with open(self.path, "rb+") as handle:
+            os.fsync(handle.fileno())
 
     def _finish(self, manifest_json: str) -> None:
         conn = self._connection()
