@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import textwrap
+import warnings
 from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
@@ -18,6 +19,7 @@ from warmenv import (
     Failed,
     MemoryStorage,
     Namespace,
+    Purged,
     Stored,
     WarmenvWarning,
     activate,
@@ -25,6 +27,7 @@ from warmenv import (
     open_environment,
     set_root,
 )
+from warmenv.environment import Degraded, Fallback
 from warmenv.persistence import Origin, SqliteStorage
 
 pytestmark = pytest.mark.anyio
@@ -143,6 +146,56 @@ async def test_a_root_that_cannot_be_created_degrades_to_memory(tmp_path: Path) 
             assert await storage.insert(b"k", b"v") == Stored()
             assert await env.storage(NS).get(b"k") == b"v"
             assert [s.namespace for s in await env.namespaces()] == [str(NS)]
+
+
+async def test_why_an_environment_fell_back_to_memory_is_a_value(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the reason is known without the warning
+        async with open_environment("e", root=blocker / "sub") as env:
+            degraded = env.degraded
+    assert degraded is not None and degraded.fallback is Fallback.MEMORY
+    assert "Not a directory" in degraded.reason
+    assert str(blocker) in degraded.reason
+
+
+async def test_why_an_environment_opened_read_only_is_a_value(
+    warm_env: Environment, tmp_path: Path
+) -> None:
+    from warmenv.bundle import export_bundle
+
+    bundle_path = tmp_path / "warm.bundle"
+    await export_bundle(warm_env, bundle_path, name="H100 Linux", version="1", format="sqlite")
+    async with open_environment(file=bundle_path) as env:
+        degraded = env.degraded
+        assert env.read_only and not env.in_memory
+    assert degraded == Degraded(
+        Fallback.READ_ONLY,
+        f"opening {bundle_path} for writing failed: it is a bundle, not an environment: "
+        "import it instead",
+    )
+
+
+async def test_an_environment_opened_as_asked_is_not_degraded(env: Environment) -> None:
+    assert env.degraded is None
+
+
+async def test_an_environment_in_memory_evicts_by_the_rules_of_a_file(tmp_path: Path) -> None:
+    # One implementation: the memory fallback runs the file's SQL (keep_versions by
+    # newest written, a text namespace ending like a type tag included, then by size).
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        async with open_environment("e", root=blocker / "sub") as env:
+            assert env.in_memory
+            await env.storage("app/1/img <BLOB>").insert(b"k", b"v", written_at=1_000.0)
+            await env.storage("app/2/img <BLOB>").insert(b"k", b"v", written_at=2_000.0)
+            assert await env.gc(keep_versions=1) == Purged(1)
+            listed = [(s.namespace, s.text) for s in await env.namespaces()]
+            assert await env.vacuum() == (0, 0)
+    assert listed == [("app/2/img <BLOB>", True)]
 
 
 async def test_a_full_disk_is_reported_as_failed_and_reads_keep_working(env: Environment) -> None:

@@ -19,7 +19,7 @@ from test_store_read_through import GatedStorage
 from warmenv import Environment, MemoryStorage, Namespace, open_environment
 from warmenv.persistence import Store
 from warmenv.persistence.explain import Explanation, Nearby
-from warmenv.persistence.memory import MemoryTable
+from warmenv.persistence.memory import memory_database
 from warmenv.remote import RemoteStorage
 
 pytestmark = pytest.mark.anyio
@@ -199,7 +199,7 @@ async def test_each_namespace_gets_its_own_first_miss_explained(
 async def test_a_memory_store_miss_is_explained_too(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    table = MemoryTable()
+    table = memory_database()
     await MemoryStorage("app/1/kernels", table=table).insert(b'"k1"', b"1")
     monkeypatch.setenv("WARMENV_EXPLAIN_MISSES", "1")
     store: Store[str, int] = await Store.open(MemoryStorage("app/2/kernels", table=table))
@@ -250,7 +250,7 @@ async def test_a_storage_with_a_shared_tier_explains_as_its_local_storage(
 async def test_sqlite_and_memory_storages_explain_their_own_namespace(
     env: Environment, tmp_path: Path
 ) -> None:
-    table = MemoryTable()
+    table = memory_database()
     for storages in (
         {ns: env.storage(ns) for ns in LAYOUT},
         {ns: MemoryStorage(ns, table=table) for ns in LAYOUT},
@@ -277,7 +277,7 @@ async def test_sqlite_and_memory_storages_explain_their_own_namespace(
 async def test_a_storage_of_the_applications_own_is_not_explained(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    table = MemoryTable()
+    table = memory_database()
     await MemoryStorage("app/1/kernels", table=table).insert(b'"k1"', b"1")
     own = GatedStorage(MemoryStorage("app/2/kernels", table=table))
     assert await own.explain(b'"k1"') is None  # the protocol's default: nothing to compare

@@ -66,6 +66,31 @@ async def test_gc_keeps_versions_of_a_text_namespace_ending_like_a_tag(
     assert listed == ["app/2/img <BLOB>"]
 
 
+def test_purge_deletes_a_text_namespace_ending_like_a_tag_and_leaves_the_blob_one(
+    tmp_path: Path,
+) -> None:
+    # A store's own namespace ending in ' <BLOB>' was taken for a BLOB row by its
+    # name and left; whether a namespace is text is now read beside it, not from it.
+    async def fill() -> Path:
+        async with open_environment("warm", root=tmp_path) as env:
+            await env.storage("app/1/img <BLOB>").insert(b"k", b"v")
+            return env.path
+
+    path = anyio.run(fill)
+    with sqlite3.connect(path) as conn:  # another program's row: a BLOB namespace
+        conn.execute(
+            "INSERT INTO entries (namespace, key, value, origin) VALUES (?, X'6b', X'76', 0)",
+            (b"app/1/img",),
+        )
+    conn.close()
+    purged = warmenv("purge", "--env", "warm", "--yes", root=tmp_path)
+    assert purged.returncode == 0, purged.stderr
+    with sqlite3.connect(path) as conn:
+        left = conn.execute("SELECT namespace FROM entries").fetchall()
+    conn.close()
+    assert left == [(b"app/1/img",)]
+
+
 def test_coredis_s_error_text_is_escaped_in_our_debug_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

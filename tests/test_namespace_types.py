@@ -23,7 +23,6 @@ from test_cli import warmenv
 from test_cli_errors import assert_one_error_line
 from warmenv import Purged, open_environment
 from warmenv.bundle import export_bundle, open_bundle
-from warmenv.persistence.sqlite.schema import namespace_addressable
 
 # (what is stored as the namespace, how warmenv lists it)
 KINDS = {
@@ -132,10 +131,12 @@ async def test_namespaces_list_a_namespace_that_is_not_utf8_text_tagged(
     bad_root: Path, kind: str
 ) -> None:
     async with open_environment("warm", root=bad_root) as env:
-        listed = {s.namespace: s.entries for s in await env.namespaces()}
+        summaries = {s.namespace: s for s in await env.namespaces()}
+        listed = {n: s.entries for n, s in summaries.items()}
     assert listed[KINDS[kind][1]] == 1
-    assert not namespace_addressable(KINDS[kind][1])
-    assert all(namespace_addressable(n) for n in sample_entries())
+    assert not summaries[KINDS[kind][1]].addressable
+    assert summaries[KINDS[kind][1]].text is (kind == "text-not-utf8")
+    assert all(summaries[n].addressable for n in sample_entries())
     assert {n: listed[n] for n in sample_entries()} == {
         n: len(items) for n, items in sample_entries().items()
     }
@@ -171,7 +172,7 @@ async def test_purging_every_addressable_namespace_leaves_the_bad_row_and_only_i
 ) -> None:
     async with open_environment("warm", root=bad_root) as env:
         for summary in await env.namespaces():
-            if namespace_addressable(summary.namespace):
+            if summary.addressable:
                 assert not isinstance(await env.storage(summary.namespace).purge(), Exception)
         left = [s.entries for s in await env.namespaces()]
         path = env.path

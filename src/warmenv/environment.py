@@ -26,8 +26,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, final, overload
 
-import anyio.lowlevel
 import anyio.to_thread
+import attrs
 
 from warmenv._errors import ClosedError, WarmenvWarning
 from warmenv.config import Config, check_name, load_config
@@ -35,27 +35,33 @@ from warmenv.persistence import statistics as _statistics
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.codec import Codec
 from warmenv.persistence.explain import Explanation, stored_key
-from warmenv.persistence.memory import MemoryStorage, MemoryTable
+from warmenv.persistence.memory import memory_database
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.sqlite.bulk import CopiedBatch
-from warmenv.persistence.sqlite.database import SqliteDatabase, open_database
-from warmenv.persistence.sqlite.storage import SqliteStorage
-from warmenv.persistence.statistics import START, Batch, Cursor, EnvironmentStatistics, Recorder
+from warmenv.persistence.sqlite.database import Degraded, Fallback, SqliteDatabase, open_database
+from warmenv.persistence.sqlite.storage import SqlStorage
+from warmenv.persistence.statistics import Batch, Cursor, EnvironmentStatistics, Recorder
 from warmenv.persistence.storage import (
     BundleRef,
     Failed,
     InsertSummary,
     NamespaceSummary,
-    Origin,
     Purged,
     Storage,
-    check_bundle,
 )
 from warmenv.persistence.store import DEFAULT_HOT_BYTES, CacheMode, Store
 from warmenv.remote import RemoteSettings, RemoteStorage, RemoteTier, remote_settings
 from warmenv.stream import apply_config, policy_chosen
 
-__all__ = ["Environment", "activate", "active", "open_environment", "set_root"]
+__all__ = [
+    "Degraded",
+    "Environment",
+    "Fallback",
+    "activate",
+    "active",
+    "open_environment",
+    "set_root",
+]
 
 log = logging.getLogger("warmenv.environment")
 K = TypeVar("K")
@@ -93,16 +99,20 @@ def active() -> tuple[str, Path]:
 
 @final
 class Environment:
-    """An open environment: hands out storages and stores for its namespaces."""
+    """An open environment: hands out storages and stores for its namespaces.
 
-    __slots__ = ("_closed", "_db", "_memory", "_recorder", "_remote", "max_bytes", "name", "path")
+    Over one database, its file's or (when the file cannot be used) one in
+    memory, chosen once when it is opened (`degraded` says which and why);
+    every operation is the database's, whichever it is.
+    """
+
+    __slots__ = ("_closed", "_db", "_recorder", "_remote", "max_bytes", "name", "path")
 
     def __init__(
         self,
         name: str,
         path: Path,
-        db: SqliteDatabase | None,
-        memory: MemoryTable | None,
+        db: SqliteDatabase,
         *,
         max_bytes: int | None = None,
         remote: RemoteTier | None = None,
@@ -111,7 +121,6 @@ class Environment:
         self.name = name
         self.path = path
         self._db = db
-        self._memory = memory
         self._remote = remote
         self._closed = False
         self.max_bytes = check_max_bytes(max_bytes)
@@ -126,16 +135,26 @@ class Environment:
     @property
     def in_memory(self) -> bool:
         """Whether this environment degraded to memory (nothing persists)."""
-        return self._db is None
+        return self._db.in_memory
 
     @property
     def read_only(self) -> bool:
         """Whether writes fail because the database could only be opened read-only."""
-        return self._db is not None and self._db.read_only
+        return self._db.read_only
 
     @property
-    def database(self) -> SqliteDatabase | None:
-        """The open database, or `None` for an in-memory environment."""
+    def degraded(self) -> Degraded | None:
+        """Why this environment is not its file opened read-write (`None`: it is).
+
+        `Degraded(Fallback.MEMORY, reason)` when the file could not be used at
+        all, `Degraded(Fallback.READ_ONLY, reason)` when it could only be read;
+        `reason` is what stood in the way, as the OS or SQLite said it.
+        """
+        return self._db.degraded
+
+    @property
+    def database(self) -> SqliteDatabase:
+        """The open database (its file's, or the one in memory)."""
         self._check_open()
         return self._db
 
@@ -147,11 +166,9 @@ class Environment:
             return RemoteStorage(local, self._remote)
         return local
 
-    def _local_storage(self, namespace: Namespace) -> SqliteStorage | MemoryStorage:
+    def _local_storage(self, namespace: Namespace) -> SqlStorage:
         """This machine's storage of `namespace` (what a shared tier sits in front of)."""
-        if self._db is not None:
-            return SqliteStorage(self._db, namespace)
-        return MemoryStorage(namespace, table=self._memory)
+        return self._db.storage(str(namespace))
 
     @overload
     async def store(
@@ -202,12 +219,7 @@ class Environment:
         """
         self._check_open()
         await self.flush_statistics()
-        pending = self._recorder.pending()
-        if self._db is not None:
-            return await self._db.statistics(pending)
-        assert self._memory is not None
-        await anyio.lowlevel.checkpoint()
-        return self._memory.statistics(pending)
+        return await self._db.statistics(self._recorder.pending())
 
     async def flush_statistics(self) -> bool:
         """Write the counts stores gathered so far (done every few seconds and on close).
@@ -226,11 +238,7 @@ class Environment:
         await self._recorder.run(_statistics.FLUSH_INTERVAL if interval is None else interval)
 
     async def _write_statistics(self, batch: Batch, start: Cursor) -> Cursor | None:
-        if self._db is not None:
-            return await self._db.flush_statistics(batch, start)  # one slice
-        assert self._memory is not None
-        self._memory.flush_statistics(batch if start == START else batch.rest(start))
-        return batch.end
+        return await self._db.flush_statistics(batch, start)  # one slice
 
     def bulk_copy(
         self,
@@ -244,11 +252,9 @@ class Environment:
 
         Only a file no other process can change may be passed (an import's
         private, verified copy): it is read by path. `bundle` is recorded as
-        the copied entries' origin, for `info` and `purge_bundle`.
+        the copied entries' origin, for `info` and `purge_bundle`. `None` in memory.
         """
         self._check_open()
-        if self._db is None:
-            return None
         return self._db.copy_from(file, prefixes, batch_size, bundle=bundle)
 
     async def insert_imported(
@@ -266,28 +272,19 @@ class Environment:
         """
         self._check_open()
         name = str(Namespace.coerce(namespace))
-        if self._db is not None:
-            return await self._db.insert_imported(name, entries, bundle)
-        assert self._memory is not None
-        bundle = check_bundle(bundle, Origin.IMPORTED)
-        await anyio.lowlevel.checkpoint()
-        stored = self._memory.insert_imported(name, entries, bundle)
-        return InsertSummary(stored=stored, conflict=len(entries) - stored, failed=0)
+        return await self._db.insert_imported(name, entries, bundle)
 
     def snapshot_directory(self) -> Path | None:
         """Where an import's private copy of a bundle should go (`None`: the temp directory)."""
         self._check_open()
-        if self._db is None or self._db.read_only:
+        if self._db.in_memory or self._db.read_only:
             return None
         return self.path.parent
 
     async def namespaces(self) -> list[NamespaceSummary]:
         """Every namespace holding entries, with counts and sizes."""
         self._check_open()
-        if self._db is not None:
-            return await self._db.namespaces()
-        assert self._memory is not None
-        return self._memory.summaries()
+        return await self._db.namespaces()
 
     async def explain(
         self, namespace: Namespace | str, key: bytes | str | None = None
@@ -312,11 +309,7 @@ class Environment:
         self._check_open()
         if not isinstance(digest_or_name, str) or not digest_or_name:
             raise ValueError(f"purge_bundle takes a bundle digest or name, got {digest_or_name!r}")
-        if self._db is not None:
-            return await self._db.purge_bundle(digest_or_name)
-        assert self._memory is not None
-        await anyio.lowlevel.checkpoint()
-        return Purged(self._memory.purge_bundle(digest_or_name))
+        return await self._db.purge_bundle(digest_or_name)
 
     async def gc(
         self,
@@ -343,11 +336,7 @@ class Environment:
             or keep_versions < 1
         ):
             raise ValueError(f"keep_versions must be an int >= 1, got {keep_versions!r}")
-        if self._db is not None:
-            return await self._db.gc(max_bytes=limit, older_than=age, keep_versions=keep_versions)
-        assert self._memory is not None
-        await anyio.lowlevel.checkpoint()
-        return Purged(self._memory.gc(max_bytes=limit, older_than=age, keep_versions=keep_versions))
+        return await self._db.gc(max_bytes=limit, older_than=age, keep_versions=keep_versions)
 
     async def vacuum(self) -> tuple[int, int]:
         """Give freed space back to the file system: the file's size before and after.
@@ -357,19 +346,12 @@ class Environment:
         for other processes' transactions). `(0, 0)` in memory.
         """
         self._check_open()
-        if self._db is None:
-            return 0, 0
         return await self._db.vacuum()
 
     async def touch(self, namespace: Namespace | str, keys: Iterable[bytes]) -> int:
         """Record hits on `keys` (batched by the caller), for eviction's order."""
         self._check_open()
-        ns = str(Namespace.coerce(namespace))
-        if self._db is not None:
-            return await self._db.touch(ns, keys)
-        assert self._memory is not None
-        await anyio.lowlevel.checkpoint()
-        return self._memory.touch(ns, keys)
+        return await self._db.touch(str(Namespace.coerce(namespace)), keys)
 
     async def close(self) -> None:
         """Close the database; the environment and its storages are unusable after.
@@ -383,9 +365,8 @@ class Environment:
         if self.max_bytes is not None and not self.read_only:
             with anyio.CancelScope(shield=True):
                 await self.gc()
-        if self._db is not None:
-            # Closed first: a close refused (from another event loop) can be retried.
-            await self._db.close()
+        # Closed first: a close refused (from another event loop) can be retried.
+        await self._db.close()
         self._closed = True
 
     def describe(self) -> str:
@@ -437,28 +418,36 @@ async def open_environment(
     check_max_bytes(max_bytes)
     config = None if remote is not None else await anyio.to_thread.run_sync(load_config)
     settings = remote_settings(remote if config is None else config.remote or "")
-    env = await _open(
-        name, root, file, create=create, max_bytes=max_bytes, statistics=statistics, config=config
-    )
+    opened = await _open(name, root, file, create=create, max_bytes=max_bytes, config=config)
     tier = AsyncExitStack()
     # The block's own exception leaves unwrapped: it is caught inside the task
     # group (which would put it in an exception group on trio) and raised after.
     error: BaseException | None = None
     flusher_done = anyio.Event()
+    env: Environment | None = None
 
-    async def flusher() -> None:
+    async def flusher(env: Environment) -> None:
         try:
             await env.run_statistics_flusher()
         finally:
             flusher_done.set()
 
     try:
+        shared = None
         if settings is not None:
-            env._remote = await tier.enter_async_context(RemoteTier.connect(settings, env.name))
+            shared = await tier.enter_async_context(RemoteTier.connect(settings, opened.name))
+        env = Environment(
+            opened.name,
+            opened.path,
+            opened.db,
+            max_bytes=opened.max_bytes,
+            remote=shared,
+            statistics=statistics,
+        )
         try:
             async with anyio.create_task_group() as tg:
                 if statistics:
-                    tg.start_soon(flusher)
+                    tg.start_soon(flusher, env)
                 else:
                     flusher_done.set()
                 try:
@@ -484,7 +473,11 @@ async def open_environment(
             # before anything of this block and must be exited as the innermost.
             await tier.aclose()
         finally:
-            await env.close()
+            if env is not None:
+                await env.close()
+            else:  # the tier failed to connect: nothing but the database to close
+                with anyio.CancelScope(shield=True):
+                    await opened.db.close()
     if error is not None:
         raise error
 
@@ -513,9 +506,8 @@ async def _open(
     *,
     create: bool = True,
     max_bytes: int | None = None,
-    statistics: bool = True,
     config: Config | None = None,
-) -> Environment:
+) -> _Opened:
     env_name, path = _locate(name, root, file)
     if not create and not await anyio.to_thread.run_sync(path.is_file):
         raise FileNotFoundError(
@@ -539,12 +531,20 @@ async def _open(
             WarmenvWarning,
             stacklevel=4,
         )
-        return Environment(
-            env_name, path, None, MemoryTable(), max_bytes=max_bytes, statistics=statistics
-        )
+        db = memory_database(Degraded(Fallback.MEMORY, str(exc)))
     if db.read_only:
         log.warning("%s opened read-only: reads are served, writes will fail", path)
-    return Environment(env_name, path, db, None, max_bytes=max_bytes, statistics=statistics)
+    return _Opened(env_name, path, db, max_bytes)
+
+
+@attrs.frozen
+class _Opened:
+    """An environment's database, opened: what its `Environment` is made of."""
+
+    name: str
+    path: Path
+    db: SqliteDatabase
+    max_bytes: int | None
 
 
 def check_max_bytes(max_bytes: object) -> int | None:

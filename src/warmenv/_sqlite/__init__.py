@@ -1,14 +1,16 @@
 """The one seam between warmenv and SQLite: an async connection on any backend.
 
-Everything above this package is written once. Below it, asyncio uses
-aiosqlite's dedicated thread, and trio (where aiosqlite cannot run: it awaits
-asyncio futures) gets a dedicated thread of its own, woken through trio's
-token. A connection offers one operation, `run(fn)`: call `fn` with the
+Everything above this package is written once. Below it, each connection
+has a dedicated worker thread (`_worker`), whose results reach an asyncio
+task through its loop's `call_soon_threadsafe` and a trio task through
+trio's token. A connection offers one operation, `run(fn)`: call `fn` with the
 sqlite3 connection on the worker thread, in one hop. A transaction is one
 such function, BEGIN to COMMIT, so a caller cancelled mid-way can never
 leave it open: the worker finishes it (or rolls it back) on its own. A
 caller that is not on an event loop may read with `run_here(fn)` instead,
 on its own thread with a read-only connection of its own (see `_here`).
+A database in memory (`open_memory`) needs no worker: it runs on the
+caller's thread (see `_memory`).
 
 A connection belongs to the event loop that opened it; `run` and `close`
 from any other loop or backend raise a `WarmenvError` naming both (see
@@ -27,7 +29,7 @@ import anyio
 from warmenv._backend import current_backend
 from warmenv._sqlite._loop import database_label
 
-__all__ = ["Connection", "connect", "open_with"]
+__all__ = ["Connection", "connect", "open_memory", "open_with"]
 
 T = TypeVar("T")
 
@@ -74,9 +76,9 @@ async def connect(target: str, *, uri: bool = False) -> Connection:
         from warmenv._sqlite._trio import TrioConnection
 
         return await TrioConnection.open(connector, database)
-    from warmenv._sqlite._asyncio import AiosqliteConnection
+    from warmenv._sqlite._asyncio import AsyncioConnection
 
-    return await AiosqliteConnection.open(connector, database)
+    return await AsyncioConnection.open(connector, database)
 
 
 async def open_with(
@@ -94,3 +96,11 @@ async def open_with(
         with anyio.CancelScope(shield=True):
             await connection.close()
         raise
+
+
+def open_memory(prepare: Callable[[sqlite3.Connection], T]) -> tuple[Connection, T]:
+    """A new private `:memory:` database, `prepare`d; no event loop needed (see `_memory`)."""
+    from warmenv._sqlite._memory import MemoryConnection
+
+    connection = MemoryConnection()
+    return connection, connection.run_here(prepare)  # if it fails, nothing else holds it

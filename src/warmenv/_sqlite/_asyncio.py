@@ -1,10 +1,15 @@
-"""The asyncio side of the seam: aiosqlite's connection and its dedicated thread.
+"""The asyncio side of the seam: one dedicated worker thread per connection.
 
-aiosqlite's public API runs one statement per hop. A warmenv transaction
-must be one function run on the worker, so this module submits functions
-through `Connection._execute`, the entry point every aiosqlite method is
-built on (stable since aiosqlite 0.11). It is the only place warmenv touches
-aiosqlite internals, and it checks for them at import.
+The worker runs submitted functions in order (`_worker.start`) and hands
+each result back through the loop's `call_soon_threadsafe`: a call costs one
+thread hop, as on trio, where the result comes back through the trio token.
+(This side used aiosqlite's thread before; its public API runs one statement
+per hop, and a warmenv transaction must be one function, which took its
+private `Connection._execute` and `_conn`. The worker is a few lines of
+public asyncio and threading instead, and the same for both backends.) A
+caller cancelled while its function runs is woken at once; the function
+still runs to its end on the worker, and the next call queues behind it, so
+nothing half-done is ever observed.
 """
 
 from __future__ import annotations
@@ -12,33 +17,26 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar, final
 
-import aiosqlite
 import anyio
 
 from warmenv._errors import ClosedError, WarmenvError
+from warmenv._sqlite import _worker
 from warmenv._sqlite._here import Readers
 from warmenv._sqlite._loop import asyncio_loop_label, foreign_loop_error
 
 T = TypeVar("T")
 
-if not hasattr(aiosqlite.Connection, "_execute"):  # pragma: no cover - version guard
-    raise ImportError(
-        f"aiosqlite {getattr(aiosqlite, '__version__', '?')} lacks Connection._execute, "
-        "which warmenv needs to run a transaction in one hop; install aiosqlite>=0.20"
-    )
-
 
 @final
-class AiosqliteConnection:
-    __slots__ = ("_aio", "_database", "_loop", "_opened_on", "_raw", "_readers")
+class AsyncioConnection:
+    __slots__ = ("_database", "_jobs", "_loop", "_opened_on", "_raw", "_readers")
 
-    def __init__(
-        self, aio: aiosqlite.Connection, raw: sqlite3.Connection, database: str, readers: Readers
-    ) -> None:
-        self._aio = aio
-        self._raw: sqlite3.Connection | None = raw
+    def __init__(self, jobs: _worker.Jobs, database: str, readers: Readers) -> None:
+        self._jobs = jobs
+        self._raw: sqlite3.Connection | None = None
         self._readers = readers
         self._loop = asyncio.get_running_loop()
         self._opened_on = asyncio_loop_label(self._loop)
@@ -47,34 +45,82 @@ class AiosqliteConnection:
     @classmethod
     async def open(
         cls, connector: Callable[[], sqlite3.Connection], database: str
-    ) -> AiosqliteConnection:
-        aio = aiosqlite.Connection(connector, iter_chunk_size=64)
-        await aio
-        raw: sqlite3.Connection = aio._conn
-        return cls(aio, raw, database, Readers(connector, database))
+    ) -> AsyncioConnection:
+        self = cls(_worker.start(), database, Readers(connector, database))
+        try:
+            self._raw = await self._call(connector)
+        except BaseException:
+            _worker.stop(self._jobs)
+            raise
+        return self
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         raw = self._raw
         if raw is None:
             raise ClosedError("this SQLite connection is closed; open the environment again")
-        if asyncio._get_running_loop() is not self._loop:
-            raise self._foreign()
-        execute: Any = self._aio._execute
-        result: T = await execute(fn, raw)
-        return result
+        self._check_loop()
+        return await self._call(partial(fn, raw))
 
     def run_here(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return self._readers.run(fn)
 
     async def close(self) -> None:
-        if self._raw is None:
+        raw = self._raw
+        if raw is None:
             return
-        if asyncio._get_running_loop() is not self._loop:
-            raise self._foreign()
+        self._check_loop()
         self._raw = None
         self._readers.close()
         with anyio.CancelScope(shield=True):
-            await self._aio.close()
+            try:
+                await self._call(raw.close)
+            finally:
+                _worker.stop(self._jobs)
+
+    def _check_loop(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no asyncio loop in this thread (trio, or none)
+            raise self._foreign() from None
+        if loop is not self._loop:
+            raise self._foreign()
 
     def _foreign(self) -> WarmenvError:
         return foreign_loop_error(self._database, self._opened_on)
+
+    async def _call(self, thunk: Callable[[], T]) -> T:
+        loop = self._loop
+        future: asyncio.Future[T] = loop.create_future()
+
+        def job() -> None:
+            try:
+                result = thunk()
+            except BaseException as exc:  # delivered to the caller, who decides
+                _deliver(loop, future, _set_exception, exc)
+            else:
+                _deliver(loop, future, _set_result, result)
+
+        self._jobs.put(job)
+        return await future
+
+
+def _deliver(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[Any],
+    setter: Callable[[asyncio.Future[Any], Any], None],
+    value: object,
+) -> None:
+    try:
+        loop.call_soon_threadsafe(setter, future, value)
+    except RuntimeError:  # the loop is closed: nobody waits for the result
+        pass
+
+
+def _set_result(future: asyncio.Future[Any], result: object) -> None:
+    if not future.done():  # a cancelled caller left
+        future.set_result(result)
+
+
+def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)

@@ -37,9 +37,10 @@ def trio_run_label(token: object) -> str:
 
 def current_label() -> str:
     """The event loop running in this thread, described as `*_label` do."""
-    loop = asyncio._get_running_loop()
-    if loop is not None:
-        return asyncio_loop_label(loop)
+    try:
+        return asyncio_loop_label(asyncio.get_running_loop())
+    except RuntimeError:  # no asyncio loop in this thread
+        pass
     trio = sys.modules.get("trio")
     if trio is not None:
         try:

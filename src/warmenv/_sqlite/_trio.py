@@ -1,6 +1,6 @@
 """The trio side of the seam: one dedicated worker thread per connection.
 
-The worker runs submitted functions in order and hands each result back
+The worker (`_worker`) runs submitted functions in order and hands each result back
 through the trio token, so a call costs one thread hop and no
 `to_thread.run_sync` set-up. A caller cancelled while its function runs is
 woken at once; the function still runs to its end on the worker, and the
@@ -10,10 +10,8 @@ next call queues behind it, so nothing half-done is ever observed.
 from __future__ import annotations
 
 import sqlite3
-import threading
 from collections.abc import Callable
 from functools import partial
-from queue import SimpleQueue
 from typing import Any, TypeVar, final
 
 import anyio
@@ -21,23 +19,18 @@ import outcome
 import trio
 
 from warmenv._errors import ClosedError, WarmenvError
+from warmenv._sqlite import _worker
 from warmenv._sqlite._here import Readers
 from warmenv._sqlite._loop import foreign_loop_error, trio_run_label
 
 T = TypeVar("T")
-_Job = Callable[[], None] | None
-
-
-def _worker(jobs: SimpleQueue[_Job]) -> None:
-    while (job := jobs.get()) is not None:
-        job()
 
 
 @final
 class TrioConnection:
     __slots__ = ("_database", "_jobs", "_opened_on", "_raw", "_readers", "_token")
 
-    def __init__(self, jobs: SimpleQueue[_Job], database: str, readers: Readers) -> None:
+    def __init__(self, jobs: _worker.Jobs, database: str, readers: Readers) -> None:
         self._jobs = jobs
         self._raw: sqlite3.Connection | None = None
         self._readers = readers
@@ -49,13 +42,11 @@ class TrioConnection:
     async def open(
         cls, connector: Callable[[], sqlite3.Connection], database: str
     ) -> TrioConnection:
-        jobs: SimpleQueue[_Job] = SimpleQueue()
-        self = cls(jobs, database, Readers(connector, database))
-        threading.Thread(target=_worker, args=(jobs,), name="warmenv-sqlite", daemon=True).start()
+        self = cls(_worker.start(), database, Readers(connector, database))
         try:
             self._raw = await self._call(connector, self._token)
         except BaseException:
-            jobs.put(None)
+            _worker.stop(self._jobs)
             raise
         return self
 
@@ -91,7 +82,7 @@ class TrioConnection:
             try:
                 await self._call(raw.close, token)
             finally:
-                self._jobs.put(None)
+                _worker.stop(self._jobs)
 
     def _foreign(self) -> WarmenvError:
         return foreign_loop_error(self._database, self._opened_on)

@@ -22,7 +22,7 @@ import attrs
 from warmenv._errors import ClosedError
 from warmenv.blocking._loop import LoopThread, refuse_event_loop_thread, shared_loop
 from warmenv.blocking._store import BlockingStore
-from warmenv.environment import Environment
+from warmenv.environment import Degraded, Environment
 from warmenv.environment import open_environment as _open_async
 from warmenv.persistence.codec import Codec
 from warmenv.persistence.explain import Explanation
@@ -127,6 +127,11 @@ class BlockingEnvironment:
     def read_only(self) -> bool:
         """Whether writes fail because the database could only be opened read-only."""
         return self._env.read_only
+
+    @property
+    def degraded(self) -> Degraded | None:
+        """Why this environment is not its file opened read-write (`Environment.degraded`)."""
+        return self._env.degraded
 
     @property
     def max_bytes(self) -> int | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -114,19 +113,6 @@ async def _no_environment(path: Path) -> str:
     return f"no environment {path.stem!r} in {path.parent} ({there})"
 
 
-def _library_note(path: Path, note: str) -> str:
-    """The library's warning on falling back to memory for `path`, reworded as a reason.
-
-    Matched on the path itself: the reason may hold parentheses of its own.
-    """
-    found = re.fullmatch(
-        rf"environment '.*?': cannot use {re.escape(str(path))} \((.*)\); keeping .*",
-        note,
-        re.DOTALL,
-    )
-    return note if found is None else f"{path} cannot be used ({found[1]})"
-
-
 def _kind(path: Path) -> str:
     """What kind of file `path` is, in words, for one that is not a regular file."""
     try:
@@ -156,8 +142,10 @@ def _cannot_use(env: Environment, notes: list[str], write: bool) -> str:
         why = f"{path} is not {'writable' if write else 'readable'} by this user"
     elif env.read_only:
         why = f"{path} can only be opened read-only (its directory is not writable)"
+    elif env.degraded is not None:
+        why = f"{path} cannot be used ({env.degraded.reason})"
     elif notes:
-        why = _library_note(path, notes[-1])
+        why = notes[-1]
     else:
         why = f"{path} cannot be opened"
     if env.in_memory and write:

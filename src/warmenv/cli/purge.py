@@ -21,7 +21,6 @@ from warmenv.cli._format import plural
 from warmenv.cli._options import add_namespace_option, namespace_prefixes, no_match, text_argument
 from warmenv.cli._output import Output, ask
 from warmenv.persistence.namespace import matches_any
-from warmenv.persistence.sqlite.schema import namespace_addressable
 from warmenv.persistence.statistics import BundleStatistics
 from warmenv.persistence.storage import Failed
 
@@ -55,8 +54,8 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         matching = [s for s in await env.namespaces() if matches_any(s.namespace, prefixes)]
         # A namespace that is not UTF-8 text (something else wrote it) is no store's to
         # purge: it is named and left, before anything is deleted.
-        doomed = [s for s in matching if namespace_addressable(s.namespace)]
-        left = [s for s in matching if not namespace_addressable(s.namespace)]
+        doomed = [s for s in matching if s.addressable]
+        left = [s for s in matching if not s.addressable]
         kept = (
             f"left {plural(len(left), 'namespace')} that "
             f"{'is' if len(left) == 1 else 'are'} not UTF-8 text"

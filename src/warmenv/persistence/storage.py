@@ -39,6 +39,7 @@ __all__ = [
     "Purged",
     "Storage",
     "Stored",
+    "addressable",
     "may_replace",
 ]
 
@@ -158,6 +159,33 @@ class NamespaceSummary:
     namespace: str
     entries: int
     bytes: int
+    text: bool = True
+    """Whether the namespace is stored as text, as every store writes it. False for
+    rows something else wrote with a namespace of another SQLite type (a BLOB, an
+    INTEGER, REAL or NULL): `namespace` then shows its content and its type,
+    `app/1/k <BLOB>` (`<NULL>` alone), for display only."""
+
+    @property
+    def addressable(self) -> bool:
+        """Whether a store can address this namespace (`addressable`)."""
+        return addressable(self.namespace, text=self.text)
+
+
+def addressable(namespace: str, *, text: bool) -> bool:
+    """Whether a namespace read from a file is one a store can address: non-empty UTF-8 text.
+
+    False for a value of another SQLite type (`text` False), for text that is
+    not UTF-8 (read with surrogates), and for the empty string (`Namespace.raw`
+    refuses it): their rows are listed, left out of exports, and left alone by
+    what works namespace by namespace (purge, gc's keep_versions).
+    """
+    if not text or not namespace:
+        return False
+    try:
+        namespace.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 InsertItems: TypeAlias = Iterable[tuple[bytes, bytes]] | AsyncIterable[tuple[bytes, bytes]]

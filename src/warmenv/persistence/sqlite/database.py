@@ -12,6 +12,7 @@ connection's worker (`schema`, `statistics`, `eviction`, `bulk`).
 
 from __future__ import annotations
 
+import enum
 import errno
 import logging
 import sqlite3
@@ -23,6 +24,7 @@ from typing import TypeVar, final
 
 import anyio
 import anyio.to_thread
+import attrs
 
 from warmenv import _sqlite
 from warmenv._errors import WarmenvError, WarmenvWarning
@@ -31,6 +33,7 @@ from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.sqlite import bulk, eviction, schema, statistics, uris
 from warmenv.persistence.sqlite.bulk import BulkCopies, CopiedBatch
+from warmenv.persistence.sqlite.storage import SqliteStorage, SqlStorage
 from warmenv.persistence.statistics import START, Batch, Cursor, EnvironmentStatistics
 from warmenv.persistence.storage import (
     BundleRef,
@@ -44,17 +47,54 @@ from warmenv.persistence.storage import (
     wall_clock,
 )
 
-__all__ = ["SqliteDatabase", "open_database"]
+__all__ = ["Degraded", "Fallback", "SqliteDatabase", "open_database"]
 
 log = logging.getLogger("warmenv.storage")
 T = TypeVar("T")
 
 
+class Fallback(enum.Enum):
+    """What an environment fell back to when its file could not be opened read-write."""
+
+    READ_ONLY = "read-only"
+    """The file exists and is read (reads served, writes `Failed`)."""
+    MEMORY = "memory"
+    """The file cannot be used at all: entries live in memory for this process only."""
+
+
+@attrs.frozen
+class Degraded:
+    """Why an environment is not its file opened read-write: the fallback, and the cause."""
+
+    fallback: Fallback
+    reason: str
+    """What stood in the way, as the operating system or SQLite said it."""
+
+
+NamespaceStorage = Callable[["SqliteDatabase", str], SqlStorage]
+"""How a database hands out the storage of one of its namespaces."""
+
+
 @final
 class SqliteDatabase:
-    """One open environment database: the connection every namespace shares."""
+    """One open environment database: the connection every namespace shares.
 
-    __slots__ = ("_bulk", "connection", "path", "read_only", "version")
+    A file's, or one in memory (`warmenv.persistence.memory`): the same
+    tables, the same SQL. What differs is decided when it is opened: how its
+    namespaces describe themselves (`storage`), and that a database in memory
+    has no file to copy a bundle into in bulk or to vacuum.
+    """
+
+    __slots__ = (
+        "_bulk",
+        "_storage",
+        "connection",
+        "degraded",
+        "in_memory",
+        "path",
+        "read_only",
+        "version",
+    )
 
     def __init__(
         self,
@@ -63,13 +103,25 @@ class SqliteDatabase:
         *,
         read_only: bool,
         version: int = int(schema.ENVIRONMENT_VERSION),
+        in_memory: bool = False,
+        degraded: Degraded | None = None,
+        storage: NamespaceStorage = SqliteStorage,
     ) -> None:
         self.connection = connection
         self.path = path
         self.read_only = read_only
         self.version = version
         """The schema version read: 2, or 1 for a version-1 file that could not be upgraded."""
+        self.in_memory = in_memory
+        """Whether the database lives in process memory (nothing persists)."""
+        self.degraded = degraded
+        """Why this is not the file opened read-write (None: it is)."""
+        self._storage = storage
         self._bulk = BulkCopies()
+
+    def storage(self, namespace: str) -> SqlStorage:
+        """The storage of one namespace (its full string)."""
+        return self._storage(self, namespace)
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return await self.connection.run(fn)
@@ -79,11 +131,11 @@ class SqliteDatabase:
 
     async def namespaces(self) -> list[NamespaceSummary]:
         try:
-            rows = await self.run(statistics.namespaces)
+            rows: list[NamespaceSummary] = await self.run(statistics.namespaces)
         except sqlite3.Error as exc:
             log.warning("listing namespaces of %s failed: %s", self.path, exc)
             return []
-        return [NamespaceSummary(namespace=n, entries=c, bytes=b) for n, c, b in rows]
+        return rows
 
     def copy_from(
         self,
@@ -92,9 +144,15 @@ class SqliteDatabase:
         batch_size: int,
         *,
         bundle: BundleRef | None = None,
-    ) -> AsyncGenerator[CopiedBatch, None]:
+    ) -> AsyncGenerator[CopiedBatch, None] | None:
         """Copy the entries of the entry file `source` in, as IMPORTED, a batch at a time
-        (`BulkCopies.copy`: the caller must own `source`, a private verified snapshot)."""
+        (`BulkCopies.copy`: the caller must own `source`, a private verified snapshot).
+
+        `None` in memory: its calls run on the event loop's thread (`_sqlite._memory`),
+        where reading a bundle's file in SQLite would block the loop.
+        """
+        if self.in_memory:
+            return None
         return self._bulk.copy(self.run, self.path, source, prefixes, batch_size, bundle=bundle)
 
     async def insert_imported(
@@ -168,8 +226,11 @@ class SqliteDatabase:
     async def vacuum(self) -> tuple[int, int]:
         """Give the space of deleted entries back to the file system; sizes before and after.
 
-        Sizes are the database file plus its write-ahead log, in bytes.
+        Sizes are the database file plus its write-ahead log, in bytes; `(0, 0)`
+        in memory, which has no file.
         """
+        if self.in_memory:
+            return 0, 0
         if self.read_only:
             raise WarmenvError(
                 f"cannot vacuum {self.path}: it is open read-only; vacuum it where it is writable"
@@ -242,12 +303,13 @@ async def open_database(path: Path, *, create: bool = True) -> SqliteDatabase:
     if exists and not await anyio.to_thread.run_sync(uris.writable, path):
         # Never offered to a read-write open: SQLite would quietly open it
         # read-only, leave -wal and -shm files, and accept writes that all fail.
-        return await _open_readonly(path)
+        return await _open_readonly(path, f"{path} is not writable by this process")
     try:
         connection, prepared = await _sqlite.open_with(str(path), schema.prepare_writable)
-    except sqlite3.Error:
+    except sqlite3.Error as exc:
         if not exists:
             raise
+        why = f"opening {path} for writing failed: {exc}"
     else:
         if prepared.rebuilt_from is not None:
             warnings.warn(
@@ -265,10 +327,10 @@ async def open_database(path: Path, *, create: bool = True) -> SqliteDatabase:
                 schema.ENVIRONMENT_VERSION,
             )
         return SqliteDatabase(connection, path, read_only=False)
-    return await _open_readonly(path)
+    return await _open_readonly(path, why)
 
 
-async def _open_readonly(path: Path) -> SqliteDatabase:
+async def _open_readonly(path: Path, why: str) -> SqliteDatabase:
     """Open an environment that cannot be written (`uris.open_uris`; read-write failed)."""
     candidates = await anyio.to_thread.run_sync(partial(uris.open_uris, path, read_write=False))
     error: sqlite3.Error | None = None
@@ -278,6 +340,7 @@ async def _open_readonly(path: Path) -> SqliteDatabase:
         except sqlite3.Error as exc:
             error = exc
             continue
-        return SqliteDatabase(connection, path, read_only=True, version=version)
+        degraded = Degraded(Fallback.READ_ONLY, why)
+        return SqliteDatabase(connection, path, read_only=True, version=version, degraded=degraded)
     assert error is not None
     raise error

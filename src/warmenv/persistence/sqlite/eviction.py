@@ -15,7 +15,7 @@ from pathlib import Path
 
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.sqlite import schema
-from warmenv.persistence.storage import Origin
+from warmenv.persistence.storage import Origin, addressable
 
 __all__ = ["file_size", "gc", "purge_bundle", "touch", "vacuum"]
 
@@ -110,9 +110,7 @@ def _keep_versions(keep: int, upgraded_at: float, conn: sqlite3.Connection) -> i
         # Text only (the query's typeof): a text namespace ending like a tag
         # ('app/1/img <BLOB>', a store's own) has versions too; text that is not
         # UTF-8 (read with surrogates) is no store's.
-        try:
-            namespace.encode("utf-8")
-        except UnicodeEncodeError:
+        if not addressable(namespace, text=True):
             continue
         parsed = Namespace.raw(namespace)
         groups.setdefault((parsed.name, parsed.path), []).append((float(newest), namespace))

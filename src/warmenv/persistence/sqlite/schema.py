@@ -23,7 +23,7 @@ from typing import TypeVar
 
 import attrs
 
-from warmenv.persistence.storage import BundleRef, may_replace, wall_clock
+from warmenv.persistence.storage import BundleRef, NamespaceSummary, may_replace, wall_clock
 
 __all__ = [
     "CARRIED_COLUMNS",
@@ -48,8 +48,8 @@ __all__ = [
     "is_newer",
     "length_limit",
     "meta_value",
-    "namespace_addressable",
     "namespace_read",
+    "namespace_summaries",
     "namespace_totals",
     "prefix_sql",
     "prepare_readonly",
@@ -154,10 +154,6 @@ def well_typed(alias: str = "") -> str:
     )
 
 
-# The SQLite types a namespace can have besides text, as `namespace_read` tags them.
-_NOT_TEXT_TAGS = ("<BLOB>", "<INTEGER>", "<REAL>", "<NULL>")
-
-
 def namespace_read(column: str = "namespace") -> str:
     """How a namespace is read back from a file, as SQL, written once.
 
@@ -165,31 +161,15 @@ def namespace_read(column: str = "namespace") -> str:
     through `decode_text`). A value of another SQLite type (a row something
     else wrote: a BLOB, or an INTEGER, REAL or NULL where the column allows
     one) reads as its content as text followed by its type's tag, `app/1/k <BLOB>`
-    (`<NULL>` alone), so it is listed and shown where its text would be, never
-    mistaken for the text namespace a store addresses, and never compared with
-    one in Python (bytes against str).
+    (`<NULL>` alone), so it is listed and shown where its text would be and
+    never compared with one in Python (bytes against str). Whether it is text
+    is read beside it (`namespace_summaries`: `NamespaceSummary.text`), never
+    from the tag, which a text namespace may end with too.
     """
     return (
         f"iif(typeof({column}) = 'text', {column}, coalesce(CAST({column} AS TEXT) || ' ', '') "
         f"|| '<' || upper(typeof({column})) || '>')"
     )
-
-
-def namespace_addressable(namespace: str) -> bool:
-    """Whether a namespace read from a file is one a store can address: non-empty UTF-8 text.
-
-    False for text that is not UTF-8 (read with surrogates), for the empty
-    string (`Namespace.raw` refuses it), and for a value of another type
-    (tagged by `namespace_read`): their rows are listed, left out of exports,
-    and left alone by what works namespace by namespace (purge).
-    """
-    if not namespace or namespace.endswith(_NOT_TEXT_TAGS):
-        return False
-    try:
-        namespace.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def decode_text(raw: bytes) -> str:
@@ -468,12 +448,27 @@ def namespace_totals(
 
     Bytes are keys plus values, the one measure of size everywhere.
     """
+    summaries = namespace_summaries(conn, table=table, where=where, params=params)
+    return [(s.namespace, s.entries, s.bytes) for s in summaries]
+
+
+def namespace_summaries(
+    conn: sqlite3.Connection,
+    *,
+    table: str = "entries",
+    where: str = "1",
+    params: tuple[object, ...] | list[object] = (),
+) -> list[NamespaceSummary]:
+    """`namespace_totals` as summaries, each saying whether its namespace is text."""
     rows = conn.execute(
-        f"SELECT {namespace_read()}, count(*), {_TOTAL_BYTES} "
+        f"SELECT {namespace_read()}, count(*), {_TOTAL_BYTES}, typeof(namespace) = 'text' "
         f"FROM {table} WHERE {where} GROUP BY namespace ORDER BY namespace",
         params,
     )
-    return [(namespace, int(count), int(size)) for namespace, count, size in rows]
+    return [
+        NamespaceSummary(namespace=namespace, entries=int(count), bytes=int(size), text=bool(text))
+        for namespace, count, size, text in rows
+    ]
 
 
 def range_totals(

@@ -26,15 +26,15 @@ from warmenv.persistence.statistics import (
     assemble,
     cut,
 )
-from warmenv.persistence.storage import Origin
+from warmenv.persistence.storage import NamespaceSummary, Origin, addressable
 
 __all__ = ["explain_miss", "flush", "namespaces", "read"]
 
 
-def namespaces(conn: sqlite3.Connection) -> list[tuple[str, int, int]]:
-    """(namespace, entries, bytes) of every namespace, one not UTF-8 text included."""
+def namespaces(conn: sqlite3.Connection) -> list[NamespaceSummary]:
+    """Every namespace's summary, one not UTF-8 text (or not text at all) included."""
     with schema.foreign_text(conn):
-        return schema.namespace_totals(conn)
+        return schema.namespace_summaries(conn)
 
 
 # A slice of a batch goes into SQLite as two temporary tables: a row per namespace (its
@@ -241,10 +241,12 @@ def explain_miss(namespace: str, key: bytes | None, conn: sqlite3.Connection) ->
     # value, where sizes (as `namespaces()` gives) would read every row. A
     # namespace that is not UTF-8 text (written by something else) is listed too.
     with schema.foreign_text(conn):
-        counts = conn.execute(
-            f"SELECT {schema.namespace_read()}, count(*) FROM entries "
-            "GROUP BY namespace ORDER BY namespace"
+        rows = conn.execute(
+            f"SELECT {schema.namespace_read()}, count(*), typeof(namespace) = 'text' "
+            "FROM entries GROUP BY namespace ORDER BY namespace"
         ).fetchall()
+    counts = [(n, c) for n, c, _ in rows]
+    reachable = {n for n, _, text in rows if addressable(n, text=bool(text))}
 
     def holding(namespaces: list[str], key: bytes) -> set[str]:
         # One indexed lookup per namespace (the primary key is (namespace, key));
@@ -253,8 +255,7 @@ def explain_miss(namespace: str, key: bytes | None, conn: sqlite3.Connection) ->
         return {
             n
             for n in namespaces
-            if schema.namespace_addressable(n)
-            and conn.execute(lookup, (n, key)).fetchone() is not None
+            if n in reachable and conn.execute(lookup, (n, key)).fetchone() is not None
         }
 
     return explain(counts, namespace, key, holding)

@@ -47,7 +47,7 @@ from warmenv.persistence.storage import (
 if TYPE_CHECKING:
     from warmenv.persistence.sqlite.database import SqliteDatabase
 
-__all__ = ["INSERT", "SqliteStorage"]
+__all__ = ["INSERT", "SqlStorage", "SqliteStorage"]
 
 log = logging.getLogger("warmenv.storage")
 
@@ -60,9 +60,13 @@ _REPLACE = (
 )
 
 
-@final
-class SqliteStorage(Storage):
-    """One namespace of an environment database."""
+class SqlStorage(Storage):
+    """One namespace of an environment's database, in a file or in memory.
+
+    The one implementation of the `Storage` contract over SQL: `SqliteStorage`
+    (a file) and `MemoryStorage` (`warmenv.persistence.memory`) differ only in
+    where their database lives and how they describe themselves.
+    """
 
     __slots__ = ("_db", "_namespace")
 
@@ -81,13 +85,6 @@ class SqliteStorage(Storage):
         except sqlite3.Error as exc:
             log.warning("read of %s failed, treated as a miss: %s", self.describe(), exc)
             return None
-
-    def get_blocking(self, key: bytes) -> bytes | None:
-        check_key(key)
-        try:
-            return self._db.connection.run_here(partial(schema.value_of, self._namespace, key))
-        except sqlite3.Error:
-            return None  # `get` reads again, and logs if it fails too
 
     async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
         wanted = [check_key(k) for k in keys]
@@ -219,10 +216,6 @@ class SqliteStorage(Storage):
             entries, size = 0, 0
         return NamespaceSummary(namespace=self._namespace, entries=entries, bytes=size)
 
-    def describe(self) -> str:
-        mode = " (read-only)" if self._db.read_only else ""
-        return f"SQLite {self._db.path}{mode} [{self._namespace}]"
-
     async def explain(self, key: bytes | None = None) -> Explanation:
         return await self._db.explain(self._namespace, None if key is None else check_key(key))
 
@@ -236,6 +229,24 @@ class SqliteStorage(Storage):
         reason = f"{operation} on {self.describe()} failed: {exc}"
         log.warning("%s", reason)
         return Failed(reason)
+
+
+@final
+class SqliteStorage(SqlStorage):
+    """One namespace of an environment's database file."""
+
+    __slots__ = ()
+
+    def get_blocking(self, key: bytes) -> bytes | None:
+        check_key(key)
+        try:
+            return self._db.connection.run_here(partial(schema.value_of, self._namespace, key))
+        except sqlite3.Error:
+            return None  # `get` reads again, and logs if it fails too
+
+    def describe(self) -> str:
+        mode = " (read-only)" if self._db.read_only else ""
+        return f"SQLite {self._db.path}{mode} [{self._namespace}]"
 
 
 class _Counter:
