@@ -93,9 +93,17 @@ def fuzz(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    session.install("ruff>=0.6")
+    """Style, and the house's own rules (docs/architecture.md).
+
+    ruff (with SLF001: no reach-ins into private names), import-linter's
+    contracts in pyproject.toml (the layers, the forbidden imports, no cycles),
+    and tests/test_architecture.py (module size, each rule written once).
+    """
+    session.install("-e", ".[test]", "ruff>=0.6")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("lint-imports")
+    session.run("pytest", "-p", "no:cacheprovider", "tests/test_architecture.py")
 
 
 @nox.session(python=PYTHON)
