@@ -39,15 +39,14 @@ OPEN: dict[str, set[str]] = {
         "warmenv.persistence.explain -> warmenv.persistence.storage -> warmenv.persistence.explain",
         "warmenv.persistence.sqlite.bulk -> warmenv.persistence.sqlite.storage -> "
         "warmenv.persistence.sqlite.database -> warmenv.persistence.sqlite.bulk",
+        "warmenv.persistence.sqlite.database -> warmenv.persistence.sqlite.storage -> "
+        "warmenv.persistence.sqlite.database",
     },
     "a UTF-8 check (use warmenv._text.is_utf8)": {
         "warmenv.bundle.sqlite.sources",
-        "warmenv.persistence.sqlite.eviction",
-        "warmenv.persistence.sqlite.schema",
+        "warmenv.persistence.storage",
     },
-    "eviction (size bound, keep_versions)": {"warmenv.persistence.memory"},
     "may_replace()": {"warmenv.bundle.base", "warmenv.bundle.sqlite.bundle"},
-    "loop detection": {"warmenv._sqlite._asyncio", "warmenv._sqlite._loop"},
 }
 
 
