@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, NoReturn, Protocol, TypeAlias
 
 import attrs
 
+from warmenv._text import is_utf8
+
 if TYPE_CHECKING:  # explain.py builds on this module
     from warmenv.persistence.explain import Explanation
 
@@ -179,13 +181,7 @@ def addressable(namespace: str, *, text: bool) -> bool:
     refuses it): their rows are listed, left out of exports, and left alone by
     what works namespace by namespace (purge, gc's keep_versions).
     """
-    if not text or not namespace:
-        return False
-    try:
-        namespace.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return text and bool(namespace) and is_utf8(namespace)
 
 
 InsertItems: TypeAlias = Iterable[tuple[bytes, bytes]] | AsyncIterable[tuple[bytes, bytes]]

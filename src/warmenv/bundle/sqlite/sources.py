@@ -20,6 +20,7 @@ from typing import Any, final
 
 import attrs
 
+from warmenv._text import is_utf8
 from warmenv.bundle.base import CarriedRow
 from warmenv.bundle.errors import InvalidSourceError
 from warmenv.bundle.sqlite import schema as bundle_schema
@@ -174,7 +175,7 @@ class Exportable:
                     f"SELECT DISTINCT CAST(namespace AS BLOB) FROM {table} "
                     "WHERE typeof(namespace) = 'text'"
                 )
-                if not raw or not _is_utf8(bytes(raw))
+                if not raw or not is_utf8(bytes(raw))
             }
         )
         where = f"{schema.well_typed()} AND {matches}"
@@ -197,11 +198,3 @@ def carried_columns(conn: sqlite3.Connection, database: str = "main") -> str:
     values, or NULL from a version-1 environment, which has no such columns."""
     names = {name for name, _ in schema.entry_columns(conn, database)}
     return bundle_schema.CARRIED_READ if {"written_at", "cost"} <= names else "NULL, NULL"
-
-
-def _is_utf8(raw: bytes) -> bool:
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
