@@ -219,12 +219,6 @@ class SqlStorage(Storage):
     async def explain(self, key: bytes | None = None) -> Explanation:
         return await self._db.explain(self._namespace, None if key is None else check_key(key))
 
-    async def origin_of(self, key: bytes) -> Origin | None:
-        """The origin of the stored value, or `None` (for tests and diagnostics)."""
-        check_key(key)
-        found = await self._db.run(partial(_origin, self._namespace, key))
-        return None if found is None else Origin(found)
-
     def _failed(self, operation: str, exc: sqlite3.Error) -> Failed:
         reason = f"{operation} on {self.describe()} failed: {exc}"
         log.warning("%s", reason)
