@@ -291,6 +291,31 @@ async def test_a_target_other_users_can_write_is_refused(env: Environment, tmp_p
         await warmenv.caches.restore(env, TREE, target)
 
 
+async def test_a_target_under_a_directory_other_users_can_write_is_refused(
+    env: Environment, tmp_path: Path
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    await env.storage(TREE.namespace).insert_many([(b"k/one", b"1")])
+    with pytest.raises(UnsafeTargetError, match="chmod go-w"):
+        await warmenv.caches.restore(env, TREE, shared / "mine" / "cache")
+    assert list(shared.iterdir()) == []
+
+
+async def test_a_symlinked_target_into_a_directory_other_users_can_write_is_refused(
+    env: Environment, tmp_path: Path
+) -> None:
+    shared = tmp_path / "shared"
+    (shared / "cache").mkdir(parents=True)
+    shared.chmod(0o777)
+    (tmp_path / "cache").symlink_to(shared / "cache")
+    await env.storage(TREE.namespace).insert_many([(b"k/one", b"1")])
+    with pytest.raises(UnsafeTargetError, match="chmod go-w"):
+        await warmenv.caches.restore(env, TREE, tmp_path / "cache")
+    assert list((shared / "cache").iterdir()) == []
+
+
 _AS_ANOTHER_USER = textwrap.dedent(
     """
     import json, os, stat, sys, anyio
