@@ -36,7 +36,6 @@ MAX_LINES = 700
 OPEN: dict[str, set[str]] = {
     "size": {"warmenv/bundle/flat.py"},
     "cycles": {
-        "warmenv.persistence.explain -> warmenv.persistence.storage -> warmenv.persistence.explain",
         "warmenv.persistence.sqlite.bulk -> warmenv.persistence.sqlite.storage -> "
         "warmenv.persistence.sqlite.database -> warmenv.persistence.sqlite.bulk",
         "warmenv.persistence.sqlite.database -> warmenv.persistence.sqlite.storage -> "

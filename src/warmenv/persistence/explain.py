@@ -19,6 +19,10 @@ namespaces are near, in which order, and how it reads.
 INFO) the first time a namespace misses in this process; the store calls
 `explain_first_miss` on each miss, which returns at once unless the variable
 is set.
+
+This module sits a floor below `warmenv.persistence.storage`, whose protocol
+returns an `Explanation`: it imports nothing of the storage, and the miss hook
+is handed the storage's two methods it calls, not the storage.
 """
 
 from __future__ import annotations
@@ -26,14 +30,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Final
 
 import attrs
 
 from warmenv.persistence.codec import JsonCodec
 from warmenv.persistence.namespace import Namespace
-from warmenv.persistence.storage import Storage
 
 __all__ = ["Explanation", "Nearby", "explain", "explain_first_miss", "stored_key"]
 
@@ -221,23 +224,29 @@ _explained: set[str] = set()
 _explained_lock = threading.Lock()
 
 
-async def explain_first_miss(storage: Storage, key: bytes) -> None:
-    """Log why `key` missed in `storage`'s namespace, the first time it misses.
+async def explain_first_miss(
+    describe: Callable[[], str],
+    explaining: Callable[[bytes], Awaitable[Explanation | None]],
+    key: bytes,
+) -> None:
+    """Log why `key` missed in a storage's namespace, the first time it misses.
 
-    Does nothing unless `WARMENV_EXPLAIN_MISSES=1`. Never raises: a failure to
-    explain must not turn a miss into an error. A storage that cannot explain
-    itself (`Storage.explain` gives `None`: one of the application's own) is
-    not logged.
+    `describe` and `explaining` are the storage's `Storage.describe` and
+    `Storage.explain`, called only when the log is on. Does nothing unless
+    `WARMENV_EXPLAIN_MISSES=1`. Never raises: a failure to explain must not
+    turn a miss into an error. A storage that cannot explain itself
+    (`Storage.explain` gives `None`: one of the application's own) is not
+    logged.
     """
     if os.environ.get(_VARIABLE) != "1" or not log.isEnabledFor(logging.INFO):
         return
-    where = storage.describe()
+    where = describe()
     with _explained_lock:
         if where in _explained:
             return
         _explained.add(where)
     try:
-        explanation = await storage.explain(key)
+        explanation = await explaining(key)
     except Exception as exc:
         log.debug("cannot explain the miss in %s: %s", where, exc)
         return

@@ -419,7 +419,7 @@ class Store(Generic[K, V]):
         epoch = self._epoch
         data = await self._storage.get(encoded)
         if data is None:
-            await explain_first_miss(self._storage, encoded)
+            await explain_first_miss(self._storage.describe, self._storage.explain, encoded)
         held = self._held.lookup(self._held.memo(encoded))
         if held is not ABSENT or epoch != self._epoch:
             # An insert or purge here overtook the read: it is newer than what was read.
