@@ -25,7 +25,7 @@ from warmenv.bundle import (
     importing,
     open_bundle,
 )
-from warmenv.bundle import flat as flat_module
+from warmenv.bundle.flat import bundle as flat_module
 from warmenv.bundle.sqlite import file as files
 
 pytestmark = pytest.mark.anyio

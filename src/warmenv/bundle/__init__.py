@@ -42,7 +42,7 @@ from warmenv.bundle.exporting import (
     export_bundle,
     exporting,
 )
-from warmenv.bundle.flat import FlatBundle
+from warmenv.bundle.flat.bundle import FlatBundle
 from warmenv.bundle.importing import ImportProgress, import_bundle, importing
 from warmenv.bundle.manifest import BundleManifest, EnvironmentInfo
 from warmenv.bundle.open import open_bundle

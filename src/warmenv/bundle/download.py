@@ -40,7 +40,7 @@ from warmenv._errors import WarmenvError
 from warmenv._url import redact
 from warmenv.bundle import _files
 from warmenv.bundle.events import Downloading
-from warmenv.bundle.flat import FlatBundle
+from warmenv.bundle.flat.bundle import FlatBundle
 from warmenv.bundle.formats import sniff
 from warmenv.bundle.manifest import BundleManifest
 from warmenv.bundle.open import open_private_file

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TypeAlias
 
 from warmenv.bundle.base import BundleFormat
-from warmenv.bundle.flat import FLAT, FlatFormat
+from warmenv.bundle.flat.bundle import FLAT, FlatFormat
 from warmenv.bundle.sqlite.bundle import SQLITE, SqliteFormat
 
 __all__ = ["FORMATS", "AnyFormat", "of", "sniff"]

@@ -20,7 +20,7 @@ import anyio.to_thread
 from warmenv.bundle import _files
 from warmenv.bundle.base import BundleOpener
 from warmenv.bundle.errors import NotABundleError
-from warmenv.bundle.flat import FlatBundle
+from warmenv.bundle.flat.bundle import FlatBundle
 from warmenv.bundle.formats import AnyFormat, sniff
 from warmenv.bundle.sqlite.bundle import SqliteBundle
 

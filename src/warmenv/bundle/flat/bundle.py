@@ -1,12 +1,4 @@
-"""The flat bundle: one blob read in place, for readers in any language.
-
-Layout (all integers little-endian u32; docs/bundle-format.md has the
-details): magic `WARMENV\\x01`, format version, manifest length and JSON,
-namespace count and sorted (length, UTF-8) names, entry count and sorted
-20-byte index entries (namespace id, key offset, key length, value offset,
-value length; offsets relative to the data section), in format 2 then 16
-bytes per entry of what it carries (f64 written_at, f64 cost, NaN: unknown),
-then the data.
+"""The flat bundle's reader: one blob read in place, validated once at open.
 
 Everything is validated once, at open: every length is checked against the
 bytes that remain before anything is allocated for it, every offset against
@@ -16,21 +8,25 @@ check at open: a value out of range is read as unknown (`carried.unpack`),
 and the digest covers the bytes as they are. Format 2 is what export writes
 by default; format 1 (no carried bytes) is still read, and written on request
 for readers that know no other (warmenv 0.1).
+
+`FlatFormat` is the format's entry in the registry (`warmenv.bundle.formats`):
+opening a file in place or as a private copy, reading the header of a
+download's first range, and handing export its writer
+(`warmenv.bundle.flat.staging`). The layout both read is
+`warmenv.bundle.flat.layout`.
 """
 
 from __future__ import annotations
 
 import array
 import bisect
-import contextlib
 import mmap
 import os
-import struct
 import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
 from functools import partial
 from pathlib import Path
-from typing import BinaryIO, ClassVar, TypeVar, final
+from typing import ClassVar, TypeVar, final
 
 import anyio
 import anyio.to_thread
@@ -42,20 +38,23 @@ from warmenv.bundle.base import (
     BundleFormat,
     BundleOpener,
     BundleReader,
-    CarriedRow,
     FileFormat,
-    PackedRow,
     check_namespace_names,
 )
 from warmenv.bundle.errors import (
-    BundleTooLargeError,
     CorruptBundleError,
     InvalidManifestError,
     NotABundleError,
     UnsupportedSchemaError,
 )
+from warmenv.bundle.flat.layout import (
+    CARRIED_SIZE,
+    FLAT_MAGIC,
+    U32,
+    check_format_version,
+)
+from warmenv.bundle.flat.staging import FlatStaging
 from warmenv.bundle.manifest import (
-    DIGEST_PLACEHOLDER,
     BackgroundDigest,
     BundleManifest,
     check_manifest_size,
@@ -65,25 +64,10 @@ from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import NamespaceSummary, check_batch_size, check_key
 
-__all__ = [
-    "FLAT",
-    "FLAT_MAGIC",
-    "FlatBundle",
-    "FlatFormat",
-    "FlatStaging",
-    "FlatWriter",
-    "check_format_version",
-]
+__all__ = ["FLAT", "FlatBundle", "FlatFormat", "map_file", "map_private"]
 
 T = TypeVar("T")
 
-FLAT_MAGIC = b"WARMENV\x01"
-FORMAT_VERSION = 2
-"""The version export writes by default; every version up to it is read (and written)."""
-_CARRIED_SIZE = {1: 0, 2: 16}  # bytes each entry carries, per format version
-_U32 = struct.Struct("<I")
-_ENTRY = struct.Struct("<IIIII")
-_MAX_U32 = 0xFFFFFFFF
 _FENCE = 8  # one key in this many is kept for the first, coarse search
 _CANCEL_EVERY = 32  # lookups between checks for cancellation
 _FORGET_EVERY = 4096  # entries between releases of mapped pages already read
@@ -102,7 +86,7 @@ class _Reader:
         self.source = source
 
     def u32(self, what: str) -> int:
-        return _U32.unpack(self.take(4, what))[0]  # type: ignore[no-any-return]
+        return U32.unpack(self.take(4, what))[0]  # type: ignore[no-any-return]
 
     def take(self, size: int, what: str) -> memoryview:
         end = self.pos + size
@@ -114,15 +98,6 @@ class _Reader:
         chunk = self.data[self.pos : end]
         self.pos = end
         return chunk
-
-
-def check_format_version(version: int, source: str) -> None:
-    """`UnsupportedSchemaError` unless this warmenv reads flat format `version`."""
-    if version not in _CARRIED_SIZE:
-        raise UnsupportedSchemaError(
-            f"{source}: flat format version {version} is not supported "
-            f"(this warmenv reads versions 1 to {FORMAT_VERSION}); upgrade warmenv"
-        )
 
 
 @final
@@ -358,7 +333,7 @@ class FlatBundle(BundleReader, Bundle):
             return
         index_upto = self._index_at + position * 20
         carried_at = self._base if self._carried_at is None else self._carried_at
-        carried_upto = carried_at + position * _CARRIED_SIZE[self._version]
+        carried_upto = carried_at + position * CARRIED_SIZE[self._version]
         # Clamped: validation calls this before it has checked the offset.
         data_upto = min(self._base + self._words[position * 5 + 1], len(blob))
         regions = (
@@ -429,7 +404,7 @@ class FlatBundle(BundleReader, Bundle):
             previous = raw
         check_namespace_names(names, self._source)
         entry_count = reader.u32("the entry count")
-        entry_size = 20 + _CARRIED_SIZE[version]
+        entry_size = 20 + CARRIED_SIZE[version]
         if entry_count * entry_size > len(data) - reader.pos:
             raise CorruptBundleError(
                 f"{self._source}: header claims {entry_count} entries, more than the file holds"
@@ -606,166 +581,6 @@ class FlatFormat(FileFormat[FlatBundle]):
 
 
 FLAT = FlatFormat()
-
-
-@final
-class FlatStaging:
-    """A flat bundle being written to a staging file, for export (`FlatFormat.writer`)."""
-
-    __slots__ = ("_file", "_writer")
-
-    def __init__(
-        self,
-        path: Path,
-        manifest: BundleManifest,
-        totals: dict[str, tuple[int, int]],
-        *,
-        format_version: int,
-    ) -> None:
-        self._file: BinaryIO | None = open(path, "wb+")
-        try:
-            self._writer = FlatWriter(
-                self._file,
-                manifest,
-                sorted(totals),
-                sum(entries for entries, _ in totals.values()),
-                sum(size for _, size in totals.values()),
-                format_version=format_version,
-            )
-        except BaseException:
-            self.close()
-            raise
-
-    def add(self, rows: list[CarriedRow], packed: list[PackedRow]) -> None:
-        add = self._writer.add
-        for namespace, key, value, carrying in packed:
-            add(namespace, key, value, carrying)
-
-    def finish(self, manifest: BundleManifest) -> None:
-        self._writer.finish(manifest.digest)
-        handle = self._file
-        assert handle is not None, "the staging file is closed"
-        handle.flush()
-        os.fsync(handle.fileno())
-        handle.close()
-        self._file = None
-
-    def close(self) -> None:
-        handle, self._file = self._file, None
-        if handle is not None:
-            with contextlib.suppress(OSError):
-                handle.close()
-
-
-@final
-class FlatWriter:
-    """Writes a flat bundle whose shape (namespaces, entries, sizes) is known up front,
-    in format 2 (the default) or 1 (0.1's: version field 1, no carried records).
-
-    The index, the carried bytes and the data go to three positions of the
-    same file as entries arrive in sorted order, so nothing but the current
-    batch is in memory; the digest placeholder is overwritten once the last
-    entry is written.
-    """
-
-    __slots__ = (
-        "_carried_at",
-        "_carried_buffer",
-        "_carries",
-        "_data_at",
-        "_data_buffer",
-        "_data_pos",
-        "_digest_at",
-        "_file",
-        "_index_at",
-        "_index_buffer",
-        "_ns_ids",
-    )
-
-    _FLUSH_AT = 1 << 20
-
-    def __init__(
-        self,
-        file: BinaryIO,
-        manifest: BundleManifest,
-        namespaces: list[str],
-        entries: int,
-        data_bytes: int,
-        *,
-        format_version: int = FORMAT_VERSION,
-    ) -> None:
-        check_format_version(format_version, "a flat bundle to write")
-        carried_size = _CARRIED_SIZE[format_version]
-        if data_bytes > _MAX_U32 or entries > _MAX_U32 // (20 + carried_size):
-            raise BundleTooLargeError(
-                f"{entries} entries with {data_bytes} bytes of data do not fit a flat bundle "
-                "(4 GiB of data at most); export to the SQLite format instead"
-            )
-        manifest_json = manifest.to_json()
-        header = bytearray(FLAT_MAGIC)
-        header += _U32.pack(format_version)
-        header += _U32.pack(len(manifest_json))
-        self._digest_at = len(header) + manifest_json.index(manifest.digest.encode())
-        header += manifest_json
-        header += _U32.pack(len(namespaces))
-        for name in namespaces:
-            raw = name.encode("utf-8")
-            header += _U32.pack(len(raw)) + raw
-        header += _U32.pack(entries)
-        self._file = file
-        file.write(header)
-        file.flush()
-        self._index_at = len(header)
-        self._carried_at = self._index_at + entries * 20
-        self._data_at = self._carried_at + entries * carried_size
-        self._carries = carried_size > 0
-        self._data_pos = 0
-        self._index_buffer = bytearray()
-        self._carried_buffer = bytearray()
-        self._data_buffer = bytearray()
-        self._ns_ids = {name: i for i, name in enumerate(namespaces)}
-
-    def add(self, namespace: str, key: bytes, value: bytes, carrying: bytes) -> None:
-        """Append one entry (in sorted order) with its 16 carried bytes (`carried.pack`),
-        which format 1 has no place for and leaves out."""
-        k_off = self._data_pos + len(self._data_buffer)
-        v_off = k_off + len(key)
-        self._index_buffer += _ENTRY.pack(
-            self._ns_ids[namespace], k_off, len(key), v_off, len(value)
-        )
-        if self._carries:
-            self._carried_buffer += carrying
-        self._data_buffer += key
-        self._data_buffer += value
-        if len(self._data_buffer) >= self._FLUSH_AT:
-            self._flush()
-
-    def _flush(self) -> None:
-        fd = self._file.fileno()
-        _pwrite_all(fd, self._index_buffer, self._index_at)
-        _pwrite_all(fd, self._carried_buffer, self._carried_at)
-        _pwrite_all(fd, self._data_buffer, self._data_at + self._data_pos)
-        self._index_at += len(self._index_buffer)
-        self._carried_at += len(self._carried_buffer)
-        self._data_pos += len(self._data_buffer)
-        self._index_buffer.clear()
-        self._carried_buffer.clear()
-        self._data_buffer.clear()
-
-    def finish(self, digest: str) -> None:
-        """Write what is buffered and the real digest over its placeholder."""
-        self._flush()
-        if len(digest) != len(DIGEST_PLACEHOLDER):
-            raise ValueError("digest of unexpected length")
-        _pwrite_all(self._file.fileno(), digest.encode(), self._digest_at)
-
-
-def _pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view = view[written:]
-        offset += written
 
 
 def _next_step(steps: Generator[int, None, str]) -> int | str:
