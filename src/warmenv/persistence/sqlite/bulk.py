@@ -25,7 +25,6 @@ import attrs
 from warmenv.persistence import carried
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.sqlite import schema, uris
-from warmenv.persistence.sqlite.storage import INSERT
 from warmenv.persistence.storage import BundleRef, Origin, check_bundle, wall_clock
 
 __all__ = ["BULK_CHECKPOINT_PAGES", "BulkCopies", "CopiedBatch", "insert_imported"]
@@ -130,7 +129,7 @@ def insert_imported(
             (namespace, key, value, origin, carried.as_of(written, now), cost, bundle_id)
             for key, value, written, cost in entries
         )
-        conn.executemany(INSERT, rows)
+        conn.executemany(schema.INSERT, rows)
         return conn.total_changes - before
 
     return schema.transaction(conn, body)

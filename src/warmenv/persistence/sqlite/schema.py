@@ -31,6 +31,7 @@ __all__ = [
     "ENVIRONMENT_COLUMNS",
     "ENVIRONMENT_VERSION",
     "HIT_GRANULARITY",
+    "INSERT",
     "META_DDL",
     "SCHEMA_VERSION",
     "STATISTICS_TABLES",
@@ -140,6 +141,8 @@ UPSERT = (
     "bundle = excluded.bundle "
     "WHERE warmenv_may_replace(entries.origin, excluded.origin)"
 )
+INSERT = UPSERT.format(table="entries", source="VALUES (?, ?, ?, ?, ?, ?, ?)")
+"""One row under the insert rule: a namespace's writes, an import's rows not copied in bulk."""
 
 
 class NewerSchemaError(sqlite3.DatabaseError):

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from functools import partial
-from typing import TYPE_CHECKING, final
+from pathlib import Path
+from typing import Protocol, TypeVar, final
 
+from warmenv import _sqlite
 from warmenv.persistence import carried
 from warmenv.persistence.explain import Explanation
 from warmenv.persistence.namespace import Namespace
@@ -44,20 +46,39 @@ from warmenv.persistence.storage import (
     wall_clock,
 )
 
-if TYPE_CHECKING:
-    from warmenv.persistence.sqlite.database import SqliteDatabase
-
-__all__ = ["INSERT", "SqlStorage", "SqliteStorage"]
+__all__ = ["Database", "SqlStorage", "SqliteStorage"]
 
 log = logging.getLogger("warmenv.storage")
 
+T = TypeVar("T")
+
 _GET_MANY_CHUNK = 500
-INSERT = schema.UPSERT.format(table="entries", source="VALUES (?, ?, ?, ?, ?, ?, ?)")
-"""One row under the insert rule (an import's rows too)."""
 _REPLACE = (
     "INSERT OR REPLACE INTO entries (namespace, key, value, origin, written_at, cost, bundle) "
     "VALUES (?, ?, ?, ?, ?, ?, NULL)"
 )
+
+
+class Database(Protocol):
+    """What a namespace's storage needs of the database it lives in.
+
+    `SqliteDatabase` (`warmenv.persistence.sqlite.database`) is the one
+    implementation; naming only this here keeps storage below the database
+    that hands its namespaces out.
+    """
+
+    @property
+    def connection(self) -> _sqlite.Connection: ...
+    @property
+    def path(self) -> Path: ...
+    @property
+    def read_only(self) -> bool: ...
+    @property
+    def version(self) -> int: ...
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+    async def touch(self, namespace: str, keys: Iterable[bytes]) -> int: ...
+    async def explain(self, namespace: str, key: bytes | None) -> Explanation: ...
 
 
 class SqlStorage(Storage):
@@ -70,7 +91,7 @@ class SqlStorage(Storage):
 
     __slots__ = ("_db", "_namespace")
 
-    def __init__(self, db: SqliteDatabase, namespace: Namespace | str) -> None:
+    def __init__(self, db: Database, namespace: Namespace | str) -> None:
         self._db = db
         self._namespace = str(Namespace.coerce(namespace))
 
@@ -317,7 +338,7 @@ def _insert_many(
     def body(conn: sqlite3.Connection) -> int:
         bundle_id = None if bundle is None else schema.bundle_id(bundle, now, conn)
         before = conn.total_changes
-        conn.executemany(INSERT, counter.rows(namespace, origin, now, cost, bundle_id))
+        conn.executemany(schema.INSERT, counter.rows(namespace, origin, now, cost, bundle_id))
         return conn.total_changes - before
 
     return schema.transaction(conn, body)
