@@ -33,6 +33,7 @@ __all__ = [
     "copy_to_private",
     "fsync_dir",
     "open_regular",
+    "private_directory",
     "read_head",
     "remove_stale",
     "staging_path",
@@ -82,7 +83,7 @@ def copy_to_private(fd: int, near: Path | None, name: str) -> Path:
     """
     places = [near, None] if near is not None else [None]
     for place in places:
-        target = _private_directory(place) / name
+        target = private_directory(place) / name
         try:
             out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
@@ -101,7 +102,7 @@ def copy_to_private(fd: int, near: Path | None, name: str) -> Path:
     raise AssertionError("unreachable: the last place raises or returns")
 
 
-def _private_directory(near: Path | None) -> Path:
+def private_directory(near: Path | None) -> Path:
     prefix = f"{SNAPSHOT_PREFIX}{os.getpid()}."
     if near is not None:
         with contextlib.suppress(OSError):

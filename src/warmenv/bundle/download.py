@@ -171,7 +171,7 @@ class Download:
         httpx = _httpx()
         self._started_at = time.perf_counter()
         try:
-            directory = await anyio.to_thread.run_sync(_files._private_directory, self._near)
+            directory = await anyio.to_thread.run_sync(_files.private_directory, self._near)
             self._path = directory / _STAGED_NAME
             self._fd = await anyio.to_thread.run_sync(_create, self._path)
             try:

@@ -230,7 +230,9 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
         if copier is not None:
             batches = _copy_in_bulk(copier, tally)
         else:
-            batches = _copy_by_scan(bundle, self._env, selected, self, tally)
+            batches = _copy_by_scan(
+                bundle, self._env, selected, tally, self._batch_size, self._validate
+            )
         async with aclosing(batches):
             async for namespace in batches:
                 yield BundleProgress(
@@ -289,19 +291,19 @@ async def _copy_by_scan(
     bundle: Bundle,
     env: Environment,
     selected: list[NamespaceSummary],
-    progress: ImportProgress,
     tally: _Tally,
+    batch_size: int,
+    validate: Validate | None,
 ) -> AsyncGenerator[str, None]:
-    validate = progress._validate
     ref = _ref(bundle)
     for summary in selected:
         namespace = summary.namespace
         batch: list[CarryingEntry] = []
-        scan = bundle.scan_with_provenance(namespace, progress._batch_size)
+        scan = bundle.scan_with_provenance(namespace, batch_size)
         async with aclosing(scan):  # type: ignore[type-var]
             async for entry in scan:
                 batch.append(entry)
-                if len(batch) >= progress._batch_size:
+                if len(batch) >= batch_size:
                     await _insert_batch(env, namespace, batch, validate, tally, ref)
                     batch = []
                     yield namespace

@@ -246,6 +246,10 @@ class Digest:
         update(value)
         update(carried)
 
+    def update_framed(self, framed: bytes) -> None:
+        """Add entries framed as `update` frames them (each length as 8 bytes, little-endian)."""
+        self._hash.update(framed)
+
     def value(self) -> str:
         return _DIGEST_PREFIX + self._hash.hexdigest()
 
@@ -312,6 +316,6 @@ class BackgroundDigest:
             thread.join()
 
     def _hash(self) -> None:
-        update = self._digest._hash.update
+        update = self._digest.update_framed
         while (batch := self._batches.get()) is not None:
             update(batch)
