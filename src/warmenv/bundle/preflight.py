@@ -27,13 +27,13 @@ from pathlib import Path
 
 import attrs
 
+from warmenv._facts import TreeCheck, captured_trees
+from warmenv._facts import verdict as caches_verdict
 from warmenv._url import is_http_url
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.download import Download, DownloadOptions, read_header
 from warmenv.bundle.manifest import BundleManifest, EnvironmentInfo, this_machine
 from warmenv.bundle.open import open_any
-from warmenv.caches._facts import TreeCheck, captured_trees
-from warmenv.caches._facts import verdict as caches_verdict
 from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.namespace import Namespace
 

@@ -21,7 +21,7 @@ by the name warmenv gives it in the tool's settings.
 
 from __future__ import annotations
 
-from warmenv.caches._facts import Facts, TreeCheck, captured_trees
+from warmenv._facts import Facts, TreeCheck, captured_trees
 from warmenv.caches._paths import UnsafeTargetError
 from warmenv.caches._tree import (
     CacheTree,

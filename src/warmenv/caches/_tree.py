@@ -31,8 +31,8 @@ The API (used by `directory.py` and by each tool's module):
   entry it served (`{relative path: hits}`), as hits of those entries in
   the environment's statistics (`warmenv stats`, per namespace, origin and
   bundle), through an ordinary `Store` over the namespace.
-- `captured_trees(namespaces)` (in `_facts.py`, which preflight imports
-  without the rest of this package's layer) reads (namespace, entries)
+- `captured_trees(namespaces)` (in `warmenv._facts`, a floor below
+  `bundle`, so that preflight reads it without this package) reads (namespace, entries)
   pairs, an environment's or a bundle's, as `TreeCheck` values: per
   captured tree, whether it can hit on this machine and why not.
 
@@ -56,7 +56,7 @@ import anyio
 import anyio.to_thread
 import attrs
 
-from warmenv.caches._facts import PREFIX, Facts, captured_trees
+from warmenv._facts import PREFIX, Facts, captured_trees
 from warmenv.caches._paths import TEMPORARY_PREFIX, Writer, relative_parts
 from warmenv.environment import Environment
 from warmenv.persistence import BytesCodec, CacheMode, Failed, Namespace, Storage

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from warmenv.caches._facts import Facts
+from warmenv._facts import Facts
 from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport
 from warmenv.caches._tree import capture as _capture
 from warmenv.caches._tree import restore as _restore

@@ -34,7 +34,7 @@ import threading
 from pathlib import Path
 from typing import Any, Final
 
-from warmenv.caches._facts import Facts
+from warmenv._facts import Facts
 from warmenv.caches._inprocess import EnvironmentChoice, Warmed, restored
 from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport
 from warmenv.caches._tree import capture as _capture

@@ -46,7 +46,7 @@ from typing import Any, Final, final
 import anyio.to_thread
 import attrs
 
-from warmenv.caches._facts import Facts
+from warmenv._facts import Facts
 from warmenv.caches._inprocess import EnvironmentChoice, _Where, where
 from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport
 from warmenv.caches._tree import capture as _capture

@@ -53,7 +53,7 @@ import anyio.to_thread
 import attrs
 
 from warmenv import blocking
-from warmenv.caches._facts import Facts
+from warmenv._facts import Facts
 from warmenv.caches._paths import Writer, relative_parts
 from warmenv.caches._tree import CacheTree, CaptureReport, LeftOut, RestoreReport
 from warmenv.caches._tree import capture as _capture
