@@ -98,6 +98,9 @@ CONTRACT: dict[str, list[str]] = {
         "Started",
         "Progress",
         "Finished",
+        "warm_up",
+        "WarmUp",
+        "WarmUpState",
     ],
     "warmenv.blocking": [
         "open_environment",
@@ -105,6 +108,8 @@ CONTRACT: dict[str, list[str]] = {
         "BlockingStore",
         "import_bundle",
         "export_bundle",
+        "warm_up",
+        "BlockingWarmUp",
         "EventLoopThreadError",
     ],
 }
@@ -123,6 +128,9 @@ NOT_MIRRORED_BY_BLOCKING: dict[str, str] = {
     "insert_imported": "an import's internals (warmenv.blocking.import_bundle)",
     "snapshot_directory": "an import's internals (warmenv.blocking.import_bundle)",
     "touch": "a store's internals (hit recency, batched by the store)",
+    "start_soon": "background work runs on the loop thread (warmenv.blocking.warm_up)",
+    "set_task_group": "open_environment's block owns the task group, on the loop thread",
+    "record_import": "a warm-up's internals (warmenv.blocking.warm_up)",
 }
 
 # The public attributes of `Store` that `BlockingStore` does not mirror, each
@@ -313,3 +321,33 @@ def test_the_blocking_bundle_functions_take_every_option_of_the_async_ones(name:
             assert mine.annotation == parameter.annotation, mine
     if name == "import_bundle":  # the source: whatever the async form takes
         assert ours["source"].annotation == theirs["source"].annotation
+
+
+def test_the_blocking_warm_up_takes_every_option_of_the_async_one() -> None:
+    # The blocking one runs in its environment's block: it takes no task group.
+    import warmenv.blocking
+    import warmenv.bundle
+
+    theirs = dict(inspect.signature(warmenv.bundle.warm_up).parameters)
+    assert theirs.pop("task_group").default is None
+    ours = inspect.signature(warmenv.blocking.warm_up).parameters
+    assert list(ours) == list(theirs)
+    for parameter in theirs.values():
+        mine = ours[parameter.name]
+        assert (mine.kind, mine.default) == (parameter.kind, parameter.default), mine
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY:
+            assert mine.annotation == parameter.annotation, mine
+
+
+def test_the_blocking_warm_up_handle_has_what_the_async_one_has() -> None:
+    from warmenv.blocking import BlockingWarmUp
+    from warmenv.bundle import WarmUp
+
+    assert public_attributes(BlockingWarmUp) == public_attributes(WarmUp)
+    for name in sorted(public_attributes(WarmUp)):
+        theirs, ours = getattr(WarmUp, name), getattr(BlockingWarmUp, name)
+        if not callable(theirs):
+            continue
+        assert not inspect.iscoroutinefunction(ours), f"BlockingWarmUp.{name} is async"
+        if name != "wait":  # the blocking one also takes a timeout
+            twin_parameters(theirs, ours, f"BlockingWarmUp.{name}")

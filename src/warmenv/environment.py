@@ -19,17 +19,18 @@ import logging
 import sqlite3
 import threading
 import warnings
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar, final, overload
+from typing import Any, TypeVar, TypeVarTuple, final, overload
 
+import anyio.abc
 import anyio.to_thread
 import attrs
 
-from warmenv._errors import ClosedError, WarmenvWarning
+from warmenv._errors import ClosedError, WarmenvError, WarmenvWarning
 from warmenv.config import Config, check_name, load_config
 from warmenv.persistence import statistics as _statistics
 from warmenv.persistence.carried import CarryingEntry
@@ -40,7 +41,13 @@ from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.sqlite.bulk import CopiedBatch
 from warmenv.persistence.sqlite.database import Degraded, Fallback, SqliteDatabase, open_database
 from warmenv.persistence.sqlite.storage import SqlStorage
-from warmenv.persistence.statistics import Batch, Cursor, EnvironmentStatistics, Recorder
+from warmenv.persistence.statistics import (
+    Batch,
+    Cursor,
+    EnvironmentStatistics,
+    ImportRecord,
+    Recorder,
+)
 from warmenv.persistence.storage import (
     BundleRef,
     Failed,
@@ -66,6 +73,7 @@ __all__ = [
 log = logging.getLogger("warmenv.environment")
 K = TypeVar("K")
 V = TypeVar("V")
+Ts = TypeVarTuple("Ts")
 
 _defaults_lock = threading.Lock()
 _active_name: str | None = None
@@ -106,7 +114,18 @@ class Environment:
     every operation is the database's, whichever it is.
     """
 
-    __slots__ = ("_closed", "_db", "_recorder", "_remote", "max_bytes", "name", "path")
+    __slots__ = (
+        "_background",
+        "_closed",
+        "_db",
+        "_recorder",
+        "_remote",
+        "_task_group",
+        "_unrecorded",
+        "max_bytes",
+        "name",
+        "path",
+    )
 
     def __init__(
         self,
@@ -126,6 +145,9 @@ class Environment:
         self.max_bytes = check_max_bytes(max_bytes)
         """The size bound (keys plus values) enforced on `gc()` and on close, or None."""
         self._recorder = Recorder(self._write_statistics, enabled=statistics)
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._background: set[_Background] = set()
+        self._unrecorded: list[ImportRecord] = []  # kept here where the file takes no write
 
     @property
     def remote(self) -> RemoteTier | None:
@@ -219,7 +241,64 @@ class Environment:
         """
         self._check_open()
         await self.flush_statistics()
-        return await self._db.statistics(self._recorder.pending())
+        found = await self._db.statistics(self._recorder.pending())
+        if not self._unrecorded:
+            return found
+        imports = sorted([*self._unrecorded, *found.imports], key=lambda r: r.at, reverse=True)
+        return attrs.evolve(found, imports=imports)
+
+    async def record_import(self, record: ImportRecord) -> None:
+        """Keep `record` (how an import ended) with the statistics, for `warmenv stats`.
+
+        Where the file cannot be written (read-only, or a version-1 file) it
+        is kept in memory, for this process's `statistics()` only.
+        """
+        self._check_open()
+        if not await self._db.record_import(record):
+            self._unrecorded.append(record)
+
+    def start_soon(
+        self,
+        fn: Callable[[*Ts], Awaitable[object]],
+        *args: *Ts,
+        name: str | None = None,
+        task_group: anyio.abc.TaskGroup | None = None,
+    ) -> None:
+        """Run `await fn(*args)` in the background, for as long as the environment is open.
+
+        In the task group of `open_environment`'s block, or in `task_group`
+        (a caller's own, already entered). Closing the environment cancels
+        it and waits for it first, so it never runs on a closed environment.
+        What it raises is logged (logger `warmenv.environment`, ERROR) and
+        goes no further: background work never ends the environment, nor the
+        block or task group it runs in. `warmenv.bundle.warm_up` runs here.
+        """
+        self._check_open()
+        group = self._task_group if task_group is None else task_group
+        if group is None:
+            raise WarmenvError(
+                f"{self.describe()} has no task group of its own (it was not opened by "
+                "open_environment); pass task_group= (an entered anyio task group)"
+            )
+        task = _Background(anyio.CancelScope(), anyio.Event())
+        self._background.add(task)
+        label = name or getattr(fn, "__qualname__", repr(fn))
+
+        async def run() -> None:
+            try:
+                with task.scope:
+                    await fn(*args)
+            except Exception:
+                log.exception("background task %s of %s failed", label, self.describe())
+            finally:
+                self._background.discard(task)
+                task.done.set()
+
+        group.start_soon(run, name=label)
+
+    def set_task_group(self, task_group: anyio.abc.TaskGroup) -> None:
+        """Make `task_group` the one `start_soon` runs in by default (`open_environment` does)."""
+        self._task_group = task_group
 
     async def flush_statistics(self) -> bool:
         """Write the counts stores gathered so far (done every few seconds and on close).
@@ -360,6 +439,7 @@ class Environment:
         """
         if self._closed:
             return
+        await self._stop_background()
         with anyio.CancelScope(shield=True):
             await self._recorder.flush()
         if self.max_bytes is not None and not self.read_only:
@@ -368,6 +448,15 @@ class Environment:
         # Closed first: a close refused (from another event loop) can be retried.
         await self._db.close()
         self._closed = True
+
+    async def _stop_background(self) -> None:
+        """Cancel what `start_soon` runs and wait until it has ended (its cleanup included)."""
+        self._task_group = None
+        for task in list(self._background):
+            task.scope.cancel()
+        with anyio.CancelScope(shield=True):
+            for task in list(self._background):
+                await task.done.wait()
 
     def describe(self) -> str:
         """The environment's name and file, and whether it is in memory or read-only."""
@@ -446,6 +535,7 @@ async def open_environment(
         )
         try:
             async with anyio.create_task_group() as tg:
+                env.set_task_group(tg)
                 if statistics:
                     tg.start_soon(flusher, env)
                 else:
@@ -535,6 +625,14 @@ async def _open(
     if db.read_only:
         log.warning("%s opened read-only: reads are served, writes will fail", path)
     return _Opened(env_name, path, db, max_bytes)
+
+
+@attrs.frozen(eq=False)
+class _Background:
+    """A task `Environment.start_soon` runs: its cancel scope, and whether it has ended."""
+
+    scope: anyio.CancelScope
+    done: anyio.Event
 
 
 @attrs.frozen

@@ -14,7 +14,7 @@ copying it, as httpx's `Client` and `AsyncClient` share theirs:
 - `_store`: `BlockingStore`, the async `Store`'s memory and single flight,
   its hits answered on the caller's own thread (`Store.held`);
 - `_bundles`: `import_bundle` and `export_bundle`, with progress callbacks
-  on the caller's thread.
+  on the caller's thread, and `warm_up` (a background import) with its handle.
 
 Calling into this package from a thread that runs an event loop raises
 `EventLoopThreadError`: blocking there would stall that loop (or deadlock
@@ -23,7 +23,7 @@ it), and the async API is the one to use.
 
 from __future__ import annotations
 
-from warmenv.blocking._bundles import export_bundle, import_bundle
+from warmenv.blocking._bundles import BlockingWarmUp, export_bundle, import_bundle, warm_up
 from warmenv.blocking._environment import BlockingEnvironment, open_environment
 from warmenv.blocking._loop import EventLoopThreadError
 from warmenv.blocking._store import BlockingStore
@@ -31,8 +31,10 @@ from warmenv.blocking._store import BlockingStore
 __all__ = [
     "BlockingEnvironment",
     "BlockingStore",
+    "BlockingWarmUp",
     "EventLoopThreadError",
     "export_bundle",
     "import_bundle",
     "open_environment",
+    "warm_up",
 ]

@@ -1,4 +1,4 @@
-"""Bundle import and export for synchronous code, with progress on the caller's thread.
+"""Bundle import, export and warm-up for synchronous code, with progress off the loop.
 
 The async operations (`warmenv.bundle.importing`, `exporting`) run on the
 loop thread and take the same options, forwarded one by one (a test derives
@@ -6,26 +6,37 @@ these signatures from the async ones, so an option added there fails it
 until it is added here). A `progress` callback runs on the caller's thread
 in lockstep with the events: the operation waits at each event until the
 callback has returned, so a callback that raises stops it right there.
+
+A warm-up (`warm_up`) runs on the loop thread in the task group of the
+environment's `with` block, as the async one does in `open_environment`'s;
+its handle (`BlockingWarmUp`) reads the async handle's state from any
+thread, and its `on_event` runs on a worker thread (it may block: the
+warm-up waits for it, the loop does not).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, final
+
+import anyio
+import anyio.to_thread
 
 from warmenv.blocking._environment import BlockingEnvironment
-from warmenv.blocking._loop import Ask, refuse_event_loop_thread, shared_loop
+from warmenv.blocking._loop import Ask, LoopThread, refuse_event_loop_thread, shared_loop
 from warmenv.bundle import Bundle, DownloadOptions
-from warmenv.bundle.events import Event, ExportReport, ImportReport
+from warmenv.bundle.events import Event, ExportReport, ImportEvent, ImportReport
 from warmenv.bundle.exporting import BundleFormat, exporting
 from warmenv.bundle.importing import Validate, importing
 from warmenv.bundle.manifest import EnvironmentInfo
+from warmenv.bundle.warmup import OnEvent, WarmUp, WarmUpState
+from warmenv.bundle.warmup import warm_up as _warm_up
 from warmenv.environment import Environment
 
-__all__ = ["export_bundle", "import_bundle"]
+__all__ = ["BlockingWarmUp", "export_bundle", "import_bundle", "warm_up"]
 
 
 def _run_events(
@@ -122,3 +133,114 @@ def export_bundle(
         progress,
     )
     return report
+
+
+def warm_up(
+    source: str | Path | Bundle,
+    env: BlockingEnvironment,
+    *,
+    on_event: OnEvent | None = None,
+    namespaces: list[str] | None = None,
+    batch_size: int = 1024,
+    validate: Validate | None = None,
+    verify: bool = True,
+    download: DownloadOptions | None = None,
+) -> BlockingWarmUp:
+    """Start importing `source` into `env` in the background, as `warmenv.bundle.warm_up`.
+
+    It runs on warmenv.blocking's loop thread until it ends or the
+    environment's `with` block does (which cancels it after its last whole
+    batch); a failure is logged, recorded and kept on the handle, never
+    raised. `on_event` is called with each event on a worker thread, in
+    order (the warm-up waits for it, leaving the block does not); if it
+    raises, the warm-up fails.
+    """
+    refuse_event_loop_thread("warm_up()")
+    loop = shared_loop()
+    opened = env.opened()
+    forward: Callable[[ImportEvent], Awaitable[object]] | None = None
+    if on_event is not None:
+        callback = on_event
+
+        def forward(event: ImportEvent) -> Awaitable[object]:
+            # Abandoned on cancellation: leaving the block does not wait for a callback.
+            return anyio.to_thread.run_sync(callback, event, abandon_on_cancel=True)
+
+    async def start() -> WarmUp:
+        return _warm_up(
+            source,
+            opened,
+            on_event=forward,
+            namespaces=namespaces,
+            batch_size=batch_size,
+            validate=validate,
+            verify=verify,
+            download=download,
+        )
+
+    return BlockingWarmUp(loop.call(start), loop)
+
+
+@final
+class BlockingWarmUp:
+    """A warm-up started by `warmenv.blocking.warm_up`; see `warmenv.bundle.WarmUp`.
+
+    Its state is read from any thread; `wait()` blocks the calling thread.
+    """
+
+    __slots__ = ("_handle", "_loop")
+
+    def __init__(self, handle: WarmUp, loop: LoopThread) -> None:
+        self._handle = handle
+        self._loop = loop
+
+    @property
+    def source(self) -> str:
+        """What is imported: the path, or the URL with its credentials hidden."""
+        return self._handle.source
+
+    @property
+    def state(self) -> WarmUpState:
+        return self._handle.state
+
+    @property
+    def done(self) -> bool:
+        """Whether it has ended (finished, failed or cancelled)."""
+        return self._handle.done
+
+    @property
+    def report(self) -> ImportReport | None:
+        """What it imported (see `WarmUp.report`)."""
+        return self._handle.report
+
+    @property
+    def error(self) -> Exception | None:
+        """Why it failed (`FAILED`), else `None`."""
+        return self._handle.error
+
+    @property
+    def latest(self) -> ImportEvent | None:
+        """The last import event."""
+        return self._handle.latest
+
+    def cancel(self) -> None:
+        """Stop it after its last whole batch; returns at once (`wait()` for the end)."""
+        self._loop.soon(self._handle.cancel)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until it has ended, or `timeout` seconds; whether it has ended.
+
+        Never raises its error (read `state` and `error`).
+        """
+        refuse_event_loop_thread("BlockingWarmUp.wait()")
+        handle = self._handle
+
+        async def waiting() -> bool:
+            with anyio.move_on_after(timeout):
+                await handle.wait()
+            return handle.done
+
+        return self._loop.call(waiting)
+
+    def __repr__(self) -> str:
+        return f"<BlockingWarmUp of {self.source!r}: {self.state.value}>"

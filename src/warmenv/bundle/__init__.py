@@ -48,6 +48,7 @@ from warmenv.bundle.manifest import BundleManifest, EnvironmentInfo
 from warmenv.bundle.open import open_bundle
 from warmenv.bundle.preflight import Preflight, preflight
 from warmenv.bundle.sqlite.bundle import SqliteBundle
+from warmenv.bundle.warmup import WarmUp, WarmUpState, warm_up
 
 __all__ = [
     "Bundle",
@@ -83,10 +84,13 @@ __all__ = [
     "Started",
     "UnsupportedSchemaError",
     "Verifying",
+    "WarmUp",
+    "WarmUpState",
     "export_bundle",
     "exporting",
     "import_bundle",
     "importing",
     "open_bundle",
     "preflight",
+    "warm_up",
 ]

@@ -52,6 +52,7 @@ from warmenv.bundle.events import (
     ImportReport,
     Verifying,
 )
+from warmenv.bundle.manifest import BundleManifest
 from warmenv.bundle.open import open_private
 from warmenv.environment import Environment
 from warmenv.persistence.carried import CarryingEntry
@@ -173,9 +174,15 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
         self._validate = validate
         self._verify = verify
         self._tally: _Tally | None = None
+        self._manifest: BundleManifest | None = None
         self._started_at = 0.0
         self._stopped_at: float | None = None
         super().__init__()
+
+    @property
+    def manifest(self) -> BundleManifest | None:
+        """The bundle's manifest once the import has opened it (`None` before: a download)."""
+        return self._manifest
 
     def _partial_report(self) -> ImportReport | None:
         if self._tally is None:
@@ -208,6 +215,7 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
 
     async def _import(self, bundle: Bundle) -> AsyncGenerator[ImportEvent, None]:
         started_at = self._started_at = time.perf_counter()
+        self._manifest = bundle.manifest
         tally = self._tally = _Tally()
         selected = [
             s for s in await bundle.namespaces() if matches_any(s.namespace, self._prefixes)

@@ -5,7 +5,8 @@ computed here, imported from a bundle, or fetched from the fleet's shared
 tier, a column shown where there are such hits or a remote), misses, computations and the
 seconds they took, and the seconds the hits saved (each hit entry's recorded
 cost); per imported bundle: its entries still here, their hits and the time
-they saved. Counts come from every process that used the environment (stores
+they saved; and how the last warm-ups (`warm_up`) ended, failures with
+their reason. Counts come from every process that used the environment (stores
 flush them every few seconds and on close). It only reads; `--html FILE`
 also writes a small self-contained page with bar charts.
 """
@@ -13,6 +14,7 @@ also writes a small self-contained page with bar charts.
 from __future__ import annotations
 
 import argparse
+import datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from warmenv.persistence.namespace import matches_any
 from warmenv.persistence.statistics import (
     BundleStatistics,
     EnvironmentStatistics,
+    ImportRecord,
     NamespaceStatistics,
 )
 from warmenv.persistence.storage import Origin
@@ -111,6 +114,27 @@ def bundle_json(b: BundleStatistics) -> dict[str, Any]:
     }
 
 
+def import_json(record: ImportRecord) -> dict[str, Any]:
+    return {
+        "source": record.source,
+        "outcome": record.outcome.value,
+        "at": record.at,
+        "bundle": record.bundle,
+        "imported": record.imported,
+        "skipped": record.skipped,
+        "failed": record.failed,
+        "error": record.error,
+    }
+
+
+_IMPORTS_SHOWN = 5
+
+
+def when(at: float) -> str:
+    """A record's time, in UTC to the second."""
+    return datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
 async def run(args: argparse.Namespace, out: Output) -> int:
     prefix = None if args.namespace is None else text_argument(args.namespace, "NAMESPACE")
     prefixes = None if prefix is None or not prefix.strip("/") else [prefix]
@@ -167,6 +191,23 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         ],
         empty="no bundles imported",
     )
+    if stats.imports:
+        out.table(
+            "last warm-ups",
+            ["when (UTC)", "source", "outcome", "imported", "skipped", "why"],
+            [
+                [
+                    when(r.at),
+                    r.source,
+                    r.outcome.value,
+                    f"{r.imported:,}",
+                    f"{r.skipped:,}",
+                    r.error or "",
+                ]
+                for r in stats.imports[:_IMPORTS_SHOWN]
+            ],
+            empty="",
+        )
     hits, misses = shown.hits, shown.misses
     if namespaces:
         out.line(
@@ -187,6 +228,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
             "saved_seconds": shown.saved_seconds,
             "namespaces": [namespace_json(n) for n in namespaces],
             "bundles": [bundle_json(b) for b in stats.bundles],
+            "imports": [import_json(r) for r in stats.imports],
             "html": None if args.html is None else str(args.html),
         }
     )

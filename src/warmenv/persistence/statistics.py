@@ -27,6 +27,7 @@ environment, which flushes them on close.
 
 from __future__ import annotations
 
+import enum
 import logging
 import sys
 from collections import Counter
@@ -47,6 +48,8 @@ __all__ = [
     "Counters",
     "Cursor",
     "EnvironmentStatistics",
+    "ImportOutcome",
+    "ImportRecord",
     "NamespaceStatistics",
     "Pending",
     "Recorder",
@@ -104,12 +107,51 @@ class BundleStatistics:
     saved_seconds: float
 
 
+class ImportOutcome(enum.Enum):
+    """How a recorded import (a background warm-up) ended."""
+
+    IMPORTED = "imported"
+    """It ran to its end (`ImportRecord.imported` says how many entries it added)."""
+    FAILED = "failed"
+    """It stopped on an error (`ImportRecord.error`); what it committed before stays."""
+    CANCELLED = "cancelled"
+    """It was cancelled (the environment closed, the service stopped); whole batches stay."""
+
+
+@attrs.frozen
+class ImportRecord:
+    """One import an environment recorded (a warm-up's outcome), kept with its statistics.
+
+    The newest `IMPORT_RECORDS` are kept in the database, so `warmenv stats`
+    in another process shows why a service started cold.
+    """
+
+    source: str
+    """What was imported: a path, or a URL with its credentials hidden."""
+    outcome: ImportOutcome
+    at: float
+    """When it ended, in unix seconds."""
+    bundle: str | None = None
+    """The bundle's manifest name, if it was read."""
+    imported: int = 0
+    skipped: int = 0
+    failed: int = 0
+    error: str | None = None
+    """Why it failed, in one line (`None` unless `outcome` is `FAILED`)."""
+
+
+IMPORT_RECORDS = 50
+"""How many import records an environment keeps (the newest)."""
+
+
 @attrs.frozen
 class EnvironmentStatistics:
     """Every namespace and every imported bundle of an environment, with their counts."""
 
     namespaces: list[NamespaceStatistics]
     bundles: list[BundleStatistics]
+    imports: list[ImportRecord] = attrs.field(factory=list)
+    """The recorded imports (background warm-ups), newest first."""
 
     @property
     def hits(self) -> int:

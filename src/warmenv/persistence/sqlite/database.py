@@ -34,7 +34,13 @@ from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.sqlite import bulk, eviction, schema, statistics, uris
 from warmenv.persistence.sqlite.bulk import BulkCopies, CopiedBatch
 from warmenv.persistence.sqlite.storage import SqliteStorage, SqlStorage
-from warmenv.persistence.statistics import START, Batch, Cursor, EnvironmentStatistics
+from warmenv.persistence.statistics import (
+    START,
+    Batch,
+    Cursor,
+    EnvironmentStatistics,
+    ImportRecord,
+)
 from warmenv.persistence.storage import (
     BundleRef,
     Failed,
@@ -281,6 +287,17 @@ class SqliteDatabase:
     async def statistics(self, pending: Batch) -> EnvironmentStatistics:
         """The stored counts of every namespace and bundle, plus `pending` (not yet stored)."""
         return await self.run(partial(statistics.read, pending, self.version))
+
+    async def record_import(self, record: ImportRecord) -> bool:
+        """Keep `record` with the statistics; False where it cannot be written (logged)."""
+        if self.read_only or self.version < 2:
+            return False
+        try:
+            await self.run(partial(statistics.record_import, record))
+        except sqlite3.Error as exc:
+            log.warning("recording an import in %s failed: %s", self.path, exc)
+            return False
+        return True
 
     def _failed(self, operation: str, exc: sqlite3.Error) -> Failed:
         reason = f"{operation} on {self.path} failed: {exc}"

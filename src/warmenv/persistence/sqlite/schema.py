@@ -31,6 +31,7 @@ __all__ = [
     "ENVIRONMENT_COLUMNS",
     "ENVIRONMENT_VERSION",
     "HIT_GRANULARITY",
+    "IMPORTS_TABLE",
     "INSERT",
     "META_DDL",
     "SCHEMA_VERSION",
@@ -125,6 +126,14 @@ _STATISTICS_DDL = (
     "saved_seconds REAL NOT NULL DEFAULT 0)",
 )
 STATISTICS_TABLES = frozenset({"statistics", "bundle_statistics"})
+# The imports an environment recorded (background warm-ups: how each ended), the
+# newest kept; created like the statistics tables, on any writable open.
+_IMPORTS_DDL = (
+    "CREATE TABLE IF NOT EXISTS imports (id INTEGER PRIMARY KEY, at REAL NOT NULL, "
+    "source TEXT NOT NULL, outcome TEXT NOT NULL, bundle TEXT, imported INTEGER NOT NULL, "
+    "skipped INTEGER NOT NULL, failed INTEGER NOT NULL, error TEXT)"
+)
+IMPORTS_TABLE = "imports"
 _UPGRADE_1_TO_2 = (
     _BUNDLES_DDL,
     "ALTER TABLE entries ADD COLUMN written_at REAL",
@@ -229,7 +238,7 @@ def create_environment_schema(conn: sqlite3.Connection) -> None:
 
 def create_statistics_schema(conn: sqlite3.Connection) -> None:
     """Create the statistics tables if they are missing (any writable version-2 open)."""
-    for statement in _STATISTICS_DDL:
+    for statement in (*_STATISTICS_DDL, _IMPORTS_DDL):
         conn.execute(statement)
 
 
@@ -359,7 +368,7 @@ def prepare_writable(conn: sqlite3.Connection) -> Prepared:
             found = None
         version = environment_version(conn) if {"meta", "entries"} <= tables else None
         if version == 2:
-            if not STATISTICS_TABLES <= tables:
+            if not STATISTICS_TABLES | {IMPORTS_TABLE} <= tables:
                 create_statistics_schema(conn)
             return Prepared()
         if version == 1:

@@ -14,13 +14,18 @@ import sqlite3
 import sys
 from collections.abc import Sequence
 
+import attrs
+
 from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.sqlite import schema
 from warmenv.persistence.statistics import (
+    IMPORT_RECORDS,
     START,
     Batch,
     Cursor,
     EnvironmentStatistics,
+    ImportOutcome,
+    ImportRecord,
     Resolved,
     Slice,
     assemble,
@@ -28,7 +33,7 @@ from warmenv.persistence.statistics import (
 )
 from warmenv.persistence.storage import NamespaceSummary, Origin, addressable
 
-__all__ = ["explain_miss", "flush", "namespaces", "read"]
+__all__ = ["explain_miss", "flush", "namespaces", "read", "record_import"]
 
 
 def namespaces(conn: sqlite3.Connection) -> list[NamespaceSummary]:
@@ -232,7 +237,62 @@ def _statistics_read(
             },
             by_bundle={},
         )
-    return assemble(totals, counters, origins, bundles, bundle_hits, pending, resolved)
+    assembled = assemble(totals, counters, origins, bundles, bundle_hits, pending, resolved)
+    if schema.IMPORTS_TABLE not in tables:
+        return assembled
+    return attrs.evolve(assembled, imports=_imports(conn))
+
+
+def _imports(conn: sqlite3.Connection) -> list[ImportRecord]:
+    rows = conn.execute(
+        "SELECT source, outcome, at, bundle, imported, skipped, failed, error FROM imports "
+        "ORDER BY id DESC LIMIT ?",
+        (IMPORT_RECORDS,),
+    )
+    records = []
+    for source, outcome, at, bundle, imported, skipped, failed, error in rows:
+        try:
+            kind = ImportOutcome(outcome)
+        except ValueError:  # written by a later warmenv: not one of ours to show
+            continue
+        records.append(
+            ImportRecord(
+                source=str(source),
+                outcome=kind,
+                at=float(at),
+                bundle=None if bundle is None else str(bundle),
+                imported=int(imported),
+                skipped=int(skipped),
+                failed=int(failed),
+                error=None if error is None else str(error),
+            )
+        )
+    return records
+
+
+def record_import(record: ImportRecord, conn: sqlite3.Connection) -> None:
+    """Add `record` to the imports, keeping the newest `IMPORT_RECORDS`, in one transaction."""
+
+    def body(conn: sqlite3.Connection) -> None:
+        conn.execute(
+            "INSERT INTO imports (at, source, outcome, bundle, imported, skipped, failed, error) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                record.at,
+                record.source,
+                record.outcome.value,
+                record.bundle,
+                record.imported,
+                record.skipped,
+                record.failed,
+                record.error,
+            ),
+        )
+        conn.execute(
+            "DELETE FROM imports WHERE id <= (SELECT max(id) FROM imports) - ?", (IMPORT_RECORDS,)
+        )
+
+    schema.transaction(conn, body)
 
 
 def explain_miss(namespace: str, key: bytes | None, conn: sqlite3.Connection) -> Explanation:
