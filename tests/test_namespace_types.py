@@ -1,11 +1,12 @@
-"""A row whose namespace is not UTF-8 text: listed tagged, left out of exports, left by purge.
+"""A row whose namespace is not UTF-8 text: listed flagged, left out of exports, left by purge.
 
 Something other than warmenv can write an environment's file: a namespace
 stored as a BLOB (bytes bound from Python), as NULL where the column allows
 it, or as text that is not UTF-8. No store can address such a namespace, so
 its rows are not entries; every command and library call must still work:
-list them (escaped, a non-text one tagged with its type, `app/1/k <BLOB>`),
-leave them out of exports, leave them alone when purging, and never fail
+list them (escaped; a non-text one by its content read as text, with
+`NamespaceSummary.text` False and `(not text)` beside it on the terminal, never
+a tag in its name), leave them out of exports, leave them alone when purging, and never fail
 with a `TypeError` comparing bytes with text.
 """
 
@@ -24,12 +25,12 @@ from test_cli_errors import assert_one_error_line
 from warmenv import Purged, open_environment
 from warmenv.bundle import export_bundle, open_bundle
 
-# (what is stored as the namespace, how warmenv lists it)
+# (what is stored as the namespace, the name warmenv reads, how the terminal shows it)
 KINDS = {
-    "blob": (b"app/1/k", "app/1/k <BLOB>"),
-    "blob-not-utf8": (b"app/1/\xff", "app/1/\udcff <BLOB>"),
-    "null": (None, "<NULL>"),
-    "text-not-utf8": ("text-not-utf8", "app/1/\udcff"),
+    "blob": (b"app/1/k", "app/1/k", "app/1/k (not text)"),
+    "blob-not-utf8": (b"app/1/\xff", "app/1/\udcff", "app/1/\\xff (not text)"),
+    "null": (None, "", "(not text)"),
+    "text-not-utf8": ("text-not-utf8", "app/1/\udcff", "app/1/\\xff"),
 }
 GOOD = sum(len(items) for items in sample_entries().values())
 
@@ -51,7 +52,7 @@ def _fill(root: Path) -> Path:
 
 def _add_bad_row(path: Path, kind: str) -> None:
     """One row, written with sqlite3 as another program would, under a bad namespace."""
-    stored, _ = KINDS[kind]
+    stored, _, _ = KINDS[kind]
     conn = sqlite3.connect(path)
     with conn:
         if kind == "null":  # warmenv's table says NOT NULL; another program's may not
@@ -127,7 +128,7 @@ def test_gc_keep_versions_on_the_command_line_leaves_it_too(bad_root: Path) -> N
 
 
 @pytest.mark.anyio
-async def test_namespaces_list_a_namespace_that_is_not_utf8_text_tagged(
+async def test_namespaces_list_a_namespace_that_is_not_utf8_text_flagged(
     bad_root: Path, kind: str
 ) -> None:
     async with open_environment("warm", root=bad_root) as env:
@@ -143,7 +144,7 @@ async def test_namespaces_list_a_namespace_that_is_not_utf8_text_tagged(
 
 
 @pytest.mark.anyio
-async def test_statistics_list_a_namespace_that_is_not_utf8_text_tagged(
+async def test_statistics_list_a_namespace_that_is_not_utf8_text_flagged(
     bad_root: Path, kind: str
 ) -> None:
     async with open_environment("warm", root=bad_root) as env:
@@ -151,6 +152,7 @@ async def test_statistics_list_a_namespace_that_is_not_utf8_text_tagged(
         statistics = await env.statistics()
     by_name = {s.namespace: s for s in statistics.namespaces}
     assert by_name[KINDS[kind][1]].entries == 1
+    assert by_name[KINDS[kind][1]].text is (kind == "text-not-utf8")
     assert by_name[str(KERNELS)].entries == len(sample_entries()[str(KERNELS)])
 
 
@@ -206,13 +208,14 @@ def _as_json_text(namespace: str) -> str:
 def test_ls_lists_a_namespace_that_is_not_utf8_text_and_succeeds(bad_root: Path, kind: str) -> None:
     completed = warmenv("ls", "--env", "warm", root=bad_root)
     assert completed.returncode == 0, completed.stderr
-    assert KINDS[kind][1].replace("\udcff", "\\xff") in completed.stdout
+    assert KINDS[kind][2] in completed.stdout
     assert completed.stderr == ""
     as_json = warmenv("ls", "--env", "warm", "--json", root=bad_root)
     assert as_json.returncode == 0, as_json.stderr
-    listed = {n["namespace"] for n in json.loads(as_json.stdout)["namespaces"]}
-    # --json is UTF-8 JSON: a byte that is not UTF-8 is written `\xff`, as on the terminal
-    assert _as_json_text(KINDS[kind][1]) in listed
+    listed = {(n["namespace"], n["text"]) for n in json.loads(as_json.stdout)["namespaces"]}
+    # --json is UTF-8 JSON: a byte that is not UTF-8 is written `\xff`, as on the terminal;
+    # the name holds no marker, the flag says whether it is text
+    assert (_as_json_text(KINDS[kind][1]), kind == "text-not-utf8") in listed
 
 
 def test_stats_lists_a_namespace_that_is_not_utf8_text_and_succeeds(
@@ -220,7 +223,7 @@ def test_stats_lists_a_namespace_that_is_not_utf8_text_and_succeeds(
 ) -> None:
     completed = warmenv("stats", "--env", "warm", root=bad_root)
     assert completed.returncode == 0, completed.stderr
-    assert KINDS[kind][1].replace("\udcff", "\\xff") in completed.stdout
+    assert KINDS[kind][2] in completed.stdout
     assert "Traceback" not in completed.stderr
 
 
@@ -260,13 +263,14 @@ def test_purge_leaves_a_namespace_that_is_not_utf8_text_and_says_so(
 ) -> None:
     completed = warmenv("purge", "--env", "warm", "--namespace", "app", "--yes", root=bad_root)
     assert completed.returncode == 0, completed.stderr
-    if kind == "null":  # `<NULL>` lies under no prefix: nothing to say
+    if kind == "null":  # a NULL reads as "", under no prefix: nothing to say
         assert completed.stderr == ""
     else:
         assert completed.stderr.count("\n") == 1, completed.stderr
         assert completed.stderr.startswith("warmenv: warning: ")
         assert "not UTF-8 text" in completed.stderr and "warm.db" in completed.stderr
-        assert KINDS[kind][1].replace("\udcff", "\\xff") in completed.stderr
+        assert f"'{KINDS[kind][1]}'".replace("\udcff", "\\xff") in completed.stderr
+        assert ("(not text)" in completed.stderr) is (kind != "text-not-utf8")
     listed = warmenv("ls", "--env", "warm", "--json", root=bad_root)
     left = {n["namespace"] for n in json.loads(listed.stdout)["namespaces"]}
     assert left == {
@@ -289,6 +293,59 @@ def test_purge_matching_only_a_namespace_that_is_not_utf8_text_is_one_error_line
     conn.close()
     completed = warmenv("purge", "--env", "warm", "--namespace", "bad", "--yes", root=root)
     line = assert_one_error_line(completed, 1)
-    assert "nothing deleted" in line and "'bad/1/k <BLOB>'" in line and "warm.db" in line
+    assert "nothing deleted" in line and "'bad/1/k' (not text)" in line and "warm.db" in line
     listed = warmenv("ls", "--env", "warm", "--json", root=root)
     assert len(json.loads(listed.stdout)["namespaces"]) == len(sample_entries()) + 1
+
+
+def test_a_blob_namespace_named_like_a_stores_is_its_own_row_flagged_not_text(
+    tmp_path: Path,
+) -> None:
+    # The name is the name, the flag says the type: a BLOB 'app/1/kernels' beside the
+    # store's text 'app/1/kernels' is two namespaces, never added up, never purged as one.
+    root = tmp_path / "root"
+    path = _fill(root)
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "INSERT INTO entries (namespace, key, value, origin) VALUES (?, X'6b', X'76', 0)",
+            (str(KERNELS).encode(),),
+        )
+    conn.close()
+
+    async def read() -> tuple[set[tuple[str, bool, int]], set[tuple[str, bool, int]]]:
+        async with open_environment("warm", root=root) as env:
+            listed = {(s.namespace, s.text, s.entries) for s in await env.namespaces()}
+            counted = {
+                (s.namespace, s.text, s.entries) for s in (await env.statistics()).namespaces
+            }
+        return listed, counted
+
+    listed, counted = anyio.run(read)
+    kernels = len(sample_entries()[str(KERNELS)])
+    assert {(str(KERNELS), True, kernels), (str(KERNELS), False, 1)} <= listed
+    assert listed == counted
+    as_json = warmenv("ls", "--env", "warm", "--json", root=root)
+    assert {"namespace": str(KERNELS), "entries": 1, "bytes": 2, "text": False} in json.loads(
+        as_json.stdout
+    )["namespaces"]
+    shown = warmenv("stats", "--env", "warm", root=root)
+    assert f"{KERNELS} (not text)" in shown.stdout, shown.stdout
+    stats_json = json.loads(warmenv("stats", "--env", "warm", "--json", root=root).stdout)
+    assert [
+        (n["text"], n["entries"])
+        for n in stats_json["namespaces"]
+        if n["namespace"] == str(KERNELS)
+    ] == [
+        (False, 1),
+        (True, kernels),
+    ]
+    purged = warmenv(
+        "purge", "--env", "warm", "--namespace", str(KERNELS), "--yes", "--json", root=root
+    )
+    assert purged.returncode == 0, purged.stderr
+    document = json.loads(purged.stdout)
+    assert document["deleted"] == kernels
+    assert document["left"] == [
+        {"namespace": str(KERNELS), "entries": 1, "bytes": 2, "text": False}
+    ]
+    assert _bad_rows(path) == 1

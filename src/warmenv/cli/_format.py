@@ -21,6 +21,16 @@ def plural(count: int, word: str, many: str | None = None) -> str:
     return f"{count:,} {many or word + 's'}"
 
 
+def namespace_label(namespace: str, *, text: bool) -> str:
+    """A namespace as people see it: one stored as another SQLite type than text
+    (something else wrote it: `NamespaceSummary.text` is False) is marked `(not text)`.
+
+    Added here, at display time only: the namespace itself is its name, and
+    `--json` carries the flag as `"text"`.
+    """
+    return namespace if text else f"{namespace} (not text)".lstrip()
+
+
 def per_second(rate: float) -> str:
     """An entries/s rate as shown: "1 entry/s", "3,100 entries/s"."""
     shown = f"{rate:,.0f}"

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from warmenv._text import clean
-from warmenv.cli._format import plural
+from warmenv.cli._format import namespace_label, plural
 from warmenv.persistence.statistics import EnvironmentStatistics
 from warmenv.persistence.storage import Origin
 
@@ -80,7 +80,7 @@ def page(environment: str, stats: EnvironmentStatistics, origins: Sequence[Origi
     name = _text(environment)
     hits_rows = [
         (
-            n.namespace,
+            namespace_label(n.namespace, text=n.text),
             [
                 (origin.name.lower(), float(n.hits_by_origin.get(origin, 0)), _COLOURS[origin])
                 for origin in origins
@@ -88,7 +88,10 @@ def page(environment: str, stats: EnvironmentStatistics, origins: Sequence[Origi
         )
         for n in stats.namespaces
     ]
-    saved_rows = [(n.namespace, [("saved", n.saved_seconds, "#54a24b")]) for n in stats.namespaces]
+    saved_rows = [
+        (namespace_label(n.namespace, text=n.text), [("saved", n.saved_seconds, "#54a24b")])
+        for n in stats.namespaces
+    ]
     bundle_rows = [
         (
             f"{b.name} ({b.digest.partition(':')[2][:12] or b.digest[:12]})",

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from warmenv.bundle.open import open_snapshot
-from warmenv.cli._format import as_json, size
+from warmenv.cli._format import as_json, namespace_label, size
 from warmenv.cli._output import Output
 
 
@@ -41,7 +41,10 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     out.table(
         "namespaces",
         ["namespace", "entries", "size"],
-        [[s.namespace, f"{s.entries:,}", size(s.bytes)] for s in namespaces],
+        [
+            [namespace_label(s.namespace, text=s.text), f"{s.entries:,}", size(s.bytes)]
+            for s in namespaces
+        ],
     )
     out.result(
         {

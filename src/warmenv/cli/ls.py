@@ -17,7 +17,7 @@ import anyio.to_thread
 from warmenv._errors import WarmenvError
 from warmenv._text import clean
 from warmenv.cli._environments import environment, environment_files
-from warmenv.cli._format import as_json, plural, size
+from warmenv.cli._format import as_json, namespace_label, plural, size
 from warmenv.cli._output import Output
 from warmenv.environment import active
 from warmenv.persistence.storage import NamespaceSummary
@@ -86,7 +86,10 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         out.table(
             f"namespaces in {name!r}",
             ["namespace", "entries", "size"],
-            [[s.namespace, f"{s.entries:,}", size(s.bytes)] for s in namespaces],
+            [
+                [namespace_label(s.namespace, text=s.text), f"{s.entries:,}", size(s.bytes)]
+                for s in namespaces
+            ],
             empty=f"environment {name!r} holds no entries yet",
         )
         if namespaces:

@@ -17,12 +17,12 @@ from typing import Any
 
 from warmenv.cli._environments import environment
 from warmenv.cli._errors import Failure, Stopped, UsageError
-from warmenv.cli._format import plural
+from warmenv.cli._format import as_json, namespace_label, plural
 from warmenv.cli._options import add_namespace_option, namespace_prefixes, no_match, text_argument
 from warmenv.cli._output import Output, ask
 from warmenv.persistence.namespace import matches_any
 from warmenv.persistence.statistics import BundleStatistics
-from warmenv.persistence.storage import Failed
+from warmenv.persistence.storage import Failed, NamespaceSummary
 
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
@@ -60,7 +60,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
             f"left {plural(len(left), 'namespace')} that "
             f"{'is' if len(left) == 1 else 'are'} not UTF-8 text"
             f"{' or empty' if any(not s.namespace for s in left) else ''} (written by something "
-            f"else): {', '.join(_quoted(s.namespace) for s in left)}"
+            f"else): {', '.join(_quoted(s) for s in left)}"
         )
         if prefixes is not None and not doomed:
             also = f"; {kept}" if left else ""
@@ -105,7 +105,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         "environment": env.name,
         "deleted": removed,
         "failed": failures,
-        "left": [s.namespace for s in left],
+        "left": as_json(left),
     }
     if failures:
         raise Failure(f"{plural(len(failures), 'namespace')} could not be purged", document)
@@ -113,8 +113,9 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
-def _quoted(text: str) -> str:
-    return f"'{text}'"
+def _quoted(summary: NamespaceSummary) -> str:
+    quoted = f"'{summary.namespace}'"
+    return namespace_label(quoted, text=summary.text)
 
 
 def _names(bundle: BundleStatistics) -> tuple[str, ...]:

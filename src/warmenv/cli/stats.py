@@ -23,7 +23,7 @@ import anyio.to_thread
 from warmenv.cli import _html
 from warmenv.cli._environments import environment
 from warmenv.cli._errors import Failure
-from warmenv.cli._format import plural, size
+from warmenv.cli._format import namespace_label, plural, size
 from warmenv.cli._options import no_match, text_argument
 from warmenv.cli._output import Output
 from warmenv.persistence.namespace import matches_any
@@ -93,6 +93,7 @@ def short_digest(digest: str) -> str:
 def namespace_json(n: NamespaceStatistics) -> dict[str, Any]:
     return {
         "namespace": n.namespace,
+        "text": n.text,
         "entries": n.entries,
         "bytes": n.bytes,
         "hits": n.hits,
@@ -161,7 +162,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         ],
         [
             [
-                n.namespace,
+                namespace_label(n.namespace, text=n.text),
                 f"{n.entries:,}",
                 size(n.bytes),
                 f"{n.hits:,}",

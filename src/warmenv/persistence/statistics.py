@@ -38,7 +38,7 @@ import anyio
 import attrs
 
 from warmenv.persistence.codec import JsonCodec, encode_str
-from warmenv.persistence.storage import Origin
+from warmenv.persistence.storage import NamespaceSummary, Origin
 
 _JSON_KEYS: JsonCodec[str, object] = JsonCodec()
 
@@ -94,6 +94,10 @@ class NamespaceStatistics:
     compute_seconds: float
     saved_seconds: float
     """The recorded `cost` of every entry hit, added up: time the hits did not spend."""
+    text: bool = True
+    """Whether the namespace is stored as text, as every store writes it (see
+    `NamespaceSummary.text`): False for rows something else wrote under a
+    namespace of another SQLite type, whose content `namespace` holds as text."""
 
 
 @attrs.frozen
@@ -468,10 +472,15 @@ class Recorder:
                 log.warning("flushing statistics failed, kept for the next flush: %s", exc)
 
 
+# A namespace as read from a file and whether it is stored as text: a BLOB `app/1/k`
+# and the text `app/1/k` are two namespaces, never added up.
+Name = tuple[str, bool]
+
+
 def assemble(
-    totals: list[tuple[str, int, int]],
-    counters: dict[str, tuple[int, int, float]],
-    origins: dict[tuple[str, int], tuple[int, float]],
+    totals: list[NamespaceSummary],
+    counters: dict[Name, tuple[int, int, float]],
+    origins: dict[tuple[Name, int], tuple[int, float]],
     bundles: list[tuple[int, str, str, int]],
     bundle_hits: dict[int, tuple[int, float]],
     pending: Batch,
@@ -479,40 +488,41 @@ def assemble(
 ) -> EnvironmentStatistics:
     """Stored counts plus this process's pending ones, as the public value classes.
 
-    `totals`: (namespace, entries, bytes); `counters`: namespace -> (misses,
+    `totals`: what each namespace holds; `counters`: namespace -> (misses,
     computes, compute seconds); `origins`: (namespace, origin) -> (hits,
-    saved); `bundles`: (id, name, digest, entries still imported).
+    saved); `bundles`: (id, name, digest, entries still imported). Pending and
+    resolved counts are a store's, so of text namespaces.
     """
     counts = dict(counters)
     for p in pending:
-        misses, computes, seconds = counts.get(p.namespace, (0, 0, 0.0))
-        counts[p.namespace] = (
+        misses, computes, seconds = counts.get((p.namespace, True), (0, 0, 0.0))
+        counts[(p.namespace, True)] = (
             misses + p.misses,
             computes + p.computes,
             seconds + p.compute_seconds,
         )
     by_origin = dict(origins)
-    for key, (hits, saved) in resolved.by_origin.items():
-        old_hits, old_saved = by_origin.get(key, (0, 0.0))
-        by_origin[key] = (old_hits + hits, old_saved + saved)
+    for (namespace, origin), (hits, saved) in resolved.by_origin.items():
+        old_hits, old_saved = by_origin.get(((namespace, True), origin), (0, 0.0))
+        by_origin[((namespace, True), origin)] = (old_hits + hits, old_saved + saved)
     per_bundle = dict(bundle_hits)
     for ident, (hits, saved) in resolved.by_bundle.items():
         old_hits, old_saved = per_bundle.get(ident, (0, 0.0))
         per_bundle[ident] = (old_hits + hits, old_saved + saved)
 
-    sizes = {namespace: (entries, size) for namespace, entries, size in totals}
-    names = sorted(set(sizes) | set(counts) | {namespace for namespace, _ in by_origin})
-    hit_origins: dict[str, dict[Origin, tuple[int, float]]] = {}
-    for (namespace, origin), value in by_origin.items():
-        hit_origins.setdefault(namespace, {})[_origin(origin)] = value
+    sizes = {(s.namespace, s.text): (s.entries, s.bytes) for s in totals}
+    names = sorted(set(sizes) | set(counts) | {name for name, _ in by_origin})
+    hit_origins: dict[Name, dict[Origin, tuple[int, float]]] = {}
+    for (name, origin), value in by_origin.items():
+        hit_origins.setdefault(name, {})[_origin(origin)] = value
     namespaces = []
-    for namespace in names:
-        entries, size = sizes.get(namespace, (0, 0))
-        misses, computes, seconds = counts.get(namespace, (0, 0, 0.0))
-        origin_counts = hit_origins.get(namespace, {})
+    for name in names:
+        entries, size = sizes.get(name, (0, 0))
+        misses, computes, seconds = counts.get(name, (0, 0, 0.0))
+        origin_counts = hit_origins.get(name, {})
         namespaces.append(
             NamespaceStatistics(
-                namespace=namespace,
+                namespace=name[0],
                 entries=entries,
                 bytes=size,
                 hits=sum(h for h, _ in origin_counts.values()),
@@ -521,6 +531,7 @@ def assemble(
                 computes=computes,
                 compute_seconds=seconds,
                 saved_seconds=sum(s for _, s in origin_counts.values()),
+                text=name[1],
             )
         )
     bundle_list = [

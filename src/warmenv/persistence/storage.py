@@ -164,8 +164,9 @@ class NamespaceSummary:
     text: bool = True
     """Whether the namespace is stored as text, as every store writes it. False for
     rows something else wrote with a namespace of another SQLite type (a BLOB, an
-    INTEGER, REAL or NULL): `namespace` then shows its content and its type,
-    `app/1/k <BLOB>` (`<NULL>` alone), for display only."""
+    INTEGER, REAL or NULL): `namespace` then holds its content read as text (a
+    BLOB's bytes decoded as a text namespace's are, a NULL as `""`), and this flag
+    alone says it is not text (a text namespace may hold the same characters)."""
 
     @property
     def addressable(self) -> bool:

@@ -195,11 +195,11 @@ def _check_file(label: str, check_rows: bool, conn: sqlite3.Connection) -> _Chec
     # The table itself is scanned for rows of the wrong types (a damaged file can hold
     # rows its index lacks); the totals come through the index, which is far cheaper
     # than grouping a table scan.
-    totals = schema.namespace_totals(conn)
+    totals = schema.namespace_summaries(conn)
     if check_rows:
-        _check_rows(conn, label, format, sum(count for _, count, _ in totals))
+        _check_rows(conn, label, format, sum(s.entries for s in totals))
     utf8 = str(conn.execute("PRAGMA encoding").fetchone()[0]).upper() == "UTF-8"
-    return _Checked(manifest, [NamespaceSummary(n, c, b) for n, c, b in totals], utf8, format)
+    return _Checked(manifest, totals, utf8, format)
 
 
 def _check_rows(conn: sqlite3.Connection, label: str, format: int | None, indexed: int) -> None:

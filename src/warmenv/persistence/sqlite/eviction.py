@@ -107,9 +107,8 @@ def _keep_versions(keep: int, upgraded_at: float, conn: sqlite3.Connection) -> i
             (upgraded_at,),
         ).fetchall()
     for namespace, newest in rows:
-        # Text only (the query's typeof): a text namespace ending like a tag
-        # ('app/1/img <BLOB>', a store's own) has versions too; text that is not
-        # UTF-8 (read with surrogates) is no store's.
+        # Text only (the query's typeof); text that is not UTF-8 (read with
+        # surrogates) is no store's.
         if not addressable(namespace, text=True):
             continue
         parsed = Namespace.raw(namespace)

@@ -58,6 +58,7 @@ __all__ = [
     "prepare_writable",
     "range_totals",
     "table_names",
+    "text_read",
     "transaction",
     "value_of",
     "well_typed",
@@ -172,16 +173,18 @@ def namespace_read(column: str = "namespace") -> str:
     Text reads as itself (text that is not UTF-8 comes back with surrogates,
     through `decode_text`). A value of another SQLite type (a row something
     else wrote: a BLOB, or an INTEGER, REAL or NULL where the column allows
-    one) reads as its content as text followed by its type's tag, `app/1/k <BLOB>`
-    (`<NULL>` alone), so it is listed and shown where its text would be and
-    never compared with one in Python (bytes against str). Whether it is text
-    is read beside it (`namespace_summaries`: `NamespaceSummary.text`), never
-    from the tag, which a text namespace may end with too.
+    one) reads as its content cast to text, decoded the same way (a NULL as
+    the empty string), with nothing added to it. Whether it is text is a value
+    read beside it (`text_read`, `NamespaceSummary.text`): a BLOB `app/1/k`
+    and the text `app/1/k` are two namespaces with the same name, told apart
+    by that flag wherever namespaces are keyed.
     """
-    return (
-        f"iif(typeof({column}) = 'text', {column}, coalesce(CAST({column} AS TEXT) || ' ', '') "
-        f"|| '<' || upper(typeof({column})) || '>')"
-    )
+    return f"coalesce(CAST({column} AS TEXT), '')"
+
+
+def text_read(column: str = "namespace") -> str:
+    """Whether a namespace read by `namespace_read` is stored as text, as SQL (0 or 1)."""
+    return f"typeof({column}) = 'text'"
 
 
 def decode_text(raw: bytes) -> str:
@@ -458,7 +461,9 @@ def namespace_totals(
 ) -> list[tuple[str, int, int]]:
     """(namespace, entries, bytes) per namespace of the rows meeting `where`, in order.
 
-    Bytes are keys plus values, the one measure of size everywhere.
+    Bytes are keys plus values, the one measure of size everywhere. For rows whose
+    namespaces are text (`well_typed`, or a checked bundle's): where a namespace of
+    another type can be among them, `namespace_summaries` says which is which.
     """
     summaries = namespace_summaries(conn, table=table, where=where, params=params)
     return [(s.namespace, s.entries, s.bytes) for s in summaries]
@@ -473,7 +478,7 @@ def namespace_summaries(
 ) -> list[NamespaceSummary]:
     """`namespace_totals` as summaries, each saying whether its namespace is text."""
     rows = conn.execute(
-        f"SELECT {namespace_read()}, count(*), {_TOTAL_BYTES}, typeof(namespace) = 'text' "
+        f"SELECT {namespace_read()}, count(*), {_TOTAL_BYTES}, {text_read()} "
         f"FROM {table} WHERE {where} GROUP BY namespace ORDER BY namespace",
         params,
     )

@@ -26,6 +26,7 @@ from warmenv.persistence.statistics import (
     EnvironmentStatistics,
     ImportOutcome,
     ImportRecord,
+    Name,
     Resolved,
     Slice,
     assemble,
@@ -200,21 +201,22 @@ def read(pending: Batch, version: int, conn: sqlite3.Connection) -> EnvironmentS
 def _statistics_read(
     pending: Batch, version: int, conn: sqlite3.Connection
 ) -> EnvironmentStatistics:
-    totals = schema.namespace_totals(conn)
+    totals = schema.namespace_summaries(conn)
     tables = schema.table_names(conn) if version >= 2 else set()
-    counters: dict[str, tuple[int, int, float]] = {}
-    origins: dict[tuple[str, int], tuple[int, float]] = {}
+    counters: dict[Name, tuple[int, int, float]] = {}
+    origins: dict[tuple[Name, int], tuple[int, float]] = {}
     bundles: list[tuple[int, str, str, int]] = []
     bundle_hits: dict[int, tuple[int, float]] = {}
     if schema.STATISTICS_TABLES <= tables:
-        for namespace, origin, hits, saved, misses, computes, seconds in conn.execute(
-            f"SELECT {schema.namespace_read()}, origin, hits, saved_seconds, misses, computes, "
-            "compute_seconds FROM statistics"
+        for namespace, text, origin, hits, saved, misses, computes, seconds in conn.execute(
+            f"SELECT {schema.namespace_read()}, {schema.text_read()}, origin, hits, "
+            "saved_seconds, misses, computes, compute_seconds FROM statistics"
         ):
+            name = (namespace, bool(text))
             if hits:
-                origins[(namespace, int(origin))] = (int(hits), float(saved))
-            old = counters.get(namespace, (0, 0, 0.0))
-            counters[namespace] = (old[0] + misses, old[1] + computes, old[2] + seconds)
+                origins[(name, int(origin))] = (int(hits), float(saved))
+            old = counters.get(name, (0, 0, 0.0))
+            counters[name] = (old[0] + misses, old[1] + computes, old[2] + seconds)
         for bundle, hits, saved in conn.execute(
             "SELECT bundle, hits, saved_seconds FROM bundle_statistics"
         ):
@@ -299,14 +301,14 @@ def explain_miss(namespace: str, key: bytes | None, conn: sqlite3.Connection) ->
     """Why a lookup in `namespace` (of `key`) misses, from counts and indexed lookups."""
     # Counts only: the primary key's index answers them without reading a
     # value, where sizes (as `namespaces()` gives) would read every row. A
-    # namespace that is not UTF-8 text (written by something else) is listed too.
+    # namespace that is not UTF-8 text (written by something else) is listed too; one
+    # of another SQLite type is no namespace a store asks for, nor near one.
     with schema.foreign_text(conn):
-        rows = conn.execute(
-            f"SELECT {schema.namespace_read()}, count(*), typeof(namespace) = 'text' "
-            "FROM entries GROUP BY namespace ORDER BY namespace"
+        counts: list[tuple[str, int]] = conn.execute(
+            f"SELECT namespace, count(*) FROM entries WHERE {schema.text_read()} "
+            "GROUP BY namespace ORDER BY namespace"
         ).fetchall()
-    counts = [(n, c) for n, c, _ in rows]
-    reachable = {n for n, _, text in rows if addressable(n, text=bool(text))}
+    reachable = {n for n, _ in counts if addressable(n, text=True)}
 
     def holding(namespaces: list[str], key: bytes) -> set[str]:
         # One indexed lookup per namespace (the primary key is (namespace, key));
