@@ -19,10 +19,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 from warmenv._errors import RemoteError
 
-__all__ = ["check_redis_url", "is_http_url", "redact"]
+__all__ = ["bundle_url_problem", "check_redis_url", "is_http_url", "is_url", "redact", "redact_in"]
 
 UNPARSABLE: Final = "<an unparsable URL>"
 _DATABASE: Final = re.compile(r"/[0-9]{1,9}")
+_SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def redact(url: str) -> str:
@@ -61,9 +62,81 @@ def _redact_item(item: str) -> str:
     return f"{name}=***"
 
 
+def redact_in(text: str, url: str) -> str:
+    """`text` (a library's message about `url`) with `url` and its credentials redacted.
+
+    A client's message may quote the URL, or a piece of it it could not
+    parse (a password taken for a port); every such piece is hidden.
+    """
+    text = text.replace(url, redact(url))
+    for secret in _secrets(url):
+        text = text.replace(secret, "***")
+    return text
+
+
+def _secrets(url: str) -> list[str]:
+    """What `redact` would hide in `url`, as given (longest first)."""
+    head, at, _ = url.rpartition("@")
+    pieces = [head.partition("://")[2]] if at else []
+    pieces += [p for p in re.split(r"[:@/?#&=]", pieces[0]) if p] if pieces else []
+    query = url.partition("?")[2].partition("#")[0]
+    for item in query.split("&") if query else ():
+        name, equals, value = item.partition("=")
+        pieces.append(value if equals else name)
+    fragment = url.partition("#")[2]
+    pieces.append(fragment)
+    return sorted({p for p in pieces if len(p) >= 3}, key=len, reverse=True)
+
+
+def is_url(source: object) -> bool:
+    """Whether `source` is written as a URL (`scheme://...`), whatever the scheme.
+
+    Such a string is never taken for a file path: `ftp://user:pw@host/b`
+    read as a path would be printed, credentials and all, as "no such file".
+    """
+    return isinstance(source, str) and _SCHEME.match(source) is not None
+
+
 def is_http_url(source: object) -> bool:
     """Whether an import or preflight `source` names a bundle by http(s) URL."""
     return isinstance(source, str) and source[:8].lower().startswith(("http://", "https://"))
+
+
+def bundle_url_problem(url: str) -> str | None:
+    """Why `url` cannot name a bundle to download, in one line (redacted); `None` if it can.
+
+    A bundle is fetched by `http://` or `https://` from a named host and a
+    valid port; anything else (another scheme, a malformed host or port, a
+    password with `#`, `/` or `?` that cuts the host part short) is refused
+    here, before a client sees it, so the message is ours and hides the
+    credentials rather than the client's, which may quote them.
+    """
+    shown = repr(redact(url))
+    if shown == repr(UNPARSABLE):
+        shown = "the URL (not shown: it may hold a password)"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (a bad port raises here)
+    except ValueError:
+        if port := _port_as_given(url):
+            return f"{shown} has a malformed port {port!r}; a port is a number from 0 to 65535"
+        return (
+            f"{shown} is not a valid URL (a malformed host or port; a password with '#', '/' "
+            "or '?' must be percent-encoded: %23, %2F, %3F)"
+        )
+    if parts.scheme.lower() not in ("http", "https"):
+        return (
+            f"{shown} is a {parts.scheme}:// URL; a bundle is downloaded by http:// or "
+            "https:// only (or read from a file path)"
+        )
+    if "@" in url and "@" not in parts.netloc:
+        return (
+            f"{shown} is not a valid URL (its host part ends before its last '@': a password "
+            "with '#', '/' or '?' must be percent-encoded: %23, %2F, %3F)"
+        )
+    if not parts.hostname:
+        return f"{shown} names no host; use http(s)://host[:port]/path"
+    return None
 
 
 def check_redis_url(url: object, where: str = "remote") -> str:

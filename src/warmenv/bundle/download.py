@@ -13,7 +13,12 @@ is unchanged, through `If-Range`: a file replaced on the server meanwhile is
 fetched again from its start rather than spliced from two versions.
 Retries are bounded, the body is capped (a `Content-Length` over the cap is
 refused before a byte is read, and a body that outgrows its announced
-length or the cap is cut off), and every read has a timeout. A download
+length or the cap is cut off), and every wait is bounded from outside: each
+read by the timeout, a response's head by the timeout too (an endless run of
+`100 Continue`, or headers sent a byte at a time, would pass every read's),
+the body by a minimum rate, and the whole download, retries and all, by an
+overall deadline. A redirect is followed to another origin (scheme, host,
+port) without the caller's headers, unless the caller allows them there. A
 that fails, is cancelled or is interrupted removes its staging directory;
 one whose process was killed is removed by the next import beside the same
 environment (the directory names the process).
@@ -37,7 +42,7 @@ import anyio.to_thread
 import attrs
 
 from warmenv._errors import WarmenvError
-from warmenv._url import redact
+from warmenv._url import bundle_url_problem, redact, redact_in
 from warmenv.bundle import _files
 from warmenv.bundle.events import Downloading
 from warmenv.bundle.flat.bundle import FlatBundle
@@ -74,16 +79,25 @@ class DownloadOptions:
 
     `max_bytes` caps the body (a server announcing more is refused before
     the download starts); `timeout` bounds each connect, read and write in
-    seconds; `retries` bounds the reconnections after a dropped connection
-    or a transient server error (each resumes with `Range` when it may).
+    seconds, and the wait for each response's head; `retries` bounds the
+    reconnections after a dropped connection, a transient server error or a
+    body slower than `min_rate` (each resumes with `Range` when it may).
+    `min_rate` is the slowest body accepted, in bytes per second averaged
+    over each `timeout` seconds (0: no minimum); `deadline` bounds the whole
+    download in seconds, retries included (`None`: no bound).
     `headers` are sent with every request (an `Authorization` header for a
-    private bundle server, say); they are never printed.
+    private bundle server, say); they are never printed, and a redirect to
+    another origin (scheme, host or port) is followed without them unless
+    `cross_origin_headers` is true.
     """
 
     max_bytes: int = 16 << 30
     timeout: float = 30.0
     retries: int = 5
     headers: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_headers)
+    min_rate: int = 1024
+    deadline: float | None = 3600.0
+    cross_origin_headers: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.max_bytes <= 0:
@@ -92,6 +106,10 @@ class DownloadOptions:
             raise ValueError(f"timeout must be positive, not {self.timeout}")
         if self.retries < 0:
             raise ValueError(f"retries must be 0 or more, not {self.retries}")
+        if self.min_rate < 0:
+            raise ValueError(f"min_rate must be 0 or more, not {self.min_rate}")
+        if self.deadline is not None and self.deadline <= 0:
+            raise ValueError(f"deadline must be positive or None, not {self.deadline}")
 
 
 def _httpx() -> Any:
@@ -109,6 +127,40 @@ class _Retry(Exception):
 
 
 @final
+class _Deadline:
+    """The overall bound of one download (or preflight read), and the rate the body must keep."""
+
+    def __init__(self, label: str, options: DownloadOptions) -> None:
+        self.label = label
+        self.options = options
+        limit = options.deadline
+        self.at = float("inf") if limit is None else anyio.current_time() + limit
+
+    def left(self) -> float:
+        """Seconds left before the deadline; `DownloadError` once it has passed."""
+        left = self.at - anyio.current_time()
+        if left <= 0:
+            raise self.passed()
+        return left
+
+    def passed(self) -> DownloadError:
+        return DownloadError(
+            f"{self.label}: the download did not finish within its deadline of "
+            f"{self.options.deadline:g} s; raise DownloadOptions.deadline if the bundle is "
+            "that large or the link that slow"
+        )
+
+    async def send(self, client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+        """`request` sent, its response's head read within the timeout (and the deadline)."""
+        patience = self.options.timeout
+        with anyio.move_on_after(min(patience, self.left())):
+            return await client.send(request, stream=True)
+        if anyio.current_time() >= self.at:
+            raise self.passed()
+        raise _Retry(f"the server sent no whole response head within {patience:g} s")
+
+
+@final
 class _Body:
     """A response body read chunk by chunk, which can be left before its end.
 
@@ -116,19 +168,48 @@ class _Body:
     one leaves the inner ones to the garbage collector (trio warns about
     each). Stopping instead cancels the next read, so the cancellation
     runs through the whole chain and every generator finishes.
+
+    Each read ends by the deadline; and over each `timeout` seconds the
+    body must average `min_rate` bytes per second (each read's own timeout
+    would let a byte every few seconds run for days).
     """
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: httpx.Response, deadline: _Deadline) -> None:
         self._chunks = response.aiter_raw()
         self._stopping = False
+        self._deadline = deadline
+        self._window_start = anyio.current_time()
+        self._window_bytes = 0
 
     async def next(self) -> bytes | None:
         """The next chunk, `None` at the end (or once stopped)."""
         with anyio.CancelScope() as scope:
             if self._stopping:
                 scope.cancel()
+            else:
+                scope.deadline = self._deadline.at
             chunk = await anext(self._chunks, None)
-        return None if scope.cancelled_caught else chunk
+        if scope.cancelled_caught:
+            if self._stopping:
+                return None
+            raise self._deadline.passed()
+        if chunk is not None:
+            self._check_rate(len(chunk))
+        return chunk
+
+    def _check_rate(self, size: int) -> None:
+        options = self._deadline.options
+        self._window_bytes += size
+        elapsed = anyio.current_time() - self._window_start
+        if elapsed < options.timeout:
+            return
+        if self._window_bytes < options.min_rate * elapsed:
+            raise _Retry(
+                f"the server sent {self._window_bytes:,} bytes in {elapsed:.1f} s, under the "
+                f"minimum rate of {options.min_rate:,} bytes/s (DownloadOptions.min_rate)"
+            )
+        self._window_start += elapsed
+        self._window_bytes = 0
 
     async def stop(self) -> None:
         """Abandon the rest of the body (the connection is dropped); idempotent."""
@@ -144,6 +225,64 @@ def _describe_status(response: httpx.Response) -> str:
     return f"{response.status_code} {response.reason_phrase}".strip()
 
 
+def _client(lib: Any, url: str, options: DownloadOptions) -> httpx.AsyncClient:
+    """The client for one download: the caller's headers go only to the origin of `url`."""
+    guard = [] if options.cross_origin_headers else [_origin_guard(lib, url, options)]
+    client: httpx.AsyncClient = lib.AsyncClient(
+        timeout=lib.Timeout(options.timeout),
+        follow_redirects=True,
+        headers=dict(options.headers),
+        event_hooks={"request": guard},
+    )
+    return client
+
+
+def _origin_guard(httpx: Any, url: str, options: DownloadOptions) -> Any:
+    """A request hook removing the caller's headers from a request to another origin.
+
+    httpx drops only `Authorization` on a cross-origin redirect; a token in
+    `X-Api-Key` (or any header) would follow the redirect anywhere. Those the
+    download sets itself (`Range`, `If-Range`, `Accept-Encoding`) stay.
+    """
+    origin = _origin(httpx.URL(url))
+    names = {name.lower() for name, _ in options.headers} - _OURS
+
+    async def guard(request: httpx.Request) -> None:
+        if names and _origin(request.url) != origin:
+            for name in names:
+                request.headers.pop(name, None)
+
+    return guard
+
+
+_OURS = frozenset({"range", "if-range", "accept-encoding"})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    return (url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme))
+
+
+def _checked(url: str) -> str:
+    """`url` if it can name a bundle to download, else `DownloadError` saying why."""
+    problem = bundle_url_problem(url)
+    if problem is not None:
+        raise DownloadError(problem)
+    return url
+
+
+def _too_many_redirects(label: str, exc: BaseException) -> DownloadError:
+    return DownloadError(
+        f"{label}: the server redirected too many times (a redirect loop?: {_reason(exc)}); "
+        "check the URL"
+    )
+
+
+def _refused(label: str, exc: BaseException, url: str) -> DownloadError:
+    """A failure no retry can mend (an unsupported protocol, a malformed URL on the way)."""
+    return DownloadError(f"{label}: {redact_in(_reason(exc), url)}; check the URL")
+
+
 @final
 class Download:
     """One bundle fetched into a private staging file, then opened as the private bundle.
@@ -157,6 +296,7 @@ class Download:
     def __init__(self, url: str, near: Path | None, options: DownloadOptions | None) -> None:
         self.url = url
         self.label = redact(url)
+        _checked(url)
         self._near = near
         self._options = options or DownloadOptions()
         self._path: Path | None = None
@@ -165,21 +305,19 @@ class Download:
         self._total: int | None = None
         self._validator: tuple[str, str] | None = None  # (If-Range value, header it came from)
         self._started_at = 0.0
+        self._deadline: _Deadline | None = None
 
     async def fetch(self) -> AsyncGenerator[Downloading, None]:
         """Stream the body to the staging file, yielding progress; resumes, retries, cleans up."""
         httpx = _httpx()
         self._started_at = time.perf_counter()
+        self._deadline = _Deadline(self.label, self._options)
         try:
             directory = await anyio.to_thread.run_sync(_files.private_directory, self._near)
             self._path = directory / _STAGED_NAME
             self._fd = await anyio.to_thread.run_sync(_create, self._path)
             try:
-                async with httpx.AsyncClient(
-                    timeout=httpx.Timeout(self._options.timeout),
-                    follow_redirects=True,
-                    headers=dict(self._options.headers),
-                ) as client:
+                async with _client(httpx, self.url, self._options) as client:
                     async with aclosing(self._attempts(httpx, client)) as events:
                         async for event in events:
                             yield event
@@ -217,12 +355,17 @@ class Download:
         self, httpx: Any, client: httpx.AsyncClient
     ) -> AsyncGenerator[Downloading, None]:
         failures = 0
+        assert self._deadline is not None
         while True:
             try:
                 async with aclosing(self._attempt(httpx, client)) as events:
                     async for event in events:
                         yield event
                 return
+            except httpx.TooManyRedirects as exc:
+                raise _too_many_redirects(self.label, exc) from None
+            except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+                raise _refused(self.label, exc, self.url) from None
             except (httpx.TransportError, _Retry) as exc:
                 failures += 1
                 if failures > self._options.retries:
@@ -233,7 +376,7 @@ class Download:
                 if self._validator is None and self._done:
                     await self._restart()  # nothing proves the rest would match: start over
                 yield self._event()
-                await anyio.sleep(min(0.05 * 2**failures, 2.0))
+                await anyio.sleep(min(0.05 * 2**failures, 2.0, self._deadline.left()))
 
     async def _attempt(
         self, httpx: Any, client: httpx.AsyncClient
@@ -244,7 +387,10 @@ class Download:
             assert self._validator is not None
             headers["Range"] = f"bytes={self._done}-"
             headers["If-Range"] = self._validator[0]
-        async with client.stream("GET", self.url, headers=headers) as response:
+        assert self._deadline is not None
+        request = client.build_request("GET", self.url, headers=headers)
+        response = await self._deadline.send(client, request)
+        try:
             if response.status_code == 206 and resuming:
                 self._check_resumed(response)
             elif response.status_code == 200:
@@ -269,6 +415,9 @@ class Download:
             yield self._event()
             async for event in self._receive(response):
                 yield event
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
         if self._total is not None and self._done != self._total:
             raise _Retry(f"the body ended after {self._done} of {self._total} bytes")
 
@@ -314,7 +463,8 @@ class Download:
         limit = self._options.max_bytes if self._total is None else self._total
         pending = bytearray()
         flushed_at = time.monotonic()
-        body = _Body(response)
+        assert self._deadline is not None
+        body = _Body(response, self._deadline)
         try:
             while (chunk := await body.next()) is not None:
                 pending += chunk
@@ -367,19 +517,17 @@ async def read_header(
     httpx = _httpx()
     options = options or DownloadOptions()
     label = redact(url)
+    _checked(url)
+    deadline = _Deadline(label, options)
     want = _HEAD_FIRST
-    async with httpx.AsyncClient(
-        timeout=httpx.Timeout(options.timeout),
-        follow_redirects=True,
-        headers=dict(options.headers),
-    ) as client:
+    async with _client(httpx, url, options) as client:
         while True:
+            request = client.build_request(
+                "GET", url, headers={"Range": f"bytes=0-{want - 1}", "Accept-Encoding": "identity"}
+            )
             try:
-                async with client.stream(
-                    "GET",
-                    url,
-                    headers={"Range": f"bytes=0-{want - 1}", "Accept-Encoding": "identity"},
-                ) as response:
+                response = await deadline.send(client, request)
+                try:
                     if response.status_code == 200:
                         return None  # ranges not honoured: the caller downloads it all
                     if response.status_code != 206:
@@ -388,7 +536,7 @@ async def read_header(
                             + ("check the URL" if response.status_code in (404, 410) else "retry")
                         )
                     data = bytearray()
-                    body = _Body(response)
+                    body = _Body(response, deadline)
                     try:
                         while len(data) < want and (chunk := await body.next()) is not None:
                             data += chunk  # a server sending more than asked is not read on
@@ -396,6 +544,15 @@ async def read_header(
                         with anyio.CancelScope(shield=True):
                             await body.stop()
                     size = _content_range(response.headers.get("content-range", ""))[1]
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await response.aclose()
+            except httpx.TooManyRedirects as exc:
+                raise _too_many_redirects(label, exc) from None
+            except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+                raise _refused(label, exc, url) from None
+            except _Retry as exc:
+                raise DownloadError(f"{label}: {_reason(exc)}; check the server") from None
             except httpx.TransportError as exc:
                 raise DownloadError(
                     f"{label}: {_reason(exc)}; check the URL and the network"

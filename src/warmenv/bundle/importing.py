@@ -39,7 +39,7 @@ from typing import final
 import anyio
 import anyio.lowlevel
 
-from warmenv._url import is_http_url
+from warmenv._url import is_url
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.download import Download, DownloadOptions
 from warmenv.bundle.errors import CorruptBundleError
@@ -123,7 +123,7 @@ async def importing(
     """
     check_batch_size(batch_size)
     near = env.snapshot_directory()
-    if is_http_url(source):
+    if is_url(source):
         assert isinstance(source, str)
         progress = ImportProgress(
             Download(source, near, download), env, namespaces, batch_size, validate, verify

@@ -29,7 +29,7 @@ import attrs
 
 from warmenv._facts import TreeCheck, captured_trees
 from warmenv._facts import verdict as caches_verdict
-from warmenv._url import is_http_url
+from warmenv._url import is_url
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.download import Download, DownloadOptions, read_header
 from warmenv.bundle.manifest import BundleManifest, EnvironmentInfo, this_machine
@@ -88,7 +88,7 @@ async def preflight(
     to count its entries); `download` sets the limits of fetching it.
     """
     asked = None if namespaces is None else [Namespace.coerce(n).full for n in namespaces]
-    if is_http_url(source):
+    if is_url(source):
         assert isinstance(source, str)
         return await _check_url(source, version, asked, download)
     if isinstance(source, str | Path):

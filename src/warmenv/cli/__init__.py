@@ -34,6 +34,7 @@ from typing import Any
 
 import anyio
 
+from warmenv._url import is_url, redact
 from warmenv._version import __version__
 from warmenv.cli import (
     check,
@@ -104,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subject(args: argparse.Namespace) -> object:
+    """What the command works on, fit to print: a URL redacted."""
+    subject = getattr(args, "out", None) or getattr(args, "bundle", None)
+    return redact(subject) if isinstance(subject, str) and is_url(subject) else subject
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     arguments = list(sys.argv[1:] if argv is None else argv)
@@ -116,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with out.routing(), _signals_before_the_loop():
         try:
             args = _parse(arguments)
-            out.subject = getattr(args, "out", None) or getattr(args, "bundle", None)
+            out.subject = _subject(args)
             backend, options = _backend()
             _late_signals.clear()
             sigint = signal.getsignal(signal.SIGINT)

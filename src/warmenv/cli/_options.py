@@ -15,6 +15,7 @@ from typing import Any
 
 from warmenv._errors import WarmenvError
 from warmenv._text import clean, is_utf8
+from warmenv._url import is_url, redact
 from warmenv.cli._environments import environment_files
 from warmenv.cli._errors import UsageError
 from warmenv.config import is_valid_name
@@ -30,6 +31,20 @@ def text_argument(value: str, option: str) -> str:
     if not is_utf8(value):
         raise UsageError(f"{option} {clean(value)!s} is not valid UTF-8 text; spell it in UTF-8")
     return value
+
+
+def bundle_file(value: str) -> Path:
+    """A BUNDLE argument of a command that reads a local file: a path, never a URL.
+
+    A URL read as a path would be printed whole, credentials and all, as a
+    missing file; it is refused, redacted, before any work.
+    """
+    if is_url(value):
+        raise argparse.ArgumentTypeError(
+            f"{redact(value)!r} is a URL; this command reads a bundle file (download it, or "
+            "give the URL to 'warmenv import')"
+        )
+    return Path(value)
 
 
 class ArgumentParser(argparse.ArgumentParser):

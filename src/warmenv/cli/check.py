@@ -7,14 +7,13 @@ refuse it), so `check` runs the digest check before the preflight.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from warmenv.bundle import preflight
 from warmenv.bundle.open import open_snapshot
 from warmenv.cli._errors import Failure, UsageError
 from warmenv.cli._format import as_json, plural
-from warmenv.cli._options import text_argument
+from warmenv.cli._options import bundle_file, text_argument
 from warmenv.cli._output import Output
 from warmenv.cli.verify import verified
 
@@ -30,7 +29,9 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         "--namespace) hold at least one of the namespaces named; for each named one it lacks, "
         "it shows its nearest. Exit 0 if it can hit, 1 if not.",
     )
-    parser.add_argument("bundle", metavar="BUNDLE", type=Path, help="the bundle file to check")
+    parser.add_argument(
+        "bundle", metavar="BUNDLE", type=bundle_file, help="the bundle file to check"
+    )
     parser.add_argument(
         "--app-version",
         "--version",

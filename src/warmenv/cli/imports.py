@@ -25,7 +25,7 @@ import attrs
 
 from warmenv._errors import WarmenvError
 from warmenv._text import clean
-from warmenv._url import is_http_url, redact
+from warmenv._url import is_url, redact
 from warmenv.bundle import (
     Downloading,
     ImportProgress,
@@ -72,7 +72,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         f"{plural(out.entries_done, 'entry', 'entries')} (whole batches kept; "
         "run it again to finish)"
     )
-    if is_http_url(args.bundle):  # fetched once the environment is open, into a directory beside it
+    if is_url(args.bundle):  # fetched once the environment is open, into a directory beside it
         return await _run(args, out, args.bundle, prefixes, redact(args.bundle))
     path = Path(args.bundle)
     where = _where(args)

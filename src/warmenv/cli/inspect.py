@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from warmenv.bundle.open import open_snapshot
 from warmenv.cli._format import as_json, namespace_label, size
+from warmenv.cli._options import bundle_file
 from warmenv.cli._output import Output
 
 
@@ -19,7 +19,9 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         description="Show BUNDLE's format, manifest (name, version, digest, the machines it "
         "was captured on) and namespaces with their entries and sizes. Only reads.",
     )
-    parser.add_argument("bundle", metavar="BUNDLE", type=Path, help="the bundle file to show")
+    parser.add_argument(
+        "bundle", metavar="BUNDLE", type=bundle_file, help="the bundle file to show"
+    )
     parser.set_defaults(run=run)
 
 

@@ -10,6 +10,7 @@ from warmenv.bundle import CorruptBundleError
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.open import open_snapshot
 from warmenv.cli._format import plural
+from warmenv.cli._options import bundle_file
 from warmenv.cli._output import Output
 
 
@@ -21,7 +22,9 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         description="Check that BUNDLE is a well-formed bundle whose content matches the "
         "digest in its manifest (exit 0), or say what is wrong (exit 1). Only reads.",
     )
-    parser.add_argument("bundle", metavar="BUNDLE", type=Path, help="the bundle file to verify")
+    parser.add_argument(
+        "bundle", metavar="BUNDLE", type=bundle_file, help="the bundle file to verify"
+    )
     parser.set_defaults(run=run)
 
 

@@ -1,0 +1,363 @@
+"""Bundles by URL from servers that lie or stall: raw sockets, so nothing is polite.
+
+Each server here is a listening socket on 127.0.0.1 and a thread per
+connection that reads the request's head and then misbehaves: redirects
+forever, redirects to another origin, answers `100 Continue` forever,
+trickles its headers or its body a byte at a time. What the client must
+do: end within its bounds with one `DownloadError` line, and never hand the
+caller's headers to an origin it did not name. Where a hang is the failure,
+the client runs in a child process with a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import run_python
+from warmenv import open_environment
+from warmenv.bundle import DownloadError, DownloadOptions, import_bundle, preflight
+
+SECRET = "S3CRET"
+
+Behaviour = Callable[["socket.socket", bytes, "HostileServer"], None]
+
+
+class HostileServer:
+    """A listening socket whose every connection is handed to `behaviour`."""
+
+    def __init__(self, behaviour: Behaviour) -> None:
+        self.behaviour = behaviour
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.requests: list[bytes] = []
+        self.target = ""  # where a redirecting behaviour sends the client
+        self.stopped = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def url(self, path: str = "/b.bundle", host: str = "127.0.0.1") -> str:
+        return f"http://{host}:{self.port}{path}"
+
+    def _serve(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            head = b""
+            try:
+                while b"\r\n\r\n" not in head:
+                    data = conn.recv(4096)
+                    if not data:
+                        return
+                    head += data
+                self.requests.append(head)
+                self.behaviour(conn, head, self)
+            except OSError:  # the client hung up: what it was meant to do
+                pass
+
+    def close(self) -> None:
+        self.stopped.set()
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close alone does not)
+        except OSError:
+            pass
+        self.listener.close()
+        self._thread.join(timeout=10)
+
+
+@pytest.fixture
+def hostile() -> Iterator[Callable[[Behaviour], HostileServer]]:
+    made: list[HostileServer] = []
+
+    def make(behaviour: Behaviour) -> HostileServer:
+        made.append(HostileServer(behaviour))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for server in made:
+            server.close()
+
+
+def _trickle(conn: socket.socket, data: bytes, server: HostileServer, every: float) -> None:
+    for byte in data:
+        if server.stopped.wait(every):
+            return
+        conn.sendall(bytes([byte]))
+
+
+def redirect_to_itself(conn: socket.socket, head: bytes, server: HostileServer) -> None:
+    path = head.split(b" ", 2)[1]
+    conn.sendall(
+        b"HTTP/1.1 302 Found\r\nLocation: "
+        + path
+        + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+
+
+def continue_forever(conn: socket.socket, head: bytes, server: HostileServer) -> None:
+    while not server.stopped.wait(0.05):
+        conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+
+def headers_a_byte_at_a_time(conn: socket.socket, head: bytes, server: HostileServer) -> None:
+    conn.sendall(b"HTTP/1.1 200 OK\r\n")
+    _trickle(conn, b"X-Slow: " + b"a" * 100_000, server, every=0.05)
+
+
+def body_a_byte_every_half_second(conn: socket.socket, head: bytes, server: HostileServer) -> None:
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
+    _trickle(conn, b"\0" * 1_000_000, server, every=0.5)
+
+
+def not_found(conn: socket.socket, head: bytes, server: HostileServer) -> None:
+    conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+
+def headers_of(head: bytes) -> dict[str, str]:
+    lines = head.decode("latin-1").split("\r\n")[1:]
+    return {
+        k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines if line)
+    }
+
+
+# --- a redirect loop -----------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_redirect_loop_is_a_download_error_in_import_and_preflight(
+    hostile: Callable[[Behaviour], HostileServer], tmp_path: Path
+) -> None:
+    url = hostile(redirect_to_itself).url()
+    async with open_environment("e", root=tmp_path) as env:
+        with pytest.raises(DownloadError, match="redirected too many times"):
+            await import_bundle(url, env)
+    with pytest.raises(DownloadError, match="redirected too many times"):
+        await preflight(url)
+
+
+def test_the_command_line_says_a_redirect_loop_in_one_line(
+    hostile: Callable[[Behaviour], HostileServer], tmp_path: Path
+) -> None:
+    url = hostile(redirect_to_itself).url().replace("http://", f"http://u:{SECRET}@")
+    completed = subprocess.run(
+        [sys.executable, "-m", "warmenv", "import", url, "--root", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 1
+    assert completed.stderr.count("\n") == 1, completed.stderr
+    assert "redirected too many times" in completed.stderr
+    assert "unexpected" not in completed.stderr and SECRET not in completed.stderr
+
+
+# --- every wait bounded --------------------------------------------------------------
+
+_CHILD = """
+import json, sys, time
+import anyio
+from warmenv import open_environment
+from warmenv.bundle import DownloadError, DownloadOptions, import_bundle, preflight
+
+url, what, backend, options, root = sys.argv[1:]
+options = DownloadOptions(**json.loads(options))
+
+async def main():
+    if what == "preflight":
+        await preflight(url, download=options)
+    else:
+        async with open_environment("e", root=root) as env:
+            await import_bundle(url, env, download=options)
+
+started = time.monotonic()
+try:
+    anyio.run(main, backend=backend)
+except DownloadError as exc:
+    print(json.dumps({"error": str(exc), "elapsed": time.monotonic() - started}))
+else:
+    print(json.dumps({"error": None, "elapsed": time.monotonic() - started}))
+"""
+
+
+def _fetch_in_child(
+    url: str, what: str, backend: str, root: Path, **options: object
+) -> dict[str, object]:
+    completed = run_python(_CHILD, url, what, backend, json.dumps(options), str(root), timeout=30)
+    assert completed.returncode == 0, completed.stderr
+    result: dict[str, object] = json.loads(completed.stdout.splitlines()[-1])
+    return result
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize(
+    "behaviour", [continue_forever, headers_a_byte_at_a_time, body_a_byte_every_half_second]
+)
+def test_a_server_that_never_finishes_ends_the_download_within_its_deadline(
+    hostile: Callable[[Behaviour], HostileServer],
+    tmp_path: Path,
+    behaviour: Behaviour,
+    backend: str,
+) -> None:
+    url = hostile(behaviour).url()
+    result = _fetch_in_child(
+        url, "import", backend, tmp_path, timeout=1, retries=1, deadline=4, min_rate=0
+    )
+    assert result["error"] is not None
+    assert float(str(result["elapsed"])) < 4 + 1.5, result
+    assert not list(tmp_path.glob(".warmenv-import.*"))
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_body_under_the_minimum_rate_fails_before_the_deadline(
+    hostile: Callable[[Behaviour], HostileServer], tmp_path: Path, backend: str
+) -> None:
+    url = hostile(body_a_byte_every_half_second).url()
+    result = _fetch_in_child(
+        url, "import", backend, tmp_path, timeout=1, retries=1, deadline=60, min_rate=100
+    )
+    assert "under the minimum rate of 100 bytes/s" in str(result["error"]), result
+    assert float(str(result["elapsed"])) < 10, result
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_preflight_by_url_ends_within_its_deadline_too(
+    hostile: Callable[[Behaviour], HostileServer], tmp_path: Path, backend: str
+) -> None:
+    url = hostile(continue_forever).url()
+    result = _fetch_in_child(url, "preflight", backend, tmp_path, timeout=1, retries=1, deadline=3)
+    assert result["error"] is not None
+    assert float(str(result["elapsed"])) < 3 + 1.5, result
+
+
+def test_the_bounds_have_documented_defaults_and_are_checked() -> None:
+    options = DownloadOptions()
+    assert (options.deadline, options.min_rate, options.cross_origin_headers) == (
+        3600.0,
+        1024,
+        False,
+    )
+    with pytest.raises(ValueError, match="deadline"):
+        DownloadOptions(deadline=0)
+    with pytest.raises(ValueError, match="min_rate"):
+        DownloadOptions(min_rate=-1)
+
+
+# --- headers stay with their origin --------------------------------------------------
+
+
+def redirect_to_target(conn: socket.socket, head: bytes, server: HostileServer) -> None:
+    """The bundle's path redirects to `server.target`; anything else is not found."""
+    if not head.startswith(b"GET /b.bundle "):
+        return not_found(conn, head, server)
+    location = f"Location: {server.target}\r\n".encode()
+    conn.sendall(
+        b"HTTP/1.1 302 Found\r\n" + location + b"Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("other", ["port", "host name"])
+async def test_caller_headers_are_not_sent_to_another_origin_after_a_redirect(
+    hostile: Callable[[Behaviour], HostileServer], tmp_path: Path, other: str
+) -> None:
+    first = hostile(redirect_to_target)
+    there = hostile(not_found) if other == "port" else first
+    # The same server under another name is another origin too.
+    first.target = there.url("/there", host="127.0.0.1" if other == "port" else "localhost")
+    headers = {"X-Api-Key": SECRET, "Authorization": f"Bearer {SECRET}", "X-Trace": "t"}
+    async with open_environment("e", root=tmp_path) as env:
+        with pytest.raises(DownloadError, match="404"):
+            await import_bundle(first.url(), env, download=DownloadOptions(headers=headers))
+    assert headers_of(first.requests[0])["x-api-key"] == SECRET
+    sent_there = headers_of(there.requests[-1])
+    assert there.requests[-1].startswith(b"GET /there ")
+    assert not {"x-api-key", "authorization", "x-trace"} & set(sent_there), sent_there
+    assert sent_there["accept-encoding"] == "identity"
+
+
+@pytest.mark.anyio
+async def test_a_caller_may_allow_its_headers_across_origins(
+    hostile: Callable[[Behaviour], HostileServer], tmp_path: Path
+) -> None:
+    there = hostile(not_found)
+    first = hostile(redirect_to_target)
+    first.target = there.url("/there")
+    options = DownloadOptions(headers={"X-Api-Key": SECRET}, cross_origin_headers=True)
+    async with open_environment("e", root=tmp_path) as env:
+        with pytest.raises(DownloadError, match="404"):
+            await import_bundle(first.url(), env, download=options)
+    assert headers_of(there.requests[-1])["x-api-key"] == SECRET
+
+
+# --- malformed and foreign URLs ------------------------------------------------------
+
+_BAD_URLS = [
+    f"http://u:pa#{SECRET}@127.0.0.1:1/b",  # a '#' in the password cuts the host part short
+    f"http://u:{SECRET}@[::1/b",  # an unclosed IPv6 bracket
+    f"ftp://u:{SECRET}@host/b",  # a scheme we do not download from
+    f"http://u:{SECRET}@127.0.0.1:99999/b",  # a port out of range
+    f"http://u:{SECRET}@/b",  # no host
+    f"file://u:{SECRET}@/etc/b",
+    f"http://u:p/{SECRET}@127.0.0.1:1/b",  # a '/' in the password
+]
+
+
+def _one_line_refusal(argv: list[str], root: Path) -> None:
+    started = time.monotonic()
+    completed = subprocess.run(
+        [sys.executable, "-m", "warmenv", *argv, "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert completed.returncode in (1, 2), completed.stderr
+    assert completed.stderr.count("\n") == 1, completed.stderr
+    assert SECRET not in completed.stderr + completed.stdout
+    assert "unexpected" not in completed.stderr and "no such file" not in completed.stderr
+    assert time.monotonic() - started < 30  # refused, not retried
+    assert not root.exists()
+
+
+@pytest.mark.parametrize("url", _BAD_URLS)
+def test_import_refuses_a_malformed_or_foreign_url_in_one_line_without_its_credentials(
+    url: str, tmp_path: Path
+) -> None:
+    _one_line_refusal(["import", url], tmp_path / "r")
+
+
+@pytest.mark.parametrize("url", [_BAD_URLS[0], _BAD_URLS[2]])
+@pytest.mark.parametrize("command", ["verify", "check", "inspect"])
+def test_a_command_reading_a_file_refuses_a_url_in_one_line_without_its_credentials(
+    url: str, command: str, tmp_path: Path
+) -> None:
+    _one_line_refusal([command, url], tmp_path / "r")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("url", _BAD_URLS)
+async def test_the_library_refuses_a_malformed_or_foreign_url_as_a_download_error(
+    url: str, tmp_path: Path
+) -> None:
+    async with open_environment("e", root=tmp_path) as env:
+        with pytest.raises(DownloadError) as caught:
+            await import_bundle(url, env)
+    with pytest.raises(DownloadError) as preflighted:
+        await preflight(url)
+    for error in (caught.value, preflighted.value):
+        assert SECRET not in str(error) and "\n" not in str(error)
