@@ -281,6 +281,27 @@ def test_purge_of_an_unknown_bundle_names_the_ones_there(counted_root: Path) -> 
     assert "no bundle 'nope'" in completed.stderr and "'H100 Linux'" in completed.stderr
 
 
+async def _two_of_one_name(root: Path) -> None:
+    async with open_environment("stats", root=root) as env:
+        rebuilt = BundleRef(BUNDLE.name, "blake2b-256:" + "ef" * 32)
+        await env.storage(OTHER).insert_many([(b"r", b"1")], Origin.IMPORTED, bundle=rebuilt)
+
+
+def test_purge_of_a_name_two_bundles_share_deletes_nothing_and_lists_their_digests(
+    counted_root: Path,
+) -> None:
+    anyio.run(_two_of_one_name, counted_root)
+    before = document(run("stats", "--env", "stats", "--json", root=counted_root, loop="asyncio"))
+    completed = run(
+        "purge", "--bundle", "H100 Linux", "--yes", "--env", "stats", root=counted_root, loop="trio"
+    )
+    assert completed.returncode == 1
+    assert completed.stderr.count("\n") == 1, completed.stderr
+    assert "cd" * 32 in completed.stderr and "ef" * 32 in completed.stderr
+    after = document(run("stats", "--env", "stats", "--json", root=counted_root, loop="asyncio"))
+    assert after["namespaces"] == before["namespaces"]
+
+
 def test_purge_bundle_without_yes_off_a_terminal_is_a_usage_error(counted_root: Path) -> None:
     completed = run(
         "purge", "--bundle", "H100 Linux", "--env", "stats", root=counted_root, loop="asyncio"

@@ -383,7 +383,9 @@ class Environment:
 
         Quarantine for a bad bundle: `digest_or_name` is the bundle's digest
         (with or without its `blake2b-256:` prefix) or its manifest name.
-        Local values, including ones that replaced the bundle's, stay.
+        Local values, including ones that replaced the bundle's, stay. A name
+        that more than one imported bundle bears (two builds called the same)
+        raises `WarmenvError` listing their digests, and nothing is deleted.
         """
         self._check_open()
         if not isinstance(digest_or_name, str) or not digest_or_name:

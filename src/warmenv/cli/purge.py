@@ -153,6 +153,12 @@ async def run_bundle(args: argparse.Namespace, out: Output) -> int:
                 f"no bundle {wanted!r} was imported into {env.describe()} (bundles there: "
                 f"{there}); nothing deleted"
             )
+        digests = sorted({b.digest for b in matching if b.entries})
+        if len(digests) > 1:  # what the library refuses too: said before the prompt
+            raise Failure(
+                f"{wanted!r} names {len(digests)} bundles imported into {env.describe()} "
+                f"({', '.join(digests)}); give the digest of the one to purge; nothing deleted"
+            )
         entries = sum(b.entries for b in matching)
         what = f"{plural(entries, 'entry', 'entries')} imported from {matching[0].name!r}"
         await _confirm(args, out, f"{what} in {env.describe()}", f"delete {what}? [y/N] ")
