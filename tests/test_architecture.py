@@ -276,3 +276,49 @@ def test_the_running_loop_is_detected_in_one_place() -> None:
     # asyncio's C-level _get_running_loop is the one private name warmenv relies on,
     # wrapped in one documented place (a hit path cannot afford get_running_loop's raise).
     _one_home(_where(_uses("_get_running_loop")), "warmenv._backend", "loop detection")
+
+
+# --- SQLite ------------------------------------------------------------------------
+
+
+def _text_in(root: Path, pattern: str) -> dict[str, list[int]]:
+    """Module name -> the lines (1-based) where `pattern` is found in its text."""
+    compiled = re.compile(pattern)
+    found: dict[str, list[int]] = {}
+    for path in sorted(root.rglob("*.py")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        hits = [number for number, line in enumerate(lines, 1) if compiled.search(line)]
+        if hits:
+            found[_name(path)] = hits
+    return found
+
+
+def _imports_connect(node: ast.AST) -> bool:
+    """`from sqlite3 import connect` (a connection made under another name)."""
+    return (
+        isinstance(node, ast.ImportFrom)
+        and node.module == "sqlite3"
+        and any(alias.name == "connect" for alias in node.names)
+    )
+
+
+def test_every_sqlite_connection_comes_from_the_seam() -> None:
+    found = {
+        module: lines
+        for module, lines in _text_in(PACKAGE, r"sqlite3\.connect").items()
+        if not module.startswith("warmenv._sqlite")
+    }
+    found.update({m: [n] for m, n in _where(_imports_connect).items()})
+    assert not found, (
+        "sqlite3.connect outside warmenv._sqlite: take the connection from the seam "
+        f"(_sqlite.connect, open_with, open_memory, open_file), which sets its flags once: {found}"
+    )
+
+
+def test_bundle_code_never_touches_an_environments_database() -> None:
+    found = _text_in(PACKAGE / "bundle", r"sqlite3\.connect|\.database\b")
+    assert not found, (
+        "bundle code reaching for an environment's database (or a connection of its own): "
+        "persistence runs every statement on an environment (persistence/sqlite/bulk.py, "
+        f"export.py) and _sqlite makes every connection: {found}"
+    )

@@ -10,7 +10,10 @@ leave it open: the worker finishes it (or rolls it back) on its own. A
 caller that is not on an event loop may read with `run_here(fn)` instead,
 on its own thread with a read-only connection of its own (see `_here`).
 A database in memory (`open_memory`) needs no worker: it runs on the
-caller's thread (see `_memory`).
+caller's thread (see `_memory`). Work that is synchronous already, done
+whole on a thread of its own (export's staging file and its sources, a
+look inside a bundle file), takes a plain connection from `open_file`:
+every `sqlite3` connection warmenv makes comes from this package.
 
 A connection belongs to the event loop that opened it; `run` and `close`
 from any other loop or backend raise a `WarmenvError` naming both (see
@@ -29,11 +32,13 @@ import anyio
 from warmenv._backend import current_backend
 from warmenv._sqlite._loop import database_label
 
-__all__ = ["Connection", "connect", "open_memory", "open_with"]
+__all__ = ["Connection", "connect", "open_file", "open_memory", "open_with"]
 
 T = TypeVar("T")
 
 BUSY_TIMEOUT_SECONDS = 30.0
+FILE_BUSY_TIMEOUT_SECONDS = 5.0
+"""`open_file`'s wait for a lock: SQLite's default, as its callers always had."""
 
 
 class Connection(Protocol):
@@ -79,6 +84,24 @@ async def connect(target: str, *, uri: bool = False) -> Connection:
     from warmenv._sqlite._asyncio import AsyncioConnection
 
     return await AsyncioConnection.open(connector, database)
+
+
+def open_file(uri: str) -> sqlite3.Connection:
+    """A plain, synchronous connection to the file a `file:` URI names (its mode, `ro`,
+    `rw`, `rwc` or `immutable=1`, is the URI's).
+
+    For synchronous work on a worker thread, one thread at a time (anyio's
+    worker threads take turns: `check_same_thread` is off), in autocommit
+    mode: the caller issues BEGIN and COMMIT itself, as on `connect`'s.
+    `sqlite3.Error` if SQLite cannot open it; the caller closes it.
+    """
+    return sqlite3.connect(
+        uri,
+        uri=True,
+        timeout=FILE_BUSY_TIMEOUT_SECONDS,
+        isolation_level=None,  # warmenv issues BEGIN/COMMIT itself
+        check_same_thread=False,
+    )
 
 
 async def open_with(

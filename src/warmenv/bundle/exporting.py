@@ -63,9 +63,10 @@ from warmenv.bundle.manifest import (
     now_iso,
     this_machine,
 )
-from warmenv.bundle.sqlite.sources import ExportSources
+from warmenv.bundle.sqlite.sources import reading
 from warmenv.environment import Environment
 from warmenv.persistence import carried
+from warmenv.persistence.sqlite.export import ExportSources
 from warmenv.persistence.storage import NamespaceSummary
 
 __all__ = ["BundleFormat", "ExportProgress", "export_bundle", "exporting"]
@@ -277,6 +278,7 @@ class _ExportJob:
         self._digest = BackgroundDigest(format_version)
         self._sources = sources
         self._prefixes = prefixes
+        self._sources_named = ", ".join(map(str, sources))  # how errors reading them say it
         self.totals: dict[str, tuple[int, int]] = {}
 
     def start(self) -> None:
@@ -305,10 +307,11 @@ class _ExportJob:
                 self.totals = copier.totals
                 self.skipped = copier.skipped
             else:
-                reader = self._sources_reader = ExportSources(sources, self._prefixes)
-                self.skipped = reader.skipped
-                self.totals = reader.totals()
-                self._rows = reader.rows()
+                with reading(self._sources_named):
+                    reader = self._sources_reader = ExportSources(sources, self._prefixes)
+                    self.skipped = reader.skipped
+                    self.totals = reader.totals()
+                    self._rows = reader.rows()
                 self._output = self.format.writer(
                     self._new_staging(),
                     self.manifest,
@@ -337,7 +340,8 @@ class _ExportJob:
         if self._copier is not None:
             batch = self._copier.copy_step()
         else:
-            batch = list(itertools.islice(self._rows, _BATCH))
+            with reading(self._sources_named):
+                batch = list(itertools.islice(self._rows, _BATCH))
         entries = self._packed(batch)
         if batch and self._copier is None:
             assert self._output is not None

@@ -23,6 +23,7 @@ __all__ = [
     "as_of",
     "as_of_sql",
     "believed",
+    "believed_columns_sql",
     "believed_sql",
     "pack",
     "typed_sql",
@@ -71,6 +72,14 @@ def believed_sql(column: str, limit: float) -> str:
     blob, so those fail `< limit`, and NULL compares to nothing.
     """
     return f"(CASE WHEN {column} >= 0 AND {column} < {limit!r} THEN {column} + 0.0 END)"
+
+
+def believed_columns_sql(alias: str = "") -> str:
+    """The SQL reading what a row carries, `written_at, cost`, each NULL where not believed."""
+    return (
+        f"{believed_sql(f'{alias}written_at', WRITTEN_AT_LIMIT)}, "
+        f"{believed_sql(f'{alias}cost', COST_LIMIT)}"
+    )
 
 
 def as_of(written_at: float | None, now: float) -> float:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from warmenv import _sqlite
 from warmenv.persistence import carried
 from warmenv.persistence.sqlite import schema
 
@@ -60,10 +61,7 @@ _DDL = {
     ),
 }
 
-CARRIED_READ = (
-    f"{carried.believed_sql('written_at', carried.WRITTEN_AT_LIMIT)}, "
-    f"{carried.believed_sql('cost', carried.COST_LIMIT)}"
-)
+CARRIED_READ = carried.believed_columns_sql()
 """The SQL reading what a row carries (written_at, cost), each NULL where not believed."""
 
 _MAX_VERSION_BYTES = 64  # a schema_version is "1" or "2": a longer one is not read at all
@@ -118,7 +116,7 @@ def has_manifest(path: Path) -> bool:
     """Whether a SQLite file's `meta` holds a manifest (is it a bundle?); its value
     is not read, so a hostile file's huge one costs nothing."""
     try:
-        conn = sqlite3.connect(read_only_uri(path), uri=True)
+        conn = _sqlite.open_file(read_only_uri(path))
         try:
             return schema.has_meta(conn, "manifest")
         finally:

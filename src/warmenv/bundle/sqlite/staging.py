@@ -3,7 +3,8 @@
 Export writes a SQLite bundle into a staging file beside its target (see
 `warmenv.bundle.exporting`): the schema of the format asked for, the
 entries as IMPORTED in (namespace, key) order, either appended a batch at a
-time or, from a single source, copied inside SQLite, then the manifest.
+time or, from a single source, copied inside SQLite (persistence's
+`SourceCopy`, which runs every statement on the environment), then the manifest.
 Whatever SQLite says went wrong writing it is raised as the `OSError` it
 stands for (a full disk, a read-only file system), naming the file.
 """
@@ -18,18 +19,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import final
 
+from warmenv import _sqlite
 from warmenv.bundle.base import CarriedRow, PackedRow
-from warmenv.bundle.errors import InvalidSourceError
 from warmenv.bundle.manifest import BundleManifest
 from warmenv.bundle.sqlite import schema as bundle_schema
-from warmenv.bundle.sqlite.sources import Exportable, carried_columns, reading
-from warmenv.persistence.sqlite import schema, uris
+from warmenv.bundle.sqlite.sources import reading
+from warmenv.persistence.sqlite.export import SourceCopy
 from warmenv.persistence.storage import Origin
 
 __all__ = ["LARGE_BUNDLE", "LARGE_PAGE", "StagingFile"]
 
 _BATCH = 1024
-_SOURCE = "warmenv_source"
 
 # SQLite's primary result codes, as the OSError they stand for.
 _ERRNO_OF = {
@@ -80,21 +80,15 @@ class StagingFile:
         # rows read back carry: nothing in format 1.
         self._carrying = format_version == 2
         self._conn: sqlite3.Connection | None = None
+        self._copy: SourceCopy | None = None
         self._copied_rowid = 0
-        self._copy_after: tuple[str, bytes] | None = None
-        self._attached = False
-        self._carried = "NULL, NULL"  # the SQL of what the attached source's rows carry
+        self._copy_after: tuple[str, bytes] | None = None  # the last (namespace, key) copied
         self.skipped = 0
         self.totals: dict[str, tuple[int, int]] = {}
         """Entries and bytes per namespace of the attached source (`attach_source`)."""
         try:
             with _writing(path):
-                conn = self._conn = sqlite3.connect(
-                    f"{path.resolve().as_uri()}?mode=rwc",
-                    uri=True,
-                    isolation_level=None,
-                    check_same_thread=False,
-                )
+                conn = self._conn = _sqlite.open_file(f"{path.resolve().as_uri()}?mode=rwc")
                 if expected_bytes >= LARGE_BUNDLE:
                     conn.execute(f"PRAGMA page_size={LARGE_PAGE}")  # before the first table
                 conn.execute("PRAGMA journal_mode=OFF")
@@ -130,44 +124,14 @@ class StagingFile:
                 )
 
     def attach_source(self, source: Path, prefixes: list[str] | None) -> dict[str, tuple[int, int]]:
-        """Copy from one environment inside SQLite; the totals under one snapshot."""
+        """Copy from one environment inside SQLite (`SourceCopy`); the totals under one
+        snapshot."""
         with reading(str(source)):
-            return self._attach_source(source, prefixes)
-
-    def _attach_source(
-        self, source: Path, prefixes: list[str] | None
-    ) -> dict[str, tuple[int, int]]:
-        conn = self._connection()
-        error: sqlite3.Error | None = None
-        # Read-write first, as `_open_source`: detaching it, as the last
-        # connection, removes the -wal and -shm files reading it needed.
-        for uri in uris.open_uris(source, read_write=True):
-            try:
-                conn.execute(f"ATTACH DATABASE ? AS {_SOURCE}", (uri,))
-                self._attached = True
-                readable = schema.has_entry_columns(conn, _SOURCE)
-                break
-            except sqlite3.Error as exc:
-                if self._attached:
-                    with contextlib.suppress(sqlite3.Error):
-                        conn.execute(f"DETACH DATABASE {_SOURCE}")
-                    self._attached = False
-                error = exc
-        else:
-            raise InvalidSourceError(f"{source} cannot be read as a warmenv environment ({error})")
-        if not readable:
-            raise InvalidSourceError(f"{source} is not a warmenv environment (no entries table)")
-        self._carried = carried_columns(conn, _SOURCE)
-        conn.text_factory = schema.decode_text
-        exportable = Exportable.of([conn], f"{_SOURCE}.entries", prefixes)
-        self._where, self._params = exportable.where, exportable.params
-        conn.execute("BEGIN")  # one snapshot of the source for the totals and the copy
-        rows = schema.namespace_totals(
-            conn, table=f"{_SOURCE}.entries", where=self._where, params=self._params
-        )
-        self.skipped = exportable.left_out(conn)
-        self._copy_after = ("", b"")
-        self.totals = {namespace: (count, size) for namespace, count, size in rows}
+            copy = self._copy = SourceCopy(
+                self._connection(), source, prefixes, carrying=self._carrying
+            )
+        self.skipped = copy.skipped
+        self.totals = copy.totals
         return self.totals
 
     def copy_step(self) -> list[CarriedRow]:
@@ -178,23 +142,9 @@ class StagingFile:
 
     def _copy_step(self) -> list[CarriedRow]:
         conn = self._connection()
-        assert self._copy_after is not None, "attach_source() first"
-        after, params = "", list(self._params)
-        if self._copied_rowid:  # past the first batch: continue after the last row copied
-            after = " AND (namespace, key) > (?, ?)"
-            params += self._copy_after
-        carried_columns, carried_values, carried_read = (
-            (", written_at, cost", f", {self._carried}", "written_at, cost")
-            if self._carrying
-            else ("", "", "NULL, NULL")
-        )
-        conn.execute(
-            f"INSERT INTO main.entries (namespace, key, value, origin{carried_columns}) "
-            f"SELECT namespace, key, value, {int(Origin.IMPORTED)}{carried_values} "
-            f"FROM {_SOURCE}.entries "
-            f"WHERE {self._where}{after} ORDER BY namespace, key LIMIT {_BATCH}",
-            params,
-        )
+        assert self._copy is not None, "attach_source() first"
+        self._copy.copy_batch(self._copy_after, _BATCH)
+        carried_read = "written_at, cost" if self._carrying else "NULL, NULL"
         rows = conn.execute(
             f"SELECT rowid, namespace, key, value, {carried_read} FROM main.entries "
             "WHERE rowid > ? ORDER BY rowid",
@@ -221,9 +171,8 @@ class StagingFile:
             (bundle_schema.SCHEMA_VERSIONS[self.format_version], manifest_json),
         )
         conn.execute("COMMIT")
-        if self._attached:
-            conn.execute(f"DETACH DATABASE {_SOURCE}")
-            self._attached = False
+        if self._copy is not None:
+            self._copy.detach()
         conn.execute("PRAGMA journal_mode=DELETE")
         conn.close()
         self._conn = None

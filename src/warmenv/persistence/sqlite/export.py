@@ -1,0 +1,288 @@
+"""What an export reads from environments: their entries, under one snapshot each.
+
+An export takes the entries of one or more environment files (any version:
+a version-1 file carries no `written_at` or `cost`, and is read, never
+upgraded) and never writes them: each is opened read-write first
+(`uris.open_uris`) so that the last connection to close it removes the -wal
+and -shm files reading it needed. Only rows a bundle reader accepts are
+taken: the right types, in a namespace of non-empty UTF-8 text; the others
+are left out and counted. Every statement an export runs on an environment
+is here; the bundle side only says where the rows go.
+
+Two ways out, as an import has two ways in (`bulk`): `ExportSources` brings
+the rows into Python, merged into one stream in (namespace, key) order, the
+first source winning on a repeated entry (any format, any number of
+sources); `SourceCopy` attaches one source to the connection of a SQLite
+bundle being written and copies its rows inside SQLite, a batch at a time.
+A file that is not an environment, or that cannot be opened as one, is
+`NotAnEnvironmentError` (naming it); what SQLite says reading one goes on as
+the `sqlite3.Error` it is. The caller says what either means to its user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TypeAlias, final
+
+import attrs
+
+from warmenv import _sqlite
+from warmenv._text import is_utf8
+from warmenv.persistence import carried
+from warmenv.persistence.sqlite import schema, uris
+from warmenv.persistence.storage import Origin
+
+__all__ = [
+    "ExportRow",
+    "ExportSources",
+    "NotAnEnvironmentError",
+    "SourceCopy",
+    "Totals",
+]
+
+_BATCH = 1024
+_SOURCE = "warmenv_source"
+
+ExportRow: TypeAlias = tuple[str, bytes, bytes, float | None, float | None]
+"""An entry as export reads it: (namespace, key, value, written_at, cost), each carried
+number believed (`carried`) or None."""
+
+Totals: TypeAlias = dict[str, tuple[int, int]]
+"""Entries and bytes (keys plus values) per namespace."""
+
+
+class NotAnEnvironmentError(sqlite3.DatabaseError):
+    """A file given to export is not a warmenv environment, or cannot be opened as one;
+    the message names it."""
+
+
+@final
+class ExportSources:
+    """Environments to export from, merged into one sorted stream of entries.
+
+    Each source is read under one snapshot (a transaction held open until
+    `close`), so the totals and the rows agree. Several sources merge with
+    the first source winning on a repeated namespace and key. Rows that are
+    not entries (wrong types) and namespaces no reader accepts (empty, not
+    UTF-8) are left out and counted in `skipped`. Used from one thread at a
+    time.
+    """
+
+    def __init__(self, paths: list[Path], prefixes: list[str] | None) -> None:
+        self.paths = paths
+        self.skipped = 0
+        self._conns: list[sqlite3.Connection] = []
+        self._carried: list[str] = []  # per source, the SQL of what its rows carry
+        try:
+            for path in paths:
+                self._conns.append(_open_source(path))
+            exportable = _Exportable.of(self._conns, "entries", prefixes)
+            self.skipped = sum(exportable.left_out(conn) for conn in self._conns)
+            self._where, self._params = exportable.where, exportable.params
+            self._carried = [_carried_columns(conn) for conn in self._conns]
+        except BaseException:
+            self.close()
+            raise
+
+    def totals(self) -> Totals:
+        """Entries and bytes per namespace, as the merged stream will hold them."""
+        if len(self._conns) == 1:
+            rows = schema.namespace_totals(self._conns[0], where=self._where, params=self._params)
+            return {namespace: (count, size) for namespace, count, size in rows}
+        totals: Totals = {}
+        for namespace, key, value_len in self._merged(carrying=False):
+            entries, size = totals.get(namespace, (0, 0))
+            totals[namespace] = (entries + 1, size + len(key) + int(value_len))
+        return totals
+
+    def rows(self) -> Iterator[ExportRow]:
+        """Every entry in (namespace, key) order, with what it carries (believed, or None)."""
+        return self._merged(carrying=True)
+
+    def _merged(self, *, carrying: bool) -> Iterator[Any]:
+        """Rows (namespace, key, then the value and what it carries, or the value's length)."""
+
+        def rows(conn: sqlite3.Connection, carried_sql: str) -> Iterator[Any]:
+            columns = f"value, {carried_sql}" if carrying else "length(value)"
+            cursor = conn.execute(
+                f"SELECT namespace, key, {columns} FROM entries WHERE {self._where} "
+                "ORDER BY namespace, key",
+                self._params,
+            )
+            while batch := cursor.fetchmany(_BATCH):
+                yield from batch
+
+        sources = [rows(conn, sql) for conn, sql in zip(self._conns, self._carried, strict=True)]
+        if len(sources) == 1:  # one sorted source has nothing to merge or deduplicate
+            yield from sources[0]
+            return
+        previous: tuple[object, object] | None = None
+        for row in heapq.merge(*sources, key=lambda r: (r[0], r[1])):
+            if previous is not None and (row[0], row[1]) == previous:
+                continue
+            previous = (row[0], row[1])
+            yield row
+
+    def close(self) -> None:
+        """End the snapshots and close the sources; idempotent."""
+        for conn in self._conns:
+            with contextlib.suppress(sqlite3.Error):
+                conn.rollback()
+                conn.close()
+        self._conns = []
+
+
+@final
+class SourceCopy:
+    """One environment attached to a SQLite bundle's connection and copied into its
+    `main.entries` inside SQLite (INSERT ... SELECT, a batch at a time), as IMPORTED.
+
+    Attaching begins the connection's transaction: one snapshot of the source
+    for the totals and every batch, and the bundle's writes in it too; the
+    caller commits, then `detach`es. `carrying` copies what each row carries
+    into the bundle's `written_at` and `cost` (format 2); without it the
+    bundle has the first four columns alone (format 1).
+    """
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        source: Path,
+        prefixes: list[str] | None,
+        *,
+        carrying: bool,
+    ) -> None:
+        self._conn = conn
+        self.attached = False
+        error: sqlite3.Error | None = None
+        for uri in uris.open_uris(source, read_write=True):
+            try:
+                conn.execute(f"ATTACH DATABASE ? AS {_SOURCE}", (uri,))
+                self.attached = True
+                readable = schema.has_entry_columns(conn, _SOURCE)
+                break
+            except sqlite3.Error as exc:
+                self.detach()
+                error = exc
+        else:
+            raise NotAnEnvironmentError(
+                f"{source} cannot be read as a warmenv environment ({error})"
+            )
+        if not readable:
+            raise NotAnEnvironmentError(f"{source} is not a warmenv environment (no entries table)")
+        conn.text_factory = schema.decode_text
+        exportable = _Exportable.of([conn], f"{_SOURCE}.entries", prefixes)
+        self._where, self._params = exportable.where, exportable.params
+        columns, values = "", ""
+        if carrying:
+            columns, values = ", written_at, cost", f", {_carried_columns(conn, _SOURCE)}"
+        self._insert = (
+            f"INSERT INTO main.entries (namespace, key, value, origin{columns}) "
+            f"SELECT namespace, key, value, {int(Origin.IMPORTED)}{values} "
+            f"FROM {_SOURCE}.entries WHERE {self._where}"
+        )
+        conn.execute("BEGIN")  # one snapshot of the source for the totals and the copy
+        rows = schema.namespace_totals(
+            conn, table=f"{_SOURCE}.entries", where=self._where, params=self._params
+        )
+        self.skipped = exportable.left_out(conn)
+        """Rows of the source left out (wrong types, namespaces no reader accepts)."""
+        self.totals: Totals = {namespace: (count, size) for namespace, count, size in rows}
+        """Entries and bytes per namespace that the copy will hold."""
+
+    def copy_batch(self, after: tuple[str, bytes] | None, limit: int) -> None:
+        """Copy the next `limit` entries in (namespace, key) order after `after`
+        (`None`: from the first)."""
+        sql, params = self._insert, list(self._params)
+        if after is not None:
+            sql += " AND (namespace, key) > (?, ?)"
+            params += after
+        self._conn.execute(f"{sql} ORDER BY namespace, key LIMIT {int(limit)}", params)
+
+    def detach(self) -> None:
+        """Detach the source (after the commit: a transaction holds it); idempotent."""
+        if self.attached:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute(f"DETACH DATABASE {_SOURCE}")
+            self.attached = False
+
+
+def _open_source(path: Path) -> sqlite3.Connection:
+    """Open an environment to export from, reading under one snapshot."""
+    last: sqlite3.Error | None = None
+    for uri in uris.open_uris(path, read_write=True):
+        conn = None
+        try:
+            conn = _sqlite.open_file(uri)
+            conn.text_factory = schema.decode_text
+            conn.execute("BEGIN")  # one snapshot for both passes
+            if not schema.has_entry_columns(conn):
+                conn.close()
+                raise NotAnEnvironmentError(
+                    f"{path} is not a warmenv environment (no entries table)"
+                )
+            return conn
+        except NotAnEnvironmentError:
+            raise
+        except sqlite3.Error as exc:
+            last = exc
+            if conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+    raise NotAnEnvironmentError(f"{path} cannot be read as a warmenv environment ({last})")
+
+
+@attrs.frozen
+class _Exportable:
+    """Which rows of a source an export takes: entries of the right types, under the
+    prefixes, in namespaces a bundle reader accepts: non-empty UTF-8 text (a file written
+    by something else may hold others, and a bundle holding one could not be read).
+    """
+
+    table: str
+    where: str
+    params: list[object]
+    matches: str
+    match_params: list[object]
+
+    @classmethod
+    def of(
+        cls, conns: list[sqlite3.Connection], table: str, prefixes: list[str] | None
+    ) -> _Exportable:
+        matches, match_params = schema.prefix_sql(prefixes)
+        bad = sorted(
+            {
+                bytes(raw)
+                for conn in conns
+                for (raw,) in conn.execute(
+                    # Other types are left out by well_typed (a NULL has no bytes to compare).
+                    f"SELECT DISTINCT CAST(namespace AS BLOB) FROM {table} "
+                    "WHERE typeof(namespace) = 'text'"
+                )
+                if not raw or not is_utf8(bytes(raw))
+            }
+        )
+        where = f"{schema.well_typed()} AND {matches}"
+        if bad:
+            where += f" AND CAST(namespace AS BLOB) NOT IN ({','.join('?' * len(bad))})"
+        return cls(table, where, [*match_params, *bad], matches, [*match_params])
+
+    def left_out(self, conn: sqlite3.Connection) -> int:
+        """How many rows under the prefixes the condition leaves out (wrong types, namespaces
+        that are empty or not UTF-8)."""
+        row = conn.execute(
+            f"SELECT count(*) FROM {self.table} WHERE {self.matches} AND NOT ({self.where})",
+            [*self.match_params, *self.params],
+        ).fetchone()
+        return int(row[0])
+
+
+def _carried_columns(conn: sqlite3.Connection, database: str = "main") -> str:
+    """The SQL of the written_at and cost a source's rows carry into a bundle: believed
+    values, or NULL from a version-1 environment, which has no such columns."""
+    names = {name for name, _ in schema.entry_columns(conn, database)}
+    return carried.believed_columns_sql() if {"written_at", "cost"} <= names else "NULL, NULL"
