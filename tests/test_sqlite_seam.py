@@ -3,6 +3,7 @@
 A connection runs each function whole on its own worker thread, never on the
 event loop's, on asyncio (through public asyncio only: no aiosqlite internals)
 as on trio; a database in memory runs on the caller's thread and needs no loop.
+A closed connection's worker thread has ended by the time `close()` returns.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from warmenv import _sqlite
+from warmenv import _sqlite, open_environment
+from warmenv.bundle import export_bundle, open_bundle
 from warmenv.persistence import Insertion, Stored
 from warmenv.persistence.memory import MemoryStorage
 
@@ -69,3 +71,33 @@ def test_a_memory_storage_is_made_outside_any_event_loop() -> None:
 
     assert anyio.run(write) == Stored()
     assert anyio.run(read, backend="trio") == b"v"  # and any loop may use it after
+
+
+def _workers() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "warmenv-sqlite" and t.is_alive()}
+
+
+async def test_no_worker_thread_outlives_a_closed_environment(tmp_path: Path) -> None:
+    before = _workers()  # another test's, still ending: not this environment's
+    async with open_environment("seam", root=tmp_path) as env:
+        await env.storage("app/1/k").insert(b"k", b"v")
+        assert _workers() - before, "the environment's worker thread is running"
+    assert not _workers() - before
+
+
+async def test_no_worker_thread_outlives_a_closed_bundle(tmp_path: Path) -> None:
+    async with open_environment("seam", root=tmp_path) as env:
+        await env.storage("app/1/k").insert(b"k", b"v")
+        await export_bundle(env, tmp_path / "b.bundle", name="b", version="1")
+    before = _workers()
+    async with open_bundle(tmp_path / "b.bundle") as bundle:
+        assert await bundle.get("app/1/k", b"k") == b"v"
+        assert _workers() - before, "the bundle's worker thread is running"
+    assert not _workers() - before
+
+
+async def test_a_connection_that_fails_to_open_leaves_no_worker_thread(tmp_path: Path) -> None:
+    before = _workers()
+    with pytest.raises(sqlite3.OperationalError):
+        await _sqlite.connect(f"{(tmp_path / 'absent.db').as_uri()}?mode=ro", uri=True)
+    assert not _workers() - before

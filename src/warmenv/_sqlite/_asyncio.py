@@ -32,10 +32,11 @@ T = TypeVar("T")
 
 @final
 class AsyncioConnection:
-    __slots__ = ("_database", "_jobs", "_loop", "_opened_on", "_raw", "_readers")
+    __slots__ = ("_database", "_jobs", "_loop", "_opened_on", "_raw", "_readers", "_worker")
 
-    def __init__(self, jobs: _worker.Jobs, database: str, readers: Readers) -> None:
-        self._jobs = jobs
+    def __init__(self, worker: _worker.Worker, database: str, readers: Readers) -> None:
+        self._worker = worker
+        self._jobs = worker.jobs  # the hot path's, one attribute away
         self._raw: sqlite3.Connection | None = None
         self._readers = readers
         self._loop = asyncio.get_running_loop()
@@ -49,8 +50,12 @@ class AsyncioConnection:
         self = cls(_worker.start(), database, Readers(connector, database))
         try:
             self._raw = await self._call(connector)
-        except BaseException:
-            _worker.stop(self._jobs)
+        except Exception:  # the open failed on the worker: its thread ends now
+            with anyio.CancelScope(shield=True):
+                await _worker.ended(self._worker)
+            raise
+        except BaseException:  # cancelled: the open may still run, and the thread ends after it
+            _worker.stop(self._worker)
             raise
         return self
 
@@ -75,7 +80,7 @@ class AsyncioConnection:
             try:
                 await self._call(raw.close)
             finally:
-                _worker.stop(self._jobs)
+                await _worker.ended(self._worker)
 
     def _check_loop(self) -> None:
         try:

@@ -28,10 +28,11 @@ T = TypeVar("T")
 
 @final
 class TrioConnection:
-    __slots__ = ("_database", "_jobs", "_opened_on", "_raw", "_readers", "_token")
+    __slots__ = ("_database", "_jobs", "_opened_on", "_raw", "_readers", "_token", "_worker")
 
-    def __init__(self, jobs: _worker.Jobs, database: str, readers: Readers) -> None:
-        self._jobs = jobs
+    def __init__(self, worker: _worker.Worker, database: str, readers: Readers) -> None:
+        self._worker = worker
+        self._jobs = worker.jobs  # the hot path's, one attribute away
         self._raw: sqlite3.Connection | None = None
         self._readers = readers
         self._token = trio.lowlevel.current_trio_token()
@@ -45,8 +46,12 @@ class TrioConnection:
         self = cls(_worker.start(), database, Readers(connector, database))
         try:
             self._raw = await self._call(connector, self._token)
-        except BaseException:
-            _worker.stop(self._jobs)
+        except Exception:  # the open failed on the worker: its thread ends now
+            with anyio.CancelScope(shield=True):
+                await _worker.ended(self._worker)
+            raise
+        except BaseException:  # cancelled: the open may still run, and the thread ends after it
+            _worker.stop(self._worker)
             raise
         return self
 
@@ -82,7 +87,7 @@ class TrioConnection:
             try:
                 await self._call(raw.close, token)
             finally:
-                _worker.stop(self._jobs)
+                await _worker.ended(self._worker)
 
     def _foreign(self) -> WarmenvError:
         return foreign_loop_error(self._database, self._opened_on)
