@@ -118,7 +118,7 @@ def bench(session: nox.Session) -> None:
 
     `nox -s bench -- bench_bundle.py --large` runs one script with its options.
     """
-    session.install("-e", ".[test]", "aiosqlite")
+    session.install("-e", ".[test]")
     scripts = (
         "bench_sync.py",
         "bench_storage.py",

@@ -91,7 +91,7 @@ def json_lines(completed: subprocess.CompletedProcess[str]) -> list[object]:
 # --- a world-readable copy of what a child running as another user imports -------------
 
 # The distributions (with extras) whose code children import; their
-# requirements are followed, so anyio, aiosqlite, attrs, sniffio, outcome,
+# requirements are followed, so anyio, attrs, platformdirs, sniffio, outcome,
 # idna, sortedcontainers, rich and the rest come along.
 CHILD_DISTRIBUTIONS = ("warmenv[cli]", "trio", "uvloop")
 

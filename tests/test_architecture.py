@@ -293,22 +293,13 @@ def _text_in(root: Path, pattern: str) -> dict[str, list[int]]:
     return found
 
 
-def _imports_connect(node: ast.AST) -> bool:
-    """`from sqlite3 import connect` (a connection made under another name)."""
-    return (
-        isinstance(node, ast.ImportFrom)
-        and node.module == "sqlite3"
-        and any(alias.name == "connect" for alias in node.names)
-    )
-
-
 def test_every_sqlite_connection_comes_from_the_seam() -> None:
     found = {
         module: lines
         for module, lines in _text_in(PACKAGE, r"sqlite3\.connect").items()
         if not module.startswith("warmenv._sqlite")
     }
-    found.update({m: [n] for m, n in _where(_imports_connect).items()})
+    found.update({m: [n] for m, n in _where(_imports("sqlite3", "connect")).items()})
     assert not found, (
         "sqlite3.connect outside warmenv._sqlite: take the connection from the seam "
         f"(_sqlite.connect, open_with, open_memory, open_file), which sets its flags once: {found}"
@@ -322,3 +313,25 @@ def test_bundle_code_never_touches_an_environments_database() -> None:
         "persistence runs every statement on an environment (persistence/sqlite/bulk.py, "
         f"export.py) and _sqlite makes every connection: {found}"
     )
+
+
+def _imports_package(package: str) -> Callable[[ast.AST], bool]:
+    """`import <package>[.x]` or `from <package>[.x] import ...`."""
+    return lambda node: (
+        (
+            isinstance(node, ast.Import)
+            and any(alias.name.partition(".")[0] == package for alias in node.names)
+        )
+        or (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (node.module or "").partition(".")[0] == package
+        )
+    )
+
+
+def test_nothing_in_src_imports_aiosqlite() -> None:
+    # Not a dependency (the worker thread in _sqlite serves asyncio): an import would
+    # fail where warmenv is installed alone.
+    found = _where(_imports_package("aiosqlite"))
+    assert not found, f"aiosqlite imported by {found}; run SQLite through warmenv._sqlite"

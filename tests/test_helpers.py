@@ -13,7 +13,7 @@ from helpers import json_lines, run_python, staged_path, unprivileged_user
 
 _PROBE = """
 import json, sys
-import probe_pkg, warmenv, warmenv.bundle, warmenv.cli, anyio, aiosqlite, trio
+import probe_pkg, warmenv, warmenv.bundle, warmenv.cli, anyio, attrs, platformdirs, trio
 try:
     import uvloop
 except ImportError:
@@ -56,5 +56,6 @@ def test_the_staged_copy_is_open_to_everyone_and_leaves_out_our_standard_library
                 mode = os.stat(os.path.join(directory, name)).st_mode
                 assert mode & stat.S_IROTH, os.path.join(directory, name)
     copied = {p.name for entry in staged for p in entry.iterdir()}
-    assert {"probe_pkg", "warmenv", "anyio", "aiosqlite", "trio", "outcome", "rich"} <= copied
+    expected = {"probe_pkg", "warmenv", "anyio", "attrs", "platformdirs", "trio", "outcome", "rich"}
+    assert expected <= copied
     assert "hypothesis" not in copied and "_pytest" not in copied  # only what children import
