@@ -17,6 +17,7 @@ from warmenv.bundle.errors import (
     InvalidManifestError,
     InvalidSourceError,
     NotABundleError,
+    StaleBundleError,
     UnsupportedSchemaError,
 )
 from warmenv.bundle.events import (
@@ -81,6 +82,7 @@ __all__ = [
     "Preflight",
     "Progress",
     "SqliteBundle",
+    "StaleBundleError",
     "Started",
     "UnsupportedSchemaError",
     "Verifying",

@@ -16,6 +16,7 @@ __all__ = [
     "InvalidManifestError",
     "InvalidSourceError",
     "NotABundleError",
+    "StaleBundleError",
     "UnsupportedSchemaError",
 ]
 
@@ -46,3 +47,12 @@ class BundleTooLargeError(BundleError):
 
 class InvalidSourceError(BundleError):
     """An export source is not an environment, an environment database or a root."""
+
+
+class StaleBundleError(BundleError):
+    """The bundle holds no namespace of the application's version: none of it could hit.
+
+    Raised by an import given `version=` before the bundle's body is
+    downloaded (where its header can be read by range) and before anything
+    is written.
+    """

@@ -75,6 +75,9 @@ class ImportReport:
     bytes: int
     elapsed: float
     complete: bool = True
+    other_versions: tuple[str, ...] = ()
+    """The bundle's namespaces left out because they carry another version than the one
+    the import was given (`version=`): no lookup of that version could hit them."""
 
 
 @attrs.frozen

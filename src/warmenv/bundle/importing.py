@@ -39,9 +39,9 @@ from typing import final
 import anyio
 import anyio.lowlevel
 
-from warmenv._url import is_url
+from warmenv._url import is_url, redact
 from warmenv.bundle.base import Bundle
-from warmenv.bundle.download import Download, DownloadOptions
+from warmenv.bundle.download import Download, DownloadOptions, read_header
 from warmenv.bundle.errors import CorruptBundleError
 from warmenv.bundle.events import (
     BundleFinished,
@@ -53,10 +53,11 @@ from warmenv.bundle.events import (
     Verifying,
 )
 from warmenv.bundle.manifest import BundleManifest
-from warmenv.bundle.open import open_private
+from warmenv.bundle.open import open_private, read_names
+from warmenv.bundle.preflight import of_version, stale
 from warmenv.environment import Environment
 from warmenv.persistence.carried import CarryingEntry
-from warmenv.persistence.namespace import matches_any
+from warmenv.persistence.namespace import Namespace, matches_any
 from warmenv.persistence.sqlite.bulk import CopiedBatch
 from warmenv.persistence.storage import (
     BundleRef,
@@ -75,6 +76,7 @@ async def import_bundle(
     env: Environment,
     *,
     namespaces: list[str] | None = None,
+    version: str | None = None,
     batch_size: int = 1024,
     validate: Validate | None = None,
     verify: bool = True,
@@ -83,11 +85,13 @@ async def import_bundle(
     """Import every entry of `source` (a path, an http(s) URL or an open bundle) into `env`.
 
     `download` sets the limits of fetching a bundle by URL (see `DownloadOptions`).
+    `version`: the application's version; see `importing`.
     """
     async with importing(
         source,
         env,
         namespaces=namespaces,
+        version=version,
         batch_size=batch_size,
         validate=validate,
         verify=verify,
@@ -104,6 +108,7 @@ async def importing(
     env: Environment,
     *,
     namespaces: list[str] | None = None,
+    version: str | None = None,
     batch_size: int = 1024,
     validate: Validate | None = None,
     verify: bool = True,
@@ -120,13 +125,27 @@ async def importing(
 
     A URL is downloaded as the stream's first steps (`Downloading` events
     before `Started`); a download that fails, or is cancelled, leaves nothing.
+
+    `version` (the application's version) imports only the namespaces whose
+    version segment is that version, the only ones its lookups can hit; the
+    others are named in the report (`other_versions`). A bundle holding
+    none of that version raises `StaleBundleError` before anything is
+    written, and before its body is downloaded or copied where its names can
+    be read first: a flat bundle's header (by a `Range` request for a URL),
+    a SQLite file's entries where it lies (a SQLite bundle by URL is
+    downloaded first: its names are in its entries).
     """
     check_batch_size(batch_size)
+    check_version(version)
     near = env.snapshot_directory()
     if is_url(source):
         assert isinstance(source, str)
+        if version is not None:
+            header = await read_header(source, download)
+            if header is not None:
+                refuse_stale(redact(source), header[1], namespaces, version)
         progress = ImportProgress(
-            Download(source, near, download), env, namespaces, batch_size, validate, verify
+            Download(source, near, download), env, namespaces, version, batch_size, validate, verify
         )
         try:
             yield progress
@@ -136,12 +155,19 @@ async def importing(
                 await progress.aclose()
         return
     if isinstance(source, str | os.PathLike):
+        if version is not None:
+            found = await read_names(Path(source))
+            if found is not None:
+                refuse_stale(os.fspath(source), found[1], namespaces, version)
         bundle: Bundle = await open_private(Path(source), near, verified=verify)
         owned = True
     else:
+        if version is not None:
+            names = [s.namespace for s in await source.namespaces()]  # noqa: ASYNC240
+            refuse_stale(source.describe(), names, namespaces, version)  # noqa: ASYNC240
         copy = await source.private_copy(near)  # noqa: ASYNC240 (a Bundle here)
         bundle, owned = (source, False) if copy is None else (copy, True)
-    progress = ImportProgress(bundle, env, namespaces, batch_size, validate, verify)
+    progress = ImportProgress(bundle, env, namespaces, version, batch_size, validate, verify)
     try:
         yield progress
         await progress.finish()
@@ -163,6 +189,7 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
         bundle: Bundle | Download,
         env: Environment,
         prefixes: list[str] | None,
+        version: str | None,
         batch_size: int,
         validate: Validate | None,
         verify: bool,
@@ -170,6 +197,7 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
         self._bundle = bundle
         self._env = env
         self._prefixes = prefixes
+        self._version = version
         self._batch_size = batch_size
         self._validate = validate
         self._verify = verify
@@ -220,6 +248,15 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
         selected = [
             s for s in await bundle.namespaces() if matches_any(s.namespace, self._prefixes)
         ]
+        prefixes = self._prefixes
+        if self._version is not None:
+            same, other = of_version([s.namespace for s in selected], self._version)
+            if not same:
+                raise stale(bundle.describe(), other, self._version)
+            kept = set(same)
+            selected = [s for s in selected if s.namespace in kept]
+            tally.other_versions = tuple(other)
+            prefixes = _version_prefixes(self._prefixes, same, self._version)
         total_entries = sum(s.entries for s in selected)
         total_bytes = sum(s.bytes for s in selected)
         yield BundleStarted(tuple(s.namespace for s in selected), total_entries, total_bytes)
@@ -233,7 +270,7 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
         copier = None
         if entry_file is not None and self._validate is None:
             copier = self._env.bulk_copy(
-                entry_file, self._prefixes, self._batch_size, bundle=_ref(bundle)
+                entry_file, prefixes, self._batch_size, bundle=_ref(bundle)
             )
         if copier is not None:
             batches = _copy_in_bulk(copier, tally)
@@ -256,6 +293,7 @@ class _Tally:
         self.imported = self.skipped = self.failed = self.rejected = 0
         self.imported_bytes = self.done = self.bytes_done = 0
         self.by_ns: dict[str, tuple[int, int]] = {}
+        self.other_versions: tuple[str, ...] = ()
 
     def add_imported(self, namespace: str, entries: int, size: int) -> None:
         old = self.by_ns.get(namespace, (0, 0))
@@ -278,7 +316,46 @@ class _Tally:
             bytes=self.imported_bytes,
             elapsed=ended - started_at,
             complete=complete,
+            other_versions=self.other_versions,
         )
+
+
+def check_version(version: object) -> None:
+    """`ValueError` for a `version=` that cannot be a namespace's version segment."""
+    if version is None:
+        return
+    if not isinstance(version, str) or not version or "/" in version:
+        raise ValueError(
+            f"version must be the application's version, one namespace segment (a non-empty "
+            f"str without '/'), got {version!r}"
+        )
+
+
+def refuse_stale(label: str, names: list[str], prefixes: list[str] | None, version: str) -> None:
+    """Raise `StaleBundleError` if no namespace selected of `names` is of `version`."""
+    same, other = of_version([n for n in names if matches_any(n, prefixes)], version)
+    if not same:
+        raise stale(label, other, version)
+
+
+def _version_prefixes(prefixes: list[str] | None, same: list[str], version: str) -> list[str]:
+    """Prefixes that select, of the namespaces `prefixes` select, those of `version`.
+
+    A few, however many namespaces: one per application name (`app/<version>`)
+    or per prefix given, so a bulk copy's SQL condition stays small.
+    """
+    if prefixes is None:
+        return sorted({f"{Namespace.raw(n).name}/{version}" for n in same})
+    narrowed: list[str] = []
+    for prefix in prefixes:
+        segments = prefix.strip("/").split("/")
+        if segments == [""]:  # every namespace
+            narrowed += _version_prefixes(None, same, version)
+        elif len(segments) == 1:
+            narrowed.append(f"{segments[0]}/{version}")
+        elif segments[1] == version:
+            narrowed.append(prefix)
+    return narrowed
 
 
 async def _verifying(bundle: Bundle) -> AsyncGenerator[Verifying, None]:

@@ -19,12 +19,16 @@ import anyio.to_thread
 
 from warmenv.bundle import _files
 from warmenv.bundle.base import BundleOpener
-from warmenv.bundle.errors import NotABundleError
+from warmenv.bundle.errors import CorruptBundleError, NotABundleError
 from warmenv.bundle.flat.bundle import FlatBundle
 from warmenv.bundle.formats import AnyFormat, sniff
+from warmenv.bundle.manifest import BundleManifest
 from warmenv.bundle.sqlite.bundle import SqliteBundle
 
-__all__ = ["open_bundle", "open_snapshot"]
+__all__ = ["open_bundle", "open_snapshot", "read_names"]
+
+_HEAD_FIRST = 64 << 10  # the first bytes a flat header is looked for in
+_HEAD_MAX = 16 << 20  # a flat header larger than this is not read ahead
 
 
 def open_bundle(path: str | Path) -> BundleOpener[FlatBundle | SqliteBundle]:
@@ -62,6 +66,40 @@ async def open_any(path: Path) -> FlatBundle | SqliteBundle:
     finally:
         os.close(fd)
     return await _format_of(head, str(path)).open(path)
+
+
+async def read_names(path: Path) -> tuple[BundleManifest, list[str]] | None:
+    """The manifest and namespace names of the bundle at `path`, read where it lies.
+
+    Nothing is copied: a flat bundle's header is read from its first bytes
+    (never mapped, so a file truncated meanwhile cannot kill the process);
+    a SQLite bundle, whose names are in its entries, is opened read-only.
+    `None` for a flat header too large to read ahead (the caller reads the
+    names from the import's private copy instead).
+    """
+    fd = await anyio.to_thread.run_sync(_files.open_regular, path)
+    try:
+        head = await anyio.to_thread.run_sync(_files.read_head, fd)
+        format = _format_of(head, str(path))
+        if format.header_in_front:
+            want = _HEAD_FIRST
+            while True:
+                data = await anyio.to_thread.run_sync(os.pread, fd, want, 0)
+                parsed = format.header(data, str(path))
+                if parsed is not None:
+                    return parsed
+                if len(data) < want:
+                    raise CorruptBundleError(f"{path}: the file ends inside its header")
+                if want >= _HEAD_MAX:
+                    return None
+                want *= 4
+    finally:
+        os.close(fd)
+    bundle = await format.open(path)
+    try:
+        return bundle.manifest, [s.namespace for s in await bundle.namespaces()]
+    finally:
+        await bundle.aclose()
 
 
 async def open_private(

@@ -32,12 +32,13 @@ from warmenv._facts import verdict as caches_verdict
 from warmenv._url import is_url
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.download import Download, DownloadOptions, read_header
+from warmenv.bundle.errors import StaleBundleError
 from warmenv.bundle.manifest import BundleManifest, EnvironmentInfo, this_machine
 from warmenv.bundle.open import open_any
 from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.namespace import Namespace
 
-__all__ = ["Preflight", "preflight"]
+__all__ = ["Preflight", "of_version", "preflight", "stale"]
 
 
 @attrs.frozen
@@ -138,6 +139,30 @@ async def _check(bundle: Bundle, version: str | None, asked: list[str] | None) -
     )
 
 
+def of_version(namespaces: Iterable[str], version: str) -> tuple[list[str], list[str]]:
+    """`namespaces` split into those of `version` (their version segment) and the others."""
+    same: list[str] = []
+    other: list[str] = []
+    for namespace in namespaces:
+        (same if Namespace.raw(namespace).version == version else other).append(namespace)
+    return same, other
+
+
+def _no_namespace_of(version: str, other: list[str]) -> str:
+    if not other:
+        return f"no namespace is for version {version!r} (the bundle holds no entries)"
+    found = sorted({Namespace.raw(n).version for n in other})
+    return f"no namespace is for version {version!r} (the bundle holds {_versions(found)})"
+
+
+def stale(label: str, other: list[str], version: str) -> StaleBundleError:
+    """The refusal of a bundle none of whose namespaces (`other`) is of `version`."""
+    return StaleBundleError(
+        f"{label}: {_no_namespace_of(version, other)}, so none of it could hit; nothing was "
+        f"imported: export a bundle from version {version!r}, or import without the version"
+    )
+
+
 def _versions(found: list[str]) -> str:
     """ "version '1'", "versions '1' and '1.5'", "versions '1', '1.5' and '3'"."""
     if len(found) == 1:
@@ -201,15 +226,10 @@ def _verdict(
     other: list[str] = []
     same: list[str] = []
     if version is not None:
-        for namespace in namespaces:
-            (same if Namespace.raw(namespace).version == version else other).append(namespace)
+        same, other = of_version(namespaces, version)
         if namespaces and not same:
             ok = False
-            found = sorted({Namespace.raw(n).version for n in other})
-            reasons.append(
-                f"no namespace is for version {version!r} (the bundle holds {_versions(found)}); "
-                "re-export it from this version"
-            )
+            reasons.append(f"{_no_namespace_of(version, other)}; re-export it from this version")
         elif other:
             reasons.append(
                 f"{len(other)} of {len(namespaces)} namespaces "

@@ -31,7 +31,7 @@ import anyio
 import anyio.abc
 
 from warmenv._errors import WarmenvError
-from warmenv._url import is_http_url, redact
+from warmenv._url import is_url, redact
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.download import DownloadOptions
 from warmenv.bundle.events import BundleStarted, ImportEvent, ImportReport, NotFinishedError
@@ -69,6 +69,7 @@ def warm_up(
     task_group: anyio.abc.TaskGroup | None = None,
     on_event: OnEvent | None = None,
     namespaces: list[str] | None = None,
+    version: str | None = None,
     batch_size: int = 1024,
     validate: Validate | None = None,
     verify: bool = True,
@@ -92,6 +93,7 @@ def warm_up(
             source,
             env,
             namespaces=namespaces,
+            version=version,
             batch_size=batch_size,
             validate=validate,
             verify=verify,
@@ -112,7 +114,7 @@ def warm_up(
 
 
 def _label(source: str | Path | Bundle) -> str:
-    if is_http_url(source):
+    if is_url(source):
         return redact(str(source))
     if isinstance(source, str | os.PathLike):
         return os.fspath(source)

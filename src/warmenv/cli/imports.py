@@ -35,11 +35,17 @@ from warmenv.bundle import (
 )
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.events import Event
-from warmenv.bundle.open import open_snapshot
+from warmenv.bundle.importing import check_version, refuse_stale
+from warmenv.bundle.open import open_snapshot, read_names
 from warmenv.cli._environments import environment
 from warmenv.cli._errors import Failure, UsageError
 from warmenv.cli._format import as_json, plural, size
-from warmenv.cli._options import add_namespace_option, namespace_prefixes, no_match
+from warmenv.cli._options import (
+    add_namespace_option,
+    namespace_prefixes,
+    no_match,
+    text_argument,
+)
 from warmenv.cli._output import Output, follow
 from warmenv.environment import Environment, active
 from warmenv.persistence.namespace import matches_any
@@ -56,6 +62,12 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
     parser.add_argument("bundle", metavar="BUNDLE", help="a bundle file, or an http(s) URL")
     add_namespace_option(parser)
     parser.add_argument(
+        "--app-version",
+        metavar="VERSION",
+        help="your application's version: import only the namespaces of that version (the "
+        "ones it can hit), and refuse a bundle holding none before downloading or copying it",
+    )
+    parser.add_argument(
         "--no-verify",
         dest="verify",
         action="store_false",
@@ -66,6 +78,14 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
 
 async def run(args: argparse.Namespace, out: Output) -> int:
     prefixes = namespace_prefixes(args)
+    version = None
+    if args.app_version is not None:
+        version = text_argument(args.app_version, "--app-version")
+        try:
+            check_version(version)
+        except ValueError as exc:
+            raise UsageError(f"--app-version: {exc}") from None
+    args.import_version = version
     out.when_interrupted = "nothing was imported"
     out.when_output_closed = lambda: (
         f"output closed: the import stopped after "
@@ -75,6 +95,10 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     if is_url(args.bundle):  # fetched once the environment is open, into a directory beside it
         return await _run(args, out, args.bundle, prefixes, redact(args.bundle))
     path = Path(args.bundle)
+    if version is not None:  # refused before the bundle is copied or anything is created
+        found = await read_names(path)
+        if found is not None:
+            refuse_stale(str(path), found[1], prefixes, version)
     where = _where(args)
     near = None if where is None else await anyio.to_thread.run_sync(_existing, where[1])
     # The import's own private copy (beside the environment's directory where it
@@ -117,6 +141,14 @@ async def _run(
         f"{report.skipped:,} already present, {report.failed:,} failed, "
         f"{report.rejected:,} rejected, in {report.elapsed:.2f}s"
     )
+    if report.other_versions:
+        left = report.other_versions
+        out.line(
+            f"left out {plural(len(left), 'namespace')} of another version than "
+            f"{args.import_version!r} (no lookup of it could hit them): "
+            + ", ".join(clean(n) for n in left[:5])
+            + (" ..." if len(left) > 5 else "")
+        )
     if report.failed:
         raise Failure(
             f"{report.failed:,} entries could not be stored in {target}; run the import "
@@ -140,7 +172,9 @@ async def _import(
     )
     progress: ImportProgress | None = None
     try:
-        async with importing(bundle, env, namespaces=prefixes, verify=args.verify) as progress:
+        async with importing(
+            bundle, env, namespaces=prefixes, version=args.import_version, verify=args.verify
+        ) as progress:
             events: AsyncIterator[Event] = aiter(progress)
             if isinstance(bundle, str):
                 events = _downloading(out, events, label)
