@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import time
 from html.parser import HTMLParser
 from pathlib import Path
@@ -385,6 +386,47 @@ def test_vacuum_reports_the_file_shrinking(counted_root: Path, loop: str) -> Non
     found = document(run("vacuum", "--env", "stats", "--json", root=counted_root, loop=loop))
     assert found["before"] > found["after"] > 0
     assert found["before"] - found["after"] > 1_000_000
+
+
+_READER = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN")
+conn.execute("SELECT count(*) FROM entries").fetchone()
+print("reading", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_vacuum_under_a_reader_that_stays_says_it_could_not_shrink_the_file(
+    counted_root: Path,
+) -> None:
+    async def bulk() -> None:
+        async with open_environment("stats", root=counted_root) as env:
+            await env.storage("big/1/x").insert_many((b"%d" % i, b"v" * 1000) for i in range(500))
+            await env.storage("big/1/x").purge()
+
+    anyio.run(bulk)
+    database = counted_root / "stats.db"
+    wal = database.with_name("stats.db-wal")
+    size = database.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+    reader = subprocess.Popen(
+        [sys.executable, "-c", _READER, str(database)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert reader.stdout is not None and reader.stdout.readline() == "reading\n"
+        completed = run("vacuum", "--env", "stats", "--wait", "0.5", root=counted_root, loop="trio")
+    finally:
+        reader.communicate("done\n", timeout=60)
+    assert completed.returncode == 1, completed.stderr
+    assert completed.stderr.count("\n") == 1, completed.stderr
+    assert "another process kept a read transaction open" in completed.stderr
+    assert "freed" not in completed.stdout
+    again = document(run("vacuum", "--env", "stats", "--json", root=counted_root, loop="asyncio"))
+    assert again["after"] < size  # once the reader is gone, the space is given back
 
 
 def test_stats_html_escapes_control_and_format_characters_from_files(tmp_path: Path) -> None:

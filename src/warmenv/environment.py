@@ -419,15 +419,19 @@ class Environment:
             raise ValueError(f"keep_versions must be an int >= 1, got {keep_versions!r}")
         return await self._db.gc(max_bytes=limit, older_than=age, keep_versions=keep_versions)
 
-    async def vacuum(self) -> tuple[int, int]:
+    async def vacuum(self, *, wait: float = 30.0) -> tuple[int, int]:
         """Give freed space back to the file system: the file's size before and after.
 
         Purging and eviction leave free pages inside the file; this rewrites
         it compactly (it needs as much free disk as the file's size, and waits
-        for other processes' transactions). `(0, 0)` in memory.
+        up to `wait` seconds for other processes' transactions). A reader
+        that stays inside a transaction longer keeps the file from shrinking:
+        that raises `WarmenvError` saying so. `(0, 0)` in memory.
         """
         self._check_open()
-        return await self._db.vacuum()
+        if not wait >= 0:
+            raise ValueError(f"wait must be 0 or more seconds, not {wait!r}")
+        return await self._db.vacuum(wait)
 
     async def touch(self, namespace: Namespace | str, keys: Iterable[bytes]) -> int:
         """Record hits on `keys` (batched by the caller), for eviction's order."""

@@ -226,11 +226,11 @@ class BlockingEnvironment:
         self._check_open()
         return self._loop.call(self._env.purge_bundle, digest_or_name)
 
-    def vacuum(self) -> tuple[int, int]:
+    def vacuum(self, *, wait: float = 30.0) -> tuple[int, int]:
         """Give freed space back to the file system; see `Environment.vacuum`."""
         refuse_event_loop_thread("BlockingEnvironment.vacuum()")
         self._check_open()
-        return self._loop.call(self._env.vacuum)
+        return self._loop.call(functools.partial(self._env.vacuum, wait=wait))
 
     def opened(self) -> Environment:
         """The async environment underneath, or `ClosedError` once this one is closed.

@@ -229,7 +229,7 @@ class SqliteDatabase:
         except sqlite3.Error as exc:
             return self._failed("gc", exc)
 
-    async def vacuum(self) -> tuple[int, int]:
+    async def vacuum(self, wait: float = _sqlite.BUSY_TIMEOUT_SECONDS) -> tuple[int, int]:
         """Give the space of deleted entries back to the file system; sizes before and after.
 
         Sizes are the database file plus its write-ahead log, in bytes; `(0, 0)`
@@ -243,12 +243,19 @@ class SqliteDatabase:
             )
         before = await anyio.to_thread.run_sync(eviction.file_size, self.path)
         try:
-            await self.run(eviction.vacuum)
+            done = await self.run(partial(eviction.vacuum, wait))
         except sqlite3.Error as exc:
             raise WarmenvError(
                 f"vacuum of {self.path} failed ({exc}); it needs free disk about the file's "
                 "size and no other process inside a transaction: retry when both hold"
             ) from None
+        if not done:
+            raise WarmenvError(
+                f"vacuum of {self.path} could not finish: another process kept a read "
+                f"transaction open for over {wait:g} s, so the compacted copy is still in the "
+                "write-ahead log and the file is not smaller; run vacuum again once that "
+                "process is done (or with a longer wait)"
+            )
         after = await anyio.to_thread.run_sync(eviction.file_size, self.path)
         return before, after
 

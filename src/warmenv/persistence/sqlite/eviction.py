@@ -169,9 +169,23 @@ def _evict_to(max_bytes: int, upgraded_at: float, conn: sqlite3.Connection) -> i
     )
 
 
-def vacuum(conn: sqlite3.Connection) -> None:
-    conn.execute("VACUUM")
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+def vacuum(wait: float, conn: sqlite3.Connection) -> bool:
+    """Rewrite the file compactly, waiting up to `wait` s for others; whether it is done.
+
+    In WAL mode VACUUM writes the compacted database into the write-ahead
+    log, and only the checkpoint moves it into the file; a reader of the old
+    snapshot holds the checkpoint off, and SQLite says so in the result row
+    (not as an error): then the file is left larger than before, and this
+    returns False.
+    """
+    previous = int(conn.execute("PRAGMA busy_timeout").fetchone()[0])
+    conn.execute(f"PRAGMA busy_timeout = {max(int(wait * 1000), 0)}")
+    try:
+        conn.execute("VACUUM")
+        busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {previous}")
+    return not busy
 
 
 def file_size(path: Path) -> int:
