@@ -546,3 +546,19 @@ def test_a_read_only_environment_whose_wal_cannot_be_read_says_why_in_one_senten
     assert f"{db} cannot be used ({db}-wal holds commits not yet in {db} and there is" in line
     assert "no -shm file (a writer stopped before checkpointing);" in line
     assert sorted(p.name for p in root.iterdir()) == ["warm.db", "warm.db-wal"]
+
+
+@pytest.mark.parametrize("backend", ["trio", "uvloop"])
+def test_a_cli_backend_that_is_not_installed_is_one_line_naming_the_variable(
+    backend: str,
+) -> None:
+    # The backend's package hidden from the child, as on a machine without it.
+    code = (
+        f"import os, sys; sys.modules[{backend!r}] = None; "
+        f"os.environ['WARMENV_CLI_BACKEND'] = {backend!r}; "
+        "from warmenv.cli import main; sys.exit(main(['ls']))"
+    )
+    completed = run_python(code)
+    assert completed.returncode == 2, completed.stderr
+    assert completed.stderr.count("\n") == 1, completed.stderr
+    assert f"WARMENV_CLI_BACKEND={backend!r} needs {backend}" in completed.stderr

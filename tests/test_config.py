@@ -212,3 +212,45 @@ def test_is_utf8_is_false_only_for_what_cannot_be_written_as_utf_8() -> None:
 
     assert is_utf8("") and is_utf8("ascii") and is_utf8("é 日本 🙂") and is_utf8("é".encode())
     assert not is_utf8("a\udcffb") and not is_utf8("\ud800") and not is_utf8(b"\xff")
+
+
+# --- what is not a setting at all: one ConfigError line naming the file or variable ----
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"\xff\xfer\x00o\x00o\x00t\x00", b'root = "caf\xe9"\n'],
+    ids=["utf-16 with a byte-order mark", "latin-1"],
+)
+def test_a_settings_file_that_is_not_utf8_is_a_config_error_naming_it(
+    tmp_path: Path, content: bytes
+) -> None:
+    (tmp_path / "warmenv.toml").write_bytes(content)
+    with pytest.raises(ConfigError, match="not UTF-8 text") as refused:
+        load_config(tmp_path)
+    assert str(tmp_path / "warmenv.toml") in str(refused.value)
+
+
+def test_a_pyproject_that_is_not_utf8_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_bytes(b"\xfe\xff\x00[")
+    with pytest.raises(ConfigError, match=r"pyproject\.toml: not UTF-8 text"):
+        load_config(tmp_path)
+
+
+def test_a_root_in_an_unknown_users_home_is_a_config_error_naming_the_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "warmenv.toml").write_text('root = "~nosuchuser-warmenv/x"\n')
+    with pytest.raises(ConfigError, match=r"key .root.*names no home directory"):
+        load_config(tmp_path)
+    (tmp_path / "warmenv.toml").unlink()
+    monkeypatch.setenv("WARMENV_ROOT", "~nosuchuser-warmenv/y")
+    with pytest.raises(ConfigError, match=r"WARMENV_ROOT.*names no home directory"):
+        load_config(tmp_path)
+
+
+@pytest.mark.anyio
+async def test_open_environment_in_an_unknown_users_home_is_a_warmenv_error() -> None:
+    with pytest.raises(WarmenvError, match="'~nosuchuser-warmenv' names no home directory"):
+        async with open_environment("e", root="~nosuchuser-warmenv/x"):
+            pass

@@ -11,7 +11,30 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["kind_of", "non_regular_kind"]
+from warmenv._errors import WarmenvError
+
+__all__ = ["NoSuchHomeError", "expand_home", "kind_of", "non_regular_kind"]
+
+
+class NoSuchHomeError(WarmenvError, ValueError):
+    """A path starts with `~user` (or `~`) and that user has no home directory here."""
+
+
+def expand_home(path: str | os.PathLike[str]) -> Path:
+    """`path` with a leading `~` or `~user` expanded, as `Path.expanduser` does.
+
+    `Path.expanduser` raises a bare `RuntimeError` for a user this machine
+    does not know (`~nosuchuser/x`); this names the path and the fix.
+    """
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        head = os.fspath(path).partition(os.sep)[0]
+        raise NoSuchHomeError(
+            f"{os.fspath(path)!r}: {head!r} names no home directory on this machine (no such "
+            "user, or no HOME); spell the directory out"
+        ) from None
+
 
 _KINDS = {
     stat.S_IFIFO: "a FIFO",

@@ -23,6 +23,7 @@ import attrs
 import platformdirs
 
 from warmenv._errors import RemoteError, WarmenvError
+from warmenv._fs import NoSuchHomeError, expand_home
 from warmenv._text import clean
 from warmenv._url import check_redis_url, redact
 from warmenv.stream import StreamPolicy
@@ -146,12 +147,22 @@ def _find_settings(start: Path) -> tuple[Path, Mapping[str, Any]] | None:
     return None
 
 
+_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
 def _read_toml(file: Path) -> dict[str, Any]:
     try:
         with file.open("rb") as handle:
             return tomllib.load(handle)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{file}: not valid TOML ({exc}); fix or remove the file") from exc
+    except UnicodeDecodeError as exc:
+        bom = " (it starts with a UTF-16 byte-order mark)" if exc.object[:2] in _BOMS else ""
+        byte = exc.object[exc.start : exc.start + 1]
+        raise ConfigError(
+            f"{file}: not UTF-8 text{bom}: byte {exc.start} is {byte!r}; TOML is UTF-8: save "
+            "the file as UTF-8"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"{file}: cannot be read ({exc.strerror})") from exc
 
@@ -169,7 +180,10 @@ def _root(value: object, where: str, key: str | None, base: Path, start: Path) -
         raise ConfigError(
             f'{label} is "project" but no pyproject.toml exists above {start}; use a path instead'
         )
-    path = Path(value).expanduser()
+    try:
+        path = expand_home(value)
+    except NoSuchHomeError as exc:
+        raise ConfigError(f"{label}: {exc}") from None
     return path if path.is_absolute() else (base / path).resolve()
 
 

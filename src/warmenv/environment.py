@@ -31,6 +31,7 @@ import anyio.to_thread
 import attrs
 
 from warmenv._errors import ClosedError, WarmenvError, WarmenvWarning
+from warmenv._fs import expand_home
 from warmenv.config import Config, check_name, load_config
 from warmenv.persistence import statistics as _statistics
 from warmenv.persistence.carried import CarryingEntry
@@ -91,7 +92,7 @@ def set_root(path: str | Path) -> None:
     """Make `path` the directory `open_environment()` looks in by default."""
     global _active_root
     with _defaults_lock:
-        _active_root = Path(path).expanduser()
+        _active_root = expand_home(path)
 
 
 def active() -> tuple[str, Path]:
@@ -581,7 +582,7 @@ async def open_environment(
 def _locate(name: str | None, root: str | Path | None, file: str | Path | None) -> tuple[str, Path]:
     """The environment's name and database path, and its directory created."""
     if file is not None:
-        path = Path(file).expanduser()
+        path = expand_home(file)
         env_name = check_name(name) if name is not None else path.stem
     else:
         if name is not None:
@@ -590,7 +591,7 @@ def _locate(name: str | None, root: str | Path | None, file: str | Path | None) 
             default_name, default_root = active()
             name = default_name if name is None else name
             root = default_root if root is None else root
-        path = Path(root).expanduser() / f"{name}.db"
+        path = expand_home(root) / f"{name}.db"
         env_name = name
     return env_name, path
 

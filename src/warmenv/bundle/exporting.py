@@ -36,7 +36,7 @@ import anyio
 import anyio.to_thread
 import attrs
 
-from warmenv._fs import non_regular_kind
+from warmenv._fs import expand_home, non_regular_kind
 from warmenv.bundle import _files, formats
 from warmenv.bundle.base import (
     FORMAT_VERSIONS,
@@ -185,7 +185,7 @@ def _source_paths(sources: list[Source]) -> list[Path]:
                 )
             paths.append(source.path)
             continue
-        path = Path(source).expanduser()
+        path = expand_home(source)
         if path.is_dir():
             found = sorted(p for p in path.glob("*.db") if p.is_file())
             if not found:

@@ -23,6 +23,7 @@ without it the command prints plain lines.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import sys
@@ -201,6 +202,14 @@ def _backend() -> tuple[str, dict[str, Any]]:
         raise UsageError(
             f"WARMENV_CLI_BACKEND={name!r} is not one of {', '.join(_BACKENDS)}; unset it"
         )
+    if name != "asyncio":
+        try:
+            importlib.import_module(name)  # trio, uvloop: optional, as anyio sees them
+        except ImportError:
+            raise UsageError(
+                f"WARMENV_CLI_BACKEND={name!r} needs {name}, which is not installed; "
+                f"install it (pip install {name}) or unset the variable"
+            ) from None
     return _BACKENDS[name]
 
 

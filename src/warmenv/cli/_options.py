@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from warmenv._errors import WarmenvError
+from warmenv._fs import expand_home
 from warmenv._text import clean, is_utf8
 from warmenv._url import is_url, redact
 from warmenv.cli._environments import environment_files
@@ -126,7 +127,7 @@ def complete_environment(prefix: str, parsed_args: argparse.Namespace, **_: Any)
     """
     try:
         root = getattr(parsed_args, "root", None) or active()[1]
-        names = [p.stem for p in environment_files(Path(root).expanduser())]
+        names = [p.stem for p in environment_files(expand_home(root))]
     except (OSError, WarmenvError):
         return []
     return [name for name in names if name.startswith(prefix) and is_valid_name(name)]

@@ -24,6 +24,7 @@ import anyio.to_thread
 import attrs
 
 from warmenv._errors import WarmenvError
+from warmenv._fs import expand_home
 from warmenv._text import clean
 from warmenv._url import is_url, redact
 from warmenv.bundle import (
@@ -243,7 +244,7 @@ def _where(args: argparse.Namespace) -> tuple[str, Path] | None:
         except WarmenvError:
             return None  # the open says what is wrong
         name, root = name or default_name, root or default_root
-    return name, Path(root).expanduser()
+    return name, expand_home(root)
 
 
 def _existing(directory: Path) -> Path | None:
@@ -260,7 +261,7 @@ async def _not_there_yet(args: argparse.Namespace) -> _Made:
 
 def _missing(root: Path, file_name: str) -> _Made:
     directories: list[Path] = []
-    directory = root = root.expanduser()
+    directory = root = expand_home(root)
     while not directory.exists() and directory != directory.parent:
         directories.insert(0, directory)
         directory = directory.parent

@@ -15,6 +15,7 @@ from typing import Any
 import anyio.to_thread
 
 from warmenv._errors import WarmenvError
+from warmenv._fs import expand_home
 from warmenv._text import clean
 from warmenv.cli._environments import environment, environment_files
 from warmenv.cli._format import as_json, namespace_label, plural, size
@@ -45,7 +46,7 @@ def _absent_default(root_option: Path | None) -> tuple[str, Path] | None:
         default_name, default_root = active()
     except WarmenvError:
         return None  # opening it says what is wrong
-    root = Path(root_option or default_root).expanduser()
+    root = expand_home(root_option or default_root)
     if root.is_dir() and not (root / f"{default_name}.db").exists():
         return default_name, root
     return None

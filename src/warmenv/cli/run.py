@@ -34,6 +34,7 @@ from typing import Any
 import anyio
 import attrs
 
+from warmenv._fs import expand_home
 from warmenv.caches._inprocess import COUNTS_VARIABLE, read_counts
 from warmenv.caches._tools import Tool, available_tools, tool
 from warmenv.caches._tree import record_hits
@@ -224,7 +225,7 @@ def _cache_dir(t: Tool, base: Path, given: bool) -> Path:
     if not given:
         named = os.environ.get(t.cache_dir_variable)
         if named:
-            return Path(named).expanduser()
+            return expand_home(named)
     return base / t.name
 
 
