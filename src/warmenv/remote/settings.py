@@ -27,6 +27,7 @@ from warmenv._errors import RemoteError
 from warmenv._url import check_redis_url, redact
 
 __all__ = [
+    "DEFAULT_BACKOFF",
     "DEFAULT_LEASE_TTL",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_VALUE_BYTES",
@@ -40,6 +41,7 @@ DEFAULT_REMOTE_TIMEOUT: Final = 0.25
 DEFAULT_MAX_VALUE_BYTES: Final = 8 * 1024 * 1024
 DEFAULT_MAX_CONNECTIONS: Final = 2
 DEFAULT_LEASE_TTL: Final = 10.0
+DEFAULT_BACKOFF: Final = 1.0
 
 
 @attrs.frozen(repr=False)
@@ -56,11 +58,16 @@ class RemoteSettings:
     """The size of the connection pool."""
     lease_ttl: float = DEFAULT_LEASE_TTL
     """How long a computing host's lease outlives its last heartbeat (a crash costs this much)."""
+    backoff: float = DEFAULT_BACKOFF
+    """The longest the tier serves locally after a failure before trying Redis again; the
+    first wait is 0.25 s (or this, if less), doubled per failed try up to this."""
 
     def __attrs_post_init__(self) -> None:
         check_redis_url(self.url)
-        if not (isinstance(self.timeout, int | float) and self.timeout > 0):
-            raise ValueError(f"remote timeout must be a positive number, got {self.timeout!r}")
+        for name in ("timeout", "backoff"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and value > 0):
+                raise ValueError(f"remote {name} must be a positive number, got {value!r}")
         for name in ("max_value_bytes", "max_connections"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
@@ -76,7 +83,7 @@ class RemoteSettings:
         return (
             f"RemoteSettings(url={redact(self.url)!r}, timeout={self.timeout!r}, "
             f"max_value_bytes={self.max_value_bytes!r}, max_connections={self.max_connections!r}, "
-            f"lease_ttl={self.lease_ttl!r})"
+            f"lease_ttl={self.lease_ttl!r}, backoff={self.backoff!r})"
         )
 
 

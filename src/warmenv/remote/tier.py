@@ -27,8 +27,11 @@ trip. Polling stays as the fallback, because pub/sub delivers at most once
 and only to a live subscription: a waiter also polls, every `lease_ttl / 10`
 while the subscription is up (which is also how an expired lease is noticed)
 and at a growing interval capped at 0.1 s while it is not (reconnecting, or
-a server that refuses pub/sub). A Redis that does not answer means computing
-locally, as without a remote.
+a server that refuses pub/sub). A Redis that fails means computing locally, as
+without a remote, except for a waiter whose server stops answering (rather than
+refusing): that server still holds the lease it saw, so it waits on for up to
+`lease_ttl` since it saw it. A timeout is the server's: time our own busy loop
+ran late is not counted against it (`warmenv.remote.lag`).
 
 Key layout: `warmenv:<environment>:<namespace>:<hex of the key bytes>`. The
 environment name cannot hold `:` and the hex part cannot either, so the last
@@ -56,6 +59,7 @@ from warmenv._text import clean
 from warmenv._url import redact
 from warmenv.persistence.storage import wall_clock
 from warmenv.remote import wire
+from warmenv.remote.lag import LoopClock
 from warmenv.remote.settings import RemoteSettings, tls_context
 from warmenv.remote.wire import BadFrame, RemoteValue
 
@@ -75,9 +79,8 @@ MAX_POLL_DELAY: Final = 0.1
 POLLS_PER_LEASE_TTL: Final = 10
 # Keys whose unusable value is warned about, each once; past this many, at DEBUG only.
 MAX_REJECTED_WARNED: Final = 100
-# The first retry after a failure, doubled per failed retry up to the ceiling.
-FIRST_RETRY_DELAY: Final = 0.5
-MAX_RETRY_DELAY: Final = 30.0
+# The first retry after a failure, doubled per failed retry up to `RemoteSettings.backoff`.
+FIRST_RETRY_DELAY: Final = 0.25
 
 
 # The tier whose operation (or subscription) the running task is in. coredis runs
@@ -197,8 +200,13 @@ class RemoteTier:
     """Where the subscription runs, for as long as the tier is connected."""
     _prefix: bytes = attrs.field(init=False)
     _channel: bytes = attrs.field(init=False)
+    _clock: LoopClock = attrs.field(init=False)
     _retry_at: float = attrs.field(init=False, default=0.0)
     _delay: float = attrs.field(init=False, default=0.0)
+    # Whether a call is trying the server after a backoff (the others wait for its outcome).
+    _retrying: bool = attrs.field(init=False, default=False)
+    # Whether the outage is a server that does not answer (rather than one that refuses).
+    _unanswered: bool = attrs.field(init=False, default=False)
     _counts: dict[str, int] = attrs.field(init=False, factory=dict)
     # The waiters on each value key, woken by a message on the channel.
     _waiters: dict[bytes, set[anyio.Event]] = attrs.field(init=False, factory=dict)
@@ -212,6 +220,7 @@ class RemoteTier:
     def __attrs_post_init__(self) -> None:
         self._prefix = f"warmenv:{self.environment}:".encode()
         self._channel = self._prefix + b"landed"
+        self._clock = LoopClock(self._tasks)
 
     @classmethod
     @asynccontextmanager
@@ -412,13 +421,19 @@ class RemoteTier:
         args = (token, round(self.settings.lease_ttl * 1000), self._read_limit)
         delay = FIRST_POLL_DELAY
         waited = False
+        seen = 0.0  # when the lease was last seen held by another host
         while True:
             # Watching before the claim: a message that comes between the two is not lost.
             with self._watching(rkey) as landed:
                 try:
                     state = await self._call(lambda: self._script(wire.CLAIM, [lkey, rkey], args))
                 except _Down:
-                    return False, None
+                    # A server that does not answer still holds the lease we saw, and its
+                    # holder may still be computing: wait on (polling) while it can be held,
+                    # up to lease_ttl since it was seen. One that refuses may have lost it.
+                    if not (waited and self._unanswered and self._lease_may_hold(seen)):
+                        return False, None
+                    state = None  # not known now; waiting on
                 except Exception as exc:
                     # A wrong type (what `_call` lets through) under the value's key:
                     # its GETRANGE is the claim's only command that cares (under the
@@ -429,18 +444,24 @@ class RemoteTier:
                     return False, self._unframe(rkey, state)
                 if state == 1:
                     return True, None
-                if state != 0:
+                if state == 0:
+                    seen = time.monotonic()
+                elif state is not None:
                     self._reject(lkey, "not a lease warmenv took (it never expires)")
                     return False, None
                 if not waited:
                     waited = True
                     self._count("lease_waits")
-                if self._subscribed:
+                if self._subscribed and not self._delay:
                     poll = self.settings.lease_ttl / POLLS_PER_LEASE_TTL
                 else:
                     poll, delay = delay, min(delay * 1.5, MAX_POLL_DELAY)
                 with anyio.move_on_after(poll):
                     await landed.wait()
+
+    def _lease_may_hold(self, seen: float) -> bool:
+        """Whether a lease seen held at `seen` may still be (it outlives a heartbeat by its TTL)."""
+        return time.monotonic() - seen < self.settings.lease_ttl
 
     @contextmanager
     def _watching(self, rkey: bytes) -> Iterator[anyio.Event]:
@@ -481,7 +502,7 @@ class RemoteTier:
                         channels=[self._channel],
                         ignore_subscribe_messages=True,
                         retry_policy=NoRetryPolicy(),
-                        subscription_timeout=max(1.0, 4 * self.settings.timeout),
+                        subscription_timeout=wire.backstop(self.settings),
                         max_idle_seconds=self.settings.lease_ttl,
                     ) as subscription,
                 ):
@@ -506,16 +527,21 @@ class RemoteTier:
                         for event in events:
                             event.set()
             await anyio.sleep(delay)
-            delay = min(delay * 2, MAX_RETRY_DELAY)
+            delay = min(delay * 2, self.settings.backoff)
 
     async def _heartbeat(self, lkey: bytes, token: bytes) -> None:
         args: tuple[bytes, int] = (token, round(self.settings.lease_ttl * 1000))
+        beat = self.settings.lease_ttl / 3
         while True:
-            await anyio.sleep(self.settings.lease_ttl / 3)
+            await anyio.sleep(beat)
             try:
                 kept = await self._call(lambda: self._script(wire.EXTEND, [lkey], args))
             except Exception:
-                continue  # not answering (counted) or refusing: the next beat tries again
+                # Not answering (counted) or refusing: try again soon, so that the lease
+                # is extended as soon as Redis answers again, before it runs out.
+                beat = min(self.settings.lease_ttl / 3, MAX_POLL_DELAY)
+                continue
+            beat = self.settings.lease_ttl / 3
             if kept != 1:
                 self._count("leases_lost")
                 log.warning(
@@ -552,15 +578,20 @@ class RemoteTier:
 
         A `probe` is tried even while the tier backs off, and starts no
         subscription (a command that only asks whether Redis answers opens
-        one connection).
+        one connection). Once a backoff is over, one call tries the server and
+        the others are served locally until it knows. The timeout is the
+        server's: time our own loop ran late does not count (`LoopClock`).
         """
-        if not probe and self._retry_at and time.monotonic() < self._retry_at:
-            self._count("skipped")
-            raise _Down(f"not tried: backing off for {self._delay:g} s after a failure")
+        retrying = False
+        if not probe and self._retry_at:
+            if self._retrying or time.monotonic() < self._retry_at:
+                self._count("skipped")
+                raise _Down(f"not tried: backing off for {self._delay:g} s after a failure")
+            retrying = self._retrying = True
         failure: BaseException | None = None
         at_work = _TIER_AT_WORK.set(self)  # for the connections opened meanwhile
         try:
-            with anyio.move_on_after(self.settings.timeout):
+            with self._clock.deadline(self.settings.timeout):
                 try:
                     result = await operation()
                 except self._refused as exc:
@@ -575,14 +606,19 @@ class RemoteTier:
                     return result
         finally:
             _TIER_AT_WORK.reset(at_work)
+            if retrying:
+                self._retrying = False
         raise _Down(self._failed(failure))
 
     def _failed(self, failure: BaseException | None) -> str:
         """Count the failure and back off; why it failed (the password hidden)."""
         self._count("failures")
         first = self._delay == 0.0
-        self._delay = FIRST_RETRY_DELAY if first else min(self._delay * 2, MAX_RETRY_DELAY)
+        backoff = self.settings.backoff
+        self._delay = min(FIRST_RETRY_DELAY if first else self._delay * 2, backoff)
         self._retry_at = time.monotonic() + self._delay
+        # coredis's own timers (a backstop, `wire.client`) raise TimeoutError.
+        self._unanswered = failure is None or isinstance(failure, TimeoutError)
         reason = (
             f"no answer within {self.settings.timeout} s"
             if failure is None
@@ -611,6 +647,7 @@ class RemoteTier:
             log.warning("%s answers again; using the shared tier", self.describe())
             self._delay = 0.0
             self._retry_at = 0.0
+            self._unanswered = False
 
     def _reject(self, rkey: bytes, why: str) -> None:
         self._count("rejected")

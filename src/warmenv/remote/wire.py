@@ -38,6 +38,7 @@ __all__ = [
     "PUBLISH",
     "RELEASE",
     "BadFrame",
+    "backstop",
     "RemoteValue",
     "client",
     "frame",
@@ -58,6 +59,7 @@ _CARRIED: Final = 16
 HEADER: Final = _BODY + _CARRIED
 """The bytes of a frame before its value."""
 LEASE: Final = b":lease"  # a key's lease is its Redis key with this suffix
+BACKSTOP: Final = 10.0
 
 # KEYS: the value, its lease. ARGV: the framed value, the channel. 1 if stored, 0 if a
 # value was there, -1 if what is there is no warmenv frame (another type, or a string
@@ -83,11 +85,17 @@ return -1
 # The value (framed, read up to the byte given) if there is one, so that a waiter gets
 # it in the same round trip; else 1: the lease is now ours; 0: another host holds it;
 # -1: something sits under the lease key that no warmenv host took: it never expires,
-# or expires later than any lease can (a lease never holds more than its TTL).
+# or expires later than any lease can (a lease never holds more than its TTL). A lease
+# under our own token is ours: a claim whose answer came too late for the host (which
+# then asks again, with the same token) took it.
 CLAIM: Final = b"""
 local framed = redis.call('getrange', KEYS[2], 0, ARGV[3])
 if framed ~= '' then return framed end
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+if redis.pcall('get', KEYS[1]) == ARGV[1] then
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  return 1
+end
 local left = redis.call('pttl', KEYS[1])
 if left == -1 or left > tonumber(ARGV[2]) then return -1 end
 return 0
@@ -171,11 +179,17 @@ def client(
         verify_version=False,
         retry_policy=NoRetryPolicy(),
         max_connections=connections,
-        connect_timeout=settings.timeout,
-        pool_timeout=settings.timeout,
-        # A connection that stops answering is torn down rather than kept.
-        stream_timeout=max(1.0, 4 * settings.timeout),
+        # coredis's timers run on the loop's clock, which a busy host makes late: they
+        # are a backstop only, far past the tier's own bound (`lag.LoopClock`).
+        connect_timeout=backstop(settings),
+        pool_timeout=backstop(settings),
+        stream_timeout=backstop(settings),
     )
+
+
+def backstop(settings: RemoteSettings) -> float:
+    """How long coredis itself waits, on the loop's clock, before giving up on a server."""
+    return max(BACKSTOP, 8 * settings.timeout)
 
 
 @functools.cache

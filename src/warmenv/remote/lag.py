@@ -1,0 +1,92 @@
+"""The tier's clock: time as the server has had it, not as our own busy loop lived it.
+
+A host whose event loop is starved (computations holding the GIL on worker
+threads, a callback that runs long) reads a server's answer late: the bytes
+wait in the socket until the loop comes round to them. A deadline on the
+loop's own clock counts that wait against the server and calls a healthy Redis
+an outage, and an outage turns a fleet's lease into a local computation. So
+the tier's deadlines run on this clock: wall time less the time the loop was
+seen running late. While a bounded call is in flight a ticker asks to be woken
+every `TICK`; each wake-up that comes later than asked adds its lateness to
+the lag. A call's deadline falls due once the server has had `timeout` seconds
+of a loop that was ready to read its answer, however long that took in wall
+time.
+
+The price: on a starved loop an outage (a server that does not answer) is
+noticed later in wall time, by the factor the loop is starved; a refused or
+broken connection is noticed at once, as before.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Final, final
+
+import anyio
+import attrs
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
+
+__all__ = ["TICK", "LoopClock"]
+
+TICK: Final = 0.005
+"""How often the ticker asks to be woken while a bounded call is in flight (seconds)."""
+
+
+@final
+@attrs.define(eq=False)
+class LoopClock:
+    """Deadlines in the server's time: wall time less our own loop's observed lateness."""
+
+    _tasks: TaskGroup
+    """Where the ticker runs (started by the first bounded call)."""
+    _lag: float = attrs.field(init=False, default=0.0)
+    _due: dict[anyio.CancelScope, float] = attrs.field(init=False, factory=dict)
+    _wake: anyio.Event = attrs.field(init=False, factory=anyio.Event)
+    _ticking: bool = attrs.field(init=False, default=False)
+
+    @property
+    def lag(self) -> float:
+        """The seconds our loop has been seen running late, in all (for statistics)."""
+        return self._lag
+
+    def now(self) -> float:
+        """Monotonic seconds, less the loop's lateness seen so far."""
+        return time.monotonic() - self._lag
+
+    @contextmanager
+    def deadline(self, seconds: float) -> Iterator[anyio.CancelScope]:
+        """A scope cancelled once the server has had `seconds` (see the module docstring).
+
+        Its `cancelled_caught` says whether the deadline fell due.
+        """
+        scope = anyio.CancelScope()
+        self._due[scope] = self.now() + seconds
+        if not self._ticking:
+            self._ticking = True
+            self._tasks.start_soon(self._tick)
+        self._wake.set()
+        try:
+            with scope:
+                yield scope
+        finally:
+            del self._due[scope]
+
+    async def _tick(self) -> None:
+        while True:
+            if not self._due:
+                # Idle: nothing to measure, and no wake-ups while nothing is in flight.
+                self._wake = anyio.Event()
+                await self._wake.wait()
+            asked = time.monotonic()
+            await anyio.sleep(TICK)
+            late = time.monotonic() - asked - TICK
+            if late > 0:
+                self._lag += late
+            now = self.now()
+            for scope, due in list(self._due.items()):
+                if now >= due:
+                    scope.cancel()
