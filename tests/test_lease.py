@@ -684,3 +684,34 @@ def test_long_killed_lease_holders(
     with reliability_row(scenario, KILL_CHECKED) as row:
         slowest = killed_holder(tmp_path, server.url, trials, row, monkeypatch)
         row.checked = f"{KILL_CHECKED} (slowest takeover {slowest:.2f} s after the kill)"
+
+
+@pytest.mark.anyio
+async def test_a_wait_for_a_lease_renewed_forever_is_bounded_then_computed_here(
+    tmp_path: Path, server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Host a's computation never ends while its heartbeat renews the lease (as a forged
+    # lease renewed forever would): b waits max_lease_wait, then computes with a warning.
+    settings = RemoteSettings(server.url, lease_ttl=1.0, max_lease_wait=0.5)
+    holder, waiter = _Host(), _Host()
+    waiter.finish.set()
+    async with _two_hosts(tmp_path, settings) as hosts:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: hosts.sa.get_or_compute("k", holder.compute, "a"))
+            await holder.started.wait()
+            with caplog.at_level(logging.WARNING, logger="warmenv.remote"), anyio.fail_after(10):
+                started = time.monotonic()
+                assert await hosts.sb.get_or_compute("k", waiter.compute, "b") == "b"
+                took = time.monotonic() - started
+            holder.finish.set()
+        assert hosts.tb.statistics().lease_waits == 1 and hosts.tb.statistics().leases == 0
+    assert waiter.calls == ["b"]
+    assert settings.max_lease_wait <= took < settings.max_lease_wait + 2.0
+    warned = [r.getMessage() for r in caplog.records if "max_lease_wait" in r.getMessage()]
+    assert len(warned) == 1 and "computing here" in warned[0]
+
+
+def test_max_lease_wait_must_be_a_positive_number() -> None:
+    for wrong in (0, -1.0, "5"):
+        with pytest.raises(ValueError, match="max_lease_wait must be a positive number"):
+            RemoteSettings("redis://127.0.0.1:1/0", max_lease_wait=wrong)  # type: ignore[arg-type]

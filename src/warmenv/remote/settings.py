@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_BACKOFF",
     "DEFAULT_LEASE_TTL",
     "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_LEASE_WAIT",
     "DEFAULT_MAX_VALUE_BYTES",
     "DEFAULT_REMOTE_TIMEOUT",
     "RemoteSettings",
@@ -42,6 +43,7 @@ DEFAULT_MAX_VALUE_BYTES: Final = 8 * 1024 * 1024
 DEFAULT_MAX_CONNECTIONS: Final = 2
 DEFAULT_LEASE_TTL: Final = 10.0
 DEFAULT_BACKOFF: Final = 1.0
+DEFAULT_MAX_LEASE_WAIT: Final = 300.0
 
 
 @attrs.frozen(repr=False)
@@ -61,10 +63,13 @@ class RemoteSettings:
     backoff: float = DEFAULT_BACKOFF
     """The longest the tier serves locally after a failure before trying Redis again; the
     first wait is 0.25 s (or this, if less), doubled per failed try up to this."""
+    max_lease_wait: float = DEFAULT_MAX_LEASE_WAIT
+    """The longest a host waits for another host's lease before computing the key itself
+    (with a warning): a lease renewed forever holds no one longer."""
 
     def __attrs_post_init__(self) -> None:
         check_redis_url(self.url)
-        for name in ("timeout", "backoff"):
+        for name in ("timeout", "backoff", "max_lease_wait"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value > 0):
                 raise ValueError(f"remote {name} must be a positive number, got {value!r}")
@@ -83,7 +88,8 @@ class RemoteSettings:
         return (
             f"RemoteSettings(url={redact(self.url)!r}, timeout={self.timeout!r}, "
             f"max_value_bytes={self.max_value_bytes!r}, max_connections={self.max_connections!r}, "
-            f"lease_ttl={self.lease_ttl!r}, backoff={self.backoff!r})"
+            f"lease_ttl={self.lease_ttl!r}, backoff={self.backoff!r}, "
+            f"max_lease_wait={self.max_lease_wait!r})"
         )
 
 

@@ -422,6 +422,7 @@ class RemoteTier:
         delay = FIRST_POLL_DELAY
         waited = False
         seen = 0.0  # when the lease was last seen held by another host
+        until = 0.0  # when waiting gives up (max_lease_wait)
         while True:
             # Watching before the claim: a message that comes between the two is not lost.
             with self._watching(rkey) as landed:
@@ -452,10 +453,23 @@ class RemoteTier:
                 if not waited:
                     waited = True
                     self._count("lease_waits")
+                    until = time.monotonic() + self.settings.max_lease_wait
+                elif time.monotonic() >= until:
+                    # A lease renewed forever (forged, or a computation that never ends
+                    # while its heartbeat runs) holds no one past the bound.
+                    log.warning(
+                        "%s: waited max_lease_wait=%g s for another host's lease on %r;"
+                        " computing here",
+                        self.describe(),
+                        self.settings.max_lease_wait,
+                        rkey,
+                    )
+                    return False, None
                 if self._subscribed and not self._delay:
                     poll = self.settings.lease_ttl / POLLS_PER_LEASE_TTL
                 else:
                     poll, delay = delay, min(delay * 1.5, MAX_POLL_DELAY)
+                poll = min(poll, max(0.0, until - time.monotonic()))
                 with anyio.move_on_after(poll):
                     await landed.wait()
 
