@@ -48,6 +48,8 @@ def _isolated_defaults(
     monkeypatch.setenv("WARMENV_ROOT", str(home / "root"))
     monkeypatch.delenv("WARMENV_ENVIRONMENT", raising=False)
     monkeypatch.delenv("WARMENV_REMOTE", raising=False)
+    monkeypatch.delenv("WARMENV_TRUSTED_KEYS", raising=False)
+    monkeypatch.delenv("WARMENV_REQUIRE_SIGNATURE", raising=False)
     monkeypatch.setattr(warmenv.environment, "_active_name", None)
     monkeypatch.setattr(warmenv.environment, "_active_root", None)
     yield

@@ -229,6 +229,11 @@ def _checks_utf8(node: ast.AST) -> bool:
     )
 
 
+def test_a_signature_is_checked_by_one_function() -> None:
+    _one_home(_where(_defines("check_signature")), "warmenv.bundle.signing", "check_signature()")
+    _one_home(_where(_defines("PublicKey")), "warmenv._keys", "the public key's text form")
+
+
 def test_utf8_is_checked_by_one_function() -> None:
     _only_in(_where(_checks_utf8), "warmenv._text", "a UTF-8 check (use warmenv._text.is_utf8)")
     _one_home(_where(_defines("is_utf8")), "warmenv._text", "is_utf8()")

@@ -2,9 +2,10 @@
 
 Settings come from the nearest `warmenv.toml` (top-level keys) or
 `pyproject.toml` (`[tool.warmenv]`) walking up from the working directory,
-then from the variables `WARMENV_ROOT`, `WARMENV_ENVIRONMENT` and
-`WARMENV_REMOTE`, which win so that a deployment can redirect an application
-without editing its files.
+then from the variables `WARMENV_ROOT`, `WARMENV_ENVIRONMENT`,
+`WARMENV_REMOTE`, `WARMENV_TRUSTED_KEYS` and `WARMENV_REQUIRE_SIGNATURE`,
+which win so that a deployment can redirect an application (or tighten its
+policy) without editing its files.
 A missing file is the normal case; a file that is there but wrong is an error
 naming the file and the key, because a silently ignored setting is how a
 cache ends up somewhere nobody looks.
@@ -24,6 +25,7 @@ import platformdirs
 
 from warmenv._errors import RemoteError, WarmenvError
 from warmenv._fs import NoSuchHomeError, expand_home
+from warmenv._keys import KEY_PREFIX, KeyFileError, PublicKey, read_key_file
 from warmenv._text import clean
 from warmenv._url import check_redis_url, redact
 from warmenv.stream import StreamPolicy
@@ -33,7 +35,15 @@ __all__ = ["Config", "ConfigError", "load_config"]
 DEFAULT_ENVIRONMENT = "default"
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
 _NAME_RULE = "use letters, digits, '.', '_' and '-' (and not '.' or '..')"
-_KEYS = ("root", "environment", "stream_policy", "max_bytes", "remote")
+_KEYS = (
+    "root",
+    "environment",
+    "stream_policy",
+    "max_bytes",
+    "remote",
+    "trusted_keys",
+    "require_signature",
+)
 
 
 class ConfigError(WarmenvError):
@@ -65,6 +75,10 @@ class Config:
     remote: str | None = attrs.field(default=None, repr=_redacted)
     """The fleet's shared tier `open_environment` uses by default (a `redis://` or
     `rediss://` URL, its password never shown in the repr), or None."""
+    trusted_keys: tuple[PublicKey, ...] = ()
+    """The keys trusted to sign the bundles imported here (`warmenv.bundle.signing`)."""
+    require_signature: bool = False
+    """Whether an import refuses a bundle not signed by one of `trusted_keys`."""
 
 
 def is_valid_name(name: object) -> bool:
@@ -114,6 +128,10 @@ def load_config(start: Path | None = None) -> Config:
     stream_policy = _stream_policy(settings.get("stream_policy", "per_thread"), where)
     max_bytes = _max_bytes(settings.get("max_bytes"), where)
     remote = _remote(settings.get("remote"), f"{where}: key 'remote'")
+    trusted_keys = _trusted_keys(
+        settings.get("trusted_keys", []), f"{where}: key 'trusted_keys'", base
+    )
+    require_signature = _flag(settings.get("require_signature", False), where)
 
     if (env_root := os.environ.get("WARMENV_ROOT")) is not None:
         root = _root(env_root, "the environment variable WARMENV_ROOT", None, Path.cwd(), here)
@@ -122,12 +140,22 @@ def load_config(start: Path | None = None) -> Config:
     if (env_remote := os.environ.get("WARMENV_REMOTE")) is not None:
         # Set but empty turns off a remote the file names, as `remote=""` does in code.
         remote = _remote(env_remote, "the environment variable WARMENV_REMOTE")
+    if (env_keys := os.environ.get("WARMENV_TRUSTED_KEYS")) is not None:
+        # Replaces the file's list (set but empty: no key), as every variable wins.
+        entries = [entry.strip() for entry in env_keys.split(",") if entry.strip()]
+        trusted_keys = _trusted_keys(
+            entries, "the environment variable WARMENV_TRUSTED_KEYS", Path.cwd()
+        )
+    if (env_require := os.environ.get("WARMENV_REQUIRE_SIGNATURE")) is not None:
+        require_signature = _flag_variable(env_require)
     return Config(
         root=root,
         environment=environment,
         stream_policy=stream_policy,
         max_bytes=max_bytes,
         remote=remote,
+        trusted_keys=trusted_keys,
+        require_signature=require_signature,
     )
 
 
@@ -239,3 +267,46 @@ def _remote(value: object, label: str) -> str | None:
         return check_redis_url(value, label)
     except RemoteError as exc:  # the message already names the setting, password hidden
         raise _RemoteConfigError(str(exc)) from None
+
+
+def _trusted_keys(value: object, where: str, base: Path) -> tuple[PublicKey, ...]:
+    """The keys `trusted_keys` names: each entry a key (`ed25519:...`) or a file of them
+    (a path, relative to `base`: the settings file's directory, or the working one)."""
+    if not isinstance(value, list) or not all(isinstance(entry, str) for entry in value):
+        raise ConfigError(
+            f"{where} must be a list of public keys ('{KEY_PREFIX}...') or key files, got {value!r}"
+        )
+    keys: list[PublicKey] = []
+    for entry in value:
+        if entry.startswith(KEY_PREFIX):
+            try:
+                keys.append(PublicKey.parse(entry))
+            except ValueError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
+            continue
+        try:
+            keys.extend(read_key_file((base / expand_home(entry)).resolve()))
+        except (KeyFileError, NoSuchHomeError) as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    return tuple(dict.fromkeys(keys))
+
+
+def _flag(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: key 'require_signature' must be true or false, got {value!r}")
+    return value
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def _flag_variable(value: str) -> bool:
+    if value.strip().lower() in _TRUE:
+        return True
+    if value.strip().lower() in _FALSE:
+        return False
+    raise ConfigError(
+        f"the environment variable WARMENV_REQUIRE_SIGNATURE must be 1 or 0 (true or "
+        f"false), got {clean(value)!r}"
+    )

@@ -32,6 +32,7 @@ from warmenv.bundle.events import Event, ExportReport, ImportEvent, ImportReport
 from warmenv.bundle.exporting import BundleFormat, exporting
 from warmenv.bundle.importing import Validate, importing
 from warmenv.bundle.manifest import EnvironmentInfo
+from warmenv.bundle.signing import SigningKey, TrustLike
 from warmenv.bundle.warmup import OnEvent, WarmUp, WarmUpState
 from warmenv.bundle.warmup import warm_up as _warm_up
 from warmenv.environment import Environment
@@ -71,6 +72,7 @@ def import_bundle(
     validate: Validate | None = None,
     verify: bool = True,
     download: DownloadOptions | None = None,
+    trust: TrustLike = None,
 ) -> ImportReport:
     """Import a bundle into `env`, as `warmenv.bundle.import_bundle` does.
 
@@ -91,6 +93,7 @@ def import_bundle(
             validate=validate,
             verify=verify,
             download=download,
+            trust=trust,
         ),
         progress,
     )
@@ -108,6 +111,7 @@ def export_bundle(
     namespaces: list[str] | None = None,
     environments: Sequence[EnvironmentInfo] | None = None,
     format_version: int = 2,
+    sign: SigningKey | str | Path | None = None,
 ) -> ExportReport:
     """Write the entries of `sources` to the bundle `out`, as `warmenv.bundle.export_bundle`.
 
@@ -131,6 +135,7 @@ def export_bundle(
             environments=environments,
             version=version,
             format_version=format_version,
+            sign=sign,
         ),
         progress,
     )

@@ -8,6 +8,7 @@ hit ever depends on a file staying installed.
 
 from __future__ import annotations
 
+from warmenv._keys import KeyFileError, PublicKey
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.download import DownloadError, DownloadOptions
 from warmenv.bundle.errors import (
@@ -17,6 +18,7 @@ from warmenv.bundle.errors import (
     InvalidManifestError,
     InvalidSourceError,
     NotABundleError,
+    SignatureError,
     StaleBundleError,
     UnsupportedSchemaError,
 )
@@ -45,9 +47,10 @@ from warmenv.bundle.exporting import (
 )
 from warmenv.bundle.flat.bundle import FlatBundle
 from warmenv.bundle.importing import ImportProgress, import_bundle, importing
-from warmenv.bundle.manifest import BundleManifest, EnvironmentInfo
+from warmenv.bundle.manifest import BundleManifest, EnvironmentInfo, Signature
 from warmenv.bundle.open import open_bundle
 from warmenv.bundle.preflight import Preflight, preflight
+from warmenv.bundle.signing import SigningKey, SigningUnavailableError, Trust, generate_key
 from warmenv.bundle.sqlite.bundle import SqliteBundle
 from warmenv.bundle.warmup import WarmUp, WarmUpState, warm_up
 
@@ -77,19 +80,27 @@ __all__ = [
     "ImportReport",
     "InvalidManifestError",
     "InvalidSourceError",
+    "KeyFileError",
     "NotABundleError",
     "NotFinishedError",
     "Preflight",
     "Progress",
+    "PublicKey",
+    "Signature",
+    "SignatureError",
+    "SigningKey",
+    "SigningUnavailableError",
     "SqliteBundle",
     "StaleBundleError",
     "Started",
+    "Trust",
     "UnsupportedSchemaError",
     "Verifying",
     "WarmUp",
     "WarmUpState",
     "export_bundle",
     "exporting",
+    "generate_key",
     "import_bundle",
     "importing",
     "open_bundle",

@@ -17,9 +17,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Generic, Protocol, Self, TypeVar, final
 
+import anyio.to_thread
+
+from warmenv._keys import PublicKey
 from warmenv.bundle.errors import CorruptBundleError
 from warmenv.bundle.events import Verifying
 from warmenv.bundle.manifest import BundleManifest, Digest
+from warmenv.bundle.signing import TrustLike, check_signature, resolve_trust
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.storage import NamespaceSummary
@@ -100,8 +104,13 @@ class Bundle(Protocol):
         """
         ...
 
-    async def verify(self, progress: DigestProgress | None = None) -> None:
-        """`CorruptBundleError` unless the content matches the manifest's digest."""
+    async def verify(
+        self, progress: DigestProgress | None = None, *, trust: TrustLike = None
+    ) -> PublicKey | None:
+        """`CorruptBundleError` unless the content matches the manifest's digest, and
+        `SignatureError` unless its signature passes `trust` (keys, a `Trust`, or `None`:
+        the configuration's; see `warmenv.bundle.signing`). Returns the trusted key that
+        signed it, or `None` (unsigned, or no signature checked)."""
         ...
 
     def verifying(self) -> AsyncIterator[Verifying]:
@@ -245,10 +254,15 @@ class BundleReader(ClosesOnExit):
                     progress(event)
         return result[0]
 
-    async def verify(self, progress: DigestProgress | None = None) -> None:
+    async def verify(
+        self, progress: DigestProgress | None = None, *, trust: TrustLike = None
+    ) -> PublicKey | None:
+        checked = await anyio.to_thread.run_sync(resolve_trust, trust)
+        signer = check_signature(self.manifest, checked, self.describe())
         async for event in self.verifying():
             if progress is not None:
                 progress(event)
+        return signer
 
     async def verifying(self) -> AsyncGenerator[Verifying, None]:
         result: list[str] = []

@@ -17,6 +17,7 @@ __all__ = [
     "InvalidSourceError",
     "NotABundleError",
     "StaleBundleError",
+    "SignatureError",
     "UnsupportedSchemaError",
 ]
 
@@ -56,3 +57,8 @@ class StaleBundleError(BundleError):
     downloaded (where its header can be read by range) and before anything
     is written.
     """
+
+
+class SignatureError(BundleError):
+    """A bundle's signature was checked and refused: unsigned where a signature is
+    required, signed by a key nobody trusts, or a signature that does not hold."""

@@ -30,6 +30,7 @@ from typing import Generic, TypeAlias, TypeVar
 import attrs
 
 from warmenv._errors import WarmenvError
+from warmenv._keys import PublicKey
 from warmenv.bundle.manifest import BundleManifest
 from warmenv.persistence.storage import NamespaceSummary
 
@@ -78,6 +79,8 @@ class ImportReport:
     other_versions: tuple[str, ...] = ()
     """The bundle's namespaces left out because they carry another version than the one
     the import was given (`version=`): no lookup of that version could hit them."""
+    signer: PublicKey | None = None
+    """The trusted key whose signature was checked, or None (unsigned, or none checked)."""
 
 
 @attrs.frozen

@@ -15,6 +15,10 @@ readers know only format 1 (they refuse format 2): the entries alone, under
 the format-1 digest, so what they carry is dropped and a hit on them after
 an import saves nothing that statistics can count.
 
+`sign=` signs the bundle (`warmenv.bundle.signing`): the manifest is
+written with a placeholder signature of the final length, and signed, with
+its digest, once the last entry is written.
+
 The bundle is written to a staging file beside `out`, synced, and renamed
 onto `out` only when complete, so a failed, cancelled or killed export leaves
 the previous bundle (or nothing) at `out`. Staging files that a killed export
@@ -63,6 +67,7 @@ from warmenv.bundle.manifest import (
     now_iso,
     this_machine,
 )
+from warmenv.bundle.signing import SigningKey
 from warmenv.bundle.sqlite.sources import reading
 from warmenv.environment import Environment
 from warmenv.persistence import carried
@@ -86,13 +91,15 @@ async def export_bundle(
     namespaces: list[str] | None = None,
     environments: Sequence[EnvironmentInfo] | None = None,
     format_version: int = 2,
+    sign: SigningKey | str | Path | None = None,
 ) -> ExportReport:
     """Write the entries of `sources` to the bundle `out`; see the module docstring.
 
     `version` is the application's version, recorded in the manifest; it is
     required because warmenv's own version says nothing about the entries.
     `format_version=1` writes a bundle that readers of format 1 (warmenv 0.1)
-    accept, without each entry's written_at and cost.
+    accept, without each entry's written_at and cost. `sign` (a `SigningKey`, or the
+    path of a private key file `warmenv keygen` wrote) signs the bundle.
     """
     async with exporting(
         sources,
@@ -103,6 +110,7 @@ async def export_bundle(
         environments=environments,
         version=version,
         format_version=format_version,
+        sign=sign,
     ) as progress:
         async for _ in progress:
             pass
@@ -120,6 +128,7 @@ async def exporting(
     namespaces: list[str] | None = None,
     environments: Sequence[EnvironmentInfo] | None = None,
     format_version: int = 2,
+    sign: SigningKey | str | Path | None = None,
 ) -> AsyncIterator[ExportProgress]:
     """`async with exporting(...) as progress: async for event in progress:` runs the export.
 
@@ -157,9 +166,16 @@ async def exporting(
         environments=tuple(environments) if environments is not None else (this_machine(),),
         digest=DIGEST_PLACEHOLDER,
     )
+    signer = sign
+    if sign is not None and not isinstance(sign, SigningKey):  # a key file: read it first
+        signer = await anyio.to_thread.run_sync(SigningKey.load, sign)
+    assert signer is None or isinstance(signer, SigningKey)
+    if signer is not None:
+        manifest = signer.placeholder(manifest)
     manifest.check_readable()
     paths = await anyio.to_thread.run_sync(_source_paths, _as_list(sources))
     job = _ExportJob(paths, Path(out), bundle_format, format_version, namespaces, manifest)
+    job.signer = signer
     progress = ExportProgress(job)
     try:
         yield progress
@@ -280,6 +296,7 @@ class _ExportJob:
         self._prefixes = prefixes
         self._sources_named = ", ".join(map(str, sources))  # how errors reading them say it
         self.totals: dict[str, tuple[int, int]] = {}
+        self.signer: SigningKey | None = None
 
     def start(self) -> None:
         """Open the sources and the staging file, and count what will be written.
@@ -366,6 +383,8 @@ class _ExportJob:
     def commit(self) -> BundleManifest:
         """Finish the staging file, sync it and rename it onto `out`."""
         manifest = attrs.evolve(self.manifest, digest=self._digest.value())
+        if self.signer is not None:
+            manifest = self.signer.sign(manifest)
         assert self.staging is not None and self._output is not None
         self._output.finish(manifest)
         self._output = self._copier = None

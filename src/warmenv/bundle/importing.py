@@ -20,6 +20,13 @@ scan batches into `Environment.insert_imported`. Either way memory stays
 bounded by the batch size, whatever the bundle's size, and each entry keeps
 the `written_at` and `cost` it carries (bundle format 2).
 
+Before anything is written, the bundle's signature is checked against the
+trust asked for (`trust=`, by default the configuration's `trusted_keys`
+and `require_signature`; `warmenv.bundle.signing`), on the same private
+copy; a bundle whose signature was checked always has its digest checked
+too (`verify=False` notwithstanding), since the signature vouches for the
+digest and only that check compares it with the entries.
+
 A bundle named by an http(s) URL is downloaded into that private directory
 instead of copied (`warmenv.bundle.download`), as the first steps of the
 event stream (`Downloading` events, then `Started`), and the downloaded file
@@ -39,6 +46,7 @@ from typing import final
 import anyio
 import anyio.lowlevel
 
+from warmenv._keys import PublicKey
 from warmenv._url import is_url, redact
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.download import Download, DownloadOptions, read_header
@@ -55,6 +63,7 @@ from warmenv.bundle.events import (
 from warmenv.bundle.manifest import BundleManifest
 from warmenv.bundle.open import open_private, read_names
 from warmenv.bundle.preflight import of_version, stale
+from warmenv.bundle.signing import Trust, TrustLike, check_signature, resolve_trust
 from warmenv.environment import Environment
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.namespace import Namespace, matches_any
@@ -81,11 +90,16 @@ async def import_bundle(
     validate: Validate | None = None,
     verify: bool = True,
     download: DownloadOptions | None = None,
+    trust: TrustLike = None,
 ) -> ImportReport:
     """Import every entry of `source` (a path, an http(s) URL or an open bundle) into `env`.
 
     `download` sets the limits of fetching a bundle by URL (see `DownloadOptions`).
     `version`: the application's version; see `importing`.
+    `trust` says whose signature the bundle must carry (see `warmenv.bundle.signing`):
+    keys (then a signature by one of them is required), a `Trust`, or `None`, the
+    configuration's `trusted_keys` and `require_signature`. A refused bundle raises
+    `SignatureError` before anything is written.
     """
     async with importing(
         source,
@@ -96,6 +110,7 @@ async def import_bundle(
         validate=validate,
         verify=verify,
         download=download,
+        trust=trust,
     ) as progress:
         async for _ in progress:
             pass
@@ -113,6 +128,7 @@ async def importing(
     validate: Validate | None = None,
     verify: bool = True,
     download: DownloadOptions | None = None,
+    trust: TrustLike = None,
 ) -> AsyncIterator[ImportProgress]:
     """`async with importing(...) as progress: async for event in progress:` runs the import.
 
@@ -137,6 +153,7 @@ async def importing(
     """
     check_batch_size(batch_size)
     check_version(version)
+    checked = await anyio.to_thread.run_sync(resolve_trust, trust)
     near = env.snapshot_directory()
     if is_url(source):
         assert isinstance(source, str)
@@ -147,6 +164,7 @@ async def importing(
         progress = ImportProgress(
             Download(source, near, download), env, namespaces, version, batch_size, validate, verify
         )
+        progress.trust = checked
         try:
             yield progress
             await progress.finish()
@@ -168,6 +186,7 @@ async def importing(
         copy = await source.private_copy(near)  # noqa: ASYNC240 (a Bundle here)
         bundle, owned = (source, False) if copy is None else (copy, True)
     progress = ImportProgress(bundle, env, namespaces, version, batch_size, validate, verify)
+    progress.trust = checked
     try:
         yield progress
         await progress.finish()
@@ -201,6 +220,8 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
         self._batch_size = batch_size
         self._validate = validate
         self._verify = verify
+        self.trust = Trust()
+        self._signer: PublicKey | None = None
         self._tally: _Tally | None = None
         self._manifest: BundleManifest | None = None
         self._started_at = 0.0
@@ -215,7 +236,9 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
     def _partial_report(self) -> ImportReport | None:
         if self._tally is None:
             return None
-        return self._tally.report(self._started_at, self._stopped_at, complete=False)
+        return self._tally.report(
+            self._started_at, self._stopped_at, complete=False, signer=self._signer
+        )
 
     async def aclose(self) -> None:
         await super().aclose()
@@ -242,6 +265,8 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
                 await bundle.aclose()
 
     async def _import(self, bundle: Bundle) -> AsyncGenerator[ImportEvent, None]:
+        # On the copy that is imported, before anything is written (or read but its header).
+        signer = self._signer = check_signature(bundle.manifest, self.trust, bundle.describe())
         started_at = self._started_at = time.perf_counter()
         self._manifest = bundle.manifest
         tally = self._tally = _Tally()
@@ -260,7 +285,7 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
         total_entries = sum(s.entries for s in selected)
         total_bytes = sum(s.bytes for s in selected)
         yield BundleStarted(tuple(s.namespace for s in selected), total_entries, total_bytes)
-        if self._verify:
+        if self._verify or signer is not None:
             async with aclosing(_verifying(bundle)) as steps:
                 async for step in steps:
                     yield step
@@ -283,7 +308,7 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
                 yield BundleProgress(
                     namespace, tally.done, total_entries, tally.bytes_done, total_bytes
                 )
-        report = tally.report(started_at, None, complete=True)
+        report = tally.report(started_at, None, complete=True, signer=signer)
         self._report = report
         yield BundleFinished(report)
 
@@ -302,7 +327,12 @@ class _Tally:
         self.imported_bytes += size
 
     def report(
-        self, started_at: float, stopped_at: float | None, *, complete: bool
+        self,
+        started_at: float,
+        stopped_at: float | None,
+        *,
+        complete: bool,
+        signer: PublicKey | None,
     ) -> ImportReport:
         ended = time.perf_counter() if stopped_at is None else stopped_at
         return ImportReport(
@@ -317,6 +347,7 @@ class _Tally:
             elapsed=ended - started_at,
             complete=complete,
             other_versions=self.other_versions,
+            signer=signer,
         )
 
 

@@ -9,6 +9,13 @@ they follow each entry's value, under a personalisation of their own, so
 neither stream can pass for the other and a format-1 bundle verifies exactly
 as before. The manifest names the algorithm, so a later warmenv can change it
 without misreading old bundles.
+
+A signed bundle's manifest also holds a `signature` (`Signature`): who
+signed it (a public key) and an Ed25519 signature over `signed_payload()`,
+the manifest's own JSON without the signature, so it covers the digest and
+with it every entry. Reading one needs nothing but this module; checking it
+is `warmenv.bundle.signing`'s. A reader that predates signatures ignores the
+field and reads the bundle as an unsigned one.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ __all__ = [
     "BundleManifest",
     "Digest",
     "EnvironmentInfo",
+    "Signature",
     "check_manifest_size",
     "oversized_manifest",
     "this_machine",
@@ -101,6 +109,25 @@ class EnvironmentInfo:
         }
 
 
+SIGNATURE_ALGORITHM: Final = "ed25519"
+SIGNATURE_CONTEXT: Final = b"warmenv bundle signature 1\n"
+"""What every signed payload starts with, so no other message can pass for a manifest."""
+
+
+@attrs.frozen(kw_only=True)
+class Signature:
+    """A manifest's signature as written: the algorithm, the signer's public key (its
+    text form) and the signature (unpadded URL-safe base64). Whether it holds is
+    `warmenv.bundle.signing.check_signature`'s to say."""
+
+    algorithm: str = SIGNATURE_ALGORITHM
+    key: str
+    value: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"algorithm": self.algorithm, "key": self.key, "value": self.value}
+
+
 def this_machine(label: str | None = None, devices: tuple[str, ...] = ()) -> EnvironmentInfo:
     """The machine this process runs on, labelled (by default) "<OS> <arch>"."""
     info = EnvironmentInfo(label="", devices=devices)
@@ -117,10 +144,11 @@ class BundleManifest:
     created: str
     environments: tuple[EnvironmentInfo, ...]
     digest: str
+    signature: Signature | None = None
 
     def to_json(self) -> bytes:
-        """The manifest as UTF-8 JSON, keys sorted."""
-        document = {
+        """The manifest as UTF-8 JSON, keys sorted (no `signature` key when unsigned)."""
+        document: dict[str, Any] = {
             "schema": self.schema,
             "name": self.name,
             "version": self.version,
@@ -128,7 +156,14 @@ class BundleManifest:
             "environments": [e.to_json() for e in self.environments],
             "digest": self.digest,
         }
+        if self.signature is not None:
+            document["signature"] = self.signature.to_json()
         return json.dumps(document, sort_keys=True, ensure_ascii=False).encode("utf-8")
+
+    def signed_payload(self) -> bytes:
+        """What a signature signs: a fixed context, then this manifest's JSON without its
+        signature (and so its digest, which covers every entry)."""
+        return SIGNATURE_CONTEXT + attrs.evolve(self, signature=None).to_json()
 
     def check_readable(self) -> None:
         """`ValueError` unless every reader would accept this manifest as written.
@@ -187,6 +222,7 @@ class BundleManifest:
             created=_text(document, "created"),
             environments=tuple(_environment(e, i) for i, e in enumerate(environments)),
             digest=digest,
+            signature=_signature(document),
         )
 
 
@@ -215,6 +251,23 @@ def _environment(document: object, index: int) -> EnvironmentInfo:
         os=_text(document, "os", where),
         arch=_text(document, "arch", where),
         devices=tuple(devices),
+    )
+
+
+def _signature(document: Mapping[str, Any]) -> Signature | None:
+    """The signature as written, its shape checked; whether it holds is checked elsewhere,
+    so a damaged one still opens (and is refused where signatures are checked)."""
+    if "signature" not in document:
+        return None
+    signature = document["signature"]
+    if not isinstance(signature, dict) or set(signature) != {"algorithm", "key", "value"}:
+        raise InvalidManifestError(
+            "manifest field 'signature' must be an object of 'algorithm', 'key' and 'value'"
+        )
+    return Signature(
+        algorithm=_text(signature, "algorithm", "signature."),
+        key=_text(signature, "key", "signature."),
+        value=_text(signature, "value", "signature."),
     )
 
 

@@ -26,7 +26,7 @@ from warmenv.bundle.flat.layout import (
     U32,
     check_format_version,
 )
-from warmenv.bundle.manifest import DIGEST_PLACEHOLDER, BundleManifest
+from warmenv.bundle.manifest import BundleManifest
 
 __all__ = ["FlatStaging", "FlatWriter"]
 
@@ -65,7 +65,7 @@ class FlatStaging:
             add(namespace, key, value, carrying)
 
     def finish(self, manifest: BundleManifest) -> None:
-        self._writer.finish(manifest.digest)
+        self._writer.finish(manifest)
         handle = self._file
         assert handle is not None, "the staging file is closed"
         handle.flush()
@@ -98,10 +98,11 @@ class FlatWriter:
         "_data_at",
         "_data_buffer",
         "_data_pos",
-        "_digest_at",
         "_file",
         "_index_at",
         "_index_buffer",
+        "_manifest_at",
+        "_manifest_size",
         "_ns_ids",
     )
 
@@ -128,7 +129,8 @@ class FlatWriter:
         header = bytearray(FLAT_MAGIC)
         header += U32.pack(format_version)
         header += U32.pack(len(manifest_json))
-        self._digest_at = len(header) + manifest_json.index(manifest.digest.encode())
+        self._manifest_at = len(header)
+        self._manifest_size = len(manifest_json)
         header += manifest_json
         header += U32.pack(len(namespaces))
         for name in namespaces:
@@ -175,12 +177,14 @@ class FlatWriter:
         self._carried_buffer.clear()
         self._data_buffer.clear()
 
-    def finish(self, digest: str) -> None:
-        """Write what is buffered and the real digest over its placeholder."""
+    def finish(self, manifest: BundleManifest) -> None:
+        """Write what is buffered and the final manifest (its digest and signature filled
+        in) over the one written first, which had placeholders of the same length."""
         self._flush()
-        if len(digest) != len(DIGEST_PLACEHOLDER):
-            raise ValueError("digest of unexpected length")
-        _pwrite_all(self._file.fileno(), digest.encode(), self._digest_at)
+        manifest_json = manifest.to_json()
+        if len(manifest_json) != self._manifest_size:
+            raise ValueError("the final manifest differs in length from its placeholder")
+        _pwrite_all(self._file.fileno(), manifest_json, self._manifest_at)
 
 
 def _pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:

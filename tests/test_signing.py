@@ -1,0 +1,552 @@
+"""Signed bundles: keys, signing on export, and the checks before an import writes anything.
+
+Every way an attacker with the file (or between us and a server) can change
+a signed bundle is tried in both formats, from a path and by URL from a real
+HTTP server: a forged manifest, entries replaced with the digest made to
+match, the bundle re-signed by a key nobody trusts, the signature stripped,
+truncated, or made by one key and claimed for another. Each is refused with
+a `SignatureError` naming what is wrong, and the environment stays empty.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import env_contents, sample_entries
+from helpers import run_python
+from signed import Document, read_manifest, rewrite_manifest
+from test_bundle_format_1 import reader_0_1, run_0_1  # noqa: F401 (a fixture, used by name)
+from test_download import BundleServer, staging_left
+from warmenv import Environment, open_environment
+from warmenv.bundle import (
+    CorruptBundleError,
+    KeyFileError,
+    PublicKey,
+    SignatureError,
+    SigningKey,
+    Trust,
+    export_bundle,
+    generate_key,
+    import_bundle,
+    open_bundle,
+)
+from warmenv.config import ConfigError, load_config
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> dict[str, Path]:
+    """Two key pairs: `ci`, trusted by the tests, and `mallory`, trusted by nobody."""
+    made = {}
+    for name in ("ci", "mallory"):
+        made[name] = tmp_path / "keys" / name
+        made[name].parent.mkdir(exist_ok=True)
+        generate_key(made[name])
+    return made
+
+
+def public(key: Path) -> PublicKey:
+    return PublicKey.parse(key.with_name(key.name + ".pub").read_text())
+
+
+async def export_signed(
+    env: Environment, out: Path, bundle_format: str, key: Path | None, name: str = "H100 Linux"
+) -> Path:
+    await export_bundle(env, out, name=name, version="1", format=bundle_format, sign=key)
+    return out
+
+
+# --- keys --------------------------------------------------------------------------------
+
+
+def test_keygen_writes_a_private_key_only_its_owner_reads_and_the_public_key_beside_it(
+    tmp_path: Path,
+) -> None:
+    old = os.umask(0)  # the mode must not depend on the caller's umask
+    try:
+        key = generate_key(tmp_path / "ci")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "ci").stat().st_mode) == 0o600
+    assert (tmp_path / "ci").read_bytes().startswith(b"-----BEGIN PRIVATE KEY-----")
+    assert (tmp_path / "ci.pub").read_text() == f"{key}\n"
+    assert str(key).startswith("ed25519:") and len(str(key)) == len("ed25519:") + 43
+    assert PublicKey.parse(str(key)) == key
+    assert SigningKey.load(tmp_path / "ci").public_key == key
+
+
+def test_keygen_never_replaces_a_file(tmp_path: Path) -> None:
+    (tmp_path / "ci.pub").write_text("mine\n")
+    with pytest.raises(FileExistsError, match=r"ci\.pub"):
+        generate_key(tmp_path / "ci")
+    assert not (tmp_path / "ci").exists()
+    assert (tmp_path / "ci.pub").read_text() == "mine\n"
+
+
+def test_a_private_key_other_users_can_read_is_refused_with_the_fix(
+    keys: dict[str, Path],
+) -> None:
+    keys["ci"].chmod(0o644)
+    with pytest.raises(KeyFileError, match=r"mode 0644.*chmod 600"):
+        SigningKey.load(keys["ci"])
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5", "must start with 'ed25519:'"),
+        ("ed25519:" + "A" * 42, "43 characters"),
+        ("ed25519:" + "A" * 43 + "=", "43 characters"),
+        ("ed25519:" + "A" * 42 + "B", "43 characters"),  # stray bits past the 32 bytes
+    ],
+)
+def test_a_public_key_that_is_not_one_is_refused_saying_why(text: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        PublicKey.parse(text)
+
+
+async def test_signing_with_a_public_key_or_a_missing_file_exports_nothing(
+    warm_env: Environment, keys: dict[str, Path], out_dir: Path
+) -> None:
+    for wrong, why in (
+        (keys["ci"].with_name("ci.pub"), "holds a public key"),
+        (
+            out_dir / "nope",
+            "cannot open the private key",
+        ),
+    ):
+        if wrong.name == "ci.pub":
+            wrong.chmod(0o600)
+        with pytest.raises(KeyFileError, match=why):
+            await export_signed(warm_env, out_dir / "b", "sqlite", wrong)
+    assert list(out_dir.iterdir()) == []
+
+
+# --- signing and checking ------------------------------------------------------------------
+
+
+async def test_a_signed_bundle_imports_under_its_key_with_the_signer_reported(
+    warm_env: Environment,
+    cold_env: Environment,
+    keys: dict[str, Path],
+    out_dir: Path,
+    bundle_format: str,
+) -> None:
+    out = await export_signed(warm_env, out_dir / "b", bundle_format, keys["ci"])
+    report = await import_bundle(out, cold_env, trust=[public(keys["ci"])])
+    assert report.signer == public(keys["ci"])
+    assert await env_contents(cold_env) == sample_entries()
+
+
+async def test_the_signature_covers_the_digest_in_the_manifest_in_both_formats(
+    warm_env: Environment, keys: dict[str, Path], out_dir: Path
+) -> None:
+    sqlite = read_manifest(await export_signed(warm_env, out_dir / "s", "sqlite", keys["ci"]))
+    flat = read_manifest(await export_signed(warm_env, out_dir / "f", "flat", keys["ci"]))
+    assert sqlite["digest"] == flat["digest"]
+    assert sqlite["signature"]["key"] == flat["signature"]["key"] == str(public(keys["ci"]))
+    async with open_bundle(out_dir / "f") as bundle:
+        assert await bundle.verify(trust=[public(keys["ci"])]) == public(keys["ci"])
+
+
+async def test_verify_checks_the_signature_and_says_who_signed(
+    warm_env: Environment, keys: dict[str, Path], out_dir: Path, bundle_format: str
+) -> None:
+    out = await export_signed(warm_env, out_dir / "b", bundle_format, keys["ci"])
+    async with open_bundle(out) as bundle:
+        assert await bundle.verify() is None  # nothing asked: nothing checked
+        assert await bundle.verify(trust=Trust((public(keys["ci"]),))) == public(keys["ci"])
+        with pytest.raises(SignatureError, match="not a trusted key"):
+            await bundle.verify(trust=[public(keys["mallory"])])
+
+
+async def test_without_any_trust_a_signed_bundle_imports_as_an_unsigned_one_did(
+    warm_env: Environment,
+    cold_env: Environment,
+    keys: dict[str, Path],
+    out_dir: Path,
+    bundle_format: str,
+) -> None:
+    out = await export_signed(warm_env, out_dir / "b", bundle_format, keys["mallory"])
+    report = await import_bundle(out, cold_env)
+    assert report.signer is None
+    assert report.imported == sum(len(items) for items in sample_entries().values())
+
+
+async def test_trusted_keys_without_a_requirement_pass_unsigned_bundles_but_no_stranger(
+    warm_env: Environment,
+    cold_env: Environment,
+    keys: dict[str, Path],
+    out_dir: Path,
+    bundle_format: str,
+) -> None:
+    trust = Trust((public(keys["ci"]),), require_signature=False)
+    unsigned = await export_signed(warm_env, out_dir / "u", bundle_format, None)
+    strange = await export_signed(warm_env, out_dir / "m", bundle_format, keys["mallory"])
+    with pytest.raises(SignatureError, match="not a trusted key"):
+        await import_bundle(strange, cold_env, trust=trust)
+    assert await cold_env.namespaces() == []
+    assert (await import_bundle(unsigned, cold_env, trust=trust)).signer is None
+
+
+async def test_a_checked_signature_checks_the_digest_even_with_verify_false(
+    warm_env: Environment,
+    cold_env: Environment,
+    keys: dict[str, Path],
+    out_dir: Path,
+    tmp_path: Path,
+    bundle_format: str,
+) -> None:
+    """The signature vouches for the digest; only the digest check ties it to the entries."""
+    async with open_environment("other", root=tmp_path / "other") as other:
+        await other.storage("app/1/kernels").insert(b"k000", b"not the kernel")
+        swapped = await export_signed(other, out_dir / "x", bundle_format, None)
+    out = await export_signed(warm_env, out_dir / "b", bundle_format, keys["ci"])
+    genuine = read_manifest(out)
+    # The stranger's entries under the genuine manifest and signature: the digest lies.
+    rewrite_manifest(swapped, lambda doc: doc.update(genuine))
+    with pytest.raises(CorruptBundleError, match="does not match its digest"):
+        await import_bundle(swapped, cold_env, verify=False, trust=[public(keys["ci"])])
+    assert await cold_env.namespaces() == []
+
+
+# --- what an attacker does to a signed bundle -----------------------------------------------
+
+Attack = Callable[[Path, dict[str, Path], Environment, Path, str], Any]
+
+
+def _forge_name(doc: Document) -> None:
+    doc["name"] = "H100 Linux (patched)"
+
+
+def _strip(doc: Document) -> None:
+    del doc["signature"]
+
+
+def _truncate(doc: Document) -> None:
+    doc["signature"]["value"] = doc["signature"]["value"][:-8]
+
+
+async def forged_manifest(out: Path, keys: dict[str, Path], *_: Any) -> None:
+    rewrite_manifest(out, _forge_name)
+
+
+async def forged_entries(
+    out: Path, keys: dict[str, Path], env: Environment, tmp: Path, bundle_format: str
+) -> None:
+    """Other entries, their digest made to match, under the genuine signature."""
+    async with open_environment("evil", root=tmp / "evil") as evil:
+        await evil.storage("app/1/kernels").insert(b"k000", b"import os; os.system('...')")
+        other = await export_signed(evil, tmp / "evil.bundle", bundle_format, None)
+    signature = read_manifest(out)["signature"]
+    rewrite_manifest(other, lambda doc: doc.update(signature=signature))
+    os.replace(other, out)
+
+
+async def re_signed(
+    out: Path, keys: dict[str, Path], env: Environment, tmp: Path, bundle_format: str
+) -> None:
+    await export_signed(env, out, bundle_format, keys["mallory"])
+
+
+async def stripped(out: Path, *_: Any) -> None:
+    rewrite_manifest(out, _strip)
+
+
+async def truncated(out: Path, *_: Any) -> None:
+    rewrite_manifest(out, _truncate)
+
+
+async def wrong_key(
+    out: Path, keys: dict[str, Path], env: Environment, tmp: Path, bundle_format: str
+) -> None:
+    """Signed by mallory, the signature claimed for the trusted key."""
+    await export_signed(env, out, bundle_format, keys["mallory"])
+    trusted = str(public(keys["ci"]))
+    rewrite_manifest(out, lambda doc: doc["signature"].update(key=trusted))
+
+
+ATTACKS: dict[str, tuple[Attack, str]] = {
+    "forged-manifest": (forged_manifest, "does not hold"),
+    "forged-entries": (forged_entries, "does not hold"),
+    "re-signed": (re_signed, "not a trusted key"),
+    "stripped": (stripped, "is not signed"),
+    "truncated": (truncated, "damaged"),
+    "wrong-key": (wrong_key, "does not hold"),
+}
+
+
+@pytest.fixture(params=sorted(ATTACKS))
+def attack(request: pytest.FixtureRequest) -> tuple[Attack, str]:
+    return ATTACKS[request.param]
+
+
+@pytest.fixture
+async def attacked(
+    attack: tuple[Attack, str],
+    warm_env: Environment,
+    keys: dict[str, Path],
+    out_dir: Path,
+    tmp_path: Path,
+    bundle_format: str,
+) -> tuple[Path, str]:
+    """A bundle signed by `ci`, then changed by the attack; and what its refusal says."""
+    out = await export_signed(warm_env, out_dir / "b", bundle_format, keys["ci"])
+    change, why = attack
+    await change(out, keys, warm_env, tmp_path, bundle_format)
+    return out, why
+
+
+async def test_an_attacked_signature_is_refused_and_nothing_is_written(
+    attacked: tuple[Path, str], cold_env: Environment, keys: dict[str, Path], root: Path
+) -> None:
+    out, why = attacked
+    with pytest.raises(SignatureError, match=why):
+        await import_bundle(out, cold_env, trust=[public(keys["ci"])])
+    assert await cold_env.namespaces() == []
+    assert staging_left(root) == []
+
+
+async def test_an_attacked_signature_by_url_is_refused_and_nothing_is_written(
+    attacked: tuple[Path, str],
+    cold_env: Environment,
+    keys: dict[str, Path],
+    root: Path,
+    http_server: BundleServer,
+) -> None:
+    out, why = attacked
+    url = http_server.put("/b", out.read_bytes())
+    with pytest.raises(SignatureError, match=why):
+        await import_bundle(url, cold_env, trust=[public(keys["ci"])])
+    assert await cold_env.namespaces() == []
+    assert staging_left(root) == []
+
+
+async def test_a_genuine_signed_bundle_by_url_imports(
+    warm_env: Environment,
+    cold_env: Environment,
+    keys: dict[str, Path],
+    out_dir: Path,
+    bundle_format: str,
+    http_server: BundleServer,
+) -> None:
+    out = await export_signed(warm_env, out_dir / "b", bundle_format, keys["ci"])
+    url = http_server.put("/b", out.read_bytes())
+    report = await import_bundle(url, cold_env, trust=[public(keys["ci"])])
+    assert report.signer == public(keys["ci"])
+    assert await env_contents(cold_env) == sample_entries()
+
+
+@pytest.fixture
+def http_server() -> Iterator[BundleServer]:
+    import threading
+
+    httpd = BundleServer()
+    thread = threading.Thread(
+        target=httpd.serve_forever,
+        kwargs={"poll_interval": 0.01},
+        name="bundle-server",
+        daemon=True,
+    )
+    thread.start()
+    try:
+        yield httpd
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=10)
+
+
+# --- other readers ---------------------------------------------------------------------------
+
+
+async def test_warmenv_0_1_reads_a_signed_bundle_as_an_unsigned_one(
+    warm_env: Environment,
+    keys: dict[str, Path],
+    out_dir: Path,
+    tmp_path: Path,
+    bundle_format: str,
+    reader_0_1: Path,  # noqa: F811 (the fixture, imported by name)
+    anyio_backend: Any,
+) -> None:
+    if anyio_backend != "asyncio":
+        return  # the reader runs in a child; once is enough
+    out = out_dir / "b"
+    await export_bundle(
+        warm_env,
+        out,
+        name="n",
+        version="1",
+        format=bundle_format,
+        format_version=1,
+        sign=keys["ci"],
+    )
+    completed = await run_0_1(reader_0_1, out, tmp_path / "old-root")
+    assert completed.returncode == 0, completed.stderr.decode()
+    result = json.loads(completed.stdout)
+    assert result["verified"] is True
+    assert result["imported"] == sum(len(items) for items in sample_entries().values())
+
+
+_WITHOUT_CRYPTOGRAPHY = """
+import sys
+sys.modules["cryptography"] = None  # as if it were not installed
+import anyio
+from pathlib import Path
+from warmenv import open_environment
+from warmenv.bundle import SigningUnavailableError, generate_key, import_bundle
+
+async def main(bundle, key, root):
+    async with open_environment("e", root=root) as env:
+        try:
+            await import_bundle(bundle, env, trust=[key])
+        except SigningUnavailableError as exc:
+            print("trust:", exc)
+        print("nothing written:", await env.namespaces() == [])
+        print("without trust:", (await import_bundle(bundle, env)).imported)
+    try:
+        generate_key(root / "k")
+    except SigningUnavailableError as exc:
+        print("keygen:", exc)
+
+anyio.run(main, sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+"""
+
+
+async def test_without_cryptography_signing_says_how_to_install_it_and_the_rest_works(
+    warm_env: Environment,
+    keys: dict[str, Path],
+    out_dir: Path,
+    tmp_path: Path,
+    anyio_backend: Any,
+) -> None:
+    if anyio_backend != "asyncio":
+        return  # the child runs on its own loop; once is enough
+    out = await export_signed(warm_env, out_dir / "b", "flat", keys["ci"])
+    key = str(public(keys["ci"]))
+    completed = run_python(_WITHOUT_CRYPTOGRAPHY, str(out), key, str(tmp_path / "child"))
+    assert completed.returncode == 0, completed.stderr
+    hint = "install it with: pip install 'warmenv[sign]'"
+    lines = completed.stdout.splitlines()
+    assert lines[0].startswith("trust: ") and lines[0].endswith(hint)
+    assert lines[1] == "nothing written: True"
+    assert lines[2] == f"without trust: {sum(len(items) for items in sample_entries().values())}"
+    assert lines[3].startswith("keygen: ") and lines[3].endswith(hint)
+    assert not (tmp_path / "child" / "k").exists()
+
+
+def test_importing_warmenv_imports_no_cryptography() -> None:
+    code = (
+        "import sys, warmenv, warmenv.bundle, warmenv.blocking, warmenv.cli;"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'cryptography'))"
+    )
+    completed = run_python(code)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "[]"
+
+
+# --- trust from the configuration ------------------------------------------------------------
+
+
+def test_trusted_keys_are_read_from_the_file_as_keys_or_key_files(
+    tmp_path: Path, keys: dict[str, Path]
+) -> None:
+    ci, mallory = public(keys["ci"]), public(keys["mallory"])
+    (tmp_path / "warmenv.toml").write_text(
+        f'trusted_keys = ["{ci}", "keys/mallory.pub"]\nrequire_signature = true\n'
+    )
+    config = load_config(tmp_path)
+    assert config.trusted_keys == (ci, mallory)
+    assert config.require_signature is True
+    assert Trust.from_config(config) == Trust((ci, mallory), require_signature=True)
+
+
+def test_the_trust_variables_win_over_the_file(
+    tmp_path: Path, keys: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ci = public(keys["ci"])
+    (tmp_path / "warmenv.toml").write_text(f'trusted_keys = ["{ci}"]\n')
+    monkeypatch.setenv("WARMENV_TRUSTED_KEYS", f" {keys['mallory']}.pub , ")
+    monkeypatch.setenv("WARMENV_REQUIRE_SIGNATURE", "1")
+    config = load_config(tmp_path)
+    assert config.trusted_keys == (public(keys["mallory"]),)
+    assert config.require_signature is True
+    monkeypatch.setenv("WARMENV_TRUSTED_KEYS", "")  # set but empty: no key
+    monkeypatch.setenv("WARMENV_REQUIRE_SIGNATURE", "false")
+    assert load_config(tmp_path).trusted_keys == ()
+    assert load_config(tmp_path).require_signature is False
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('trusted_keys = "ed25519:x"', "must be a list of public keys"),
+        ('trusted_keys = ["ed25519:short"]', "43 characters"),
+        ('trusted_keys = ["missing.pub"]', r"missing\.pub: cannot read the key file"),
+        ('trusted_keys = ["keys/ci"]', "private key"),
+        ("require_signature = 1", "must be true or false"),
+    ],
+)
+def test_a_bad_trust_setting_names_the_file_and_the_key(
+    tmp_path: Path, keys: dict[str, Path], text: str, why: str
+) -> None:
+    (tmp_path / "warmenv.toml").write_text(text + "\n")
+    with pytest.raises(ConfigError, match=why) as raised:
+        load_config(tmp_path)
+    assert str(tmp_path / "warmenv.toml") in str(raised.value)
+    key = "require_signature" if "require" in text else "trusted_keys"
+    assert f"'{key}'" in str(raised.value)
+
+
+def test_a_bad_require_signature_variable_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WARMENV_REQUIRE_SIGNATURE", "maybe")
+    with pytest.raises(ConfigError, match="WARMENV_REQUIRE_SIGNATURE must be 1 or 0"):
+        load_config(tmp_path)
+
+
+async def test_require_signature_in_the_configuration_refuses_an_unsigned_import(
+    warm_env: Environment,
+    cold_env: Environment,
+    keys: dict[str, Path],
+    out_dir: Path,
+    tmp_path: Path,
+    bundle_format: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "warmenv.toml").write_text(
+        f'trusted_keys = ["{public(keys["ci"])}"]\nrequire_signature = true\n'
+    )
+    monkeypatch.chdir(project)
+    unsigned = await export_signed(warm_env, out_dir / "u", bundle_format, None)
+    signed = await export_signed(warm_env, out_dir / "s", bundle_format, keys["ci"])
+    with pytest.raises(SignatureError, match="is not signed"):
+        await import_bundle(unsigned, cold_env)
+    assert await cold_env.namespaces() == []
+    assert (await import_bundle(signed, cold_env)).signer == public(keys["ci"])
+
+
+async def test_require_signature_without_a_trusted_key_refuses_saying_how_to_trust_one(
+    warm_env: Environment,
+    cold_env: Environment,
+    keys: dict[str, Path],
+    out_dir: Path,
+    bundle_format: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("WARMENV_REQUIRE_SIGNATURE", "1")
+    signed = await export_signed(warm_env, out_dir / "s", bundle_format, keys["ci"])
+    with pytest.raises(SignatureError, match="no key is trusted; set trusted_keys"):
+        await import_bundle(signed, cold_env)
+    assert await cold_env.namespaces() == []
