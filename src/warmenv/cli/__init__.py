@@ -45,6 +45,7 @@ from warmenv.cli import (
     gc,
     imports,
     inspect,
+    keygen,
     ls,
     purge,
     run,
@@ -74,6 +75,7 @@ _COMMANDS = (
     gc,
     vacuum,
     run,
+    keygen,
 )
 
 # How long a stopped command may take to clean up before the process exits anyway.

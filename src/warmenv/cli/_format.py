@@ -13,6 +13,8 @@ from typing import Any
 
 import attrs
 
+from warmenv._keys import PublicKey
+
 
 def plural(count: int, word: str, many: str | None = None) -> str:
     """`count` and `word`, in the plural unless it is one: "1 namespace", "2 entries"."""
@@ -50,11 +52,17 @@ def jsonable(value: object) -> object:
     """`value` as something `json.dumps` writes: a path as text, attrs values as dicts."""
     if isinstance(value, Path):
         return str(value)
+    if isinstance(value, PublicKey):
+        return str(value)
     if attrs.has(type(value)):
-        return attrs.asdict(value, recurse=True)  # type: ignore[arg-type]
+        return attrs.asdict(value, recurse=True, value_serializer=_key_as_text)  # type: ignore[arg-type]
     if isinstance(value, tuple):
         return list(value)
     raise TypeError(f"cannot show {type(value).__name__} as JSON")
+
+
+def _key_as_text(instance: object, field: object, value: object) -> object:
+    return str(value) if isinstance(value, PublicKey) else value
 
 
 def as_json(value: object) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 
 from warmenv._errors import WarmenvError
 from warmenv._fs import expand_home
+from warmenv._keys import KEY_PREFIX, KeyFileError, PublicKey, read_key_file
 from warmenv._text import clean, is_utf8
 from warmenv._url import is_url, redact
 from warmenv.cli._environments import environment_files
@@ -131,3 +132,34 @@ def complete_environment(prefix: str, parsed_args: argparse.Namespace, **_: Any)
     except (OSError, WarmenvError):
         return []
     return [name for name in names if name.startswith(prefix) and is_valid_name(name)]
+
+
+def add_trust_option(parser: argparse.ArgumentParser) -> None:
+    """`--trust KEY`, repeatable: the keys a bundle must be signed by."""
+    parser.add_argument(
+        "--trust",
+        dest="trust",
+        action="append",
+        metavar="KEY",
+        help="a public key (ed25519:..., as `warmenv keygen` prints it) or a file of them "
+        "(KEY.pub), repeatable: the bundle must be signed by one of them (default: the "
+        "configuration's trusted_keys and require_signature)",
+    )
+
+
+def trust_keys(args: argparse.Namespace) -> list[PublicKey] | None:
+    """The keys `--trust` names, or `None` when it is not given (the configuration decides);
+    a usage error (before any work) for one that is not a key or a file of keys."""
+    if args.trust is None:
+        return None
+    keys: list[PublicKey] = []
+    for given in args.trust:
+        text = text_argument(given, "--trust")
+        try:
+            if text.startswith(KEY_PREFIX):
+                keys.append(PublicKey.parse(text))
+            else:
+                keys.extend(read_key_file(expand_home(text)))
+        except (ValueError, KeyFileError) as exc:  # NoSuchHomeError is a ValueError
+            raise UsageError(f"--trust: {clean(exc)}") from None
+    return keys

@@ -13,7 +13,7 @@ from warmenv.bundle import preflight
 from warmenv.bundle.open import open_snapshot
 from warmenv.cli._errors import Failure, UsageError
 from warmenv.cli._format import as_json, plural
-from warmenv.cli._options import bundle_file, text_argument
+from warmenv.cli._options import add_trust_option, bundle_file, text_argument, trust_keys
 from warmenv.cli._output import Output
 from warmenv.cli.verify import verified
 
@@ -48,6 +48,7 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         help="a namespace your application looks up, whole (not a prefix), e.g. app/2/kernels "
         "(repeatable): say whether the bundle holds it, and if not, its nearest there",
     )
+    add_trust_option(parser)
     parser.set_defaults(run=run)
 
 
@@ -58,7 +59,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         if not all(n.strip("/") for n in namespaces):
             raise UsageError("--namespace must not be empty: give one, e.g. app/2/kernels")
     async with open_snapshot(args.bundle) as bundle:
-        _, entries = await verified(bundle, args.bundle, out)
+        _, entries, _ = await verified(bundle, args.bundle, out, trust_keys(args))
         report = await preflight(bundle, version=args.app_version, namespaces=namespaces)
     verdict = "can hit" if report.ok else "will not hit"
     machine = report.machine

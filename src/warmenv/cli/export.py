@@ -64,6 +64,13 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         "written_at and cost); 1 for readers that know only format 1, such as warmenv 0.1: "
         "it carries neither, so hits on its entries count no seconds saved",
     )
+    parser.add_argument(
+        "--sign",
+        metavar="KEY",
+        type=Path,
+        help="sign the bundle with the private key file KEY (made by `warmenv keygen`), so "
+        "that importers who trust its public key can tell it is yours",
+    )
     add_namespace_option(parser)
     parser.set_defaults(run=run)
 
@@ -108,6 +115,8 @@ async def run(args: argparse.Namespace, out: Output) -> int:
             f"left out {plural(report.left_out, 'row')} whose namespace is not UTF-8 text "
             "(another program wrote them; `warmenv ls` lists them)"
         )
+    if report.manifest.signature is not None:
+        out.line(f"signed by {report.manifest.signature.key}")
     out.result(as_json(report))
     return 0
 
@@ -129,6 +138,7 @@ async def _export(
             format=args.format,
             namespaces=prefixes,
             format_version=args.format_version,
+            sign=args.sign,
         ) as progress:
             report = await follow(
                 out,

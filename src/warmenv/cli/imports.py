@@ -43,11 +43,14 @@ from warmenv.cli._errors import Failure, UsageError
 from warmenv.cli._format import as_json, plural, size
 from warmenv.cli._options import (
     add_namespace_option,
+    add_trust_option,
     namespace_prefixes,
     no_match,
     text_argument,
+    trust_keys,
 )
 from warmenv.cli._output import Output, follow
+from warmenv.cli.verify import signed_by
 from warmenv.environment import Environment, active
 from warmenv.persistence.namespace import matches_any
 
@@ -72,8 +75,10 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         "--no-verify",
         dest="verify",
         action="store_false",
-        help="skip the digest check of a bundle you already trust",
+        help="skip the digest check of a bundle you already trust (a bundle whose signature "
+        "is checked has its digest checked all the same)",
     )
+    add_trust_option(parser)
     parser.set_defaults(run=run)
 
 
@@ -87,6 +92,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         except ValueError as exc:
             raise UsageError(f"--app-version: {exc}") from None
     args.import_version = version
+    args.trust = trust_keys(args)
     out.when_interrupted = "nothing was imported"
     out.when_output_closed = lambda: (
         f"output closed: the import stopped after "
@@ -105,6 +111,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     # The import's own private copy (beside the environment's directory where it
     # exists), opened before the environment: a bad bundle fails before anything exists.
     async with open_snapshot(path, near=near, verified=args.verify) as bundle:
+        await signed_by(bundle, path, args.trust)  # refused before the environment exists
         if prefixes is not None and not any(
             matches_any(s.namespace, prefixes) for s in await bundle.namespaces()
         ):
@@ -141,6 +148,7 @@ async def _run(
         f"into {target}; "
         f"{report.skipped:,} already present, {report.failed:,} failed, "
         f"{report.rejected:,} rejected, in {report.elapsed:.2f}s"
+        + ("" if report.signer is None else f"; signed by {report.signer}")
     )
     if report.other_versions:
         left = report.other_versions
@@ -174,7 +182,12 @@ async def _import(
     progress: ImportProgress | None = None
     try:
         async with importing(
-            bundle, env, namespaces=prefixes, version=args.import_version, verify=args.verify
+            bundle,
+            env,
+            namespaces=prefixes,
+            version=args.import_version,
+            verify=args.verify,
+            trust=args.trust,
         ) as progress:
             events: AsyncIterator[Event] = aiter(progress)
             if isinstance(bundle, str):

@@ -37,6 +37,12 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     out.line(f"  version  {manifest.version}")
     out.line(f"  created  {manifest.created}")
     out.line(f"  digest   {manifest.digest}")
+    signature = manifest.signature
+    out.line(
+        "  signed   no"
+        if signature is None
+        else f"  signed   by {signature.key} (not checked here: `warmenv verify` checks it)"
+    )
     for info in manifest.environments:
         devices = f", devices: {', '.join(info.devices)}" if info.devices else ""
         out.line(f"  captured on {info.label!r} ({info.os} {info.arch}{devices})")

@@ -1,4 +1,4 @@
-"""`warmenv verify BUNDLE`: check a bundle's structure and digest."""
+"""`warmenv verify BUNDLE`: check a bundle's structure, signature and digest."""
 
 from __future__ import annotations
 
@@ -6,11 +6,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
+
+from warmenv._keys import PublicKey
 from warmenv.bundle import CorruptBundleError
 from warmenv.bundle.base import Bundle
+from warmenv.bundle.manifest import BundleManifest
 from warmenv.bundle.open import open_snapshot
+from warmenv.bundle.signing import TrustLike, check_signature, resolve_trust
 from warmenv.cli._format import plural
-from warmenv.cli._options import bundle_file
+from warmenv.cli._options import add_trust_option, bundle_file, trust_keys
 from warmenv.cli._output import Output
 
 
@@ -18,23 +23,47 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
     parser = commands.add_parser(
         "verify",
         parents=[parent],
-        help="check a bundle's structure and content digest",
+        help="check a bundle's structure, signature and content digest",
         description="Check that BUNDLE is a well-formed bundle whose content matches the "
-        "digest in its manifest (exit 0), or say what is wrong (exit 1). Only reads.",
+        "digest in its manifest and whose signature passes the trusted keys (--trust, or the "
+        "configuration's trusted_keys and require_signature) (exit 0), or say what is wrong "
+        "(exit 1). Only reads.",
     )
     parser.add_argument(
         "bundle", metavar="BUNDLE", type=bundle_file, help="the bundle file to verify"
     )
+    add_trust_option(parser)
     parser.set_defaults(run=run)
 
 
-async def verified(bundle: Bundle, path: Path, out: Output) -> tuple[str, int]:
-    """The digest and entry count of `bundle`; `CorruptBundleError` if its content is not
-    what its manifest says (`verify` and `check` both refuse such a bundle).
+def signature_phrase(manifest: BundleManifest, signer: PublicKey | None) -> str:
+    """What the output says of a bundle's signature, once checked (or not asked for)."""
+    if signer is not None:
+        return f"signed by {signer}"
+    if manifest.signature is None:
+        return "unsigned"
+    return f"signed by {manifest.signature.key} (not checked: no key is trusted)"
 
-    The digest is computed over every entry, which takes a while for a large
+
+async def signed_by(bundle: Bundle, path: Path, trust: TrustLike) -> PublicKey | None:
+    """The trusted key that signed `bundle` (None: unsigned, or nothing asked for);
+    `SignatureError` if `trust` (None: the configuration's) refuses it."""
+    checked = await anyio.to_thread.run_sync(resolve_trust, trust)
+    return check_signature(bundle.manifest, checked, str(path))
+
+
+async def verified(
+    bundle: Bundle, path: Path, out: Output, trust: TrustLike = None
+) -> tuple[str, int, PublicKey | None]:
+    """The digest, entry count and trusted signer of `bundle`; `SignatureError` if its
+    signature does not pass `trust`, `CorruptBundleError` if its content is not what its
+    manifest says (`verify` and `check` both refuse such a bundle).
+
+    The signature is checked first (it reads nothing but the manifest). The
+    digest is computed over every entry, which takes a while for a large
     bundle: it is drawn as a bar of its own, bytes hashed of all of them.
     """
+    signer = await signed_by(bundle, path, trust)
     namespaces = await bundle.namespaces()
     entries = sum(s.entries for s in namespaces)
     with out.checking(f"verifying {path.name}", sum(s.bytes for s in namespaces)) as bar:
@@ -45,12 +74,25 @@ async def verified(bundle: Bundle, path: Path, out: Output) -> tuple[str, int]:
             f"{path}: content does not match its digest (manifest {expected}, "
             f"content {actual}); do not import it"
         )
-    return expected, entries
+    return expected, entries, signer
 
 
 async def run(args: argparse.Namespace, out: Output) -> int:
+    trust = trust_keys(args)
     async with open_snapshot(args.bundle) as bundle:
-        digest, entries = await verified(bundle, args.bundle, out)
-    out.line(f"{args.bundle}: ok ({plural(entries, 'entry', 'entries')}, digest {digest})")
-    out.result({"path": str(args.bundle), "ok": True, "entries": entries, "digest": digest})
+        digest, entries, signer = await verified(bundle, args.bundle, out, trust)
+        signature = signature_phrase(bundle.manifest, signer)
+    out.line(
+        f"{args.bundle}: ok ({plural(entries, 'entry', 'entries')}, digest {digest}, {signature})"
+    )
+    out.result(
+        {
+            "path": str(args.bundle),
+            "ok": True,
+            "entries": entries,
+            "digest": digest,
+            "signer": None if signer is None else str(signer),
+            "signature": signature,
+        }
+    )
     return 0

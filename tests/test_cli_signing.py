@@ -1,0 +1,206 @@
+"""`warmenv keygen`, `export --sign`, `verify`/`import --trust` and the configured policy,
+run as users run them: in a subprocess, against a real HTTP server for URLs.
+
+A refused bundle is one line on stderr, exit 1, and nothing created: no
+environment file, no directory, no staging left behind.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from conftest import sample_entries
+from helpers import run_python
+from signed import Document, rewrite_manifest
+from test_cli import TOTAL, warmenv
+from test_download import BundleServer
+from warmenv import open_environment
+from warmenv.bundle import export_bundle, generate_key
+
+
+@pytest.fixture
+def warm_root(tmp_path: Path) -> Path:
+    """A root whose environment 'warm' holds `sample_entries()`."""
+    root = tmp_path / "root"
+
+    async def fill() -> None:
+        async with open_environment("warm", root=root) as env:
+            for namespace, items in sample_entries().items():
+                await env.storage(namespace).insert_many(items.items())
+
+    anyio.run(fill)
+    return root
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> dict[str, Path]:
+    """Two key pairs (made in-process: the command is `test_keygen_...`'s)."""
+    made = {}
+    for name in ("ci", "mallory"):
+        made[name] = tmp_path / "keys" / name
+        made[name].parent.mkdir(exist_ok=True)
+        generate_key(made[name])
+    return made
+
+
+def pub(key: Path) -> str:
+    return str(key.with_name(key.name + ".pub"))
+
+
+def export(root: Path, out: Path, bundle_format: str, key: Path | None) -> Path:
+    """Export 'warm' (in-process: the command's `--sign` is tested once, below)."""
+
+    async def run() -> None:
+        async with open_environment("warm", root=root) as env:
+            await export_bundle(
+                env, out, name="H100 Linux", version="1", format=bundle_format, sign=key
+            )
+
+    anyio.run(run)
+    return out
+
+
+@pytest.fixture
+def http_server() -> Iterator[BundleServer]:
+    httpd = BundleServer()
+    thread = threading.Thread(
+        target=httpd.serve_forever,
+        kwargs={"poll_interval": 0.01},
+        name="bundle-server",
+        daemon=True,
+    )
+    thread.start()
+    try:
+        yield httpd
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=10)
+
+
+def _strip(doc: Document) -> None:
+    del doc["signature"]
+
+
+def test_keygen_export_sign_verify_and_import_trust_work_together(
+    warm_root: Path, tmp_path: Path, bundle_format: str
+) -> None:
+    made = warmenv("keygen", str(tmp_path / "ci"), root=None)
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.splitlines()[-1] == (tmp_path / "ci.pub").read_text().strip()
+    out = tmp_path / "b"
+    exported = warmenv(
+        "export", str(out), "--name", "n", "--app-version", "1", "--env", "warm",
+        "--format", bundle_format, "--sign", str(tmp_path / "ci"), root=warm_root,
+    )  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    keys = {"ci": tmp_path / "ci"}
+    key = Path(pub(keys["ci"])).read_text().strip()
+    verified = warmenv("verify", str(out), "--trust", pub(keys["ci"]), root=warm_root)
+    assert verified.returncode == 0, verified.stderr
+    assert f"signed by {key})" in verified.stdout
+    imported = warmenv("import", str(out), "--env", "new", "--trust", key, "--json", root=warm_root)
+    assert imported.returncode == 0, imported.stderr
+    assert '"signer": "' + key + '"' in imported.stdout
+    assert f'"imported": {TOTAL}' in imported.stdout
+
+
+def test_keygen_never_replaces_a_key(tmp_path: Path, keys: dict[str, Path]) -> None:
+    before = keys["ci"].read_bytes()
+    completed = warmenv("keygen", str(keys["ci"]), root=None)
+    assert completed.returncode == 1
+    assert (
+        completed.stderr.strip()
+        == f"warmenv: error: '{keys['ci']}' exists; remove it or choose another path"
+    )
+    assert keys["ci"].read_bytes() == before
+
+
+def test_a_bundle_signed_by_a_stranger_is_refused_and_nothing_is_created(
+    warm_root: Path, tmp_path: Path, keys: dict[str, Path], bundle_format: str
+) -> None:
+    out = export(warm_root, tmp_path / "b", bundle_format, keys["mallory"])
+    for command in ("verify", "import"):
+        completed = warmenv(
+            command, str(out), "--env", "new", "--trust", pub(keys["ci"]), root=warm_root
+        )
+        assert completed.returncode == 1, (command, completed.stdout)
+        (line,) = completed.stderr.splitlines()
+        assert "which is not a trusted key" in line, command
+    assert sorted(p.name for p in warm_root.iterdir()) == ["warm.db"]
+
+
+def test_a_stripped_signature_by_url_is_refused_and_nothing_is_created(
+    warm_root: Path,
+    tmp_path: Path,
+    keys: dict[str, Path],
+    bundle_format: str,
+    http_server: BundleServer,
+) -> None:
+    out = export(warm_root, tmp_path / "b", bundle_format, keys["ci"])
+    rewrite_manifest(out, _strip)
+    url = http_server.put("/b", out.read_bytes())
+    fresh = tmp_path / "fresh-root"
+    completed = warmenv("import", url, "--env", "new", "--trust", pub(keys["ci"]), root=fresh)
+    assert completed.returncode == 1
+    assert "is not signed, and a signature is required" in completed.stderr
+    assert not fresh.exists()
+
+
+def test_the_configured_policy_refuses_an_unsigned_import(
+    warm_root: Path, tmp_path: Path, keys: dict[str, Path]
+) -> None:
+    out = export(warm_root, tmp_path / "b", "flat", None)
+    policy = {"WARMENV_TRUSTED_KEYS": pub(keys["ci"]), "WARMENV_REQUIRE_SIGNATURE": "1"}
+    completed = warmenv("import", str(out), "--env", "new", root=warm_root, env=policy)
+    assert completed.returncode == 1
+    assert "is not signed, and a signature is required" in completed.stderr
+    assert sorted(p.name for p in warm_root.iterdir()) == ["warm.db"]
+    signed = export(warm_root, tmp_path / "s", "flat", keys["ci"])
+    completed = warmenv("import", str(signed), "--env", "new", root=warm_root, env=policy)
+    assert completed.returncode == 0, completed.stderr
+    assert "signed by ed25519:" in completed.stdout
+
+
+def test_a_trust_that_is_not_a_key_is_bad_usage(warm_root: Path, tmp_path: Path) -> None:
+    out = export(warm_root, tmp_path / "b", "sqlite", None)
+    for given, why in (
+        ("nope", "nope: cannot read the key file"),
+        ("ed25519:AAAA", "43 characters"),
+    ):
+        completed = warmenv("verify", str(out), "--trust", given, root=warm_root)
+        assert completed.returncode == 2
+        assert why in completed.stderr
+
+
+def test_export_with_a_key_others_can_read_is_refused_and_writes_nothing(
+    warm_root: Path, tmp_path: Path, keys: dict[str, Path]
+) -> None:
+    keys["ci"].chmod(0o640)
+    completed = warmenv(
+        "export", str(tmp_path / "b"), "--name", "n", "--app-version", "1", "--env", "warm",
+        "--sign", str(keys["ci"]), root=warm_root,
+    )  # fmt: skip
+    assert completed.returncode == 1
+    assert f"chmod 600 {keys['ci']}" in completed.stderr
+    assert not (tmp_path / "b").exists()
+
+
+_KEYGEN_WITHOUT_CRYPTOGRAPHY = """
+import sys
+sys.modules["cryptography"] = None  # as if it were not installed
+from warmenv.cli import main
+sys.exit(main(["keygen", sys.argv[1]]))
+"""
+
+
+def test_keygen_without_cryptography_says_how_to_install_it(tmp_path: Path) -> None:
+    completed = run_python(_KEYGEN_WITHOUT_CRYPTOGRAPHY, str(tmp_path / "k"))
+    assert completed.returncode == 1
+    assert completed.stderr.strip().endswith("install it with: pip install 'warmenv[sign]'")
+    assert list(tmp_path.iterdir()) == []
