@@ -276,7 +276,11 @@ def test_import_into_an_unwritable_directory_fails_and_says_why(
         CLI, "import", str(shipped), "--env", "e", "--root", str(root), user=unprivileged_user()
     )
     line = assert_one_error_line(child, 1)
-    assert "not writable" in line
+    assert line == (
+        f"warmenv: error: cannot write environment 'e': {root} is not writable by this "
+        "process; nothing would persist, so nothing was done (choose another --env, or point "
+        "--root or WARMENV_ROOT at a directory you can write)\n"
+    )
     assert list(root.iterdir()) == []
 
 
@@ -337,6 +341,53 @@ def test_import_into_a_read_only_file_in_a_writable_directory_is_refused_up_fron
     assert "not writable" in line
     assert child.stdout == ""  # refused before verifying or importing anything
     assert sorted(p.name for p in root.iterdir()) == ["warm.db"]
+
+
+def test_import_into_a_writable_file_in_a_read_only_directory_names_the_directory(
+    bundle: Path, shared_tmp: Path
+) -> None:
+    # The file may be written, its directory not (no -wal beside it): the library
+    # falls back to read-only and says why; the command reads that reason, looks at
+    # nothing on disk again (it used to guess "its directory is not writable" from
+    # os.access, on the event loop, naming no directory).
+    shipped = shared_tmp / "warm.bundle"
+    shipped.write_bytes(bundle.read_bytes())
+    shipped.chmod(0o644)
+    root = shared_tmp / "ro"
+    _fill(root)
+    (root / "warm.db").chmod(0o666)
+    root.chmod(0o555)
+    child = run_python(
+        CLI, "import", str(shipped), "--env", "warm", "--root", str(root), user=unprivileged_user()
+    )
+    line = assert_one_error_line(child, 1)
+    assert line.startswith(
+        f"warmenv: error: environment 'warm' is read-only: opening {root / 'warm.db'} for "
+        "writing failed: "
+    ), line
+    assert line.endswith(
+        f" (its directory {root} is not writable by this process); nothing was done\n"
+    ), line
+    assert sorted(p.name for p in root.iterdir()) == ["warm.db"]
+    listed = run_python(CLI, "ls", "--env", "warm", "--root", str(root), user=unprivileged_user())
+    assert listed.returncode == 0, listed.stderr  # reading it is what read-only is for
+    assert "app/1/kernels" in listed.stdout
+
+
+def test_import_into_a_bundle_named_as_an_environment_says_it_is_a_bundle(
+    bundle: Path, tmp_path: Path
+) -> None:
+    # Read-only because the file is a bundle, in a directory anyone may write: the
+    # reason is the library's, not a guess about the directory.
+    root = tmp_path / "r"
+    root.mkdir()
+    (root / "b.db").write_bytes(bundle.read_bytes())
+    completed = warmenv("import", str(bundle), "--env", "b", root=root)
+    line = assert_one_error_line(completed, 1)
+    assert line == (
+        f"warmenv: error: environment 'b' is read-only: opening {root / 'b.db'} for writing "
+        "failed: it is a bundle, not an environment: import it instead; nothing was done\n"
+    )
 
 
 # --- commands that only read create nothing ----------------------------------------
@@ -526,7 +577,7 @@ def test_a_read_only_environment_whose_wal_cannot_be_read_says_why_in_one_senten
     shared_tmp: Path,
 ) -> None:
     # The library's reason holds parentheses of its own: the line keeps it whole,
-    # after "cannot be used (", not split at its last parenthesis.
+    # after "cannot read environment 'warm': ", not split at its last parenthesis.
     source = shared_tmp / "source"
     _fill(source)
     root = shared_tmp / "root"
@@ -543,8 +594,14 @@ def test_a_read_only_environment_whose_wal_cannot_be_read_says_why_in_one_senten
     child = run_python(CLI, "ls", "--env", "warm", "--root", str(root), user=unprivileged_user())
     line = assert_one_error_line(child, 1)
     db = root / "warm.db"
-    assert f"{db} cannot be used ({db}-wal holds commits not yet in {db} and there is" in line
-    assert "no -shm file (a writer stopped before checkpointing);" in line
+    assert (
+        f"cannot read environment 'warm': {db}-wal holds commits not yet in {db} and there is"
+        in line
+    )
+    assert line.endswith(
+        "no -shm file (a writer stopped before checkpointing); reading it would leave a -shm "
+        "file behind, so it is not read: open it once as a user who may write it\n"
+    )
     assert sorted(p.name for p in root.iterdir()) == ["warm.db", "warm.db-wal"]
 
 

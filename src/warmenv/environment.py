@@ -40,7 +40,13 @@ from warmenv.persistence.explain import Explanation, stored_key
 from warmenv.persistence.memory import memory_database
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.sqlite.bulk import CopiedBatch
-from warmenv.persistence.sqlite.database import Degraded, Fallback, SqliteDatabase, open_database
+from warmenv.persistence.sqlite.database import (
+    Degraded,
+    Fallback,
+    SqliteDatabase,
+    open_database,
+    why_unusable,
+)
 from warmenv.persistence.sqlite.storage import SqlStorage
 from warmenv.persistence.statistics import (
     Batch,
@@ -171,7 +177,7 @@ class Environment:
 
         `Degraded(Fallback.MEMORY, reason)` when the file could not be used at
         all, `Degraded(Fallback.READ_ONLY, reason)` when it could only be read;
-        `reason` is what stood in the way, as the OS or SQLite said it.
+        `reason` says what stood in the way (see `Degraded.reason`).
         """
         return self._db.degraded
 
@@ -622,13 +628,14 @@ async def _open(
             await anyio.to_thread.run_sync(partial(path.parent.mkdir, parents=True, exist_ok=True))
         db = await open_database(path, create=create)
     except (OSError, sqlite3.Error) as exc:
+        reason = await anyio.to_thread.run_sync(why_unusable, path, exc)
         warnings.warn(
-            f"environment {env_name!r}: cannot use {path} ({exc}); "
+            f"environment {env_name!r}: cannot use {path} ({reason}); "
             "keeping its entries in memory for this process only",
             WarmenvWarning,
             stacklevel=4,
         )
-        db = memory_database(Degraded(Fallback.MEMORY, str(exc)))
+        db = memory_database(Degraded(Fallback.MEMORY, reason))
     if db.read_only:
         log.warning("%s opened read-only: reads are served, writes will fail", path)
     return _Opened(env_name, path, db, max_bytes)

@@ -4,14 +4,13 @@ A command names its environment with `--env`/`--root` (else the
 configured one). The library opens whatever it can, falling back to memory
 when the file cannot be used; a command must not work on a stand-in for
 the file the user asked about, so `environment()` refuses it, and says
-why in terms of the file on disk (a directory in the way, a permission, a
-read-only directory), not the library's exception.
+why from the value the library gives (`Environment.degraded`: the fallback,
+and the reason in terms of the file on disk), never from a look of its own.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -20,10 +19,9 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.to_thread
 
-from warmenv._fs import kind_of
 from warmenv.cli._errors import Failure, UsageError
 from warmenv.config import check_name
-from warmenv.environment import Environment, open_environment
+from warmenv.environment import Degraded, Environment, Fallback, open_environment
 from warmenv.remote import RemoteTier
 
 if TYPE_CHECKING:
@@ -61,8 +59,9 @@ async def environment(
                 if create or not exc.filename:
                     raise
                 raise Failure(await _no_environment(Path(exc.filename))) from None
-        if env.in_memory or (write and env.read_only):
-            raise Failure(await anyio.to_thread.run_sync(_cannot_use, env, notes, write))
+        degraded = env.degraded
+        if degraded is not None and (degraded.fallback is Fallback.MEMORY or write):
+            raise Failure(_cannot_use(env.name, degraded, write))
         if not write:
             # A command that only reads must not evict on close (a configured
             # max_bytes is enforced by the application and `warmenv gc`).
@@ -113,46 +112,18 @@ async def _no_environment(path: Path) -> str:
     return f"no environment {path.stem!r} in {path.parent} ({there})"
 
 
-def _kind(path: Path) -> str:
-    """What kind of file `path` is, in words, for one that is not a regular file."""
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return "not readable"
-    return kind_of(mode) or "not a regular file"
+def _cannot_use(name: str, degraded: Degraded, write: bool) -> str:
+    """Why environment `name` cannot do the job, from how it fell back (values only).
 
-
-def _cannot_use(env: Environment, notes: list[str], write: bool) -> str:
-    """Why `env` cannot be used: found on disk where possible, else what the library said."""
-    path = env.path
-    why = ""
-    ancestor = path.parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        why = f"{ancestor} is not a directory"
-    elif not path.exists() and not os.access(ancestor, os.W_OK | os.X_OK):
-        why = f"{ancestor} is not writable by this user"
-    elif path.exists() and not path.is_file():
+    The reason (`Degraded.reason`) already says what stands in the way on disk;
+    nothing is looked up again here.
+    """
+    if degraded.fallback is Fallback.READ_ONLY:
+        return f"environment {name!r} is read-only: {degraded.reason}; nothing was done"
+    if write:
         return (
-            f"cannot use environment {env.name!r}: {path} is {_kind(path)}, not a database "
-            "file; nothing was done (remove it, or choose another --env)"
+            f"cannot write environment {name!r}: {degraded.reason}; nothing would persist, "
+            "so nothing was done (choose another --env, or point --root or WARMENV_ROOT at a "
+            "directory you can write)"
         )
-    elif path.exists() and not os.access(path, os.W_OK if write else os.R_OK):
-        why = f"{path} is not {'writable' if write else 'readable'} by this user"
-    elif env.read_only:
-        why = f"{path} can only be opened read-only (its directory is not writable)"
-    elif env.degraded is not None:
-        why = f"{path} cannot be used ({env.degraded.reason})"
-    elif notes:
-        why = notes[-1]
-    else:
-        why = f"{path} cannot be opened"
-    if env.in_memory and write:
-        return (
-            f"cannot write environment {env.name!r}: {why}; nothing would persist, so nothing "
-            "was done (point --root or WARMENV_ROOT at a directory you can write)"
-        )
-    if env.in_memory:
-        return f"cannot read environment {env.name!r}: {why}"
-    return f"environment {env.name!r} is read-only: {why}; nothing was done"
+    return f"cannot read environment {name!r}: {degraded.reason}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import errno
 import logging
+import os
 import sqlite3
 import warnings
 from collections.abc import AsyncGenerator, Callable, Iterable
@@ -53,7 +54,7 @@ from warmenv.persistence.storage import (
     wall_clock,
 )
 
-__all__ = ["Degraded", "Fallback", "SqliteDatabase", "open_database"]
+__all__ = ["Degraded", "Fallback", "SqliteDatabase", "open_database", "why_unusable"]
 
 log = logging.getLogger("warmenv.storage")
 T = TypeVar("T")
@@ -74,7 +75,9 @@ class Degraded:
 
     fallback: Fallback
     reason: str
-    """What stood in the way, as the operating system or SQLite said it."""
+    """What stood in the way, in terms of the file system where it says why (a
+    directory in the way, a permission, a FIFO at the path), else as the
+    operating system or SQLite said it: a sentence to show as it is."""
 
 
 NamespaceStorage = Callable[["SqliteDatabase", str], SqlStorage]
@@ -334,6 +337,8 @@ async def open_database(path: Path, *, create: bool = True) -> SqliteDatabase:
         if not exists:
             raise
         why = f"opening {path} for writing failed: {exc}"
+        if not await anyio.to_thread.run_sync(_may_create_in, path.parent):
+            why += f" (its directory {path.parent} is not writable by this process)"
     else:
         if prepared.rebuilt_from is not None:
             warnings.warn(
@@ -368,3 +373,36 @@ async def _open_readonly(path: Path, why: str) -> SqliteDatabase:
         return SqliteDatabase(connection, path, read_only=True, version=version, degraded=degraded)
     assert error is not None
     raise error
+
+
+def why_unusable(path: Path, error: BaseException) -> str:
+    """Why the database at `path` could not be opened at all (`error`), as `Degraded.reason`.
+
+    Said in terms of the file system where it tells: the nearest existing
+    directory above the file is not one, or may not be written where the file
+    is missing; the path is a FIFO, a directory, a device; the file may not be
+    read. Else what the operating system or SQLite said. File-system calls:
+    async code calls it on a worker thread.
+    """
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{ancestor} is not a directory"
+    kind = non_regular_kind(path)
+    if kind is not None:
+        return f"{path} is {kind}, not a database file"
+    if not path.exists():
+        if not _may_create_in(ancestor):
+            return f"{ancestor} is not writable by this process"
+    elif not os.access(path, os.R_OK):
+        return f"{path} is not readable by this process"
+    if isinstance(error, OSError) and error.strerror:
+        where = f": {error.filename}" if error.filename else ""
+        return f"{error.strerror}{where}"
+    return str(error)
+
+
+def _may_create_in(directory: Path) -> bool:
+    """Whether this process may create files in `directory` (a -wal file, a database)."""
+    return os.access(directory, os.W_OK | os.X_OK)
