@@ -81,6 +81,9 @@ class ImportReport:
     the import was given (`version=`): no lookup of that version could hit them."""
     signer: PublicKey | None = None
     """The trusted key whose signature was checked, or None (unsigned, or none checked)."""
+    paused: float = 0.0
+    """Seconds the import paused between batches to keep to its `share` of the time
+    (included in `elapsed`)."""
 
 
 @attrs.frozen

@@ -87,6 +87,7 @@ async def import_bundle(
     namespaces: list[str] | None = None,
     version: str | None = None,
     batch_size: int = 1024,
+    share: float = 1.0,
     validate: Validate | None = None,
     verify: bool = True,
     download: DownloadOptions | None = None,
@@ -95,7 +96,8 @@ async def import_bundle(
     """Import every entry of `source` (a path, an http(s) URL or an open bundle) into `env`.
 
     `download` sets the limits of fetching a bundle by URL (see `DownloadOptions`).
-    `version`: the application's version; see `importing`.
+    `version`: the application's version, and `share`: the import's share of
+    the event loop and the environment's connection; see `importing`.
     `trust` says whose signature the bundle must carry (see `warmenv.bundle.signing`):
     keys (then a signature by one of them is required), a `Trust`, or `None`, the
     configuration's `trusted_keys` and `require_signature`. A refused bundle raises
@@ -107,6 +109,7 @@ async def import_bundle(
         namespaces=namespaces,
         version=version,
         batch_size=batch_size,
+        share=share,
         validate=validate,
         verify=verify,
         download=download,
@@ -125,6 +128,7 @@ async def importing(
     namespaces: list[str] | None = None,
     version: str | None = None,
     batch_size: int = 1024,
+    share: float = 1.0,
     validate: Validate | None = None,
     verify: bool = True,
     download: DownloadOptions | None = None,
@@ -150,10 +154,18 @@ async def importing(
     be read first: a flat bundle's header (by a `Range` request for a URL),
     a SQLite file's entries where it lies (a SQLite bundle by URL is
     downloaded first: its names are in its entries).
+
+    `share` (0 < share <= 1) bounds the import's share of the time while it
+    runs: after each batch it pauses `busy * (1 - share) / share` seconds,
+    `busy` being how long the batch took, so that a service importing in the
+    background keeps the rest for its requests (the environment's one
+    connection included, which every storage call of the process shares).
+    The pauses are in `report.paused`; 1 (the default) never pauses.
     """
     check_batch_size(batch_size)
     check_version(version)
     checked = await anyio.to_thread.run_sync(resolve_trust, trust)
+    check_share(share)
     near = env.snapshot_directory()
     if is_url(source):
         assert isinstance(source, str)
@@ -162,7 +174,14 @@ async def importing(
             if header is not None:
                 refuse_stale(redact(source), header[1], namespaces, version)
         progress = ImportProgress(
-            Download(source, near, download), env, namespaces, version, batch_size, validate, verify
+            Download(source, near, download),
+            env,
+            namespaces,
+            version,
+            batch_size,
+            share,
+            validate,
+            verify,
         )
         progress.trust = checked
         try:
@@ -185,7 +204,7 @@ async def importing(
             refuse_stale(source.describe(), names, namespaces, version)  # noqa: ASYNC240
         copy = await source.private_copy(near)  # noqa: ASYNC240 (a Bundle here)
         bundle, owned = (source, False) if copy is None else (copy, True)
-    progress = ImportProgress(bundle, env, namespaces, version, batch_size, validate, verify)
+    progress = ImportProgress(bundle, env, namespaces, version, batch_size, share, validate, verify)
     progress.trust = checked
     try:
         yield progress
@@ -210,6 +229,7 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
         prefixes: list[str] | None,
         version: str | None,
         batch_size: int,
+        share: float,
         validate: Validate | None,
         verify: bool,
     ) -> None:
@@ -222,6 +242,7 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
         self._verify = verify
         self.trust = Trust()
         self._signer: PublicKey | None = None
+        self._share = share
         self._tally: _Tally | None = None
         self._manifest: BundleManifest | None = None
         self._started_at = 0.0
@@ -303,11 +324,13 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
             batches = _copy_by_scan(
                 bundle, self._env, selected, tally, self._batch_size, self._validate
             )
+        pace = Pace(self._share)
         async with aclosing(batches):
             async for namespace in batches:
                 yield BundleProgress(
                     namespace, tally.done, total_entries, tally.bytes_done, total_bytes
                 )
+                tally.paused += await pace.rest()
         report = tally.report(started_at, None, complete=True, signer=signer)
         self._report = report
         yield BundleFinished(report)
@@ -319,6 +342,7 @@ class _Tally:
         self.imported_bytes = self.done = self.bytes_done = 0
         self.by_ns: dict[str, tuple[int, int]] = {}
         self.other_versions: tuple[str, ...] = ()
+        self.paused = 0.0
 
     def add_imported(self, namespace: str, entries: int, size: int) -> None:
         old = self.by_ns.get(namespace, (0, 0))
@@ -348,7 +372,46 @@ class _Tally:
             complete=complete,
             other_versions=self.other_versions,
             signer=signer,
+            paused=self.paused,
         )
+
+
+def check_share(share: object) -> None:
+    """`ValueError` for a `share=` that is not a fraction of the time in (0, 1]."""
+    if (
+        isinstance(share, bool)
+        or not isinstance(share, int | float)
+        or not 0 < share <= 1  # NaN fails this too
+    ):
+        raise ValueError(f"share must be a number in (0, 1] (of the time), got {share!r}")
+
+
+@final
+class Pace:
+    """Pauses between an import's batches that keep it to a `share` of the time.
+
+    `clock` is the monotonic clock the batches are measured with (a test
+    passes its own).
+    """
+
+    def __init__(self, share: float, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._share = float(share)
+        self._clock = clock
+        self._since = clock()
+
+    def pause(self) -> float:
+        """How long to pause now: the time since the last pause ended, scaled by the share."""
+        busy = max(0.0, self._clock() - self._since)
+        return busy * (1 - self._share) / self._share
+
+    async def rest(self) -> float:
+        """Pause as `pause()` says (not at all with a share of 1); the seconds paused."""
+        if self._share >= 1:
+            return 0.0
+        started = self._clock()
+        await anyio.sleep(self.pause())
+        self._since = self._clock()
+        return self._since - started
 
 
 def check_version(version: object) -> None:
