@@ -11,18 +11,24 @@ in place meanwhile (a rename over it, a rewrite, a truncation), and no
 mapping of a file someone else can truncate is ever read.
 
 Export writes a staging file beside its target and renames it into place;
-the names of staging files and snapshots carry the writer's process id, so
-the next run can remove those whose process is gone.
+the names of staging files carry the writer's process id, so the next run
+can remove those whose process is gone. A private directory is claimed by a
+lock instead (`flock` on a file inside it, held while the directory lives):
+processes in other PID namespaces (containers sharing a volume) see other
+process ids, so a name's id proves nothing there, while a lock is the
+kernel's and is released however its holder ends.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import secrets
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 from warmenv._fs import kind_of, non_regular_kind
@@ -35,13 +41,19 @@ __all__ = [
     "open_regular",
     "private_directory",
     "read_head",
+    "remove_private",
     "remove_stale",
+    "remove_stale_directories",
     "staging_path",
 ]
 
 HEAD_SIZE = 16  # enough bytes to tell the formats apart
 STAGING_SUFFIX = ".warmenv-staging"
 SNAPSHOT_PREFIX = ".warmenv-import."
+LOCK_NAME = ".lock"  # inside a private directory: held by its owner while it lives
+
+_held: dict[Path, int] = {}  # our private directories -> the descriptor holding each lock
+_held_guard = threading.Lock()
 
 
 def open_regular(path: Path) -> int:
@@ -103,14 +115,85 @@ def copy_to_private(fd: int, near: Path | None, name: str) -> Path:
 
 
 def private_directory(near: Path | None) -> Path:
+    """A fresh private directory (0700) beside `near` (else in the temporary directory).
+
+    It is claimed by a lock held until `remove_private`; the stale ones left
+    there by processes that are gone are removed first.
+    """
     prefix = f"{SNAPSHOT_PREFIX}{os.getpid()}."
     if near is not None:
         with contextlib.suppress(OSError):
-            remove_stale(near, prefix=SNAPSHOT_PREFIX, suffix="")
-            return Path(tempfile.mkdtemp(prefix=prefix, dir=near))
+            remove_stale_directories(near)
+            return _claimed(Path(tempfile.mkdtemp(prefix=prefix, dir=near)))
     with contextlib.suppress(OSError):
-        remove_stale(Path(tempfile.gettempdir()), prefix=SNAPSHOT_PREFIX, suffix="")
-    return Path(tempfile.mkdtemp(prefix=prefix))
+        remove_stale_directories(Path(tempfile.gettempdir()))
+    return _claimed(Path(tempfile.mkdtemp(prefix=prefix)))
+
+
+def _claimed(directory: Path) -> Path:
+    """`directory` with its lock taken.
+
+    The lock file is made and locked under another name, then renamed into
+    place, so whoever finds `LOCK_NAME` finds it held: never a moment in
+    which another process could take it and remove the directory. One that
+    removes the directory before the rename (it has no lock file yet) makes
+    the rename fail, and the caller goes elsewhere.
+    """
+    try:
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        fd = os.open(directory / f"{LOCK_NAME}.new", flags, 0o600)
+        try:
+            with contextlib.suppress(OSError):  # no flock here: others go by process id
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(directory / f"{LOCK_NAME}.new", directory / LOCK_NAME)
+        except BaseException:
+            os.close(fd)
+            raise
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    with _held_guard:
+        _held[directory] = fd
+    return directory
+
+
+def remove_stale_directories(directory: Path) -> None:
+    """Remove the private directories in `directory` that nobody holds.
+
+    A directory whose lock another process (or another import of ours)
+    holds is in use, whatever its name says. One without a lock file (made
+    by a warmenv from before the locks, or a moment old) is judged by the
+    process id in its name, as before.
+    """
+    for found in directory.glob(f"{SNAPSHOT_PREFIX}*"):
+        if found.is_symlink() or not found.is_dir():
+            continue
+        try:
+            fd = os.open(found / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if not _unlocked_is_stale(found):
+                continue
+            shutil.rmtree(found, ignore_errors=True)
+            continue
+        except OSError:
+            continue  # unreadable: not ours to judge
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # held: in use right now
+            except OSError:
+                if not _unlocked_is_stale(found):
+                    continue  # no flock here: the process id is all there is
+            shutil.rmtree(found, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
+def _unlocked_is_stale(found: Path) -> bool:
+    """A directory without a held lock: stale unless the process its name gives is alive."""
+    pid_text = found.name[len(SNAPSHOT_PREFIX) :].split(".", 1)[0]
+    return not (pid_text.isdigit() and _alive(int(pid_text)))
 
 
 def _copy(source: int, out: int) -> None:
@@ -135,8 +218,13 @@ def _copy(source: int, out: int) -> None:
 
 
 def remove_private(path: Path) -> None:
-    """Remove a private copy and its directory (whatever remains of them)."""
-    shutil.rmtree(path.parent, ignore_errors=True)
+    """Remove a private copy and its directory (whatever remains of them), and its lock."""
+    directory = path.parent
+    shutil.rmtree(directory, ignore_errors=True)
+    with _held_guard:
+        fd = _held.pop(directory, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def staging_path(out: Path) -> Path:
@@ -146,7 +234,7 @@ def staging_path(out: Path) -> Path:
 
 
 def remove_stale(directory: Path, *, prefix: str, suffix: str) -> None:
-    """Remove what `prefix<pid>.*suffix` names whose process is gone."""
+    """Remove the staging files `prefix<pid>.*suffix` whose process is gone."""
     for found in directory.glob(f"{prefix}*{suffix}"):
         pid_text = found.name[len(prefix) :].split(".", 1)[0]
         if pid_text.isdigit() and _alive(int(pid_text)):
