@@ -61,7 +61,8 @@ class Connection(Protocol):
         ...
 
     async def close(self) -> None:
-        """Close the connection and end its worker thread; safe to call twice."""
+        """Close the connection and end its worker thread, returning once the thread has
+        ended (the loop runs on meanwhile); safe to call twice."""
         ...
 
 
