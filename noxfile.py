@@ -112,13 +112,18 @@ def typecheck(session: nox.Session) -> None:
     session.run("mypy")
 
 
+# The compiler caches' benchmarks: they need the compilers, so `bench_caches` runs them.
+CACHE_BENCHMARKS = ("bench_caches.py", "bench_caches_cpu.py")
+
+
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Benchmarks next to their baselines; prints ratios (see docs/benchmarks.md).
 
     `nox -s bench -- bench_bundle.py --large` runs one script with its options.
+    The compiler caches' scripts (`CACHE_BENCHMARKS`) need the compilers:
+    `nox -s bench_caches` runs them.
     """
-    session.install("-e", ".[test]")
     scripts = (
         "bench_sync.py",
         "bench_storage.py",
@@ -128,7 +133,32 @@ def bench(session: nox.Session) -> None:
         "bench_explain.py",
         "bench_download.py",
         "bench_remote.py",
+        "bench_import_vs_0_1.py",  # 0.1's reader from the clone's history: a full clone
     )
+    if session.posargs[:1] and session.posargs[0] in CACHE_BENCHMARKS:
+        session.error(
+            f"{session.posargs[0]} needs the compilers: run "
+            f"nox -s bench_caches -- {' '.join(session.posargs)}"
+        )
+    session.install("-e", ".[test]")
+    _benchmarks(session, scripts)
+
+
+@nox.session(python=PYTHON)
+def bench_caches(session: nox.Session) -> None:
+    """The compiler caches' benchmarks: each tool cold beside warm, our restore beside `cp -r`.
+
+    Installs the compilers (the jax, numba, triton and torch extras; torch is
+    pinned to its CPU wheel) and runs `CACHE_BENCHMARKS` (docs/benchmarks.md's
+    compiler rows; minutes, not seconds). `nox -s bench_caches --
+    bench_caches_cpu.py --tool jax` runs one script with its options.
+    """
+    session.install("-e", ".[jax,numba,triton,torch]")
+    _benchmarks(session, CACHE_BENCHMARKS)
+
+
+def _benchmarks(session: nox.Session, scripts: tuple[str, ...]) -> None:
+    """Run `scripts`, or the one script the arguments name (with the options after it)."""
     args = list(session.posargs)
     if args and args[0].endswith(".py"):  # one script, with its own options after it
         scripts, args = (args[0],), args[1:]

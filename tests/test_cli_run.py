@@ -50,14 +50,17 @@ _WARMENV_RUN = (sys.executable, "-m", "warmenv", "run")
 
 
 def _run(
-    root: Path, *command: str, options: tuple[str, ...] = ()
+    root: Path,
+    *command: str,
+    options: tuple[str, ...] = (),
+    environ: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*_WARMENV_RUN, "--root", str(root), *options, "--", *command],
         capture_output=True,
         text=True,
         timeout=120,
-        env={k: v for k, v in os.environ.items() if not k.startswith("JAX_")},
+        env={k: v for k, v in os.environ.items() if not k.startswith("JAX_")} | (environ or {}),
     )
 
 
@@ -174,3 +177,57 @@ def test_options_after_the_double_dash_belong_to_the_command(tmp_path: Path) -> 
     assert completed.returncode == 0, completed.stderr
     assert _first_json(completed.stdout)["found"] == []  # the child's line, not warmenv's JSON
     assert "warmenv: jax: restored" in completed.stderr
+
+
+_MIN_COMPILE_NOTE = (
+    "warmenv: jax: compilations shorter than JAX's default minimum (1 s) are not cached, so "
+    "not captured; set JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 for the command to capture "
+    "every one\n"
+)
+
+
+def test_run_says_once_that_jax_leaves_fast_compilations_uncached(tmp_path: Path) -> None:
+    # A program of sub-second compilations captured 0 files, in silence.
+    root = tmp_path / "root"
+    completed = _run(root, sys.executable, _script(tmp_path), "0", options=("--cache", "jax"))
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stderr.count(_MIN_COMPILE_NOTE) == 1, completed.stderr
+    assert "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in completed.stderr.replace(
+        _MIN_COMPILE_NOTE, ""
+    )
+
+
+@pytest.mark.parametrize("seconds", ["0", "1.0"])
+def test_run_says_nothing_of_the_minimum_when_the_user_chose_one(
+    tmp_path: Path, seconds: str
+) -> None:
+    completed = _run(
+        tmp_path / "root",
+        sys.executable,
+        _script(tmp_path),
+        "0",
+        options=("--cache", "jax"),
+        environ={"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": seconds},
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in completed.stderr
+
+
+def test_run_counts_the_refused_entries_it_does_not_list(tmp_path: Path) -> None:
+    # Past the tenth, refused entries went unmentioned: 25 refused read as 10.
+    root = tmp_path / "root"
+
+    async def plant() -> None:
+        async with open_environment("default", root=root) as env:
+            storage = env.storage(cached_jax.tree().namespace)
+            await storage.insert_many(
+                [(b"../escaped-%02d" % i, b"payload") for i in range(25)] + [(b"ok", b"fine")]
+            )
+
+    anyio.run(plant)
+    completed = _run(root, sys.executable, _script(tmp_path), "0", options=("--cache", "jax"))
+    assert completed.returncode == 0, completed.stderr
+    lines = completed.stderr.splitlines()
+    assert "restored 1 files" in completed.stderr and ", 25 refused" in completed.stderr
+    assert sum(line.startswith("- refused '../escaped-") for line in lines) == 10
+    assert "- and 15 more refused" in lines, completed.stderr

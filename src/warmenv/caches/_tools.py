@@ -6,7 +6,9 @@ A tool module `warmenv run` can drive provides, beside its in-process `use()`:
   reports read as lines (`str()`) and are attrs classes (for `--json`);
 - `settings(cache_dir) -> dict[str, str]`: the environment variables that
   point a process of the tool at `cache_dir` with its trap fixed;
-- `CACHE_DIR_VARIABLE`: the tool's own variable naming its cache directory.
+- `CACHE_DIR_VARIABLE`: the tool's own variable naming its cache directory;
+- optionally `notes(environ) -> list[str]`: what the user should know before
+  a process of the tool runs under those variables (each said once, a line).
 
 The modules are found by listing the package, so a new tool is one new
 module; none of them imports its compiler at import time.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -46,6 +49,10 @@ class Tool:
 
     def settings(self, cache_dir: Path) -> dict[str, str]:
         return dict(self.module.settings(cache_dir))
+
+    def notes(self, environ: Mapping[str, str]) -> list[str]:
+        notes = getattr(self.module, "notes", None)
+        return [] if notes is None else list(notes(environ))
 
     @property
     def cache_dir_variable(self) -> str:

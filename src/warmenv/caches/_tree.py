@@ -129,6 +129,18 @@ class LeftOut:
     reason: str
 
 
+# How many refused entries a report's `str()` spells out; the rest are counted.
+REFUSED_SHOWN: Final = 10
+
+
+def refused_lines(refused: tuple[LeftOut, ...]) -> list[str]:
+    """A report's lines for what it refused: the first `REFUSED_SHOWN`, then how many more."""
+    lines = [f"- refused {r.path!r}: {r.reason}" for r in refused[:REFUSED_SHOWN]]
+    if len(refused) > REFUSED_SHOWN:
+        lines.append(f"- and {len(refused) - REFUSED_SHOWN:,} more refused")
+    return lines
+
+
 @attrs.frozen
 class Skipped:
     """A namespace of the same tree captured under other facts: it cannot hit here."""
@@ -191,7 +203,7 @@ class RestoreReport:
             + (f", {self.kept} already there" if self.kept else "")
             + (f", {len(self.refused)} refused" if self.refused else "")
         ]
-        lines += [f"- refused {r.path!r}: {r.reason}" for r in self.refused[:10]]
+        lines += refused_lines(self.refused)
         for skipped in self.skipped:
             lines.append(
                 f"- skipped {skipped.namespace} ({skipped.entries} entries): "

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -42,7 +43,17 @@ from warmenv.caches._tree import restore as _restore
 from warmenv.config import load_config
 from warmenv.environment import Environment
 
-__all__ = ["FACTS", "capture", "configure", "hits", "restore", "settings", "tree", "use"]
+__all__ = [
+    "FACTS",
+    "capture",
+    "configure",
+    "hits",
+    "notes",
+    "restore",
+    "settings",
+    "tree",
+    "use",
+]
 
 FACTS: Final = ("jax", "jaxlib", "cpu")
 _EXCLUDE: Final = ("*-atime", ".lockfile", "*.lock")
@@ -50,6 +61,7 @@ _HIT: Final = "/jax/compilation_cache/cache_hits"
 _MISS: Final = "/jax/compilation_cache/cache_misses"
 _SAVED: Final = "/jax/compilation_cache/compile_time_saved_sec"
 CACHE_DIR_VARIABLE: Final = "JAX_COMPILATION_CACHE_DIR"
+MIN_COMPILE_VARIABLE: Final = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 INSTALL_HINT: Final = "pip install 'warmenv[jax]' (or: pip install jax jaxlib)"
 
 
@@ -81,8 +93,23 @@ def settings(cache_dir: str | Path, *, min_compile_seconds: float | None = None)
         "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES": "none",
     }
     if min_compile_seconds is not None:
-        chosen["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = str(min_compile_seconds)
+        chosen[MIN_COMPILE_VARIABLE] = str(min_compile_seconds)
     return chosen
+
+
+def notes(environ: Mapping[str, str]) -> list[str]:
+    """What a user running a JAX process under `environ` should know (`warmenv run`).
+
+    JAX caches only compilations that took at least its minimum (1 s unless
+    `JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS` says otherwise), so a program
+    of fast compilations leaves nothing to capture, in silence.
+    """
+    if MIN_COMPILE_VARIABLE in environ:
+        return []
+    return [
+        "compilations shorter than JAX's default minimum (1 s) are not cached, so not "
+        f"captured; set {MIN_COMPILE_VARIABLE}=0 for the command to capture every one"
+    ]
 
 
 def configure(cache_dir: str | Path, *, min_compile_seconds: float | None = None) -> None:

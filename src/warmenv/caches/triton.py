@@ -55,7 +55,7 @@ import attrs
 from warmenv import blocking
 from warmenv._facts import Facts
 from warmenv.caches._paths import Writer, relative_parts
-from warmenv.caches._tree import CacheTree, CaptureReport, LeftOut, RestoreReport
+from warmenv.caches._tree import CacheTree, CaptureReport, LeftOut, RestoreReport, refused_lines
 from warmenv.caches._tree import capture as _capture
 from warmenv.caches._tree import restore as _restore
 from warmenv.config import load_config
@@ -367,7 +367,7 @@ class TritonRestoreReport:
 
     def __str__(self) -> str:
         lines = [f"{self.files}", f"{self.groups} kernel indexes written"]
-        lines += [f"- refused {r.path!r}: {r.reason}" for r in self.refused[:10]]
+        lines += refused_lines(self.refused)
         return "\n".join(lines)
 
 

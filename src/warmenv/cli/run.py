@@ -142,6 +142,9 @@ async def _restore_run_capture(
     variables = dict(os.environ)
     for t in tools:
         variables.update(t.settings(directories[t.name]))
+    for t in tools:
+        for note in t.notes(variables):
+            _said(out, f"{t.name}: {note}")
     with tempfile.TemporaryDirectory(prefix="warmenv-run-") as scratch:
         counts = Path(scratch) / "counts.jsonl"
         variables[COUNTS_VARIABLE] = str(counts)
