@@ -135,6 +135,7 @@ NOT_MIRRORED_BY_BLOCKING: dict[str, str] = {
     "bulk_copy": "an import's internals (warmenv.blocking.import_bundle)",
     "insert_imported": "an import's internals (warmenv.blocking.import_bundle)",
     "snapshot_directory": "an import's internals (warmenv.blocking.import_bundle)",
+    "bundle_signers": "read by warmenv.caches.restore under require_signature, on the loop",
     "touch": "a store's internals (hit recency, batched by the store)",
     "start_soon": "background work runs on the loop thread (warmenv.blocking.warm_up)",
     "set_task_group": "open_environment's block owns the task group, on the loop thread",

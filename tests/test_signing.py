@@ -24,7 +24,7 @@ from helpers import run_python
 from signed import Document, read_manifest, rewrite_manifest
 from test_bundle_format_1 import reader_0_1, run_0_1  # noqa: F401 (a fixture, used by name)
 from test_download import BundleServer, staging_left
-from warmenv import Environment, open_environment
+from warmenv import Environment, caches, open_environment
 from warmenv.bundle import (
     CorruptBundleError,
     KeyFileError,
@@ -37,6 +37,7 @@ from warmenv.bundle import (
     import_bundle,
     open_bundle,
 )
+from warmenv.caches import CacheTree, directory
 from warmenv.config import ConfigError, load_config
 
 pytestmark = pytest.mark.anyio
@@ -550,3 +551,74 @@ async def test_require_signature_without_a_trusted_key_refuses_saying_how_to_tru
     with pytest.raises(SignatureError, match="no key is trusted; set trusted_keys"):
         await import_bundle(signed, cold_env)
     assert await cold_env.namespaces() == []
+
+
+# --- compiler caches: signed code only, under require_signature --------------------------
+
+
+CACHE_FILES = {"a/kernel.bin": b"\x7fELF", "index.json": b"{}"}
+
+
+async def _captured_bundle(
+    tmp_path: Path, bundle_format: str, key: Path | None
+) -> tuple[CacheTree, Path]:
+    """A compiler cache captured on a first machine, exported (signed by `key`)."""
+    tree = directory.tree("demo", ("python",))
+    source = tmp_path / "machine-1" / "cache"
+    for relative, data in CACHE_FILES.items():
+        (source / relative).parent.mkdir(parents=True, exist_ok=True)
+        (source / relative).write_bytes(data)
+    async with open_environment("capturing", root=tmp_path / "machine-1") as env:
+        await caches.capture(env, tree, source)
+        out = await export_signed(env, tmp_path / "caches.bundle", bundle_format, key)
+    return tree, out
+
+
+async def test_under_require_signature_a_restore_writes_only_code_a_trusted_key_signed(
+    cold_env: Environment, keys: dict[str, Path], tmp_path: Path, bundle_format: str
+) -> None:
+    tree, out = await _captured_bundle(tmp_path, bundle_format, keys["ci"])
+    required = Trust((public(keys["ci"]),), require_signature=True)
+    await import_bundle(out, cold_env, trust=required)
+    restored = await caches.restore(cold_env, tree, tmp_path / "t1", trust=required)
+    assert (restored.written, restored.refused) == (2, ())
+    other = Trust((public(keys["mallory"]),), require_signature=True)
+    refused = await caches.restore(cold_env, tree, tmp_path / "t2", trust=other)
+    assert restored.written == 2 and refused.written == 0
+    assert sorted(r.path for r in refused.refused) == sorted(CACHE_FILES)
+    assert not (tmp_path / "t2").exists() or list((tmp_path / "t2").rglob("*")) == []
+
+
+async def test_code_imported_unsigned_is_refused_by_a_restore_under_the_configured_policy(
+    cold_env: Environment,
+    keys: dict[str, Path],
+    tmp_path: Path,
+    bundle_format: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tree, out = await _captured_bundle(tmp_path, bundle_format, None)
+    await import_bundle(out, cold_env)  # before the policy was set
+    here = tmp_path / "here"
+    for relative, data in {"local.bin": b"mine"}.items():  # captured on this machine
+        (here / relative).parent.mkdir(parents=True, exist_ok=True)
+        (here / relative).write_bytes(data)
+    await caches.capture(cold_env, tree, here)
+    monkeypatch.setenv("WARMENV_TRUSTED_KEYS", str(public(keys["ci"])))
+    monkeypatch.setenv("WARMENV_REQUIRE_SIGNATURE", "1")
+    report = await caches.restore(cold_env, tree, tmp_path / "target")
+    assert report.written == 1
+    assert sorted(r.path for r in report.refused) == sorted(CACHE_FILES)
+    assert all("require_signature" in r.reason for r in report.refused)
+    assert sorted(p.name for p in (tmp_path / "target").rglob("*") if p.is_file()) == ["local.bin"]
+
+
+async def test_a_digest_imported_again_unchecked_loses_its_signer(
+    cold_env: Environment, keys: dict[str, Path], tmp_path: Path, bundle_format: str
+) -> None:
+    """verify=False and no trust: what that import wrote under the digest is unchecked."""
+    _, out = await _captured_bundle(tmp_path, bundle_format, keys["ci"])
+    await import_bundle(out, cold_env, trust=[public(keys["ci"])])
+    digest = read_manifest(out)["digest"]
+    assert await cold_env.bundle_signers() == {digest: str(public(keys["ci"]))}
+    await import_bundle(out, cold_env, verify=False)
+    assert await cold_env.bundle_signers() == {}

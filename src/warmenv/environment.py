@@ -385,6 +385,13 @@ class Environment:
         # shared tier in front of it explains from it too).
         return await self._local_storage(Namespace.coerce(namespace)).explain(stored_key(key))
 
+    async def bundle_signers(self) -> dict[str, str]:
+        """The key (its text, `ed25519:...`) whose signature was checked when each bundle
+        was imported, by the bundle's digest; a bundle imported unsigned is not listed
+        (`warmenv.caches.restore` reads it under `require_signature`)."""
+        self._check_open()
+        return await self._db.bundle_signers()
+
     async def purge_bundle(self, digest_or_name: str) -> Purged | Failed:
         """Remove the entries that came from one bundle and are still imported.
 

@@ -316,13 +316,13 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
         copier = None
         if entry_file is not None and self._validate is None:
             copier = self._env.bulk_copy(
-                entry_file, prefixes, self._batch_size, bundle=_ref(bundle)
+                entry_file, prefixes, self._batch_size, bundle=_ref(bundle, signer)
             )
         if copier is not None:
             batches = _copy_in_bulk(copier, tally)
         else:
             batches = _copy_by_scan(
-                bundle, self._env, selected, tally, self._batch_size, self._validate
+                bundle, self._env, selected, tally, self._batch_size, self._validate, signer
             )
         pace = Pace(self._share)
         async with aclosing(batches):
@@ -461,9 +461,12 @@ async def _verifying(bundle: Bundle) -> AsyncGenerator[Verifying, None]:
         raise CorruptBundleError(f"{exc}; nothing was imported") from None
 
 
-def _ref(bundle: Bundle) -> BundleRef:
-    """What the imported entries record as their provenance (for quarantine)."""
-    return BundleRef(bundle.manifest.name, bundle.manifest.digest)
+def _ref(bundle: Bundle, signer: PublicKey | None) -> BundleRef:
+    """What the imported entries record as their provenance (for quarantine), with the
+    trusted key whose signature was checked (for a restore that requires one)."""
+    return BundleRef(
+        bundle.manifest.name, bundle.manifest.digest, None if signer is None else str(signer)
+    )
 
 
 async def _copy_by_scan(
@@ -473,8 +476,9 @@ async def _copy_by_scan(
     tally: _Tally,
     batch_size: int,
     validate: Validate | None,
+    signer: PublicKey | None,
 ) -> AsyncGenerator[str, None]:
-    ref = _ref(bundle)
+    ref = _ref(bundle, signer)
     for summary in selected:
         namespace = summary.namespace
         batch: list[CarryingEntry] = []

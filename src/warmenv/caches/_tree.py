@@ -26,7 +26,10 @@ The API (used by `directory.py` and by each tool's module):
   (this machine's own wins), every file whole or not at all, under the
   rules in `_paths.py` for hostile input (a bundle is code: see
   docs/caches.md). Namespaces of the same tool and part under other facts
-  are listed in `report.skipped` with why they cannot hit here.
+  are listed in `report.skipped` with why they cannot hit here. Under
+  `require_signature` (the configuration's, or `trust=`), only files
+  captured here or imported from a bundle whose signature by a trusted key
+  was checked at import are written; the rest are refused, named.
 - `await record_hits(env, tree, served)`: count a tool's own hits, per
   entry it served (`{relative path: hits}`), as hits of those entries in
   the environment's statistics (`warmenv stats`, per namespace, origin and
@@ -57,9 +60,10 @@ import anyio.to_thread
 import attrs
 
 from warmenv._facts import PREFIX, Facts, captured_trees
+from warmenv.bundle.signing import TrustLike, resolve_trust
 from warmenv.caches._paths import TEMPORARY_PREFIX, Writer, relative_parts
 from warmenv.environment import Environment
-from warmenv.persistence import BytesCodec, CacheMode, Failed, Namespace, Storage
+from warmenv.persistence import BytesCodec, CacheMode, Failed, Namespace, Origin, Storage
 
 __all__ = [
     "CacheTree",
@@ -381,9 +385,22 @@ async def restore(
     target: str | Path,
     *,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
+    trust: TrustLike = None,
 ) -> RestoreReport:
-    """Write `tree`'s captured files under `target` (see the module's docstring)."""
+    """Write `tree`'s captured files under `target` (see the module's docstring).
+
+    `trust` (`warmenv.bundle.signing`; `None`: the configuration's): when it
+    requires a signature, a file is written only if it was captured here
+    (origin LOCAL) or imported from a bundle whose signature by one of its
+    keys was checked when it was imported; every other one (unsigned, signed
+    by another key, from the shared tier) is in `report.refused`.
+    """
     started = time.monotonic()
+    checked = await anyio.to_thread.run_sync(resolve_trust, trust)
+    signed: set[str] | None = None  # the digests of bundles whose code may be written
+    if checked.require_signature:
+        keys = {str(key) for key in checked.keys}
+        signed = {d for d, key in (await env.bundle_signers()).items() if key in keys}
     target = Path(target)
     namespace = tree.namespace
     skipped = tuple(
@@ -395,7 +412,10 @@ async def restore(
     counts = _RestoreCounts()
     deferred: list[tuple[tuple[str, ...], bytes]] = []
     try:
-        async for batch in _batches(env.storage(namespace), batch_bytes):
+        storage = env.storage(namespace)
+        async for batch in _batches(storage, batch_bytes):
+            if signed is not None:
+                batch = await _signed_only(storage, batch, signed, counts)
             deferred += await anyio.to_thread.run_sync(_place, writer, tree, batch, counts)
         if deferred:
             await anyio.to_thread.run_sync(_place_index, writer, deferred, counts)
@@ -412,6 +432,34 @@ async def restore(
         skipped=skipped,
         elapsed=time.monotonic() - started,
     )
+
+
+_UNSIGNED = (
+    "not from a bundle signed by a trusted key (require_signature): import it from a "
+    "signed bundle, or capture it here"
+)
+
+
+async def _signed_only(
+    storage: Storage, batch: list[tuple[bytes, bytes]], signed: set[str], counts: _RestoreCounts
+) -> list[tuple[bytes, bytes]]:
+    """The entries of `batch` captured here or imported from a bundle of `signed`;
+    the others are counted as refused."""
+    kept: list[tuple[bytes, bytes]] = []
+    for key, value in batch:
+        info = await storage.info(key)
+        if info is not None and (
+            info.origin is Origin.LOCAL
+            or (
+                info.origin is Origin.IMPORTED
+                and info.bundle is not None
+                and info.bundle.digest in signed
+            )
+        ):
+            kept.append((key, value))
+        else:
+            counts.refused.append(LeftOut(key.decode("utf-8", "backslashreplace"), _UNSIGNED))
+    return kept
 
 
 def _same_tree(full: str, namespace: Namespace) -> bool:

@@ -124,10 +124,17 @@ class Purged:
 
 @attrs.frozen
 class BundleRef:
-    """The bundle an imported entry came from: its manifest's name and its digest."""
+    """The bundle an imported entry came from: its manifest's name and its digest.
+
+    `signer` (given to an import's writes, not read back by `info`) is the
+    trusted key, as text, whose signature over the bundle was checked before
+    it was imported, or None: the environment records it per digest
+    (`Environment.bundle_signers`), for a restore that asks for signed code.
+    """
 
     name: str
     digest: str
+    signer: str | None = None
 
 
 @attrs.frozen

@@ -203,6 +203,14 @@ class SqliteDatabase:
             log.warning("recording hits in %s failed: %s", self.path, exc)
             return 0
 
+    async def bundle_signers(self) -> dict[str, str]:
+        """The trusted key that signed each bundle imported with a checked signature."""
+        try:
+            return await self.run(schema.bundle_signers)
+        except sqlite3.Error as exc:
+            log.warning("reading the bundle signers of %s failed: %s", self.path, exc)
+            return {}
+
     async def purge_bundle(self, digest_or_name: str) -> Purged | Failed:
         """Delete the entries still carrying that bundle's origin (imported from it)."""
         try:

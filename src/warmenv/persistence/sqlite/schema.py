@@ -530,11 +530,36 @@ def prefix_sql(prefixes: list[str] | None, column: str = "namespace") -> tuple[s
 
 
 def bundle_id(bundle: BundleRef, now: float, conn: sqlite3.Connection) -> int:
-    """The `bundles` row of `bundle` (by digest), made or renamed as needed (in a transaction)."""
+    """The `bundles` row of `bundle` (by digest), made or renamed as needed (in a transaction);
+    its signer recorded, or (imported unsigned, or unchecked) any record of one forgotten."""
     row = conn.execute(
         "INSERT INTO bundles (name, digest, imported_at) VALUES (?, ?, ?) "
         "ON CONFLICT (digest) DO UPDATE SET name = excluded.name, "
         "imported_at = excluded.imported_at RETURNING id",
         (bundle.name, bundle.digest, now),
     ).fetchone()
+    if bundle.signer is not None:
+        conn.execute(_SIGNERS_DDL)
+        conn.execute(
+            "INSERT INTO bundle_signers (digest, signer) VALUES (?, ?) "
+            "ON CONFLICT (digest) DO UPDATE SET signer = excluded.signer",
+            (bundle.digest, bundle.signer),
+        )
+    elif "bundle_signers" in table_names(conn):
+        # The same digest imported without a check may hold other entries (verify=False).
+        conn.execute("DELETE FROM bundle_signers WHERE digest = ?", (bundle.digest,))
     return int(row[0])
+
+
+# The trusted key each imported bundle's signature was checked against, by digest;
+# made by the first signed import (an environment without one has no such table).
+_SIGNERS_DDL = (
+    "CREATE TABLE IF NOT EXISTS bundle_signers (digest TEXT PRIMARY KEY, signer TEXT NOT NULL)"
+)
+
+
+def bundle_signers(conn: sqlite3.Connection) -> dict[str, str]:
+    """The signer's key (text) of each bundle imported with a checked signature, by digest."""
+    if "bundle_signers" not in table_names(conn):
+        return {}
+    return {str(d): str(s) for d, s in conn.execute("SELECT digest, signer FROM bundle_signers")}
