@@ -182,6 +182,7 @@ TOP_LEVEL = [
     "BytesCodec",
     "MISSING",
     "Missing",
+    "RemoteSettings",
 ]
 
 

@@ -29,6 +29,7 @@ from warmenv.persistence import (
     Store,
     Stored,
 )
+from warmenv.remote import RemoteSettings
 
 __all__ = [
     "MISSING",
@@ -50,6 +51,7 @@ __all__ = [
     "NamespaceSummary",
     "Origin",
     "Purged",
+    "RemoteSettings",
     "Storage",
     "Store",
     "Stored",
