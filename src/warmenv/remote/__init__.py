@@ -1,7 +1,10 @@
 """The shared tier: a fleet's warm state in Redis, behind the `Storage` protocol.
 
-Four rooms, each importing only those before it: `settings` (the remote URL,
-its bounds and its TLS context, checked when made), `wire` (the frame around
+Rooms, each importing only those before it: `settings` (the remote URL,
+its bounds and its TLS context, checked when made), `report` (the tier's
+statistics and a probe's outcome, values), `lag` (deadlines in the server's
+time, not our busy loop's), `reader` (what a server may make us hold: every
+reply and message bounded), `wire` (the frame around
 a published value and the Lua scripts, what is said to Redis), `tier` (one
 environment's connection: bounded calls and backoff, leases, the
 subscription that wakes waiters) and `storage` (`RemoteStorage`, a local
@@ -11,9 +14,10 @@ storage with the tier behind it: the two-tier insert and lookup rules).
 from __future__ import annotations
 
 from warmenv._errors import RemoteError
+from warmenv.remote.report import Ping, RemoteStatistics
 from warmenv.remote.settings import RemoteSettings, remote_settings
 from warmenv.remote.storage import RemoteStorage
-from warmenv.remote.tier import Ping, RemoteStatistics, RemoteTier
+from warmenv.remote.tier import RemoteTier
 from warmenv.remote.wire import RemoteValue
 
 __all__ = [

@@ -60,6 +60,8 @@ from warmenv._url import redact
 from warmenv.persistence.storage import wall_clock
 from warmenv.remote import wire
 from warmenv.remote.lag import LoopClock
+from warmenv.remote.reader import OverBound, Unread
+from warmenv.remote.report import Ping, RemoteStatistics
 from warmenv.remote.settings import RemoteSettings, tls_context
 from warmenv.remote.wire import BadFrame, RemoteValue
 
@@ -67,7 +69,7 @@ if TYPE_CHECKING:
     import coredis
     from anyio.abc import TaskGroup
 
-__all__ = ["Ping", "RemoteStatistics", "RemoteTier"]
+__all__ = ["RemoteTier"]
 
 log = logging.getLogger("warmenv.remote")
 T = TypeVar("T")
@@ -117,63 +119,6 @@ class _OurConnections(logging.Filter):
 _OUR_CONNECTIONS: Final = _OurConnections()
 
 
-@attrs.frozen
-class RemoteStatistics:
-    """What the shared tier did for this process, for `statistics()` and `warmenv stats`."""
-
-    hits: int
-    """Local misses answered by Redis."""
-    misses: int
-    """Local misses Redis could not answer either."""
-    published: int
-    """Values this process was first to put in Redis."""
-    already_published: int
-    """Values Redis already held when this process offered one (first writer won)."""
-    too_large: int
-    """Values kept local because they exceed `max_value_bytes`."""
-    rejected: int
-    """Values under our keys that were not ours (wrong type, garbled, oversized): misses."""
-    failures: int
-    """Operations that failed or timed out."""
-    skipped: int
-    """Operations not tried because the remote was backing off after a failure."""
-    outages: int
-    """Times the remote went from answering to failing."""
-    available: bool
-    """Whether the remote answered its last operation (or has not been tried)."""
-    leases: int = 0
-    """Computations this process ran holding the fleet's lease on the key."""
-    lease_waits: int = 0
-    """Computations this process waited for because another host held the lease."""
-    leases_lost: int = 0
-    """Leases that expired or were taken over while this process still computed."""
-    woken: int = 0
-    """Waits for another host's value ended by its message rather than by polling."""
-    subscribed: bool = False
-    """Whether waiters are woken by messages now (else they only poll)."""
-    publish_blocked: int = 0
-    """Values not published because what sits under the key in Redis is no warmenv value
-    (another type, or a string warmenv did not frame): it stays until it is deleted."""
-
-
-@attrs.frozen
-class Ping:
-    """Whether the remote answered a PING within the timeout: what `warmenv` says of a probe."""
-
-    remote: str
-    """The server, as `describe()` says it (the password hidden)."""
-    reachable: bool
-    seconds: float | None
-    """The round trip, connecting included, when it answered."""
-    reason: str | None
-    """Why it did not answer (the password hidden), when it did not."""
-
-    def __str__(self) -> str:
-        if self.reachable:
-            return f"{self.remote} answered in {1000 * (self.seconds or 0.0):.1f} ms"
-        return f"{self.remote} is unavailable ({self.reason})"
-
-
 class _Down(Exception):
     """The remote did not answer (or is backing off): the caller falls back to local."""
 
@@ -216,6 +161,7 @@ class RemoteTier:
     # The keys whose value kept ours from being published (each warned about once).
     _blocked: set[bytes] = attrs.field(init=False, factory=set)
     _subscribed: bool = attrs.field(init=False, default=False)
+    _over_bound: bool = attrs.field(init=False, default=False)  # warned once, for pub/sub
 
     def __attrs_post_init__(self) -> None:
         self._prefix = f"warmenv:{self.environment}:".encode()
@@ -507,11 +453,12 @@ class RemoteTier:
         _TIER_AT_WORK.set(self)  # this task's own context: its connection's records are ours
         delay = FIRST_RETRY_DELAY
         while True:
+            unread = Unread()  # the messages its connection read that are not handled yet
             try:
                 # A client of its own: the pool multiplexes commands over its
                 # connections, and one that is subscribed must carry nothing else.
                 async with (
-                    wire.client(self.settings, 1, self._tls) as client,
+                    wire.client(self.settings, 1, self._tls, unread) as client,
                     client.pubsub(
                         channels=[self._channel],
                         ignore_subscribe_messages=True,
@@ -522,8 +469,10 @@ class RemoteTier:
                 ):
                     self._subscribed = True
                     delay = FIRST_RETRY_DELAY
-                    async for message in subscription:
-                        if isinstance(rkey := message["data"], bytes):
+                    while True:  # each message handled is counted, ignored ones too
+                        message = await subscription.get_message()
+                        unread.handled_one()
+                        if message is not None and isinstance(rkey := message["data"], bytes):
                             for event in self._waiters.pop(rkey, ()):
                                 self._count("woken")
                                 event.set()
@@ -532,6 +481,9 @@ class RemoteTier:
                 # (`except*`: coredis's teardown may fail beside a cancellation,
                 # which must go on while its failure is dropped.)
                 log.debug("%s: the subscription ended (%r)", self.describe(), group.exceptions)
+                if not self._over_bound and (over := _over_bound(group)) is not None:
+                    self._over_bound = True
+                    log.warning("%s: dropped the subscription: %s", self.describe(), over)
             finally:
                 if self._subscribed:
                     self._subscribed = False
@@ -691,3 +643,12 @@ class RemoteTier:
 
     def _count(self, name: str) -> None:
         self._counts[name] = self._counts.get(name, 0) + 1
+
+
+def _over_bound(error: BaseException | None) -> OverBound | None:
+    """The `OverBound` behind `error` (a group, or a cause), if a bound broke the connection."""
+    if isinstance(error, OverBound) or error is None:
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        return next(filter(None, map(_over_bound, error.exceptions)), None)
+    return _over_bound(error.__cause__ or error.__context__)

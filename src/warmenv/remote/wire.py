@@ -22,12 +22,15 @@ from typing import TYPE_CHECKING, Final
 import attrs
 
 from warmenv.persistence import carried
+from warmenv.remote.reader import MAX_LINE, BoundedStream
 
 if TYPE_CHECKING:
     import ssl
 
     import coredis
+    from anyio.abc import ByteStream
 
+    from warmenv.remote.reader import Unread
     from warmenv.remote.settings import RemoteSettings
 
 __all__ = [
@@ -165,25 +168,46 @@ def unframe(rkey: bytes, framed: bytes, max_value_bytes: int) -> RemoteValue:
 
 
 def client(
-    settings: RemoteSettings, connections: int, tls: ssl.SSLContext | None
+    settings: RemoteSettings,
+    connections: int,
+    tls: ssl.SSLContext | None,
+    unread: Unread | None = None,
 ) -> coredis.Redis[bytes]:
     """A client that fails fast (the tier does the retrying) with a pool of `connections`;
-    `tls`: the context `tls_context` made for a rediss:// URL."""
+    `tls`: the context `tls_context` made for a rediss:// URL; `unread`: the count of a
+    subscription's messages (only its connection may carry them).
+
+    Its connections read through `reader.BoundedStream`: no reply or message over what
+    the tier reads (a value at the cap, framed) is kept, nor any that no one asked for.
+    """
     import coredis
+    from coredis.connection import TCPConnection
     from coredis.retry import NoRetryPolicy
 
-    return coredis.Redis.from_url(
+    max_frame = HEADER + settings.max_value_bytes + MAX_LINE
+
+    class Bounded(TCPConnection):
+        # coredis's documented extension point: a connection class makes its transport.
+        async def _connect(self) -> ByteStream:
+            return BoundedStream(await super()._connect(), max_frame, unread)
+
+    pool = coredis.ConnectionPool.from_url(
         settings.url,
         ssl_context=tls,  # None for redis://; for rediss:// coredis's own is never used
         decode_responses=False,
-        verify_version=False,
-        retry_policy=NoRetryPolicy(),
         max_connections=connections,
         # coredis's timers run on the loop's clock, which a busy host makes late: they
         # are a backstop only, far past the tier's own bound (`lag.LoopClock`).
         connect_timeout=backstop(settings),
-        pool_timeout=backstop(settings),
+        timeout=backstop(settings),
         stream_timeout=backstop(settings),
+    )
+    pool.connection_class = Bounded
+    return coredis.Redis(
+        connection_pool=pool,
+        decode_responses=False,
+        verify_version=False,
+        retry_policy=NoRetryPolicy(),
     )
 
 
