@@ -331,6 +331,25 @@ async def test_an_attacked_signature_by_url_is_refused_and_nothing_is_written(
     assert staging_left(root) == []
 
 
+async def test_a_flat_bundle_by_url_refused_by_its_header_is_never_downloaded(
+    warm_env: Environment,
+    cold_env: Environment,
+    keys: dict[str, Path],
+    out_dir: Path,
+    root: Path,
+    http_server: BundleServer,
+) -> None:
+    await warm_env.storage("app/1/big").insert(b"big", bytes(1 << 20))  # past the first range
+    out = await export_signed(warm_env, out_dir / "b", "flat", keys["mallory"])
+    url = http_server.put("/b", out.read_bytes())
+    with pytest.raises(SignatureError, match="not a trusted key"):
+        await import_bundle(url, cold_env, trust=[public(keys["ci"])])
+    assert http_server.seen and all(seen.status == 206 for seen in http_server.seen)
+    assert sum(seen.sent for seen in http_server.seen) < out.stat().st_size
+    assert await cold_env.namespaces() == []
+    assert staging_left(root) == []
+
+
 async def test_a_genuine_signed_bundle_by_url_imports(
     warm_env: Environment,
     cold_env: Environment,

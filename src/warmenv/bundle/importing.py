@@ -169,10 +169,14 @@ async def importing(
     near = env.snapshot_directory()
     if is_url(source):
         assert isinstance(source, str)
-        if version is not None:
+        if version is not None or checked.checks:
+            # A flat bundle's header comes first: refused by it, its body is never fetched
+            # (the copy that is downloaded is checked again before anything is written).
             header = await read_header(source, download)
             if header is not None:
-                refuse_stale(redact(source), header[1], namespaces, version)
+                if version is not None:
+                    refuse_stale(redact(source), header[1], namespaces, version)
+                check_signature(header[0], checked, redact(source))
         progress = ImportProgress(
             Download(source, near, download),
             env,
