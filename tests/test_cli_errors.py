@@ -22,8 +22,9 @@ import pytest
 
 import test_cli
 from conftest import KERNELS
-from helpers import run_python, unprivileged_user
+from helpers import one_trial, run_python, unprivileged_user
 from test_cli import TOTAL, run_raw, warmenv
+from test_config import _UNREADABLE_SETTINGS
 from warmenv import open_environment
 
 # The fixtures these tests share with test_cli.py.
@@ -609,13 +610,14 @@ def test_a_read_only_environment_whose_wal_cannot_be_read_says_why_in_one_senten
 def test_a_cli_backend_that_is_not_installed_is_one_line_naming_the_variable(
     backend: str,
 ) -> None:
-    # The backend's package hidden from the child, as on a machine without it.
-    code = (
-        f"import os, sys; sys.modules[{backend!r}] = None; "
-        f"os.environ['WARMENV_CLI_BACKEND'] = {backend!r}; "
-        "from warmenv.cli import main; sys.exit(main(['ls']))"
-    )
-    completed = run_python(code)
-    assert completed.returncode == 2, completed.stderr
-    assert completed.stderr.count("\n") == 1, completed.stderr
-    assert f"WARMENV_CLI_BACKEND={backend!r} needs {backend}" in completed.stderr
+    with one_trial(*_UNREADABLE_SETTINGS):
+        # The backend's package hidden from the child, as on a machine without it.
+        code = (
+            f"import os, sys; sys.modules[{backend!r}] = None; "
+            f"os.environ['WARMENV_CLI_BACKEND'] = {backend!r}; "
+            "from warmenv.cli import main; sys.exit(main(['ls']))"
+        )
+        completed = run_python(code)
+        assert completed.returncode == 2, completed.stderr
+        assert completed.stderr.count("\n") == 1, completed.stderr
+        assert f"WARMENV_CLI_BACKEND={backend!r} needs {backend}" in completed.stderr

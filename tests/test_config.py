@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import one_trial
 from redis_server import RedisServer, tolerating_coredis_streams
 from warmenv import Namespace, WarmenvError, open_environment
 from warmenv.config import Config, ConfigError, load_config, user_root
@@ -12,6 +13,12 @@ from warmenv.remote import RemoteError
 from warmenv.stream import StreamPolicy
 
 PASSWORD = "s3cret-Pa55word"
+_UNREADABLE_SETTINGS = (
+    "settings that cannot be read: a warmenv.toml or pyproject.toml not in UTF-8, a root under "
+    "an unknown user's home (file, WARMENV_ROOT, open_environment), WARMENV_CLI_BACKEND naming "
+    "a loop that is not installed (child)",
+    "one ConfigError (or usage error) line naming the file or variable; no traceback",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -225,32 +232,36 @@ def test_is_utf8_is_false_only_for_what_cannot_be_written_as_utf_8() -> None:
 def test_a_settings_file_that_is_not_utf8_is_a_config_error_naming_it(
     tmp_path: Path, content: bytes
 ) -> None:
-    (tmp_path / "warmenv.toml").write_bytes(content)
-    with pytest.raises(ConfigError, match="not UTF-8 text") as refused:
-        load_config(tmp_path)
-    assert str(tmp_path / "warmenv.toml") in str(refused.value)
+    with one_trial(*_UNREADABLE_SETTINGS):
+        (tmp_path / "warmenv.toml").write_bytes(content)
+        with pytest.raises(ConfigError, match="not UTF-8 text") as refused:
+            load_config(tmp_path)
+        assert str(tmp_path / "warmenv.toml") in str(refused.value)
 
 
 def test_a_pyproject_that_is_not_utf8_is_a_config_error_naming_it(tmp_path: Path) -> None:
-    (tmp_path / "pyproject.toml").write_bytes(b"\xfe\xff\x00[")
-    with pytest.raises(ConfigError, match=r"pyproject\.toml: not UTF-8 text"):
-        load_config(tmp_path)
+    with one_trial(*_UNREADABLE_SETTINGS):
+        (tmp_path / "pyproject.toml").write_bytes(b"\xfe\xff\x00[")
+        with pytest.raises(ConfigError, match=r"pyproject\.toml: not UTF-8 text"):
+            load_config(tmp_path)
 
 
 def test_a_root_in_an_unknown_users_home_is_a_config_error_naming_the_setting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "warmenv.toml").write_text('root = "~nosuchuser-warmenv/x"\n')
-    with pytest.raises(ConfigError, match=r"key .root.*names no home directory"):
-        load_config(tmp_path)
-    (tmp_path / "warmenv.toml").unlink()
-    monkeypatch.setenv("WARMENV_ROOT", "~nosuchuser-warmenv/y")
-    with pytest.raises(ConfigError, match=r"WARMENV_ROOT.*names no home directory"):
-        load_config(tmp_path)
+    with one_trial(*_UNREADABLE_SETTINGS):
+        (tmp_path / "warmenv.toml").write_text('root = "~nosuchuser-warmenv/x"\n')
+        with pytest.raises(ConfigError, match=r"key .root.*names no home directory"):
+            load_config(tmp_path)
+        (tmp_path / "warmenv.toml").unlink()
+        monkeypatch.setenv("WARMENV_ROOT", "~nosuchuser-warmenv/y")
+        with pytest.raises(ConfigError, match=r"WARMENV_ROOT.*names no home directory"):
+            load_config(tmp_path)
 
 
 @pytest.mark.anyio
 async def test_open_environment_in_an_unknown_users_home_is_a_warmenv_error() -> None:
-    with pytest.raises(WarmenvError, match="'~nosuchuser-warmenv' names no home directory"):
-        async with open_environment("e", root="~nosuchuser-warmenv/x"):
-            pass
+    with one_trial(*_UNREADABLE_SETTINGS):
+        with pytest.raises(WarmenvError, match="'~nosuchuser-warmenv' names no home directory"):
+            async with open_environment("e", root="~nosuchuser-warmenv/x"):
+                pass

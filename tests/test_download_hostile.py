@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_python
+from helpers import one_trial, run_python
 from warmenv import open_environment
 from warmenv.bundle import DownloadError, DownloadOptions, import_bundle, preflight
 
@@ -136,6 +136,29 @@ def headers_of(head: bytes) -> dict[str, str]:
     }
 
 
+_ENDLESS = (
+    "hostile HTTP server that never finishes: 100 Continue forever, headers or a body a byte at "
+    "a time, import and preflight by URL (child; asyncio, trio)",
+    "each ended by a DownloadError within its deadline (+1.5 s), or under the minimum rate "
+    "before it; no private directory left; the child within its 30 s timeout",
+)
+_REDIRECT_LOOP = (
+    "redirect loop by URL: import, preflight and the CLI (asyncio, uvloop, trio)",
+    "a DownloadError ('redirected too many times'); the CLI one line, exit 1, no credential",
+)
+_CROSS_ORIGIN = (
+    "caller headers on a redirect to another origin (port, host name) (asyncio, uvloop, trio)",
+    "none of X-Api-Key, Authorization or a custom header reaches the other origin unless "
+    "cross_origin_headers=True; the first origin got them",
+)
+_BAD_URLS_ROW = (
+    "malformed or foreign bundle URLs (a '#', '/' in the password, an unclosed '[', ftp://, "
+    "file://, a port over 65535, no host): import, verify, check, inspect and the library",
+    "one line (DownloadError or a usage error), exit 1 or 2, no credential printed, nothing "
+    "created, no retry",
+)
+
+
 # --- a redirect loop -----------------------------------------------------------------
 
 
@@ -143,28 +166,30 @@ def headers_of(head: bytes) -> dict[str, str]:
 async def test_a_redirect_loop_is_a_download_error_in_import_and_preflight(
     hostile: Callable[[Behaviour], HostileServer], tmp_path: Path
 ) -> None:
-    url = hostile(redirect_to_itself).url()
-    async with open_environment("e", root=tmp_path) as env:
+    with one_trial(*_REDIRECT_LOOP):
+        url = hostile(redirect_to_itself).url()
+        async with open_environment("e", root=tmp_path) as env:
+            with pytest.raises(DownloadError, match="redirected too many times"):
+                await import_bundle(url, env)
         with pytest.raises(DownloadError, match="redirected too many times"):
-            await import_bundle(url, env)
-    with pytest.raises(DownloadError, match="redirected too many times"):
-        await preflight(url)
+            await preflight(url)
 
 
 def test_the_command_line_says_a_redirect_loop_in_one_line(
     hostile: Callable[[Behaviour], HostileServer], tmp_path: Path
 ) -> None:
-    url = hostile(redirect_to_itself).url().replace("http://", f"http://u:{SECRET}@")
-    completed = subprocess.run(
-        [sys.executable, "-m", "warmenv", "import", url, "--root", str(tmp_path / "r")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert completed.returncode == 1
-    assert completed.stderr.count("\n") == 1, completed.stderr
-    assert "redirected too many times" in completed.stderr
-    assert "unexpected" not in completed.stderr and SECRET not in completed.stderr
+    with one_trial(*_REDIRECT_LOOP):
+        url = hostile(redirect_to_itself).url().replace("http://", f"http://u:{SECRET}@")
+        completed = subprocess.run(
+            [sys.executable, "-m", "warmenv", "import", url, "--root", str(tmp_path / "r")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert completed.returncode == 1
+        assert completed.stderr.count("\n") == 1, completed.stderr
+        assert "redirected too many times" in completed.stderr
+        assert "unexpected" not in completed.stderr and SECRET not in completed.stderr
 
 
 # --- every wait bounded --------------------------------------------------------------
@@ -214,35 +239,40 @@ def test_a_server_that_never_finishes_ends_the_download_within_its_deadline(
     behaviour: Behaviour,
     backend: str,
 ) -> None:
-    url = hostile(behaviour).url()
-    result = _fetch_in_child(
-        url, "import", backend, tmp_path, timeout=1, retries=1, deadline=4, min_rate=0
-    )
-    assert result["error"] is not None
-    assert float(str(result["elapsed"])) < 4 + 1.5, result
-    assert not list(tmp_path.glob(".warmenv-import.*"))
+    with one_trial(*_ENDLESS):
+        url = hostile(behaviour).url()
+        result = _fetch_in_child(
+            url, "import", backend, tmp_path, timeout=1, retries=1, deadline=4, min_rate=0
+        )
+        assert result["error"] is not None
+        assert float(str(result["elapsed"])) < 4 + 1.5, result
+        assert not list(tmp_path.glob(".warmenv-import.*"))
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_body_under_the_minimum_rate_fails_before_the_deadline(
     hostile: Callable[[Behaviour], HostileServer], tmp_path: Path, backend: str
 ) -> None:
-    url = hostile(body_a_byte_every_half_second).url()
-    result = _fetch_in_child(
-        url, "import", backend, tmp_path, timeout=1, retries=1, deadline=60, min_rate=100
-    )
-    assert "under the minimum rate of 100 bytes/s" in str(result["error"]), result
-    assert float(str(result["elapsed"])) < 10, result
+    with one_trial(*_ENDLESS):
+        url = hostile(body_a_byte_every_half_second).url()
+        result = _fetch_in_child(
+            url, "import", backend, tmp_path, timeout=1, retries=1, deadline=60, min_rate=100
+        )
+        assert "under the minimum rate of 100 bytes/s" in str(result["error"]), result
+        assert float(str(result["elapsed"])) < 10, result
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_preflight_by_url_ends_within_its_deadline_too(
     hostile: Callable[[Behaviour], HostileServer], tmp_path: Path, backend: str
 ) -> None:
-    url = hostile(continue_forever).url()
-    result = _fetch_in_child(url, "preflight", backend, tmp_path, timeout=1, retries=1, deadline=3)
-    assert result["error"] is not None
-    assert float(str(result["elapsed"])) < 3 + 1.5, result
+    with one_trial(*_ENDLESS):
+        url = hostile(continue_forever).url()
+        result = _fetch_in_child(
+            url, "preflight", backend, tmp_path, timeout=1, retries=1, deadline=3
+        )
+        assert result["error"] is not None
+        assert float(str(result["elapsed"])) < 3 + 1.5, result
 
 
 def test_the_bounds_have_documented_defaults_and_are_checked() -> None:
@@ -276,33 +306,35 @@ def redirect_to_target(conn: socket.socket, head: bytes, server: HostileServer) 
 async def test_caller_headers_are_not_sent_to_another_origin_after_a_redirect(
     hostile: Callable[[Behaviour], HostileServer], tmp_path: Path, other: str
 ) -> None:
-    first = hostile(redirect_to_target)
-    there = hostile(not_found) if other == "port" else first
-    # The same server under another name is another origin too.
-    first.target = there.url("/there", host="127.0.0.1" if other == "port" else "localhost")
-    headers = {"X-Api-Key": SECRET, "Authorization": f"Bearer {SECRET}", "X-Trace": "t"}
-    async with open_environment("e", root=tmp_path) as env:
-        with pytest.raises(DownloadError, match="404"):
-            await import_bundle(first.url(), env, download=DownloadOptions(headers=headers))
-    assert headers_of(first.requests[0])["x-api-key"] == SECRET
-    sent_there = headers_of(there.requests[-1])
-    assert there.requests[-1].startswith(b"GET /there ")
-    assert not {"x-api-key", "authorization", "x-trace"} & set(sent_there), sent_there
-    assert sent_there["accept-encoding"] == "identity"
+    with one_trial(*_CROSS_ORIGIN):
+        first = hostile(redirect_to_target)
+        there = hostile(not_found) if other == "port" else first
+        # The same server under another name is another origin too.
+        first.target = there.url("/there", host="127.0.0.1" if other == "port" else "localhost")
+        headers = {"X-Api-Key": SECRET, "Authorization": f"Bearer {SECRET}", "X-Trace": "t"}
+        async with open_environment("e", root=tmp_path) as env:
+            with pytest.raises(DownloadError, match="404"):
+                await import_bundle(first.url(), env, download=DownloadOptions(headers=headers))
+        assert headers_of(first.requests[0])["x-api-key"] == SECRET
+        sent_there = headers_of(there.requests[-1])
+        assert there.requests[-1].startswith(b"GET /there ")
+        assert not {"x-api-key", "authorization", "x-trace"} & set(sent_there), sent_there
+        assert sent_there["accept-encoding"] == "identity"
 
 
 @pytest.mark.anyio
 async def test_a_caller_may_allow_its_headers_across_origins(
     hostile: Callable[[Behaviour], HostileServer], tmp_path: Path
 ) -> None:
-    there = hostile(not_found)
-    first = hostile(redirect_to_target)
-    first.target = there.url("/there")
-    options = DownloadOptions(headers={"X-Api-Key": SECRET}, cross_origin_headers=True)
-    async with open_environment("e", root=tmp_path) as env:
-        with pytest.raises(DownloadError, match="404"):
-            await import_bundle(first.url(), env, download=options)
-    assert headers_of(there.requests[-1])["x-api-key"] == SECRET
+    with one_trial(*_CROSS_ORIGIN):
+        there = hostile(not_found)
+        first = hostile(redirect_to_target)
+        first.target = there.url("/there")
+        options = DownloadOptions(headers={"X-Api-Key": SECRET}, cross_origin_headers=True)
+        async with open_environment("e", root=tmp_path) as env:
+            with pytest.raises(DownloadError, match="404"):
+                await import_bundle(first.url(), env, download=options)
+        assert headers_of(there.requests[-1])["x-api-key"] == SECRET
 
 
 # --- malformed and foreign URLs ------------------------------------------------------
@@ -338,7 +370,8 @@ def _one_line_refusal(argv: list[str], root: Path) -> None:
 def test_import_refuses_a_malformed_or_foreign_url_in_one_line_without_its_credentials(
     url: str, tmp_path: Path
 ) -> None:
-    _one_line_refusal(["import", url], tmp_path / "r")
+    with one_trial(*_BAD_URLS_ROW):
+        _one_line_refusal(["import", url], tmp_path / "r")
 
 
 @pytest.mark.parametrize("url", [_BAD_URLS[0], _BAD_URLS[2]])
@@ -346,7 +379,8 @@ def test_import_refuses_a_malformed_or_foreign_url_in_one_line_without_its_crede
 def test_a_command_reading_a_file_refuses_a_url_in_one_line_without_its_credentials(
     url: str, command: str, tmp_path: Path
 ) -> None:
-    _one_line_refusal([command, url], tmp_path / "r")
+    with one_trial(*_BAD_URLS_ROW):
+        _one_line_refusal([command, url], tmp_path / "r")
 
 
 @pytest.mark.anyio
@@ -354,10 +388,11 @@ def test_a_command_reading_a_file_refuses_a_url_in_one_line_without_its_credenti
 async def test_the_library_refuses_a_malformed_or_foreign_url_as_a_download_error(
     url: str, tmp_path: Path
 ) -> None:
-    async with open_environment("e", root=tmp_path) as env:
-        with pytest.raises(DownloadError) as caught:
-            await import_bundle(url, env)
-    with pytest.raises(DownloadError) as preflighted:
-        await preflight(url)
-    for error in (caught.value, preflighted.value):
-        assert SECRET not in str(error) and "\n" not in str(error)
+    with one_trial(*_BAD_URLS_ROW):
+        async with open_environment("e", root=tmp_path) as env:
+            with pytest.raises(DownloadError) as caught:
+                await import_bundle(url, env)
+        with pytest.raises(DownloadError) as preflighted:
+            await preflight(url)
+        for error in (caught.value, preflighted.value):
+            assert SECRET not in str(error) and "\n" not in str(error)

@@ -20,7 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from helpers import one_trial
 from warmenv.bundle import _files
+
+_ROW = (
+    "private import directories across PID namespaces: a live one whose pid is nobody's here "
+    "(unshare -p, renamed), a killed holder's whose pid is alive",
+    "the live directory and its copy kept, read whole by its holder; the dead holder's removed",
+)
 
 _HOLDER = """
 import sys
@@ -96,39 +103,42 @@ def _can_unshare() -> bool:
 def test_a_cleaner_in_another_pid_namespace_leaves_a_live_private_directory(
     holder: tuple[subprocess.Popen[str], Path], tmp_path: Path
 ) -> None:
-    if not _can_unshare():
-        pytest.fail("needs root and unshare(1) (util-linux) for a PID namespace of its own")
-    process, directory = holder
-    # In the cleaner's own PID namespace the holder's process id names nobody.
-    _clean(tmp_path, "unshare", "-p", "-f", "--mount-proc")
-    assert directory.is_dir()
-    assert _finish(process) == "a private copy\n"
+    with one_trial(*_ROW):
+        if not _can_unshare():
+            pytest.fail("needs root and unshare(1) (util-linux) for a PID namespace of its own")
+        process, directory = holder
+        # In the cleaner's own PID namespace the holder's process id names nobody.
+        _clean(tmp_path, "unshare", "-p", "-f", "--mount-proc")
+        assert directory.is_dir()
+        assert _finish(process) == "a private copy\n"
 
 
 def test_a_live_directory_whose_name_gives_a_process_that_is_not_here_is_kept(
     holder: tuple[subprocess.Popen[str], Path], tmp_path: Path
 ) -> None:
-    process, directory = holder
-    # As seen from another namespace: the name's process id is nobody's here.
-    nobody = int(Path("/proc/sys/kernel/pid_max").read_text())  # above every process id
-    moved = tmp_path / f"{_files.SNAPSHOT_PREFIX}{nobody}.moved"
-    directory.rename(moved)
-    _clean(tmp_path)
-    assert moved.is_dir()
-    assert _finish(process) == "moved\n"
-    # Its holder is gone (the lock with it): the next cleaner removes it.
-    _clean(tmp_path)
-    assert not moved.exists()
+    with one_trial(*_ROW):
+        process, directory = holder
+        # As seen from another namespace: the name's process id is nobody's here.
+        nobody = int(Path("/proc/sys/kernel/pid_max").read_text())  # above every process id
+        moved = tmp_path / f"{_files.SNAPSHOT_PREFIX}{nobody}.moved"
+        directory.rename(moved)
+        _clean(tmp_path)
+        assert moved.is_dir()
+        assert _finish(process) == "moved\n"
+        # Its holder is gone (the lock with it): the next cleaner removes it.
+        _clean(tmp_path)
+        assert not moved.exists()
 
 
 def test_a_directory_whose_holder_was_killed_is_removed_even_if_its_pid_is_alive(
     holder: tuple[subprocess.Popen[str], Path], tmp_path: Path
 ) -> None:
-    process, directory = holder
-    process.kill()
-    process.wait(timeout=60)
-    # Its name now gives a live process here (ours): the lock, free, says it is stale.
-    renamed = tmp_path / f"{_files.SNAPSHOT_PREFIX}{os.getppid()}.reused"
-    directory.rename(renamed)
-    _clean(tmp_path)
-    assert not renamed.exists()
+    with one_trial(*_ROW):
+        process, directory = holder
+        process.kill()
+        process.wait(timeout=60)
+        # Its name now gives a live process here (ours): the lock, free, says it is stale.
+        renamed = tmp_path / f"{_files.SNAPSHOT_PREFIX}{os.getppid()}.reused"
+        directory.rename(renamed)
+        _clean(tmp_path)
+        assert not renamed.exists()
