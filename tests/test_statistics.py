@@ -802,3 +802,15 @@ async def test_a_flush_cancelled_while_a_slice_is_written_counts_it_once(
         assert 0 < len(stored_counts(env.path)) < 50
         assert await env.flush_statistics()
         assert stored_counts(env.path) == {name: (3, 1, 0) for name in names}
+
+
+def test_an_origin_shows_as_its_name_for_json_keys_and_text() -> None:
+    """`str()` of an origin is its name, so hits_by_origin keyed by it reads in JSON."""
+    import json
+
+    counts = {Origin.LOCAL: 1, Origin.IMPORTED: 4, Origin.REMOTE: 2}
+    assert json.dumps({str(o): h for o, h in counts.items()}) == (
+        '{"local": 1, "imported": 4, "remote": 2}'
+    )
+    assert f"{Origin.REMOTE} hits" == "remote hits"
+    assert int(Origin.IMPORTED) == 1 and Origin(2) is Origin.REMOTE

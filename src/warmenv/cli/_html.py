@@ -82,7 +82,7 @@ def page(environment: str, stats: EnvironmentStatistics, origins: Sequence[Origi
         (
             namespace_label(n.namespace, text=n.text),
             [
-                (origin.name.lower(), float(n.hits_by_origin.get(origin, 0)), _COLOURS[origin])
+                (str(origin), float(n.hits_by_origin.get(origin, 0)), _COLOURS[origin])
                 for origin in origins
             ],
         )
@@ -107,8 +107,7 @@ def page(environment: str, stats: EnvironmentStatistics, origins: Sequence[Origi
         "<h2>Hits by origin, per namespace</h2>",
         "<p>"
         + " ".join(
-            f'<span style="color:{_COLOURS[origin]}">&#9632; {origin.name.lower()}</span>'
-            for origin in origins
+            f'<span style="color:{_COLOURS[origin]}">&#9632; {origin}</span>' for origin in origins
         )
         + "</p>",
         _chart("hits by origin per namespace", hits_rows, "hits", "hits", one="hit")

@@ -67,6 +67,13 @@ class Origin(enum.IntEnum):
     REMOTE = 2
     """Fetched from the shared tier (Redis) after a local miss."""
 
+    def __str__(self) -> str:
+        """The origin's name as shown and as a JSON key: "local", "imported", "remote".
+
+        An `IntEnum` shows as its number ("0"); the number is what is stored (`int(origin)`).
+        """
+        return self.name.lower()
+
 
 def may_replace(existing: int, incoming: int) -> bool:
     """The insert rule: may a value of origin `incoming` replace one of `existing`?
