@@ -290,11 +290,12 @@ async def stopped_mid_run(
                         took = time.monotonic() - started
                         assert took < 1.5
                         slowest = max(slowest, took)
-                assert len([r for r in caplog.records if "unavailable" in r.message]) == 1
+                outage = [r for r in caplog.records if "unavailable" in r.message]
+                assert [r.levelno for r in outage] == [logging.WARNING]
                 assert a.remote is not None and a.remote.statistics().outages == 1
                 await anyio.to_thread.run_sync(server.start)
                 # The tier retries after its backoff; poll (bounded) until it does.
-                with anyio.fail_after(10):
+                with anyio.fail_after(10), caplog.at_level(logging.INFO, logger="warmenv.remote"):
                     i = 0
                     while (
                         not a.remote.statistics().available or a.remote.statistics().published < 2
@@ -302,6 +303,9 @@ async def stopped_mid_run(
                         await store.insert(f"after-{i}", i)
                         i += 1
                         await anyio.sleep(0.05)
+                # A recovery is news, not a problem: one line, at INFO.
+                recovery = [r for r in caplog.records if "answers again" in r.message]
+                assert [r.levelno for r in recovery] == [logging.INFO]
             async with open_environment("fleet", root=here / "b", remote=server.url) as b:
                 later: Store[str, Any] = await b.store(NS, mode=CacheMode.LAZY)
                 assert await later.get(f"after-{i - 1}") == i - 1

@@ -610,7 +610,7 @@ class RemoteTier:
 
     def _recovered(self) -> None:
         if self._delay:
-            log.warning("%s answers again; using the shared tier", self.describe())
+            log.info("%s answers again; using the shared tier", self.describe())
             self._delay = 0.0
             self._retry_at = 0.0
             self._unanswered = False
