@@ -7,8 +7,10 @@ loop's own clock counts that wait against the server and calls a healthy Redis
 an outage, and an outage turns a fleet's lease into a local computation. So
 the tier's deadlines run on this clock: wall time less the time the loop was
 seen running late. While a bounded call is in flight a ticker asks to be woken
-every `TICK`; each wake-up that comes later than asked adds its lateness to
-the lag. A call's deadline falls due once the server has had `timeout` seconds
+every `TICK`; a wake-up that comes later than asked adds its lateness to the
+lag, and one a tick or more late adds the whole interval (the loop was busy
+throughout, as far as can be told: a burst of our own calls, or threads
+holding the GIL). A call's deadline falls due once the server has had `timeout` seconds
 of a loop that was ready to read its answer, however long that took in wall
 time.
 
@@ -83,9 +85,13 @@ class LoopClock:
                 await self._wake.wait()
             asked = time.monotonic()
             await anyio.sleep(TICK)
-            late = time.monotonic() - asked - TICK
-            if late > 0:
-                self._lag += late
+            took = time.monotonic() - asked
+            if took >= 2 * TICK:
+                # Late by a tick or more: the loop was busy, as far as can be told, the
+                # whole time (an answer it could have read would have ended the call).
+                self._lag += took
+            elif took > TICK:
+                self._lag += took - TICK
             now = self.now()
             for scope, due in list(self._due.items()):
                 if now >= due:
