@@ -200,6 +200,12 @@ def test_a_schema_that_is_too_new_is_refused_by_one_check() -> None:
     assert len(found) == 1, f"the 'written by a newer warmenv' check is written in {found}"
 
 
+def test_which_files_are_environments_is_decided_in_one_module() -> None:
+    # The mark (`PRAGMA application_id`) and the proof that a file is ours.
+    found = _where(_string(r"application_id"))
+    _one_home(found, "warmenv.persistence.sqlite.opening", "the environment file's mark")
+
+
 def test_file_kinds_are_named_in_one_table() -> None:
     kinds = ("S_ISFIFO", "S_ISSOCK", "S_ISCHR", "S_ISBLK", "S_IFIFO", "S_IFSOCK", "S_IFCHR")
     found: dict[str, int] = {}

@@ -29,6 +29,7 @@ from warmenv import (
 )
 from warmenv.environment import Degraded, Fallback
 from warmenv.persistence import Origin, SqliteStorage
+from warmenv.persistence.sqlite.opening import APPLICATION_ID
 
 pytestmark = pytest.mark.anyio
 
@@ -117,9 +118,14 @@ async def test_the_default_comes_from_configuration(
         assert env.path == tmp_path / "cfg" / "from-config.db"
 
 
-async def test_an_unknown_older_schema_is_dropped_and_rebuilt_with_one_warning(root: Path) -> None:
+async def test_an_unknown_older_schema_of_our_own_file_is_dropped_and_rebuilt_with_one_warning(
+    root: Path,
+) -> None:
+    # Ours by its mark; a file that is not (no application_id, not our exact
+    # meta and schema) is refused and kept: tests/test_ownership.py.
     root.mkdir(parents=True)
     with sqlite3.connect(root / "old.db") as conn:
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         conn.execute("CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
         conn.execute("INSERT INTO meta VALUES ('schema_version', '0')")
         conn.execute("CREATE TABLE entries (namespace TEXT, key BLOB, value BLOB)")

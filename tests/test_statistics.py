@@ -19,6 +19,7 @@ from warmenv import Environment, open_environment
 from warmenv.config import ConfigError, load_config
 from warmenv.persistence import BytesCodec, JsonCodec, Origin
 from warmenv.persistence.sqlite.database import SqliteDatabase
+from warmenv.persistence.sqlite.opening import APPLICATION_ID
 from warmenv.persistence.statistics import Batch, Cursor, Pending
 from warmenv.persistence.storage import BundleRef, Stored
 from warmenv.persistence.store import CacheMode, Store
@@ -438,6 +439,10 @@ async def test_a_hit_on_any_str_key_counts_what_its_entry_saved(
     with sqlite3.connect(path) as conn:
         conn.execute(f"PRAGMA encoding = '{encoding}'")
         conn.execute("CREATE TABLE unrelated (x)")  # the encoding is fixed by the first table
+        conn.execute("DROP TABLE unrelated")
+        # Marked as an environment (empty): warmenv makes its tables in it. Unmarked,
+        # it is not warmenv's and is refused (tests/test_ownership.py).
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
     conn.close()
     codec: JsonCodec[str, int] = JsonCodec()
     async with open_environment("e", root=root) as env:

@@ -8,7 +8,14 @@ from __future__ import annotations
 from warmenv._errors import ClosedError, WarmenvError, WarmenvWarning
 from warmenv._version import __version__
 from warmenv.config import Config, ConfigError, load_config
-from warmenv.environment import Environment, activate, active, open_environment, set_root
+from warmenv.environment import (
+    Environment,
+    NotAnEnvironmentError,
+    activate,
+    active,
+    open_environment,
+    set_root,
+)
 from warmenv.persistence import (
     MISSING,
     BytesCodec,
@@ -49,6 +56,7 @@ __all__ = [
     "Missing",
     "Namespace",
     "NamespaceSummary",
+    "NotAnEnvironmentError",
     "Origin",
     "Purged",
     "RemoteSettings",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import sqlite3
 import threading
 import warnings
@@ -47,6 +48,7 @@ from warmenv.persistence.sqlite.database import (
     open_database,
     why_unusable,
 )
+from warmenv.persistence.sqlite.opening import NotAnEnvironmentError
 from warmenv.persistence.sqlite.storage import SqlStorage
 from warmenv.persistence.statistics import (
     Batch,
@@ -71,6 +73,7 @@ __all__ = [
     "Degraded",
     "Environment",
     "Fallback",
+    "NotAnEnvironmentError",
     "activate",
     "active",
     "open_environment",
@@ -502,6 +505,7 @@ async def open_environment(
     root: str | Path | None = None,
     file: str | Path | None = None,
     create: bool = True,
+    read_only: bool = False,
     max_bytes: int | None = None,
     remote: str | RemoteSettings | None = None,
     statistics: bool = True,
@@ -511,12 +515,14 @@ async def open_environment(
     `name` and `root` default to `active()`; `file` opens that database file
     instead of `<root>/<name>.db`. With `create=False` an environment that
     does not exist yet raises `FileNotFoundError` and nothing is created (for
-    callers that only read, such as `warmenv ls`). `max_bytes` bounds the
-    entries' size (keys plus values): past it, the least recently hit are
-    evicted on `env.gc()` and at the latest on close (default: the
-    configured `max_bytes`). With `statistics` (the default) stores count
-    their hits and misses, flushed every few seconds by a background task
-    of this block and on close.
+    callers that only read, such as `warmenv ls`); with `read_only=True`
+    nothing is created, upgraded or written either (`env.read_only`). A file
+    warmenv cannot prove is its own raises `NotAnEnvironmentError`, left as
+    it is. `max_bytes` bounds the entries' size (keys plus values): past it,
+    the least recently hit are evicted on `env.gc()` and at the latest on
+    close (default: the configured `max_bytes`). With `statistics` (the
+    default) stores count their hits and misses, flushed every few seconds
+    by a background task of this block and on close.
 
     `remote` is a `redis://` or `rediss://` URL (or `RemoteSettings` to tune
     timeouts and caps) for the fleet's shared tier; `None` means the
@@ -527,7 +533,15 @@ async def open_environment(
     check_max_bytes(max_bytes)
     config = None if remote is not None else await anyio.to_thread.run_sync(load_config)
     settings = remote_settings(remote if config is None else config.remote or "")
-    opened = await _open(name, root, file, create=create, max_bytes=max_bytes, config=config)
+    opened = await _open(
+        name,
+        root,
+        file,
+        create=create and not read_only,
+        read_only=read_only,
+        max_bytes=max_bytes,
+        config=config,
+    )
     tier = AsyncExitStack()
     # The block's own exception leaves unwrapped: it is caught inside the task
     # group (which would put it in an exception group on trio) and raised after.
@@ -615,11 +629,12 @@ async def _open(
     file: str | Path | None,
     *,
     create: bool = True,
+    read_only: bool = False,
     max_bytes: int | None = None,
     config: Config | None = None,
 ) -> _Opened:
     env_name, path = _locate(name, root, file)
-    if not create and not await anyio.to_thread.run_sync(path.is_file):
+    if not create and not await anyio.to_thread.run_sync(os.path.lexists, path):
         raise FileNotFoundError(
             errno.ENOENT, f"no environment {env_name!r} (no file {path})", str(path)
         )
@@ -633,7 +648,7 @@ async def _open(
     try:
         if create:
             await anyio.to_thread.run_sync(partial(path.parent.mkdir, parents=True, exist_ok=True))
-        db = await open_database(path, create=create)
+        db = await open_database(path, create=create, read_only=read_only)
     except (OSError, sqlite3.Error) as exc:
         reason = await anyio.to_thread.run_sync(why_unusable, path, exc)
         warnings.warn(
@@ -643,7 +658,7 @@ async def _open(
             stacklevel=4,
         )
         db = memory_database(Degraded(Fallback.MEMORY, reason))
-    if db.read_only:
+    if db.degraded is not None and db.read_only:
         log.warning("%s opened read-only: reads are served, writes will fail", path)
     return _Opened(env_name, path, db, max_bytes)
 

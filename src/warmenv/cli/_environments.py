@@ -21,7 +21,13 @@ import anyio.to_thread
 
 from warmenv.cli._errors import Failure, UsageError
 from warmenv.config import check_name
-from warmenv.environment import Degraded, Environment, Fallback, open_environment
+from warmenv.environment import (
+    Degraded,
+    Environment,
+    Fallback,
+    NotAnEnvironmentError,
+    open_environment,
+)
 from warmenv.remote import RemoteTier
 
 if TYPE_CHECKING:
@@ -36,6 +42,9 @@ async def environment(
 
     `create=False` (commands that only read, and purge) never creates a file
     or directory: a missing environment is a `Failure` naming what exists.
+    A command that neither creates nor writes opens it `read_only`: nothing
+    is upgraded, converted or written. A file that is not warmenv's is a
+    `Failure` naming it, and is left as it is.
     An environment that fell back to memory is refused always (it is not the
     file the user asked about), a read-only one when `write` is asked for.
     """
@@ -52,9 +61,12 @@ async def environment(
                         args.env,
                         root=args.root,
                         create=create,
+                        read_only=not (create or write),
                         remote=getattr(args, "remote", None),
                     )
                 )
+            except NotAnEnvironmentError as exc:
+                raise Failure(_not_ours(exc)) from None
             except FileNotFoundError as exc:
                 if create or not exc.filename:
                     raise
@@ -110,6 +122,14 @@ async def _no_environment(path: Path) -> str:
     names = await anyio.to_thread.run_sync(existing)
     there = f"environments there: {', '.join(names)}" if names else "it holds no environments"
     return f"no environment {path.stem!r} in {path.parent} ({there})"
+
+
+def _not_ours(exc: NotAnEnvironmentError) -> str:
+    name = "" if exc.path is None else f" {exc.path.stem!r}"
+    return (
+        f"cannot use environment{name}: {exc.path} is not a warmenv environment: {exc.why}; "
+        "nothing was done (move it away, or choose another --env)"
+    )
 
 
 def _cannot_use(name: str, degraded: Degraded, write: bool) -> str:

@@ -17,7 +17,7 @@ from typing import final
 
 from warmenv import _sqlite
 from warmenv.persistence.namespace import Namespace
-from warmenv.persistence.sqlite import schema
+from warmenv.persistence.sqlite import opening
 from warmenv.persistence.sqlite.database import Degraded, SqliteDatabase
 from warmenv.persistence.sqlite.storage import SqlStorage
 
@@ -29,7 +29,7 @@ _MEMORY = Path(":memory:")
 def memory_database(degraded: Degraded | None = None) -> SqliteDatabase:
     """A new, empty environment database in process memory (`degraded`: why, if a
     fallback), whose namespaces are `MemoryStorage`s. No event loop needed."""
-    connection, _ = _sqlite.open_memory(schema.prepare_writable)
+    connection, _ = _sqlite.open_memory(opening.prepare_new)
     return SqliteDatabase(
         connection,
         _MEMORY,

@@ -3,7 +3,7 @@
 An environment is one SQLite file in WAL mode: readers carry on while a
 writer commits, and the busy timeout makes writers of several processes
 queue rather than fail. Opening decides once how the file is used: read-write
-(its schema created, checked or upgraded, `schema.prepare_writable`), or
+(proven ours, its schema created, checked or upgraded: `opening`), or
 read-only where it exists and cannot be written (`uris.read_only_uris`), so
 that a read-only container layer serves reads instead of failing every write
 one by one. The database's operations are each one function on the
@@ -16,6 +16,7 @@ import enum
 import errno
 import logging
 import os
+import secrets
 import sqlite3
 import warnings
 from collections.abc import AsyncGenerator, Callable, Iterable
@@ -32,7 +33,7 @@ from warmenv._errors import WarmenvError, WarmenvWarning
 from warmenv._fs import non_regular_kind
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.explain import Explanation, explain
-from warmenv.persistence.sqlite import bulk, eviction, schema, statistics, uris
+from warmenv.persistence.sqlite import bulk, eviction, opening, schema, statistics, uris
 from warmenv.persistence.sqlite.bulk import BulkCopies, CopiedBatch
 from warmenv.persistence.sqlite.storage import SqliteStorage, SqlStorage
 from warmenv.persistence.statistics import (
@@ -323,27 +324,44 @@ class SqliteDatabase:
         return Failed(reason)
 
 
-async def open_database(path: Path, *, create: bool = True) -> SqliteDatabase:
+async def open_database(
+    path: Path, *, create: bool = True, read_only: bool = False
+) -> SqliteDatabase:
     """Open (and if need be create) the database at `path`, read-write if possible.
 
-    Falls back to read-only (`uris.open_uris`) when the file exists but
-    cannot be written. Raises `sqlite3.Error` or `OSError` when neither works.
+    A file that is there must be proven warmenv's (`opening`): anything else
+    raises `NotAnEnvironmentError` and is left as it is. A missing one is
+    created (with `create`) under a private name and linked into place, so
+    no process ever sees it half made. Falls back to read-only
+    (`uris.open_uris`) when the file exists but cannot be written. With
+    `read_only` nothing is created, converted or written: the file is read
+    as it is. Raises `sqlite3.Error` or `OSError` when neither works.
     """
     kind = await anyio.to_thread.run_sync(non_regular_kind, path)
     if kind is not None:  # SQLite would block on a FIFO or read a device forever
         raise OSError(errno.EINVAL, f"{path} is {kind}, not a database file", str(path))
     exists = await anyio.to_thread.run_sync(path.exists)
-    if not exists and not create:
+    if not exists and (read_only or not create):
         raise FileNotFoundError(path)
-    if exists and not await anyio.to_thread.run_sync(uris.writable, path):
+    try:
+        if read_only:
+            return await _open_readonly(path, None, read_write=True)
+        if not exists:
+            await _create(path)
+        return await _open_writable(path)
+    except opening.NotAnEnvironmentError as exc:
+        raise exc.at(path) from None
+
+
+async def _open_writable(path: Path) -> SqliteDatabase:
+    if not await anyio.to_thread.run_sync(uris.writable, path):
         # Never offered to a read-write open: SQLite would quietly open it
         # read-only, leave -wal and -shm files, and accept writes that all fail.
         return await _open_readonly(path, f"{path} is not writable by this process")
     try:
-        connection, prepared = await _sqlite.open_with(str(path), schema.prepare_writable)
+        uri = f"{(await anyio.to_thread.run_sync(path.resolve)).as_uri()}?mode=rw"
+        connection, prepared = await _sqlite.open_with(uri, opening.prepare_writable, uri=True)
     except sqlite3.Error as exc:
-        if not exists:
-            raise
         why = f"opening {path} for writing failed: {exc}"
         if not await anyio.to_thread.run_sync(_may_create_in, path.parent):
             why += f" (its directory {path.parent} is not writable by this process)"
@@ -354,7 +372,7 @@ async def open_database(path: Path, *, create: bool = True) -> SqliteDatabase:
                 f"reads (1 or {schema.ENVIRONMENT_VERSION}); its entries were dropped and "
                 "the table rebuilt",
                 WarmenvWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
         if prepared.upgraded_from is not None:
             log.info(
@@ -367,17 +385,58 @@ async def open_database(path: Path, *, create: bool = True) -> SqliteDatabase:
     return await _open_readonly(path, why)
 
 
-async def _open_readonly(path: Path, why: str) -> SqliteDatabase:
-    """Open an environment that cannot be written (`uris.open_uris`; read-write failed)."""
-    candidates = await anyio.to_thread.run_sync(partial(uris.open_uris, path, read_write=False))
+async def _create(path: Path) -> None:
+    """Make a new environment at `path`: built under a private name, then linked into place.
+
+    The link fails if anything appeared at `path` meanwhile (another process
+    made the environment first, or someone put a file there): what is there
+    is opened, and proven ours, as any existing file is.
+    """
+    private = path.with_name(f".{path.name}.warmenv-new.{os.getpid()}.{secrets.token_hex(4)}")
+    try:
+        connection, _ = await _sqlite.open_with(str(private), opening.prepare_new)
+        await connection.close()  # the last connection: the -wal is checkpointed and removed
+        await anyio.to_thread.run_sync(_link, private, path)
+    finally:
+        await anyio.to_thread.run_sync(_remove, private)
+
+
+def _link(private: Path, path: Path) -> None:
+    try:
+        os.link(private, path)
+    except FileExistsError:
+        pass  # someone else's: opened and checked as an existing file
+    except OSError:
+        # A file system without hard links: only a path still free is taken.
+        if not path.exists() and not path.is_symlink():
+            os.replace(private, path)
+
+
+def _remove(private: Path) -> None:
+    for leftover in (private, *(private.with_name(private.name + s) for s in ("-wal", "-shm"))):
+        leftover.unlink(missing_ok=True)
+
+
+async def _open_readonly(
+    path: Path, why: str | None, *, read_write: bool = False
+) -> SqliteDatabase:
+    """Open an environment only to read it (`uris.open_uris`), writing nothing to it.
+
+    `why` is why it could not be opened for writing (None: reading was asked
+    for, and the environment is not degraded); `read_write` tries `mode=rw`
+    first, where this process may write the file (nothing is written through it).
+    """
+    candidates = await anyio.to_thread.run_sync(
+        partial(uris.open_uris, path, read_write=read_write)
+    )
     error: sqlite3.Error | None = None
     for uri in candidates:
         try:
-            connection, version = await _sqlite.open_with(uri, schema.prepare_readonly, uri=True)
+            connection, version = await _sqlite.open_with(uri, opening.prepare_readonly, uri=True)
         except sqlite3.Error as exc:
             error = exc
             continue
-        degraded = Degraded(Fallback.READ_ONLY, why)
+        degraded = None if why is None else Degraded(Fallback.READ_ONLY, why)
         return SqliteDatabase(connection, path, read_only=True, version=version, degraded=degraded)
     assert error is not None
     raise error

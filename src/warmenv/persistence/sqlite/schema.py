@@ -21,8 +21,6 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-import attrs
-
 from warmenv.persistence.storage import BundleRef, NamespaceSummary, may_replace, wall_clock
 
 __all__ = [
@@ -37,8 +35,6 @@ __all__ = [
     "SCHEMA_VERSION",
     "STATISTICS_TABLES",
     "UPSERT",
-    "NewerSchemaError",
-    "Prepared",
     "bundle_id",
     "create_environment_schema",
     "decode_text",
@@ -54,9 +50,8 @@ __all__ = [
     "namespace_summaries",
     "namespace_totals",
     "prefix_sql",
-    "prepare_readonly",
-    "prepare_writable",
     "range_totals",
+    "set_version",
     "table_names",
     "text_read",
     "transaction",
@@ -80,7 +75,6 @@ META_DDL = "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL
 # environment's next two columns. A file of exactly these columns at schema
 # version 2 (a SQLite bundle of format 2) is read like a version-1 environment.
 CARRIED_COLUMNS = [*ENTRY_COLUMNS, ("written_at", "REAL"), ("cost", "REAL")]
-_CARRIED_VERSION = "2"
 
 # An environment is at version 2: the entry file's columns, then provenance
 # (written_at: unix seconds, NULL for entries that predate version 2; cost:
@@ -153,10 +147,6 @@ UPSERT = (
 )
 INSERT = UPSERT.format(table="entries", source="VALUES (?, ?, ?, ?, ?, ?, ?)")
 """One row under the insert rule: a namespace's writes, an import's rows not copied in bulk."""
-
-
-class NewerSchemaError(sqlite3.DatabaseError):
-    """The file was written by a newer warmenv: left untouched rather than dropped."""
 
 
 def well_typed(alias: str = "") -> str:
@@ -320,81 +310,6 @@ def is_newer(found: object, newest: str) -> bool:
         return False
 
 
-def _check_not_newer(found: str | None) -> None:
-    """Refuse a file of a newer schema: its entries are another warmenv's to keep."""
-    if is_newer(found, ENVIRONMENT_VERSION):
-        raise NewerSchemaError(
-            f"schema version {found!r} was written by a newer warmenv (this one reads "
-            f"versions 1 and {ENVIRONMENT_VERSION}); upgrade warmenv, or delete the file"
-        )
-
-
-def _check_not_bundle(conn: sqlite3.Connection) -> None:
-    if has_meta(conn, "manifest"):
-        raise sqlite3.DatabaseError("it is a bundle, not an environment: import it instead")
-
-
-@attrs.frozen
-class Prepared:
-    """What opening an environment for writing found and did."""
-
-    rebuilt_from: str | None = None
-    """The unreadable version whose entries were dropped (None: nothing dropped)."""
-    upgraded_from: str | None = None
-    """The version upgraded in place (every entry kept)."""
-
-
-def prepare_writable(conn: sqlite3.Connection) -> Prepared:
-    """Create, check or upgrade an environment's schema, in one transaction.
-
-    Version 1 is upgraded in place (every entry and origin kept); a version
-    this warmenv does not know and that is not newer (0, missing, garbage) is
-    dropped and rebuilt as in 0.1; a newer version raises `NewerSchemaError`
-    and the file is left as it is. One transaction: a process killed half-way
-    leaves the file at the version it had.
-    """
-    _refuse_early(conn)  # before WAL mode changes the file's header
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    install_functions(conn)
-
-    def body(conn: sqlite3.Connection) -> Prepared:
-        tables = table_names(conn)
-        if not ({"meta", "entries"} & tables):
-            create_environment_schema(conn)
-            _set_version(conn)
-            return Prepared()
-        if "meta" in tables:
-            found = schema_version(conn)
-            _check_not_newer(found)
-        else:
-            found = None
-        version = environment_version(conn) if {"meta", "entries"} <= tables else None
-        if version == 2:
-            if not STATISTICS_TABLES | {IMPORTS_TABLE} <= tables:
-                create_statistics_schema(conn)
-            return Prepared()
-        if version == 1:
-            _check_not_bundle(conn)
-            upgrade_1_to_2(conn)
-            return Prepared(upgraded_from=SCHEMA_VERSION)
-        conn.execute("DROP TABLE IF EXISTS entries")
-        conn.execute("DROP TABLE IF EXISTS bundles")
-        create_environment_schema(conn)
-        _set_version(conn)
-        return Prepared(rebuilt_from=repr(found))
-
-    return transaction(conn, body)
-
-
-def _refuse_early(conn: sqlite3.Connection) -> None:
-    """Leave a newer environment or a bundle byte for byte as it is: refuse before writing."""
-    if "meta" not in table_names(conn):
-        return
-    _check_not_newer(schema_version(conn))
-    _check_not_bundle(conn)  # of either format: a format-2 bundle says schema_version 2
-
-
 def upgrade_1_to_2(conn: sqlite3.Connection) -> None:
     """Add the provenance columns and the bundles table (inside the caller's transaction).
 
@@ -410,31 +325,13 @@ def upgrade_1_to_2(conn: sqlite3.Connection) -> None:
     conn.execute(
         "INSERT OR REPLACE INTO meta (k, v) VALUES ('upgraded_at', ?)", (repr(wall_clock()),)
     )
-    _set_version(conn)
+    set_version(conn)
 
 
-def _set_version(conn: sqlite3.Connection) -> None:
+def set_version(conn: sqlite3.Connection) -> None:
     conn.execute(
         "INSERT OR REPLACE INTO meta (k, v) VALUES ('schema_version', ?)", (ENVIRONMENT_VERSION,)
     )
-
-
-def prepare_readonly(conn: sqlite3.Connection) -> int:
-    """Check that a file opened read-only is an environment; its version (1 or 2).
-
-    A version-1 file that cannot be written (a read-only layer) is read as
-    it is: reads work, provenance beyond the origin is unknown. So is a
-    bundle (never opened for writing), of format 1 or 2.
-    """
-    install_functions(conn)
-    found = schema_version(conn)
-    _check_not_newer(found)
-    version = environment_version(conn)
-    if version is None and found == _CARRIED_VERSION and entry_columns(conn) == CARRIED_COLUMNS:
-        version = 1  # a bundle of format 2: its entries, read like a version-1 file's
-    if version is None:
-        raise sqlite3.DatabaseError(f"schema version {found!r}, not {ENVIRONMENT_VERSION}")
-    return version
 
 
 _TOTAL_BYTES = "coalesce(sum(length(key) + length(value)), 0)"  # keys plus values
