@@ -70,7 +70,7 @@ def reliability(session: nox.Session) -> None:
             "full_disk or read_only or pickle",
         ],
         # Files that are not warmenv's, refused and left as they were (issue 22).
-        ["tests/test_ownership.py"],
+        ["tests/test_ownership.py", "tests/test_busy.py"],
     ]
     # A selection may match nothing in one of the runs (pytest's exit code 5).
     selected = [0, 5] if session.posargs else [0]

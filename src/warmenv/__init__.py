@@ -10,6 +10,7 @@ from warmenv._version import __version__
 from warmenv.config import Config, ConfigError, load_config
 from warmenv.environment import (
     Environment,
+    EnvironmentLockedError,
     NotAnEnvironmentError,
     activate,
     active,
@@ -48,6 +49,7 @@ __all__ = [
     "ConfigError",
     "Conflict",
     "Environment",
+    "EnvironmentLockedError",
     "Failed",
     "InsertSummary",
     "Insertion",

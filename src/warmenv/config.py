@@ -17,6 +17,7 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,9 @@ _KEYS = (
     "remote",
     "trusted_keys",
     "require_signature",
+    "lock_timeout",
 )
+DEFAULT_LOCK_TIMEOUT = 30.0
 
 
 class ConfigError(WarmenvError):
@@ -79,6 +82,8 @@ class Config:
     """The keys trusted to sign the bundles imported here (`warmenv.bundle.signing`)."""
     require_signature: bool = False
     """Whether an import refuses a bundle not signed by one of `trusted_keys`."""
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+    """Seconds `open_environment` (and every write) waits for another process's lock."""
 
 
 def is_valid_name(name: object) -> bool:
@@ -132,6 +137,9 @@ def load_config(start: Path | None = None) -> Config:
         settings.get("trusted_keys", []), f"{where}: key 'trusted_keys'", base
     )
     require_signature = _flag(settings.get("require_signature", False), where)
+    lock_timeout = _lock_timeout(
+        settings.get("lock_timeout", DEFAULT_LOCK_TIMEOUT), f"{where}: key 'lock_timeout'"
+    )
 
     if (env_root := os.environ.get("WARMENV_ROOT")) is not None:
         root = _root(env_root, "the environment variable WARMENV_ROOT", None, Path.cwd(), here)
@@ -148,7 +156,10 @@ def load_config(start: Path | None = None) -> Config:
         )
     if (env_require := os.environ.get("WARMENV_REQUIRE_SIGNATURE")) is not None:
         require_signature = _flag_variable(env_require)
+    if (env_lock := os.environ.get("WARMENV_LOCK_TIMEOUT")) is not None:
+        lock_timeout = _lock_timeout(env_lock, "the environment variable WARMENV_LOCK_TIMEOUT")
     return Config(
+        lock_timeout=lock_timeout,
         root=root,
         environment=environment,
         stream_policy=stream_policy,
@@ -259,6 +270,23 @@ def _max_bytes(value: object, where: str) -> int | None:
     )
 
 
+def _is_seconds(value: object) -> bool:
+    """Whether `value` is a duration in seconds: a finite number >= 0 (not a bool)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e308
+
+
+def _lock_timeout(value: object, label: str) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if _is_seconds(value):
+        assert isinstance(value, int | float)
+        return float(value)
+    raise ConfigError(f"{label} must be seconds (a number >= 0, such as 30 or 0.5), got {value!r}")
+
+
 def _remote(value: object, label: str) -> str | None:
     """The URL of the configured shared tier; `None` (absent or `""`) for none."""
     if value is None or value == "":
@@ -310,3 +338,27 @@ def _flag_variable(value: str) -> bool:
         f"the environment variable WARMENV_REQUIRE_SIGNATURE must be 1 or 0 (true or "
         f"false), got {clean(value)!r}"
     )
+
+
+def check_max_bytes(max_bytes: object) -> int | None:
+    if max_bytes is None:
+        return None
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+        raise ValueError(f"max_bytes must be an int >= 0 (bytes) or None, got {max_bytes!r}")
+    return max_bytes
+
+
+def check_older_than(older_than: object) -> float | None:
+    if older_than is None:
+        return None
+    if isinstance(older_than, timedelta):
+        older_than = older_than.total_seconds()
+    if isinstance(older_than, bool) or not isinstance(older_than, int | float) or older_than < 0:
+        raise ValueError(f"older_than must be seconds >= 0 or a timedelta, got {older_than!r}")
+    return float(older_than)
+
+
+def check_lock_timeout(lock_timeout: object) -> float | None:
+    if lock_timeout is not None and not _is_seconds(lock_timeout):
+        raise ValueError(f"lock_timeout must be seconds >= 0 (finite), got {lock_timeout!r}")
+    return None if lock_timeout is None else float(lock_timeout)  # type: ignore[arg-type]

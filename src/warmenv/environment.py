@@ -33,7 +33,14 @@ import attrs
 
 from warmenv._errors import ClosedError, WarmenvError, WarmenvWarning
 from warmenv._fs import expand_home
-from warmenv.config import Config, check_name, load_config
+from warmenv.config import (
+    Config,
+    check_lock_timeout,
+    check_max_bytes,
+    check_name,
+    check_older_than,
+    load_config,
+)
 from warmenv.persistence import statistics as _statistics
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.codec import Codec
@@ -48,7 +55,7 @@ from warmenv.persistence.sqlite.database import (
     open_database,
     why_unusable,
 )
-from warmenv.persistence.sqlite.opening import NotAnEnvironmentError
+from warmenv.persistence.sqlite.opening import EnvironmentLockedError, NotAnEnvironmentError
 from warmenv.persistence.sqlite.storage import SqlStorage
 from warmenv.persistence.statistics import (
     Batch,
@@ -72,6 +79,7 @@ from warmenv.stream import apply_config, policy_chosen
 __all__ = [
     "Degraded",
     "Environment",
+    "EnvironmentLockedError",
     "Fallback",
     "NotAnEnvironmentError",
     "activate",
@@ -509,6 +517,7 @@ async def open_environment(
     max_bytes: int | None = None,
     remote: str | RemoteSettings | None = None,
     statistics: bool = True,
+    lock_timeout: float | None = None,
 ) -> AsyncIterator[Environment]:
     """Open an environment for the duration of the block.
 
@@ -522,7 +531,9 @@ async def open_environment(
     the least recently hit are evicted on `env.gc()` and at the latest on
     close (default: the configured `max_bytes`). With `statistics` (the
     default) stores count their hits and misses, flushed every few seconds
-    by a background task of this block and on close.
+    by a background task of this block and on close. `lock_timeout`: seconds
+    the open and each write wait for another process's lock (default: the
+    configured one, 30); past it the open raises `EnvironmentLockedError`.
 
     `remote` is a `redis://` or `rediss://` URL (or `RemoteSettings` to tune
     timeouts and caps) for the fleet's shared tier; `None` means the
@@ -531,6 +542,7 @@ async def open_environment(
     tier connects on first use and falls back to local.
     """
     check_max_bytes(max_bytes)
+    check_lock_timeout(lock_timeout)
     config = None if remote is not None else await anyio.to_thread.run_sync(load_config)
     settings = remote_settings(remote if config is None else config.remote or "")
     opened = await _open(
@@ -540,6 +552,7 @@ async def open_environment(
         create=create and not read_only,
         read_only=read_only,
         max_bytes=max_bytes,
+        lock_timeout=lock_timeout,
         config=config,
     )
     tier = AsyncExitStack()
@@ -631,6 +644,7 @@ async def _open(
     create: bool = True,
     read_only: bool = False,
     max_bytes: int | None = None,
+    lock_timeout: float | None = None,
     config: Config | None = None,
 ) -> _Opened:
     env_name, path = _locate(name, root, file)
@@ -638,17 +652,21 @@ async def _open(
         raise FileNotFoundError(
             errno.ENOENT, f"no environment {env_name!r} (no file {path})", str(path)
         )
-    if not policy_chosen() or max_bytes is None:
+    if not policy_chosen() or max_bytes is None or lock_timeout is None:
         if config is None:  # not read yet by the caller
             config = await anyio.to_thread.run_sync(load_config)
         if not policy_chosen():  # the configured stream_policy, unless code chose one
             apply_config(config, chosen=False)
         if max_bytes is None:
             max_bytes = config.max_bytes
+        if lock_timeout is None:
+            lock_timeout = config.lock_timeout
     try:
         if create:
             await anyio.to_thread.run_sync(partial(path.parent.mkdir, parents=True, exist_ok=True))
-        db = await open_database(path, create=create, read_only=read_only)
+        db = await open_database(
+            path, create=create, read_only=read_only, lock_timeout=lock_timeout
+        )
     except (OSError, sqlite3.Error) as exc:
         reason = await anyio.to_thread.run_sync(why_unusable, path, exc)
         warnings.warn(
@@ -679,21 +697,3 @@ class _Opened:
     path: Path
     db: SqliteDatabase
     max_bytes: int | None
-
-
-def check_max_bytes(max_bytes: object) -> int | None:
-    if max_bytes is None:
-        return None
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
-        raise ValueError(f"max_bytes must be an int >= 0 (bytes) or None, got {max_bytes!r}")
-    return max_bytes
-
-
-def check_older_than(older_than: object) -> float | None:
-    if older_than is None:
-        return None
-    if isinstance(older_than, timedelta):
-        older_than = older_than.total_seconds()
-    if isinstance(older_than, bool) or not isinstance(older_than, int | float) or older_than < 0:
-        raise ValueError(f"older_than must be seconds >= 0 or a timedelta, got {older_than!r}")
-    return float(older_than)

@@ -66,13 +66,19 @@ class Connection(Protocol):
         ...
 
 
-async def connect(target: str, *, uri: bool = False) -> Connection:
-    """Open `target` on a worker thread suited to the running event loop."""
+async def connect(
+    target: str, *, uri: bool = False, busy_timeout: float = BUSY_TIMEOUT_SECONDS
+) -> Connection:
+    """Open `target` on a worker thread suited to the running event loop.
+
+    `busy_timeout` (seconds) is how long a statement waits for another process's
+    lock before it fails with `SQLITE_BUSY`.
+    """
     connector = partial(
         sqlite3.connect,
         target,
         uri=uri,
-        timeout=BUSY_TIMEOUT_SECONDS,
+        timeout=busy_timeout,
         isolation_level=None,  # warmenv issues BEGIN/COMMIT itself
         check_same_thread=False,
         cached_statements=256,
@@ -106,14 +112,18 @@ def open_file(uri: str) -> sqlite3.Connection:
 
 
 async def open_with(
-    target: str, prepare: Callable[[sqlite3.Connection], T], *, uri: bool = False
+    target: str,
+    prepare: Callable[[sqlite3.Connection], T],
+    *,
+    uri: bool = False,
+    busy_timeout: float = BUSY_TIMEOUT_SECONDS,
 ) -> tuple[Connection, T]:
     """Connect, then run `prepare` on the new connection (a schema check, say).
 
     If `prepare` fails or the caller is cancelled, the connection is closed
     before the exception goes on: an open that did not finish leaks nothing.
     """
-    connection = await connect(target, uri=uri)
+    connection = await connect(target, uri=uri, busy_timeout=busy_timeout)
     try:
         return connection, await connection.run(prepare)
     except BaseException:

@@ -62,6 +62,7 @@ def open_environment(
     max_bytes: int | None = None,
     remote: str | RemoteSettings | None = None,
     statistics: bool = True,
+    lock_timeout: float | None = None,
 ) -> Iterator[BlockingEnvironment]:
     """Open an environment for the duration of the block, from synchronous code.
 
@@ -82,6 +83,7 @@ def open_environment(
         max_bytes=max_bytes,
         remote=remote,
         statistics=statistics,
+        lock_timeout=lock_timeout,
     )
     lifetime = _Lifetime()
     with loop.entered(opening) as env:

@@ -325,7 +325,11 @@ class SqliteDatabase:
 
 
 async def open_database(
-    path: Path, *, create: bool = True, read_only: bool = False
+    path: Path,
+    *,
+    create: bool = True,
+    read_only: bool = False,
+    lock_timeout: float = _sqlite.BUSY_TIMEOUT_SECONDS,
 ) -> SqliteDatabase:
     """Open (and if need be create) the database at `path`, read-write if possible.
 
@@ -335,7 +339,10 @@ async def open_database(
     no process ever sees it half made. Falls back to read-only
     (`uris.open_uris`) when the file exists but cannot be written. With
     `read_only` nothing is created, converted or written: the file is read
-    as it is. Raises `sqlite3.Error` or `OSError` when neither works.
+    as it is. `lock_timeout` (seconds) bounds every wait for another
+    process's lock, the open's included: past it the open raises
+    `EnvironmentLockedError` (busy is not read-only, and is never taken for
+    it). Raises `sqlite3.Error` or `OSError` when neither works.
     """
     kind = await anyio.to_thread.run_sync(non_regular_kind, path)
     if kind is not None:  # SQLite would block on a FIFO or read a device forever
@@ -345,23 +352,31 @@ async def open_database(
         raise FileNotFoundError(path)
     try:
         if read_only:
-            return await _open_readonly(path, None, read_write=True)
+            return await _open_readonly(path, None, lock_timeout, read_write=True)
         if not exists:
             await _create(path)
-        return await _open_writable(path)
+        return await _open_writable(path, lock_timeout)
     except opening.NotAnEnvironmentError as exc:
         raise exc.at(path) from None
+    except sqlite3.Error as exc:
+        if opening.is_busy(exc):
+            raise opening.EnvironmentLockedError(path, lock_timeout) from None
+        raise
 
 
-async def _open_writable(path: Path) -> SqliteDatabase:
+async def _open_writable(path: Path, lock_timeout: float) -> SqliteDatabase:
     if not await anyio.to_thread.run_sync(uris.writable, path):
         # Never offered to a read-write open: SQLite would quietly open it
         # read-only, leave -wal and -shm files, and accept writes that all fail.
-        return await _open_readonly(path, f"{path} is not writable by this process")
+        return await _open_readonly(path, f"{path} is not writable by this process", lock_timeout)
     try:
         uri = f"{(await anyio.to_thread.run_sync(path.resolve)).as_uri()}?mode=rw"
-        connection, prepared = await _sqlite.open_with(uri, opening.prepare_writable, uri=True)
+        connection, prepared = await _sqlite.open_with(
+            uri, opening.prepare_writable, uri=True, busy_timeout=lock_timeout
+        )
     except sqlite3.Error as exc:
+        if opening.is_busy(exc):
+            raise  # another process's lock: not a reason to open read-only
         why = f"opening {path} for writing failed: {exc}"
         if not await anyio.to_thread.run_sync(_may_create_in, path.parent):
             why += f" (its directory {path.parent} is not writable by this process)"
@@ -382,7 +397,7 @@ async def _open_writable(path: Path) -> SqliteDatabase:
                 schema.ENVIRONMENT_VERSION,
             )
         return SqliteDatabase(connection, path, read_only=False)
-    return await _open_readonly(path, why)
+    return await _open_readonly(path, why, lock_timeout)
 
 
 async def _create(path: Path) -> None:
@@ -418,7 +433,7 @@ def _remove(private: Path) -> None:
 
 
 async def _open_readonly(
-    path: Path, why: str | None, *, read_write: bool = False
+    path: Path, why: str | None, lock_timeout: float, *, read_write: bool = False
 ) -> SqliteDatabase:
     """Open an environment only to read it (`uris.open_uris`), writing nothing to it.
 
@@ -432,8 +447,12 @@ async def _open_readonly(
     error: sqlite3.Error | None = None
     for uri in candidates:
         try:
-            connection, version = await _sqlite.open_with(uri, opening.prepare_readonly, uri=True)
+            connection, version = await _sqlite.open_with(
+                uri, opening.prepare_readonly, uri=True, busy_timeout=lock_timeout
+            )
         except sqlite3.Error as exc:
+            if opening.is_busy(exc):
+                raise
             error = exc
             continue
         degraded = None if why is None else Degraded(Fallback.READ_ONLY, why)

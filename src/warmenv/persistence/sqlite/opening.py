@@ -36,12 +36,14 @@ from warmenv.persistence.sqlite.schema import (
 
 __all__ = [
     "APPLICATION_ID",
+    "EnvironmentLockedError",
     "NewerSchemaError",
     "NotAnEnvironmentError",
     "Prepared",
     "prepare_new",
     "prepare_readonly",
     "prepare_writable",
+    "is_busy",
 ]
 
 APPLICATION_ID = 0x5741524D
@@ -68,6 +70,27 @@ class NotAnEnvironmentError(WarmenvError):
     def at(self, path: Path) -> NotAnEnvironmentError:
         """The same refusal, naming `path`."""
         return NotAnEnvironmentError(self.why, path)
+
+
+class EnvironmentLockedError(WarmenvError):
+    """Another process held the environment locked for longer than the lock timeout.
+
+    Busy is not read-only: nothing was opened, and the next open, once the
+    other process is done, opens the file as it is.
+    """
+
+    def __init__(self, path: Path, timeout: float) -> None:
+        self.path = path
+        self.timeout = timeout
+        super().__init__(
+            f"{path} is locked by another process (waited {timeout:g} s, the lock_timeout); "
+            "retry when it is done, or allow a longer lock_timeout"
+        )
+
+
+def is_busy(exc: sqlite3.Error) -> bool:
+    """Whether SQLite gave up waiting for another connection's lock (`SQLITE_BUSY`)."""
+    return getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_BUSY
 
 
 class NewerSchemaError(sqlite3.DatabaseError):
