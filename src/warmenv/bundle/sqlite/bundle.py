@@ -91,8 +91,8 @@ class SqliteBundle(BundleReader, Bundle):
     @property
     def entry_file(self) -> Path | None:
         # Only a private copy may be read again by path: nobody else can swap it.
-        # SQLite copies between files of one text encoding only; others are scanned.
-        return self._file.path if self._private and self._file.utf8 else None
+        # (A bundle's text is UTF-8, as an environment's: SQLite copies between them.)
+        return self._file.path if self._private else None
 
     def describe(self) -> str:
         return f"SQLite bundle {self._label} ({self._manifest.name!r})"

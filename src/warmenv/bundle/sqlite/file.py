@@ -56,7 +56,7 @@ def _not_a_bundle(label: str, why: str) -> NotABundleError:
 class BundleFile:
     """A SQLite file of the entries schema, opened read-only and checked (a bundle)."""
 
-    __slots__ = ("_connection", "format", "label", "manifest", "namespaces", "path", "utf8")
+    __slots__ = ("_connection", "format", "label", "manifest", "namespaces", "path")
 
     def __init__(
         self,
@@ -72,7 +72,6 @@ class BundleFile:
         self.manifest = checked.manifest
         """The raw `meta` value under `manifest` (any SQLite type), or None."""
         self.namespaces = checked.namespaces
-        self.utf8 = checked.utf8  # whether its text is UTF-8, as an environment's is
         self.format = checked.format
         """The bundle format its columns are (1 or 2); None: an environment's columns."""
 
@@ -158,7 +157,6 @@ class BundleFile:
 class _Checked:
     manifest: object
     namespaces: list[NamespaceSummary]
-    utf8: bool
     format: int | None
 
 
@@ -171,6 +169,9 @@ _FORMATS: dict[tuple[tuple[str, str], ...], int | None] = {
 
 
 def _check_file(label: str, check_rows: bool, conn: sqlite3.Connection) -> _Checked:
+    view = bundle_schema.first_view(conn)
+    if view is not None:
+        raise _not_a_bundle(label, f"it has a view {view!r}, which no warmenv bundle has")
     tables = schema.table_names(conn)
     if not {"meta", "entries"} <= tables:
         missing = sorted({"meta", "entries"} - tables)
@@ -185,6 +186,10 @@ def _check_file(label: str, check_rows: bool, conn: sqlite3.Connection) -> _Chec
     if tuple(columns) not in _FORMATS:
         raise _not_a_bundle(label, f"its entries table has columns {columns}, not warmenv's")
     format = _FORMATS[tuple(columns)]
+    if format is not None:  # an environment's table is refused (as one) by the caller
+        unlike = bundle_schema.unlike_ours(conn, format)
+        if unlike is not None:
+            raise _not_a_bundle(label, unlike)
     try:
         size = bundle_schema.manifest_size(conn, limit=MAX_MANIFEST_BYTES)
     except sqlite3.DataError:
@@ -198,8 +203,7 @@ def _check_file(label: str, check_rows: bool, conn: sqlite3.Connection) -> _Chec
     totals = schema.namespace_summaries(conn)
     if check_rows:
         _check_rows(conn, label, format, sum(s.entries for s in totals))
-    utf8 = str(conn.execute("PRAGMA encoding").fetchone()[0]).upper() == "UTF-8"
-    return _Checked(manifest, totals, utf8, format)
+    return _Checked(manifest, totals, format)
 
 
 def _check_rows(conn: sqlite3.Connection, label: str, format: int | None, indexed: int) -> None:

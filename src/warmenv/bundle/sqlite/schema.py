@@ -15,6 +15,7 @@ its helpers for the `meta` table.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from pathlib import Path
 
@@ -28,10 +29,12 @@ __all__ = [
     "COLUMNS",
     "SCHEMA_VERSIONS",
     "create",
+    "first_view",
     "has_manifest",
     "manifest_size",
     "newer_version",
     "read_only_uri",
+    "unlike_ours",
 ]
 
 BUNDLE_VERSION = "2"
@@ -71,6 +74,61 @@ def create(conn: sqlite3.Connection, format_version: int = 2) -> None:
     """Create the tables of a SQLite bundle of format 2 or 1 (0.1's table exactly)."""
     for statement in _DDL[format_version]:
         conn.execute(statement)
+
+
+# What `sqlite_master` holds besides the tables: the index of each primary key.
+_AUTOINDEXES = (
+    ("index", "sqlite_autoindex_meta_1", "meta"),
+    ("index", "sqlite_autoindex_entries_1", "entries"),
+)
+_WORD = re.compile(r"\s+")
+_PUNCTUATION = re.compile(r"\s*([(),])\s*")
+
+
+def _normal(sql: str) -> str:
+    """A table definition as `sqlite_master` holds it, compared: `IF NOT EXISTS` gone
+    (SQLite never stores it), whitespace runs one space, none beside `(`, `)` and
+    `,`, and case folded (our definitions hold no literals, so nothing is lost)."""
+    sql = sql.replace(" IF NOT EXISTS ", " ", 1)
+    return _PUNCTUATION.sub(r"\1", _WORD.sub(" ", sql)).strip().casefold()
+
+
+def unlike_ours(conn: sqlite3.Connection, format_version: int) -> str | None:
+    """What in a file's schema differs from the tables `create` makes for
+    `format_version` (the one definition of a bundle's tables), as a clause
+    naming it, or None: exactly our tables and their primary keys' indexes, in
+    UTF-8. A schema is input: a collation, a view, a trigger, a generated column,
+    an index or `WITHOUT ROWID` would change what the rows a digest vouches for
+    are, once compared or copied."""
+    encoding = str(conn.execute("PRAGMA encoding").fetchone()[0])
+    if encoding.upper() != "UTF-8":
+        return f"its text encoding is {encoding}, not UTF-8 as warmenv writes"
+    ours = {(name, _normal(sql)) for sql in _DDL[format_version] for name in [_table_name(sql)]}
+    rows = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
+    for type_, name, table, sql in rows:
+        if (type_, name, table) in _AUTOINDEXES and sql is None:
+            continue
+        if type_ != "table":
+            article = "an" if type_ == "index" else "a"
+            return f"it has {article} {type_} {name!r}, which no warmenv bundle has"
+        if name not in {n for n, _ in ours}:
+            return f"it has a table {name!r}, which no warmenv bundle has"
+        if (name, _normal(str(sql))) not in ours:
+            shown = _WORD.sub(" ", str(sql))
+            shown = shown if len(shown) <= 300 else shown[:300] + "..."
+            return f"its table {name!r} is not as warmenv writes it ({shown})"
+    return None
+
+
+def first_view(conn: sqlite3.Connection) -> str | None:
+    """The name of a view in the file, if any: checked before any table is read
+    (reading a view runs its query, which a hostile file makes endless)."""
+    row = conn.execute("SELECT name FROM sqlite_master WHERE type = 'view' LIMIT 1").fetchone()
+    return None if row is None else str(row[0])
+
+
+def _table_name(ddl: str) -> str:
+    return ddl.split("EXISTS ", 1)[1].split(" ", 1)[0]
 
 
 def read_only_uri(path: Path, *, immutable: bool = False) -> str:
