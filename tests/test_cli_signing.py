@@ -7,6 +7,7 @@ environment file, no directory, no staging left behind.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -204,3 +205,45 @@ def test_keygen_without_cryptography_says_how_to_install_it(tmp_path: Path) -> N
     assert completed.returncode == 1
     assert completed.stderr.strip().endswith("install it with: pip install 'warmenv[sign]'")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_check_inspect_and_verify_take_a_url_as_import_does(
+    warm_root: Path,
+    tmp_path: Path,
+    keys: dict[str, Path],
+    bundle_format: str,
+    http_server: BundleServer,
+) -> None:
+    """A bundle by URL is downloaded into a private copy, read, and removed after."""
+    body = export(warm_root, tmp_path / "b", bundle_format, keys["ci"]).read_bytes()
+    url = http_server.put("/x.bundle", body)
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    env = {"TMPDIR": str(temporary)}
+    key = Path(pub(keys["ci"])).read_text().strip()
+    shown = warmenv("inspect", url, "--json", root=warm_root, env=env)
+    assert shown.returncode == 0, shown.stderr
+    inspected = json.loads(shown.stdout)
+    assert (inspected["path"], inspected["entries"]) == (url, TOTAL)
+    assert inspected["manifest"]["name"] == "H100 Linux"
+    verified = warmenv("verify", url, "--trust", key, "--json", root=warm_root, env=env)
+    assert verified.returncode == 0, verified.stderr
+    assert json.loads(verified.stdout)["signer"] == key
+    checked = warmenv("check", url, "--json", root=warm_root, env=env)
+    assert checked.returncode == 0, checked.stderr
+    assert json.loads(checked.stdout)["digest_matches"] is True
+    # What is not a bundle, or not signed by a trusted key, is one line naming the URL.
+    bad = http_server.put("/bad.bundle", b"<html>not found</html>" * 100)
+    for command in ("verify", "check", "inspect"):
+        refused = warmenv(command, bad, root=warm_root, env=env)
+        assert refused.returncode == 1, (command, refused.stdout)
+        (line,) = refused.stderr.splitlines()
+        assert "/bad.bundle is not a warmenv bundle" in line, line
+    stranger = warmenv("check", url, "--trust", pub(keys["mallory"]), root=warm_root, env=env)
+    assert stranger.returncode == 1, stranger.stdout
+    (line,) = stranger.stderr.splitlines()
+    assert "which is not a trusted key" in line and "/x.bundle" in line, line
+    missing = warmenv("inspect", url + ".gone", root=warm_root, env=env)
+    assert missing.returncode == 1 and "404" in missing.stderr, missing.stderr
+    assert list(temporary.iterdir()) == []  # no download left behind
+    assert sorted(p.name for p in warm_root.iterdir()) == ["warm.db"]

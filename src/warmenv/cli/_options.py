@@ -35,18 +35,18 @@ def text_argument(value: str, option: str) -> str:
     return value
 
 
-def bundle_file(value: str) -> Path:
-    """A BUNDLE argument of a command that reads a local file: a path, never a URL.
+def bundle_source(value: str) -> str | Path:
+    """A BUNDLE argument: an http(s) URL (kept as given, shown redacted) or a path.
 
-    A URL read as a path would be printed whole, credentials and all, as a
-    missing file; it is refused, redacted, before any work.
+    The one reading of BUNDLE for every command that takes one (`import`,
+    `check`, `inspect`, `verify`); `cli._sources.opened` opens either.
     """
-    if is_url(value):
-        raise argparse.ArgumentTypeError(
-            f"{redact(value)!r} is a URL; this command reads a bundle file (download it, or "
-            "give the URL to 'warmenv import')"
-        )
-    return Path(value)
+    return value if is_url(value) else Path(value)
+
+
+def source_label(source: str | Path) -> str:
+    """A BUNDLE as shown: a URL without its credentials, a path as given."""
+    return redact(source) if isinstance(source, str) else str(source)
 
 
 class ArgumentParser(argparse.ArgumentParser):

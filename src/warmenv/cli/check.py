@@ -10,11 +10,11 @@ import argparse
 from typing import Any
 
 from warmenv.bundle import preflight
-from warmenv.bundle.open import open_snapshot
 from warmenv.cli._errors import Failure, UsageError
 from warmenv.cli._format import as_json, plural
-from warmenv.cli._options import add_trust_option, bundle_file, text_argument, trust_keys
+from warmenv.cli._options import add_trust_option, bundle_source, text_argument, trust_keys
 from warmenv.cli._output import Output
+from warmenv.cli._sources import opened
 from warmenv.cli.verify import verified
 
 
@@ -30,7 +30,7 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         "it shows its nearest. Exit 0 if it can hit, 1 if not.",
     )
     parser.add_argument(
-        "bundle", metavar="BUNDLE", type=bundle_file, help="the bundle file to check"
+        "bundle", metavar="BUNDLE", type=bundle_source, help="a bundle file, or an http(s) URL"
     )
     parser.add_argument(
         "--app-version",
@@ -58,7 +58,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         namespaces = [text_argument(n, "--namespace") for n in args.namespaces]
         if not all(n.strip("/") for n in namespaces):
             raise UsageError("--namespace must not be empty: give one, e.g. app/2/kernels")
-    async with open_snapshot(args.bundle) as bundle:
+    async with opened(args.bundle, out) as bundle:
         _, entries, _ = await verified(bundle, args.bundle, out, trust_keys(args))
         report = await preflight(bundle, version=args.app_version, namespaces=namespaces)
     verdict = "can hit" if report.ok else "will not hit"

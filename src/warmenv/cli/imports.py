@@ -26,7 +26,6 @@ import attrs
 from warmenv._errors import WarmenvError
 from warmenv._fs import expand_home
 from warmenv._text import clean
-from warmenv._url import is_url, redact
 from warmenv.bundle import (
     Downloading,
     ImportProgress,
@@ -44,8 +43,10 @@ from warmenv.cli._format import as_json, plural, size
 from warmenv.cli._options import (
     add_namespace_option,
     add_trust_option,
+    bundle_source,
     namespace_prefixes,
     no_match,
+    source_label,
     text_argument,
     trust_keys,
 )
@@ -63,7 +64,9 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         description="Import BUNDLE's entries into an environment (--env, created if need be), "
         "after checking its digest. Entries computed locally are never replaced.",
     )
-    parser.add_argument("bundle", metavar="BUNDLE", help="a bundle file, or an http(s) URL")
+    parser.add_argument(
+        "bundle", metavar="BUNDLE", type=bundle_source, help="a bundle file, or an http(s) URL"
+    )
     add_namespace_option(parser)
     parser.add_argument(
         "--app-version",
@@ -99,9 +102,9 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         f"{plural(out.entries_done, 'entry', 'entries')} (whole batches kept; "
         "run it again to finish)"
     )
-    if is_url(args.bundle):  # fetched once the environment is open, into a directory beside it
-        return await _run(args, out, args.bundle, prefixes, redact(args.bundle))
-    path = Path(args.bundle)
+    path = args.bundle
+    if isinstance(path, str):  # a URL, fetched once the environment is open, beside it
+        return await _run(args, out, path, prefixes, source_label(path))
     if version is not None:  # refused before the bundle is copied or anything is created
         found = await read_names(path)
         if found is not None:

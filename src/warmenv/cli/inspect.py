@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from warmenv.bundle.open import open_snapshot
 from warmenv.cli._format import as_json, namespace_label, size
-from warmenv.cli._options import bundle_file
+from warmenv.cli._options import bundle_source, source_label
 from warmenv.cli._output import Output
+from warmenv.cli._sources import opened
 
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
@@ -20,7 +20,7 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         "was captured on) and namespaces with their entries and sizes. Only reads.",
     )
     parser.add_argument(
-        "bundle", metavar="BUNDLE", type=bundle_file, help="the bundle file to show"
+        "bundle", metavar="BUNDLE", type=bundle_source, help="a bundle file, or an http(s) URL"
     )
     parser.set_defaults(run=run)
 
@@ -28,7 +28,7 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
 async def run(args: argparse.Namespace, out: Output) -> int:
     # A private copy: inspect reads every key of a flat bundle, and reading a
     # mapping of a file someone truncates meanwhile would kill the command.
-    async with open_snapshot(args.bundle, verified=False) as bundle:
+    async with opened(args.bundle, out, verified=False) as bundle:
         manifest = bundle.manifest
         namespaces = await bundle.namespaces()
         kind = bundle.describe()
@@ -56,7 +56,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     )
     out.result(
         {
-            "path": str(args.bundle),
+            "path": source_label(args.bundle),
             "format": str(bundle.format),
             "manifest": as_json(manifest),
             "namespaces": as_json(namespaces),

@@ -12,11 +12,11 @@ from warmenv._keys import PublicKey
 from warmenv.bundle import CorruptBundleError
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.manifest import BundleManifest
-from warmenv.bundle.open import open_snapshot
 from warmenv.bundle.signing import TrustLike, check_signature, resolve_trust
 from warmenv.cli._format import plural
-from warmenv.cli._options import add_trust_option, bundle_file, trust_keys
+from warmenv.cli._options import add_trust_option, bundle_source, source_label, trust_keys
 from warmenv.cli._output import Output
+from warmenv.cli._sources import opened
 
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
@@ -30,7 +30,7 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         "(exit 1). Only reads.",
     )
     parser.add_argument(
-        "bundle", metavar="BUNDLE", type=bundle_file, help="the bundle file to verify"
+        "bundle", metavar="BUNDLE", type=bundle_source, help="a bundle file, or an http(s) URL"
     )
     add_trust_option(parser)
     parser.set_defaults(run=run)
@@ -45,15 +45,15 @@ def signature_phrase(manifest: BundleManifest, signer: PublicKey | None) -> str:
     return f"signed by {manifest.signature.key} (not checked: no key is trusted)"
 
 
-async def signed_by(bundle: Bundle, path: Path, trust: TrustLike) -> PublicKey | None:
+async def signed_by(bundle: Bundle, source: str | Path, trust: TrustLike) -> PublicKey | None:
     """The trusted key that signed `bundle` (None: unsigned, or nothing asked for);
     `SignatureError` if `trust` (None: the configuration's) refuses it."""
     checked = await anyio.to_thread.run_sync(resolve_trust, trust)
-    return check_signature(bundle.manifest, checked, str(path))
+    return check_signature(bundle.manifest, checked, source_label(source))
 
 
 async def verified(
-    bundle: Bundle, path: Path, out: Output, trust: TrustLike = None
+    bundle: Bundle, source: str | Path, out: Output, trust: TrustLike = None
 ) -> tuple[str, int, PublicKey | None]:
     """The digest, entry count and trusted signer of `bundle`; `SignatureError` if its
     signature does not pass `trust`, `CorruptBundleError` if its content is not what its
@@ -63,15 +63,17 @@ async def verified(
     digest is computed over every entry, which takes a while for a large
     bundle: it is drawn as a bar of its own, bytes hashed of all of them.
     """
-    signer = await signed_by(bundle, path, trust)
+    signer = await signed_by(bundle, source, trust)
+    label = source_label(source)
+    short = source.name if isinstance(source, Path) else label
     namespaces = await bundle.namespaces()
     entries = sum(s.entries for s in namespaces)
-    with out.checking(f"verifying {path.name}", sum(s.bytes for s in namespaces)) as bar:
+    with out.checking(f"verifying {short}", sum(s.bytes for s in namespaces)) as bar:
         actual = await bundle.compute_digest(lambda step: bar.update(bytes=step.bytes_done))
     expected = bundle.manifest.digest
     if actual != expected:
         raise CorruptBundleError(
-            f"{path}: content does not match its digest (manifest {expected}, "
+            f"{label}: content does not match its digest (manifest {expected}, "
             f"content {actual}); do not import it"
         )
     return expected, entries, signer
@@ -79,15 +81,14 @@ async def verified(
 
 async def run(args: argparse.Namespace, out: Output) -> int:
     trust = trust_keys(args)
-    async with open_snapshot(args.bundle) as bundle:
+    async with opened(args.bundle, out) as bundle:
         digest, entries, signer = await verified(bundle, args.bundle, out, trust)
         signature = signature_phrase(bundle.manifest, signer)
-    out.line(
-        f"{args.bundle}: ok ({plural(entries, 'entry', 'entries')}, digest {digest}, {signature})"
-    )
+    shown = source_label(args.bundle)
+    out.line(f"{shown}: ok ({plural(entries, 'entry', 'entries')}, digest {digest}, {signature})")
     out.result(
         {
-            "path": str(args.bundle),
+            "path": shown,
             "ok": True,
             "entries": entries,
             "digest": digest,
