@@ -296,3 +296,97 @@ async def test_a_version_2_environment_of_the_code_before_the_mark_opens_and_is_
         assert not env.in_memory and not env.read_only
         assert await env.storage("app/1/kernels").get(b"k") == b"v"
     assert _application_id(path) == APPLICATION_ID
+
+
+# --- exactly our schema: no view, trigger or declaration warmenv never writes --------
+
+_ENDLESS_VIEW = (
+    "CREATE VIEW entries AS WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) "
+    "SELECT 'app/1/k' AS namespace, CAST(i AS BLOB) AS key, x'00' AS value, 0 AS origin, "
+    "NULL AS written_at, NULL AS cost, NULL AS bundle, NULL AS last_hit FROM n"
+)
+
+
+def _endless_view(path: Path, *, marked: bool) -> None:
+    """An `entries` view that never ends (the issue's case), in an unmarked or a marked file."""
+    _sqlite_file(
+        path,
+        *([f"PRAGMA application_id = {APPLICATION_ID}"] if marked else []),
+        "CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL)",
+        "INSERT INTO meta VALUES ('schema_version', '2')",
+        _ENDLESS_VIEW,
+    )
+
+
+@pytest.mark.parametrize("marked", [False, True], ids=["unmarked", "marked"])
+@pytest.mark.parametrize("command", ["ls", "stats", "export"])
+def test_an_entries_view_is_refused_at_once_not_read_for_ever(
+    tmp_path: Path, command: str, marked: bool
+) -> None:
+    root = tmp_path / "r"
+    root.mkdir()
+    _endless_view(root / "e.db", marked=marked)
+    with one_trial(_VIEW, "exit 1 at once, one line naming the view; nothing created or changed"):
+        _view_refused(tmp_path, root, command)
+
+
+_VIEW = "ls, stats, export of an environment whose entries is an endless view (marked or not)"
+
+
+def _view_refused(tmp_path: Path, root: Path, command: str) -> None:
+    before = _state(root)
+    args = {
+        "ls": ["ls"],
+        "stats": ["stats"],
+        "export": ["export", str(tmp_path / "o.bundle"), "--name", "n", "--app-version", "1"],
+    }[command]
+    # A child with a timeout: reading the view never ends, so a hang is the failure.
+    completed = warmenv(*args, "--env", "e", root=root)
+    line = assert_one_error_line(completed, 1)
+    assert "is not a warmenv environment: it has a view 'entries'" in line, line
+    assert _state(root) == before and not (tmp_path / "o.bundle").exists()
+
+
+async def test_a_trigger_added_to_an_environment_is_refused_at_the_next_open(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "e.db"
+    async with open_environment(file=path) as env:
+        await env.storage("app/1/k").insert(b"k", b"v")
+    _sqlite_file(
+        path,
+        "CREATE TABLE log (x)",
+        "CREATE TRIGGER spy AFTER INSERT ON entries BEGIN INSERT INTO log VALUES (new.key); END",
+        "DROP TABLE log",
+    )
+    with pytest.raises(NotAnEnvironmentError, match="it has a trigger 'spy'"):
+        async with open_environment(file=path):
+            pass
+
+
+@pytest.mark.parametrize(
+    "declared",
+    [
+        "namespace TEXT COLLATE NOCASE NOT NULL",
+        "namespace TEXT NOT NULL GENERATED ALWAYS AS ('app/1/k') VIRTUAL",
+    ],
+    ids=["collation", "generated-column"],
+)
+async def test_a_marked_file_whose_entries_table_we_never_declared_is_refused(
+    tmp_path: Path, declared: str
+) -> None:
+    path = tmp_path / "e.db"
+    _sqlite_file(
+        path,
+        f"PRAGMA application_id = {APPLICATION_ID}",
+        "CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL)",
+        "INSERT INTO meta VALUES ('schema_version', '2')",
+        f"CREATE TABLE entries ({declared}, key BLOB NOT NULL, value BLOB NOT NULL, "
+        "origin INTEGER NOT NULL, written_at REAL, cost REAL, bundle INTEGER, "
+        "last_hit INTEGER)",
+    )
+    before = _state(tmp_path)
+    with pytest.raises(NotAnEnvironmentError, match="its table 'entries'"):
+        async with open_environment(file=path):
+            pass
+    assert _state(tmp_path) == before

@@ -51,6 +51,8 @@ APPLICATION_ID = 0x5741524D
 _OUR_TABLES = frozenset({"meta", "entries", "bundles", *STATISTICS_TABLES, IMPORTS_TABLE})
 _OUR_META_KEYS = frozenset({"schema_version", "upgraded_at"})
 _META_COLUMNS = [("k", "TEXT"), ("v", "TEXT")]
+# Declarations no table warmenv ever made has (in its CREATE TABLE, case and spacing aside).
+_NEVER_DECLARED = ("COLLATE", "WITHOUT ROWID", "GENERATED", " AS ", "STRICT")
 _CARRIED_VERSION = "2"
 
 
@@ -226,10 +228,12 @@ def _prove_ours(conn: sqlite3.Connection, *, bundle: bool = False) -> _Ours:
             if not bundle:
                 raise sqlite3.DatabaseError("it is a bundle, not an environment: import it instead")
             return _Ours(_bundle_version(conn, found), found, marked)
+    # Exactly our tables, for a marked file too: a view, a trigger or a declaration we
+    # never write would run other code, or compare otherwise, behind every read.
+    why = _not_our_schema(conn, objects)
     version = schema.environment_version(conn) if meta and "entries" in tables else None
-    if marked:
-        return _Ours(version, found, marked)
-    why = _not_ours(conn, objects, found, version)
+    if why is None and not marked:
+        why = _not_ours(conn, tables, found, version)
     if why is not None:
         raise NotAnEnvironmentError(why)
     return _Ours(version, found, marked)
@@ -244,16 +248,34 @@ def _check_not_newer(found: str | None) -> None:
         )
 
 
-def _not_ours(
-    conn: sqlite3.Connection, objects: list[tuple[str, str]], found: str | None, version: int | None
-) -> str | None:
-    """Why an unmarked file is not an environment of an earlier warmenv, or None: it is."""
+def _not_our_schema(conn: sqlite3.Connection, objects: list[tuple[str, str]]) -> str | None:
+    """Why the file's schema is not one warmenv writes (None: it is).
+
+    Only our tables and their automatic indexes; no view, trigger or index
+    of anyone's; tables declared as we declare them (no collation, WITHOUT
+    ROWID, generated or hidden column, virtual table).
+    """
     for kind, name in objects:
         if kind == "table" and name not in _OUR_TABLES:
             return f"it has a table {name!r}, which warmenv never makes"
         if kind != "table" and not (kind == "index" and name.startswith("sqlite_autoindex_")):
             return f"it has a {kind} {name!r}, which warmenv never makes"
-    tables = {name for kind, name in objects if kind == "table"}
+    for name, sql in conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'"):
+        declared = " ".join(str(sql).upper().split())
+        if not declared.startswith("CREATE TABLE"):
+            return f"its table {name!r} is not a plain table"
+        for clause in _NEVER_DECLARED:
+            if clause in declared:
+                return f"its table {name!r} is declared {clause}, which warmenv never writes"
+        if any(row[6] for row in conn.execute(f"PRAGMA table_xinfo({name})")):
+            return f"its table {name!r} has a generated or hidden column"
+    return None
+
+
+def _not_ours(
+    conn: sqlite3.Connection, tables: set[str], found: str | None, version: int | None
+) -> str | None:
+    """Why an unmarked file is not an environment of an earlier warmenv, or None: it is."""
     if "meta" not in tables or _columns(conn, "meta") != _META_COLUMNS:
         return "it has no warmenv `meta` table"
     keys = {str(row[0]) for row in conn.execute("SELECT k FROM meta")}
