@@ -349,6 +349,21 @@ def test_the_blocking_warm_up_takes_every_option_of_the_async_one() -> None:
             assert mine.annotation == parameter.annotation, mine
 
 
+def test_a_warm_up_takes_every_option_of_import_bundle() -> None:
+    # A new import option must reach every way of importing: warm_up lacked trust= once.
+    import warmenv.bundle
+
+    theirs = dict(inspect.signature(warmenv.bundle.import_bundle).parameters)
+    ours = dict(inspect.signature(warmenv.bundle.warm_up).parameters)
+    assert ours.pop("task_group").default is None
+    assert ours.pop("on_event").default is None
+    assert list(ours) == list(theirs)
+    for parameter in theirs.values():
+        mine = ours[parameter.name]
+        assert (mine.kind, mine.default) == (parameter.kind, parameter.default), mine
+        assert mine.annotation == parameter.annotation, mine
+
+
 def test_the_blocking_warm_up_handle_has_what_the_async_one_has() -> None:
     from warmenv.blocking import BlockingWarmUp
     from warmenv.bundle import WarmUp

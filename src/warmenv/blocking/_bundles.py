@@ -156,6 +156,7 @@ def warm_up(
     validate: Validate | None = None,
     verify: bool = True,
     download: DownloadOptions | None = None,
+    trust: TrustLike = None,
 ) -> BlockingWarmUp:
     """Start importing `source` into `env` in the background, as `warmenv.bundle.warm_up`.
 
@@ -189,6 +190,7 @@ def warm_up(
             validate=validate,
             verify=verify,
             download=download,
+            trust=trust,
         )
 
     return BlockingWarmUp(loop.call(start), loop)

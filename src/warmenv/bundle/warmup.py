@@ -36,6 +36,7 @@ from warmenv.bundle.base import Bundle
 from warmenv.bundle.download import DownloadOptions
 from warmenv.bundle.events import BundleStarted, ImportEvent, ImportReport, NotFinishedError
 from warmenv.bundle.importing import ImportProgress, Validate, importing
+from warmenv.bundle.signing import TrustLike
 from warmenv.environment import Environment
 from warmenv.persistence.statistics import ImportOutcome, ImportRecord
 from warmenv.persistence.storage import wall_clock
@@ -75,6 +76,7 @@ def warm_up(
     validate: Validate | None = None,
     verify: bool = True,
     download: DownloadOptions | None = None,
+    trust: TrustLike = None,
 ) -> WarmUp:
     """Start importing `source` into `env` in the background; the handle, at once.
 
@@ -100,6 +102,7 @@ def warm_up(
             validate=validate,
             verify=verify,
             download=download,
+            trust=trust,
         ) as progress:
             run.progress = progress
             async for event in progress:
