@@ -9,11 +9,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
+
 from compilers.machines import Machine, copy_tree, require, ship
+from warmenv import Origin, open_environment
 
 WORKLOAD = """
-    import json, sys, time
+    import json, logging, sys, time
     started = time.monotonic()
+
+    quiet = []  # what JAX logged below WARNING that reached the application's handlers
+    class Seen(logging.Handler):
+        def emit(self, record):
+            if record.name.startswith("jax") and record.levelno < logging.WARNING:
+                quiet.append(record.getMessage())
+    logging.getLogger().addHandler(Seen())
     import jax, jax.numpy as jnp
     from jax import monitoring
 
@@ -46,7 +56,7 @@ WORKLOAD = """
 
     for seed in (1, 2, 3):
         make(60, seed)(jnp.ones(8)).block_until_ready()
-    result = {"restored": restored, "seconds": time.monotonic() - started, **counts}
+    result = {"restored": restored, "seconds": time.monotonic() - started, **counts, "quiet": quiet}
     if mode == "ours":
         result["warmed_hits"] = warmed.hits
         result["captured"] = warmed.capture().stored
@@ -73,6 +83,17 @@ def test_a_jax_cache_captured_on_one_machine_hits_on_another(
     assert warm["restored"] == cold["captured"]
     assert (warm["hits"], warm["misses"]) == (cold["misses"], 0), warm
     assert warm["warmed_hits"] == warm["hits"]  # what use() reports is JAX's own count
+    assert warm["quiet"] == []  # hits read from JAX's DEBUG line; the application sees none
+
+    async def statistics() -> tuple[int, int, int]:
+        async with open_environment("default", root=second.root) as env:
+            found = await env.statistics()
+        [jax] = [n for n in found.namespaces if n.namespace.startswith("caches.jax/")]
+        [bundle] = found.bundles
+        return jax.hits, jax.hits_by_origin.get(Origin.IMPORTED, 0), bundle.hits
+
+    # JAX's hits, per executable it loaded, are hits of the bundle's entries in `warmenv stats`.
+    assert anyio.run(statistics) == (warm["hits"],) * 3
 
 
 def test_a_plain_copy_of_a_jax_cache_misses(machines: tuple[Machine, Machine]) -> None:

@@ -20,7 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from compilers.machines import Machine, copy_tree, require, ship
+from warmenv import Origin, open_environment
 from warmenv.caches import Facts
 
 KERNELS = 3
@@ -282,3 +285,38 @@ def test_warmenv_run_warms_a_plain_triton_process_on_another_machine(
     assert cold_report["tools"]["triton"]["captured"]["groups"] == KERNELS
     assert warm_report["tools"]["triton"]["restored"]["groups"] == KERNELS
     assert (warm["hits"], warm["misses"]) == (KERNELS, 0), warm
+
+
+def _statistics(machine: Machine) -> tuple[dict[str, int], int]:
+    """Hits per Triton namespace part (`files`, `groups`) and the bundle's, as `warmenv stats`."""
+
+    async def main() -> tuple[dict[str, int], int]:
+        async with open_environment("default", root=machine.root) as env:
+            found = await env.statistics()
+        parts = {
+            n.namespace.rsplit("/", 1)[-1]: n.hits_by_origin.get(Origin.IMPORTED, 0)
+            for n in found.namespaces
+            if n.namespace.startswith("caches.triton/")
+        }
+        return parts, sum(b.hits for b in found.bundles)
+
+    return anyio.run(main)
+
+
+def test_kernels_served_live_from_a_bundle_are_its_hits_in_warmenv_stats(
+    machines: tuple[Machine, Machine], tmp_path: Path
+) -> None:
+    require("triton")
+    first, second = machines
+    _compile(first, "live")
+    ship(first, second, tmp_path)
+    files = sum(1 for path in (first.root / "caches" / "triton-live").rglob("*") if path.is_file())
+    files -= KERNELS  # the indexes, in `groups`
+
+    warm = _compile(second, "live")
+
+    assert (warm["hits"], warm["misses"]) == (KERNELS, 0), warm
+    parts, bundle = _statistics(second)
+    # Each kernel: its index looked up once, then every file it names.
+    assert parts == {"files": files, "groups": KERNELS}, parts
+    assert bundle == files + KERNELS

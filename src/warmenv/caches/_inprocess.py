@@ -124,7 +124,7 @@ class Warmed:
         """Store the cache directory as it is now into the environment.
 
         The tool's hits per entry since the last capture, where it reports
-        them (Numba), are counted in the environment's statistics too.
+        them (Numba, JAX), are counted in the environment's statistics too.
         """
         with self._lock:
             served = self._served() if self._served is not None else {}

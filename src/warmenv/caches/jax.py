@@ -25,15 +25,24 @@ itself there.
 
     import warmenv.caches.jax
     warmenv.caches.jax.use()  # before the first jit; then use JAX as usual
+
+Hits: JAX's `jax.monitoring` events count hits and misses but name no
+entry, so the entries hit are read from JAX's own log line for each hit
+(`Persistent compilation cache hit for ... with key ...`, logger
+`jax._src.compiler`, at DEBUG): `served()`, counted per entry in
+`warmenv stats` when `use()` captures. The logger is let through at DEBUG
+for that line only; what its handlers see is what they saw before. A JAX
+whose line reads otherwise leaves `served()` empty (the events still count).
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, final
 
 from warmenv._facts import Facts
 from warmenv.caches._inprocess import EnvironmentChoice, Warmed, restored
@@ -50,6 +59,7 @@ __all__ = [
     "hits",
     "notes",
     "restore",
+    "served",
     "settings",
     "tree",
     "use",
@@ -60,6 +70,9 @@ _EXCLUDE: Final = ("*-atime", ".lockfile", "*.lock")
 _HIT: Final = "/jax/compilation_cache/cache_hits"
 _MISS: Final = "/jax/compilation_cache/cache_misses"
 _SAVED: Final = "/jax/compilation_cache/compile_time_saved_sec"
+_HIT_LOGGER: Final = "jax._src.compiler"
+_HIT_LINE: Final = "Persistent compilation cache hit for '%s' with key %r"
+_ENTRY_SUFFIX: Final = "-cache"
 CACHE_DIR_VARIABLE: Final = "JAX_COMPILATION_CACHE_DIR"
 MIN_COMPILE_VARIABLE: Final = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 INSTALL_HINT: Final = "pip install 'warmenv[jax]' (or: pip install jax jaxlib)"
@@ -149,7 +162,7 @@ def use(
     directory = Path(cache_dir) if cache_dir is not None else default_cache_dir(root)
     directory = directory.expanduser()
     _import_jax()  # fail before the restore, with the install hint
-    warmed = restored("jax", tree(), directory, env, root, hits)
+    warmed = restored("jax", tree(), directory, env, root, hits, served)
     configure(directory, min_compile_seconds=min_compile_seconds)
     if capture_at_exit:
         warmed.capture_at_exit()
@@ -161,6 +174,7 @@ def use(
 _lock = threading.Lock()
 _counts = {"hits": 0, "misses": 0}
 _saved = [0.0]
+_served: dict[str, int] = {}
 _listening = [False]
 
 
@@ -171,6 +185,44 @@ def hits() -> tuple[int, int, float]:
     """
     with _lock:
         return _counts["hits"], _counts["misses"], _saved[0]
+
+
+def served() -> dict[str, int]:
+    """This process's hits per captured entry (`<key>-cache`), from JAX's log line for each hit."""
+    with _lock:
+        return dict(_served)
+
+
+@final
+class _HitKeys(logging.Filter):
+    """On JAX's compiler logger: counts each hit's key, and passes on what passed before.
+
+    The logger is set to DEBUG so that JAX's hit line (logged at DEBUG)
+    reaches this filter; every record below the level the logger had
+    before (its own, else its parents') is dropped here, so its handlers
+    and its parents' see what they saw without it.
+    """
+
+    def __init__(self, logger: logging.Logger, level: int) -> None:
+        super().__init__()
+        self._logger = logger
+        self._level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if record.msg == _HIT_LINE and isinstance(args, tuple) and len(args) == 2:
+            key = args[1]
+            if isinstance(key, str) and key:
+                entry = key + _ENTRY_SUFFIX
+                with _lock:
+                    _served[entry] = _served.get(entry, 0) + 1
+        return record.levelno >= self._passing()
+
+    def _passing(self) -> int:
+        if self._level != logging.NOTSET:
+            return self._level
+        parent = self._logger.parent
+        return parent.getEffectiveLevel() if parent is not None else logging.WARNING
 
 
 def _on_event(event: str, **_: Any) -> None:
@@ -191,6 +243,9 @@ def _listen(jax: Any) -> None:
             return
         _listening[0] = True
     jax.monitoring.register_event_listener(_on_event)
+    logger = logging.getLogger(_HIT_LOGGER)
+    logger.addFilter(_HitKeys(logger, logger.level))
+    logger.setLevel(logging.DEBUG)
     jax.monitoring.register_event_duration_secs_listener(_on_duration)
 
 
