@@ -24,7 +24,7 @@ it), and the async API is the one to use.
 from __future__ import annotations
 
 from warmenv.blocking._bundles import BlockingWarmUp, export_bundle, import_bundle, warm_up
-from warmenv.blocking._environment import BlockingEnvironment, open_environment
+from warmenv.blocking._environment import BlockingEnvironment, open, open_environment
 from warmenv.blocking._loop import EventLoopThreadError
 from warmenv.blocking._store import BlockingStore
 
@@ -35,6 +35,7 @@ __all__ = [
     "EventLoopThreadError",
     "export_bundle",
     "import_bundle",
+    "open",
     "open_environment",
     "warm_up",
 ]

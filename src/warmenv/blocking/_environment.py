@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+import weakref
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, final, overload
@@ -20,7 +20,7 @@ from typing import Any, final, overload
 import attrs
 
 from warmenv._errors import ClosedError
-from warmenv.blocking._loop import LoopThread, refuse_event_loop_thread, shared_loop
+from warmenv.blocking._loop import Held, LoopThread, refuse_event_loop_thread, shared_loop
 from warmenv.blocking._store import BlockingStore
 from warmenv.environment import Degraded, Environment
 from warmenv.environment import open_environment as _open_async
@@ -33,7 +33,7 @@ from warmenv.persistence.storage import Failed, NamespaceSummary, Purged
 from warmenv.persistence.store import CacheMode, Store
 from warmenv.remote import RemoteSettings, RemoteTier
 
-__all__ = ["BlockingEnvironment", "open_environment"]
+__all__ = ["BlockingEnvironment", "open", "open_environment"]
 
 if sys.version_info >= (3, 13):
     from typing import TypeVar
@@ -46,13 +46,12 @@ V = TypeVar("V", default=Any)
 
 @attrs.define
 class _Lifetime:
-    """Whether the `with` block of `open_environment` has ended."""
+    """Whether the environment has been closed."""
 
     closed: bool = False
 
 
-@contextmanager
-def open_environment(
+def open(  # the package's name for it, as sqlite3's is connect
     name: str | None = None,
     *,
     root: str | Path | None = None,
@@ -63,16 +62,18 @@ def open_environment(
     remote: str | RemoteSettings | None = None,
     statistics: bool = True,
     lock_timeout: float | None = None,
-) -> Iterator[BlockingEnvironment]:
-    """Open an environment for the duration of the block, from synchronous code.
+) -> BlockingEnvironment:
+    """Open an environment from synchronous code, without a `with` block.
 
     Arguments as for `warmenv.open_environment`: `remote` names the fleet's
     shared tier (`None`: the configured one; `""`: none), and with one,
     `get_or_compute` runs one computation per key across the fleet. The
-    environment may be shared by any number of threads; it is closed (on
-    the loop thread) when the block exits.
+    environment may be shared by any number of threads. It stays open until
+    `close()`, the end of a `with` block around it, its collection (the
+    last reference to it and its stores dropped), or interpreter exit,
+    whichever comes first, as a connection of the sqlite3 module does.
     """
-    refuse_event_loop_thread("open_environment()")
+    refuse_event_loop_thread("open()")
     loop = shared_loop()
     opening = _open_async(
         name,
@@ -85,24 +86,102 @@ def open_environment(
         statistics=statistics,
         lock_timeout=lock_timeout,
     )
-    lifetime = _Lifetime()
-    with loop.entered(opening) as env:
-        try:
-            yield BlockingEnvironment(env, loop, lifetime)
-        finally:
-            lifetime.closed = True
+    return BlockingEnvironment(loop.hold(opening), loop)
+
+
+def open_environment(
+    name: str | None = None,
+    *,
+    root: str | Path | None = None,
+    file: str | Path | None = None,
+    create: bool = True,
+    read_only: bool = False,
+    max_bytes: int | None = None,
+    remote: str | RemoteSettings | None = None,
+    statistics: bool = True,
+    lock_timeout: float | None = None,
+) -> _Opening:
+    """Open an environment for the duration of a `with` block, from synchronous code.
+
+    Arguments as for `open`; the environment opens on entering the block and
+    is closed (on the loop thread) when it exits. `open_environment(...).__enter__()`
+    keeps it open as `open(...)` does: the environment owns itself, not the
+    context manager.
+    """
+    arguments = functools.partial(
+        open,
+        name,
+        root=root,
+        file=file,
+        create=create,
+        read_only=read_only,
+        max_bytes=max_bytes,
+        remote=remote,
+        statistics=statistics,
+        lock_timeout=lock_timeout,
+    )
+    return _Opening(arguments)
+
+
+@final
+class _Opening:
+    """What `open_environment` returns: opens on `__enter__`, closes on `__exit__`."""
+
+    __slots__ = ("_env", "_open")
+
+    def __init__(self, opening: Callable[[], BlockingEnvironment]) -> None:
+        self._open = opening
+        self._env: BlockingEnvironment | None = None
+
+    def __enter__(self) -> BlockingEnvironment:
+        refuse_event_loop_thread("open_environment()")
+        self._env = self._open()
+        return self._env
+
+    def __exit__(self, *exc_info: object) -> None:
+        env, self._env = self._env, None
+        if env is not None:
+            env.__exit__(*exc_info)
 
 
 @final
 class BlockingEnvironment:
-    """An open environment for synchronous code; see `warmenv.Environment`."""
+    """An open environment for synchronous code; see `warmenv.Environment`.
 
-    __slots__ = ("_env", "_lifetime", "_loop")
+    A context manager closing it at the end of the block; `close()` closes it
+    too, and so does its collection or interpreter exit, if nothing did before.
+    """
 
-    def __init__(self, env: Environment, loop: LoopThread, lifetime: _Lifetime) -> None:
-        self._env = env
+    __slots__ = ("__weakref__", "_env", "_finalizer", "_held", "_lifetime", "_loop")
+
+    def __init__(self, held: Held[Environment], loop: LoopThread) -> None:
+        self._env = held.value
+        self._held = held
         self._loop = loop
-        self._lifetime = lifetime
+        self._lifetime = _Lifetime()
+        # Collected unclosed: tell the loop to close it (a finaliser may run on
+        # any thread, so it does not wait). At exit the loop closes it, waiting.
+        self._finalizer = weakref.finalize(self, held.release, wait=False)
+        self._finalizer.atexit = False
+
+    def __enter__(self) -> BlockingEnvironment:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._close(exc_info)
+
+    def close(self) -> None:
+        """Close the environment (on the loop thread), waiting until it is closed.
+
+        Its stores raise `ClosedError` afterwards. Closing again does nothing.
+        """
+        self._close((None, None, None))
+
+    def _close(self, exc_info: tuple[Any, ...]) -> None:
+        refuse_event_loop_thread("BlockingEnvironment.close()")
+        self._lifetime.closed = True
+        self._finalizer.detach()
+        self._held.release((exc_info[0], exc_info[1], exc_info[2]), wait=True)
 
     @property
     def environment(self) -> Environment:
@@ -186,7 +265,7 @@ class BlockingEnvironment:
             self._env.store, namespace, codec, mode, max_entries=max_entries, hot_bytes=hot_bytes
         )
         store: Store[Any, Any] = self._loop.call(opening)
-        return BlockingStore(store, self._loop)
+        return BlockingStore(store, self._loop, owner=self)
 
     def namespaces(self) -> list[NamespaceSummary]:
         """Every namespace holding entries, with counts and sizes."""

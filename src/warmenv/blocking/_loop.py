@@ -7,7 +7,7 @@ threads). A synchronous caller reaches it only through `LoopThread`'s
 crossing: a task started on the loop for one coroutine, and a mailbox the
 caller's thread waits on. Through the mailbox the task can also hand work
 back to the waiting thread (`asking`: a computation, a progress callback)
-or hold an async context open while the caller's block runs (`entered`).
+or hold an async context open until the caller releases it (`hold`).
 An interrupted caller cancels its task and waits for it to end, so nothing
 it started outlives the call.
 """
@@ -20,9 +20,9 @@ import concurrent.futures
 import os
 import queue
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from contextlib import AbstractAsyncContextManager, contextmanager
-from typing import Any, Final, TypeVar, TypeVarTuple, final
+from collections.abc import Awaitable, Callable, Coroutine
+from contextlib import AbstractAsyncContextManager, suppress
+from typing import Any, Final, Generic, TypeVar, TypeVarTuple, final
 
 import anyio
 import attrs
@@ -33,6 +33,7 @@ from warmenv._errors import ClosedError, WarmenvError
 __all__ = [
     "Ask",
     "EventLoopThreadError",
+    "Held",
     "LoopThread",
     "refuse_event_loop_thread",
     "refused",
@@ -137,6 +138,10 @@ class _Trip:
         letter.reply = reply
         self._loop.call_soon_threadsafe(letter.read.set)
 
+    def when_done(self, fn: Callable[[], object]) -> None:
+        """Call `fn()` on the loop thread once the task has ended."""
+        self._loop.call_soon_threadsafe(lambda: self._tasks[0].add_done_callback(lambda _: fn()))
+
     def abandon(self) -> None:
         """Cancel the task (the caller was interrupted, or failed) and wait until it ends."""
         self._loop.call_soon_threadsafe(lambda: self._tasks[0].cancel())
@@ -148,10 +153,52 @@ class _Trip:
 
 
 @final
+class Held(Generic[T]):
+    """An async context entered in a task on the loop and held open until `release`.
+
+    What `LoopThread.hold` returns: the open form without a `with` block. It
+    holds no reference to what the caller wraps around `value`, so a
+    finaliser of that wrapper may release it.
+    """
+
+    __slots__ = ("_letter", "_lock", "_owner", "_trip", "_waited", "value")
+
+    def __init__(self, owner: LoopThread, trip: _Trip, letter: _Letter) -> None:
+        self._owner = owner
+        self._trip = trip
+        self._letter: _Letter | None = letter
+        self._waited = False
+        self._lock = threading.Lock()  # for the state only, never held while waiting
+        self.value: T = letter.content
+        trip.when_done(lambda: owner.forget(self))
+
+    def release(self, exc_info: tuple[Any, Any, Any] = (None, None, None), *, wait: bool) -> None:
+        """Leave the context (`__aexit__(*exc_info)`); with `wait`, until it has left.
+
+        Safe from any thread, and again: only the first call leaves it, only
+        the first waiting call waits (and raises what `__aexit__` raised).
+        Without `wait` (a finaliser, which may run on any thread, the loop's
+        own included) it only tells the task; the loop's stop waits for it.
+        """
+        with self._lock:
+            letter, self._letter = self._letter, None
+            waiting = wait and not self._waited
+            self._waited = self._waited or wait
+        if letter is not None:
+            try:
+                self._trip.answer(letter, exc_info)
+            except RuntimeError:  # the loop has stopped: its runner left the context
+                self._owner.forget(self)
+                return
+        if waiting:
+            LoopThread.end(self._trip)
+
+
+@final
 class LoopThread:
     """An asyncio event loop on a daemon thread, and the crossing to it."""
 
-    __slots__ = ("_stopping", "loop", "thread")
+    __slots__ = ("_held", "_held_lock", "_stopping", "loop", "thread")
 
     def __init__(self) -> None:
         ready: concurrent.futures.Future[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = (
@@ -162,6 +209,8 @@ class LoopThread:
         )
         self.thread.start()
         self.loop, self._stopping = ready.result()
+        self._held: set[Held[Any]] = set()
+        self._held_lock = threading.RLock()  # a finaliser may run while it is taken
 
     @staticmethod
     def _main(
@@ -232,9 +281,25 @@ class LoopThread:
             raise
         return trip.result()  # type: ignore[no-any-return]
 
-    @contextmanager
-    def entered(self, manager: AbstractAsyncContextManager[T]) -> Iterator[T]:
-        """`async with manager` in one task on the loop, around the caller's block here."""
+    def hold(self, manager: AbstractAsyncContextManager[T]) -> Held[T]:
+        """`async with manager` entered in one task on the loop, held until released.
+
+        Whatever is still held when the loop stops (at interpreter exit) is
+        released first, and waited for, so it leaves its context cleanly.
+        """
+        trip, letter = self._enter(manager)
+        held: Held[T] = Held(self, trip, letter)
+        with self._held_lock:
+            self._held.add(held)
+        return held
+
+    def forget(self, held: Held[Any]) -> None:
+        """`held` has left its context: stop does not wait for it."""
+        with self._held_lock:
+            self._held.discard(held)
+
+    def _enter(self, manager: AbstractAsyncContextManager[Any]) -> tuple[_Trip, _Letter]:
+        """A task on the loop inside `async with manager`, waiting for the letter's reply."""
 
         async def hold(trip: _Trip) -> bool | None:
             value = await manager.__aenter__()
@@ -256,17 +321,11 @@ class LoopThread:
         if letter is _DONE:
             trip.result()  # raises why it could not be entered
             raise AssertionError("entering ended without a value or an error")  # pragma: no cover
-        try:
-            yield letter.content
-        except BaseException as exc:
-            trip.answer(letter, (type(exc), exc, exc.__traceback__))
-            self._end(trip)
-            raise
-        trip.answer(letter, (None, None, None))
-        self._end(trip)
+        return trip, letter
 
     @staticmethod
-    def _end(trip: _Trip) -> None:
+    def end(trip: _Trip) -> None:
+        """Wait for `trip`'s task to end; what it raised is raised here."""
         try:
             trip.receive()
         except BaseException:
@@ -282,7 +341,16 @@ class LoopThread:
             raise ClosedError("warmenv.blocking's event-loop thread has stopped") from None
 
     def stop(self) -> None:
-        """End the loop (cancelling what still runs, and its worker threads), join the thread."""
+        """End the loop (cancelling what still runs, and its worker threads), join the thread.
+
+        What is still held open (an environment never closed) is released
+        first and waited for; an error leaving it is no reason not to stop.
+        """
+        with self._held_lock:
+            held, self._held = list(self._held), set()
+        for each in held:
+            with suppress(Exception):
+                each.release(wait=True)
         try:
             self.loop.call_soon_threadsafe(self._stopping.set)
         except RuntimeError:

@@ -53,9 +53,9 @@ Ts = TypeVarTuple("Ts")
 class BlockingStore(Generic[K, V]):
     """A `Store` for synchronous callers; hits never leave the calling thread."""
 
-    __slots__ = ("_flights", "_held", "_hit", "_loop", "_memoized", "_store")
+    __slots__ = ("_flights", "_held", "_hit", "_loop", "_memoized", "_owner", "_store")
 
-    def __init__(self, store: Store[K, V], loop: LoopThread) -> None:
+    def __init__(self, store: Store[K, V], loop: LoopThread, *, owner: object = None) -> None:
         self._store = store
         self._held: Held[K, V] = store.held
         self._hit = self._held.hit  # the hit path, bound once
@@ -64,6 +64,9 @@ class BlockingStore(Generic[K, V]):
         # store's own flight, with the loop's tasks.
         self._flights: Flights[bytes, tuple[Any, bool]] = Flights()
         self._memoized: str | None = None
+        # Its environment, kept open while the store is in use (a cursor keeps
+        # its sqlite3 connection so): `store = blocking.open().store(ns)` works.
+        self._owner = owner
 
     @property
     def store(self) -> Store[K, V]:
