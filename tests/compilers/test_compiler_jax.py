@@ -107,3 +107,30 @@ def test_a_plain_copy_of_a_jax_cache_misses(machines: tuple[Machine, Machine]) -
     )
     # JAX's default setting hashed the first machine's cache path into every key.
     assert (copied["hits"], copied["misses"]) == (0, cold["misses"]), copied
+
+
+def test_reading_jax_hit_lines_leaves_its_logger_as_the_application_sets_it(
+    machines: tuple[Machine, Machine],
+) -> None:
+    """Below the logger's level nothing new is seen; a level set afterwards still governs."""
+    require("jax")
+    first, _ = machines
+    code = """
+        import json, logging, sys
+        import warmenv.caches.jax
+
+        seen = []
+        class Seen(logging.Handler):
+            def emit(self, record):
+                seen.append(record.getMessage())
+        logging.getLogger().addHandler(Seen())
+        logger = logging.getLogger("jax._src.compiler")
+        warmenv.caches.jax.configure(sys.argv[1])
+        logger.debug("before")
+        logger.setLevel(logging.INFO)  # the application's own choice, after use()
+        logger.info("chosen")
+        logger.debug("below it")
+        print(json.dumps({"seen": seen}))
+    """
+    found = first.run("python", str(first.write("levels.py", code)), str(first.cache))
+    assert found["seen"] == ["chosen"]

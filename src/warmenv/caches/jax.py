@@ -200,7 +200,8 @@ class _HitKeys(logging.Filter):
     The logger is set to DEBUG so that JAX's hit line (logged at DEBUG)
     reaches this filter; every record below the level the logger had
     before (its own, else its parents') is dropped here, so its handlers
-    and its parents' see what they saw without it.
+    and its parents' see what they saw without it. A level set on the
+    logger afterwards governs it again (and hides the hit line, if above DEBUG).
     """
 
     def __init__(self, logger: logging.Logger, level: int) -> None:
@@ -219,6 +220,8 @@ class _HitKeys(logging.Filter):
         return record.levelno >= self._passing()
 
     def _passing(self) -> int:
+        if self._logger.level != logging.DEBUG:
+            return logging.NOTSET  # the application set its level since: that level decided
         if self._level != logging.NOTSET:
             return self._level
         parent = self._logger.parent
