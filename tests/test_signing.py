@@ -145,6 +145,13 @@ async def test_a_signed_bundle_imports_under_its_key_with_the_signer_reported(
     report = await import_bundle(out, cold_env, trust=[public(keys["ci"])])
     assert report.signer == public(keys["ci"])
     assert await env_contents(cold_env) == sample_entries()
+    # The record of the checked signature is warmenv's own: the environment opens again.
+    await cold_env.close()
+    for read_only in (False, True):
+        async with open_environment("cold", root=cold_env.path.parent, read_only=read_only) as env:
+            assert await env.bundle_signers() == {
+                read_manifest(out)["digest"]: str(public(keys["ci"]))
+            }
 
 
 async def test_the_signature_covers_the_digest_in_the_manifest_in_both_formats(

@@ -30,6 +30,7 @@ from warmenv.persistence.sqlite.schema import (
     ENVIRONMENT_VERSION,
     IMPORTS_TABLE,
     SCHEMA_VERSION,
+    SIGNERS_TABLE,
     STATISTICS_TABLES,
     transaction,
 )
@@ -48,7 +49,10 @@ __all__ = [
 
 APPLICATION_ID = 0x5741524D
 """`PRAGMA application_id` of every environment file: the bytes "WARM"."""
-_OUR_TABLES = frozenset({"meta", "entries", "bundles", *STATISTICS_TABLES, IMPORTS_TABLE})
+# SIGNERS_TABLE is made by the first import whose signature was checked, so it may be absent.
+_OUR_TABLES = frozenset(
+    {"meta", "entries", "bundles", *STATISTICS_TABLES, IMPORTS_TABLE, SIGNERS_TABLE}
+)
 _OUR_META_KEYS = frozenset({"schema_version", "upgraded_at"})
 _META_COLUMNS = [("k", "TEXT"), ("v", "TEXT")]
 # Declarations no table warmenv ever made has (in its CREATE TABLE, case and spacing aside).

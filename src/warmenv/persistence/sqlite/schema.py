@@ -450,8 +450,9 @@ def bundle_id(bundle: BundleRef, now: float, conn: sqlite3.Connection) -> int:
 
 # The trusted key each imported bundle's signature was checked against, by digest;
 # made by the first signed import (an environment without one has no such table).
+SIGNERS_TABLE = "bundle_signers"
 _SIGNERS_DDL = (
-    "CREATE TABLE IF NOT EXISTS bundle_signers (digest TEXT PRIMARY KEY, signer TEXT NOT NULL)"
+    f"CREATE TABLE IF NOT EXISTS {SIGNERS_TABLE} (digest TEXT PRIMARY KEY, signer TEXT NOT NULL)"
 )
 
 
