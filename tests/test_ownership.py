@@ -11,10 +11,11 @@ this rule wrote it, run from the clone's history) still open, and get marked.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import sqlite3
 import subprocess
+import sys
 from collections.abc import Callable
+from hashlib import sha256
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from test_schema2 import V1_ENTRIES, build_v1, file_state
 from warmenv import NotAnEnvironmentError, WarmenvError, open_environment
 from warmenv.persistence.sqlite.opening import APPLICATION_ID
 from warmenv.persistence.sqlite.schema import ENTRY_COLUMNS, ENVIRONMENT_COLUMNS
+from warmenv.persistence.storage import Failed, Stored
 
 pytestmark = pytest.mark.anyio
 
@@ -60,6 +62,24 @@ def _no_entries_table(path: Path) -> None:
 
 def _wal_mode_database(path: Path) -> None:
     _sqlite_file(path, "CREATE TABLE t (x)", "INSERT INTO t VALUES (1)", wal=True)
+
+
+def _wal_mode_database_with_its_log(path: Path) -> None:
+    # Its writer ended without closing it: the commits are in the -wal beside it, and the
+    # last read-write connection to close it would fold them in and delete the -wal/-shm.
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+            "c.execute('PRAGMA journal_mode=WAL'); c.execute('PRAGMA wal_autocheckpoint=0'); "
+            "c.execute('CREATE TABLE mine (a)'); c.execute('INSERT INTO mine VALUES (1)'); "
+            "c.commit(); os._exit(0)",
+            str(path),
+        ],
+        check=True,
+    )
+    assert path.with_name(path.name + "-wal").stat().st_size > 0
 
 
 def _meta_only(path: Path) -> None:  # our meta's exact columns and version, nothing else
@@ -99,6 +119,7 @@ FOREIGN: dict[str, Callable[[Path], None]] = {
     "someones-entries": _someones_entries,
     "no-entries-table": _no_entries_table,
     "wal-mode": _wal_mode_database,
+    "wal-mode-with-its-log": _wal_mode_database_with_its_log,
     "meta-only": _meta_only,
     "another-application-id": _our_shape_another_programs_id,
     "foreign-meta-key": _our_shape_with_a_foreign_key_in_meta,
@@ -109,11 +130,18 @@ FOREIGN: dict[str, Callable[[Path], None]] = {
 
 
 def _state(directory: Path) -> dict[str, str]:
-    """Every file under `directory` (through symlinks) and a digest of its bytes."""
+    """Every file under `directory` (through symlinks) and a digest of its bytes.
+
+    A -shm file is SQLite's shared memory for a WAL database's readers (an
+    index of the -wal and their read marks, which any reader of the file,
+    its owner's included, writes): only that it is there counts. The
+    database and its -wal are compared byte for byte.
+    """
     state = {}
     for path in sorted(directory.rglob("*")):
         if path.is_file():
-            state[str(path.relative_to(directory))] = hashlib.sha256(path.read_bytes()).hexdigest()
+            digest = "" if path.name.endswith("-shm") else sha256(path.read_bytes()).hexdigest()
+            state[str(path.relative_to(directory))] = digest
     return state
 
 
@@ -188,6 +216,36 @@ def test_ls_names_each_kind_of_foreign_file_and_changes_none(foreign: Path) -> N
         completed = warmenv("ls", "--env", "e", root=foreign.parent)
         assert "is not a warmenv environment: " in assert_one_error_line(completed, 1)
         assert _state(root) == before
+
+
+@pytest.mark.parametrize("bundle_format", ["sqlite", "flat"])
+def test_export_of_a_foreign_database_in_wal_mode_leaves_it_as_it_was(
+    tmp_path: Path, bundle_format: str
+) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    _wal_mode_database_with_its_log(root / "theirs.db")
+    before = _state(root)
+    out = tmp_path / "out.bundle"
+    completed = warmenv(
+        "export", str(out), "--name", "n", "--app-version", "1", "--format", bundle_format,
+        str(root / "theirs.db"), root=tmp_path / "warmenv-root",
+    )  # fmt: skip
+    assert "is not a warmenv environment" in assert_one_error_line(completed, 1)
+    assert _state(root) == before
+    assert not out.exists()
+
+
+async def test_an_environment_opened_read_only_refuses_every_write(root: Path) -> None:
+    async with open_environment("e", root=root) as env:
+        assert isinstance(await env.storage("app/1/k").insert(b"k", b"v"), Stored)
+    before = _state(root)
+    async with open_environment("e", root=root, read_only=True) as env:
+        storage = env.storage("app/1/k")
+        assert isinstance(await storage.insert(b"k2", b"v2"), Failed)
+        assert isinstance(await storage.purge(), Failed)
+        assert await storage.get(b"k") == b"v"
+    assert _state(root) == before
 
 
 def test_ls_of_a_directory_named_like_an_environment_says_what_it_is(tmp_path: Path) -> None:

@@ -158,6 +158,7 @@ class SourceCopy:
     ) -> None:
         self._conn = conn
         self.attached = False
+        _refuse_unless_entries(source)
         error: sqlite3.Error | None = None
         for uri in uris.open_uris(source, read_write=True):
             try:
@@ -211,8 +212,40 @@ class SourceCopy:
             self.attached = False
 
 
+def _refuse_unless_entries(path: Path) -> None:
+    """Refuse a source with no entries table on a connection that cannot change it.
+
+    The read below is on a read-write connection (its close leaves no -wal
+    or -shm of ours), and the last one to close a WAL database checkpoints
+    it: a foreign file must be refused before one is opened. A file no
+    read-only connection can read is left to the read below.
+    """
+    try:
+        candidates = uris.read_only_uris(path.resolve())
+    except (sqlite3.Error, OSError):
+        return
+    for uri in candidates:
+        try:
+            conn = _sqlite.open_file(uri)
+        except sqlite3.Error:
+            continue
+        try:
+            if not schema.has_entry_columns(conn):
+                raise NotAnEnvironmentError(
+                    f"{path} is not a warmenv environment (no entries table)"
+                )
+            return
+        except NotAnEnvironmentError:
+            raise
+        except sqlite3.Error:
+            continue
+        finally:
+            conn.close()
+
+
 def _open_source(path: Path) -> sqlite3.Connection:
     """Open an environment to export from, reading under one snapshot."""
+    _refuse_unless_entries(path)
     last: sqlite3.Error | None = None
     for uri in uris.open_uris(path, read_write=True):
         conn = None
