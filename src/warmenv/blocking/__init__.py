@@ -16,9 +16,11 @@ copying it, as httpx's `Client` and `AsyncClient` share theirs:
 - `_bundles`: `import_bundle` and `export_bundle`, with progress callbacks
   on the caller's thread, and `warm_up` (a background import) with its handle.
 
-Calling into this package from a thread that runs an event loop raises
-`EventLoopThreadError`: blocking there would stall that loop (or deadlock
-it), and the async API is the one to use.
+Calling into this package from async code (inside a coroutine, or a
+callback of a running event loop) raises `EventLoopThreadError`: blocking
+there would stall that loop (or deadlock it), and the async API is the one
+to use. A Jupyter cell's own code, which a coroutine of the kernel runs with
+`exec`, is synchronous code and may wait (`_loop.waiting_refused`).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import inspect
 import os
 import queue
 import threading
@@ -38,6 +39,7 @@ __all__ = [
     "refuse_event_loop_thread",
     "refused",
     "shared_loop",
+    "waiting_refused",
 ]
 
 R = TypeVar("R")
@@ -53,18 +55,50 @@ class EventLoopThreadError(WarmenvError, RuntimeError):
 
 
 def refused(what: str) -> EventLoopThreadError:
-    """The error for `what`, called where an event loop runs (see `event_loop_here`)."""
+    """The error for `what`, called where waiting is refused (see `waiting_refused`)."""
     return EventLoopThreadError(
-        f"warmenv.blocking {what} was called on a thread running an event loop, where"
-        " waiting would block that loop; use the async API (warmenv.open_environment,"
-        " await store.get(...)) there"
+        f"warmenv.blocking {what} was called from async code (inside a coroutine, or a"
+        " callback of an event loop), where waiting would block that loop; use the async"
+        " API (warmenv.open_environment, await store.get(...)) there"
     )
 
 
+_ASYNC: Final = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
+
+
+def waiting_refused() -> bool:
+    """Whether a blocking call here must be refused: this thread runs an event loop,
+    and the caller is its async code, not a REPL's or notebook cell's own.
+
+    The one rule, checked on every call, hits included (a hit would work, but
+    the same line would block, or deadlock, the loop on its first miss). A
+    thread with no loop may always wait. On a loop's thread, only code that
+    a coroutine ran with `exec` may: a Jupyter (ipykernel) cell, which runs
+    on the kernel's loop but is the user's synchronous code, as
+    `time.sleep` there is. Walking out from the caller, the first frame of a
+    coroutine (or async generator) refuses, and so does a loop's callback
+    (no such frame at all); a module's code met first allows it if and only
+    if it is not itself async (a cell with a top-level `await`) and a
+    coroutine ran it. Our loop thread never runs a cell, so it is refused
+    there: waiting for itself would deadlock.
+    """
+    if not event_loop_here():
+        return False
+    frame = inspect.currentframe()
+    while frame is not None:
+        code = frame.f_code
+        if code.co_flags & _ASYNC:
+            return True
+        if code.co_name == "<module>":
+            runner = frame.f_back
+            return runner is None or not runner.f_code.co_flags & _ASYNC
+        frame = frame.f_back
+    return True
+
+
 def refuse_event_loop_thread(what: str) -> None:
-    # Checked on every call, hits included: a hit would work, but the same
-    # line would block (or deadlock) the loop on its first miss.
-    if event_loop_here():
+    """`EventLoopThreadError` for `what` if waiting here is refused (`waiting_refused`)."""
+    if waiting_refused():
         raise refused(what)
 
 

@@ -27,8 +27,13 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVarTuple, final, overload
 
-from warmenv._backend import event_loop_here
-from warmenv.blocking._loop import Ask, LoopThread, refuse_event_loop_thread, refused
+from warmenv.blocking._loop import (
+    Ask,
+    LoopThread,
+    refuse_event_loop_thread,
+    refused,
+    waiting_refused,
+)
 from warmenv.persistence._flight import Flights, waits_for_itself
 from warmenv.persistence._held import ABSENT, Held
 from warmenv.persistence.storage import Failed, Insertion, Purged
@@ -101,7 +106,7 @@ class BlockingStore(Generic[K, V]):
 
         Only what the environment file cannot answer here goes to the loop thread.
         """
-        if event_loop_here():
+        if waiting_refused():
             raise refused("get()")
         value = self._hit(key)
         if value is not ABSENT:
@@ -128,7 +133,7 @@ class BlockingStore(Generic[K, V]):
         from another process, that value wins and is returned. `fn` asking
         for its own key raises `WarmenvError` (it would wait for itself).
         """
-        if event_loop_here():
+        if waiting_refused():
             raise refused("get_or_compute()")
         value = self._hit(key)
         if value is not ABSENT:
@@ -158,7 +163,7 @@ class BlockingStore(Generic[K, V]):
 
             @functools.wraps(fn)
             def memoized(*args: Any, **kwargs: Any) -> V:
-                if event_loop_here():
+                if waiting_refused():
                     raise refused(f"{name}() (memoized)")
                 call = functools.partial(fn, *args, **kwargs)
                 if keys is None:
