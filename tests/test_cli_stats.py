@@ -76,7 +76,7 @@ async def _fill(root: Path) -> None:
 
 @pytest.fixture
 def counted_root(tmp_path: Path) -> Path:
-    """Environment 'stats': 4 imported entries (cost 1.5 s) hit 4 times, 1 local, 2 misses."""
+    """Environment 'stats': 4 imported entries (cost 1.5 s), 2 hit 4 times; 1 local, 2 misses."""
     root = tmp_path / "root"
     anyio.run(_fill, root)
     return root
@@ -89,7 +89,7 @@ def test_stats_shows_hits_by_origin_misses_and_saved_seconds(counted_root: Path,
     kernels = by_ns[NS]
     assert kernels["hits_by_origin"] == {"local": 1, "imported": 4}
     assert (kernels["hits"], kernels["misses"], kernels["computes"]) == (5, 2, 1)
-    assert kernels["saved_seconds"] == pytest.approx(6.0, abs=0.5)
+    assert kernels["saved_seconds"] == pytest.approx(3.0, abs=0.5)  # i0 and i1, once each
     assert kernels["entries"] == 5
     (bundle,) = found["bundles"]
     assert (bundle["name"], bundle["digest"], bundle["entries"], bundle["hits"]) == (
@@ -98,7 +98,9 @@ def test_stats_shows_hits_by_origin_misses_and_saved_seconds(counted_root: Path,
         4,
         4,
     )
-    assert bundle["saved_seconds"] == pytest.approx(6.0)
+    assert (bundle["imported"], bundle["distinct_hits"]) == (4, 2)
+    assert bundle["saved_seconds"] == pytest.approx(3.0)
+    assert bundle["figure"] == "imported 4, hit 2 distinct, saved 3.000 s"
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -243,7 +245,7 @@ def test_stats_html_writes_a_page_of_bar_charts(
     }
     assert hits[(NS, "local")] == 1 and hits[(NS, "imported")] == 4
     saved = [b for b in parser.bars if b["chart"] == "saved-bundles"]
-    assert len(saved) == 1 and float(saved[0]["data-value"] or 0) == pytest.approx(6.0)
+    assert len(saved) == 1 and float(saved[0]["data-value"] or 0) == pytest.approx(3.0)
     assert "H100 Linux" in str(saved[0]["data-label"])
 
 

@@ -110,9 +110,20 @@ def bundle_json(b: BundleStatistics) -> dict[str, Any]:
         "name": b.name,
         "digest": b.digest,
         "entries": b.entries,
+        "imported": b.entries,
+        "distinct_hits": b.distinct_hits,
         "hits": b.hits,
         "saved_seconds": b.saved_seconds,
+        "figure": bundle_figure(b),
     }
+
+
+def bundle_figure(b: BundleStatistics) -> str:
+    """Did the bundle pay off, in one line: what it brought, how much of it served, the time."""
+    return (
+        f"imported {b.entries:,}, hit {b.distinct_hits:,} distinct, "
+        f"saved {seconds(b.saved_seconds)}"
+    )
 
 
 def import_json(record: ImportRecord) -> dict[str, Any]:
@@ -179,12 +190,13 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     )
     out.table(
         "imported bundles",
-        ["bundle", "digest", "entries", "hits", "saved"],
+        ["bundle", "digest", "entries", "hit distinct", "hits", "saved"],
         [
             [
                 b.name,
                 short_digest(b.digest),
                 f"{b.entries:,}",
+                f"{b.distinct_hits:,}",
                 f"{b.hits:,}",
                 seconds(b.saved_seconds),
             ]
@@ -192,6 +204,8 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         ],
         empty="no bundles imported",
     )
+    for b in stats.bundles:
+        out.line(f"bundle {b.name}: {bundle_figure(b)}")
     if stats.imports:
         out.table(
             "last warm-ups",

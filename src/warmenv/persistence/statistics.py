@@ -93,7 +93,9 @@ class NamespaceStatistics:
     computes: int
     compute_seconds: float
     saved_seconds: float
-    """The recorded `cost` of every entry hit, added up: time the hits did not spend."""
+    """The recorded `cost` of each entry hit, added once per entry per process: the
+    cold starts the hits avoided (a repeat hit in the same process saves nothing
+    more; see docs/statistics.md for the clock `cost` is measured with)."""
     text: bool = True
     """Whether the namespace is stored as text, as every store writes it (see
     `NamespaceSummary.text`): False for rows something else wrote under a
@@ -107,8 +109,13 @@ class BundleStatistics:
     name: str
     digest: str
     entries: int
+    """Its entries still imported here (not since overwritten, purged or evicted)."""
     hits: int
+    """Every hit on them, repeats included."""
     saved_seconds: float
+    """Their recorded `cost`, once per entry per process that hit it."""
+    distinct_hits: int = 0
+    """How many of `entries` were hit at least once (by any process)."""
 
 
 class ImportOutcome(enum.Enum):
@@ -481,7 +488,7 @@ def assemble(
     totals: list[NamespaceSummary],
     counters: dict[Name, tuple[int, int, float]],
     origins: dict[tuple[Name, int], tuple[int, float]],
-    bundles: list[tuple[int, str, str, int]],
+    bundles: list[tuple[int, str, str, int, int]],
     bundle_hits: dict[int, tuple[int, float]],
     pending: Batch,
     resolved: Resolved,
@@ -490,7 +497,7 @@ def assemble(
 
     `totals`: what each namespace holds; `counters`: namespace -> (misses,
     computes, compute seconds); `origins`: (namespace, origin) -> (hits,
-    saved); `bundles`: (id, name, digest, entries still imported). Pending and
+    saved); `bundles`: (id, name, digest, entries still imported, of them hit). Pending and
     resolved counts are a store's, so of text namespaces.
     """
     counts = dict(counters)
@@ -541,8 +548,9 @@ def assemble(
             entries=entries,
             hits=per_bundle.get(ident, (0, 0.0))[0],
             saved_seconds=per_bundle.get(ident, (0, 0.0))[1],
+            distinct_hits=hit,
         )
-        for ident, name, digest, entries in bundles
+        for ident, name, digest, entries, hit in bundles
     ]
     return EnvironmentStatistics(namespaces=namespaces, bundles=bundle_list)
 

@@ -52,21 +52,36 @@ def namespaces(conn: sqlite3.Connection) -> list[NamespaceSummary]:
 # bundles', and the stale rowids the recency update. No key is looked up twice.
 _NAMESPACES = "temp.warmenv_namespaces"
 _HITS = "temp.warmenv_hits"
+# The entries (rowids) whose saving this connection, so this process, has
+# already credited: a saving is the cold start a hit avoided, counted once
+# per entry per process however often it is hit again (docs/statistics.md).
+# A temporary table, not a Python set: SQLite keeps it in its page cache
+# (spilling to the temporary file past it), so 100,000s of entries cost no
+# Python objects and the flush checks membership set-based, by primary key.
+_CREDITED = "temp.warmenv_credited"
 _BATCH_DDL = (
     f"CREATE TABLE IF NOT EXISTS {_NAMESPACES} (i INTEGER PRIMARY KEY, "
     "namespace TEXT NOT NULL, misses INTEGER NOT NULL, computes INTEGER NOT NULL, "
     "seconds REAL NOT NULL)",
     f"CREATE TABLE IF NOT EXISTS {_HITS} (i INTEGER NOT NULL, origin INTEGER NOT NULL, "
-    "n INTEGER NOT NULL, cost REAL, bundle INTEGER, stale INTEGER)",
+    "n INTEGER NOT NULL, cost REAL, bundle INTEGER, stale INTEGER, entry INTEGER, fresh INTEGER)",
+    f"CREATE TABLE IF NOT EXISTS {_CREDITED} (entry INTEGER PRIMARY KEY)",
 )
 # ?1 is the recency granule; the VALUES rows are (namespace row, key, times hit),
 # the key a BLOB or, in a UTF-8 file, an ASCII key's text: CAST makes it the same
 # BLOB, and text is bound cheaper (see statistics.hit_params).
 _RESOLVE = (
     f"INSERT INTO {_HITS} SELECT v.column1, coalesce(e.origin, {int(Origin.LOCAL)}), "
-    "v.column3, e.cost, e.bundle, iif(e.last_hit IS NULL OR e.last_hit < ?1, e.rowid, NULL) "
+    "v.column3, e.cost, e.bundle, iif(e.last_hit IS NULL OR e.last_hit < ?1, e.rowid, NULL), "
+    f"e.rowid, e.rowid IS NOT NULL AND e.rowid NOT IN (SELECT entry FROM {_CREDITED}) "
     f"FROM ({{values}}) AS v CROSS JOIN {_NAMESPACES} AS ns ON ns.i = v.column1 "
     "LEFT JOIN main.entries AS e ON e.namespace = ns.namespace AND e.key = CAST(v.column2 AS BLOB)"
+)
+# A hit key's rows (a JSON store's key may come twice: as str and encoded) made
+# one per entry, so an entry's saving is added once: only if not yet credited.
+_PER_ENTRY = (
+    "SELECT i, origin, bundle, entry, sum(n) AS n, max(cost) AS cost, max(fresh) AS fresh "
+    f"FROM {_HITS}"
 )
 # Per (namespace, origin of the entry hit): hits and seconds saved; misses and
 # computations go on the LOCAL row (every namespace with some has one: below).
@@ -75,13 +90,16 @@ _BY_ORIGIN = (
     f"iif(h.origin = {int(Origin.LOCAL)}, ns.misses, 0), "
     f"iif(h.origin = {int(Origin.LOCAL)}, ns.computes, 0), "
     f"iif(h.origin = {int(Origin.LOCAL)}, ns.seconds, 0) "
-    "FROM (SELECT i, origin, sum(n) AS hits, sum(n * coalesce(cost, 0)) AS saved "
-    f"FROM {_HITS} GROUP BY i, origin) AS h JOIN {_NAMESPACES} AS ns ON ns.i = h.i WHERE true"
+    "FROM (SELECT i, origin, sum(n) AS hits, sum(iif(fresh, coalesce(cost, 0), 0)) AS saved "
+    f"FROM ({_PER_ENTRY} GROUP BY i, origin, entry) GROUP BY i, origin) AS h "
+    f"JOIN {_NAMESPACES} AS ns ON ns.i = h.i WHERE true"
 )
 _BY_BUNDLE = (
-    f"SELECT bundle, sum(n), sum(n * coalesce(cost, 0)) FROM {_HITS} "
-    f"WHERE origin = {int(Origin.IMPORTED)} AND bundle IS NOT NULL GROUP BY bundle"
+    "SELECT bundle, sum(n), sum(iif(fresh, coalesce(cost, 0), 0)) "
+    f"FROM ({_PER_ENTRY} WHERE origin = {int(Origin.IMPORTED)} AND bundle IS NOT NULL "
+    "GROUP BY bundle, entry) GROUP BY bundle"
 )
+_CREDIT = f"INSERT OR IGNORE INTO {_CREDITED} SELECT entry FROM {_HITS} WHERE fresh"
 _VALUES_ROWS = 500
 
 
@@ -186,6 +204,7 @@ def flush(batch: Batch, start: Cursor, now: int, conn: sqlite3.Connection) -> Cu
             f"(SELECT stale FROM {_HITS} WHERE stale IS NOT NULL)",
             (stamp,),
         )
+        conn.execute(_CREDIT)  # in the transaction: a slice rolled back credits nothing
         _clear_batch(conn)
 
     schema.transaction(conn, body)
@@ -205,7 +224,7 @@ def _statistics_read(
     tables = schema.table_names(conn) if version >= 2 else set()
     counters: dict[Name, tuple[int, int, float]] = {}
     origins: dict[tuple[Name, int], tuple[int, float]] = {}
-    bundles: list[tuple[int, str, str, int]] = []
+    bundles: list[tuple[int, str, str, int, int]] = []
     bundle_hits: dict[int, tuple[int, float]] = {}
     if schema.STATISTICS_TABLES <= tables:
         for namespace, text, origin, hits, saved, misses, computes, seconds in conn.execute(
@@ -222,11 +241,13 @@ def _statistics_read(
         ):
             bundle_hits[int(bundle)] = (int(hits), float(saved))
     if "bundles" in tables:
+        # An entry hit at least once has a recency (imports write none: see flush).
         bundles = [
-            (int(ident), str(name), str(digest), int(entries))
-            for ident, name, digest, entries in conn.execute(
-                "SELECT b.id, b.name, b.digest, (SELECT count(*) FROM entries AS e "
-                "WHERE e.bundle = b.id AND e.origin = ?) FROM bundles AS b ORDER BY b.name, b.id",
+            (int(ident), str(name), str(digest), int(entries), int(hit or 0))
+            for ident, name, digest, entries, hit in conn.execute(
+                "SELECT b.id, b.name, b.digest, count(e.rowid), count(e.last_hit) "
+                "FROM bundles AS b LEFT JOIN entries AS e ON e.bundle = b.id AND e.origin = ? "
+                "GROUP BY b.id ORDER BY b.name, b.id",
                 (int(Origin.IMPORTED),),
             )
         ]
