@@ -510,6 +510,11 @@ def test_the_trust_variables_win_over_the_file(
     monkeypatch.setenv("WARMENV_REQUIRE_SIGNATURE", "false")
     assert load_config(tmp_path).trusted_keys == ()
     assert load_config(tmp_path).require_signature is False
+    # Set but empty (CI's `WARMENV_REQUIRE_SIGNATURE=${UNSET}`) is not set: the file stands.
+    (tmp_path / "warmenv.toml").write_text(f'trusted_keys = ["{ci}"]\nrequire_signature = true\n')
+    for empty in ("", "  "):
+        monkeypatch.setenv("WARMENV_REQUIRE_SIGNATURE", empty)
+        assert load_config(tmp_path).require_signature is True
 
 
 @pytest.mark.parametrize(

@@ -154,7 +154,8 @@ def load_config(start: Path | None = None) -> Config:
         trusted_keys = _trusted_keys(
             entries, "the environment variable WARMENV_TRUSTED_KEYS", Path.cwd()
         )
-    if (env_require := os.environ.get("WARMENV_REQUIRE_SIGNATURE")) is not None:
+    if (env_require := os.environ.get("WARMENV_REQUIRE_SIGNATURE", "")).strip():
+        # Set but empty is not set (a template's unset variable): never a downgrade to false.
         require_signature = _flag_variable(env_require)
     if (env_lock := os.environ.get("WARMENV_LOCK_TIMEOUT")) is not None:
         lock_timeout = _lock_timeout(env_lock, "the environment variable WARMENV_LOCK_TIMEOUT")
@@ -326,7 +327,7 @@ def _flag(value: object, where: str) -> bool:
 
 
 _TRUE = ("1", "true", "yes", "on")
-_FALSE = ("", "0", "false", "no", "off")
+_FALSE = ("0", "false", "no", "off")
 
 
 def _flag_variable(value: str) -> bool:
