@@ -199,6 +199,22 @@ def test_get_or_compute_runs_fn_on_the_calling_thread_with_its_arguments(
     assert len(ran_on) == 3
 
 
+def test_get_or_compute_passes_keyword_arguments_of_any_name_to_fn(
+    env: BlockingEnvironment,
+) -> None:
+    store: BlockingStore[str, str] = env.store(NS)
+    calls: list[tuple[object, ...]] = []
+
+    def tune(size: int, *, key: str, fn: str = "f") -> str:
+        calls.append((size, key, fn))
+        return f"{size}-{key}-{fn}"
+
+    assert store.get_or_compute("a", tune, 3, key="k", fn="g") == "3-k-g"
+    assert store.get_or_compute("b", tune, size=4, key="j") == "4-j-f"
+    assert store.get_or_compute("a", tune, 9, key="other") == "3-k-g"  # a hit
+    assert calls == [(3, "k", "g"), (4, "j", "f")]
+
+
 def test_a_stored_none_is_a_value_not_recomputed(env: BlockingEnvironment) -> None:
     store: BlockingStore[str, None] = env.store(NS)
     runs: list[str] = []
@@ -601,6 +617,18 @@ def counted(root: Path) -> tuple[int, int, int]:
             return counts.hits, counts.misses, counts.computes
 
     return anyio.run(statistics)
+
+
+def test_get_many_answers_hits_here_and_reads_the_rest_together(root: Path) -> None:
+    with open_blocking("test", root=root) as env:
+        store: BlockingStore[str, int] = env.store(NS)
+        store.insert("held", 1)
+        env.store(NS, BytesCodec()).insert(b'"stored"', b"2")  # not in `store`'s memory
+        found = store.get_many(["absent", "held", "stored", "held"])
+        assert list(found.items()) == [("held", 1), ("stored", 2)]
+        assert store.get_many(["held", "stored"]) == {"held": 1, "stored": 2}
+        assert store.get_many(iter([])) == {}
+    assert counted(root) == (4, 1, 0)
 
 
 def test_hits_answered_on_the_calling_thread_are_counted(root: Path) -> None:

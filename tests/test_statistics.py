@@ -53,6 +53,19 @@ async def test_get_or_compute_records_the_computation_time_as_cost(any_env: Envi
     assert 0.04 <= info.cost < 5  # uvloop may wake a millisecond early
 
 
+async def test_get_many_counts_each_key_as_get_does(any_env: Environment) -> None:
+    store: Store[str, int] = await any_env.store(NS)
+    await store.insert("held", 1)
+    await any_env.storage(NS).insert(b'"stored"', b"2")  # not yet in the store's memory
+    found = await store.get_many(["held", "stored", "absent", "gone", "held"])
+    assert found == {"held": 1, "stored": 2}
+    assert await store.get_many([]) == {}
+    stats = await any_env.statistics()
+    (kernels,) = [s for s in stats.namespaces if s.namespace == NS]
+    assert (kernels.hits, kernels.misses, kernels.computes) == (2, 2, 0)
+    assert kernels.hits_by_origin == {Origin.LOCAL: 2}
+
+
 async def test_hits_misses_and_computes_are_counted_per_namespace(any_env: Environment) -> None:
     store: Store[str, int] = await any_env.store(NS)
     other: Store[str, int] = await any_env.store("app/1/other")

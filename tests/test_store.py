@@ -108,6 +108,23 @@ async def test_a_value_computed_over_one_that_does_not_decode_keeps_its_cost_and
     assert len(warnings) == 1 and "cannot decode" in warnings[0], warnings
 
 
+async def test_get_or_compute_passes_keyword_arguments_of_any_name_to_fn(
+    env: Environment,
+) -> None:
+    store: Store[str, str] = await env.store(NS)
+    calls: list[tuple[object, ...]] = []
+
+    async def tune(size: int, *, key: str, fn: str = "f") -> str:
+        calls.append((size, key, fn))
+        return f"{size}-{key}-{fn}"
+
+    # `key` and `fn` are get_or_compute's own, positional-only: here they are fn's.
+    assert await store.get_or_compute("a", tune, 3, key="k", fn="g") == "3-k-g"
+    assert await store.get_or_compute("b", tune, size=4, key="j") == "4-j-f"
+    assert await store.get_or_compute("a", tune, 9, key="other") == "3-k-g"  # a hit
+    assert calls == [(3, "k", "g"), (4, "j", "f")]
+
+
 async def test_a_conflicting_value_that_does_not_decode_is_repaired(env: Environment) -> None:
     store: Store[str, int] = await env.store(NS, mode=CacheMode.EAGER)
     await env.storage(NS).insert(b'"k"', b"{broken")  # arrives after open

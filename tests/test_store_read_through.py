@@ -40,6 +40,7 @@ class GatedStorage(Storage):
     def __init__(self, inner: Storage) -> None:
         self.inner = inner
         self.gets = 0
+        self.get_manys: list[list[bytes]] = []
         self.gate: anyio.Event | None = None
         self.arrived = anyio.Event()
 
@@ -56,6 +57,8 @@ class GatedStorage(Storage):
         return found
 
     async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
+        keys = list(keys)
+        self.get_manys.append(keys)
         return await self.inner.get_many(keys)
 
     async def insert(
@@ -203,6 +206,42 @@ async def test_a_hit_does_not_read_the_storage(env: Environment) -> None:
         assert await store.get("k") == 5
         assert await store.get_or_compute("k", _never) == 5
     assert gated.gets == 0
+
+
+@pytest.mark.parametrize("mode", list(CacheMode))
+async def test_get_many_reads_every_key_not_in_memory_in_one_storage_call(
+    env: Environment, mode: CacheMode
+) -> None:
+    gated = GatedStorage(env.storage(NS))
+    await gated.insert(b'"held"', b"1")
+    store: Store[str, int] = await Store.open(gated, mode=mode)
+    assert await store.get("held") == 1  # held in memory from here on
+    for key, value in (("a", 2), ("b", 3)):  # written after the store opened
+        await env.storage(NS).insert(f'"{key}"'.encode(), str(value).encode())
+    gated.get_manys.clear()
+    gated.gets = 0
+
+    asked = ["b", "absent", "held", "a", "b"]
+    assert list((await store.get_many(asked)).items()) == [("b", 3), ("held", 1), ("a", 2)]
+    assert sorted(map(sorted, gated.get_manys)) == [[b'"a"', b'"absent"', b'"b"']]
+    assert gated.gets == 0
+    # What it read is held now: asking again needs only the one still missing.
+    assert await store.get_many(["a", "b", "absent"]) == {"a": 2, "b": 3}
+    assert gated.get_manys[1:] == [[b'"absent"']]
+    assert await store.get_many(["a", "held"]) == {"a": 2, "held": 1}
+    assert len(gated.get_manys) == 2 and gated.gets == 0
+
+
+async def test_get_many_refuses_an_unhashable_key_before_reading_anything(
+    env: Environment,
+) -> None:
+    gated = GatedStorage(env.storage(NS))
+    await gated.insert(b"[1,2]", b"5")
+    store: Store[object, int] = await Store.open(gated, mode=CacheMode.LAZY)
+    with pytest.raises(TypeError, match="unhashable"):
+        await store.get_many(["x", [1, 2]])
+    assert gated.get_manys == [] and gated.gets == 0
+    assert await store.get_many([(1, 2)]) == {(1, 2): 5}  # a tuple is the JSON list key
 
 
 async def test_a_purge_during_a_read_is_not_undone_by_the_read(env: Environment) -> None:

@@ -71,11 +71,35 @@ def sync() -> None:
 """
 
 
+_CALLS = """\
+from warmenv import Namespace, Store, blocking
+
+NS = Namespace("app", "tuned", "1")
+
+
+async def tune(size: int, *, key: str) -> int:
+    return size
+
+
+def tune_here(size: int, *, key: str) -> int:
+    return size
+
+
+async def calls(store: Store[str, int], here: blocking.BlockingStore[str, int]) -> None:
+    await store.get_or_compute("a", tune, 1, key="k")
+    here.get_or_compute("a", tune_here, 1, key="k")
+    await store.get_or_compute("a", tune, "1", key="k")
+    here.get_or_compute("a", tune_here, 1, key=2)
+    await store.get_or_compute("a", tune, 1, other="k")
+"""
+
+
 @pytest.fixture(scope="module")
 def mypy_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     """One `mypy --strict` run over the snippets above: its output lines, per file."""
     return mypy_strict(
-        {"unannotated": _UNANNOTATED, "rejected": _REJECTED}, tmp_path_factory.mktemp("mypy")
+        {"unannotated": _UNANNOTATED, "rejected": _REJECTED, "calls": _CALLS},
+        tmp_path_factory.mktemp("mypy"),
     )
 
 
@@ -113,3 +137,9 @@ def test_a_bytes_codec_store_rejects_other_types(mypy_report: dict[str, list[str
     errors = [line for line in mypy_report["rejected"] if ": error: " in line]
     assert [line.split(":")[1] for line in errors] == ["9", "14"], errors
     assert all('incompatible type "str"; expected "bytes"' in line for line in errors), errors
+
+
+def test_get_or_compute_checks_fn_s_arguments(mypy_report: dict[str, list[str]]) -> None:
+    errors = [line for line in mypy_report["calls"] if ": error: " in line]
+    # Lines 15-16 pass what `fn` takes; 17-19 a wrong type, a wrong type, an unknown name.
+    assert sorted({int(line.split(":")[1]) for line in errors}) == [17, 18, 19], errors

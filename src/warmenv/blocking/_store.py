@@ -24,8 +24,8 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-from collections.abc import Callable
-from typing import Any, Generic, ParamSpec, TypeVarTuple, final, overload
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, ParamSpec, final, overload
 
 from warmenv.blocking._loop import (
     Ask,
@@ -51,7 +51,6 @@ K = TypeVar("K", default=Any)
 V = TypeVar("V", default=Any)
 D = TypeVar("D")
 P = ParamSpec("P")
-Ts = TypeVarTuple("Ts")
 
 
 @final
@@ -119,13 +118,38 @@ class BlockingStore(Generic[K, V]):
             return found[0]
         return self._loop.call(self._store.get, key, default)
 
+    def get_many(self, keys: Iterable[K]) -> dict[K, V]:
+        """The values of those `keys` that are stored, in their order; see `Store.get_many`.
+
+        Hits are answered on this thread; the other keys cross to the loop
+        thread together, for one storage read.
+        """
+        if waiting_refused():
+            raise refused("get_many()")
+        wanted = dict.fromkeys(keys)
+        found: dict[K, Any] = {}
+        rest: list[K] = []
+        for key in wanted:
+            value = self._hit(key)
+            if value is ABSENT:
+                rest.append(key)
+            else:
+                found[key] = value
+        if not rest:
+            return found
+        found.update(self._loop.call(self._store.get_many, rest))
+        return {key: found[key] for key in wanted if key in found}
+
     def insert(self, key: K, value: V) -> Insertion:
         """Store `value`; see `Store.insert`."""
         refuse_event_loop_thread("insert()")
         return self._loop.call(self._store.insert, key, value)
 
-    def get_or_compute(self, key: K, fn: Callable[[*Ts], V], *args: *Ts) -> V:
-        """The stored value, or `fn(*args)` run once, on this thread, for every concurrent asker.
+    def get_or_compute(self, key: K, fn: Callable[P, V], /, *args: P.args, **kwargs: P.kwargs) -> V:
+        """The stored value, or `fn(*args, **kwargs)` run once, on this thread, for every asker.
+
+        `key` and `fn` are positional-only, so `fn`'s keyword arguments may use
+        any name; the arguments are not part of the key.
 
         Threads that ask while a run is in progress wait for it: they get the
         value it stored (each its own copy) or the exception it raised, and
@@ -139,6 +163,8 @@ class BlockingStore(Generic[K, V]):
         if value is not ABSENT:
             return value  # type: ignore[no-any-return]
         memo, encoded = self._held.keys(key)
+        if kwargs:
+            return self._compute(memo, encoded, functools.partial(fn, *args, **kwargs), ())
         return self._compute(memo, encoded, fn, args)
 
     @overload

@@ -29,13 +29,12 @@ import functools
 import inspect
 import sys
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterable
 from typing import (
     Any,
     Final,
     Generic,
     ParamSpec,
-    TypeVarTuple,
     final,
     overload,
 )
@@ -65,7 +64,6 @@ K = TypeVar("K", default=Any)
 V = TypeVar("V", default=Any)
 D = TypeVar("D")
 P = ParamSpec("P")
-Ts = TypeVarTuple("Ts")
 
 
 class CacheMode(enum.Enum):
@@ -240,6 +238,46 @@ class Store(Generic[K, V]):
         held.counted(memo)
         return held.serve(memo, found)
 
+    async def get_many(self, keys: Iterable[K]) -> dict[K, V]:
+        """The values of those `keys` that memory or the storage holds, in their order.
+
+        The keys not held in memory are read in one storage call
+        (`Storage.get_many`: one SQLite query), however many they are. Each
+        key counts as `get` counts it, a hit if found and a miss if not; a key
+        given twice counts once. Keys missing from the storage are left out of
+        the result, which is keyed by the keys as given: they must be hashable
+        (a tuple for a JSON list key; an unhashable key raises `TypeError`
+        before anything is read or counted).
+        """
+        wanted = dict.fromkeys(keys)
+        held = self._held
+        found: dict[K, Any] = {}
+        pending: list[tuple[K, bytes | str, bytes]] = []
+        for key in wanted:
+            value = self._hit(key)
+            if value is ABSENT:
+                pending.append((key, *held.keys(key)))
+            else:
+                found[key] = value
+        if not pending:
+            return found
+        epoch = self._epoch
+        stored = await self._storage.get_many(dict.fromkeys(e for _, _, e in pending))
+        for key, memo, encoded in pending:
+            data = stored.get(encoded)
+            if data is None:
+                await explain_first_miss(self._storage.describe, self._storage.explain, encoded)
+            current = held.lookup(memo)
+            if current is ABSENT and epoch == self._epoch and data is not None:
+                # As in `get`: an insert or purge that overtook the read is newer.
+                current = held.remember(encoded, data)
+            if current is ABSENT:
+                held.missed()
+            else:
+                held.counted(memo)
+                found[key] = held.serve(memo, current)
+        return {key: found[key] for key in wanted if key in found}
+
     def get_nowait(self, key: K) -> V:
         """The value for `key` if it is held in memory, without awaiting.
 
@@ -260,14 +298,20 @@ class Store(Generic[K, V]):
         result, _ = await self._put(held.encode_key(key), data, keep_failed=False)
         return result
 
-    async def get_or_compute(self, key: K, fn: Callable[[*Ts], Awaitable[V]], *args: *Ts) -> V:
-        """The stored value, or `await fn(*args)` run once for every concurrent asker.
+    async def get_or_compute(
+        self, key: K, fn: Callable[P, Awaitable[V]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> V:
+        """The stored value, or `await fn(*args, **kwargs)` run once for every concurrent asker.
+
+        `key` and `fn` are positional-only, so `fn`'s keyword arguments may use
+        any name (`key=` and `fn=` included); the arguments are not part of the
+        key.
 
         Askers that arrive while a run is in progress wait for it and share its
         outcome: its value, or the exception it raised (the next call then
         starts a new run). A waiter that is cancelled stops waiting and the run
         goes on. If the task running `fn` is cancelled, the run is abandoned and
-        one of the waiters starts a new one with its own `fn(*args)`, so no
+        one of the waiters starts a new one with its own `fn`, so no
         waiter is left without an answer or handed a cancellation not its own.
         If the storage already holds another value for the key (another
         process got there first), that value wins and is returned. `fn` asking
@@ -279,7 +323,12 @@ class Store(Generic[K, V]):
             return value  # type: ignore[no-any-return]
         held = self._held
         memo, encoded = held.keys(key)
-        found, _ = await self.compute_held(memo, encoded, fn, args)
+        if kwargs:
+            found, _ = await self.compute_held(
+                memo, encoded, functools.partial(fn, *args, **kwargs), ()
+            )
+        else:
+            found, _ = await self.compute_held(memo, encoded, fn, args)
         return held.serve(memo, found)
 
     @overload
@@ -376,8 +425,8 @@ class Store(Generic[K, V]):
         self,
         memo: bytes | str,
         encoded: bytes,
-        fn: Callable[[*Ts], Awaitable[V]],
-        args: tuple[*Ts],
+        fn: Callable[..., Awaitable[V]],
+        args: tuple[Any, ...],
     ) -> tuple[Any, bool]:
         """The held form of a key not in memory, read through, else computed by one shared run.
 
@@ -427,7 +476,7 @@ class Store(Generic[K, V]):
         return ABSENT if data is None else self._held.remember(encoded, data)
 
     async def _fill(
-        self, encoded: bytes, fn: Callable[[*Ts], Awaitable[V]], args: tuple[*Ts]
+        self, encoded: bytes, fn: Callable[..., Awaitable[V]], args: tuple[Any, ...]
     ) -> tuple[Any, bool]:
         """What this store now holds for the key, and whether it was found (not computed)."""
         held = await self._read(encoded)
