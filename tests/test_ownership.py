@@ -236,6 +236,23 @@ def test_export_of_a_foreign_database_in_wal_mode_leaves_it_as_it_was(
     assert not out.exists()
 
 
+def test_export_refuses_each_kind_of_foreign_source_file_and_changes_none(
+    foreign: Path, tmp_path: Path
+) -> None:
+    # The one ownership proof (opening.prove_unwritten) holds for an export's SOURCE as
+    # for an environment: another program's id or meta key on our shape is not ours.
+    root = foreign.parent.parent
+    before = _state(root)
+    out = tmp_path / "out.bundle"
+    completed = warmenv(
+        "export", str(out), "--name", "n", "--app-version", "1", str(foreign),
+        root=tmp_path / "warmenv-root",
+    )  # fmt: skip
+    assert "is not a warmenv environment" in assert_one_error_line(completed, 1)
+    assert _state(root) == before
+    assert not out.exists()
+
+
 async def test_an_environment_opened_read_only_refuses_every_write(root: Path) -> None:
     async with open_environment("e", root=root) as env:
         assert isinstance(await env.storage("app/1/k").insert(b"k", b"v"), Stored)

@@ -93,9 +93,10 @@ async def connect(
     return await AsyncioConnection.open(connector, database)
 
 
-def open_file(uri: str) -> sqlite3.Connection:
+def open_file(uri: str, *, busy_timeout: float = FILE_BUSY_TIMEOUT_SECONDS) -> sqlite3.Connection:
     """A plain, synchronous connection to the file a `file:` URI names (its mode, `ro`,
-    `rw`, `rwc` or `immutable=1`, is the URI's).
+    `rw`, `rwc` or `immutable=1`, is the URI's), waiting `busy_timeout` seconds for
+    another process's lock.
 
     For synchronous work on a worker thread, one thread at a time (anyio's
     worker threads take turns: `check_same_thread` is off), in autocommit
@@ -105,7 +106,7 @@ def open_file(uri: str) -> sqlite3.Connection:
     return sqlite3.connect(
         uri,
         uri=True,
-        timeout=FILE_BUSY_TIMEOUT_SECONDS,
+        timeout=busy_timeout,
         isolation_level=None,  # warmenv issues BEGIN/COMMIT itself
         check_same_thread=False,
     )

@@ -352,7 +352,9 @@ async def open_database(
         raise FileNotFoundError(path)
     try:
         if exists:
-            await _prove_ours_unwritten(path, lock_timeout)
+            await anyio.to_thread.run_sync(
+                partial(opening.prove_unwritten, path, busy_timeout=lock_timeout)
+            )
         if read_only:
             return await _open_readonly(path, None, lock_timeout, read_write=True)
         if not exists:
@@ -364,33 +366,6 @@ async def open_database(
         if opening.is_busy(exc):
             raise opening.EnvironmentLockedError(path, lock_timeout) from None
         raise
-
-
-async def _prove_ours_unwritten(path: Path, lock_timeout: float) -> None:
-    """Refuse a file that is not warmenv's on a connection that cannot change it.
-
-    The last read-write connection to close a WAL database checkpoints it
-    and removes its -wal and -shm files, so a proof made only on one would
-    change a file that then turns out not to be ours. A file no read-only
-    connection can read (`uris.read_only_uris`) is left to the read-write
-    open's own proof.
-    """
-    try:
-        resolved = await anyio.to_thread.run_sync(path.resolve)
-        candidates = await anyio.to_thread.run_sync(uris.read_only_uris, resolved)
-    except (sqlite3.Error, OSError):
-        return
-    for uri in candidates:
-        try:
-            connection, _ = await _sqlite.open_with(
-                uri, opening.prepare_readonly, uri=True, busy_timeout=lock_timeout
-            )
-        except sqlite3.Error as exc:
-            if opening.is_busy(exc):
-                raise
-            continue  # not readable this way, or an older schema: the open below decides
-        await connection.close()
-        return
 
 
 def _prepare_query_only(conn: sqlite3.Connection) -> int:

@@ -2,8 +2,9 @@
 
 An export takes the entries of one or more environment files (any version:
 a version-1 file carries no `written_at` or `cost`, and is read, never
-upgraded) and never writes them: each is opened read-write first
-(`uris.open_uris`) so that the last connection to close it removes the -wal
+upgraded) and never writes them: each is proven warmenv's first, on a
+connection that cannot change it (`opening.prove_unwritten`), then opened
+read-write (`uris.open_uris`) so that the last connection to close it removes the -wal
 and -shm files reading it needed. Only rows a bundle reader accepts are
 taken: the right types, in a namespace of non-empty UTF-8 text; the others
 are left out and counted. Every statement an export runs on an environment
@@ -33,7 +34,7 @@ import attrs
 from warmenv import _sqlite
 from warmenv._text import is_utf8
 from warmenv.persistence import carried
-from warmenv.persistence.sqlite import schema, uris
+from warmenv.persistence.sqlite import opening, schema, uris
 from warmenv.persistence.storage import Origin
 
 __all__ = [
@@ -158,7 +159,7 @@ class SourceCopy:
     ) -> None:
         self._conn = conn
         self.attached = False
-        _refuse_unless_entries(source)
+        _refuse_unless_ours(source)
         error: sqlite3.Error | None = None
         for uri in uris.open_uris(source, read_write=True):
             try:
@@ -212,40 +213,18 @@ class SourceCopy:
             self.attached = False
 
 
-def _refuse_unless_entries(path: Path) -> None:
-    """Refuse a source with no entries table on a connection that cannot change it.
-
-    The read below is on a read-write connection (its close leaves no -wal
-    or -shm of ours), and the last one to close a WAL database checkpoints
-    it: a foreign file must be refused before one is opened. A file no
-    read-only connection can read is left to the read below.
-    """
+def _refuse_unless_ours(path: Path) -> None:
+    """The ownership proof (`opening.prove_unwritten`) before a source's read-write open,
+    its refusal as this module's error."""
     try:
-        candidates = uris.read_only_uris(path.resolve())
-    except (sqlite3.Error, OSError):
-        return
-    for uri in candidates:
-        try:
-            conn = _sqlite.open_file(uri)
-        except sqlite3.Error:
-            continue
-        try:
-            if not schema.has_entry_columns(conn):
-                raise NotAnEnvironmentError(
-                    f"{path} is not a warmenv environment (no entries table)"
-                )
-            return
-        except NotAnEnvironmentError:
-            raise
-        except sqlite3.Error:
-            continue
-        finally:
-            conn.close()
+        opening.prove_unwritten(path, busy_timeout=_sqlite.FILE_BUSY_TIMEOUT_SECONDS)
+    except opening.NotAnEnvironmentError as exc:
+        raise NotAnEnvironmentError(str(exc.at(path))) from None
 
 
 def _open_source(path: Path) -> sqlite3.Connection:
     """Open an environment to export from, reading under one snapshot."""
-    _refuse_unless_entries(path)
+    _refuse_unless_ours(path)
     last: sqlite3.Error | None = None
     for uri in uris.open_uris(path, read_write=True):
         conn = None

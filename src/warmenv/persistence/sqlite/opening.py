@@ -13,7 +13,9 @@ another program, a file that is not SQLite, an empty file warmenv did not
 make) is refused with `NotAnEnvironmentError` and left byte for byte as it
 is; a newer warmenv's file (`NewerSchemaError`) and a bundle are left alone
 too. A read-only open (`prepare_readonly`) proves the same and writes
-nothing. Every function runs on the connection's worker thread.
+nothing, and `prove_unwritten` makes that proof before any read-write
+connection touches an existing file (the environment's open and an export's
+sources alike). Every function runs on a worker thread.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from pathlib import Path
 
 import attrs
 
+from warmenv import _sqlite
 from warmenv._errors import WarmenvError
-from warmenv.persistence.sqlite import schema
+from warmenv.persistence.sqlite import schema, uris
 from warmenv.persistence.sqlite.schema import (
     CARRIED_COLUMNS,
     ENVIRONMENT_VERSION,
@@ -45,6 +48,7 @@ __all__ = [
     "prepare_readonly",
     "prepare_writable",
     "is_busy",
+    "prove_unwritten",
 ]
 
 APPLICATION_ID = 0x5741524D
@@ -192,6 +196,40 @@ def prepare_readonly(conn: sqlite3.Connection) -> int:
     if ours.version is None:
         raise sqlite3.DatabaseError(f"schema version {ours.found!r}, not {ENVIRONMENT_VERSION}")
     return ours.version
+
+
+def prove_unwritten(path: Path, *, busy_timeout: float) -> None:
+    """Refuse a file that is not warmenv's on a connection that cannot change it.
+
+    The last read-write connection to close a WAL database checkpoints it
+    and removes its -wal and -shm files, so a proof made only on one would
+    change a file that then turns out not to be ours: every read-write open
+    of an existing file (an environment's, an export's source) comes after
+    this. `NotAnEnvironmentError` (not naming the file: the caller's
+    `at(path)` does) where a read-only connection shows it is not ours;
+    another process's lock held past `busy_timeout` raises as SQLite's busy
+    error. A file no read-only connection can read, or one read this way as
+    of no version we read (a newer warmenv's, say), is left to the
+    read-write open's own proof.
+    """
+    try:
+        candidates = uris.read_only_uris(path.resolve())
+    except (sqlite3.Error, OSError):
+        return
+    for uri in candidates:
+        try:
+            conn = _sqlite.open_file(uri, busy_timeout=busy_timeout)
+        except sqlite3.Error:
+            continue
+        try:
+            prepare_readonly(conn)
+            return
+        except sqlite3.Error as exc:
+            if is_busy(exc):
+                raise
+            continue  # not readable this way, or not a version read here: the open decides
+        finally:
+            conn.close()
 
 
 def _mark(conn: sqlite3.Connection) -> None:
