@@ -328,6 +328,19 @@ def test_purge_of_a_name_two_bundles_share_deletes_nothing_and_lists_their_diges
         assert after["namespaces"] == before["namespaces"]
 
 
+def test_a_name_two_bundles_share_is_refused_before_the_prompt(counted_root: Path) -> None:
+    # The CLI asks the library's rule (storage.bundles_to_purge) before it asks the user:
+    # off a terminal without --yes the refusal, not "pass --yes", is what is said.
+    anyio.run(_two_of_one_name, counted_root)
+    completed = run(
+        "purge", "--bundle", "H100 Linux", "--env", "stats", root=counted_root, loop="asyncio"
+    )
+    assert completed.returncode == 1
+    assert "names 2 bundles imported into" in completed.stderr
+    assert "cd" * 32 in completed.stderr and "ef" * 32 in completed.stderr
+    assert "--yes" not in completed.stderr
+
+
 def test_purge_bundle_without_yes_off_a_terminal_is_a_usage_error(counted_root: Path) -> None:
     completed = run(
         "purge", "--bundle", "H100 Linux", "--env", "stats", root=counted_root, loop="asyncio"

@@ -21,8 +21,13 @@ from warmenv.cli._format import as_json, namespace_label, plural
 from warmenv.cli._options import add_namespace_option, namespace_prefixes, no_match, text_argument
 from warmenv.cli._output import Output, ask
 from warmenv.persistence.namespace import matches_any
-from warmenv.persistence.statistics import BundleStatistics
-from warmenv.persistence.storage import Failed, NamespaceSummary
+from warmenv.persistence.storage import (
+    AmbiguousBundleError,
+    Failed,
+    NamespaceSummary,
+    bundles_to_purge,
+    names_bundle,
+)
 
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
@@ -118,10 +123,6 @@ def _quoted(summary: NamespaceSummary) -> str:
     return namespace_label(quoted, text=summary.text)
 
 
-def _names(bundle: BundleStatistics) -> tuple[str, ...]:
-    return (bundle.digest, bundle.name, bundle.digest.partition(":")[2])
-
-
 async def _confirm(args: argparse.Namespace, out: Output, what: str, question: str) -> None:
     """Return once the user said yes (or --yes); raise otherwise."""
     if args.yes:
@@ -146,19 +147,20 @@ async def run_bundle(args: argparse.Namespace, out: Output) -> int:
     out.when_interrupted = "nothing deleted"
     async with environment(args, out, write=True) as env:
         known = (await env.statistics()).bundles
-        matching = [b for b in known if wanted in _names(b)]
+        matching = [b for b in known if names_bundle(wanted, b)]
         if not matching:
             there = ", ".join(repr(b.name) for b in known) or "none"
             raise Failure(
                 f"no bundle {wanted!r} was imported into {env.describe()} (bundles there: "
                 f"{there}); nothing deleted"
             )
-        digests = sorted({b.digest for b in matching if b.entries})
-        if len(digests) > 1:  # what the library refuses too: said before the prompt
-            raise Failure(
-                f"{wanted!r} names {len(digests)} bundles imported into {env.describe()} "
-                f"({', '.join(digests)}); give the digest of the one to purge; nothing deleted"
+        # The library's rule, asked before the prompt: what its purge would refuse.
+        try:
+            bundles_to_purge(
+                wanted, [b for b in known if b.entries], where=f"into {env.describe()}"
             )
+        except AmbiguousBundleError as exc:
+            raise Failure(str(exc)) from None
         entries = sum(b.entries for b in matching)
         what = f"{plural(entries, 'entry', 'entries')} imported from {matching[0].name!r}"
         await _confirm(args, out, f"{what} in {env.describe()}", f"delete {what}? [y/N] ")

@@ -19,16 +19,18 @@ import math
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager, nullcontext
-from typing import TYPE_CHECKING, NoReturn, Protocol, TypeAlias
+from typing import TYPE_CHECKING, NoReturn, Protocol, TypeAlias, TypeVar
 
 import attrs
 
+from warmenv._errors import WarmenvError
 from warmenv._text import is_utf8
 
 if TYPE_CHECKING:  # explain.py builds on this module
     from warmenv.persistence.explain import Explanation
 
 __all__ = [
+    "AmbiguousBundleError",
     "BundleRef",
     "Conflict",
     "EntryInfo",
@@ -42,7 +44,9 @@ __all__ = [
     "Storage",
     "Stored",
     "addressable",
+    "bundles_to_purge",
     "may_replace",
+    "names_bundle",
 ]
 
 log = logging.getLogger("warmenv.storage")
@@ -142,6 +146,47 @@ class BundleRef:
     name: str
     digest: str
     signer: str | None = None
+
+
+class AmbiguousBundleError(WarmenvError, ValueError):
+    """A purge was given a name (or bare digest) that more than one imported bundle bears."""
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def digest(self) -> str: ...
+
+
+_N = TypeVar("_N", bound=_Named)
+
+
+def names_bundle(digest_or_name: str, bundle: _Named) -> bool:
+    """Whether `digest_or_name` names `bundle`: its digest, with or without the algorithm
+    prefix, or its manifest name."""
+    return digest_or_name in (bundle.digest, bundle.name, bundle.digest.partition(":")[2])
+
+
+def bundles_to_purge(
+    digest_or_name: str, imported: Iterable[_N], *, where: str = "here"
+) -> list[_N]:
+    """The bundles a purge of `digest_or_name` takes, among those with entries still
+    `imported` (`where`: the environment, for the message).
+
+    A name two builds share (two digests) raises `AmbiguousBundleError`
+    listing the digests: a quarantine must never take a good build with the
+    bad one. The library's purge applies this in its transaction, and the
+    CLI before its prompt, so both refuse alike.
+    """
+    found = [bundle for bundle in imported if names_bundle(digest_or_name, bundle)]
+    digests = sorted({bundle.digest for bundle in found})
+    if len(digests) > 1:
+        raise AmbiguousBundleError(
+            f"{digest_or_name!r} names {len(digests)} bundles imported {where} "
+            f"({', '.join(digests)}); give the digest of the one to purge; nothing deleted"
+        )
+    return found
 
 
 @attrs.frozen

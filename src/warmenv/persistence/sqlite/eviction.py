@@ -13,17 +13,11 @@ import os
 import sqlite3
 from pathlib import Path
 
-from warmenv._errors import WarmenvError
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.sqlite import schema
-from warmenv.persistence.storage import Origin, addressable
+from warmenv.persistence.storage import BundleRef, Origin, addressable, bundles_to_purge
 
-__all__ = ["AmbiguousBundleError", "file_size", "gc", "purge_bundle", "touch", "vacuum"]
-
-
-class AmbiguousBundleError(WarmenvError, ValueError):
-    """`purge_bundle` was given a name (or bare digest) that more than one bundle matches."""
-
+__all__ = ["file_size", "gc", "purge_bundle", "touch", "vacuum"]
 
 _TOUCH_CHUNK = 500
 
@@ -47,28 +41,24 @@ def touch(namespace: str, keys: list[bytes], now: int, conn: sqlite3.Connection)
 
 
 def purge_bundle(digest_or_name: str, conn: sqlite3.Connection) -> int:
-    """Delete what one bundle imported; a name (or bare digest) two bundles match is refused."""
+    """Delete what one bundle imported; which one is `storage.bundles_to_purge`'s rule."""
 
     def body(conn: sqlite3.Connection) -> int:
         # Only bundles with entries still imported: one already purged is no rival.
-        found = conn.execute(
-            "SELECT id, digest FROM bundles WHERE (digest = ? OR name = ? "
-            "OR substr(digest, instr(digest, ':') + 1) = ?) AND EXISTS (SELECT 1 FROM entries "
+        ids: dict[BundleRef, list[int]] = {}
+        for bundle_id, name, digest in conn.execute(
+            "SELECT id, name, digest FROM bundles WHERE EXISTS (SELECT 1 FROM entries "
             "WHERE entries.origin = ? AND entries.bundle = bundles.id)",
-            (digest_or_name, digest_or_name, digest_or_name, int(Origin.IMPORTED)),
-        ).fetchall()
-        digests = sorted({str(digest) for _, digest in found})
-        if len(digests) > 1:
-            raise AmbiguousBundleError(
-                f"{digest_or_name!r} names {len(digests)} bundles imported here "
-                f"({', '.join(digests)}); give the digest of the one to purge; nothing deleted"
-            )
+            (int(Origin.IMPORTED),),
+        ):
+            ids.setdefault(BundleRef(str(name), str(digest)), []).append(int(bundle_id))
         removed = 0
-        for bundle_id, _ in found:
-            removed += conn.execute(
-                "DELETE FROM entries WHERE origin = ? AND bundle = ?",
-                (int(Origin.IMPORTED), bundle_id),
-            ).rowcount
+        for bundle in bundles_to_purge(digest_or_name, ids):
+            for bundle_id in ids[bundle]:
+                removed += conn.execute(
+                    "DELETE FROM entries WHERE origin = ? AND bundle = ?",
+                    (int(Origin.IMPORTED), bundle_id),
+                ).rowcount
         return removed
 
     return schema.transaction(conn, body)
