@@ -103,3 +103,13 @@ if left == "collected":
     with open_blocking("t", root=root) as env:
         (namespace,) = env.statistics().namespaces
         assert (namespace.hits, namespace.misses) == (1, 1)
+
+
+def test_open_environment_takes_opens_parameters_and_refuses_a_wrong_one_at_the_call(
+    root: Path,
+) -> None:
+    # One definition of the parameters (open's): the with-block form is derived from it.
+    with pytest.raises(TypeError, match=r"^open_environment\(\) got an unexpected keyword "):
+        warmenv.blocking.open_environment("e", rooot=root)  # type: ignore[call-arg]
+    with warmenv.blocking.open_environment("e", root=root, max_bytes=1 << 20) as env:
+        assert env.name == "e"

@@ -10,12 +10,13 @@ thread (`warmenv.blocking._store`).
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, final, overload
+from typing import Any, ParamSpec, final, overload
 
 import attrs
 
@@ -40,6 +41,8 @@ if sys.version_info >= (3, 13):
 else:
     from typing_extensions import TypeVar
 
+P = ParamSpec("P")
+R = TypeVar("R")
 K = TypeVar("K", default=Any)
 V = TypeVar("V", default=Any)
 
@@ -89,38 +92,42 @@ def open(  # the package's name for it, as sqlite3's is connect
     return BlockingEnvironment(loop.hold(opening), loop)
 
 
-def open_environment(
-    name: str | None = None,
-    *,
-    root: str | Path | None = None,
-    file: str | Path | None = None,
-    create: bool = True,
-    read_only: bool = False,
-    max_bytes: int | None = None,
-    remote: str | RemoteSettings | None = None,
-    statistics: bool = True,
-    lock_timeout: float | None = None,
-) -> _Opening:
+def _parameters_of(
+    opener: Callable[P, object],
+) -> Callable[[Callable[..., R]], Callable[P, R]]:
+    """Give the decorated function `opener`'s parameters: one definition of them, checked
+    by mypy at every call, at run time on the call (a wrong keyword raises `TypeError`
+    there, not later), and shown by `inspect.signature` and `help()`."""
+    parameters = inspect.signature(opener)
+
+    def decorate(function: Callable[..., R]) -> Callable[P, R]:
+        @functools.wraps(function)
+        def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                parameters.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise TypeError(f"{function.__name__}() {exc}") from None
+            return function(*args, **kwargs)
+
+        returns = inspect.signature(function).return_annotation
+        checked.__signature__ = parameters.replace(  # type: ignore[attr-defined]
+            return_annotation=returns
+        )
+        return checked
+
+    return decorate
+
+
+@_parameters_of(open)
+def open_environment(*args: Any, **kwargs: Any) -> _Opening:
     """Open an environment for the duration of a `with` block, from synchronous code.
 
-    Arguments as for `open`; the environment opens on entering the block and
-    is closed (on the loop thread) when it exits. `open_environment(...).__enter__()`
-    keeps it open as `open(...)` does: the environment owns itself, not the
-    context manager.
+    Arguments as for `open` (its parameters, the one definition of them);
+    the environment opens on entering the block and is closed (on the loop
+    thread) when it exits. `open_environment(...).__enter__()` keeps it open
+    as `open(...)` does: the environment owns itself, not the context manager.
     """
-    arguments = functools.partial(
-        open,
-        name,
-        root=root,
-        file=file,
-        create=create,
-        read_only=read_only,
-        max_bytes=max_bytes,
-        remote=remote,
-        statistics=statistics,
-        lock_timeout=lock_timeout,
-    )
-    return _Opening(arguments)
+    return _Opening(functools.partial(open, *args, **kwargs))
 
 
 @final
