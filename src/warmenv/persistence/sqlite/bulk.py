@@ -56,7 +56,8 @@ class BulkCopies:
         """Copy the entries of the entry file `source` in, as IMPORTED, a batch at a time.
 
         The copy stays inside SQLite (ATTACH, then INSERT ... SELECT over rowid
-        ranges); each batch is one transaction and obeys the insert rule. The
+        ranges of `batch_size` rows each, wherever the rowids lie); each batch is
+        one transaction and obeys the insert rule. The
         caller must own `source` (a private, verified snapshot): it is read by
         path. A batch that fails is reported `failed` and the copy goes on.
         Copied entries record `bundle` as where they came from, and the
@@ -89,16 +90,16 @@ class BulkCopies:
                 # fail too, and are counted as failed one by one below.
                 log.warning("importing %s into %s: %s", source, path, exc)
                 provenance = await run(partial(_copy_provenance, alias, None))
-            start, last = await run(partial(_rowid_range, alias))
+            start: int | None = await run(partial(_first_rowid, alias))
             while start is not None:
-                span = _Span(alias, start, min(start + batch_size - 1, last), last)
+                span = await run(partial(_Span.of, alias, start, batch_size))
                 copy = partial(_copy_batch, span, clause, params, provenance)
                 try:
                     batch = await run(copy)
                 except sqlite3.Error as exc:
                     log.warning("importing %s into %s: a batch failed: %s", source, path, exc)
                     batch = await run(partial(_count_failed_batch, span, clause, params))
-                start = batch.following
+                start = span.following
                 yield batch
         finally:
             # The worker runs calls in order, so this detach follows even an
@@ -215,36 +216,44 @@ def _detach(alias: str, conn: sqlite3.Connection) -> None:
     conn.execute(f"DETACH DATABASE {alias}")
 
 
-def _rowid_range(alias: str, conn: sqlite3.Connection) -> tuple[int | None, int]:
-    """The first and last rowid of the source (None, 0: it is empty)."""
-    first, last = conn.execute(f"SELECT min(rowid), max(rowid) FROM {alias}.entries").fetchone()
-    return (None, 0) if first is None else (int(first), int(last))
+def _first_rowid(alias: str, conn: sqlite3.Connection) -> int | None:
+    """The source's first rowid (None: it is empty)."""
+    row = conn.execute(f"SELECT min(rowid) FROM {alias}.entries").fetchone()
+    return None if row[0] is None else int(row[0])
 
 
 @attrs.frozen
 class _Span:
-    """A batch of a bulk copy: the rowids `start` to `end` of the source's `last`.
+    """A batch of a bulk copy: the source's rows from rowid `start` to `end`, and the
+    rowid the next batch starts from (`following`; None: this is the last).
 
-    A bundle's rowids run without gaps (export writes them in one go), so a
-    batch is a range of `batch_size` rowids, with no query to find where it
-    ends; a range that holds nothing (a file with gaps) skips to the next row.
+    A batch is `batch_size` rows, however far apart their rowids lie: export
+    writes rowids without gaps, but a file made otherwise may space them 10^11
+    apart, and a batch of `batch_size` rowids then held one row, one
+    transaction per entry (issue 22, defect 14). The batch's last rowid is
+    found by stepping `batch_size` rows along the table's b-tree (no column is
+    decoded), over the pages the copy reads next.
     """
 
     alias: str
     start: int
     end: int
-    last: int
+    following: int | None
 
-    def following(self, seen: int, conn: sqlite3.Connection) -> int | None:
-        """Where the next batch starts (None: this was the last)."""
-        if self.end >= self.last:
-            return None
-        if seen:
-            return self.end + 1
-        row = conn.execute(
-            f"SELECT min(rowid) FROM {self.alias}.entries WHERE rowid > ?", (self.end,)
-        ).fetchone()
-        return None if row[0] is None else int(row[0])
+    @classmethod
+    def of(cls, alias: str, start: int, batch_size: int, conn: sqlite3.Connection) -> _Span:
+        """The batch of up to `batch_size` rows from the first rowid >= `start`."""
+        ends = conn.execute(
+            f"SELECT rowid FROM {alias}.entries WHERE rowid >= ? ORDER BY rowid LIMIT 2 OFFSET ?",
+            (start, batch_size - 1),
+        ).fetchall()
+        if not ends:  # fewer rows than a batch are left: they are the last
+            return cls(alias, start, _LAST_ROWID, None)
+        following = int(ends[1][0]) if len(ends) == 2 else None
+        return cls(alias, start, int(ends[0][0]), following)
+
+
+_LAST_ROWID = (1 << 63) - 1
 
 
 def _seen(
@@ -268,7 +277,7 @@ def _count_failed_batch(
         seen_bytes=sum(b for _, _, b in seen),
         imported=[],
         last_namespace=seen[-1][0] if seen else "",
-        following=span.following(total, conn),
+        following=span.following,
         failed=True,
     )
 
@@ -321,7 +330,7 @@ def _copy_batch(
             seen_bytes=sum(b for _, _, b in seen),
             imported=imported,
             last_namespace=seen[-1][0] if seen else "",
-            following=span.following(total, conn),
+            following=span.following,
         )
 
     return schema.transaction(conn, body)
