@@ -203,8 +203,14 @@ class TreeCheck:
         return not self.reasons
 
 
-def captured_trees(namespaces: Iterable[tuple[str, int]]) -> tuple[TreeCheck, ...]:
-    """The captured compiler-cache trees among `(namespace, entries)` pairs, checked here."""
+def captured_trees(
+    namespaces: Iterable[tuple[str, int]], *, here: Facts | None = None
+) -> tuple[TreeCheck, ...]:
+    """The captured compiler-cache trees among `(namespace, entries)` pairs, checked here.
+
+    `here`: the facts to check them against (default: this machine's values
+    of each tree's own facts, read afresh).
+    """
     found = []
     for full, entries in namespaces:
         if not full.startswith(PREFIX):
@@ -217,7 +223,7 @@ def captured_trees(namespaces: Iterable[tuple[str, int]]) -> tuple[TreeCheck, ..
                 f"its version segment {namespace.version!r} is not warmenv's facts",
             )
         else:
-            reasons = facts.mismatches()
+            reasons = facts.mismatches(here)
         found.append(TreeCheck(tool, full, entries, reasons))
     return tuple(found)
 

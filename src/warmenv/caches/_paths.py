@@ -162,6 +162,10 @@ class Writer:
         self._seen: dict[tuple[str, ...], tuple[str, ...]] = {}
         _remove_stale(fd)
 
+    @property
+    def is_open(self) -> bool:
+        return bool(self._fds)
+
     def close(self) -> None:
         for fd in self._fds.values():
             os.close(fd)

@@ -60,7 +60,7 @@ import anyio.to_thread
 import attrs
 
 from warmenv._facts import PREFIX, Facts, captured_trees
-from warmenv.bundle.signing import TrustLike, resolve_trust
+from warmenv.bundle.signing import Trust, TrustLike, resolve_trust
 from warmenv.caches._paths import TEMPORARY_PREFIX, Writer, relative_parts
 from warmenv.environment import Environment
 from warmenv.persistence import BytesCodec, CacheMode, Failed, Namespace, Origin, Storage
@@ -396,32 +396,56 @@ async def restore(
     by another key, from the shared tier) is in `report.refused`.
     """
     started = time.monotonic()
-    checked = await anyio.to_thread.run_sync(resolve_trust, trust)
+    target = Path(target)
+    # Few thread hops: each is a wake-up, which on a loaded machine costs more than
+    # writing a small file (a torch restore is three trees of a few files each).
+    checked, writer = await anyio.to_thread.run_sync(_prepare, trust, target)
+    try:
+        return await _restore_into(env, tree, target, writer, checked, batch_bytes, started)
+    finally:
+        if writer.is_open:  # it failed or was cancelled before the last step
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(writer.close)
+
+
+def _prepare(trust: TrustLike, target: Path) -> tuple[Trust, Writer]:
+    return resolve_trust(trust), Writer(target)
+
+
+async def _restore_into(
+    env: Environment,
+    tree: CacheTree,
+    target: Path,
+    writer: Writer,
+    checked: Trust,
+    batch_bytes: int,
+    started: float,
+) -> RestoreReport:
     signed: set[str] | None = None  # the digests of bundles whose code may be written
     if checked.require_signature:
         keys = {str(key) for key in checked.keys}
         signed = {d for d, key in (await env.bundle_signers()).items() if key in keys}
-    target = Path(target)
     namespace = tree.namespace
+    # Checked against the facts this restore was asked for, never recomputed: reading
+    # a tool's version from its metadata costs milliseconds a fact, which made a
+    # restore of a few small files several times slower than copying them.
+    others = [
+        (s.namespace, s.entries)
+        for s in await env.namespaces()
+        if s.namespace != str(namespace) and _same_tree(s.namespace, namespace)
+    ]
     skipped = tuple(
         Skipped(check.namespace, check.entries, check.reasons or ("captured under other facts",))
-        for check in captured_trees((s.namespace, s.entries) for s in await env.namespaces())
-        if check.namespace != str(namespace) and _same_tree(check.namespace, namespace)
+        for check in captured_trees(others, here=tree.facts)
     )
-    writer = await anyio.to_thread.run_sync(Writer, target)
     counts = _RestoreCounts()
     deferred: list[tuple[tuple[str, ...], bytes]] = []
-    try:
-        storage = env.storage(namespace)
-        async for batch in _batches(storage, batch_bytes):
-            if signed is not None:
-                batch = await _signed_only(storage, batch, signed, counts)
-            deferred += await anyio.to_thread.run_sync(_place, writer, tree, batch, counts)
-        if deferred:
-            await anyio.to_thread.run_sync(_place_index, writer, deferred, counts)
-    finally:
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(writer.close)
+    storage = env.storage(namespace)
+    async for batch in _batches(storage, batch_bytes):
+        if signed is not None:
+            batch = await _signed_only(storage, batch, signed, counts)
+        deferred += await anyio.to_thread.run_sync(_place, writer, tree, batch, counts)
+    await anyio.to_thread.run_sync(_place_index_and_close, writer, deferred, counts)
     return RestoreReport(
         namespace=str(namespace),
         target=target,
@@ -512,11 +536,14 @@ def _place(
     return deferred
 
 
-def _place_index(
+def _place_index_and_close(
     writer: Writer, deferred: list[tuple[tuple[str, ...], bytes]], counts: _RestoreCounts
 ) -> None:
-    for parts, value in deferred:
-        _write_one(writer, parts, value, counts)
+    try:
+        for parts, value in deferred:
+            _write_one(writer, parts, value, counts)
+    finally:
+        writer.close()
 
 
 def _write_one(
