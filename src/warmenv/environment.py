@@ -219,6 +219,7 @@ class Environment:
         *,
         max_entries: int | None = None,
         hot_bytes: int = DEFAULT_HOT_BYTES,
+        ttl: float | timedelta | None = None,
     ) -> Store[Any, Any]: ...
     @overload
     async def store(
@@ -229,6 +230,7 @@ class Environment:
         *,
         max_entries: int | None = None,
         hot_bytes: int = DEFAULT_HOT_BYTES,
+        ttl: float | timedelta | None = None,
     ) -> Store[K, V]: ...
     async def store(
         self,
@@ -238,8 +240,9 @@ class Environment:
         *,
         max_entries: int | None = None,
         hot_bytes: int = DEFAULT_HOT_BYTES,
+        ttl: float | timedelta | None = None,
     ) -> Store[Any, Any]:
-        """A typed `Store` over one namespace; `max_entries` and `hot_bytes` as for `Store.open`.
+        """A typed `Store` over one namespace; `max_entries`, `hot_bytes`, `ttl`: see `Store.open`.
 
         Without a codec it is a `JsonCodec` store of any keys and values
         (`Store[Any, Any]`); annotate to narrow it:
@@ -248,7 +251,13 @@ class Environment:
         storage = self.storage(namespace)
         counters = self._recorder.counters(storage.namespace)
         return await Store.open(
-            storage, codec, mode, max_entries=max_entries, counters=counters, hot_bytes=hot_bytes
+            storage,
+            codec,
+            mode,
+            max_entries=max_entries,
+            counters=counters,
+            hot_bytes=hot_bytes,
+            ttl=ttl,
         )
 
     async def statistics(self) -> EnvironmentStatistics:

@@ -240,6 +240,7 @@ class BlockingEnvironment:
         *,
         max_entries: int | None = None,
         hot_bytes: int = DEFAULT_HOT_BYTES,
+        ttl: float | timedelta | None = None,
     ) -> BlockingStore[Any, Any]: ...
     @overload
     def store(
@@ -250,6 +251,7 @@ class BlockingEnvironment:
         *,
         max_entries: int | None = None,
         hot_bytes: int = DEFAULT_HOT_BYTES,
+        ttl: float | timedelta | None = None,
     ) -> BlockingStore[K, V]: ...
     def store(
         self,
@@ -259,17 +261,25 @@ class BlockingEnvironment:
         *,
         max_entries: int | None = None,
         hot_bytes: int = DEFAULT_HOT_BYTES,
+        ttl: float | timedelta | None = None,
     ) -> BlockingStore[Any, Any]:
         """A store over one namespace (an `EAGER` one loads it now).
 
         Without a codec it is a `JsonCodec` store whose types the annotation
         gives: `store: BlockingStore[str, int] = env.store(ns)`. `max_entries`
-        and `hot_bytes` bound its memory, as for `Store.open`.
+        and `hot_bytes` bound its memory, and `ttl` how old a hit may be, as
+        for `Store.open`.
         """
         refuse_event_loop_thread("BlockingEnvironment.store()")
         self._check_open()
         opening = functools.partial(
-            self._env.store, namespace, codec, mode, max_entries=max_entries, hot_bytes=hot_bytes
+            self._env.store,
+            namespace,
+            codec,
+            mode,
+            max_entries=max_entries,
+            hot_bytes=hot_bytes,
+            ttl=ttl,
         )
         store: Store[Any, Any] = self._loop.call(opening)
         return BlockingStore(store, self._loop, owner=self)

@@ -62,7 +62,7 @@ class BlockingStore(Generic[K, V]):
     def __init__(self, store: Store[K, V], loop: LoopThread, *, owner: object = None) -> None:
         self._store = store
         self._held: Held[K, V] = store.held
-        self._hit = self._held.hit  # the hit path, bound once
+        self._hit = store.hit  # the hit path (behind a ttl's check, if any), bound once
         self._loop = loop
         # This face's threads: one run per key among them, and through the
         # store's own flight, with the loop's tasks.
@@ -86,6 +86,11 @@ class BlockingStore(Generic[K, V]):
     def max_entries(self) -> int | None:
         """The most values held in memory, or `None` for no bound."""
         return self._store.max_entries
+
+    @property
+    def ttl(self) -> float | None:
+        """Seconds an entry stays a hit after it was written, or `None` for no ttl."""
+        return self._store.ttl
 
     @property
     def hot_bytes(self) -> int:
@@ -230,7 +235,8 @@ class BlockingStore(Generic[K, V]):
         and cheap.
         """
         held = self._held
-        if held.is_undecodable(encoded):
+        if held.is_undecodable(encoded) or self._store.ttl is not None:
+            # With a ttl, the loop's read judges the entry's age (`Store._fetch`).
             return ABSENT
         since = held.changes
         data = self._store.storage.get_blocking(encoded)

@@ -317,6 +317,21 @@ class Storage(Protocol):
         """The provenance of the entry under `key`, or `None` if there is none."""
         ...
 
+    async def written(self, keys: Iterable[bytes]) -> dict[bytes, float | None]:
+        """When each of `keys` was written here (unix seconds; `None`: unknown).
+
+        Keys not stored are left out. What a store with a ttl reads beside the
+        values (`warmenv.persistence._ttl`); this default asks `info` per key,
+        and a backend answers in one read. A read that fails leaves keys out
+        (misses).
+        """
+        found: dict[bytes, float | None] = {}
+        for key in keys:
+            info = await self.info(key)
+            if info is not None:
+                found[key] = info.written_at
+        return found
+
     async def touch(self, keys: Iterable[bytes]) -> int:
         """Record hits on `keys`, for eviction's order; how many entries were updated.
 

@@ -24,12 +24,20 @@ own computation and the insert rules decide whose value the storage keeps.
 
 from __future__ import annotations
 
+import datetime
 import enum
 import functools
 import inspect
 import sys
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterable
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+)
 from typing import (
     Any,
     Final,
@@ -44,6 +52,7 @@ import anyio
 from warmenv._backend import native_task
 from warmenv.persistence._flight import Flights, waits_for_itself
 from warmenv.persistence._held import ABSENT, Held
+from warmenv.persistence._ttl import Expiry, check_ttl
 from warmenv.persistence.codec import Codec, JsonCodec, canonical_arguments
 from warmenv.persistence.explain import explain_first_miss
 from warmenv.persistence.hot import DEFAULT_HOT_BYTES
@@ -96,6 +105,7 @@ class Store(Generic[K, V]):
         "_computes",
         "_counters",
         "_epoch",
+        "_expiry",
         "_held",
         "_hit",
         "_memoized",
@@ -112,7 +122,9 @@ class Store(Generic[K, V]):
         max_entries: int | None = None,
         counters: Counters | None = None,
         hot_bytes: int = DEFAULT_HOT_BYTES,
+        ttl: float | datetime.timedelta | None = None,
     ) -> None:
+        seconds = check_ttl(ttl)
         if max_entries is not None and (type(max_entries) is not int or max_entries < 1):
             raise ValueError(f"max_entries must be a positive int or None, got {max_entries!r}")
         if type(hot_bytes) is not int or hot_bytes < 0:
@@ -120,7 +132,9 @@ class Store(Generic[K, V]):
         self._storage = storage
         self._mode = mode
         self._held: Held[K, V] = Held(codec, max_entries, hot_bytes, counters, storage.describe)
-        self._hit = self._held.hit  # the hit path, bound once
+        # The hit path, bound once; with a ttl, its deadline check first (`_ttl`).
+        self._expiry = None if seconds is None else Expiry(seconds, self._held)
+        self._hit = self._held.hit if self._expiry is None else self._expiry.hit
         self._reads: Flights[bytes, Any] = Flights()
         self._computes: Flights[bytes, tuple[Any, bool]] = Flights()
         self._epoch = 0
@@ -138,6 +152,7 @@ class Store(Generic[K, V]):
         max_entries: int | None = None,
         counters: Counters | None = None,
         hot_bytes: int = DEFAULT_HOT_BYTES,
+        ttl: float | datetime.timedelta | None = None,
     ) -> Store[Any, Any]: ...
     @overload
     @classmethod
@@ -150,6 +165,7 @@ class Store(Generic[K, V]):
         max_entries: int | None = None,
         counters: Counters | None = None,
         hot_bytes: int = DEFAULT_HOT_BYTES,
+        ttl: float | datetime.timedelta | None = None,
     ) -> Store[K, V]: ...
     @classmethod
     async def open(
@@ -161,6 +177,7 @@ class Store(Generic[K, V]):
         max_entries: int | None = None,
         counters: Counters | None = None,
         hot_bytes: int = DEFAULT_HOT_BYTES,
+        ttl: float | datetime.timedelta | None = None,
     ) -> Store[Any, Any]:
         """A store over `storage`; in `EAGER` mode this loads the namespace.
 
@@ -171,6 +188,12 @@ class Store(Generic[K, V]):
         computations for `Environment.statistics()`. `hot_bytes` bounds the
         memory of the decoded copies a `JsonCodec` store keeps of its most used
         `dict` and `list` values (0: none; each hit then decodes).
+
+        `ttl` (seconds, or a `timedelta`; None: none) is how old an entry may
+        be and still be a hit: an older one is a miss, and `get_or_compute`
+        recomputes and replaces it. An entry's age is counted from when it
+        was first written, wherever that was: an imported entry keeps the
+        time its bundle carries (`warmenv.persistence._ttl`).
         """
         store: Store[Any, Any] = cls(
             storage,
@@ -179,6 +202,7 @@ class Store(Generic[K, V]):
             max_entries,
             counters,
             hot_bytes,
+            ttl,
         )
         if mode is CacheMode.EAGER:
             await store._load()
@@ -203,6 +227,16 @@ class Store(Generic[K, V]):
     def hot_bytes(self) -> int:
         """The most memory held by decoded copies of hot values (0 for a non-JSON codec)."""
         return self._held.hot.limit
+
+    @property
+    def ttl(self) -> float | None:
+        """Seconds an entry stays a hit after it was written, or `None` for no ttl."""
+        return None if self._expiry is None else self._expiry.ttl
+
+    @property
+    def hit(self) -> Callable[..., Any]:
+        """The hit path (`Held.hit`, behind the ttl's check if any), for the synchronous face."""
+        return self._hit
 
     @property
     def held(self) -> Held[K, V]:
@@ -263,8 +297,11 @@ class Store(Generic[K, V]):
             return found
         epoch = self._epoch
         stored = await self._storage.get_many(dict.fromkeys(e for _, _, e in pending))
+        fresh = None if self._expiry is None else await self._expiry.fresh(self._storage, stored)
         for key, memo, encoded in pending:
             data = stored.get(encoded)
+            if fresh is not None and data is not None:
+                data = self._admit(memo, fresh.get(encoded), data)
             if data is None:
                 await explain_first_miss(self._storage.describe, self._storage.explain, encoded)
             current = held.lookup(memo)
@@ -387,6 +424,8 @@ class Store(Generic[K, V]):
         self._epoch += 1
         memo = held.memo(encoded)
         held.forget_undecodable(encoded)
+        if self._expiry is not None:
+            self._expiry.forget(memo)
         try:
             held.forget(memo)
             return await self._storage.purge_key(encoded)
@@ -397,6 +436,8 @@ class Store(Generic[K, V]):
         """Forget everything here and delete the namespace from the storage."""
         self._epoch += 1
         self._held.forget_undecodable(None)
+        if self._expiry is not None:
+            self._expiry.forget(None)
         try:
             self._held.forget(None)
             return await self._storage.purge()
@@ -452,6 +493,9 @@ class Store(Generic[K, V]):
         held, limit = self._held, self._held.limit
         rows = self._storage.scan()
         try:
+            if self._expiry is not None:
+                await self._load_fresh(rows)
+                return
             async for encoded, data in rows:
                 held.remember(encoded, data)
                 if limit is not None and len(held) >= limit:
@@ -460,6 +504,34 @@ class Store(Generic[K, V]):
             if isinstance(rows, AsyncGenerator):
                 await rows.aclose()
 
+    async def _load_fresh(self, rows: AsyncIterator[tuple[bytes, bytes]]) -> None:
+        """`_load` for a store with a ttl: only the entries still fresh, read in batches."""
+        held, limit, expiry = self._held, self._held.limit, self._expiry
+        assert expiry is not None
+        batch: dict[bytes, bytes] = {}
+        done = False
+        while not done:
+            batch.clear()
+            async for encoded, data in rows:
+                batch[encoded] = data
+                if len(batch) >= _LOAD_BATCH:
+                    break
+            else:
+                done = True
+            fresh = await expiry.fresh(self._storage, batch)
+            for encoded, data in batch.items():
+                if self._admit(held.memo(encoded), fresh.get(encoded), data) is not None:
+                    held.remember(encoded, data)
+                if limit is not None and len(held) >= limit:
+                    return
+
+    def _admit(self, memo: bytes | str, deadline: float | None, data: bytes) -> bytes | None:
+        """`data`, read for `memo` with its ttl's `deadline` (None: expired), or None if expired."""
+        if deadline is None:
+            return None
+        self._expiry.hold(memo, deadline)  # type: ignore[union-attr]
+        return data
+
     async def _read(self, encoded: bytes) -> Any:
         """Read one key through to the storage, sharing the read with concurrent askers."""
         return await self._reads.run(encoded, functools.partial(self._fetch, encoded))
@@ -467,6 +539,9 @@ class Store(Generic[K, V]):
     async def _fetch(self, encoded: bytes) -> Any:
         epoch = self._epoch
         data = await self._storage.get(encoded)
+        if data is not None and self._expiry is not None:
+            fresh = await self._expiry.fresh(self._storage, (encoded,))
+            data = self._admit(self._held.memo(encoded), fresh.get(encoded), data)
         if data is None:
             await explain_first_miss(self._storage.describe, self._storage.explain, encoded)
         held = self._held.lookup(self._held.memo(encoded))
@@ -485,6 +560,9 @@ class Store(Generic[K, V]):
         # Fleet-wide single flight: with a shared tier, one host computes the
         # key at a time and the others get its value (`Storage.lease`).
         async with self._storage.lease(encoded) as landed:
+            if landed is not None and self._expiry is not None:
+                fresh = await self._expiry.fresh(self._storage, (encoded,))
+                landed = self._admit(self._held.memo(encoded), fresh.get(encoded), landed)
             if landed is not None:
                 held = self._held.remember(encoded, landed)
                 if held is not ABSENT:
@@ -502,9 +580,14 @@ class Store(Generic[K, V]):
         self, encoded: bytes, data: bytes, *, keep_failed: bool, cost: float | None = None
     ) -> tuple[Insertion, Any]:
         """Insert `data`, returning the outcome and what this store now holds for the key."""
-        held = self._held
-        current = held.lookup(held.memo(encoded))
-        if current is not ABSENT and held.data_of(current) == data:
+        held, expiry = self._held, self._expiry
+        memo = held.memo(encoded)
+        current = held.lookup(memo)
+        if (
+            current is not ABSENT
+            and held.data_of(current) == data
+            and (expiry is None or expiry.live(memo))
+        ):
             return Stored(), current
         held.changing()  # a thread's read that overlaps the write is not kept (`Held.adopt`)
         try:
@@ -513,7 +596,7 @@ class Store(Generic[K, V]):
             else:
                 result = await self._storage.insert(encoded, data, cost=cost)
                 if isinstance(result, Conflict):
-                    existing = held.remember(encoded, result.existing)
+                    existing = await self._kept(memo, encoded, result.existing)
                     if existing is not ABSENT:
                         return result, existing
                     result = await self._storage.replace(encoded, data, cost=cost)
@@ -522,9 +605,28 @@ class Store(Generic[K, V]):
                 # After a failed write the value is still served from memory: the
                 # storage is a cache, and recomputing would not make it writable.
                 held.keep(encoded, packed)
+                if expiry is not None:
+                    expiry.wrote(memo)
             return result, packed
         finally:
             held.changing()
+
+    async def _kept(self, memo: bytes | str, encoded: bytes, existing: bytes) -> Any:
+        """The held form of the value the storage kept over ours; `ABSENT` to replace it.
+
+        A value that does not decode is replaced, and so, with a ttl, is one
+        past it: the rules keep it (local never replaces local), but the
+        store's own rule says it is gone.
+        """
+        if self._expiry is not None:
+            fresh = await self._expiry.fresh(self._storage, (encoded,))
+            if self._admit(memo, fresh.get(encoded), existing) is None:
+                return ABSENT
+        return self._held.remember(encoded, existing)
+
+
+_LOAD_BATCH = 1024
+"""Entries an EAGER store with a ttl reads before asking their write times (one query)."""
 
 
 def claim_memoized(memoized: str | None, name: str, storage: Storage) -> str:

@@ -178,6 +178,10 @@ class RemoteStorage(Storage):
     async def info(self, key: bytes) -> EntryInfo | None:
         return await self._local.info(key)
 
+    async def written(self, keys: Iterable[bytes]) -> dict[bytes, float | None]:
+        # A fetched value is recorded locally with its host's write time.
+        return await self._local.written(keys)
+
     async def touch(self, keys: Iterable[bytes]) -> int:
         return await self._local.touch(keys)
 

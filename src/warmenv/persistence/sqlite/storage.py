@@ -181,6 +181,16 @@ class SqlStorage(Storage):
             bundle=None if digest is None else BundleRef(str(name), str(digest)),
         )
 
+    async def written(self, keys: Iterable[bytes]) -> dict[bytes, float | None]:
+        wanted = [check_key(k) for k in keys]
+        if not wanted:
+            return {}
+        try:
+            return await self._db.run(partial(_written, self._namespace, wanted, self._db.version))
+        except sqlite3.Error as exc:
+            log.warning("reading write times in %s failed (misses): %s", self.describe(), exc)
+            return {}
+
     async def touch(self, keys: Iterable[bytes]) -> int:
         return await self._db.touch(self._namespace, keys)
 
@@ -298,6 +308,26 @@ def _get_many(namespace: str, keys: list[bytes], conn: sqlite3.Connection) -> di
             (namespace, *chunk),
         )
         found.update((k, v) for k, v in cursor if isinstance(v, bytes))
+    return found
+
+
+def _written(
+    namespace: str, keys: list[bytes], version: int, conn: sqlite3.Connection
+) -> dict[bytes, float | None]:
+    found: dict[bytes, float | None] = {}
+    column = "written_at" if version >= 2 else "NULL"  # a version-1 file records none
+    for start in range(0, len(keys), _GET_MANY_CHUNK):
+        chunk = keys[start : start + _GET_MANY_CHUNK]
+        marks = ",".join("?" * len(chunk))
+        cursor = conn.execute(
+            f"SELECT key, {column} FROM entries WHERE namespace = ? AND key IN ({marks})",
+            (namespace, *chunk),
+        )
+        found.update(
+            (k, float(at) if isinstance(at, int | float) else None)
+            for k, at in cursor
+            if isinstance(k, bytes)
+        )
     return found
 
 

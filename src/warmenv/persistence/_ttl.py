@@ -1,0 +1,107 @@
+"""A store's time-to-live: how old an entry may be and still be a hit.
+
+The rule, once: an entry is fresh while its age, the wall clock
+(`storage.wall_clock`) minus its `written_at`, is at most `ttl` seconds; an
+older one is a miss, recomputed by `get_or_compute` and replaced. The age is
+the entry's, not this process's: an imported entry keeps the write time its
+bundle carries (the machine that computed it, never later than the import),
+a value fetched from the shared tier the time its host wrote it, so a bundle
+of day-old entries imported into a store with `ttl=3600` warms nothing. An
+entry whose write time is unknown (written before schema 2) cannot be shown
+to be fresh and is a miss.
+
+A store without a ttl never comes here: its hit path is `Held.hit` itself.
+A store with one binds `Expiry.hit` instead, which checks a deadline held
+beside each value (`written_at + ttl`, read from the storage with the value,
+`Storage.written`) before the shared hit path runs; a value past it is
+forgotten and the lookup goes to the storage, which judges its row the same
+way.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Iterable
+from typing import Any, final
+
+from warmenv.persistence._held import ABSENT, Held
+from warmenv.persistence.storage import Storage, wall_clock
+
+__all__ = ["Expiry", "check_ttl"]
+
+
+def check_ttl(ttl: object) -> float | None:
+    """`ttl` as seconds: a positive finite number or `timedelta`, or None for no ttl."""
+    if ttl is None:
+        return None
+    if isinstance(ttl, datetime.timedelta):
+        seconds: object = ttl.total_seconds()
+    else:
+        seconds = ttl
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not 0 < seconds < math.inf
+    ):
+        raise ValueError(
+            f"ttl is seconds (a positive finite number or a timedelta) or None, got {ttl!r}"
+        )
+    return float(seconds)
+
+
+@final
+class Expiry:
+    """One store's ttl and the deadline of each value it holds (see the module docstring)."""
+
+    __slots__ = ("_deadlines", "_held", "ttl")
+
+    def __init__(self, ttl: float, held: Held[Any, Any]) -> None:
+        self.ttl = ttl
+        self._held = held
+        # Keyed as the held values are (`Held.memo`); plain dict steps, atomic
+        # under the GIL, as the blocking face's threads read it too.
+        self._deadlines: dict[bytes | str, float] = {}
+
+    def hit(self, key: Any, encoded: bool = False, found: Any = ABSENT, count: bool = True) -> Any:
+        """`Held.hit`, for a value whose deadline has not passed; else forgotten, `ABSENT`."""
+        held = self._held
+        if found is ABSENT:
+            memo: Any = (
+                key if encoded or (type(key) is str and held.json) else held.codec.encode_key(key)
+            )
+            deadline = self._deadlines.get(memo)
+            if deadline is None:
+                return ABSENT
+            if deadline < wall_clock():
+                self._deadlines.pop(memo, None)
+                held.forget(memo)
+                return ABSENT
+        return held.hit(key, encoded, found, count)
+
+    def live(self, memo: bytes | str) -> bool:
+        """Whether the value held under `memo` is still fresh."""
+        deadline = self._deadlines.get(memo)
+        return deadline is not None and wall_clock() <= deadline
+
+    def wrote(self, memo: bytes | str) -> None:
+        """The value under `memo` was written now (computed or inserted here)."""
+        self._deadlines[memo] = wall_clock() + self.ttl
+
+    def forget(self, memo: bytes | str | None) -> None:
+        """Drop `memo`'s deadline (None: every one), as its value is dropped."""
+        if memo is None:
+            self._deadlines.clear()
+        else:
+            self._deadlines.pop(memo, None)
+
+    async def fresh(self, storage: Storage, keys: Iterable[bytes]) -> dict[bytes, float]:
+        """The deadline of each of `keys` whose stored entry is fresh now; the others left out."""
+        written = await storage.written(keys)
+        now = wall_clock()
+        ttl = self.ttl
+        return {key: at + ttl for key, at in written.items() if at is not None and now - at <= ttl}
+
+    def hold(self, memo: bytes | str, deadline: float) -> None:
+        """The value under `memo`, read from the storage, is fresh until `deadline`."""
+        self._deadlines[memo] = deadline

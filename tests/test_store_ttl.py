@@ -1,0 +1,180 @@
+"""A store's time-to-live (`ttl=`): entries older than it are misses, recomputed and replaced.
+
+The clock is the one every write and the ttl read (`storage.wall_clock`),
+moved by the test instead of slept on; old entries are also made the way a
+user gets them, through the real file (a row's `written_at`) and through a
+real bundle whose entries carry their original write time.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from warmenv import Namespace, open_environment
+from warmenv.blocking import open_environment as open_blocking
+from warmenv.bundle import export_bundle, import_bundle
+from warmenv.persistence import CacheMode, Storage, Store
+from warmenv.persistence import storage as storage_module
+
+pytestmark = pytest.mark.anyio
+
+NS = Namespace("app", "kernels", version="1")
+HOUR = 3600.0
+
+
+class Clock:
+    """The wall clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Clock]:
+    moved = Clock()
+    monkeypatch.setattr(storage_module, "_clock", moved)
+    yield moved
+
+
+class Computes:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self, value: int) -> int:
+        self.calls += 1
+        return value
+
+
+def age_in_file(path: Path, seconds: float) -> None:
+    """Make every entry of the environment file `seconds` old, as a row written then is."""
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE entries SET written_at = ?", (time.time() - seconds,))
+    conn.close()
+
+
+@pytest.mark.parametrize("mode", list(CacheMode))
+async def test_an_entry_is_a_hit_within_its_ttl_and_recomputed_after(
+    storage: Storage, clock: Clock, mode: CacheMode
+) -> None:
+    store: Store[str, int] = await Store.open(storage, mode=mode, ttl=HOUR)
+    compute = Computes()
+    assert await store.get_or_compute("k", compute, 1) == 1
+    clock.now += HOUR  # exactly ttl old: still fresh
+    assert await store.get_or_compute("k", compute, 2) == 1
+    assert compute.calls == 1
+
+    clock.now += 1
+    assert await store.get("k") is None  # older than ttl: a miss, held or stored
+    assert await store.get_or_compute("k", compute, 2) == 2
+    assert compute.calls == 2
+    # The recomputed value replaced the old one (local over local) and is fresh.
+    assert await storage.get(b'"k"') == b"2"
+    info = await storage.info(b'"k"')
+    assert info is not None and info.written_at == clock.now
+    reopened: Store[str, int] = await Store.open(storage, mode=mode, ttl=HOUR)
+    assert await reopened.get_or_compute("k", compute, 3) == 2
+    assert compute.calls == 2
+
+
+@pytest.mark.parametrize("mode", list(CacheMode))
+async def test_an_old_row_in_the_file_is_a_miss_only_for_a_store_with_a_ttl(
+    root: Path, mode: CacheMode
+) -> None:
+    async with open_environment("test", root=root) as env:
+        await (await env.store(NS)).insert("old", 1)
+        path = env.path
+    age_in_file(path, 2 * HOUR)
+    async with open_environment("test", root=root) as env:
+        fresh_only: Store[str, int] = await env.store(NS, mode=mode, ttl=HOUR)
+        assert len(fresh_only) == 0
+        assert await fresh_only.get("old") is None
+        assert await fresh_only.get_many(["old"]) == {}
+        assert await (await env.store(NS, mode=mode)).get("old") == 1  # no ttl: a hit
+        assert (
+            await (await env.store(NS, mode=mode, ttl=datetime.timedelta(hours=3))).get("old") == 1
+        )
+        compute = Computes()
+        assert await fresh_only.get_or_compute("old", compute, 5) == 5
+        assert compute.calls == 1
+    async with open_environment("test", root=root) as env:
+        assert await (await env.store(NS, mode=mode, ttl=HOUR)).get("old") == 5
+
+
+async def test_get_many_leaves_out_only_the_expired_entries(storage: Storage, clock: Clock) -> None:
+    writer: Store[str, int] = await Store.open(storage)
+    await writer.insert("old", 1)
+    clock.now += 2 * HOUR
+    await writer.insert("new", 2)
+    store: Store[str, int] = await Store.open(storage, mode=CacheMode.LAZY, ttl=HOUR)
+    assert await store.get_many(["old", "new", "absent"]) == {"new": 2}
+
+
+@pytest.mark.parametrize("format", ["sqlite", "flat"])
+async def test_an_imported_entry_keeps_its_original_write_time(
+    tmp_path: Path, clock: Clock, format: str
+) -> None:
+    async with open_environment(file=tmp_path / "ci.db") as ci:
+        await (await ci.store(NS)).insert("k", 1)  # written at the CI run's time
+    bundle = tmp_path / "b.bundle"
+    await export_bundle(tmp_path / "ci.db", bundle, name="ci", version="1", format=format)
+    clock.now += 2 * HOUR  # the bundle is imported two hours later
+    async with open_environment(file=tmp_path / "app.db") as app:
+        report = await import_bundle(bundle, app)
+        assert report.imported == 1
+        assert await (await app.store(NS, ttl=HOUR)).get("k") is None
+        assert await (await app.store(NS, ttl=3 * HOUR)).get("k") == 1
+
+
+def test_the_blocking_face_recomputes_an_expired_entry(root: Path, clock: Clock) -> None:
+    calls: list[int] = []
+
+    def compute(value: int) -> int:
+        calls.append(value)
+        return value
+
+    with open_blocking("test", root=root) as env:
+        store = env.store(NS, ttl=HOUR)
+        assert store.ttl == HOUR
+        assert store.get_or_compute("k", compute, 1) == 1
+        assert store.get_or_compute("k", compute, 2) == 1
+        clock.now += HOUR + 1
+        assert store.get("k") is None
+        assert store.get_or_compute("k", compute, 3) == 3
+        # A second face over the same file reads the row on its own thread
+        # without a ttl, but judges it by its age with one.
+        assert env.store(NS, mode=CacheMode.LAZY, ttl=HOUR).get("k") == 3
+    assert calls == [1, 3]
+
+
+def test_an_old_row_is_a_miss_for_the_blocking_face_reading_on_its_thread(root: Path) -> None:
+    with open_blocking("test", root=root) as env:
+        env.store(NS).insert("old", 1)
+        path = env.path
+    age_in_file(path, 2 * HOUR)
+    with open_blocking("test", root=root) as env:
+        assert env.store(NS, mode=CacheMode.LAZY).get("old") == 1
+        assert env.store(NS, mode=CacheMode.LAZY, ttl=HOUR).get("old") is None
+
+
+async def test_a_store_without_a_ttl_keeps_the_plain_hit_path(storage: Storage) -> None:
+    store: Store[str, int] = await Store.open(storage)
+    assert store.ttl is None
+    assert store.hit == store.held.hit  # no deadline check on the hot path
+
+
+@pytest.mark.parametrize("ttl", [0, -1.0, float("nan"), float("inf"), "60", True])
+async def test_a_ttl_that_is_not_a_positive_duration_is_refused(
+    storage: Storage, ttl: object
+) -> None:
+    with pytest.raises(ValueError, match=r"^ttl is seconds .* got ") as raised:
+        await Store.open(storage, ttl=ttl)  # type: ignore[arg-type]
+    assert "\n" not in str(raised.value)
