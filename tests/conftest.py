@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Iterator  # noqa: E402
 from contextlib import AsyncExitStack  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import warmenv.environment  # noqa: E402
+import warmenv.config  # noqa: E402
 from warmenv import Environment, MemoryStorage, Namespace, WarmenvWarning, open_environment  # noqa: E402
 from warmenv.persistence import Storage  # noqa: E402
 
@@ -50,8 +50,8 @@ def _isolated_defaults(
     monkeypatch.delenv("WARMENV_REMOTE", raising=False)
     monkeypatch.delenv("WARMENV_TRUSTED_KEYS", raising=False)
     monkeypatch.delenv("WARMENV_REQUIRE_SIGNATURE", raising=False)
-    monkeypatch.setattr(warmenv.environment, "_active_name", None)
-    monkeypatch.setattr(warmenv.environment, "_active_root", None)
+    monkeypatch.setattr(warmenv.config, "_active_name", None)
+    monkeypatch.setattr(warmenv.config, "_active_root", None)
     yield
     if request.node.get_closest_marker("coredis_streams") is not None:
         gc.collect()  # see redis_server.tolerating_coredis_streams

@@ -151,7 +151,7 @@ NOT_MIRRORED_BY_BLOCKING_STORE: dict[str, str] = {
     "aclose": "the store's counts are flushed by its environment when the `with` block ends",
     "held": "the memory both faces share: the store's internals, not the API",
     "compute_held": "the computation both faces share: the store's internals, not the API",
-    "hit": "the hit path both faces share (behind a ttl's check): the store's internals",
+    "hit_path": "the hit path both faces share (behind a ttl's check): the store's internals",
 }
 
 # What a user of stores and environments imports from the package itself.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import tomllib
 from collections.abc import Mapping
 from datetime import timedelta
@@ -31,7 +32,7 @@ from warmenv._text import clean
 from warmenv._url import check_redis_url, redact
 from warmenv.stream import StreamPolicy
 
-__all__ = ["Config", "ConfigError", "load_config"]
+__all__ = ["Config", "ConfigError", "activate", "active", "load_config", "set_root"]
 
 DEFAULT_ENVIRONMENT = "default"
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
@@ -363,3 +364,35 @@ def check_lock_timeout(lock_timeout: object) -> float | None:
     if lock_timeout is not None and not _is_seconds(lock_timeout):
         raise ValueError(f"lock_timeout must be seconds >= 0 (finite), got {lock_timeout!r}")
     return None if lock_timeout is None else float(lock_timeout)  # type: ignore[arg-type]
+
+
+# --- the process-wide default (what `open_environment()` opens) ----------------
+
+_defaults_lock = threading.Lock()
+_active_name: str | None = None
+_active_root: Path | None = None
+
+
+def activate(name: str) -> None:
+    """Make `name` the environment `open_environment()` opens by default."""
+    global _active_name
+    with _defaults_lock:
+        _active_name = check_name(name)
+
+
+def set_root(path: str | Path) -> None:
+    """Make `path` the directory `open_environment()` looks in by default."""
+    global _active_root
+    with _defaults_lock:
+        _active_root = expand_home(path)
+
+
+def active() -> tuple[str, Path]:
+    """The default `(name, root)`: set by `activate`/`set_root`, else configured."""
+    with _defaults_lock:
+        name, root = _active_name, _active_root
+    if name is None or root is None:
+        config = load_config()
+        name = config.environment if name is None else name
+        root = config.root if root is None else root
+    return name, root

@@ -18,7 +18,6 @@ import errno
 import logging
 import os
 import sqlite3
-import threading
 import warnings
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -35,11 +34,14 @@ from warmenv._errors import ClosedError, WarmenvError, WarmenvWarning
 from warmenv._fs import expand_home
 from warmenv.config import (
     Config,
+    activate,
+    active,
     check_lock_timeout,
     check_max_bytes,
     check_name,
     check_older_than,
     load_config,
+    set_root,
 )
 from warmenv.persistence import statistics as _statistics
 from warmenv.persistence.carried import CarryingEntry
@@ -92,35 +94,6 @@ log = logging.getLogger("warmenv.environment")
 K = TypeVar("K")
 V = TypeVar("V")
 Ts = TypeVarTuple("Ts")
-
-_defaults_lock = threading.Lock()
-_active_name: str | None = None
-_active_root: Path | None = None
-
-
-def activate(name: str) -> None:
-    """Make `name` the environment `open_environment()` opens by default."""
-    global _active_name
-    with _defaults_lock:
-        _active_name = check_name(name)
-
-
-def set_root(path: str | Path) -> None:
-    """Make `path` the directory `open_environment()` looks in by default."""
-    global _active_root
-    with _defaults_lock:
-        _active_root = expand_home(path)
-
-
-def active() -> tuple[str, Path]:
-    """The default `(name, root)`: set by `activate`/`set_root`, else configured."""
-    with _defaults_lock:
-        name, root = _active_name, _active_root
-    if name is None or root is None:
-        config = load_config()
-        name = config.environment if name is None else name
-        root = config.root if root is None else root
-    return name, root
 
 
 @final

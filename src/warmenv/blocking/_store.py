@@ -62,7 +62,7 @@ class BlockingStore(Generic[K, V]):
     def __init__(self, store: Store[K, V], loop: LoopThread, *, owner: object = None) -> None:
         self._store = store
         self._held: Held[K, V] = store.held
-        self._hit = store.hit  # the hit path (behind a ttl's check, if any), bound once
+        self._hit = store.hit_path  # the hit path (behind a ttl's check, if any), bound once
         self._loop = loop
         # This face's threads: one run per key among them, and through the
         # store's own flight, with the loop's tasks.

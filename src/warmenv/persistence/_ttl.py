@@ -11,7 +11,7 @@ entry whose write time is unknown (written before schema 2) cannot be shown
 to be fresh and is a miss.
 
 A store without a ttl never comes here: its hit path is `Held.hit` itself.
-A store with one binds `Expiry.hit` instead, which checks a deadline held
+A store with one binds `Expiry.fresh_hit` instead, which checks a deadline held
 beside each value (`written_at + ttl`, read from the storage with the value,
 `Storage.written`) before the shared hit path runs; a value past it is
 forgotten and the lookup goes to the storage, which judges its row the same
@@ -63,7 +63,9 @@ class Expiry:
         # under the GIL, as the blocking face's threads read it too.
         self._deadlines: dict[bytes | str, float] = {}
 
-    def hit(self, key: Any, encoded: bool = False, found: Any = ABSENT, count: bool = True) -> Any:
+    def fresh_hit(
+        self, key: Any, encoded: bool = False, found: Any = ABSENT, count: bool = True
+    ) -> Any:
         """`Held.hit`, for a value whose deadline has not passed; else forgotten, `ABSENT`."""
         held = self._held
         if found is ABSENT:

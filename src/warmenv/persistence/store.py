@@ -134,7 +134,7 @@ class Store(Generic[K, V]):
         self._held: Held[K, V] = Held(codec, max_entries, hot_bytes, counters, storage.describe)
         # The hit path, bound once; with a ttl, its deadline check first (`_ttl`).
         self._expiry = None if seconds is None else Expiry(seconds, self._held)
-        self._hit = self._held.hit if self._expiry is None else self._expiry.hit
+        self._hit = self._held.hit if self._expiry is None else self._expiry.fresh_hit
         self._reads: Flights[bytes, Any] = Flights()
         self._computes: Flights[bytes, tuple[Any, bool]] = Flights()
         self._epoch = 0
@@ -234,7 +234,7 @@ class Store(Generic[K, V]):
         return None if self._expiry is None else self._expiry.ttl
 
     @property
-    def hit(self) -> Callable[..., Any]:
+    def hit_path(self) -> Callable[..., Any]:
         """The hit path (`Held.hit`, behind the ttl's check if any), for the synchronous face."""
         return self._hit
 
