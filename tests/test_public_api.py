@@ -350,6 +350,29 @@ def test_the_blocking_warm_up_takes_every_option_of_the_async_one() -> None:
             assert mine.annotation == parameter.annotation, mine
 
 
+def test_every_way_of_importing_takes_the_one_definition_of_the_import_options() -> None:
+    # Issue 19: the options are written once (ImportOptions); a face that listed one by
+    # hand beside them, or took others, would be where a new option goes missing.
+    import warmenv.blocking
+    import warmenv.bundle
+    from warmenv.bundle import ImportOptions
+    from warmenv.bundle.importing import importing
+
+    faces: dict[str, Callable[..., object]] = {
+        "warmenv.bundle.import_bundle": warmenv.bundle.import_bundle,
+        "warmenv.bundle.importing": importing,
+        "warmenv.bundle.warm_up": warmenv.bundle.warm_up,
+        "warmenv.blocking.import_bundle": warmenv.blocking.import_bundle,
+        "warmenv.blocking.warm_up": warmenv.blocking.warm_up,
+    }
+    for name, face in faces.items():
+        parameters = inspect.signature(face).parameters
+        (options,) = [p for p in parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
+        assert options.annotation == "Unpack[ImportOptions]", f"{name}{inspect.signature(face)}"
+        assert not parameters.keys() & ImportOptions.__optional_keys__, name
+    assert ImportOptions.__optional_keys__ == ImportOptions.__annotations__.keys()
+
+
 def test_a_warm_up_takes_every_option_of_import_bundle() -> None:
     # A new import option must reach every way of importing: warm_up lacked trust= once.
     import warmenv.bundle

@@ -35,6 +35,7 @@ from warmenv.bundle import (
     ImportEvent,
     WarmUpState,
     export_bundle,
+    import_bundle,
     warm_up,
 )
 from warmenv.persistence.statistics import ImportOutcome
@@ -345,3 +346,24 @@ async def test_a_warm_up_is_recorded_at_most_fifty_times(
     for _ in range(52):
         await warm_up(bundle_path, namespace_env, namespaces=[str(Namespace.raw("none"))]).wait()
     assert len((await namespace_env.statistics()).imports) == 50
+
+
+async def test_a_keyword_no_import_takes_is_refused_at_the_call(tmp_path: Path) -> None:
+    # The options are **ImportOptions: the refusal a written-out signature gave is kept,
+    # at the call (a background warm-up's would otherwise only reach its log).
+    async with open_environment("e", root=tmp_path) as env:
+        with pytest.raises(TypeError, match=r"^warm_up\(\) got an unexpected keyword argument "):
+            warm_up(tmp_path / "none.bundle", env, batchsize=1)  # type: ignore[call-arg]
+        with pytest.raises(TypeError, match=r"^import_bundle\(\) got an unexpected keyword "):
+            await import_bundle(tmp_path / "none.bundle", env, batchsize=1)  # type: ignore[call-arg]
+        assert await env.namespaces() == []
+
+
+def test_a_keyword_no_blocking_import_takes_is_refused_at_the_call(tmp_path: Path) -> None:
+    from warmenv.blocking import import_bundle as blocking_import
+
+    with open_blocking("e", root=tmp_path) as env:
+        with pytest.raises(TypeError, match=r"^warm_up\(\) got an unexpected keyword argument "):
+            blocking_warm_up(tmp_path / "none.bundle", env, batchsize=1)  # type: ignore[call-arg]
+        with pytest.raises(TypeError, match=r"^import_bundle\(\) got an unexpected keyword "):
+            blocking_import(tmp_path / "none.bundle", env, batchsize=1)  # type: ignore[call-arg]

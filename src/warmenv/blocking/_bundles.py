@@ -1,11 +1,13 @@
 """Bundle import, export and warm-up for synchronous code, with progress off the loop.
 
 The async operations (`warmenv.bundle.importing`, `exporting`) run on the
-loop thread and take the same options, forwarded one by one (a test derives
-these signatures from the async ones, so an option added there fails it
-until it is added here). A `progress` callback runs on the caller's thread
-in lockstep with the events: the operation waits at each event until the
-callback has returned, so a callback that raises stops it right there.
+loop thread and take the same options: an import's are `ImportOptions`,
+passed on whole (one definition, `warmenv.bundle.options`); an export's are
+forwarded one by one (a test derives these signatures from the async ones,
+so an option added there fails it until it is added here). A `progress`
+callback runs on the caller's thread in lockstep with the events: the
+operation waits at each event until the callback has returned, so a
+callback that raises stops it right there.
 
 A warm-up (`warm_up`) runs on the loop thread in the task group of the
 environment's `with` block, as the async one does in `open_environment`'s;
@@ -20,19 +22,20 @@ import functools
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any, final
+from typing import Any, Unpack, final
 
 import anyio
 import anyio.to_thread
 
 from warmenv.blocking._environment import BlockingEnvironment
 from warmenv.blocking._loop import Ask, LoopThread, refuse_event_loop_thread, shared_loop
-from warmenv.bundle import Bundle, DownloadOptions
+from warmenv.bundle import Bundle
 from warmenv.bundle.events import Event, ExportReport, ImportEvent, ImportReport
 from warmenv.bundle.exporting import BundleFormat, exporting
-from warmenv.bundle.importing import Validate, importing
+from warmenv.bundle.importing import importing
 from warmenv.bundle.manifest import EnvironmentInfo
-from warmenv.bundle.signing import SigningKey, TrustLike
+from warmenv.bundle.options import ImportOptions, refuse_unknown
+from warmenv.bundle.signing import SigningKey
 from warmenv.bundle.warmup import OnEvent, WarmUp, WarmUpState
 from warmenv.bundle.warmup import warm_up as _warm_up
 from warmenv.environment import Environment
@@ -66,38 +69,19 @@ def import_bundle(
     env: BlockingEnvironment,
     *,
     progress: Callable[[Event], object] | None = None,
-    namespaces: list[str] | None = None,
-    version: str | None = None,
-    batch_size: int = 1024,
-    share: float = 1.0,
-    validate: Validate | None = None,
-    verify: bool = True,
-    download: DownloadOptions | None = None,
-    trust: TrustLike = None,
+    **options: Unpack[ImportOptions],
 ) -> ImportReport:
     """Import a bundle into `env`, as `warmenv.bundle.import_bundle` does.
 
-    `source` is a path, an http(s) URL (`download` sets the limits of
-    fetching it) or an open bundle. `progress` is called on this thread with
+    `source` is a path, an http(s) URL or an open bundle; `options` are every
+    import's (`ImportOptions`). `progress` is called on this thread with
     each event (`Started`, `Progress`..., `Finished`); if it raises, the
     import stops after its last whole batch and the exception propagates.
     """
     refuse_event_loop_thread("import_bundle()")
+    refuse_unknown(options, "import_bundle")
     report: ImportReport = _run_events(
-        functools.partial(
-            importing,
-            source,
-            env.opened(),
-            namespaces=namespaces,
-            version=version,
-            batch_size=batch_size,
-            share=share,
-            validate=validate,
-            verify=verify,
-            download=download,
-            trust=trust,
-        ),
-        progress,
+        functools.partial(importing, source, env.opened(), **options), progress
     )
     return report
 
@@ -149,25 +133,19 @@ def warm_up(
     env: BlockingEnvironment,
     *,
     on_event: OnEvent | None = None,
-    namespaces: list[str] | None = None,
-    version: str | None = None,
-    batch_size: int = 1024,
-    share: float = 1.0,
-    validate: Validate | None = None,
-    verify: bool = True,
-    download: DownloadOptions | None = None,
-    trust: TrustLike = None,
+    **options: Unpack[ImportOptions],
 ) -> BlockingWarmUp:
     """Start importing `source` into `env` in the background, as `warmenv.bundle.warm_up`.
 
-    It runs on warmenv.blocking's loop thread until it ends or the
-    environment's `with` block does (which cancels it after its last whole
-    batch); a failure is logged, recorded and kept on the handle, never
-    raised. `on_event` is called with each event on a worker thread, in
-    order (the warm-up waits for it, leaving the block does not); if it
-    raises, the warm-up fails.
+    `options` are every import's (`ImportOptions`). It runs on
+    warmenv.blocking's loop thread until it ends or the environment's `with`
+    block does (which cancels it after its last whole batch); a failure is
+    logged, recorded and kept on the handle, never raised. `on_event` is
+    called with each event on a worker thread, in order (the warm-up waits
+    for it, leaving the block does not); if it raises, the warm-up fails.
     """
     refuse_event_loop_thread("warm_up()")
+    refuse_unknown(options, "warm_up")
     loop = shared_loop()
     opened = env.opened()
     forward: Callable[[ImportEvent], Awaitable[object]] | None = None
@@ -179,19 +157,7 @@ def warm_up(
             return anyio.to_thread.run_sync(callback, event, abandon_on_cancel=True)
 
     async def start() -> WarmUp:
-        return _warm_up(
-            source,
-            opened,
-            on_event=forward,
-            namespaces=namespaces,
-            version=version,
-            batch_size=batch_size,
-            share=share,
-            validate=validate,
-            verify=verify,
-            download=download,
-            trust=trust,
-        )
+        return _warm_up(source, opened, on_event=forward, **options)
 
     return BlockingWarmUp(loop.call(start), loop)
 

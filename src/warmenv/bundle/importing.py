@@ -41,7 +41,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
-from typing import final
+from typing import Unpack, final
 
 import anyio
 import anyio.lowlevel
@@ -49,7 +49,7 @@ import anyio.lowlevel
 from warmenv._keys import PublicKey
 from warmenv._url import is_url, redact
 from warmenv.bundle.base import Bundle
-from warmenv.bundle.download import Download, DownloadOptions, read_header
+from warmenv.bundle.download import Download, read_header
 from warmenv.bundle.errors import CorruptBundleError
 from warmenv.bundle.events import (
     BundleFinished,
@@ -62,8 +62,9 @@ from warmenv.bundle.events import (
 )
 from warmenv.bundle.manifest import BundleManifest
 from warmenv.bundle.open import open_private, read_names
+from warmenv.bundle.options import ImportOptions, Validate, refuse_unknown
 from warmenv.bundle.preflight import of_version, stale
-from warmenv.bundle.signing import Trust, TrustLike, check_signature, resolve_trust
+from warmenv.bundle.signing import Trust, check_signature, resolve_trust
 from warmenv.environment import Environment
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.namespace import Namespace, matches_any
@@ -76,45 +77,20 @@ from warmenv.persistence.storage import (
 
 __all__ = ["ImportProgress", "import_bundle", "importing"]
 
-Validate = Callable[[str, bytes, bytes], bool]
 log = logging.getLogger("warmenv.bundle")
 
 
 async def import_bundle(
-    source: str | Path | Bundle,
-    env: Environment,
-    *,
-    namespaces: list[str] | None = None,
-    version: str | None = None,
-    batch_size: int = 1024,
-    share: float = 1.0,
-    validate: Validate | None = None,
-    verify: bool = True,
-    download: DownloadOptions | None = None,
-    trust: TrustLike = None,
+    source: str | Path | Bundle, env: Environment, **options: Unpack[ImportOptions]
 ) -> ImportReport:
     """Import every entry of `source` (a path, an http(s) URL or an open bundle) into `env`.
 
-    `download` sets the limits of fetching a bundle by URL (see `DownloadOptions`).
-    `version`: the application's version, and `share`: the import's share of
-    the event loop and the environment's connection; see `importing`.
-    `trust` says whose signature the bundle must carry (see `warmenv.bundle.signing`):
-    keys (then a signature by one of them is required), a `Trust`, or `None`, the
-    configuration's `trusted_keys` and `require_signature`. A refused bundle raises
-    `SignatureError` before anything is written.
+    `options` are the keywords of every import (`ImportOptions`); see
+    `importing` for what `version` and `share` do. A bundle whose signature
+    `trust` refuses raises `SignatureError` before anything is written.
     """
-    async with importing(
-        source,
-        env,
-        namespaces=namespaces,
-        version=version,
-        batch_size=batch_size,
-        share=share,
-        validate=validate,
-        verify=verify,
-        download=download,
-        trust=trust,
-    ) as progress:
+    refuse_unknown(options, "import_bundle")
+    async with importing(source, env, **options) as progress:
         async for _ in progress:
             pass
     return progress.report
@@ -122,17 +98,7 @@ async def import_bundle(
 
 @asynccontextmanager
 async def importing(
-    source: str | Path | Bundle,
-    env: Environment,
-    *,
-    namespaces: list[str] | None = None,
-    version: str | None = None,
-    batch_size: int = 1024,
-    share: float = 1.0,
-    validate: Validate | None = None,
-    verify: bool = True,
-    download: DownloadOptions | None = None,
-    trust: TrustLike = None,
+    source: str | Path | Bundle, env: Environment, **options: Unpack[ImportOptions]
 ) -> AsyncIterator[ImportProgress]:
     """`async with importing(...) as progress: async for event in progress:` runs the import.
 
@@ -161,7 +127,18 @@ async def importing(
     background keeps the rest for its requests (the environment's one
     connection included, which every storage call of the process shares).
     The pauses are in `report.paused`; 1 (the default) never pauses.
+
+    `options` are `ImportOptions`; this is where their defaults apply.
     """
+    refuse_unknown(options, "importing")
+    namespaces = options.get("namespaces")
+    version = options.get("version")
+    batch_size = options.get("batch_size", 1024)
+    share = options.get("share", 1.0)
+    validate = options.get("validate")
+    verify = options.get("verify", True)
+    download = options.get("download")
+    trust = options.get("trust")
     check_batch_size(batch_size)
     check_version(version)
     checked = await anyio.to_thread.run_sync(resolve_trust, trust)

@@ -25,7 +25,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import final
+from typing import Unpack, final
 
 import anyio
 import anyio.abc
@@ -33,10 +33,9 @@ import anyio.abc
 from warmenv._errors import WarmenvError
 from warmenv._url import is_url, redact
 from warmenv.bundle.base import Bundle
-from warmenv.bundle.download import DownloadOptions
 from warmenv.bundle.events import BundleStarted, ImportEvent, ImportReport, NotFinishedError
-from warmenv.bundle.importing import ImportProgress, Validate, importing
-from warmenv.bundle.signing import TrustLike
+from warmenv.bundle.importing import ImportProgress, importing
+from warmenv.bundle.options import ImportOptions, refuse_unknown
 from warmenv.environment import Environment
 from warmenv.persistence.statistics import ImportOutcome, ImportRecord
 from warmenv.persistence.storage import wall_clock
@@ -69,41 +68,26 @@ def warm_up(
     *,
     task_group: anyio.abc.TaskGroup | None = None,
     on_event: OnEvent | None = None,
-    namespaces: list[str] | None = None,
-    version: str | None = None,
-    batch_size: int = 1024,
-    share: float = 1.0,
-    validate: Validate | None = None,
-    verify: bool = True,
-    download: DownloadOptions | None = None,
-    trust: TrustLike = None,
+    **options: Unpack[ImportOptions],
 ) -> WarmUp:
     """Start importing `source` into `env` in the background; the handle, at once.
 
-    The options are `import_bundle`'s. The import runs in the task group of
-    `open_environment`'s block (or `task_group`, one the caller entered),
-    and nothing it raises leaves it: a failure is logged (logger
-    `warmenv.bundle`, ERROR), recorded with the environment's statistics
-    and kept as `handle.error`, and the environment stays open. `on_event`
-    is called with each import event, on the event loop (a callable
-    returning an awaitable is awaited); if it raises, the warm-up fails.
+    `options` are every import's (`ImportOptions`, as for `import_bundle`);
+    a keyword they do not list raises `TypeError` here, at the call. The
+    import runs in the task group of `open_environment`'s block (or
+    `task_group`, one the caller entered), and nothing it raises leaves it:
+    a failure is logged (logger `warmenv.bundle`, ERROR), recorded with the
+    environment's statistics and kept as `handle.error`, and the environment
+    stays open. `on_event` is called with each import event, on the event
+    loop (a callable returning an awaitable is awaited); if it raises, the
+    warm-up fails.
     """
+    refuse_unknown(options, "warm_up")
     label = _label(source)
     run = _Run(label)
 
     async def operation() -> None:
-        async with importing(
-            source,
-            env,
-            namespaces=namespaces,
-            version=version,
-            batch_size=batch_size,
-            share=share,
-            validate=validate,
-            verify=verify,
-            download=download,
-            trust=trust,
-        ) as progress:
+        async with importing(source, env, **options) as progress:
             run.progress = progress
             async for event in progress:
                 run.seen(event)
