@@ -41,8 +41,9 @@ class ImportOptions(TypedDict, total=False):
     """The import's share of the time while it runs, 0 < share <= 1 (default 1: it
     never pauses); see `importing`."""
     validate: Validate | None
-    """Called with each entry's namespace, key and value; an entry it refuses is
-    skipped (`None`, the default: every entry)."""
+    """Called with each entry's namespace, key and value; an entry it returns false
+    for is not imported (counted in the report's `rejected`; `None`, the default:
+    every entry)."""
     verify: bool
     """Check the bundle's digest before the first batch is committed (default `True`;
     a bundle whose signature is checked always has its digest checked)."""
