@@ -160,13 +160,14 @@ async def test_an_open_stale_bundle_is_refused(tmp_path: Path, root: Path) -> No
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("bad", ["", "1/2", 11])
+@pytest.mark.parametrize(("bad", "error"), [("", ValueError), ("1/2", ValueError), (11, TypeError)])
 async def test_a_version_that_is_no_segment_is_bad_usage(
-    tmp_path: Path, root: Path, bad: object
+    tmp_path: Path, root: Path, bad: object, error: type[Exception]
 ) -> None:
+    # A version of another type is a TypeError, as Namespace raises it (one rule for both).
     bundle = await make_bundle(tmp_path / "b.bundle", [NEW], entries=1)
     async with open_environment("svc", root=root) as env:
-        with pytest.raises(ValueError, match="version must be"):
+        with pytest.raises(error, match="version must"):
             await import_bundle(bundle, env, version=bad)  # type: ignore[arg-type]
 
 

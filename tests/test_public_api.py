@@ -398,5 +398,10 @@ def test_the_blocking_warm_up_handle_has_what_the_async_one_has() -> None:
         if not callable(theirs):
             continue
         assert not inspect.iscoroutinefunction(ours), f"BlockingWarmUp.{name} is async"
-        if name != "wait":  # the blocking one also takes a timeout
-            twin_parameters(theirs, ours, f"BlockingWarmUp.{name}")
+        twin_parameters(theirs, ours, f"BlockingWarmUp.{name}")
+        # The same types in and out, too: wait(timeout) answers whether it ended on both.
+        mine, their = inspect.signature(ours), inspect.signature(theirs)
+        assert mine.return_annotation == their.return_annotation, f"BlockingWarmUp.{name}"
+        assert [p.annotation for p in mine.parameters.values()] == [
+            p.annotation for p in their.parameters.values()
+        ], f"BlockingWarmUp.{name}{mine}"

@@ -36,7 +36,7 @@ from warmenv.bundle.importing import importing
 from warmenv.bundle.manifest import EnvironmentInfo
 from warmenv.bundle.options import ImportOptions, refuse_unknown
 from warmenv.bundle.signing import SigningKey
-from warmenv.bundle.warmup import OnEvent, WarmUp, WarmUpState
+from warmenv.bundle.warmup import OnEvent, WarmUp, WarmUpState, check_timeout
 from warmenv.bundle.warmup import warm_up as _warm_up
 from warmenv.environment import Environment
 
@@ -64,6 +64,21 @@ def _run_events(
     return shared_loop().asking(run, hand_back_errors=False)
 
 
+def _opened(env: object) -> Environment:
+    """The async environment under `env`; `TypeError` at the call if `env` is none of ours.
+
+    The other arguments are checked by the async forms as they start, before
+    any work (`warmenv.bundle.options.check_options`), and raised here.
+    """
+    if not isinstance(env, BlockingEnvironment):
+        twin = " (an async Environment goes to warmenv.bundle's form)"
+        raise TypeError(
+            "env must be a BlockingEnvironment (from warmenv.blocking.open_environment), got "
+            f"{type(env).__name__}" + (twin if isinstance(env, Environment) else "")
+        )
+    return env.opened()
+
+
 def import_bundle(
     source: str | Path | Bundle,
     env: BlockingEnvironment,
@@ -81,7 +96,7 @@ def import_bundle(
     refuse_event_loop_thread("import_bundle()")
     refuse_unknown(options, "import_bundle")
     report: ImportReport = _run_events(
-        functools.partial(importing, source, env.opened(), **options), progress
+        functools.partial(importing, source, _opened(env), **options), progress
     )
     return report
 
@@ -108,7 +123,7 @@ def export_bundle(
     refuse_event_loop_thread("export_bundle()")
     items = [sources] if isinstance(sources, BlockingEnvironment | str | Path) else sources
     unwrapped: list[Environment | str | Path] = [
-        source.opened() if isinstance(source, BlockingEnvironment) else source for source in items
+        _opened(source) if isinstance(source, BlockingEnvironment) else source for source in items
     ]
     report: ExportReport = _run_events(
         functools.partial(
@@ -147,9 +162,13 @@ def warm_up(
     refuse_event_loop_thread("warm_up()")
     refuse_unknown(options, "warm_up")
     loop = shared_loop()
-    opened = env.opened()
+    opened = _opened(env)
     forward: Callable[[ImportEvent], Awaitable[object]] | None = None
     if on_event is not None:
+        if not callable(on_event):
+            raise TypeError(
+                f"on_event must be a function, got {type(on_event).__name__} {on_event!r}"
+            )
         callback = on_event
 
         def forward(event: ImportEvent) -> Awaitable[object]:
@@ -209,19 +228,11 @@ class BlockingWarmUp:
         self._loop.soon(self._handle.cancel)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until it has ended, or `timeout` seconds; whether it has ended.
-
-        Never raises its error (read `state` and `error`).
-        """
+        """Block until it has ended, or `timeout` seconds (`None`: no bound); whether it has
+        ended. Never raises its error (read `state` and `error`); as `WarmUp.wait`."""
         refuse_event_loop_thread("BlockingWarmUp.wait()")
-        handle = self._handle
-
-        async def waiting() -> bool:
-            with anyio.move_on_after(timeout):
-                await handle.wait()
-            return handle.done
-
-        return self._loop.call(waiting)
+        check_timeout(timeout)
+        return self._loop.call(self._handle.wait, timeout)
 
     def __repr__(self) -> str:
         return f"<BlockingWarmUp of {self.source!r}: {self.state.value}>"

@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from contextlib import aclosing
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar, Generic, Protocol, Self, TypeVar, final
+from typing import ClassVar, Generic, Protocol, Self, TypeVar, final, runtime_checkable
 
 import anyio.to_thread
 
@@ -74,6 +74,7 @@ FORMAT_VERSIONS = (1, 2)
 and 2, what export writes by default (each entry carries its written_at and cost)."""
 
 
+@runtime_checkable  # so that an argument that is none is refused at the call (import)
 class Bundle(Protocol):
     """A read-only set of entries with a manifest; an async context manager.
 

@@ -71,6 +71,7 @@ from warmenv.bundle.signing import SigningKey
 from warmenv.bundle.sqlite.sources import reading
 from warmenv.environment import Environment
 from warmenv.persistence import carried
+from warmenv.persistence.namespace import check_version
 from warmenv.persistence.sqlite.export import ExportSources
 from warmenv.persistence.storage import NamespaceSummary
 
@@ -155,10 +156,7 @@ async def exporting(
             "export_bundle() needs version=: pass your application's own version, "
             'e.g. version="1.2" (warmenv never substitutes its own)'
         )
-    if not isinstance(version, str) or not version:
-        raise ValueError(
-            f"a bundle's version must be non-empty text (the application's), got {version!r}"
-        )
+    check_version(version)  # the one rule: what namespaces of that version can hold
     manifest = BundleManifest(
         name=name,
         version=version,

@@ -62,7 +62,7 @@ from warmenv.bundle.events import (
 )
 from warmenv.bundle.manifest import BundleManifest
 from warmenv.bundle.open import open_private, read_names
-from warmenv.bundle.options import ImportOptions, Validate, refuse_unknown
+from warmenv.bundle.options import ImportOptions, Validate, check_options, refuse_unknown
 from warmenv.bundle.preflight import of_version, stale
 from warmenv.bundle.signing import Trust, check_signature, resolve_trust
 from warmenv.environment import Environment
@@ -72,7 +72,6 @@ from warmenv.persistence.sqlite.bulk import CopiedBatch
 from warmenv.persistence.storage import (
     BundleRef,
     NamespaceSummary,
-    check_batch_size,
 )
 
 __all__ = ["ImportProgress", "import_bundle", "importing"]
@@ -130,7 +129,7 @@ async def importing(
 
     `options` are `ImportOptions`; this is where their defaults apply.
     """
-    refuse_unknown(options, "importing")
+    given = check_options(source, env, options, "importing")
     namespaces = options.get("namespaces")
     version = options.get("version")
     batch_size = options.get("batch_size", 1024)
@@ -139,10 +138,7 @@ async def importing(
     verify = options.get("verify", True)
     download = options.get("download")
     trust = options.get("trust")
-    check_batch_size(batch_size)
-    check_version(version)
-    checked = await anyio.to_thread.run_sync(resolve_trust, trust)
-    check_share(share)
+    checked = given if given is not None else await anyio.to_thread.run_sync(resolve_trust, trust)
     near = env.snapshot_directory()
     if is_url(source):
         assert isinstance(source, str)
@@ -357,16 +353,6 @@ class _Tally:
         )
 
 
-def check_share(share: object) -> None:
-    """`ValueError` for a `share=` that is not a fraction of the time in (0, 1]."""
-    if (
-        isinstance(share, bool)
-        or not isinstance(share, int | float)
-        or not 0 < share <= 1  # NaN fails this too
-    ):
-        raise ValueError(f"share must be a number in (0, 1] (of the time), got {share!r}")
-
-
 @final
 class Pace:
     """Pauses between an import's batches that keep it to a `share` of the time.
@@ -393,17 +379,6 @@ class Pace:
         await anyio.sleep(self.pause())
         self._since = self._clock()
         return self._since - started
-
-
-def check_version(version: object) -> None:
-    """`ValueError` for a `version=` that cannot be a namespace's version segment."""
-    if version is None:
-        return
-    if not isinstance(version, str) or not version or "/" in version:
-        raise ValueError(
-            f"version must be the application's version, one namespace segment (a non-empty "
-            f"str without '/'), got {version!r}"
-        )
 
 
 def refuse_stale(label: str, names: list[str], prefixes: list[str] | None, version: str) -> None:

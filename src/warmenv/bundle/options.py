@@ -8,18 +8,27 @@ with no other signature to edit: a face cannot miss it, as `warm_up` once
 missed `trust=`. mypy checks each call's keywords against `ImportOptions`;
 at run time `refuse_unknown` rejects a keyword it does not list at the call,
 as a written-out signature would (a background warm-up included, whose
-error would otherwise surface only in its log).
+error would otherwise surface only in its log), and `check_options` checks
+their values there too, with the source and the environment: one
+`TypeError`/`ValueError` line at the call for `version=1.0` or
+`namespaces="app"`, never a failed background warm-up or a silent no-op.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypedDict
 
+from warmenv._keys import PublicKey
+from warmenv.bundle.base import Bundle
 from warmenv.bundle.download import DownloadOptions
-from warmenv.bundle.signing import TrustLike
+from warmenv.bundle.signing import Trust, TrustLike
+from warmenv.environment import Environment
+from warmenv.persistence.namespace import check_version
+from warmenv.persistence.storage import check_batch_size
 
-__all__ = ["ImportOptions", "Validate", "refuse_unknown"]
+__all__ = ["ImportOptions", "Validate", "check_options", "check_share", "refuse_unknown"]
 
 Validate = Callable[[str, bytes, bytes], bool]
 """`validate(namespace, key, value)`: whether to import that entry."""
@@ -61,3 +70,92 @@ def refuse_unknown(options: Mapping[str, object], caller: str) -> None:
     unknown = sorted(options.keys() - ImportOptions.__optional_keys__)
     if unknown:
         raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+
+
+def check_options(
+    source: object, env: object, options: Mapping[str, object], caller: str
+) -> Trust | None:
+    """Every import's arguments checked at the call, before any work: one line if not.
+
+    The one check for every way of importing (`importing`, `import_bundle`,
+    `warm_up` and their blocking forms): unknown keywords (`refuse_unknown`),
+    then the source, the environment and each option's value. Nothing here
+    reads a file or the network. Returns the `Trust` that `trust=` spells
+    (keys parsed), or `None` for the configuration's (read later, on a
+    worker thread).
+    """
+    refuse_unknown(options, caller)
+    if not isinstance(source, str | os.PathLike | Bundle):
+        raise TypeError(
+            "source must be a bundle's path, an http(s) URL or an open bundle, got "
+            f"{type(source).__name__} {source!r}"
+        )
+    if not isinstance(env, Environment):
+        twin = " (a BlockingEnvironment goes to warmenv.blocking's form)"
+        raise TypeError(
+            f"env must be an Environment (from open_environment), got {type(env).__name__}"
+            + (twin if type(env).__name__ == "BlockingEnvironment" else "")
+        )
+    namespaces = options.get("namespaces")
+    if namespaces is not None:
+        if not isinstance(namespaces, list | tuple):
+            hint = f"; pass [{namespaces!r}]" if isinstance(namespaces, str) else ""
+            raise TypeError(
+                f"namespaces must be a list of prefixes, got {type(namespaces).__name__} "
+                f"{namespaces!r}{hint}"
+            )
+        for prefix in namespaces:
+            if not isinstance(prefix, str):
+                raise TypeError(
+                    f"namespaces must hold str prefixes, got {type(prefix).__name__} {prefix!r}"
+                )
+    version = options.get("version")
+    if version is not None:
+        check_version(version)
+    check_batch_size(options.get("batch_size", 1024))  # type: ignore[arg-type]  # checked there
+    check_share(options.get("share", 1.0))
+    validate = options.get("validate")
+    if validate is not None and not callable(validate):
+        raise TypeError(
+            f"validate must be a function (namespace, key, value) -> bool, got "
+            f"{type(validate).__name__} {validate!r}"
+        )
+    verify = options.get("verify", True)
+    if not isinstance(verify, bool):
+        raise TypeError(f"verify must be True or False, got {type(verify).__name__} {verify!r}")
+    download = options.get("download")
+    if download is not None and not isinstance(download, DownloadOptions):
+        raise TypeError(
+            f"download must be a DownloadOptions, got {type(download).__name__} {download!r}"
+        )
+    return _trust_of(options.get("trust"))
+
+
+def _trust_of(trust: object) -> Trust | None:
+    """What `trust=` spells, checked and parsed (`None`: the configuration's, read later)."""
+    if trust is None or isinstance(trust, Trust):
+        return trust
+    keys = [trust] if isinstance(trust, PublicKey | str) else trust
+    if isinstance(keys, bytes) or not isinstance(keys, Iterable):
+        raise TypeError(
+            "trust must be a Trust, a public key ('ed25519:...') or a list of them, got "
+            f"{type(trust).__name__} {trust!r}"
+        )
+    listed = list(keys)
+    for key in listed:
+        if not isinstance(key, PublicKey | str):
+            raise TypeError(
+                f"trust must hold public keys ('ed25519:...' or PublicKey), got "
+                f"{type(key).__name__} {key!r}"
+            )
+    return Trust.of(listed)
+
+
+def check_share(share: object) -> None:
+    """`ValueError` for a `share=` that is not a fraction of the time in (0, 1]."""
+    if (
+        isinstance(share, bool)
+        or not isinstance(share, int | float)
+        or not 0 < share <= 1  # NaN fails this too
+    ):
+        raise ValueError(f"share must be a number in (0, 1] (of the time), got {share!r}")

@@ -36,7 +36,7 @@ from warmenv.bundle.errors import StaleBundleError
 from warmenv.bundle.manifest import BundleManifest, EnvironmentInfo, this_machine
 from warmenv.bundle.open import open_any
 from warmenv.persistence.explain import Explanation, explain
-from warmenv.persistence.namespace import Namespace
+from warmenv.persistence.namespace import Namespace, check_version
 
 __all__ = ["Preflight", "of_version", "preflight", "stale"]
 
@@ -88,6 +88,15 @@ async def preflight(
     module's docstring; with `namespaces`, the bundle is downloaded whole,
     to count its entries); `download` sets the limits of fetching it.
     """
+    # Checked at the call, as an import's options are (`importing.check_options`).
+    if version is not None:
+        check_version(version)
+    if isinstance(namespaces, str | Namespace):
+        raise TypeError(f"namespaces must be a list of namespaces, got {namespaces!r}; pass [it]")
+    if download is not None and not isinstance(download, DownloadOptions):
+        raise TypeError(
+            f"download must be a DownloadOptions, got {type(download).__name__} {download!r}"
+        )
     asked = None if namespaces is None else [Namespace.coerce(n).full for n in namespaces]
     if is_url(source):
         assert isinstance(source, str)

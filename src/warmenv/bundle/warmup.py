@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 import inspect
 import logging
+import math
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -35,12 +36,12 @@ from warmenv._url import is_url, redact
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.events import BundleStarted, ImportEvent, ImportReport, NotFinishedError
 from warmenv.bundle.importing import ImportProgress, importing
-from warmenv.bundle.options import ImportOptions, refuse_unknown
+from warmenv.bundle.options import ImportOptions, check_options
 from warmenv.environment import Environment
 from warmenv.persistence.statistics import ImportOutcome, ImportRecord
 from warmenv.persistence.storage import wall_clock
 
-__all__ = ["WarmUp", "WarmUpState", "warm_up"]
+__all__ = ["WarmUp", "WarmUpState", "check_timeout", "warm_up"]
 
 log = logging.getLogger("warmenv.bundle")
 
@@ -81,8 +82,16 @@ def warm_up(
     stays open. `on_event` is called with each import event, on the event
     loop (a callable returning an awaitable is awaited); if it raises, the
     warm-up fails.
+
+    The arguments are checked here, at the call (`TypeError`/`ValueError`,
+    as `import_bundle` raises them): a mistake in the code is raised, never
+    logged as a failed warm-up.
     """
-    refuse_unknown(options, "warm_up")
+    given = check_options(source, env, options, "warm_up")
+    if on_event is not None and not callable(on_event):
+        raise TypeError(f"on_event must be a function, got {type(on_event).__name__} {on_event!r}")
+    if given is not None:
+        options = {**options, "trust": given}  # the keys parsed once, here
     label = _label(source)
     run = _Run(label)
 
@@ -100,6 +109,16 @@ def warm_up(
         run.run, env, operation, name=f"warmenv warm-up of {label}", task_group=task_group
     )
     return WarmUp(run)
+
+
+def check_timeout(timeout: object) -> None:
+    """A wait's `timeout`: `None` (no bound) or seconds >= 0; one line at the call if not."""
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise TypeError(f"timeout must be seconds (a number) or None, got {timeout!r}")
+    if not timeout >= 0:  # NaN fails this too
+        raise ValueError(f"timeout must be seconds >= 0 or None, got {timeout!r}")
 
 
 def _label(source: str | Path | Bundle) -> str:
@@ -263,9 +282,18 @@ class WarmUp:
         """Stop it after its last whole batch (what was committed stays); idempotent."""
         self._run.scope.cancel()
 
-    async def wait(self) -> None:
-        """Wait until it has ended; never raises its error (read `state` and `error`)."""
-        await self._run.ended.wait()
+    # ASYNC109 asks for a cancel scope instead of a timeout, and `move_on_after` around
+    # wait() works as well; the timeout is here so that both faces of the handle read
+    # alike (`BlockingWarmUp.wait`, where no cancel scope exists, needs one) and so
+    # that a readiness probe gets its answer, whether it ended in time, as the result.
+    async def wait(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109
+        """Wait until it has ended, or `timeout` seconds (`None`: no bound); whether it has
+        ended. Never raises its error (read `state` and `error`). `BlockingWarmUp.wait`
+        takes and returns the same (a test compares them)."""
+        check_timeout(timeout)
+        with anyio.move_on_after(math.inf if timeout is None else timeout):
+            await self._run.ended.wait()
+        return self._run.ended.is_set()
 
     def __repr__(self) -> str:
         return f"<WarmUp of {self.source!r}: {self.state.value}>"

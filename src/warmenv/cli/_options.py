@@ -16,12 +16,13 @@ from typing import Any
 from warmenv._errors import WarmenvError
 from warmenv._fs import expand_home
 from warmenv._keys import KEY_PREFIX, KeyFileError, PublicKey, read_key_file
-from warmenv._text import clean, is_utf8
+from warmenv._text import clean, has_control_characters, is_utf8
 from warmenv._url import is_url, redact
 from warmenv.cli._environments import environment_files
 from warmenv.cli._errors import UsageError
 from warmenv.config import is_valid_name
 from warmenv.environment import active
+from warmenv.persistence.namespace import check_version
 
 
 def text_argument(value: str, option: str) -> str:
@@ -33,6 +34,23 @@ def text_argument(value: str, option: str) -> str:
     if not is_utf8(value):
         raise UsageError(f"{option} {clean(value)!s} is not valid UTF-8 text; spell it in UTF-8")
     return value
+
+
+def version_argument(value: str, option: str = "--app-version") -> str:
+    """`--app-version VERSION` checked before any work: the library's rule for a version
+    (`warmenv.persistence.namespace.check_version`: one namespace segment, so no '/'), and
+    printable text; a usage error naming the option if not."""
+    version = text_argument(value, option)
+    try:
+        check_version(version, option)
+    except ValueError as exc:
+        raise UsageError(clean(exc)) from None
+    if has_control_characters(version):
+        raise UsageError(
+            f"{option} '{clean(version)}' contains control characters; give your "
+            f"application's version in printable text, e.g. {option} 1.2"
+        )
+    return version
 
 
 def bundle_source(value: str) -> str | Path:

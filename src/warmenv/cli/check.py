@@ -12,7 +12,13 @@ from typing import Any
 from warmenv.bundle import preflight
 from warmenv.cli._errors import Failure, UsageError
 from warmenv.cli._format import as_json, plural
-from warmenv.cli._options import add_trust_option, bundle_source, text_argument, trust_keys
+from warmenv.cli._options import (
+    add_trust_option,
+    bundle_source,
+    text_argument,
+    trust_keys,
+    version_argument,
+)
 from warmenv.cli._output import Output
 from warmenv.cli._sources import opened
 from warmenv.cli.verify import verified
@@ -58,9 +64,10 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         namespaces = [text_argument(n, "--namespace") for n in args.namespaces]
         if not all(n.strip("/") for n in namespaces):
             raise UsageError("--namespace must not be empty: give one, e.g. app/2/kernels")
+    version = None if args.app_version is None else version_argument(args.app_version)
     async with opened(args.bundle, out) as bundle:
         _, entries, _ = await verified(bundle, args.bundle, out, trust_keys(args))
-        report = await preflight(bundle, version=args.app_version, namespaces=namespaces)
+        report = await preflight(bundle, version=version, namespaces=namespaces)
     verdict = "can hit" if report.ok else "will not hit"
     machine = report.machine
     # Line by line rather than str(report): each reason is escaped as a whole,

@@ -21,7 +21,13 @@ from warmenv.bundle.base import FORMAT_VERSIONS
 from warmenv.cli._environments import environment
 from warmenv.cli._errors import Failure, UsageError
 from warmenv.cli._format import as_json, plural, size
-from warmenv.cli._options import add_namespace_option, namespace_prefixes, no_match, text_argument
+from warmenv.cli._options import (
+    add_namespace_option,
+    namespace_prefixes,
+    no_match,
+    text_argument,
+    version_argument,
+)
 from warmenv.cli._output import Output, follow
 
 
@@ -86,17 +92,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
             f"--name '{clean(name)}' contains control characters; name the bundle in "
             'printable text, e.g. --name "H100 Linux"'
         )
-    version = text_argument(args.app_version, "--app-version")
-    if not version:
-        raise UsageError(
-            "--app-version must not be empty: give your application's version, "
-            "e.g. --app-version 1.2"
-        )
-    if has_control_characters(version):
-        raise UsageError(
-            f"--app-version '{clean(version)}' contains control characters; give your "
-            "application's version in printable text, e.g. --app-version 1.2"
-        )
+    version = version_argument(args.app_version)
     prefixes = namespace_prefixes(args)
     out.when_interrupted = f"no bundle was written, and {args.out} is as it was"
     if args.sources:

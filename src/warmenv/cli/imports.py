@@ -35,7 +35,7 @@ from warmenv.bundle import (
 )
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.events import Event
-from warmenv.bundle.importing import check_version, refuse_stale
+from warmenv.bundle.importing import refuse_stale
 from warmenv.bundle.open import open_snapshot, read_names
 from warmenv.cli._environments import environment
 from warmenv.cli._errors import Failure, UsageError
@@ -47,8 +47,8 @@ from warmenv.cli._options import (
     namespace_prefixes,
     no_match,
     source_label,
-    text_argument,
     trust_keys,
+    version_argument,
 )
 from warmenv.cli._output import Output, follow
 from warmenv.cli.verify import signed_by
@@ -89,11 +89,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     prefixes = namespace_prefixes(args)
     version = None
     if args.app_version is not None:
-        version = text_argument(args.app_version, "--app-version")
-        try:
-            check_version(version)
-        except ValueError as exc:
-            raise UsageError(f"--app-version: {exc}") from None
+        version = version_argument(args.app_version)
     args.import_version = version
     args.trust = trust_keys(args)
     out.when_interrupted = "nothing was imported"

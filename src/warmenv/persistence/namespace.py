@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import attrs
 
-__all__ = ["Namespace", "matches_prefix"]
+from warmenv._text import is_utf8
+
+__all__ = ["Namespace", "check_version", "matches_prefix"]
 
 
 def _check_segment(label: str, value: str, *, allow_slash: bool) -> None:
@@ -21,6 +23,37 @@ def _check_segment(label: str, value: str, *, allow_slash: bool) -> None:
         raise TypeError(f"namespace {label} must be a str, got {type(value).__name__}")
     if not allow_slash and "/" in value:
         raise ValueError(f"namespace {label} {value!r} must not contain '/'")
+
+
+def check_version(version: object, what: str = "version") -> str:
+    """`version` if it can be a namespace's version segment; else one line saying why.
+
+    The one home of the rule, for every place an application's version is
+    given (`Namespace`, `import_bundle`, `warm_up`, `preflight`,
+    `export_bundle`, their blocking twins, and `--app-version`): a `str`
+    (`TypeError` otherwise: `1.0` the float is not `"1.0"`, and `1.10`
+    would be `1.1`), non-empty, without `/` (the segment separator: `"1/2"`
+    would be read back as version `1` and a path), and valid UTF-8 (it is
+    stored as text). Checked where it is given, so a mistake raises at the
+    call rather than in a background task or after a download. `what`
+    names it in the message (`--app-version` on the command line).
+    """
+    if not isinstance(version, str):
+        hint = repr(str(version)) if isinstance(version, int | float) else "'1.2'"
+        raise TypeError(
+            f"{what} must be the application's version as a str, got "
+            f"{type(version).__name__} {version!r}; pass text, e.g. {hint}"
+        )
+    if not version:
+        raise ValueError(f"{what} must not be empty: give the application's version, e.g. '1.2'")
+    if "/" in version:
+        raise ValueError(
+            f"{what} must be one namespace segment, without '/' (a namespace is "
+            f"name/version/path), got {version!r}; e.g. {version.replace('/', '-')!r}"
+        )
+    if not is_utf8(version):
+        raise ValueError(f"{what} must be valid UTF-8 text, got {version!r}")
+    return version
 
 
 @attrs.frozen(init=False, repr=False)
@@ -40,11 +73,9 @@ class Namespace:
             )
         _check_segment("name", name, allow_slash=False)
         _check_segment("path", path, allow_slash=True)
-        _check_segment("version", version, allow_slash=False)
+        check_version(version, f"the version of namespace {name!r}")
         if not name:
             raise ValueError("a namespace needs a non-empty name")
-        if not version:
-            raise ValueError(f"namespace {name!r} needs a non-empty version (the application's)")
         full = "/".join(part for part in (name, version, path.strip("/")) if part)
         self.__attrs_init__(name=name, path=path.strip("/"), version=version, full=full)
 

@@ -432,6 +432,7 @@ def check_item(item: object) -> tuple[bytes, bytes]:
 
 
 def check_batch_size(batch_size: int) -> int:
-    if not isinstance(batch_size, int) or batch_size < 1:
+    # A bool is an int to Python, but batch_size=True is a mistake, not 1.
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     return batch_size
