@@ -44,6 +44,7 @@ __all__ = [
     "Digest",
     "EnvironmentInfo",
     "Signature",
+    "U64",
     "check_manifest_size",
     "oversized_manifest",
     "this_machine",
@@ -307,7 +308,9 @@ class Digest:
         return _DIGEST_PREFIX + self._hash.hexdigest()
 
 
-_U64 = struct.Struct("<Q").pack
+U64 = struct.Struct("<Q").pack
+"""A length as the digest frames it: 8 bytes, little-endian."""
+_U64 = U64
 
 
 class BackgroundDigest:
@@ -343,6 +346,15 @@ class BackgroundDigest:
         for namespace, key, value, carried in entries:
             prefix = prefixes.get(namespace) or new_prefix(namespace)
             parts += (prefix, _U64(len(key)), key, _U64(len(value)), value, carried)
+        self._put(parts)
+
+    def prefix(self, namespace: str) -> bytes:
+        """How a namespace is framed in the digest (its length as 8 bytes, then its UTF-8)."""
+        return self._prefixes.get(namespace) or self._new_prefix(namespace)
+
+    def add_framed(self, parts: list[bytes]) -> None:
+        """Hash entries a reader framed itself, as `Digest.update` frames them (each
+        namespace as `prefix` gives it, each length as `U64`), in the digest's order."""
         self._put(parts)
 
     def _new_prefix(self, namespace: str) -> bytes:

@@ -92,14 +92,15 @@ class BulkCopies:
                 provenance = await run(partial(_copy_provenance, alias, None))
             start: int | None = await run(partial(_first_rowid, alias))
             while start is not None:
-                span = await run(partial(_Span.of, alias, start, batch_size))
-                copy = partial(_copy_batch, span, clause, params, provenance)
+                # One hop to the worker a batch: its span is found inside the copy's call.
+                copy = partial(_copy_batch, alias, start, batch_size, clause, params, provenance)
                 try:
                     batch = await run(copy)
                 except sqlite3.Error as exc:
                     log.warning("importing %s into %s: a batch failed: %s", source, path, exc)
-                    batch = await run(partial(_count_failed_batch, span, clause, params))
-                start = span.following
+                    count = partial(_count_failed_batch, alias, start, batch_size, clause, params)
+                    batch = await run(count)
+                start = batch.following
                 yield batch
         finally:
             # The worker runs calls in order, so this detach follows even an
@@ -268,8 +269,14 @@ def _seen(
 
 
 def _count_failed_batch(
-    span: _Span, clause: str, params: list[str], conn: sqlite3.Connection
+    alias: str,
+    start: int,
+    batch_size: int,
+    clause: str,
+    params: list[str],
+    conn: sqlite3.Connection,
 ) -> CopiedBatch:
+    span = _Span.of(alias, start, batch_size, conn)
     seen = _seen(span.alias, span.start, span.end, clause, params, conn)
     total = sum(c for _, c, _ in seen)
     return CopiedBatch(
@@ -283,19 +290,23 @@ def _count_failed_batch(
 
 
 def _copy_batch(
-    span: _Span,
+    alias: str,
+    first: int,
+    batch_size: int,
     clause: str,
     params: list[str],
     provenance: _Provenance,
     conn: sqlite3.Connection,
 ) -> CopiedBatch:
-    """Copy one rowid range in one transaction, in one call into the worker.
+    """Copy the batch of `batch_size` rows from rowid `first` in one transaction, in one
+    call into the worker.
 
     Which rows were new is known without asking SQLite row by row when all
     or none of the batch went in; only a batch where some did (a resumed
     import, a few local values) is redone with RETURNING to count them.
     """
-    alias, start, end = span.alias, span.start, span.end
+    span = _Span.of(alias, first, batch_size, conn)
+    start, end = span.start, span.end
     source = (
         f"SELECT b.namespace, b.key, b.value, {int(Origin.IMPORTED)}, "
         f"{provenance.written_at}, {provenance.cost}, ? "
