@@ -22,6 +22,7 @@ CPU >= 3.5x; restore <= 1.5x of `cp -r`.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import shutil
@@ -36,6 +37,7 @@ from typing import Any
 import anyio
 
 sys.path.insert(0, str(Path(__file__).parent))
+import warmenv
 from _report import Row, print_table
 from warmenv import open_environment
 from warmenv.bundle import export_bundle, import_bundle
@@ -271,4 +273,7 @@ async def main(tools: list[str]) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tool", action="append", choices=sorted(TOOLS))
+    # As pip byte-compiles a wheel: an editable install under PYTHONDONTWRITEBYTECODE=1
+    # compiles warmenv from source in every child process (bench_caches_cpu.py).
+    compileall.compile_dir(Path(warmenv.__file__).parent, quiet=1)
     anyio.run(main, parser.parse_args().tool or sorted(TOOLS))
