@@ -8,7 +8,11 @@ A tool module `warmenv run` can drive provides, beside its in-process `use()`:
   point a process of the tool at `cache_dir` with its trap fixed;
 - `CACHE_DIR_VARIABLE`: the tool's own variable naming its cache directory;
 - optionally `notes(environ) -> list[str]`: what the user should know before
-  a process of the tool runs under those variables (each said once, a line).
+  a process of the tool runs under those variables (each said once, a line);
+- optionally `REQUIRES` and `INSTALL_HINT`: the package the tool's facts are
+  read from, and how to install it. `warmenv run` refuses a tool whose
+  package is missing beside warmenv, in one line with the hint: its facts
+  would say "not installed" and its cache would be filed where nothing hits.
 
 The modules are found by listing the package, so a new tool is one new
 module; none of them imports its compiler at import time.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import pkgutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -57,6 +62,16 @@ class Tool:
     @property
     def cache_dir_variable(self) -> str:
         return str(self.module.CACHE_DIR_VARIABLE)
+
+    def missing(self) -> str | None:
+        """Why the tool cannot be driven from this Python (its package is absent), or `None`."""
+        package = getattr(self.module, "REQUIRES", None)
+        if package is None or importlib.util.find_spec(package) is not None:
+            return None
+        return (
+            f"--cache {self.name} needs {package} installed beside warmenv (its version decides "
+            f"which entries can hit): {self.module.INSTALL_HINT}"
+        )
 
 
 @functools.cache

@@ -54,6 +54,8 @@ from warmenv.environment import Environment
 
 __all__ = [
     "FACTS",
+    "INSTALL_HINT",
+    "REQUIRES",
     "capture",
     "configure",
     "hits",
@@ -75,6 +77,8 @@ _HIT_LINE: Final = "Persistent compilation cache hit for '%s' with key %r"
 _ENTRY_SUFFIX: Final = "-cache"
 CACHE_DIR_VARIABLE: Final = "JAX_COMPILATION_CACHE_DIR"
 MIN_COMPILE_VARIABLE: Final = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
+REQUIRES: Final = "jax"
+"""The package this tool's facts are read from: `warmenv run --cache jax` needs it here."""
 INSTALL_HINT: Final = "pip install 'warmenv[jax]' (or: pip install jax jaxlib)"
 
 

@@ -44,7 +44,9 @@ from warmenv.environment import Environment
 
 __all__ = [
     "FACTS",
+    "INSTALL_HINT",
     "LOCATOR",
+    "REQUIRES",
     "capture",
     "configure",
     "hits",
@@ -59,6 +61,8 @@ __all__ = [
 FACTS: Final = ("numba", "llvmlite", "python", "cpu")
 LOCATOR: Final = "warmenv.caches._numba_plugin.Locator"
 CACHE_DIR_VARIABLE: Final = "NUMBA_CACHE_DIR"
+REQUIRES: Final = "numba"
+"""The package this tool's facts are read from: `warmenv run --cache numba` needs it here."""
 INSTALL_HINT: Final = "pip install 'warmenv[numba]' (or: pip install numba)"
 
 

@@ -60,6 +60,7 @@ __all__ = [
     "CACHE_DIR_VARIABLE",
     "FACTS",
     "INSTALL_HINT",
+    "REQUIRES",
     "TorchCaptureReport",
     "TorchRestoreReport",
     "TorchWarmed",
@@ -77,6 +78,8 @@ log = logging.getLogger("warmenv.caches")
 
 FACTS: Final = ("torch", "python", "cpu", "torch.path")
 """The facts that decide whether captured kernels and graphs can hit (see `Facts`)."""
+REQUIRES: Final = "torch"
+"""The package this tool's facts are read from: `warmenv run --cache torch` needs it here."""
 INSTALL_HINT: Final = (
     "pip install 'warmenv[torch]' (or: pip install torch==2.13.0; never a bare `torch`, "
     "which may pull several GB of CUDA)"

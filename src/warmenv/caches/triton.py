@@ -66,6 +66,7 @@ __all__ = [
     "CACHE_DIR_VARIABLE",
     "FACTS",
     "INSTALL_HINT",
+    "REQUIRES",
     "TritonCache",
     "TritonCaptureReport",
     "TritonRestoreReport",
@@ -91,6 +92,8 @@ _BACKEND: Final = "warmenv.caches.triton:Backend"
 # and the temporary directories it writes through.
 _NOT_KERNELS: Final = ("lock", "tmp.pid_*")
 _MAX_GROUP_BYTES: Final = 1024 * 1024
+REQUIRES: Final = "triton"
+"""The package this tool's facts are read from: `warmenv run --cache triton` needs it here."""
 INSTALL_HINT: Final = "pip install 'warmenv[triton]' (or: pip install triton==3.8.0)"
 
 

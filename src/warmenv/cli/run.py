@@ -113,6 +113,10 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         tools = [tool(name) for name in dict.fromkeys(args.caches)]
     except LookupError as error:
         raise UsageError(str(error)) from None
+    for t in tools:
+        missing = t.missing()
+        if missing is not None:
+            raise Failure(missing)
     phase = _Phase()
     with anyio.open_signal_receiver(*_FORWARDED) as signals:
         async with anyio.create_task_group() as tg:

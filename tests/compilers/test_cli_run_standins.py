@@ -2,7 +2,10 @@
 
 COMMAND here is a small Python script standing in for a compiler: it reads
 the variables `run` sets and writes a file where the tool would cache. The
-real compilers under `run` are in tests/compilers/test_compiler_run.py.
+real compilers under `run` are in test_compiler_run.py. These live among the
+compiler tests because `warmenv run --cache jax` needs JAX installed beside
+warmenv (its version decides which entries can hit); without it, run refuses
+in one line (tests/test_cli_run_missing_tool.py).
 """
 
 from __future__ import annotations
@@ -18,9 +21,16 @@ from pathlib import Path
 import anyio
 import pytest
 
+from compilers.machines import require
 from warmenv import open_environment
 from warmenv.bundle import export_bundle, import_bundle
 from warmenv.caches import jax as cached_jax
+
+
+@pytest.fixture(autouse=True)
+def _jax_installed() -> None:
+    require("jax")
+
 
 STANDIN = textwrap.dedent(
     """
