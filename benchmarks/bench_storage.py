@@ -160,13 +160,16 @@ HITS = 100_000  # entries in the EAGER store whose hits are measured
 
 
 def shaped_value(shape: str, i: int) -> object:
-    """A value whose canonical JSON is about 256 bytes: a str, or a nested dict.
+    """A value whose encoding is about 256 bytes: a str, bytes, or a nested dict.
 
     Each differs from the others (by `i`), as real values do: nothing can be
-    shared between two values' decoded forms but the dict keys.
+    shared between two values' decoded forms but the dict keys. A `bytes`
+    shape is a `BytesCodec` store's (bytes keys, see `shaped_key`).
     """
     if shape == "str":
         return f"{'y' * 240}-{i:06d}"
+    if shape == "bytes":
+        return f"{'y' * 248}-{i:06d}".encode()
     return {
         "block": 128 + i % 7,
         "choice": "blocked",
@@ -204,11 +207,23 @@ def key_stream(pattern: str, n: int, count: int, rng: random.Random) -> list[str
     return [f"key-{i:06d}" for i in picks]
 
 
+def shaped_key(shape: str, key: str) -> Any:
+    """The key a store of `shape` is asked with: a `BytesCodec` store's are bytes."""
+    return key.encode() if shape == "bytes" else key
+
+
+def shaped_codec(shape: str) -> Any:
+    return BytesCodec() if shape == "bytes" else JsonCodec()
+
+
 async def fill_store(env: Environment, shape: str, n: int) -> Namespace:
     namespace = Namespace("bench", f"hits-{shape}", version="1")
-    codec: JsonCodec[str, object] = JsonCodec()
+    codec = shaped_codec(shape)
     items = [
-        (codec.encode_key(f"key-{i:06d}"), codec.encode_value(shaped_value(shape, i)))
+        (
+            codec.encode_key(shaped_key(shape, f"key-{i:06d}")),
+            codec.encode_value(shaped_value(shape, i)),
+        )
         for i in range(n)
     ]
     await env.storage(namespace).insert_many(items)
@@ -247,11 +262,12 @@ async def store_hits(root: Path, shape: str, n: int, patterns: list[str]) -> lis
     rows = []
     async with open_environment("hits", root=root) as env:
         namespace = await fill_store(env, shape, n)
-        store: Store[str, object] = await env.store(namespace, mode=CacheMode.EAGER)
+        codec = shaped_codec(shape)
+        store: Store[Any, object] = await env.store(namespace, codec, mode=CacheMode.EAGER)
         assert len(store) == n
         # The same store without a hot set: every hit decodes.
-        cold: Store[str, object] = await Store.open(env.storage(namespace), hot_bytes=0)
-        plain = {f"key-{i:06d}": shaped_value(shape, i) for i in range(n)}
+        cold: Store[Any, object] = await Store.open(env.storage(namespace), hot_bytes=0)
+        plain = {shaped_key(shape, f"key-{i:06d}"): shaped_value(shape, i) for i in range(n)}
 
         async def dict_get(key: str) -> object:
             return plain.get(key)
@@ -266,20 +282,24 @@ async def store_hits(root: Path, shape: str, n: int, patterns: list[str]) -> lis
             return store.get_or_compute(key, never, key)
 
         for pattern in patterns:
-            runs: dict[str, Callable[[str], Awaitable[object]]] = {
+            runs: dict[str, Callable[[Any], Any]] = {
                 "dict": dict_get,
                 "get": store.get,
                 "compute": compute_hit,
             }
+            if shape == "bytes":
+                runs["loop"] = plain.get  # called, not awaited (see `compare_us`)
             if shape == "dict":
                 runs["cold"] = cold.get
             if shape == "dict" and pattern == "uniform":
                 runs["copy"] = dict_get_copy
-            best = await compare_us(runs, streams(runs, pattern, n))
+            best = await compare_us(runs, streams(runs, pattern, n, shape), plain={"loop"})
             label = f"{n // 1000}k EAGER, {shape} values, {PATTERNS[pattern]}"
             baseline = "dict.get in a coroutine"
+            # Issue 23: a dict value's hit over 100k keys (most decode) within 3.5x.
+            target = "<= 3.5x" if shape == "dict" and pattern == "uniform" else "<= 3x"
             rows += [
-                Row(f"Store.get hit ({label})", best["get"], "µs", baseline, best["dict"], "<= 3x"),
+                Row(f"Store.get hit ({label})", best["get"], "µs", baseline, best["dict"], target),
                 Row(
                     f"get_or_compute hit ({label})",
                     best["compute"],
@@ -289,6 +309,17 @@ async def store_hits(root: Path, shape: str, n: int, patterns: list[str]) -> lis
                     "<= 3x",
                 ),
             ]
+            if "loop" in best:
+                rows.append(
+                    Row(
+                        f"Store.get hit ({label})",
+                        best["get"],
+                        "µs",
+                        "dict.get in a loop (no coroutine)",
+                        best["loop"],
+                        "<= 2x",
+                    )
+                )
             if "cold" in best:
                 rows.append(
                     Row(
@@ -316,10 +347,15 @@ async def store_hits(root: Path, shape: str, n: int, patterns: list[str]) -> lis
     return rows
 
 
-def streams(runs: dict[str, object], pattern: str, n: int) -> dict[str, list[str]]:
+def streams(
+    runs: dict[str, object], pattern: str, n: int, shape: str = "str"
+) -> dict[str, list[Any]]:
     """A stream of keys per run, all drawn alike (see `compare_us`)."""
     rng = random.Random(3)
-    return {name: key_stream(pattern, n, STREAM, rng) for name in runs}
+    return {
+        name: [shaped_key(shape, key) for key in key_stream(pattern, n, STREAM, rng)]
+        for name in runs
+    }
 
 
 async def hits_under_load(root: Path, askers: int = 200, keys: int = 10) -> Row:
@@ -376,9 +412,10 @@ async def hits_under_load(root: Path, askers: int = 200, keys: int = 10) -> Row:
 
 
 async def compare_us(
-    runs: dict[str, Callable[[str], Awaitable[object]]],
-    keys: dict[str, list[str]],
+    runs: dict[str, Callable[[Any], Any]],
+    keys: dict[str, list[Any]],
     repeat: int = 5,
+    plain: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> dict[str, float]:
     """Mean µs per `await run(key)` of each run over its own stream of keys.
 
@@ -392,19 +429,28 @@ async def compare_us(
     would find them in the CPU caches and look faster. Times are the
     thread's CPU time: on a shared machine, the moments another process
     held the CPU are not counted against either (its use of the caches is).
+    The runs named in `plain` are plain functions, called in a loop.
     """
     chunks = {name: _chunks(keys[name]) for name in runs}
     best = {name: [float("inf")] * len(chunks[name]) for name in runs}
     for name, run in runs.items():
         for key in keys[name]:
-            await run(key)
+            if name in plain:
+                run(key)
+            else:
+                await run(key)
     for _ in range(repeat):
         for i in range(len(best[next(iter(runs))])):
             for name, run in runs.items():
                 chunk = chunks[name][i]
-                start = time.thread_time()
-                for key in chunk:
-                    await run(key)
+                if name in plain:
+                    start = time.thread_time()
+                    for key in chunk:
+                        run(key)
+                else:
+                    start = time.thread_time()
+                    for key in chunk:
+                        await run(key)
                 best[name][i] = min(best[name][i], time.thread_time() - start)
     return {name: sum(times) / len(keys[name]) * 1e6 for name, times in best.items()}
 
@@ -446,11 +492,11 @@ def blocking_hits(root: Path, shape: str, n: int, patterns: list[str]) -> list[R
     """warmenv.blocking hits in the EAGER store `store_hits` filled, beside a locked dict."""
     rows = []
     with blocking.open_environment("hits", root=root) as env:
-        store: blocking.BlockingStore[str, object] = env.store(
-            Namespace("bench", f"hits-{shape}", version="1")
+        store: blocking.BlockingStore[Any, object] = env.store(
+            Namespace("bench", f"hits-{shape}", version="1"), codec=shaped_codec(shape)
         )
         assert len(store) == n
-        plain = {f"key-{i:06d}": shaped_value(shape, i) for i in range(n)}
+        plain = {shaped_key(shape, f"key-{i:06d}"): shaped_value(shape, i) for i in range(n)}
         lock = threading.Lock()
 
         def locked_get(key: str) -> object:
@@ -476,26 +522,36 @@ def blocking_hits(root: Path, shape: str, n: int, patterns: list[str]) -> list[R
                 runs["least"] = locked_least_copy
             if shape == "dict" and pattern == "uniform":
                 runs["copy"] = locked_copy
-            best = compare_sync_us(runs, streams(runs, pattern, n))
+            best = compare_sync_us(runs, streams(runs, pattern, n, shape))
             name = f"warmenv.blocking get hit ({n // 1000}k EAGER, {shape} values,"
             name += f" {PATTERNS[pattern]})"
             baseline = "dict.get under a threading.Lock"
+            # Issue 23: a value that needs no copy within 1.2x of the locked dict;
+            # a dict value within 1.2x of that plus its least copy (the row below).
             rows += [
-                Row(name, best["get"], "µs", baseline, best["dict"], "<= 1.2x"),
+                Row(
+                    name,
+                    best["get"],
+                    "µs",
+                    baseline,
+                    best["dict"],
+                    "" if "least" in best else "<= 1.2x",
+                ),
                 Row(name, best["get"], "µs", "absolute target", 2.0, "< 2 µs"),
             ]
             if "least" in best:
-                rows.append(
+                least = "dict.get under a Lock + the least copy (dict.copy, list.copy)"
+                rows += [
+                    Row(name, best["get"], "µs", least, best["least"], "<= 1.2x"),
                     Row(
-                        "dict.get under a Lock + the least copy (dict.copy, list.copy)"
-                        f" ({pattern})",
+                        f"{least} ({pattern})",
                         best["least"],
                         "µs",
                         baseline,
                         best["dict"],
                         "the floor for any copy",
-                    )
-                )
+                    ),
+                ]
             if "copy" in best:
                 rows.append(
                     Row(
@@ -596,7 +652,8 @@ def store_rss(root: Path, shape: str) -> list[Row]:
     entries, raw, loaded, used = measure("store")
     _, _, plain, _ = measure("dict")
     name = f"RSS of an EAGER store, {entries:,} {shape} entries of ~256 B"
-    rows = [Row(name, loaded, "MiB", "raw size (keys + values)", raw, "<= 1.5x")]
+    # Issue 23: Python's own objects (the floor) take 1.52x to 1.56x of the raw size.
+    rows = [Row(name, loaded, "MiB", "raw size (keys + values)", raw, "<= 1.7x")]
     if shape == "dict":  # only containers are ever held decoded (the hot set)
         rows.append(
             Row(name + ", after 300k Zipf hits", used, "MiB", "raw size (keys + values)", raw)
@@ -663,6 +720,7 @@ async def bench(root: Path, entries: int, backend: str) -> list[Row]:
     else:
         rows.append(Row("Storage.get hit", get, "µs", "(see asyncio figure)", get, ""))
     rows += await store_hits(root / backend, "str", HITS, ["uniform"])
+    rows += await store_hits(root / backend, "bytes", HITS, ["uniform"])
     rows += await store_hits(root / backend, "dict", HITS, list(PATTERNS))
     rows.append(await hits_under_load(root / backend))
     if backend == "asyncio":
@@ -686,6 +744,7 @@ def hit_rows(root: Path) -> list[Row]:
 
     async def hits(backend: str) -> list[Row]:
         rows = await store_hits(root / backend, "str", HITS, ["uniform"])
+        rows += await store_hits(root / backend, "bytes", HITS, ["uniform"])
         return rows + await store_hits(root / backend, "dict", HITS, list(PATTERNS))
 
     rows = anyio.run(hits, "asyncio")
@@ -694,6 +753,7 @@ def hit_rows(root: Path) -> list[Row]:
         for row in anyio.run(hits, "trio", backend="trio")
     ]
     rows += blocking_hits(root / "asyncio", "str", HITS, ["uniform"])
+    rows += blocking_hits(root / "asyncio", "bytes", HITS, ["uniform"])
     rows += blocking_hits(root / "asyncio", "dict", HITS, list(PATTERNS))
     for shape in ("str", "dict"):
         rows += store_rss(root / "asyncio", shape)
@@ -741,6 +801,7 @@ def main() -> None:
             if row.name.startswith(("Store.get", "get_or_compute", "p99"))
         ]
         rows += blocking_hits(root / "asyncio", "str", HITS, ["uniform"])
+        rows += blocking_hits(root / "asyncio", "bytes", HITS, ["uniform"])
         rows += blocking_hits(root / "asyncio", "dict", HITS, list(PATTERNS))
         rows.append(blocking_misses(root))
         for shape in ("str", "dict"):

@@ -80,7 +80,9 @@ def waiting_refused() -> bool:
     (no such frame at all); a module's code met first allows it if and only
     if it is not itself async (a cell with a top-level `await`) and a
     coroutine ran it. Our loop thread never runs a cell, so it is refused
-    there: waiting for itself would deadlock.
+    there: waiting for itself would deadlock. A hit path calls this only
+    if `event_loop_here()`, the first step below, is true: the same rule,
+    one frame fewer for the threads that run no loop.
     """
     if not event_loop_here():
         return False

@@ -6,7 +6,9 @@ hit path both faces call), the same single-flight rules
 (`warmenv.persistence._flight`), the same computations on a miss
 (`Store.compute_held`), and nothing of the store's own beyond those. What it
 adds is only where things run. A hit is answered on the caller's thread, as
-cheap as a dict lookup. A miss reads the environment file on the caller's
+cheap as a dict lookup: the one loop check (`event_loop_here`, the cheap first
+step of `waiting_refused`, which a thread running no loop never goes beyond)
+and the store's hit path (`Held.hit`). A miss reads the environment file on the caller's
 thread too, with a read-only connection of its own (WAL readers never wait
 for the writer); only what that cannot answer (a key the file does not hold,
 a shared tier, an environment in memory) crosses to the loop thread.
@@ -27,6 +29,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, ParamSpec, final, overload
 
+from warmenv._backend import event_loop_here
 from warmenv.blocking._loop import (
     Ask,
     LoopThread,
@@ -110,7 +113,7 @@ class BlockingStore(Generic[K, V]):
 
         Only what the environment file cannot answer here goes to the loop thread.
         """
-        if waiting_refused():
+        if event_loop_here() and waiting_refused():
             raise refused("get()")
         value = self._hit(key)
         if value is not ABSENT:
@@ -129,7 +132,7 @@ class BlockingStore(Generic[K, V]):
         Hits are answered on this thread; the other keys cross to the loop
         thread together, for one storage read.
         """
-        if waiting_refused():
+        if event_loop_here() and waiting_refused():
             raise refused("get_many()")
         wanted = dict.fromkeys(keys)
         found: dict[K, Any] = {}
@@ -162,7 +165,7 @@ class BlockingStore(Generic[K, V]):
         from another process, that value wins and is returned. `fn` asking
         for its own key raises `WarmenvError` (it would wait for itself).
         """
-        if waiting_refused():
+        if event_loop_here() and waiting_refused():
             raise refused("get_or_compute()")
         value = self._hit(key)
         if value is not ABSENT:
@@ -194,7 +197,7 @@ class BlockingStore(Generic[K, V]):
 
             @functools.wraps(fn)
             def memoized(*args: Any, **kwargs: Any) -> V:
-                if waiting_refused():
+                if event_loop_here() and waiting_refused():
                     raise refused(f"{name}() (memoized)")
                 call = functools.partial(fn, *args, **kwargs)
                 if keys is None:

@@ -7,7 +7,8 @@ own copy of the value. Neither face touches what is held any other way.
 
 Each value is held once, in the form that lets every caller have its own
 copy: immutable values (`str`, `int`, `float`, `bool`, `None`) as they are,
-a `bytes` value boxed in a 1-tuple, anything else as its encoded bytes (what
+a `bytes` value boxed in a 1-tuple (a `BytesCodec` store's as they are: they
+are their own encoding), anything else as its encoded bytes (what
 the storage holds), decoded afresh on each hit. A caller that mutates what it
 got therefore never changes what the next caller gets. For JSON, bytes that
 already decoded once are decoded by the C scanner directly, skipping the
@@ -33,7 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Final, Generic, TypeVar, final
 
-from warmenv.persistence.codec import Codec, JsonCodec, encode_str, scan_canonical
+from warmenv.persistence.codec import BytesCodec, Codec, JsonCodec, encode_str, scan_canonical
 from warmenv.persistence.hot import SAMPLE_EVERY, Hot, HotSet, copied
 from warmenv.persistence.statistics import Counters
 
@@ -47,9 +48,13 @@ log = logging.getLogger("warmenv.store")
 ABSENT: Final[Any] = object()
 """Not held (the hit path's miss), or not readable here."""
 
+Hit = Callable[..., Any]
+"""`hit(key, encoded=False, found=ABSENT, count=True)`, see `_hit_path`."""
+
 # How a value is held (the hit path tells them apart by exact type):
 #   bytes      a mutable value as its codec bytes; each hit decodes a fresh copy
-#   tuple      a 1-tuple boxing a `bytes` value, which is immutable
+#              (a BytesCodec's value, which is its own encoding: handed out as it is)
+#   tuple      a 1-tuple boxing a `bytes` value of another codec, which is immutable
 #   Hot        a JSON container also held decoded (the hot set): each hit copies it
 #   otherwise  an immutable value, handed out as it is
 # Plain bytes for the common case: a bytes subclass would carry a GC header.
@@ -63,7 +68,6 @@ class Held(Generic[K, V]):
     __slots__ = (
         "_changes",
         "_counters",
-        "_decodes",
         "_describe",
         "_hits",
         "_lock",
@@ -72,9 +76,11 @@ class Held(Generic[K, V]):
         "_values",
         "_warned",
         "codec",
+        "hit",
         "hot",
         "json",
         "limit",
+        "raw",
     )
 
     def __init__(
@@ -88,13 +94,14 @@ class Held(Generic[K, V]):
         self.codec = codec
         self.limit = limit
         self.json = type(codec) is JsonCodec
+        # A BytesCodec's values are their own encoding, and immutable: held as they are.
+        self.raw = type(codec) is BytesCodec
         # Only a JsonCodec's values are known to be plain containers and leaves.
         self.hot = HotSet(hot_bytes if self.json else 0)
         self._lru: OrderedDict[bytes | str, Any] | None = None if limit is None else OrderedDict()
         # Keyed by memo (see `memo`): the key itself for a JsonCodec str key.
         self._values: dict[bytes | str, Any] = {} if self._lru is None else self._lru
         self._describe = describe  # the storage's, for the one warning below
-        self._decodes = 0  # counted on the hit path: every SAMPLE_EVERY-th is a sample
         self._undecodable: set[bytes] = set()
         self._warned = False  # about a value that does not decode: once per store
         # Bumped before and after every write or purge: a read made on another
@@ -105,54 +112,80 @@ class Held(Generic[K, V]):
         # The hit path's one statistics step: append the key served (None: not counted).
         # Memos (a str key of a JSON store, else the encoded key): encoded at drain.
         self._hits: list[bytes | str] | None = None if counters is None else counters.hits
+        self.hit: Hit = self._hit_path()
+        """The hit path (see `_hit_path`), made once for this store."""
 
     def __len__(self) -> int:
         return len(self._values)
 
-    # --- the hit path ------------------------------------------------------------
+    # --- the hit path (`_hit_path`, below, makes `hit`) ------------------------------
 
-    def hit(self, key: Any, encoded: bool = False, found: Any = ABSENT, count: bool = True) -> Any:
-        """The caller's own copy of `key`'s value, counted as a hit; `ABSENT` if not held.
+    def _hit_path(self) -> Hit:
+        """`held`'s hit path, made once: a function over what it reads, bound as locals.
 
-        `encoded`: `key` is already the encoded key (a memoized call's
-        arguments), held under itself. `found`: the held form to hand out
-        (read or computed just now) instead of looking `key` up; `count`:
-        whether this is a hit to count. Any thread. Everything a hit does is
-        written out here, in one function: each call would cost a tenth of it.
+        Everything a hit reads is fixed for the store's life (the dict of
+        values, the LRU, the statistics' list, the codec), so it is looked up
+        here once rather than as attributes on each hit, and everything a hit
+        does is written out in the one function below: a call costs a tenth of
+        a hit, an attribute a thirtieth.
         """
-        memo: Any = (
-            key if encoded or (type(key) is str and self.json) else self.codec.encode_key(key)
-        )
-        held: Any = self._values.get(memo, ABSENT) if found is ABSENT else found
-        if held is ABSENT:
-            return ABSENT
-        if self._lru is not None:
-            try:
-                self._lru.move_to_end(memo)
-            except KeyError:
-                pass  # dropped by another thread just now: still a hit
-        if count and self._hits is not None:
-            self._hits.append(memo)
-        kind = type(held)
-        if kind is Hot:
-            value = held.value.copy()  # Hot.copy, inlined
-            for inner_key in held.flat:
-                value[inner_key] = value[inner_key].copy()
-            for inner_key, inner in held.deep:
-                value[inner_key] = copied(value[inner_key], inner)
-            return value
-        if kind is bytes:
-            if not self.json:
-                return self.codec.decode_value(held)
-            value = scan_canonical(held.decode(), 0)[0]
-            # Racing threads may lose a count: it only shifts which decode is a sample.
-            self._decodes = decodes = self._decodes + 1
-            if decodes & (SAMPLE_EVERY - 1):
+        values_get = self._values.get
+        lru = self._lru
+        move_to_end = None if lru is None else lru.move_to_end
+        append = None if self._hits is None else self._hits.append
+        codec = self.codec
+        encode_key = codec.encode_key
+        decode_value = None if self.json else codec.decode_value
+        # The key type held under itself, unencoded: a JsonCodec's `str` keys (see
+        # `Held.memo`), a BytesCodec's `bytes` keys (its encoding is the key itself).
+        raw = self.raw
+        own = str if self.json else bytes if raw else None
+        sampled = self._sampled
+        decodes = 0  # every SAMPLE_EVERY-th decode is a sample for the hot set
+        absent = ABSENT
+
+        def hit(key: Any, encoded: bool = False, found: Any = absent, count: bool = True) -> Any:
+            """The caller's own copy of `key`'s value, counted as a hit; `ABSENT` if not held.
+
+            `encoded`: `key` is already the encoded key (a memoized call's
+            arguments), held under itself. `found`: the held form to hand out
+            (read or computed just now) instead of looking `key` up; `count`:
+            whether this is a hit to count. Any thread.
+            """
+            nonlocal decodes
+            memo: Any = key if encoded or type(key) is own else encode_key(key)
+            held: Any = values_get(memo, absent) if found is absent else found
+            if held is absent:
+                return absent
+            if move_to_end is not None:
+                try:
+                    move_to_end(memo)
+                except KeyError:
+                    pass  # dropped by another thread just now: still a hit
+            if count and append is not None:
+                append(memo)
+            kind = type(held)
+            if kind is bytes:
+                if decode_value is not None:
+                    return held if raw else decode_value(held)
+                value = scan_canonical(held.decode(), 0)[0]
+                # Racing threads may lose a count: it only shifts which decode is a sample.
+                decodes += 1
+                if decodes & (SAMPLE_EVERY - 1):
+                    return value
+                return sampled(memo, held, value)
+            if kind is Hot:
+                value = held.value.copy()  # Hot.copy, inlined
+                for inner_key in held.flat:
+                    value[inner_key] = value[inner_key].copy()
+                for inner_key, inner in held.deep:
+                    value[inner_key] = copied(value[inner_key], inner)
                 return value
-            return self._sampled(memo, held, value)
-        if kind is tuple:
-            return held[0]
-        return held
+            if kind is tuple:
+                return held[0]
+            return held
+
+        return hit
 
     def serve(self, memo: bytes | str, held: Any) -> V:
         """The caller's own copy of `held` (read or computed just now), not counted."""
@@ -226,7 +259,7 @@ class Held(Generic[K, V]):
         if kind in _IMMUTABLE:
             return value
         if kind is bytes:
-            return (value,)
+            return data if self.raw else (value,)
         return data
 
     def data_of(self, held: Any) -> bytes:
