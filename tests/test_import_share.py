@@ -9,8 +9,12 @@ in bulk and by scan, on every backend.
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from pathlib import Path
 
+import anyio
 import pytest
 
 from conftest import sample_entries
@@ -85,3 +89,37 @@ async def test_a_share_outside_zero_to_one_is_refused(
         with pytest.raises(ValueError, match="share must be"):
             await import_bundle(bundle_path, env, share=bad)  # type: ignore[arg-type]
         assert await env.namespaces() == []
+
+
+async def _warmenv(*args: str) -> tuple[int, str, str]:
+    """`python -m warmenv ARGS`, as a user runs it: exit status, stdout, stderr."""
+    done = await anyio.run_process(
+        [sys.executable, "-m", "warmenv", *args],
+        check=False,
+        env={**os.environ, "COLUMNS": "120"},
+    )
+    return done.returncode, done.stdout.decode(), done.stderr.decode()
+
+
+@pytest.mark.anyio
+async def test_the_command_line_import_takes_a_share(bundle_path: Path, root: Path) -> None:
+    status, out, err = await _warmenv(
+        "import", str(bundle_path), "--share", "0.5", "--env", "svc", "--root", str(root), "--json"
+    )
+    assert status == 0, err
+    report = json.loads(out)
+    assert report["imported"] == TOTAL and 0 < report["paused"] < report["elapsed"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("bad", ["0", "half"])
+async def test_a_command_line_share_outside_zero_to_one_is_bad_usage(
+    bundle_path: Path, tmp_path: Path, bad: str
+) -> None:
+    root = tmp_path / "svc-root"
+    status, _, err = await _warmenv(
+        "import", str(bundle_path), "--share", bad, "--env", "svc", "--root", str(root)
+    )
+    assert status == 2
+    assert f"--share: {bad!r} is not a fraction of the time in (0, 1]" in err
+    assert not root.exists()  # refused before anything was created

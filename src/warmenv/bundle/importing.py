@@ -295,19 +295,28 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
             copier = self._env.bulk_copy(
                 entry_file, prefixes, self._batch_size, bundle=_ref(bundle, signer)
             )
+        # Stores computing a key this import may land re-read it after each batch.
+        arrivals = self._env.database.arrivals
         if copier is not None:
             batches = _copy_in_bulk(copier, tally)
         else:
+            # The namespaces the application has stores of first, the rest as listed.
+            first = sorted(selected, key=lambda s: s.namespace not in arrivals.wanted)
             batches = _copy_by_scan(
-                bundle, self._env, selected, tally, self._batch_size, self._validate, signer
+                bundle, self._env, first, tally, self._batch_size, self._validate, signer
             )
         pace = Pace(self._share)
-        async with aclosing(batches):
-            async for namespace in batches:
-                yield BundleProgress(
-                    namespace, tally.done, total_entries, tally.bytes_done, total_bytes
-                )
-                tally.paused += await pace.rest()
+        arrivals.begin()
+        try:
+            async with aclosing(batches):
+                async for namespace in batches:
+                    arrivals.landed()
+                    yield BundleProgress(
+                        namespace, tally.done, total_entries, tally.bytes_done, total_bytes
+                    )
+                    tally.paused += await pace.rest()
+        finally:
+            arrivals.end()
         report = tally.report(started_at, None, complete=True, signer=signer)
         self._report = report
         yield BundleFinished(report)

@@ -36,6 +36,7 @@ from warmenv.bundle import (
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.events import Event
 from warmenv.bundle.importing import refuse_stale
+from warmenv.bundle.options import check_share
 from warmenv.bundle.open import open_snapshot, read_names
 from warmenv.cli._environments import environment
 from warmenv.cli._errors import Failure, UsageError
@@ -75,6 +76,15 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         "ones it can hit), and refuse a bundle holding none before downloading or copying it",
     )
     parser.add_argument(
+        "--share",
+        metavar="FRACTION",
+        type=_share,
+        default=1.0,
+        help="the most of the time the import may hold the environment, in (0, 1] (default 1): "
+        "after each batch it pauses so that a service using the same environment file keeps "
+        "the rest (0.25: a batch of 0.1 s, then 0.3 s for everyone else)",
+    )
+    parser.add_argument(
         "--no-verify",
         dest="verify",
         action="store_false",
@@ -83,6 +93,18 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
     )
     add_trust_option(parser)
     parser.set_defaults(run=run)
+
+
+def _share(text: str) -> float:
+    """`--share`'s value: a fraction in (0, 1], or argparse's one-line usage error."""
+    try:
+        share = float(text)
+        check_share(share)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a fraction of the time in (0, 1], such as 0.25"
+        ) from None
+    return share
 
 
 async def run(args: argparse.Namespace, out: Output) -> int:
@@ -185,6 +207,7 @@ async def _import(
             env,
             namespaces=prefixes,
             version=args.import_version,
+            share=args.share,
             verify=args.verify,
             trust=args.trust,
         ) as progress:

@@ -27,6 +27,7 @@ from warmenv._errors import WarmenvError
 from warmenv._text import is_utf8
 
 if TYPE_CHECKING:  # explain.py builds on this module
+    from warmenv.persistence._flight import Arrivals
     from warmenv.persistence.explain import Explanation
 
 __all__ = [
@@ -379,6 +380,15 @@ class Storage(Protocol):
         storage has no other namespaces to compare with (this default, for a
         storage of the application's own); a storage with a shared tier
         answers from its local one.
+        """
+        return None
+
+    def arrivals(self) -> Arrivals | None:
+        """The imports into this storage's environment, announced batch by batch, or `None`.
+
+        A store computing a key while an import runs takes the imported value
+        if the import lands the key first (`warmenv.persistence._flight.Arrivals`).
+        `None` (this default): nothing is imported behind the store's back.
         """
         return None
 

@@ -50,7 +50,7 @@ from typing import (
 import anyio
 
 from warmenv._backend import native_task
-from warmenv.persistence._flight import Flights, waits_for_itself
+from warmenv.persistence._flight import Arrivals, Flights, waits_for_itself
 from warmenv.persistence._held import ABSENT, Held
 from warmenv.persistence._ttl import Expiry, check_ttl
 from warmenv.persistence.codec import Codec, JsonCodec, canonical_arguments
@@ -102,6 +102,7 @@ class Store(Generic[K, V]):
     """Typed keys to typed values over a `Storage`, with a local copy."""
 
     __slots__ = (
+        "_arrivals",
         "_computes",
         "_counters",
         "_epoch",
@@ -140,6 +141,9 @@ class Store(Generic[K, V]):
         self._epoch = 0
         self._memoized: str | None = None
         self._counters = counters
+        self._arrivals = storage.arrivals()  # imports that may answer a run (`_unless_imported`)
+        if self._arrivals is not None:
+            self._arrivals.want(storage.namespace)
 
     @overload
     @classmethod
@@ -554,6 +558,8 @@ class Store(Generic[K, V]):
         self, encoded: bytes, fn: Callable[..., Awaitable[V]], args: tuple[Any, ...]
     ) -> tuple[Any, bool]:
         """What this store now holds for the key, and whether it was found (not computed)."""
+        arrivals = self._arrivals
+        seen = 0 if arrivals is None else arrivals.batches  # before the read: none missed
         held = await self._read(encoded)
         if held is not ABSENT:
             return held, True
@@ -568,13 +574,57 @@ class Store(Generic[K, V]):
                 if held is not ABSENT:
                     return held, True
             start = time.perf_counter()
-            value = await fn(*args)
+            if arrivals is not None and arrivals.running:
+                was_imported, value = await self._unless_imported(encoded, fn, args, arrivals, seen)
+                if was_imported:
+                    return value, True
+            else:
+                value = await fn(*args)
             cost = time.perf_counter() - start
             if self._counters is not None:
                 self._counters.computed(cost)
             data = self._held.codec.encode_value(value)
             _, held = await self._put(encoded, data, keep_failed=True, cost=cost)
         return held, False
+
+    async def _unless_imported(
+        self,
+        encoded: bytes,
+        fn: Callable[..., Awaitable[V]],
+        args: tuple[Any, ...],
+        arrivals: Arrivals,
+        seen: int,
+    ) -> tuple[bool, Any]:
+        """`(False, await fn(*args))`, or `(True, held form)` if an import lands the key first.
+
+        While an import runs, the key is read again after each batch it
+        commits; once it is there, `fn` is cancelled (its value would only
+        replace the imported one) and every asker of this run gets the
+        imported value. An exception of `fn` is raised as it is, not in a group.
+        """
+        found: list[Any] = []
+
+        async def watch(scope: anyio.CancelScope, seen: int) -> None:
+            while True:
+                seen = await arrivals.after(seen)
+                held = await self._read(encoded)
+                if held is not ABSENT:
+                    found.append(held)
+                    scope.cancel()
+                    return
+
+        try:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(watch, tasks.cancel_scope, seen)
+                value = await fn(*args)
+                tasks.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
+                raise group.exceptions[0] from None  # fn's own, as without an import
+            raise
+        if found:
+            return True, found[0]
+        return False, value
 
     async def _put(
         self, encoded: bytes, data: bytes, *, keep_failed: bool, cost: float | None = None

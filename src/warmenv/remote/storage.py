@@ -47,6 +47,7 @@ from warmenv.persistence.storage import (
 )
 
 if TYPE_CHECKING:
+    from warmenv.persistence._flight import Arrivals
     from warmenv.persistence.explain import Explanation
     from warmenv.remote.tier import RemoteTier
     from warmenv.remote.wire import RemoteValue
@@ -187,6 +188,9 @@ class RemoteStorage(Storage):
 
     def describe(self) -> str:
         return f"{self._local.describe()}, shared through {self._tier.describe()}"
+
+    def arrivals(self) -> Arrivals | None:
+        return self._local.arrivals()
 
     async def explain(self, key: bytes | None = None) -> Explanation | None:
         # The shared tier lists no namespaces: the local storage explains.

@@ -19,6 +19,7 @@ from typing import Protocol, TypeVar, final
 
 from warmenv import _sqlite
 from warmenv.persistence import carried
+from warmenv.persistence._flight import Arrivals
 from warmenv.persistence.explain import Explanation
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.sqlite import schema
@@ -75,6 +76,8 @@ class Database(Protocol):
     def read_only(self) -> bool: ...
     @property
     def version(self) -> int: ...
+    @property
+    def arrivals(self) -> Arrivals: ...
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
     async def touch(self, namespace: str, keys: Iterable[bytes]) -> int: ...
@@ -246,6 +249,9 @@ class SqlStorage(Storage):
             log.warning("summary of %s failed: %s", self.describe(), exc)
             entries, size = 0, 0
         return NamespaceSummary(namespace=self._namespace, entries=entries, bytes=size)
+
+    def arrivals(self) -> Arrivals:
+        return self._db.arrivals
 
     async def explain(self, key: bytes | None = None) -> Explanation:
         return await self._db.explain(self._namespace, None if key is None else check_key(key))
