@@ -130,6 +130,7 @@ CONTRACT: dict[str, list[str]] = {
 NOT_MIRRORED_BY_BLOCKING: dict[str, str] = {
     "storage": "storages are async, usable on the loop thread only; env.store(ns) is the twin",
     "database": "the open SqliteDatabase, usable on the loop thread only (env.environment)",
+    "arrivals": "the imports' announcements to the loop's stores: used on the loop thread only",
     "flush_statistics": "statistics() includes unflushed counts; the loop thread flushes them",
     "run_statistics_flusher": "run by open_environment on the loop thread",
     "bulk_copy": "an import's internals (warmenv.blocking.import_bundle)",

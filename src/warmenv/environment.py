@@ -44,6 +44,7 @@ from warmenv.config import (
     set_root,
 )
 from warmenv.persistence import statistics as _statistics
+from warmenv.persistence.arrivals import Arrivals
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.codec import Codec
 from warmenv.persistence.explain import Explanation, stored_key
@@ -164,6 +165,11 @@ class Environment:
         `reason` says what stood in the way (see `Degraded.reason`).
         """
         return self._db.degraded
+
+    @property
+    def arrivals(self) -> Arrivals:
+        """Its imports, announced to its stores batch by batch (`persistence.arrivals`)."""
+        return self._db.arrivals
 
     @property
     def database(self) -> SqliteDatabase:

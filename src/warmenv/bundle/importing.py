@@ -296,7 +296,7 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
                 entry_file, prefixes, self._batch_size, bundle=_ref(bundle, signer)
             )
         # Stores computing a key this import may land re-read it after each batch.
-        arrivals = self._env.database.arrivals
+        arrivals = self._env.arrivals
         if copier is not None:
             batches = _copy_in_bulk(copier, tally)
         else:

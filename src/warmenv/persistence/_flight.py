@@ -29,8 +29,10 @@ import anyio
 import attrs
 
 from warmenv._errors import WarmenvError
+from warmenv.persistence._held import ABSENT
+from warmenv.persistence.arrivals import Arrivals
 
-__all__ = ["Arrivals", "Flights", "waits_for_itself"]
+__all__ = ["Flights", "unless_imported", "waits_for_itself"]
 
 KT = TypeVar("KT", bound=Hashable)
 T = TypeVar("T")
@@ -181,63 +183,41 @@ class _Landing:
         flight.done.set()
 
 
-@final
-class Arrivals:
-    """An environment's imports, announced batch by batch to the runs they may answer.
+async def unless_imported(
+    read: Callable[[], Awaitable[Any]],
+    fn: Callable[..., Awaitable[T]],
+    args: tuple[Any, ...],
+    arrivals: Arrivals,
+    seen: int,
+) -> tuple[bool, Any]:
+    """`(False, await fn(*args))`, or `(True, what read() found)` if an import lands it first.
 
-    A `get_or_compute` run that starts while a bundle is imported computes
-    its key at once (the import may not reach it for minutes), but the
-    import may land that key before the computation ends: then the run's
-    askers take the imported value and the computation is cancelled
-    (`Store._fill`). Imports bulk-copy in SQL and see no keys, so each
-    committed batch is announced (`landed`) and a computing run reads its
-    key again after each one. Nothing waits, and nothing is read, while no
-    import runs. One event loop's: imports and runs are its tasks.
+    For a run computing its key while an import runs (`Arrivals`): `read`
+    (which answers `ABSENT` for a miss) is called after each batch
+    landed since `seen`; once it finds the key, `fn` is cancelled (its value
+    would only replace the imported one) and the run's askers get what was
+    read. An exception of `fn` is raised as it is, not in a group.
     """
+    found: list[Any] = []
 
-    __slots__ = ("_batches", "_event", "_running", "wanted")
+    async def watch(scope: anyio.CancelScope, seen: int) -> None:
+        while True:
+            seen = await arrivals.after(seen)
+            held = await read()
+            if held is not ABSENT:
+                found.append(held)
+                scope.cancel()
+                return
 
-    def __init__(self) -> None:
-        self._running = 0
-        self._batches = 0
-        self._event: anyio.Event | None = None
-        self.wanted: dict[str, None] = {}
-        """The namespaces this process opened stores of, in order: an import copies them first."""
-
-    def want(self, namespace: str) -> None:
-        """A store of `namespace` is open: the application may ask for its keys."""
-        self.wanted.setdefault(namespace)
-
-    @property
-    def running(self) -> bool:
-        """Whether an import into this environment is running."""
-        return self._running > 0
-
-    @property
-    def batches(self) -> int:
-        """How many batches have landed so far (a count to pass to `after`)."""
-        return self._batches
-
-    def begin(self) -> None:
-        """An import starts."""
-        self._running += 1
-
-    def end(self) -> None:
-        """An import ends (however it ended); the runs waiting read once more."""
-        self._running -= 1
-        self.landed()
-
-    def landed(self) -> None:
-        """A batch of an import has committed."""
-        self._batches += 1
-        event, self._event = self._event, None
-        if event is not None:
-            event.set()
-
-    async def after(self, seen: int) -> int:
-        """Wait until a batch has landed since `batches` read `seen`; the count then."""
-        while self._batches == seen:
-            if self._event is None:
-                self._event = anyio.Event()
-            await self._event.wait()
-        return self._batches
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(watch, tasks.cancel_scope, seen)
+            value = await fn(*args)
+            tasks.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
+            raise group.exceptions[0] from None  # fn's own, as without an import
+        raise
+    if found:
+        return True, found[0]
+    return False, value

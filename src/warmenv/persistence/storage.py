@@ -27,7 +27,7 @@ from warmenv._errors import WarmenvError
 from warmenv._text import is_utf8
 
 if TYPE_CHECKING:  # explain.py builds on this module
-    from warmenv.persistence._flight import Arrivals
+    from warmenv.persistence.arrivals import Arrivals
     from warmenv.persistence.explain import Explanation
 
 __all__ = [
@@ -387,7 +387,7 @@ class Storage(Protocol):
         """The imports into this storage's environment, announced batch by batch, or `None`.
 
         A store computing a key while an import runs takes the imported value
-        if the import lands the key first (`warmenv.persistence._flight.Arrivals`).
+        if the import lands the key first (`warmenv.persistence.arrivals`).
         `None` (this default): nothing is imported behind the store's back.
         """
         return None

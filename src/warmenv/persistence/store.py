@@ -50,7 +50,7 @@ from typing import (
 import anyio
 
 from warmenv._backend import native_task
-from warmenv.persistence._flight import Arrivals, Flights, waits_for_itself
+from warmenv.persistence._flight import Flights, unless_imported, waits_for_itself
 from warmenv.persistence._held import ABSENT, Held
 from warmenv.persistence._ttl import Expiry, check_ttl
 from warmenv.persistence.codec import Codec, JsonCodec, canonical_arguments
@@ -141,7 +141,7 @@ class Store(Generic[K, V]):
         self._epoch = 0
         self._memoized: str | None = None
         self._counters = counters
-        self._arrivals = storage.arrivals()  # imports that may answer a run (`_unless_imported`)
+        self._arrivals = storage.arrivals()  # imports that may answer a run (`unless_imported`)
         if self._arrivals is not None:
             self._arrivals.want(storage.namespace)
 
@@ -575,7 +575,8 @@ class Store(Generic[K, V]):
                     return held, True
             start = time.perf_counter()
             if arrivals is not None and arrivals.running:
-                was_imported, value = await self._unless_imported(encoded, fn, args, arrivals, seen)
+                read = functools.partial(self._read, encoded)
+                was_imported, value = await unless_imported(read, fn, args, arrivals, seen)
                 if was_imported:
                     return value, True
             else:
@@ -586,45 +587,6 @@ class Store(Generic[K, V]):
             data = self._held.codec.encode_value(value)
             _, held = await self._put(encoded, data, keep_failed=True, cost=cost)
         return held, False
-
-    async def _unless_imported(
-        self,
-        encoded: bytes,
-        fn: Callable[..., Awaitable[V]],
-        args: tuple[Any, ...],
-        arrivals: Arrivals,
-        seen: int,
-    ) -> tuple[bool, Any]:
-        """`(False, await fn(*args))`, or `(True, held form)` if an import lands the key first.
-
-        While an import runs, the key is read again after each batch it
-        commits; once it is there, `fn` is cancelled (its value would only
-        replace the imported one) and every asker of this run gets the
-        imported value. An exception of `fn` is raised as it is, not in a group.
-        """
-        found: list[Any] = []
-
-        async def watch(scope: anyio.CancelScope, seen: int) -> None:
-            while True:
-                seen = await arrivals.after(seen)
-                held = await self._read(encoded)
-                if held is not ABSENT:
-                    found.append(held)
-                    scope.cancel()
-                    return
-
-        try:
-            async with anyio.create_task_group() as tasks:
-                tasks.start_soon(watch, tasks.cancel_scope, seen)
-                value = await fn(*args)
-                tasks.cancel_scope.cancel()
-        except BaseExceptionGroup as group:
-            if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
-                raise group.exceptions[0] from None  # fn's own, as without an import
-            raise
-        if found:
-            return True, found[0]
-        return False, value
 
     async def _put(
         self, encoded: bytes, data: bytes, *, keep_failed: bool, cost: float | None = None

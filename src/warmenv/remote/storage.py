@@ -47,7 +47,7 @@ from warmenv.persistence.storage import (
 )
 
 if TYPE_CHECKING:
-    from warmenv.persistence._flight import Arrivals
+    from warmenv.persistence.arrivals import Arrivals
     from warmenv.persistence.explain import Explanation
     from warmenv.remote.tier import RemoteTier
     from warmenv.remote.wire import RemoteValue

@@ -31,7 +31,7 @@ import attrs
 from warmenv import _sqlite
 from warmenv._errors import WarmenvError, WarmenvWarning
 from warmenv._fs import non_regular_kind
-from warmenv.persistence._flight import Arrivals
+from warmenv.persistence.arrivals import Arrivals
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.sqlite import bulk, eviction, opening, schema, statistics, uris
@@ -131,7 +131,7 @@ class SqliteDatabase:
         self._storage = storage
         self._bulk = BulkCopies()
         self.arrivals = Arrivals()
-        """The imports into this database, announced batch by batch (`_flight.Arrivals`)."""
+        """The imports into this database, announced batch by batch (`persistence.arrivals`)."""
 
     def storage(self, namespace: str) -> SqlStorage:
         """The storage of one namespace (its full string)."""

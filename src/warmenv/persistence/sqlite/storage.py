@@ -19,7 +19,7 @@ from typing import Protocol, TypeVar, final
 
 from warmenv import _sqlite
 from warmenv.persistence import carried
-from warmenv.persistence._flight import Arrivals
+from warmenv.persistence.arrivals import Arrivals
 from warmenv.persistence.explain import Explanation
 from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.sqlite import schema
