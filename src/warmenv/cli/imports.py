@@ -36,8 +36,8 @@ from warmenv.bundle import (
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.events import Event
 from warmenv.bundle.importing import refuse_stale
-from warmenv.bundle.options import check_share
 from warmenv.bundle.open import open_snapshot, read_names
+from warmenv.bundle.options import check_share
 from warmenv.cli._environments import environment
 from warmenv.cli._errors import Failure, UsageError
 from warmenv.cli._format import as_json, plural, size
