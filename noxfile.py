@@ -138,6 +138,7 @@ def bench(session: nox.Session) -> None:
         "bench_sync.py",
         "bench_storage.py",
         "bench_bundle.py",
+        "bench_serving.py",  # --entries 200000 for the 200k-entry import
         "bench_schema.py",
         "bench_statistics.py",
         "bench_explain.py",
