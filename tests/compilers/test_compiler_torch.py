@@ -25,7 +25,7 @@ import attrs
 import pytest
 
 from compilers.machines import Machine, require, ship
-from warmenv import Namespace, open_environment
+from warmenv import Namespace, Origin, open_environment
 from warmenv.caches import Facts
 
 APP = """
@@ -121,6 +121,9 @@ def test_a_cold_torch_compile_builds_its_kernels_and_captures_them(cold: Cold) -
     assert result["ours"] == [0, 1]  # what use() reports is Inductor's own count
     assert result["captured_kernels"] == result["built"]
     assert result["captured_artifacts"] == 1
+    # What it built and loaded itself is no hit.
+    graphs, kernels, _ = anyio.run(_torch_hits, cold.machine.root)
+    assert (graphs[0], kernels[0]) == (0, 0)
 
 
 def test_torch_compile_captured_on_one_machine_builds_nothing_on_another(
@@ -136,6 +139,27 @@ def test_torch_compile_captured_on_one_machine_builds_nothing_on_another(
     assert (warm["restored"], warm["loaded"]) == (cold.result["captured_kernels"], 1)
     assert warm["value"] == cold.result["value"]
     assert warm["captured_artifacts"] == 0  # a warm run adds nothing to the environment
+    # Inductor's graph hit (named by its own log line) and each kernel it loaded (mapped
+    # into the process) are hits of the bundle's entries in `warmenv stats`.
+    graphs, kernels, bundle = anyio.run(_torch_hits, second.root)
+    assert graphs == (1, 1), graphs
+    assert kernels[0] >= 1 and kernels[0] == kernels[1], kernels
+    assert kernels[0] <= cold.result["captured_kernels"]
+    assert bundle == graphs[0] + kernels[0]
+
+
+async def _torch_hits(root: Path) -> tuple[tuple[int, int], tuple[int, int], int]:
+    """(hits, imported hits) of the fxgraph and the kernels namespaces, and the bundle's hits."""
+    async with open_environment("default", root=root) as env:
+        found = await env.statistics()
+    by_part = {n.namespace.rsplit("/", 1)[1]: n for n in found.namespaces}
+    graphs, kernels = by_part["fxgraph"], by_part["kernels"]
+    bundles = sum(b.hits for b in found.bundles)
+    return (
+        (graphs.hits, graphs.hits_by_origin.get(Origin.IMPORTED, 0)),
+        (kernels.hits, kernels.hits_by_origin.get(Origin.IMPORTED, 0)),
+        bundles,
+    )
 
 
 def test_the_mega_cache_bytes_alone_hit_the_graph_but_build_every_kernel_again(

@@ -44,6 +44,7 @@ __all__ = [
     "COUNTS_VARIABLE",
     "Counts",
     "EnvironmentChoice",
+    "HitLines",
     "Warmed",
     "read_counts",
     "where",
@@ -167,6 +168,60 @@ def restored(
     return Warmed(
         tool, cache_dir, report, tree=tree, where=chosen, counters=counters, served=served
     )
+
+
+# --- hits named by a tool's own log line -------------------------------------------
+
+
+@final
+class HitLines(logging.Filter):
+    """On a tool's logger: hands each hit line's key to `on_key`, passes on what passed before.
+
+    Some tools count hits without naming the entry (JAX's monitoring events,
+    Inductor's counters) but log a line naming its key for each hit, below
+    the level their loggers show. `install` lowers the logger's level so the
+    line reaches this filter; every record below the level the logger had
+    before (its own, else its parents') is dropped here, so its handlers
+    and its parents' see what they saw without it. A level set on the
+    logger afterwards governs it again (and hides the hit line, if above).
+    """
+
+    def __init__(
+        self, logger: logging.Logger, level: int, line: str, on_key: Callable[[str], None]
+    ) -> None:
+        super().__init__()
+        self._logger = logger
+        self._level = level
+        self._lowered = logger.level
+        self._line = line
+        self._on_key = on_key
+
+    @classmethod
+    def install(cls, name: str, level: int, line: str, on_key: Callable[[str], None]) -> HitLines:
+        """Listen on logger `name` for `line` (logged at `level`, its key the last argument)."""
+        logger = logging.getLogger(name)
+        found = cls(logger, logger.level, line, on_key)
+        logger.addFilter(found)
+        if logger.getEffectiveLevel() > level:
+            logger.setLevel(level)
+        found._lowered = logger.level
+        return found
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if record.msg == self._line and isinstance(args, tuple) and args:
+            key = args[-1]
+            if isinstance(key, str) and key:
+                self._on_key(key)
+        return record.levelno >= self._passing()
+
+    def _passing(self) -> int:
+        if self._logger.level != self._lowered:
+            return logging.NOTSET  # the application set its level since: that level decided
+        if self._level != logging.NOTSET:
+            return self._level
+        parent = self._logger.parent
+        return parent.getEffectiveLevel() if parent is not None else logging.WARNING
 
 
 # --- counts from a child process (`warmenv run`) -----------------------------------

@@ -42,10 +42,10 @@ import logging
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final, final
+from typing import Any, Final
 
 from warmenv._facts import Facts
-from warmenv.caches._inprocess import EnvironmentChoice, Warmed, restored
+from warmenv.caches._inprocess import EnvironmentChoice, HitLines, Warmed, restored
 from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport
 from warmenv.caches._tree import capture as _capture
 from warmenv.caches._tree import restore as _restore
@@ -197,39 +197,10 @@ def served() -> dict[str, int]:
         return dict(_served)
 
 
-@final
-class _HitKeys(logging.Filter):
-    """On JAX's compiler logger: counts each hit's key, and passes on what passed before.
-
-    The logger is set to DEBUG so that JAX's hit line (logged at DEBUG)
-    reaches this filter; every record below the level the logger had
-    before (its own, else its parents') is dropped here, so its handlers
-    and its parents' see what they saw without it. A level set on the
-    logger afterwards governs it again (and hides the hit line, if above DEBUG).
-    """
-
-    def __init__(self, logger: logging.Logger, level: int) -> None:
-        super().__init__()
-        self._logger = logger
-        self._level = level
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        if record.msg == _HIT_LINE and isinstance(args, tuple) and len(args) == 2:
-            key = args[1]
-            if isinstance(key, str) and key:
-                entry = key + _ENTRY_SUFFIX
-                with _lock:
-                    _served[entry] = _served.get(entry, 0) + 1
-        return record.levelno >= self._passing()
-
-    def _passing(self) -> int:
-        if self._logger.level != logging.DEBUG:
-            return logging.NOTSET  # the application set its level since: that level decided
-        if self._level != logging.NOTSET:
-            return self._level
-        parent = self._logger.parent
-        return parent.getEffectiveLevel() if parent is not None else logging.WARNING
+def _on_hit_key(key: str) -> None:
+    entry = key + _ENTRY_SUFFIX
+    with _lock:
+        _served[entry] = _served.get(entry, 0) + 1
 
 
 def _on_event(event: str, **_: Any) -> None:
@@ -250,9 +221,7 @@ def _listen(jax: Any) -> None:
             return
         _listening[0] = True
     jax.monitoring.register_event_listener(_on_event)
-    logger = logging.getLogger(_HIT_LOGGER)
-    logger.addFilter(_HitKeys(logger, logger.level))
-    logger.setLevel(logging.DEBUG)
+    HitLines.install(_HIT_LOGGER, logging.DEBUG, _HIT_LINE, _on_hit_key)
     jax.monitoring.register_event_duration_secs_listener(_on_duration)
 
 

@@ -24,7 +24,14 @@ elsewhere, or on another CPU, are another namespace, skipped with the
 reason, never restored to be rebuilt anyway.
 
 Hits are torch's own counters (`torch._dynamo.utils.counters`: Inductor's
-`fxgraph_cache_hit` and `fxgraph_cache_miss`). The bytes torch loads are
+`fxgraph_cache_hit` and `fxgraph_cache_miss`). Which entries were hit, for
+`warmenv stats` (counted when `use()` captures): each graph hit's key from
+Inductor's own line for it (`fx graph cache hit for key ...`, logger
+`torch._inductor.codecache`, at INFO, read as JAX's hit line is: the
+logger's handlers see what they saw before), one hit of the graph entry
+under `fxgraph/<key[1:3]>/<key>/`; and each restored kernel this process
+loaded, as the operating system maps it (`/proc/self/maps`; Linux only:
+elsewhere kernels are not counted). The bytes torch loads are
 pickles: a bundle of them is code (docs/caches.md, the trust model).
 
     import warmenv.caches.torch
@@ -47,8 +54,8 @@ import anyio.to_thread
 import attrs
 
 from warmenv._facts import Facts
-from warmenv.caches._inprocess import EnvironmentChoice, _Where, where
-from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport
+from warmenv.caches._inprocess import EnvironmentChoice, HitLines, _Where, where
+from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport, record_hits
 from warmenv.caches._tree import capture as _capture
 from warmenv.caches._tree import restore as _restore
 from warmenv.config import load_config
@@ -69,6 +76,7 @@ __all__ = [
     "default_cache_dir",
     "hits",
     "restore",
+    "served_here",
     "settings",
     "tree",
     "use",
@@ -87,6 +95,8 @@ INSTALL_HINT: Final = (
 CACHE_DIR_VARIABLE: Final = "TORCHINDUCTOR_CACHE_DIR"
 _KERNELS: Final = ("*.so",)
 _GRAPHS: Final = ("fxgraph", "aotautograd")
+_HIT_LOGGER: Final = "torch._inductor.codecache"
+_HIT_LINE: Final = "fx graph cache hit for key %s"
 
 
 def tree(facts: Facts | None = None) -> CacheTree:
@@ -203,7 +213,9 @@ class TorchWarmed:
     """Mega-Cache entries torch loaded at start-up."""
     _where: _Where = attrs.field(alias="where")
     _known: frozenset[str] = attrs.field(alias="known")
+    _present: frozenset[str] = attrs.field(alias="present")
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+    _recorded: dict[str, dict[str, int]] = attrs.field(factory=dict, init=False)
 
     @property
     def hits(self) -> int:
@@ -216,13 +228,25 @@ class TorchWarmed:
         return hits()[1]
 
     def capture(self) -> TorchCaptureReport:
-        """Store what this process compiled so far: the Mega-Cache bytes and the kernels."""
+        """Store what this process compiled so far: the Mega-Cache bytes and the kernels.
+
+        The graph entries and kernels this process was served since the last
+        capture (`served()`) are counted as hits in the environment's
+        statistics too.
+        """
         saved = _import_torch().compiler.save_cache_artifacts()
         new = None
         if saved is not None and not _identities(saved[1]) <= self._known:
             new = bytes(saved[0])  # something not loaded at start-up
         with self._lock:
-            return block_on(_capture_in, self._where, self.cache_dir, new)
+            served = served_here(self.cache_dir, self._present)
+            delta = {
+                part: {k: n - self._recorded.get(part, {}).get(k, 0) for k, n in hits.items()}
+                for part, hits in served.items()
+            }
+            report = block_on(_capture_in, self._where, self.cache_dir, new, delta)
+            self._recorded = served
+            return report
 
     def capture_at_exit(self) -> None:
         atexit.register(self._capture_at_exit)
@@ -237,10 +261,19 @@ class TorchWarmed:
 
 
 async def _capture_in(
-    chosen: _Where, cache_dir: Path, artifacts: bytes | None
+    chosen: _Where,
+    cache_dir: Path,
+    artifacts: bytes | None,
+    served: dict[str, dict[str, int]],
 ) -> TorchCaptureReport:
     async with open_environment(chosen.name, root=chosen.root, file=chosen.file) as env:
-        return await capture(env, cache_dir, artifacts)
+        report = await capture(env, cache_dir, artifacts)
+        facts = await anyio.to_thread.run_sync(Facts.here, *FACTS)
+        trees = {t.part: t for t in (tree(facts), *_graph_trees(facts))}
+        for part, hits in served.items():
+            if part in trees and any(n > 0 for n in hits.values()):
+                await record_hits(env, trees[part], {k: n for k, n in hits.items() if n > 0})
+        return report
 
 
 async def _restore_in(
@@ -268,6 +301,7 @@ def use(
     (`TorchWarmed.capture()` does it at once).
     """
     torch = _import_torch()
+    _listen()
     if cache_dir is None:
         configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
         cache_dir = Path(configured) if configured else default_cache_dir(root)
@@ -286,7 +320,8 @@ def use(
             continue
         loaded += 1
         known |= _identities(info)
-    warmed = TorchWarmed(directory, report, loaded, where=chosen, known=known)
+    present = kernels_in(directory)
+    warmed = TorchWarmed(directory, report, loaded, where=chosen, known=known, present=present)
     if capture_at_exit:
         warmed.capture_at_exit()
     return warmed
@@ -303,6 +338,76 @@ def hits() -> tuple[int, int, float]:
         return 0, 0, 0.0
     inductor = utils.counters["inductor"]
     return int(inductor["fxgraph_cache_hit"]), int(inductor["fxgraph_cache_miss"]), 0.0
+
+
+_lock = threading.Lock()
+_graph_keys: dict[str, int] = {}
+_listening = [False]
+
+
+def _on_hit_key(key: str) -> None:
+    with _lock:
+        _graph_keys[key] = _graph_keys.get(key, 0) + 1
+
+
+def _listen() -> None:
+    with _lock:
+        if _listening[0]:
+            return
+        _listening[0] = True
+    HitLines.install(_HIT_LOGGER, logging.INFO, _HIT_LINE, _on_hit_key)
+
+
+def kernels_in(cache_dir: str | Path) -> frozenset[str]:
+    """The kernels (`.so`, relative paths) under `cache_dir` now."""
+    base = Path(cache_dir)
+    found = set()
+    for directory, _, names in os.walk(base):
+        for name in names:
+            if name.endswith(".so"):
+                found.add(os.path.relpath(os.path.join(directory, name), base))
+    return frozenset(Path(p).as_posix() for p in found)
+
+
+def served_here(cache_dir: str | Path, present: frozenset[str]) -> dict[str, dict[str, int]]:
+    """This process's hits per captured entry under `cache_dir`, by tree part.
+
+    `{"fxgraph": {relative path: hits}, "kernels": {relative path: 1}}`: each
+    graph hit Inductor logged (since `use()`), as a hit of the first entry
+    file under its key's directory; each kernel of `present` (those there
+    before this process compiled: a kernel it built itself is no hit) that
+    this process has mapped (Linux's `/proc/self/maps`), once.
+    """
+    base = Path(os.path.abspath(cache_dir))
+    with _lock:
+        keys = dict(_graph_keys)
+    graphs: dict[str, int] = {}
+    for key, count in keys.items():
+        if len(key) < 3 or "/" in key or key.startswith("."):
+            continue
+        directory = base / "fxgraph" / key[1:3] / key
+        try:
+            names = sorted(e.name for e in os.scandir(directory) if e.is_file())
+        except OSError:
+            continue
+        if names:
+            graphs[f"{key[1:3]}/{key}/{names[0]}"] = count
+    kernels: dict[str, int] = {}
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            lines = maps.read().splitlines()
+    except OSError:
+        lines = []
+    prefix = f"{base}{os.sep}"
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6:
+            continue  # an anonymous mapping
+        path = fields[5].strip()
+        relative = path.removeprefix(prefix)
+        if path.startswith(prefix) and relative in present:
+            kernels[relative] = 1
+    return {"fxgraph": graphs, "kernels": kernels}
 
 
 def _loaded(module: str) -> Any:
