@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from redis_server import RedisServer, tolerating_coredis_streams
 from warmenv import Namespace, open_environment
 from warmenv.blocking import open_environment as open_blocking
 from warmenv.bundle import export_bundle, import_bundle
@@ -178,3 +179,24 @@ async def test_a_ttl_that_is_not_a_positive_duration_is_refused(
     with pytest.raises(ValueError, match=r"^ttl is seconds .* got ") as raised:
         await Store.open(storage, ttl=ttl)  # type: ignore[call-overload]
     assert "\n" not in str(raised.value)
+
+
+@tolerating_coredis_streams
+async def test_a_fetched_value_past_the_ttl_is_computed_by_each_host(
+    tmp_path: Path, clock: Clock, server: RedisServer
+) -> None:
+    compute = Computes()
+    async with open_environment("fleet", root=tmp_path / "a", remote=server.url) as a:
+        assert await (await a.store(NS)).get_or_compute("k", compute, 1) == 1
+    clock.now += 2 * HOUR  # the fleet's copy in Redis is two hours old now
+    async with open_environment("fleet", root=tmp_path / "b", remote=server.url) as b:
+        assert await (await b.store(NS, ttl=3 * HOUR)).get("k") == 1  # fetched, fresh enough
+    async with open_environment("fleet", root=tmp_path / "c", remote=server.url) as c:
+        store: Store[str, int] = await c.store(NS, ttl=HOUR)
+        assert await store.get("k") is None  # fetched with its write time: too old
+        assert await store.get_or_compute("k", compute, 2) == 2
+        assert await store.get_or_compute("k", compute, 3) == 2  # fresh here now
+    assert compute.calls == 2
+    # The shared copy is the first writer's still: a new host without a ttl gets it.
+    async with open_environment("fleet", root=tmp_path / "d", remote=server.url) as d:
+        assert await (await d.store(NS)).get("k") == 1
