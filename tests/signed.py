@@ -22,8 +22,11 @@ def read_manifest(path: Path) -> Document:
     return found[0]
 
 
-def rewrite_manifest(path: Path, change: Callable[[Document], object]) -> None:
-    """Apply `change` to the manifest of the bundle at `path`, in place."""
+def rewrite_manifest(
+    path: Path, change: Callable[[Document], object], raw: Callable[[str], str] = str
+) -> None:
+    """Apply `change` to the manifest of the bundle at `path`, in place; `raw` then
+    rewrites its JSON text (as no JSON library would write it)."""
     data = path.read_bytes()
     if data.startswith(b"SQLite format 3\x00"):
         conn = sqlite3.connect(path)
@@ -31,7 +34,8 @@ def rewrite_manifest(path: Path, change: Callable[[Document], object]) -> None:
             (text,) = conn.execute("SELECT v FROM meta WHERE k = 'manifest'").fetchone()
             document = json.loads(text)
             change(document)
-            conn.execute("UPDATE meta SET v = ? WHERE k = 'manifest'", (_dumps(document).decode(),))
+            text = raw(_dumps(document).decode())
+            conn.execute("UPDATE meta SET v = ? WHERE k = 'manifest'", (text,))
             conn.commit()
         finally:
             conn.close()
@@ -40,7 +44,7 @@ def rewrite_manifest(path: Path, change: Callable[[Document], object]) -> None:
     length = int.from_bytes(data[12:16], "little")
     document = json.loads(data[16 : 16 + length])
     change(document)
-    new = _dumps(document)
+    new = raw(_dumps(document).decode()).encode()
     path.write_bytes(data[:12] + len(new).to_bytes(4, "little") + new + data[16 + length :])
 
 

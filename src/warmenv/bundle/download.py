@@ -17,7 +17,8 @@ length or the cap is cut off), and every wait is bounded from outside: each
 read by the timeout, a response's head by the timeout too (an endless run of
 `100 Continue`, or headers sent a byte at a time, would pass every read's),
 the body by a minimum rate, and the whole download, retries and all, by an
-overall deadline. A redirect is followed to another origin (scheme, host,
+overall deadline. What httpx and httpcore log about a download is
+redacted (`warmenv.bundle._http_logs`). A redirect is followed to another origin (scheme, host,
 port) without the caller's headers, unless the caller allows them there. A
 that fails, is cancelled or is interrupted removes its staging directory;
 one whose process was killed is removed by the next import beside the same
@@ -44,6 +45,7 @@ import attrs
 from warmenv._errors import WarmenvError
 from warmenv._url import bundle_url_problem, redact, redact_in
 from warmenv.bundle import _files
+from warmenv.bundle._http_logs import redact_client_logs
 from warmenv.bundle.events import Downloading
 from warmenv.bundle.flat.bundle import FlatBundle
 from warmenv.bundle.formats import sniff
@@ -234,6 +236,8 @@ def _client(lib: Any, url: str, options: DownloadOptions) -> httpx.AsyncClient:
         headers=dict(options.headers),
         event_hooks={"request": guard},
     )
+    # After the client is made: its transport imports httpcore, whose loggers it makes.
+    redact_client_logs()  # httpx's INFO line names the URL as sent, credentials and all
     return client
 
 

@@ -13,8 +13,12 @@ without misreading old bundles.
 A signed bundle's manifest also holds a `signature` (`Signature`): who
 signed it (a public key) and an Ed25519 signature over `signed_payload()`,
 the manifest's own JSON without the signature, so it covers the digest and
-with it every entry. Reading one needs nothing but this module; checking it
-is `warmenv.bundle.signing`'s. A reader that predates signatures ignores the
+with it every entry. The signature signs the fields as parsed, so the bytes
+a manifest was read from must be exactly those fields written out again
+(`uncovered`): a field added to a signed manifest (which this warmenv would
+ignore, and a later one might read) is refused, not carried along unsigned.
+Reading one needs nothing but this module; checking it is
+`warmenv.bundle.signing`'s. A reader that predates signatures ignores the
 field and reads the bundle as an unsigned one.
 """
 
@@ -146,6 +150,11 @@ class BundleManifest:
     environments: tuple[EnvironmentInfo, ...]
     digest: str
     signature: Signature | None = None
+    read_from: bytes | None = attrs.field(
+        default=None, eq=False, repr=False, metadata={"shown": False}
+    )
+    """The bytes this manifest was parsed from (`from_json`), or None: made here. Not
+    shown (`--json` output leaves it out: it is the manifest again, as bytes)."""
 
     def to_json(self) -> bytes:
         """The manifest as UTF-8 JSON, keys sorted (no `signature` key when unsigned)."""
@@ -165,6 +174,21 @@ class BundleManifest:
         """What a signature signs: a fixed context, then this manifest's JSON without its
         signature (and so its digest, which covers every entry)."""
         return SIGNATURE_CONTEXT + attrs.evolve(self, signature=None).to_json()
+
+    def uncovered(self) -> str | None:
+        """What the bytes this manifest was read from hold beyond its fields, as a clause
+        ("a field 'note'"), or None: they are exactly `to_json()`, which is what a
+        signature covers (with the signature). A manifest made here holds nothing else."""
+        if self.read_from is None or self.read_from == self.to_json():
+            return None
+        try:
+            found = json.loads(self.read_from)
+        except (ValueError, RecursionError):  # pragma: no cover (from_json parsed it)
+            found = None
+        extra = _extra_field(found, json.loads(self.to_json()), "")
+        if extra is not None:
+            return f"a field {extra!r}"
+        return "bytes written otherwise than warmenv writes them (spacing, order or escapes)"
 
     def check_readable(self) -> None:
         """`ValueError` unless every reader would accept this manifest as written.
@@ -191,9 +215,11 @@ class BundleManifest:
         """Parse and check a manifest; `InvalidManifestError` names what is wrong."""
         if isinstance(data, str):  # a character is at least one byte: encode only a short one
             check_manifest_size(len(data))
-            check_manifest_size(len(data.encode("utf-8", "surrogatepass")))
+            raw = data.encode("utf-8", "surrogatepass")
+            check_manifest_size(len(raw))
         else:
             check_manifest_size(len(data))
+            raw = bytes(data)
         try:
             document = json.loads(data)
         except (ValueError, RecursionError) as exc:
@@ -224,7 +250,24 @@ class BundleManifest:
             environments=tuple(_environment(e, i) for i, e in enumerate(environments)),
             digest=digest,
             signature=_signature(document),
+            read_from=raw,
         )
+
+
+def _extra_field(found: object, ours: object, where: str) -> str | None:
+    """The first field (a dotted path) in `found` that `ours` (the same manifest as
+    warmenv writes it) lacks, or None."""
+    if isinstance(found, dict) and isinstance(ours, dict):
+        for name, value in found.items():
+            if name not in ours:
+                return f"{where}{name}"
+            if (extra := _extra_field(value, ours[name], f"{where}{name}.")) is not None:
+                return extra
+    elif isinstance(found, list) and isinstance(ours, list):
+        for index, (value, mine) in enumerate(zip(found, ours, strict=False)):
+            if (extra := _extra_field(value, mine, f"{where[:-1]}[{index}].")) is not None:
+                return extra
+    return None
 
 
 def _text(document: Mapping[str, Any], field: str, where: str = "") -> str:

@@ -4,7 +4,9 @@ The digest proves a bundle is whole, not who made it, and a compiler-cache
 bundle is code. So a bundle may carry a signature (`Signature`, in its
 manifest, in both formats) over the manifest's JSON without the signature,
 which holds the digest, which covers every entry: a signature that holds
-vouches for every byte an import takes in. A key pair comes from
+vouches for every byte an import takes in. What the signature does not
+cover is refused: manifest bytes beyond its fields (`BundleManifest.uncovered`)
+and, in a SQLite bundle, a `meta` row beyond the two a bundle holds. A key pair comes from
 `generate_key` (`warmenv keygen`): the private key in a PEM file only its
 owner can read, the public key as one line of text (`warmenv._keys`).
 
@@ -285,6 +287,12 @@ def check_signature(manifest: BundleManifest, trust: Trust, label: str) -> Publi
         raise SignatureError(
             f"{label}: a signature is required but no key is trusted; set trusted_keys "
             "(or WARMENV_TRUSTED_KEYS), or pass --trust KEY"
+        )
+    uncovered = manifest.uncovered()
+    if uncovered is not None:
+        raise SignatureError(
+            f"{label}: its manifest holds {uncovered} that its signature does not cover "
+            "(added after signing); do not import it"
         )
     if signature.algorithm != SIGNATURE_ALGORITHM:
         raise SignatureError(

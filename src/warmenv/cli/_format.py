@@ -55,10 +55,20 @@ def jsonable(value: object) -> object:
     if isinstance(value, PublicKey):
         return str(value)
     if attrs.has(type(value)):
-        return attrs.asdict(value, recurse=True, value_serializer=_key_as_text)  # type: ignore[arg-type]
+        return attrs.asdict(
+            value,  # type: ignore[arg-type]
+            recurse=True,
+            filter=_shown,
+            value_serializer=_key_as_text,
+        )
     if isinstance(value, tuple):
         return list(value)
     raise TypeError(f"cannot show {type(value).__name__} as JSON")
+
+
+def _shown(field: attrs.Attribute[object], value: object) -> bool:
+    """Whether a field is output (one marked `metadata={"shown": False}` is not)."""
+    return bool(field.metadata.get("shown", True))
 
 
 def _key_as_text(instance: object, field: object, value: object) -> object:

@@ -30,6 +30,7 @@ __all__ = [
     "SCHEMA_VERSIONS",
     "create",
     "first_view",
+    "foreign_meta",
     "has_manifest",
     "manifest_size",
     "newer_version",
@@ -118,6 +119,24 @@ def unlike_ours(conn: sqlite3.Connection, format_version: int) -> str | None:
             shown = shown if len(shown) <= 300 else shown[:300] + "..."
             return f"its table {name!r} is not as warmenv writes it ({shown})"
     return None
+
+
+_META_KEYS = ("schema_version", "manifest")
+
+
+def foreign_meta(conn: sqlite3.Connection) -> str | None:
+    """A clause naming a `meta` row other than the two every bundle holds, or None.
+
+    Nothing but the manifest is signed, and nothing else in `meta` is read: a
+    row added to a (signed) bundle would travel with it unvouched for, so a
+    file holding one is not a bundle of ours."""
+    row = conn.execute(
+        "SELECT CASE typeof(k) WHEN 'text' THEN substr(k, 1, 80) ELSE typeof(k) END "
+        f"FROM meta WHERE k IS NULL OR k NOT IN {_META_KEYS!r} LIMIT 1"
+    ).fetchone()
+    if row is None:
+        return None
+    return f"its meta table has a row {row[0]!r}, which no warmenv bundle has"
 
 
 def first_view(conn: sqlite3.Connection) -> str | None:
