@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import stat
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ from helpers import run_python
 from signed import Document, read_manifest, rewrite_manifest
 from test_bundle_format_1 import reader_0_1, run_0_1  # noqa: F401 (a fixture, used by name)
 from test_download import BundleServer, staging_left
+from test_store_read_through import GatedStorage
 from warmenv import Environment, caches, open_environment
 from warmenv.bundle import (
     CorruptBundleError,
@@ -38,9 +40,12 @@ from warmenv.bundle import (
     generate_key,
     import_bundle,
     open_bundle,
+    preflight,
 )
 from warmenv.caches import CacheTree, directory
 from warmenv.config import ConfigError, load_config
+from warmenv.persistence import Origin
+from warmenv.persistence.storage import EntryInfo
 
 pytestmark = pytest.mark.anyio
 
@@ -381,6 +386,47 @@ async def test_an_attacked_signature_by_url_is_refused_and_nothing_is_written(
     assert staging_left(root) == []
 
 
+async def test_preflight_says_an_attacked_signature_would_be_refused(
+    attacked: tuple[Path, str], keys: dict[str, Path], http_server: BundleServer
+) -> None:
+    out, why = attacked
+    url = http_server.put("/b", out.read_bytes())
+    for source in (out, url):
+        report = await preflight(source, trust=[public(keys["ci"])])
+        assert not report.ok
+        assert report.signature_refused is not None
+        assert re.search(why, report.signature_refused), report.signature_refused
+        assert any(
+            r.startswith("an import would refuse it for its signature") for r in report.reasons
+        )
+        assert report.signer is None
+
+
+async def test_preflight_names_the_trusted_signer_and_the_configured_policy(
+    warm_env: Environment,
+    keys: dict[str, Path],
+    out_dir: Path,
+    bundle_format: str,
+    http_server: BundleServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    signed = await export_signed(warm_env, out_dir / "s", bundle_format, keys["ci"])
+    unsigned = await export_signed(warm_env, out_dir / "u", bundle_format, None)
+    for source in (signed, http_server.put("/s", signed.read_bytes())):
+        report = await preflight(source, trust=[public(keys["ci"])])
+        assert report.ok and report.signer == public(keys["ci"]), report
+        assert report.signature_refused is None
+    monkeypatch.setenv("WARMENV_TRUSTED_KEYS", str(public(keys["ci"])))
+    monkeypatch.setenv("WARMENV_REQUIRE_SIGNATURE", "1")
+    for source in (unsigned, http_server.put("/u", unsigned.read_bytes())):
+        report = await preflight(source)  # the configuration's trust, as an import's
+        assert not report.ok
+        assert report.signature_refused is not None
+        assert "is not signed" in report.signature_refused
+    monkeypatch.setenv("WARMENV_REQUIRE_SIGNATURE", "0")
+    assert (await preflight(unsigned)).ok
+
+
 async def test_a_flat_bundle_by_url_refused_by_its_header_is_never_downloaded(
     warm_env: Environment,
     cold_env: Environment,
@@ -684,6 +730,45 @@ async def test_code_imported_unsigned_is_refused_by_a_restore_under_the_configur
     assert sorted(r.path for r in report.refused) == sorted(CACHE_FILES)
     assert all("require_signature" in r.reason for r in report.refused)
     assert sorted(p.name for p in (tmp_path / "target").rglob("*") if p.is_file()) == ["local.bin"]
+
+
+class _CapturedBetweenReads(GatedStorage):
+    """The real storage, where this machine captures a file of its own under an entry's key
+    the first time that entry's provenance is asked for apart from its value: what a
+    concurrent capture does between two reads."""
+
+    captured: bytes | None = None
+
+    async def info(self, key: bytes) -> EntryInfo | None:
+        if self.captured is None:
+            self.captured = key
+            await self.inner.replace(key, b"captured here", Origin.LOCAL)
+        return await self.inner.info(key)
+
+
+async def test_a_restore_judges_each_value_by_the_provenance_read_with_it(
+    cold_env: Environment,
+    keys: dict[str, Path],
+    tmp_path: Path,
+    bundle_format: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Unsigned code is never written because a capture replaced it between two reads."""
+    tree, out = await _captured_bundle(tmp_path, bundle_format, None)
+    await import_bundle(out, cold_env)  # unsigned, before the policy
+    storage = Environment.storage
+    monkeypatch.setattr(
+        Environment, "storage", lambda env, ns: _CapturedBetweenReads(storage(env, ns))
+    )
+    required = Trust((public(keys["ci"]),), require_signature=True)
+    report = await caches.restore(cold_env, tree, tmp_path / "target", trust=required)
+    written = {
+        p.relative_to(tmp_path / "target").as_posix(): p.read_bytes()
+        for p in (tmp_path / "target").rglob("*")
+        if p.is_file()
+    }
+    assert all(data not in CACHE_FILES.values() for data in written.values()), written
+    assert report.written == len(written)
 
 
 async def test_a_digest_imported_again_unchecked_loses_its_signer(

@@ -126,6 +126,17 @@ async def test_scan_yields_every_entry_in_key_order(storage: Storage) -> None:
     assert scanned == sorted(items)
 
 
+async def test_scan_with_info_yields_each_entry_with_the_provenance_info_gives(
+    storage: Storage,
+) -> None:
+    await storage.insert_many([(b"%04d" % i, b"v%d" % i) for i in range(0, 10, 2)])
+    await storage.insert_many([(b"%04d" % i, b"v%d" % i) for i in range(1, 10, 2)], IMPORTED)
+    scanned = [item async for item in storage.scan_with_info(batch_size=3)]
+    assert [(k, v) for k, v, _ in scanned] == [item async for item in storage.scan()]
+    assert [info for _, _, info in scanned] == [await storage.info(k) for k, _, _ in scanned]
+    assert {info.origin for _, _, info in scanned} == {Origin.LOCAL, IMPORTED}
+
+
 async def test_scan_rejects_a_batch_size_below_one(storage: Storage) -> None:
     with pytest.raises(ValueError, match="batch_size"):
         async for _ in storage.scan(batch_size=0):

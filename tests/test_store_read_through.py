@@ -96,6 +96,11 @@ class GatedStorage(Storage):
     def scan(self, batch_size: int = DEFAULT_SCAN_BATCH) -> AsyncIterator[tuple[bytes, bytes]]:
         return self.inner.scan(batch_size)
 
+    def scan_with_info(
+        self, batch_size: int = DEFAULT_SCAN_BATCH
+    ) -> AsyncIterator[tuple[bytes, bytes, EntryInfo]]:
+        return self.inner.scan_with_info(batch_size)
+
     async def purge(self) -> Purged | Failed:
         return await self.inner.purge()
 

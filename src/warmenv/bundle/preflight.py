@@ -10,6 +10,13 @@ also says which of them the bundle holds, and for each other one the
 bundle's nearest namespaces, found as `env.explain` finds them in an
 environment (the same code, over the bundle's namespace counts).
 
+It also says whether an import would refuse the bundle for its signature
+(`trust`: keys, a `Trust`, or the configuration's `trusted_keys` and
+`require_signature`), by the same check an import makes
+(`warmenv.bundle.signing.check_signature`): a bundle an import refuses
+cannot hit. That check reads the manifest alone; the digest an import also
+checks is `verify`'s (`warmenv check` runs both).
+
 A bundle named by an http(s) URL is checked without downloading it where
 the server allows: a flat bundle's manifest and namespace names are at its
 start, so a `Range` request for the first bytes is enough. A SQLite
@@ -25,16 +32,19 @@ from collections.abc import Iterable
 from contextlib import aclosing
 from pathlib import Path
 
+import anyio.to_thread
 import attrs
 
 from warmenv._facts import TreeCheck, captured_trees
 from warmenv._facts import verdict as caches_verdict
-from warmenv._url import is_url
+from warmenv._keys import PublicKey
+from warmenv._url import is_url, redact
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.download import Download, DownloadOptions, read_header
-from warmenv.bundle.errors import StaleBundleError
+from warmenv.bundle.errors import SignatureError, StaleBundleError
 from warmenv.bundle.manifest import BundleManifest, EnvironmentInfo, this_machine
 from warmenv.bundle.open import open_any
+from warmenv.bundle.signing import Trust, TrustLike, check_signature, resolve_trust
 from warmenv.persistence.explain import Explanation, explain
 from warmenv.persistence.namespace import Namespace, check_version
 
@@ -60,6 +70,10 @@ class Preflight:
     """For each namespace named that the bundle does not hold, the bundle's nearest."""
     caches: tuple[TreeCheck, ...] = ()
     """The compiler caches it holds (`warmenv.caches`), each checked against this machine."""
+    signer: PublicKey | None = None
+    """The trusted key whose signature was checked (None: unsigned, or nothing checked)."""
+    signature_refused: str | None = None
+    """Why an import would refuse the bundle for its signature (its `SignatureError`), or None."""
 
     def __str__(self) -> str:
         verdict = "can hit" if self.ok else "will not hit"
@@ -78,6 +92,7 @@ async def preflight(
     version: str | None = None,
     namespaces: Iterable[Namespace | str] | None = None,
     download: DownloadOptions | None = None,
+    trust: TrustLike = None,
 ) -> Preflight:
     """Check a bundle (a path, an http(s) URL or an open bundle) against this machine and `version`.
 
@@ -87,6 +102,8 @@ async def preflight(
     manifest is read with a `Range` request where possible (see the
     module's docstring; with `namespaces`, the bundle is downloaded whole,
     to count its entries); `download` sets the limits of fetching it.
+    `trust` is an import's (`import_bundle`'s): the report says whether it
+    would refuse the bundle for its signature, and then it cannot hit.
     """
     # Checked at the call, as an import's options are (`importing.check_options`).
     if version is not None:
@@ -98,41 +115,69 @@ async def preflight(
             f"download must be a DownloadOptions, got {type(download).__name__} {download!r}"
         )
     asked = None if namespaces is None else [Namespace.coerce(n).full for n in namespaces]
+    checked = await anyio.to_thread.run_sync(resolve_trust, trust)  # None: a file is read
     if is_url(source):
         assert isinstance(source, str)
-        return await _check_url(source, version, asked, download)
+        return await _check_url(source, version, asked, download, checked)
     if isinstance(source, str | Path):
         bundle = await open_any(Path(source))
         try:
-            return await _check(bundle, version, asked)
+            return await _check(bundle, version, asked, checked)
         finally:
             await bundle.aclose()
-    return await _check(source, version, asked)
+    return await _check(source, version, asked, checked)
 
 
 async def _check_url(
-    url: str, version: str | None, asked: list[str] | None, options: DownloadOptions | None
+    url: str,
+    version: str | None,
+    asked: list[str] | None,
+    options: DownloadOptions | None,
+    trust: Trust,
 ) -> Preflight:
     # A flat bundle's header names its namespaces but does not count their entries.
     header = None if asked is not None else await read_header(url, options)
     if header is not None:
         manifest, names = header
-        return _verdict(manifest, names, version)
+        return _signed(_verdict(manifest, names, version), manifest, trust, redact(url))
     fetched = Download(url, None, options)
     async with aclosing(fetched.fetch()) as steps:
         async for _ in steps:
             pass
     bundle = await fetched.open()
     try:
-        return await _check(bundle, version, asked)
+        return await _check(bundle, version, asked, trust)
     finally:
         await bundle.aclose()
 
 
-async def _check(bundle: Bundle, version: str | None, asked: list[str] | None) -> Preflight:
+def _signed(report: Preflight, manifest: BundleManifest, trust: Trust, label: str) -> Preflight:
+    """`report` with what an import under `trust` would make of the bundle's signature."""
+    try:
+        signer = check_signature(manifest, trust, label)
+    except SignatureError as exc:
+        reason = f"an import would refuse it for its signature: {exc}"
+        return attrs.evolve(
+            report, ok=False, signature_refused=str(exc), reasons=(*report.reasons, reason)
+        )
+    if signer is not None:
+        said = f"signed by {signer}, a trusted key (its digest is checked on import)"
+    elif manifest.signature is not None:
+        said = f"signed by {manifest.signature.key} (not checked: no key is trusted)"
+    elif trust.keys:
+        said = "unsigned, which the trust allows (no signature is required)"
+    else:
+        return report  # unsigned, and nothing asks for a signature: nothing to say
+    return attrs.evolve(report, signer=signer, reasons=(*report.reasons, said))
+
+
+async def _check(
+    bundle: Bundle, version: str | None, asked: list[str] | None, trust: Trust
+) -> Preflight:
     summaries = await bundle.namespaces()
     namespaces = [s.namespace for s in summaries]
     report = _verdict(bundle.manifest, namespaces, version, [s.entries for s in summaries])
+    report = _signed(report, bundle.manifest, trust, bundle.describe())
     if asked is None or not namespaces:  # an empty bundle is said already
         return report
     counts = [(s.namespace, s.entries) for s in summaries]

@@ -441,9 +441,8 @@ async def _restore_into(
     counts = _RestoreCounts()
     deferred: list[tuple[tuple[str, ...], bytes]] = []
     storage = env.storage(namespace)
-    async for batch in _batches(storage, batch_bytes):
-        if signed is not None:
-            batch = await _signed_only(storage, batch, signed, counts)
+    entries = storage.scan() if signed is None else _signed_only(storage, signed, counts)
+    async for batch in _batches(entries, batch_bytes):
         deferred += await anyio.to_thread.run_sync(_place, writer, tree, batch, counts)
     await anyio.to_thread.run_sync(_place_index_and_close, writer, deferred, counts)
     return RestoreReport(
@@ -465,25 +464,21 @@ _UNSIGNED = (
 
 
 async def _signed_only(
-    storage: Storage, batch: list[tuple[bytes, bytes]], signed: set[str], counts: _RestoreCounts
-) -> list[tuple[bytes, bytes]]:
-    """The entries of `batch` captured here or imported from a bundle of `signed`;
-    the others are counted as refused."""
-    kept: list[tuple[bytes, bytes]] = []
-    for key, value in batch:
-        info = await storage.info(key)
-        if info is not None and (
-            info.origin is Origin.LOCAL
-            or (
-                info.origin is Origin.IMPORTED
-                and info.bundle is not None
-                and info.bundle.digest in signed
-            )
+    storage: Storage, signed: set[str], counts: _RestoreCounts
+) -> AsyncIterator[tuple[bytes, bytes]]:
+    """The entries captured here or imported from a bundle of `signed`; the others
+    are counted as refused. Each value is judged by the provenance read with it, in
+    the same query: read apart, an import between the two reads would have an
+    unsigned value written under a signed one's provenance."""
+    async for key, value, info in storage.scan_with_info():
+        if info.origin is Origin.LOCAL or (
+            info.origin is Origin.IMPORTED
+            and info.bundle is not None
+            and info.bundle.digest in signed
         ):
-            kept.append((key, value))
+            yield key, value
         else:
             counts.refused.append(LeftOut(key.decode("utf-8", "backslashreplace"), _UNSIGNED))
-    return kept
 
 
 def _same_tree(full: str, namespace: Namespace) -> bool:
@@ -499,10 +494,12 @@ class _RestoreCounts:
     refused: list[LeftOut] = attrs.Factory(list)
 
 
-async def _batches(storage: Storage, batch_bytes: int) -> AsyncIterator[list[tuple[bytes, bytes]]]:
+async def _batches(
+    entries: AsyncIterator[tuple[bytes, bytes]], batch_bytes: int
+) -> AsyncIterator[list[tuple[bytes, bytes]]]:
     batch: list[tuple[bytes, bytes]] = []
     size = 0
-    async for key, value in storage.scan():
+    async for key, value in entries:
         batch.append((key, value))
         size += len(key) + len(value)
         if size >= batch_bytes:

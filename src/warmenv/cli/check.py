@@ -65,9 +65,10 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         if not all(n.strip("/") for n in namespaces):
             raise UsageError("--namespace must not be empty: give one, e.g. app/2/kernels")
     version = None if args.app_version is None else version_argument(args.app_version)
+    trust = trust_keys(args)
     async with opened(args.bundle, out) as bundle:
-        _, entries, _ = await verified(bundle, args.bundle, out, trust_keys(args))
-        report = await preflight(bundle, version=version, namespaces=namespaces)
+        _, entries, _ = await verified(bundle, args.bundle, out, trust)
+        report = await preflight(bundle, version=version, namespaces=namespaces, trust=trust)
     verdict = "can hit" if report.ok else "will not hit"
     machine = report.machine
     # Line by line rather than str(report): each reason is escaped as a whole,

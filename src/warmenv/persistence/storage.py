@@ -355,6 +355,18 @@ class Storage(Protocol):
         """Every entry in key order, `batch_size` at a time in memory."""
         ...
 
+    def scan_with_info(
+        self, batch_size: int = DEFAULT_SCAN_BATCH
+    ) -> AsyncIterator[tuple[bytes, bytes, EntryInfo]]:
+        """As `scan`, each entry with its provenance, the two read in the same query.
+
+        What decides by provenance whether a value may be used (a restore
+        under `require_signature`) must read this: a value from `scan` and a
+        provenance from `info` are two reads, and an import between them
+        makes them two entries' (an unsigned value, a signed one's origin).
+        """
+        ...
+
     async def purge(self) -> Purged | Failed:
         """Delete every entry of the namespace, in one transaction."""
         ...

@@ -152,6 +152,11 @@ class RemoteStorage(Storage):
     def scan(self, batch_size: int = DEFAULT_SCAN_BATCH) -> AsyncIterator[tuple[bytes, bytes]]:
         return self._local.scan(batch_size)
 
+    def scan_with_info(
+        self, batch_size: int = DEFAULT_SCAN_BATCH
+    ) -> AsyncIterator[tuple[bytes, bytes, EntryInfo]]:
+        return self._local.scan_with_info(batch_size)
+
     async def purge(self) -> Purged | Failed:
         return await self._local.purge()
 

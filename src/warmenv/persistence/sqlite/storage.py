@@ -174,15 +174,7 @@ class SqlStorage(Storage):
         except sqlite3.Error as exc:
             log.warning("reading the provenance in %s failed: %s", self.describe(), exc)
             return None
-        if found is None:
-            return None
-        origin, written_at, cost, name, digest = found
-        return EntryInfo(
-            origin=Origin(origin),
-            written_at=None if written_at is None else float(written_at),
-            cost=None if cost is None else float(cost),
-            bundle=None if digest is None else BundleRef(str(name), str(digest)),
-        )
+        return None if found is None else _entry_info(*found)
 
     async def written(self, keys: Iterable[bytes]) -> dict[bytes, float | None]:
         wanted = [check_key(k) for k in keys]
@@ -225,6 +217,26 @@ class SqlStorage(Storage):
             rows, last = page
             for row in rows:
                 yield row
+            if last is None:
+                return
+            after = last
+
+    async def scan_with_info(
+        self, batch_size: int = DEFAULT_SCAN_BATCH
+    ) -> AsyncIterator[tuple[bytes, bytes, EntryInfo]]:
+        check_batch_size(batch_size)
+        after: bytes | None = None
+        version = self._db.version
+        while True:
+            try:
+                rows, last = await self._db.run(
+                    partial(_page_with_info, self._namespace, after, batch_size, version)
+                )
+            except sqlite3.Error as exc:
+                log.warning("scan of %s failed, stopped early: %s", self.describe(), exc)
+                return
+            for key, value, origin, written_at, cost, name, digest in rows:
+                yield key, value, _entry_info(origin, written_at, cost, name, digest)
             if last is None:
                 return
             after = last
@@ -411,6 +423,43 @@ def _page(
     raw = cursor.fetchall()
     rows = [(k, v) for k, v in raw if isinstance(k, bytes) and isinstance(v, bytes)]
     return rows, (raw[-1][0] if len(raw) == limit else None)
+
+
+_Row = tuple[bytes, bytes, int, float | None, float | None, str | None, str | None]
+
+
+def _page_with_info(
+    namespace: str, after: bytes | None, limit: int, version: int, conn: sqlite3.Connection
+) -> tuple[list[_Row], bytes | None]:
+    """One page of a keyset scan, each value with its provenance from the same query
+    (see `Storage.scan_with_info`), and the key to continue after (`None`: the end)."""
+    where = "e.namespace = ?" + ("" if after is None else " AND e.key > ?")
+    params = (namespace,) if after is None else (namespace, after)
+    if version < 2:  # a version-1 file read as it is: only the origin is known
+        sql = (
+            "SELECT e.key, e.value, e.origin, NULL, NULL, NULL, NULL FROM entries AS e "
+            f"WHERE {where} ORDER BY e.key LIMIT ?"
+        )
+    else:
+        sql = (
+            "SELECT e.key, e.value, e.origin, e.written_at, e.cost, b.name, b.digest "
+            "FROM entries AS e LEFT JOIN bundles AS b ON b.id = e.bundle AND e.origin = "
+            f"{int(Origin.IMPORTED)} WHERE {where} ORDER BY e.key LIMIT ?"
+        )
+    raw = conn.execute(sql, (*params, limit)).fetchall()
+    rows = [row for row in raw if isinstance(row[0], bytes) and isinstance(row[1], bytes)]
+    return rows, (raw[-1][0] if len(raw) == limit else None)
+
+
+def _entry_info(
+    origin: int, written_at: float | None, cost: float | None, name: str | None, digest: str | None
+) -> EntryInfo:
+    return EntryInfo(
+        origin=Origin(origin),
+        written_at=None if written_at is None else float(written_at),
+        cost=None if cost is None else float(cost),
+        bundle=None if digest is None else BundleRef(str(name), str(digest)),
+    )
 
 
 def _purge(namespace: str, key: bytes | None, conn: sqlite3.Connection) -> int:
