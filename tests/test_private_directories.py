@@ -142,3 +142,110 @@ def test_a_directory_whose_holder_was_killed_is_removed_even_if_its_pid_is_alive
         directory.rename(renamed)
         _clean(tmp_path)
         assert not renamed.exists()
+
+
+# --- an export's staging file: the same rule, by the same code (`_files._in_use`) ---------
+
+_STAGING_ROW = (
+    "export staging files across PID namespaces: a live one whose pid is nobody's here "
+    "(unshare -p, renamed), a killed writer's whose pid is alive",
+    "a real export beside it (its cleanup) keeps the live file whole and removes the dead writer's",
+)
+
+_WRITER = """
+import os, sys
+from pathlib import Path
+from warmenv.bundle import _files
+path, fd = _files.new_staging(Path(sys.argv[1]) / "b.bundle")
+os.write(fd, b"half a bundle")
+print(path, flush=True)
+sys.stdin.readline()
+print(path.read_bytes().decode() if path.exists() else "moved", flush=True)
+"""
+
+_EXPORTER = """
+import sys
+import anyio
+from pathlib import Path
+from warmenv import open_environment
+from warmenv.bundle import export_bundle
+
+async def main():
+    near = Path(sys.argv[1])
+    async with open_environment("e", root=near / "root") as env:
+        await env.storage("app/1/x").insert(b"k", b"v")
+        await export_bundle(env, near / "b.bundle", name="b", version="1")
+    print("exported", flush=True)
+
+anyio.run(main)
+"""
+
+
+@pytest.fixture
+def writer(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    process = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=_environ(),
+    )
+    try:
+        assert process.stdout is not None
+        yield process, Path(process.stdout.readline().strip())
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=60)
+
+
+def _export_beside(near: Path, *prefix: str) -> None:
+    completed = subprocess.run(
+        [*prefix, sys.executable, "-c", _EXPORTER, str(near)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_environ(),
+    )
+    assert completed.returncode == 0 and completed.stdout == "exported\n", completed.stderr
+
+
+def test_an_export_in_another_pid_namespace_leaves_a_live_staging_file(
+    writer: tuple[subprocess.Popen[str], Path], tmp_path: Path
+) -> None:
+    with one_trial(*_STAGING_ROW):
+        if not _can_unshare():
+            pytest.fail("needs root and unshare(1) (util-linux) for a PID namespace of its own")
+        process, staging = writer
+        _export_beside(tmp_path, "unshare", "-p", "-f", "--mount-proc")
+        assert staging.is_file()
+        assert _finish(process) == "half a bundle\n"
+
+
+def test_a_live_staging_file_whose_name_gives_a_process_that_is_not_here_is_kept(
+    writer: tuple[subprocess.Popen[str], Path], tmp_path: Path
+) -> None:
+    with one_trial(*_STAGING_ROW):
+        process, staging = writer
+        nobody = int(Path("/proc/sys/kernel/pid_max").read_text())  # above every process id
+        moved = tmp_path / f".b.bundle.{nobody}.moved{_files.STAGING_SUFFIX}"
+        staging.rename(moved)
+        _export_beside(tmp_path)
+        assert moved.read_bytes() == b"half a bundle"
+        assert _finish(process) == "moved\n"
+        _export_beside(tmp_path)  # its writer is gone, the lock with it
+        assert not moved.exists()
+
+
+def test_a_staging_file_whose_writer_was_killed_is_removed_even_if_its_pid_is_alive(
+    writer: tuple[subprocess.Popen[str], Path], tmp_path: Path
+) -> None:
+    with one_trial(*_STAGING_ROW):
+        process, staging = writer
+        process.kill()
+        process.wait(timeout=60)
+        renamed = tmp_path / f".b.bundle.{os.getppid()}.reused{_files.STAGING_SUFFIX}"
+        staging.rename(renamed)
+        _export_beside(tmp_path)
+        assert not renamed.exists()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["b.bundle", "root"]

@@ -11,12 +11,15 @@ in place meanwhile (a rename over it, a rewrite, a truncation), and no
 mapping of a file someone else can truncate is ever read.
 
 Export writes a staging file beside its target and renames it into place;
-the names of staging files carry the writer's process id, so the next run
-can remove those whose process is gone. A private directory is claimed by a
-lock instead (`flock` on a file inside it, held while the directory lives):
-processes in other PID namespaces (containers sharing a volume) see other
-process ids, so a name's id proves nothing there, while a lock is the
-kernel's and is released however its holder ends.
+an import copies into a private directory. Whoever makes either claims it
+by a lock (`flock`: on the staging file itself, on a file inside the
+directory), held while it lives, and whoever cleans up removes only what
+nobody holds (`_in_use`, the one rule for both): processes in other PID
+namespaces (containers sharing a volume) see other process ids, so the id
+in a name proves nothing there, while a lock is the kernel's and is
+released however its holder ends. The id is read only where no lock can
+be: a file system without `flock`, a directory a warmenv from before the
+locks made.
 """
 
 from __future__ import annotations
@@ -38,9 +41,11 @@ __all__ = [
     "HEAD_SIZE",
     "copy_to_private",
     "fsync_dir",
+    "new_staging",
     "open_regular",
     "private_directory",
     "read_head",
+    "release",
     "remove_private",
     "remove_stale",
     "remove_stale_directories",
@@ -168,32 +173,20 @@ def remove_stale_directories(directory: Path) -> None:
     for found in directory.glob(f"{SNAPSHOT_PREFIX}*"):
         if found.is_symlink() or not found.is_dir():
             continue
+        named = found.name[len(SNAPSHOT_PREFIX) :]
         try:
             fd = os.open(found / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
-            if not _unlocked_is_stale(found):
-                continue
-            shutil.rmtree(found, ignore_errors=True)
+            if not _named_process_alive(named):  # made before the locks: its id is all
+                shutil.rmtree(found, ignore_errors=True)
             continue
         except OSError:
             continue  # unreadable: not ours to judge
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # held: in use right now
-            except OSError:
-                if not _unlocked_is_stale(found):
-                    continue  # no flock here: the process id is all there is
-            shutil.rmtree(found, ignore_errors=True)
+            if not _in_use(fd, named):
+                shutil.rmtree(found, ignore_errors=True)
         finally:
             os.close(fd)
-
-
-def _unlocked_is_stale(found: Path) -> bool:
-    """A directory without a held lock: stale unless the process its name gives is alive."""
-    pid_text = found.name[len(SNAPSHOT_PREFIX) :].split(".", 1)[0]
-    return not (pid_text.isdigit() and _alive(int(pid_text)))
 
 
 def _copy(source: int, out: int) -> None:
@@ -233,17 +226,83 @@ def staging_path(out: Path) -> Path:
     return out.with_name(f".{out.name}.{token}{STAGING_SUFFIX}")
 
 
+def new_staging(out: Path) -> tuple[Path, int]:
+    """A new, empty staging file beside `out`, and the descriptor holding its lock:
+    close it (`release`) once the file is renamed into place or removed.
+
+    A cleaner that found the file in the moment before its lock was taken
+    may have removed it; then the name no longer names our file, and a new
+    one is made.
+    """
+    while True:
+        path = staging_path(out)
+        # Created here, so a directory we may not write fails with the usual OSError.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pass  # a cleaner holds it, to remove it: another name
+            except OSError:
+                return path, fd  # no flock here: others go by the process id
+            else:
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    return path, fd
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise
+        os.close(fd)  # removed by a cleaner before we held it: another name
+
+
+def release(fd: int) -> None:
+    """Let go of a staging file's lock (`new_staging`)."""
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
 def remove_stale(directory: Path, *, prefix: str, suffix: str) -> None:
-    """Remove the staging files `prefix<pid>.*suffix` whose process is gone."""
+    """Remove the staging files `prefix<pid>.*suffix` nobody holds (`_in_use`)."""
     for found in directory.glob(f"{prefix}*{suffix}"):
-        pid_text = found.name[len(prefix) :].split(".", 1)[0]
-        if pid_text.isdigit() and _alive(int(pid_text)):
-            continue  # its writer is running right now
-        if found.is_dir() and not found.is_symlink():
-            shutil.rmtree(found, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                found.unlink()
+        if found.is_symlink() or not found.is_file():
+            continue  # not a staging file warmenv makes: not ours to judge
+        try:
+            fd = os.open(found, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue  # gone, or unreadable: not ours to judge
+        try:
+            if not _in_use(fd, found.name[len(prefix) :]):
+                with contextlib.suppress(FileNotFoundError):
+                    found.unlink()  # while we hold its lock: nobody claims it meanwhile
+        finally:
+            os.close(fd)
+
+
+def _in_use(fd: int, named: str) -> bool:
+    """Whether the staging whose lock `fd` opens is in use: the one rule for every
+    staging warmenv leaves (export files, import directories).
+
+    Its lock held by another: in use, whatever its name says. Free: stale,
+    and the lock is ours until `fd` is closed, so remove it before that. No
+    `flock` on this file system: the process id `named` starts with, the
+    only evidence left.
+    """
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return _named_process_alive(named)
+    return False
+
+
+def _named_process_alive(named: str) -> bool:
+    """Whether the process whose id `named` starts with (`<pid>.<token>...`) is alive here."""
+    pid_text = named.split(".", 1)[0]
+    return pid_text.isdigit() and _alive(int(pid_text))
 
 
 def _alive(pid: int) -> bool:

@@ -283,6 +283,7 @@ class _ExportJob:
         self.done = self.bytes_done = 0
         self.skipped = 0
         self.staging: Path | None = None
+        self._staging_lock: int | None = None
         self._output: StagingWriter | None = None
         # Where the format fills the bundle from its one source itself (SQLite's copy
         # inside SQLite); the digest is then taken from the rows as written.
@@ -341,9 +342,9 @@ class _ExportJob:
             raise
 
     def _new_staging(self) -> Path:
-        self.staging = _files.staging_path(self.out)
-        # Created here, so a directory we may not write fails with the usual OSError.
-        os.close(os.open(self.staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        # Claimed by its lock while it lives (`_files`): a cleaner beside it, in this
+        # PID namespace or another, leaves it alone.
+        self.staging, self._staging_lock = _files.new_staging(self.out)
         return self.staging
 
     def _expected_bytes(self) -> int:
@@ -389,6 +390,7 @@ class _ExportJob:
         _check_out(self.out)  # something foreign may have appeared meanwhile
         os.replace(self.staging, self.out)
         self.staging = None
+        self._release_staging()
         _files.fsync_dir(self.out.parent)
         self._close_sources()
         return manifest
@@ -403,7 +405,13 @@ class _ExportJob:
             with contextlib.suppress(FileNotFoundError):
                 self.staging.unlink()
             self.staging = None
+        self._release_staging()
         self._close_sources()
+
+    def _release_staging(self) -> None:
+        if self._staging_lock is not None:
+            _files.release(self._staging_lock)
+            self._staging_lock = None
 
     def _close_sources(self) -> None:
         if self._sources_reader is not None:
