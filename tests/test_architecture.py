@@ -214,6 +214,12 @@ def test_file_kinds_are_named_in_one_table() -> None:
     _one_home(found, "warmenv._fs", "the file-kind table (a FIFO, a socket, a device)")
 
 
+def test_a_home_directory_is_expanded_by_one_function() -> None:
+    # `expanduser` raises a bare RuntimeError for an unknown user: `_fs.expand_home`
+    # names the path and where it was given (issue 22, defect 12's class).
+    _one_home(_where(_uses("expanduser")), "warmenv._fs", "the expansion of '~'")
+
+
 def test_the_environment_name_rule_is_written_once() -> None:
     _one_home(_where(_string(r"^\[A-Za-z0-9\._-\]\+$")), "warmenv.config", "the name pattern")
     found = _where(_string(r"invalid environment name"))

@@ -20,19 +20,21 @@ class NoSuchHomeError(WarmenvError, ValueError):
     """A path starts with `~user` (or `~`) and that user has no home directory here."""
 
 
-def expand_home(path: str | os.PathLike[str]) -> Path:
-    """`path` with a leading `~` or `~user` expanded, as `Path.expanduser` does.
+def expand_home(path: str | os.PathLike[str], where: str = "") -> Path:
+    """`path` with a leading `~` or `~user` expanded, as `Path.expanduser` does: the one
+    expansion of a path warmenv is given (settings, arguments, the compilers' variables).
 
     `Path.expanduser` raises a bare `RuntimeError` for a user this machine
-    does not know (`~nosuchuser/x`); this names the path and the fix.
+    does not know (`~nosuchuser/x`); this names the path, `where` it was
+    given (a setting, an argument, a variable) and the fix.
     """
     try:
         return Path(path).expanduser()
     except RuntimeError:
         head = os.fspath(path).partition(os.sep)[0]
         raise NoSuchHomeError(
-            f"{os.fspath(path)!r}: {head!r} names no home directory on this machine (no such "
-            "user, or no HOME); spell the directory out"
+            f"{where}{': ' if where else ''}{os.fspath(path)!r}: {head!r} names no home "
+            "directory on this machine (no such user, or no HOME); spell the directory out"
         ) from None
 
 

@@ -60,6 +60,7 @@ import anyio.to_thread
 import attrs
 
 from warmenv._facts import PREFIX, Facts, captured_trees
+from warmenv._fs import expand_home
 from warmenv.bundle.signing import Trust, TrustLike, resolve_trust
 from warmenv.caches._paths import TEMPORARY_PREFIX, Writer, relative_parts
 from warmenv.environment import Environment
@@ -250,7 +251,7 @@ async def capture(
 ) -> CaptureReport:
     """Store every regular file under `source` in `tree`'s namespace of `env`."""
     started = time.monotonic()
-    source = Path(source)
+    source = expand_home(source, "the cache directory")
     storage = env.storage(tree.namespace)
     files, left_out = await anyio.to_thread.run_sync(_listing, source, tree)
     counts = _CaptureCounts()
@@ -396,12 +397,12 @@ async def restore(
     by another key, from the shared tier) is in `report.refused`.
     """
     started = time.monotonic()
-    target = Path(target)
+    into = expand_home(target, "the cache directory")
     # Few thread hops: each is a wake-up, which on a loaded machine costs more than
     # writing a small file (a torch restore is three trees of a few files each).
-    checked, writer = await anyio.to_thread.run_sync(_prepare, trust, target)
+    checked, writer = await anyio.to_thread.run_sync(_prepare, trust, into)
     try:
-        return await _restore_into(env, tree, target, writer, checked, batch_bytes, started)
+        return await _restore_into(env, tree, into, writer, checked, batch_bytes, started)
     finally:
         if writer.is_open:  # it failed or was cancelled before the last step
             with anyio.CancelScope(shield=True):

@@ -54,7 +54,7 @@ async def capture(
 ) -> CaptureReport:
     """Store every regular file under `source` into `env` (see the module's docstring)."""
     made = tree(tool, facts, part=part, exclude=exclude)
-    return await _capture(env, made, _expanded(source))
+    return await _capture(env, made, source)
 
 
 async def restore(
@@ -68,8 +68,4 @@ async def restore(
 ) -> RestoreReport:
     """Write the files captured under this machine's facts into `target`."""
     made = tree(tool, facts, part=part, index=index)
-    return await _restore(env, made, _expanded(target))
-
-
-def _expanded(path: str | Path) -> Path:
-    return Path(path).expanduser()
+    return await _restore(env, made, target)

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from warmenv._facts import Facts
+from warmenv._fs import expand_home
 from warmenv.caches._inprocess import EnvironmentChoice, HitLines, Warmed, restored
 from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport
 from warmenv.caches._tree import capture as _capture
@@ -164,7 +165,7 @@ def use(
     (`Warmed.capture()` does it at once).
     """
     directory = Path(cache_dir) if cache_dir is not None else default_cache_dir(root)
-    directory = directory.expanduser()
+    directory = expand_home(directory, "cache_dir")
     _import_jax()  # fail before the restore, with the install hint
     warmed = restored("jax", tree(), directory, env, root, hits, served)
     configure(directory, min_compile_seconds=min_compile_seconds)

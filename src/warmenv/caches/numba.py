@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from warmenv._facts import Facts
+from warmenv._fs import expand_home
 from warmenv.caches._inprocess import EnvironmentChoice, Warmed, restored
 from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport
 from warmenv.caches._tree import capture as _capture
@@ -119,7 +120,7 @@ def use(
     compiled is captured into the environment when the interpreter exits.
     """
     directory = Path(cache_dir) if cache_dir is not None else default_cache_dir(root)
-    directory = directory.expanduser()
+    directory = expand_home(directory, "cache_dir")
     _import_numba()
     warmed = restored("numba", tree(), directory, env, root, hits, served)
     configure(directory)

@@ -54,6 +54,7 @@ import anyio.to_thread
 import attrs
 
 from warmenv._facts import Facts
+from warmenv._fs import expand_home
 from warmenv.caches._inprocess import EnvironmentChoice, HitLines, _Where, where
 from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport, record_hits
 from warmenv.caches._tree import capture as _capture
@@ -300,12 +301,14 @@ def use(
     this process compiled is captured when the interpreter exits
     (`TorchWarmed.capture()` does it at once).
     """
-    torch = _import_torch()
-    _listen()
+    given = "cache_dir"
     if cache_dir is None:
         configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        given = "TORCHINDUCTOR_CACHE_DIR" if configured else given
         cache_dir = Path(configured) if configured else default_cache_dir(root)
-    directory = Path(os.path.abspath(Path(cache_dir).expanduser()))
+    directory = Path(os.path.abspath(expand_home(cache_dir, given)))
+    torch = _import_torch()
+    _listen()
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(directory)
     chosen = where(env, root)
     report, mega = block_on(_restore_in, chosen, directory)

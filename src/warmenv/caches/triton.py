@@ -54,6 +54,7 @@ import attrs
 
 from warmenv import blocking
 from warmenv._facts import Facts
+from warmenv._fs import expand_home
 from warmenv.caches._paths import Writer, relative_parts
 from warmenv.caches._tree import CacheTree, CaptureReport, LeftOut, RestoreReport, refused_lines
 from warmenv.caches._tree import capture as _capture
@@ -113,9 +114,9 @@ def cache_dir() -> Path:
     """Triton's cache directory as Triton reads it (`TRITON_CACHE_DIR`, else `~/.triton/cache`)."""
     configured = os.environ.get(CACHE_DIR_VARIABLE)
     if configured:
-        return Path(configured).expanduser()
-    home = os.environ.get("TRITON_HOME") or os.path.expanduser("~/")
-    return Path(home).expanduser() / ".triton" / "cache"
+        return expand_home(configured, CACHE_DIR_VARIABLE)
+    home = os.environ.get("TRITON_HOME")
+    return expand_home(home or "~", "TRITON_HOME" if home else "") / ".triton" / "cache"
 
 
 # --- live: Triton's cache-manager plug-in ----------------------------------------------
@@ -196,7 +197,7 @@ def use(
     served = _serve(env)
     with _serving_lock:
         _serving = served
-    knobs.cache.dir = str(directory.expanduser())
+    knobs.cache.dir = str(expand_home(directory, "cache_dir"))
     knobs.cache.manager_class = manager
     knobs.cache.remote_manager_class = _backend_class()
     _listen(knobs)
@@ -391,7 +392,7 @@ async def capture(env: Environment, source: str | Path | None = None) -> TritonC
 
 def _where(path: str | Path | None) -> Path:
     """The directory meant, absolute: an index names its files by absolute path."""
-    return Path(os.path.abspath(cache_dir() if path is None else Path(path).expanduser()))
+    return Path(os.path.abspath(cache_dir() if path is None else expand_home(path, "cache_dir")))
 
 
 def _read_groups(source: Path) -> tuple[dict[bytes, bytes], list[LeftOut]]:
