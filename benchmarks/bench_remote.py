@@ -1,8 +1,18 @@
 """The shared tier next to raw coredis, measured in one run against a redis-server of its own.
 
-A remote hit (local miss, Redis hit, local backfill) is compared with what it
-cannot avoid: a raw coredis GET of the same key plus a local insert. A local
-hit is compared with the same hit in an environment without a remote.
+A remote hit (local miss, Redis hit, local backfill) is what issue 23 times:
+the whole `Store.get_or_compute` of a key this host does not hold and the
+fleet does (a fresh environment, a `BytesCodec` store, 256-byte values),
+2,000 keys timed after 20 untimed. It is compared with what it cannot avoid,
+measured in the same run: a raw coredis GET of the same Redis key plus a raw
+sqlite3 INSERT of the value into an environment-shaped file (WAL,
+`synchronous=NORMAL`, one autocommitted statement), both on the event
+loop's thread. Three alternated runs; the row is the median of the three
+runs' ratios. (Before, this row timed `storage.get` against a GET plus
+warmenv's own insert, which hid the store's part and counted our own
+insert's thread hop as floor: 1.27x to 1.32x where the store's path was
+2.54x.) A local hit is compared with the same hit in an environment without
+a remote.
 Publishing is inline (no queue), so an insert with a remote is compared with
 the same insert without one plus one raw coredis round trip carrying the
 value (`SET key value NX`): at most one round trip of delay is the target.
@@ -18,7 +28,7 @@ coordinating costs: the leases, the message that wakes a waiter and the
 claim that returns the value.
 
 Run: python benchmarks/bench_remote.py [--keys 2000] [--size 256] [--backend asyncio]
-     [--compute-ms 200] [--fleet-only | --publish-only]
+     [--compute-ms 200] [--fleet-only | --publish-only | --hits-only]
 """
 
 from __future__ import annotations
@@ -26,6 +36,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,9 +51,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 from _report import Row, per_call_us, print_table
 from redis_server import RedisServer
-from warmenv import Namespace, Origin, open_environment
+from warmenv import Namespace, open_environment
+from warmenv.persistence import BytesCodec
 
 NS = Namespace("bench", "remote", version="1")
+UNTIMED = 20  # remote hits before the timed ones: connections, subscription, statements
 
 
 def keys(n: int, tag: str) -> list[bytes]:
@@ -49,29 +63,51 @@ def keys(n: int, tag: str) -> list[bytes]:
 
 
 async def remote_hits_us(root: Path, url: str, ks: list[bytes]) -> float:
+    """Per key: `get_or_compute` of a key the environment lacks and Redis holds."""
+
+    async def never() -> bytes:
+        raise AssertionError("expected a remote hit, not a computation")
+
     async with open_environment("bench", root=root, remote=url) as env:
-        storage = env.storage(NS)
-        await storage.get(b"warm-up")  # the first connection
+        store = await env.store(NS, BytesCodec())
+        for key in ks[:UNTIMED]:  # the first connections, the subscription, the statements
+            await store.get_or_compute(key, never)
+        timed = ks[UNTIMED:]
         start = time.perf_counter()
-        for key in ks:
-            if await storage.get(key) is None:
-                raise AssertionError("expected a remote hit")
-        return (time.perf_counter() - start) / len(ks) * 1e6
+        for key in timed:
+            await store.get_or_compute(key, never)
+        elapsed = time.perf_counter() - start
+        assert env.remote is not None and env.remote.statistics().hits == len(ks)
+        return elapsed / len(timed) * 1e6
 
 
 async def raw_get_and_insert_us(root: Path, url: str, rkeys: list[bytes], ks: list[bytes]) -> float:
-    async with (
-        coredis.Redis.from_url(url, decode_responses=False) as client,
-        open_environment("bench", root=root, remote="") as env,
-    ):
-        storage = env.storage(NS)
-        await client.get(b"warm-up")
-        start = time.perf_counter()
-        for rkey, key in zip(rkeys, ks, strict=True):
-            value = await client.get(rkey)
-            assert value is not None
-            await storage.insert(key, value, Origin.REMOTE)
-        return (time.perf_counter() - start) / len(ks) * 1e6
+    """Per key: a raw coredis GET plus a raw sqlite3 INSERT (the floor of a remote hit)."""
+    async with open_environment("bench", root=root, remote="") as env:
+        path = env.path  # an environment-shaped file, its schema made by warmenv
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    insert = (
+        "INSERT INTO entries (namespace, key, value, origin, written_at, cost)"
+        " VALUES (?, ?, ?, 2, ?, NULL)"
+    )
+    namespace = NS.full
+    try:
+        async with coredis.Redis.from_url(url, decode_responses=False) as client:
+            for rkey, key in zip(rkeys[:UNTIMED], ks[:UNTIMED], strict=True):
+                value = await client.get(rkey)
+                assert value is not None
+                conn.execute(insert, (namespace, key, value, time.time()))
+            start = time.perf_counter()
+            for rkey, key in zip(rkeys[UNTIMED:], ks[UNTIMED:], strict=True):
+                value = await client.get(rkey)
+                assert value is not None
+                conn.execute(insert, (namespace, key, value, time.time()))
+            elapsed = time.perf_counter() - start
+    finally:
+        conn.close()
+    return elapsed / (len(ks) - UNTIMED) * 1e6
 
 
 async def publish_delay_us(
@@ -247,9 +283,9 @@ async def main(args: argparse.Namespace) -> None:
         rows = []
         if not (args.fleet_only or args.publish_only):
             rows += await measure(server.url, args.keys, args.size)
-        if not args.fleet_only:
+        if not (args.fleet_only or args.hits_only):
             rows += await measure_publish(server.url, args.keys, args.size)
-        if not args.publish_only:
+        if not (args.publish_only or args.hits_only):
             rows += await measure_fleet(server.url, args.compute_ms, backend)
     finally:
         server.stop()
@@ -259,10 +295,11 @@ async def main(args: argparse.Namespace) -> None:
 async def measure(url: str, n: int, size: int) -> list[Row]:
     payload = os.urandom(size)
     tmp = Path(tempfile.mkdtemp(prefix="bench-remote-"))
-    remote_best = raw_best = float("inf")
+    remote_runs: list[float] = []
+    raw_runs: list[float] = []
     for trial in range(3):
         tag = f"t{trial}"
-        ks = keys(n, tag)
+        ks = keys(n + UNTIMED, tag)
         async with open_environment("bench", root=tmp / f"publisher-{tag}", remote=url) as env:
             await env.storage(NS).insert_many((k, payload) for k in ks)
             assert env.remote is not None
@@ -270,11 +307,16 @@ async def measure(url: str, n: int, size: int) -> list[Row]:
         # Alternate which side goes first so neither profits from a warmer machine.
         raw_root, remote_root = tmp / f"raw-{tag}", tmp / f"remote-{tag}"
         if trial % 2:
-            raw_best = min(raw_best, await raw_get_and_insert_us(raw_root, url, rkeys, ks))
-            remote_best = min(remote_best, await remote_hits_us(remote_root, url, ks))
+            raw_runs.append(await raw_get_and_insert_us(raw_root, url, rkeys, ks))
+            remote_runs.append(await remote_hits_us(remote_root, url, ks))
         else:
-            remote_best = min(remote_best, await remote_hits_us(remote_root, url, ks))
-            raw_best = min(raw_best, await raw_get_and_insert_us(raw_root, url, rkeys, ks))
+            remote_runs.append(await remote_hits_us(remote_root, url, ks))
+            raw_runs.append(await raw_get_and_insert_us(raw_root, url, rkeys, ks))
+        print(f"remote hit run {trial}: {remote_runs[-1]:.1f} us, floor {raw_runs[-1]:.1f} us")
+    # The median run by its ratio: the ratio is what a noisy machine keeps.
+    ratios = [r / f for r, f in zip(remote_runs, raw_runs, strict=True)]
+    middle = ratios.index(statistics.median(ratios))
+    remote_best, raw_best = remote_runs[middle], raw_runs[middle]
 
     hot = keys(200, "hot")
     async with (
@@ -305,10 +347,10 @@ async def measure(url: str, n: int, size: int) -> list[Row]:
             store_with = min(store_with, await per_call_us(lambda: sa.get("k"), 200_000))
     return [
         Row(
-            "remote hit (local miss, Redis hit, backfill)",
+            f"remote hit: get_or_compute, local miss, Redis hit, backfill ({n:,} keys)",
             remote_best,
             "us",
-            "raw coredis GET + local insert",
+            "raw coredis GET + raw sqlite3 INSERT",
             raw_best,
             "<= 1.3x",
         ),
@@ -340,6 +382,7 @@ if __name__ == "__main__":
     only = parser.add_mutually_exclusive_group()
     only.add_argument("--fleet-only", action="store_true")
     only.add_argument("--publish-only", action="store_true")
+    only.add_argument("--hits-only", action="store_true", help="the remote and local hit rows")
     args = parser.parse_args()
     if args.backend == "uvloop":
         anyio.run(main, args, backend="asyncio", backend_options={"use_uvloop": True})

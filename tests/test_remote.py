@@ -102,6 +102,8 @@ async def test_a_value_computed_on_one_host_is_a_hit_on_another(
         assert await store.get_or_compute("k", expensive) == {"kernel": 42}
         storage = b.storage(NS)
         assert isinstance(storage, RemoteStorage)
+        assert b.remote is not None
+        await b.remote.backfill.settle()  # the local copy is written behind the caller
         info = await storage.local.info(b'"k"')
         assert info is not None and info.origin is Origin.REMOTE
         assert b.remote is not None and b.remote.statistics().hits == 1

@@ -181,9 +181,7 @@ class Environment:
         """The storage of one namespace (a `Namespace`, or a full string verbatim)."""
         self._check_open()
         local = self._local_storage(Namespace.coerce(namespace))
-        if self._remote is not None:
-            return RemoteStorage(local, self._remote)
-        return local
+        return local if self._remote is None else RemoteStorage(local, self._remote)
 
     def _local_storage(self, namespace: Namespace) -> SqlStorage:
         """This machine's storage of `namespace` (what a shared tier sits in front of)."""
@@ -323,6 +321,8 @@ class Environment:
         await self._recorder.run(_statistics.FLUSH_INTERVAL if interval is None else interval)
 
     async def _write_statistics(self, batch: Batch, start: Cursor) -> Cursor | None:
+        if self._remote is not None:  # a hit counts by its entry's origin: written first
+            await self._remote.backfill.settle()
         return await self._db.flush_statistics(batch, start)  # one slice
 
     def bulk_copy(

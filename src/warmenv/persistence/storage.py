@@ -269,6 +269,15 @@ class Storage(Protocol):
         """The values of those `keys` that are stored; missing keys are left out."""
         ...
 
+    async def get_expecting_miss(self, key: bytes) -> bytes | None:
+        """`get` for a key the caller expects to be missing here, with the same answer.
+
+        A store that loaded the whole namespace and does not hold `key` asks
+        this way: a storage with a shared tier then asks it beside the local
+        read rather than after it (`RemoteStorage`). This default is `get`.
+        """
+        return await self.get(key)
+
     def get_blocking(self, key: bytes) -> bytes | None:
         """The value under `key` read on the calling thread, a thread with no event loop.
 
@@ -313,6 +322,28 @@ class Storage(Protocol):
         from (so `purge_bundle` can find them).
         """
         ...
+
+    async def insert_fetched(
+        self, entries: list[tuple[bytes, bytes, float | None, float | None]]
+    ) -> InsertSummary:
+        """Insert `(key, value, written_at, cost)` values fetched from the shared tier.
+
+        Origin `REMOTE` (they replace nothing), each with what it carried, as
+        `insert` records one; one transaction where the backend has them.
+        This default inserts them one by one.
+        """
+        stored = conflict = failed = 0
+        reason = None
+        for key, value, written_at, cost in entries:
+            result = await self.insert(key, value, Origin.REMOTE, cost=cost, written_at=written_at)
+            if isinstance(result, Stored):
+                stored += 1
+            elif isinstance(result, Conflict):
+                conflict += 1
+            else:
+                failed += 1
+                reason = result.reason
+        return InsertSummary(stored=stored, conflict=conflict, failed=failed, reason=reason)
 
     async def info(self, key: bytes) -> EntryInfo | None:
         """The provenance of the entry under `key`, or `None` if there is none."""

@@ -542,7 +542,11 @@ class Store(Generic[K, V]):
 
     async def _fetch(self, encoded: bytes) -> Any:
         epoch = self._epoch
-        data = await self._storage.get(encoded)
+        if self._mode is CacheMode.EAGER and self._held.limit is None:
+            # It loaded the namespace: a key it lacks is most likely not stored.
+            data = await self._storage.get_expecting_miss(encoded)
+        else:
+            data = await self._storage.get(encoded)
         if data is not None and self._expiry is not None:
             fresh = await self._expiry.fresh(self._storage, (encoded,))
             data = self._admit(self._held.memo(encoded), fresh.get(encoded), data)

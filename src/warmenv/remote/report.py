@@ -48,6 +48,12 @@ class RemoteStatistics:
     publish_blocked: int = 0
     """Values not published because what sits under the key in Redis is no warmenv value
     (another type, or a string warmenv did not frame): it stays until it is deleted."""
+    backfill_pending: int = 0
+    """Values fetched from Redis not yet written to the local tier (at most `max_backfill`)."""
+    backfill_waits: int = 0
+    """Lookups that found the back-fill queue full and waited for a flush."""
+    backfill_failed: int = 0
+    """Fetched values whose local write failed (they stay in Redis)."""
 
 
 @attrs.frozen

@@ -29,6 +29,7 @@ from warmenv._url import check_redis_url, redact
 __all__ = [
     "DEFAULT_BACKOFF",
     "DEFAULT_LEASE_TTL",
+    "DEFAULT_MAX_BACKFILL",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_LEASE_WAIT",
     "DEFAULT_MAX_VALUE_BYTES",
@@ -44,6 +45,7 @@ DEFAULT_MAX_CONNECTIONS: Final = 2
 DEFAULT_LEASE_TTL: Final = 10.0
 DEFAULT_BACKOFF: Final = 1.0
 DEFAULT_MAX_LEASE_WAIT: Final = 300.0
+DEFAULT_MAX_BACKFILL: Final = 1024
 
 
 @attrs.frozen(repr=False)
@@ -66,6 +68,9 @@ class RemoteSettings:
     max_lease_wait: float = DEFAULT_MAX_LEASE_WAIT
     """The longest a host waits for another host's lease before computing the key itself
     (with a warning): a lease renewed forever holds no one longer."""
+    max_backfill: int = DEFAULT_MAX_BACKFILL
+    """The most values fetched from Redis that wait to be written locally
+    (`warmenv.remote.backfill`); a caller that finds this many waits for a flush."""
 
     def __attrs_post_init__(self) -> None:
         check_redis_url(self.url)
@@ -73,7 +78,7 @@ class RemoteSettings:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value > 0):
                 raise ValueError(f"remote {name} must be a positive number, got {value!r}")
-        for name in ("max_value_bytes", "max_connections"):
+        for name in ("max_value_bytes", "max_connections", "max_backfill"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"remote {name} must be a positive int, got {value!r}")
@@ -89,7 +94,7 @@ class RemoteSettings:
             f"RemoteSettings(url={redact(self.url)!r}, timeout={self.timeout!r}, "
             f"max_value_bytes={self.max_value_bytes!r}, max_connections={self.max_connections!r}, "
             f"lease_ttl={self.lease_ttl!r}, backoff={self.backoff!r}, "
-            f"max_lease_wait={self.max_lease_wait!r})"
+            f"max_lease_wait={self.max_lease_wait!r}, max_backfill={self.max_backfill!r})"
         )
 
 

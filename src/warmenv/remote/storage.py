@@ -18,14 +18,25 @@ purging here (wrong, or made by a bad build) would otherwise come back from
 Redis at the next lookup, on this host and on every host that has not fetched
 it yet. A purge of a namespace stays local: it would be a scan of the whole
 server, and one host's clean-up must not make the whole fleet recompute.
+
+A remote hit costs the caller one round trip: the local copy of the fetched
+value is written behind it (`warmenv.remote.backfill`: bounded, in batches,
+written on close), served from the queue until it is written, and every
+operation but a lookup waits for the queue first. A caller that expects a
+miss here (`get_expecting_miss`: a store that loaded the whole namespace
+and does not hold the key) asks Redis at once, beside the local read rather
+than after it; the local value, if there is one, still wins.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, final
 
+import anyio
+
+from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.storage import (
     DEFAULT_SCAN_BATCH,
     BundleRef,
@@ -81,20 +92,42 @@ class RemoteStorage(Storage):
         return self._tier
 
     async def get(self, key: bytes) -> bytes | None:
+        queued = self._tier.backfill.pending(self._namespace, check_key(key))
+        if queued is not None:
+            return queued
         value = await self._local.get(key)
         if value is not None:
             return value
         return await self._backfill(key)
+
+    async def get_expecting_miss(self, key: bytes) -> bytes | None:
+        """`get`, asking Redis beside the local read rather than after it (see the module)."""
+        queued = self._tier.backfill.pending(self._namespace, check_key(key))
+        if queued is not None:
+            return queued
+        local: list[bytes | None] = [None]
+
+        async def read_local() -> None:
+            local[0] = await self._local.get(key)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read_local)
+            fetched = await self._tier.fetch(self._namespace, key)
+        if local[0] is not None:
+            return local[0]
+        return None if fetched is None else await self._record(key, fetched)
 
     def get_blocking(self, key: bytes) -> bytes | None:
         # The local tier only: a miss here is `None`, and the caller then awaits
         # `get` on its event loop, which asks Redis there (within the tier's
         # timeout and backoff). Asking Redis from this thread would need a
         # client of its own per thread, or a wait on the loop thread anyway.
-        return self._local.get_blocking(key)
+        queued = self._tier.backfill.pending(self._namespace, check_key(key))
+        return queued if queued is not None else self._local.get_blocking(key)
 
     async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
         keys = [check_key(key) for key in keys]
+        await self._tier.backfill.settle()
         found = await self._local.get_many(keys)
         for key in keys:
             if key not in found:
@@ -102,6 +135,10 @@ class RemoteStorage(Storage):
                 if value is not None:
                     found[key] = value
         return found
+
+    async def insert_fetched(self, entries: list[CarryingEntry]) -> InsertSummary:
+        await self._tier.backfill.settle()
+        return await self._local.insert_fetched(entries)
 
     async def insert(
         self,
@@ -112,6 +149,7 @@ class RemoteStorage(Storage):
         cost: float | None = None,
         written_at: float | None = None,
     ) -> Insertion:
+        await self._tier.backfill.settle()
         if origin == Origin.LOCAL and written_at is None:
             written_at = wall_clock()  # one time, here and carried: the same entry
         result = await self._local.insert(key, value, origin, cost=cost, written_at=written_at)
@@ -128,6 +166,7 @@ class RemoteStorage(Storage):
         cost: float | None = None,
         bundle: BundleRef | None = None,
     ) -> InsertSummary:
+        await self._tier.backfill.settle()
         if origin != Origin.LOCAL:
             return await self._local.insert_many(items, origin, cost=cost, bundle=bundle)
         pairs: list[tuple[bytes, bytes]] = []
@@ -144,13 +183,23 @@ class RemoteStorage(Storage):
     async def replace(
         self, key: bytes, value: bytes, origin: Origin = Origin.LOCAL, *, cost: float | None = None
     ) -> Stored | Failed:
+        await self._tier.backfill.settle()
         result = await self._local.replace(key, value, origin, cost=cost)
         if origin == Origin.LOCAL:
             await self._tier.publish(self._namespace, key, value, cost=cost)
         return result
 
-    def scan(self, batch_size: int = DEFAULT_SCAN_BATCH) -> AsyncIterator[tuple[bytes, bytes]]:
-        return self._local.scan(batch_size)
+    async def scan(
+        self, batch_size: int = DEFAULT_SCAN_BATCH
+    ) -> AsyncIterator[tuple[bytes, bytes]]:
+        await self._tier.backfill.settle()
+        rows = self._local.scan(batch_size)
+        try:
+            async for row in rows:
+                yield row
+        finally:
+            if isinstance(rows, AsyncGenerator):
+                await rows.aclose()
 
     def scan_with_info(
         self, batch_size: int = DEFAULT_SCAN_BATCH
@@ -158,6 +207,7 @@ class RemoteStorage(Storage):
         return self._local.scan_with_info(batch_size)
 
     async def purge(self) -> Purged | Failed:
+        await self._tier.backfill.settle()
         return await self._local.purge()
 
     async def purge_key(self, key: bytes) -> Purged | Failed:
@@ -169,6 +219,7 @@ class RemoteStorage(Storage):
         `Failed`, after the local entry is gone: it may come back from Redis,
         so the purge is worth repeating once Redis answers.
         """
+        await self._tier.backfill.settle()
         unreached = await self._tier.purge(self._namespace, check_key(key))
         purged = await self._local.purge_key(key)
         if unreached is None or isinstance(purged, Failed):
@@ -179,9 +230,11 @@ class RemoteStorage(Storage):
         )
 
     async def summary(self) -> NamespaceSummary:
+        await self._tier.backfill.settle()
         return await self._local.summary()
 
     async def info(self, key: bytes) -> EntryInfo | None:
+        await self._tier.backfill.settle()
         return await self._local.info(key)
 
     async def written(self, keys: Iterable[bytes]) -> dict[bytes, float | None]:
@@ -189,6 +242,7 @@ class RemoteStorage(Storage):
         return await self._local.written(keys)
 
     async def touch(self, keys: Iterable[bytes]) -> int:
+        await self._tier.backfill.settle()
         return await self._local.touch(keys)
 
     def describe(self) -> str:
@@ -199,6 +253,7 @@ class RemoteStorage(Storage):
 
     async def explain(self, key: bytes | None = None) -> Explanation | None:
         # The shared tier lists no namespaces: the local storage explains.
+        await self._tier.backfill.settle()
         return await self._local.explain(key)
 
     @asynccontextmanager
@@ -217,10 +272,8 @@ class RemoteStorage(Storage):
         return await self._record(key, fetched)
 
     async def _record(self, key: bytes, fetched: RemoteValue) -> bytes:
+        """The fetched value, its local copy queued (written behind the caller)."""
         value = check_value(fetched.value)
-        result = await self._local.insert(
-            key, value, Origin.REMOTE, cost=fetched.cost, written_at=fetched.written_at
-        )
-        if isinstance(result, Conflict):
-            return result.existing  # a local value landed meanwhile: it wins
+        entry = (key, value, fetched.written_at, fetched.cost)
+        await self._tier.backfill.put(self._local, key, entry)
         return value

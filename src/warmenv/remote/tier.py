@@ -59,6 +59,7 @@ from warmenv._text import clean
 from warmenv._url import redact
 from warmenv.persistence.storage import wall_clock
 from warmenv.remote import wire
+from warmenv.remote.backfill import Backfill
 from warmenv.remote.lag import LoopClock
 from warmenv.remote.reader import OverBound, Unread
 from warmenv.remote.report import Ping, RemoteStatistics
@@ -143,6 +144,8 @@ class RemoteTier:
     """coredis's `NoScriptError`: the server lost our scripts (a restart)."""
     _tasks: TaskGroup
     """Where the subscription runs, for as long as the tier is connected."""
+    backfill: Backfill = attrs.field(init=False)
+    """Fetched values on their way to the local tier (`warmenv.remote.backfill`)."""
     _prefix: bytes = attrs.field(init=False)
     _channel: bytes = attrs.field(init=False)
     _clock: LoopClock = attrs.field(init=False)
@@ -167,6 +170,7 @@ class RemoteTier:
         self._prefix = f"warmenv:{self.environment}:".encode()
         self._channel = self._prefix + b"landed"
         self._clock = LoopClock(self._tasks)
+        self.backfill = Backfill(self.settings.max_backfill)
 
     @classmethod
     @asynccontextmanager
@@ -190,10 +194,13 @@ class RemoteTier:
         # exception group.
         escaped: BaseException | None = None
         async with client, anyio.create_task_group() as tasks:
+            tier = cls(settings, environment, client, tls, WrongTypeError, NoScriptError, tasks)
+            tasks.start_soon(tier.backfill.run)
             try:
-                yield cls(settings, environment, client, tls, WrongTypeError, NoScriptError, tasks)
+                yield tier
             except BaseException as exc:
                 escaped = exc
+            await tier.backfill.close()  # shielded: what was fetched is written locally
             tasks.cancel_scope.cancel()
         if escaped is not None:
             raise escaped
@@ -223,6 +230,9 @@ class RemoteTier:
             woken=c.get("woken", 0),
             subscribed=self._subscribed,
             publish_blocked=c.get("publish_blocked", 0),
+            backfill_pending=len(self.backfill),
+            backfill_waits=self.backfill.waits,
+            backfill_failed=self.backfill.failed,
         )
 
     def redis_key(self, namespace: str, key: bytes) -> bytes:

@@ -2,12 +2,18 @@
 
 Everything is validated once, at open: every length is checked against the
 bytes that remain before anything is allocated for it, every offset against
-the data section, the index order entry by entry. After that a lookup is two
-binary searches with no further checks. What an entry carries needs no
-check at open: a value out of range is read as unknown (`carried.unpack`),
-and the digest covers the bytes as they are. Format 2 is what export writes
-by default; format 1 (no carried bytes) is still read, and written on request
-for readers that know no other (warmenv 0.1).
+the data section, the index order entry by entry. After that a lookup is a
+binary search with no further checks: over the fence keys kept at open (a
+copy of one key in every `stride`), in C, then within the stride's block.
+The stride is the smallest power of two that keeps the fences under a budget
+of keys and of bytes (`_MAX_FENCES`, `_MAX_FENCE_BYTES`): a bundle of up to
+that many keys keeps every key, so its lookup is one `bisect` and one
+comparison, and a larger one keeps its memory bounded as the file grows.
+What an entry carries needs no check at open: a value out of range is read
+as unknown (`carried.unpack`), and the digest covers the bytes as they are.
+Format 2 is what export writes by default; format 1 (no carried bytes) is
+still read, and written on request for readers that know no other (warmenv
+0.1).
 
 `FlatFormat` is the format's entry in the registry (`warmenv.bundle.formats`):
 opening a file in place or as a private copy, reading the header of a
@@ -68,7 +74,10 @@ __all__ = ["FLAT", "FlatBundle", "FlatFormat", "map_file", "map_private"]
 
 T = TypeVar("T")
 
-_FENCE = 8  # one key in this many is kept for the first, coarse search
+# The fence keys kept at open, at most: with every key kept (a stride of 1) a
+# lookup is one bisect in C; beyond these bounds one key in 2, 4, 8... is kept.
+_MAX_FENCES = 1 << 17
+_MAX_FENCE_BYTES = 8 << 20
 _CANCEL_EVERY = 32  # lookups between checks for cancellation
 _FORGET_EVERY = 4096  # entries between releases of mapped pages already read
 _DIGEST_BATCH = 1024  # entries hashed at a time (a few such batches wait at most)
@@ -126,6 +135,7 @@ class FlatBundle(BundleReader, Bundle):
         "_namespaces",
         "_ranges",
         "_source",
+        "_stride",
         "_summaries",
         "_version",
         "_view",
@@ -193,7 +203,8 @@ class FlatBundle(BundleReader, Bundle):
         # checks for cancellation once in _CANCEL_EVERY calls: anyio's check
         # costs about as much as the lookup itself. A loop of lookups in a
         # cancelled scope still ends within that many calls.
-        check_key(key)
+        if type(key) is not bytes:
+            check_key(key)
         self._gets += 1
         if self._gets % _CANCEL_EVERY == 0:
             await checkpoint_if_cancelled()
@@ -205,12 +216,21 @@ class FlatBundle(BundleReader, Bundle):
         if found is None:
             return None
         start, end, fences = found
+        words = self._words
+        stride = self._stride
+        if stride == 1:  # every key is a fence: the search is bisect's alone
+            lo = bisect.bisect_left(fences, key)
+            if lo == len(fences) or fences[lo] != key:
+                return None
+            at = (start + lo) * 5
+            v_off = words[at + 3]
+            return self._read(v_off, v_off + words[at + 4])
         block = bisect.bisect_right(fences, key) - 1
         if block < 0:
             return None
-        lo = start + block * _FENCE
-        hi = min(lo + _FENCE, end)
-        words, read = self._words, self._read
+        lo = start + block * stride
+        hi = min(lo + stride, end)
+        read = self._read
         while lo < hi:
             mid = (lo + hi) >> 1
             at = mid * 5
@@ -434,6 +454,7 @@ class FlatBundle(BundleReader, Bundle):
         previous_ns = -1
         previous_key = b""
         words = self._words
+        self._stride = stride = _stride(len(words) // 5, sum(words[2::5]))
         marks = self._first_marks()
         for position in range(len(words) // 5):
             if position % _FORGET_EVERY == 0:
@@ -456,7 +477,7 @@ class FlatBundle(BundleReader, Bundle):
             if ns_id != previous_ns:
                 ranges[ns_id][0] = position
             ranges[ns_id][1] = position + 1
-            if (position - ranges[ns_id][0]) % _FENCE == 0:
+            if (position - ranges[ns_id][0]) % stride == 0:
                 fences[ns_id].append(key)
             counts[ns_id] += 1
             sizes[ns_id] += k_len + v_len
@@ -470,6 +491,14 @@ class FlatBundle(BundleReader, Bundle):
             for i, name in enumerate(names)
             if counts[i]
         ]
+
+
+def _stride(entries: int, key_bytes: int) -> int:
+    """One key in how many is kept as a fence: a power of two, within both budgets."""
+    stride = 1
+    while entries > _MAX_FENCES * stride or key_bytes > _MAX_FENCE_BYTES * stride:
+        stride *= 2
+    return stride
 
 
 def map_file(path: Path) -> FlatBundle:

@@ -167,6 +167,21 @@ class SqlStorage(Storage):
             return InsertSummary(stored=0, conflict=0, failed=counter.drain(), reason=failed.reason)
         return InsertSummary(stored=stored, conflict=counter.count - stored, failed=0)
 
+    async def insert_fetched(
+        self, entries: list[tuple[bytes, bytes, float | None, float | None]]
+    ) -> InsertSummary:
+        """As the protocol says, in one transaction (a write-behind queue's batch)."""
+        for key, value, _, cost in entries:
+            check_key(key)
+            check_value(value)
+            check_cost(cost)
+        try:
+            stored = await self._db.run(partial(_insert_fetched, self._namespace, entries))
+        except sqlite3.Error as exc:
+            reason = self._failed("insert_fetched", exc).reason
+            return InsertSummary(stored=0, conflict=0, failed=len(entries), reason=reason)
+        return InsertSummary(stored=stored, conflict=len(entries) - stored, failed=0)
+
     async def info(self, key: bytes) -> EntryInfo | None:
         check_key(key)
         try:
@@ -364,13 +379,36 @@ def _insert(
         ).fetchone()
         if row is not None and not may_replace(row[1], origin):
             return Conflict(bytes(row[0]))
-        written = carried.as_of(
-            carried.believed(written_at, carried.WRITTEN_AT_LIMIT), wall_clock()
-        )
+        written = _written_as_believed(written_at, wall_clock())
         conn.execute(_REPLACE, (namespace, key, value, origin, written, cost))
         return Stored()
 
     return schema.transaction(conn, body)
+
+
+def _insert_fetched(
+    namespace: str,
+    entries: list[tuple[bytes, bytes, float | None, float | None]],
+    conn: sqlite3.Connection,
+) -> int:
+    now = wall_clock()
+    origin = int(Origin.REMOTE)
+
+    def body(conn: sqlite3.Connection) -> int:
+        before = conn.total_changes
+        rows = (
+            (namespace, key, value, origin, _written_as_believed(written_at, now), cost, None)
+            for key, value, written_at, cost in entries
+        )
+        conn.executemany(schema.INSERT, rows)
+        return conn.total_changes - before
+
+    return schema.transaction(conn, body)
+
+
+def _written_as_believed(written_at: float | None, now: float) -> float:
+    """When an entry that came from elsewhere was written, as believed (`carried`)."""
+    return carried.as_of(carried.believed(written_at, carried.WRITTEN_AT_LIMIT), now)
 
 
 def _insert_many(
