@@ -54,13 +54,14 @@ from warmenv.cli import (
     verify,
 )
 from warmenv.cli._errors import Stopped, UsageError, conclude
-from warmenv.cli._options import ArgumentParser, shared_options
+from warmenv.cli._options import ArgumentParser, shared_options, usage_line
 from warmenv.cli._output import Output
 
 __all__ = ["main"]
 
 # The sub-commands, in the order `--help` lists them. Adding one: its module
-# (with `register` and `run`), its name in the import above, its line here.
+# (with `register` and `run`, and `UNUSED_OPTIONS` if it reads no environment), its name
+# in the import above, its line here, and its section in docs/cli.md (a test compares).
 _COMMANDS = (
     demo,
     ls,
@@ -104,7 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command", metavar="COMMAND", required=True, help="what to do (see COMMAND --help)"
     )
     for command in _COMMANDS:
-        command.register(commands, shared_options())
+        # A command's UNUSED_OPTIONS are shared options it accepts (or refuses with its
+        # reason) without using them; its --help does not list them.
+        command.register(commands, shared_options(hidden=getattr(command, "UNUSED_OPTIONS", ())))
     return parser
 
 
@@ -177,7 +180,11 @@ def _parse(arguments: list[str]) -> argparse.Namespace:
     args, extra = parser.parse_known_args(arguments)
     if extra:
         if getattr(args, "sources", None) is None or any(a.startswith("-") for a in extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            # Said by the sub-command's parser: its name and its --help, not warmenv's.
+            prog = f"{parser.prog} {args.command}" if getattr(args, "command", None) else None
+            raise UsageError(
+                usage_line(prog or parser.prog, f"unrecognized arguments: {' '.join(extra)}")
+            )
         args.sources = [*args.sources, *(Path(a) for a in extra)]
     return args
 

@@ -92,14 +92,24 @@ async def _reach(tier: RemoteTier) -> None:
 
     No command needs the remote to do its job (each works on the local
     database; the remote is only a second tier for lookups), so none fails
-    for it. Unprobed, the tier would connect on its first lookup, and a
+    for an outage. A server that answers refusing the URL's settings (a wrong
+    password or user, a database it lacks, an ACL) is a configuration error
+    instead, one line naming the URL (password hidden), exit 1. Unprobed, the
+    tier would connect on its first lookup, and a
     command that looks nothing up would never say that `--remote` (or
     `WARMENV_REMOTE`, or the configuration's `remote`) is unreachable. The
     tier itself warns, once per outage, with the reason (password hidden),
     and serves from the local tier from then on without trying again for a
     while, so the command pays the probe's timeout at most once.
     """
-    await tier.ping()  # what it says is warned by the tier, once per outage
+    ping = await tier.ping()  # an outage is warned about by the tier, once
+    if ping.misconfigured:
+        # Not an outage: the server answered that the URL is wrong. Going on would
+        # hide it (the command works, the fleet never shares), so it is an error.
+        raise Failure(
+            f"{ping}: fix the password, user or database number in the remote URL "
+            "(--remote, WARMENV_REMOTE or the configuration's remote); nothing was done"
+        )
 
 
 def environment_files(root: Path) -> list[Path]:

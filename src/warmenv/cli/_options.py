@@ -74,27 +74,50 @@ class ArgumentParser(argparse.ArgumentParser):
         # argparse quotes with repr(), which spells a byte that was not UTF-8
         # as \udcff; everything else the command prints says \xff.
         message = _SURROGATE_REPR.sub(lambda m: f"\\x{int(m[1], 16) - 0xDC00:02x}", message)
-        raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
+        raise UsageError(usage_line(self.prog, message))
+
+
+def usage_line(prog: str, message: str) -> str:
+    """A usage mistake's line: the sub-command, what was wrong, where its help is.
+
+    `prog` is argparse's (`warmenv` or `warmenv export`); the line is printed
+    after `warmenv: error: `, so the program's name is not said again.
+    """
+    command = prog.removeprefix("warmenv").strip()
+    return f"{command + ': ' if command else ''}{message} (see '{prog} --help')"
 
 
 _SURROGATE_REPR = re.compile(r"\\u(dc[89a-f][0-9a-f])")
 
 
-def shared_options() -> argparse.ArgumentParser:
-    """`--env`, `--root`, `--remote`, `--json`, `--debug` and `--quiet`, after every sub-command."""
+def shared_options(hidden: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+    """`--env`, `--root`, `--remote`, `--json`, `--debug` and `--quiet`, after every sub-command.
+
+    `hidden`: options a sub-command accepts only to refuse them with its reason
+    (`demo --env`), so that its `--help` does not list them.
+    """
     parent = ArgumentParser(add_help=False)
+
+    def shown(text: str, option: str) -> str:
+        return argparse.SUPPRESS if option in hidden else text
+
     env = parent.add_argument(
-        "--env", metavar="NAME", help="environment name (default: configured)"
+        "--env", metavar="NAME", help=shown("environment name (default: configured)", "--env")
     )
     env.completer = complete_environment  # type: ignore[attr-defined]  # read by argcomplete
-    parent.add_argument("--root", metavar="DIR", type=Path, help="where environments live")
+    parent.add_argument(
+        "--root", metavar="DIR", type=Path, help=shown("where environments live", "--root")
+    )
     parent.add_argument("--json", action="store_true", help="print machine-readable JSON")
     parent.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     parent.add_argument(
         "--remote",
         metavar="URL",
-        help="the fleet's shared tier, redis:// or rediss:// (default: $WARMENV_REMOTE, "
-        "else the config file's remote; '' for none); needs warmenv[redis]",
+        help=shown(
+            "the fleet's shared tier, redis:// or rediss:// (default: $WARMENV_REMOTE, "
+            "else the config file's remote; '' for none); needs warmenv[redis]",
+            "--remote",
+        ),
     )
     parent.add_argument(
         "--quiet",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json as jsonlib
 import logging
+import re
 import sys
 import threading
 import time
@@ -180,6 +181,11 @@ class Output:
             return
         title = clean(title)
         cells = [[clean(cell) for cell in row] for row in rows]
+        # Figures are right-aligned (their digits line up), text left-aligned, headers as
+        # their column; a column is of figures when every cell in it is one.
+        figures = [
+            all(_FIGURE.match(row[i]) for row in cells if row[i]) for i in range(len(columns))
+        ]
         if self.console is not None:
             from rich.table import Table
             from rich.text import Text
@@ -188,8 +194,8 @@ class Output:
             # spaces to the table's width, and a copied line should not end in spaces.
             self._print(title)
             table = Table()
-            for i, column in enumerate(columns):
-                table.add_column(Text(column), justify="right" if i else "left")
+            for column, right in zip(columns, figures, strict=True):
+                table.add_column(Text(column), justify="right" if right else "left")
             for row in cells:
                 table.add_row(*(Text(cell) for cell in row))
             self.console.print(table)
@@ -198,15 +204,18 @@ class Output:
             max(len(c) for c in [column, *(r[i] for r in cells)])
             for i, column in enumerate(columns)
         ]
-        print(title)
-        print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
-        for row in cells:
-            print(
-                "  ".join(
-                    c.ljust(w) if i == 0 else c.rjust(w)
-                    for i, (c, w) in enumerate(zip(row, widths, strict=True))
-                )
+
+        def line(row: list[str]) -> str:
+            padded = (
+                c.rjust(w) if right else c.ljust(w)
+                for c, w, right in zip(row, widths, figures, strict=True)
             )
+            return "  ".join(padded).rstrip()
+
+        print(title)
+        print(line(columns))
+        for row in cells:
+            print(line(row))
         print(flush=True)
 
     @contextmanager
@@ -298,6 +307,10 @@ class Output:
 
         bar.draw = show
         yield bar
+
+
+# A number with an optional unit: 1,024 / 12.5 MiB / 3.2 s / 97.0 % / 28.6 min / -.
+_FIGURE = re.compile(r"^(?:-|[-+]?[0-9][0-9,.]*(?: ?[A-Za-z%]{1,4})?)$")
 
 
 def _utf8_safe(data: Any) -> Any:

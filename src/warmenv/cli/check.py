@@ -23,6 +23,10 @@ from warmenv.cli._output import Output
 from warmenv.cli._sources import opened
 from warmenv.cli.verify import verified
 
+# Accepted after every sub-command (a wrapper may pass them to all), but this one reads
+# no environment: its --help does not offer them.
+UNUSED_OPTIONS = ("--env", "--root", "--remote")
+
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
     parser = commands.add_parser(

@@ -201,6 +201,10 @@ async def _timed_start_up(
     return result["choices"], result["misses"], result["elapsed"]
 
 
+# Refused (see `run`): it makes its own environments, so its --help does not offer them.
+UNUSED_OPTIONS = ("--env", "--remote")
+
+
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
     parser = commands.add_parser(
         "demo",
@@ -208,7 +212,9 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         help="run the whole story: cold start, export, import, warm start",
         description="Run the whole story on this machine: warm an environment the slow way "
         "(cold start), export it to a bundle, check and import the bundle into a fresh "
-        "environment, and start again warm; prints the two starts side by side.",
+        "environment, and start again warm; prints the two starts side by side. It makes "
+        "its own two environments, machine-a and machine-b, in a temporary directory that "
+        "is removed after (or under --root DIR, kept), so it takes no --env or --remote.",
     )
     parser.set_defaults(run=run)
 

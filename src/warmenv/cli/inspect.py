@@ -10,6 +10,10 @@ from warmenv.cli._options import bundle_source, source_label
 from warmenv.cli._output import Output
 from warmenv.cli._sources import opened
 
+# Accepted after every sub-command (a wrapper may pass them to all), but this one reads
+# no environment: its --help does not offer them.
+UNUSED_OPTIONS = ("--env", "--root", "--remote")
+
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
     parser = commands.add_parser(

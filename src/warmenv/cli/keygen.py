@@ -16,6 +16,10 @@ import anyio.to_thread
 from warmenv.bundle.signing import generate_key
 from warmenv.cli._output import Output
 
+# Accepted after every sub-command (a wrapper may pass them to all), but this one reads
+# no environment: its --help does not offer them.
+UNUSED_OPTIONS = ("--env", "--root", "--remote")
+
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
     parser = commands.add_parser(

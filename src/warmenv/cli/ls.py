@@ -1,5 +1,6 @@
 """`warmenv ls`: the environments under the root, and one environment's namespaces.
 
+`warmenv ls NAME` is `warmenv ls --env NAME` (a user's first try).
 `ls` only reads: an environment named with `--env` that does not exist is an
 error (exit 1) naming the environments that do, never a new empty file.
 Without `--env`, a default environment that does not exist is not an error:
@@ -18,7 +19,9 @@ from warmenv._errors import WarmenvError
 from warmenv._fs import expand_home
 from warmenv._text import clean
 from warmenv.cli._environments import environment, environment_files
+from warmenv.cli._errors import UsageError
 from warmenv.cli._format import as_json, namespace_label, plural, size
+from warmenv.cli._options import complete_environment
 from warmenv.cli._output import Output
 from warmenv.environment import active
 from warmenv.persistence.storage import NamespaceSummary
@@ -30,9 +33,16 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         parents=[parent],
         help="list environments and the namespaces of one",
         description="List the environments under the root (--root, or the configured one) "
-        "and the namespaces of one environment (--env, or the default) with their entries "
-        "and sizes. Only reads: nothing is created.",
+        "and the namespaces of one environment (NAME or --env, or the default) with their "
+        "entries and sizes. Only reads: nothing is created.",
     )
+    name = parser.add_argument(
+        "name",
+        metavar="NAME",
+        nargs="?",
+        help="the environment whose namespaces to list (the same as --env NAME)",
+    )
+    name.completer = complete_environment  # read by argcomplete
     parser.set_defaults(run=run)
 
 
@@ -53,6 +63,13 @@ def _absent_default(root_option: Path | None) -> tuple[str, Path] | None:
 
 
 async def run(args: argparse.Namespace, out: Output) -> int:
+    if args.name is not None:
+        if args.env is not None and args.env != args.name:
+            raise UsageError(
+                f"ls: NAME {clean(args.name)!r} and --env {clean(args.env)!r} name two "
+                "environments; give one"
+            )
+        args.env = args.name
     name: str | None = None
     namespaces: list[NamespaceSummary] | None = None
     root: Path | None = None

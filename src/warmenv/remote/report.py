@@ -67,8 +67,13 @@ class Ping:
     """The round trip, connecting included, when it answered."""
     reason: str | None
     """Why it did not answer (the password hidden), when it did not."""
+    misconfigured: bool = False
+    """Whether the server answered that the URL is wrong (a password, user, database or
+    permission refused): a configuration error to fix, not an outage."""
 
     def __str__(self) -> str:
         if self.reachable:
             return f"{self.remote} answered in {1000 * (self.seconds or 0.0):.1f} ms"
+        if self.misconfigured:
+            return f"{self.remote} refused the remote URL's settings ({self.reason})"
         return f"{self.remote} is unavailable ({self.reason})"

@@ -42,6 +42,7 @@ not hex digits).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import ssl
@@ -121,11 +122,15 @@ _OUR_CONNECTIONS: Final = _OurConnections()
 
 
 class _Down(Exception):
-    """The remote did not answer (or is backing off): the caller falls back to local."""
+    """The remote did not answer (or is backing off): the caller falls back to local.
 
-    def __init__(self, reason: str) -> None:
+    `misconfigured`: it answered, refusing the URL's settings (see `_misconfigured`).
+    """
+
+    def __init__(self, reason: str, misconfigured: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.misconfigured = misconfigured
 
 
 @final
@@ -142,6 +147,8 @@ class RemoteTier:
     """coredis's `WrongTypeError`: something not ours sits under our key."""
     _no_script: type[Exception]
     """coredis's `NoScriptError`: the server lost our scripts (a restart)."""
+    _misconfigured: Callable[[BaseException], bool]
+    """Whether an error is the server refusing the URL's settings (`misconfiguration`)."""
     _tasks: TaskGroup
     """Where the subscription runs, for as long as the tier is connected."""
     backfill: Backfill = attrs.field(init=False)
@@ -177,6 +184,7 @@ class RemoteTier:
     async def connect(cls, settings: RemoteSettings, environment: str) -> AsyncIterator[RemoteTier]:
         """The tier for the duration of the block; connections open lazily, on first use."""
         try:
+            from coredis import exceptions
             from coredis.exceptions import NoScriptError, WrongTypeError
         except ImportError:
             raise RemoteError(
@@ -194,7 +202,16 @@ class RemoteTier:
         # exception group.
         escaped: BaseException | None = None
         async with client, anyio.create_task_group() as tasks:
-            tier = cls(settings, environment, client, tls, WrongTypeError, NoScriptError, tasks)
+            tier = cls(
+                settings,
+                environment,
+                client,
+                tls,
+                WrongTypeError,
+                NoScriptError,
+                functools.partial(misconfiguration, exceptions),
+                tasks,
+            )
             tasks.start_soon(tier.backfill.run)
             try:
                 yield tier
@@ -250,7 +267,7 @@ class RemoteTier:
         try:
             await self._call(self._client.ping, probe=True)
         except _Down as down:
-            return Ping(self.describe(), False, None, down.reason)
+            return Ping(self.describe(), False, None, down.reason, down.misconfigured)
         return Ping(self.describe(), True, time.perf_counter() - started, None)
 
     async def fetch(self, namespace: str, key: bytes) -> RemoteValue | None:
@@ -584,10 +601,20 @@ class RemoteTier:
             _TIER_AT_WORK.reset(at_work)
             if retrying:
                 self._retrying = False
-        raise _Down(self._failed(failure))
+        misconfigured = failure is not None and self._misconfigured(failure)
+        raise _Down(self._failed(failure, misconfigured, probe), misconfigured)
 
-    def _failed(self, failure: BaseException | None) -> str:
-        """Count the failure and back off; why it failed (the password hidden)."""
+    def _failed(
+        self, failure: BaseException | None, misconfigured: bool = False, probe: bool = False
+    ) -> str:
+        """Count the failure and back off; why it failed (the password hidden).
+
+        A server that refuses the URL's settings (`misconfigured`) is warned
+        about as the configuration error it is, never as an outage (nor counted
+        as one); it is still served from the local tier, and tried again after
+        the backoff (a password rotated on the server). A probe's caller says it
+        itself (`Ping.misconfigured`: the command line fails with it).
+        """
         self._count("failures")
         first = self._delay == 0.0
         backoff = self.settings.backoff
@@ -608,7 +635,16 @@ class RemoteTier:
         # A message may quote the URL: its credentials stay hidden there too.
         reason = reason.replace(self.settings.url, redact(self.settings.url))
         reason = clean(reason)  # a server's own words: no escape sequence reaches a log
-        if first:
+        if first and misconfigured:
+            if not probe:
+                log.warning(
+                    "%s refused the remote URL's settings (%s): a configuration error, not "
+                    "an outage; fix the password, user or database number in the URL "
+                    "(remote, WARMENV_REMOTE or --remote); serving from the local tier",
+                    self.describe(),
+                    reason,
+                )
+        elif first:
             self._count("outages")
             log.warning(
                 "%s is unavailable (%s); serving from the local tier, retrying in %.1f s",
@@ -653,6 +689,19 @@ class RemoteTier:
 
     def _count(self, name: str) -> None:
         self._counts[name] = self._counts.get(name, 0) + 1
+
+
+def misconfiguration(exceptions: Any, error: BaseException) -> bool:
+    """Whether `error` is the server refusing the URL's settings, not failing to answer.
+
+    The one list of them (`exceptions` is `coredis.exceptions`): a wrong or
+    missing password or user (`WRONGPASS`, `NOAUTH`: AuthenticationError), an
+    ACL that forbids warmenv's commands (`NOPERM`: AuthorizationError), and a
+    database number the server does not have ("DB index is out of range").
+    """
+    if isinstance(error, exceptions.AuthenticationError | exceptions.AuthorizationError):
+        return True
+    return isinstance(error, exceptions.ResponseError) and "DB index" in str(error)
 
 
 def _over_bound(error: BaseException | None) -> OverBound | None:

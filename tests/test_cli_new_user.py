@@ -1,0 +1,178 @@
+"""What a new user meets first on the command line, as found by a fresh-clone review.
+
+`warmenv ls NAME` (the natural first try) lists that environment; a usage
+mistake names its sub-command once, after one `warmenv: error: `; a
+sub-command's `--help` lists only the options it uses; tables align text
+left and figures right; and docs/cli.md documents every sub-command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import anyio
+import pytest
+
+from test_cli import warmenv
+from test_cli_errors import assert_one_error_line
+from warmenv import Namespace, open_environment
+from warmenv.bundle import export_bundle, warm_up
+from warmenv.cli import build_parser
+
+DOCS = Path(__file__).parent.parent / "docs" / "cli.md"
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    (action,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    async def make() -> None:
+        async with open_environment("svc", root=tmp_path) as env:
+            await env.storage(Namespace("app", "k", version="1")).insert_many([(b"k", b"v")])
+        async with open_environment("other", root=tmp_path) as env:
+            await env.storage(Namespace("tool", "c", version="2")).insert_many([(b"x", b"y")])
+
+    anyio.run(make)
+    return tmp_path
+
+
+# --- ls NAME ----------------------------------------------------------------------
+
+
+def test_ls_name_lists_that_environment_as_env_does(root: Path) -> None:
+    by_name = warmenv("ls", "svc", "--json", root=root)
+    by_option = warmenv("ls", "--env", "svc", "--json", root=root)
+    assert by_name.returncode == 0, by_name.stderr
+    assert by_name.stdout == by_option.stdout
+    assert '"environment": "svc"' in by_name.stdout and "app/1/k" in by_name.stdout
+
+
+def test_ls_of_a_missing_name_says_which_exist_and_creates_nothing(root: Path) -> None:
+    before = sorted(root.iterdir())
+    line = assert_one_error_line(warmenv("ls", "nope", root=root), 1)
+    assert "no environment 'nope'" in line and "other" in line and "svc" in line
+    assert sorted(root.iterdir()) == before
+
+
+def test_ls_name_and_another_env_is_bad_usage(root: Path) -> None:
+    line = assert_one_error_line(warmenv("ls", "svc", "--env", "other", root=root), 2)
+    assert "give one" in line
+
+
+# --- one prefix, the sub-command named --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "command"),
+    [
+        (["export", "out.bundle"], "export"),
+        (["ls", "a", "b"], "ls"),
+        (["stats", "--bogus"], "stats"),
+        (["import"], "import"),
+        (["gc", "--max-bytes"], "gc"),
+        (["no-such-command"], None),
+    ],
+)
+def test_a_usage_error_says_warmenv_once_and_names_its_sub_command(
+    args: list[str], command: str | None, tmp_path: Path
+) -> None:
+    line = assert_one_error_line(warmenv(*args, root=tmp_path), 2)
+    assert line.count("warmenv:") == 1, line
+    assert line.startswith(f"warmenv: error: {command}: " if command else "warmenv: error: ")
+    help_hint = f"(see 'warmenv {command} --help')" if command else "(see 'warmenv --help')"
+    assert line.rstrip().endswith(help_hint), line
+
+
+def test_every_sub_command_names_itself_in_a_usage_error(tmp_path: Path) -> None:
+    for name in subcommands():
+        completed = warmenv(name, "--no-such-option", root=tmp_path)
+        line = assert_one_error_line(completed, 2)
+        assert line.startswith(f"warmenv: error: {name}: "), line
+        assert line.count("warmenv:") == 1, line
+
+
+# --- --help lists what the command uses -------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["demo", "inspect", "verify", "check", "keygen"])
+def test_a_command_that_opens_no_environment_does_not_offer_env_in_its_help(
+    command: str,
+) -> None:
+    shown = subcommands()[command].format_help()
+    assert "--env" not in shown.split("\n\n", 1)[0]  # the usage line
+    assert not re.search(r"^\s+--env NAME", shown, re.M)
+    assert not re.search(r"^\s+--remote URL", shown, re.M)
+
+
+def test_demo_still_refuses_env_with_its_reason(tmp_path: Path) -> None:
+    line = assert_one_error_line(warmenv("demo", "--env", "x", root=tmp_path), 2)
+    assert "takes no --env" in line
+
+
+def test_a_bundle_command_still_accepts_env_as_the_contract_says(tmp_path: Path) -> None:
+    completed = warmenv("inspect", str(tmp_path / "missing.bundle"), "--env", "x", root=tmp_path)
+    assert "missing.bundle: no such file" in assert_one_error_line(completed, 1)
+
+
+def test_commands_that_open_an_environment_offer_env(tmp_path: Path) -> None:
+    for name in ["ls", "stats", "import", "export", "purge", "gc", "vacuum", "explain", "run"]:
+        assert re.search(r"^\s+--env NAME", subcommands()[name].format_help(), re.M), name
+
+
+# --- tables -----------------------------------------------------------------------
+
+
+def test_the_last_warm_ups_table_aligns_text_left_and_figures_right(tmp_path: Path) -> None:
+    async def make() -> None:
+        async with open_environment("src", root=tmp_path) as env:
+            await env.storage(Namespace("app", "k", version="1")).insert_many([(b"k", b"v")])
+            await export_bundle(env, tmp_path / "b.bundle", name="CI", version="1")
+        async with open_environment("svc", root=tmp_path) as env:
+            for name in ["missing.bundle", "b.bundle", "a-much-longer-missing-name.bundle"]:
+                await warm_up(tmp_path / name, env).wait()
+
+    anyio.run(make)
+    completed = warmenv("stats", "--env", "svc", root=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    lines = completed.stdout.splitlines()
+    at = lines.index("last warm-ups")
+    header, *rows = lines[at + 1 : at + 5]
+    assert all(line == line.rstrip() for line in [header, *rows]), [header, *rows]
+    starts = {name: header.index(name) for name in ["source", "outcome", "why"]}
+    ends = {name: header.index(name) + len(name) for name in ["imported", "skipped"]}
+    for row in rows:
+        for name, start in starts.items():  # text: starts under its header
+            if name == "why" and " imported " in row:  # no reason: nothing, not spaces
+                assert len(row) < start, row
+                continue
+            cell = row[start:].split("  ")[0]
+            assert cell and row[start - 1] == " ", (name, row)
+        for name, end in ends.items():  # figures: end under their header's end
+            assert row[end - 1].isdigit() and row[end : end + 1] in ("", " "), (name, row)
+    failed = [r for r in rows if " failed " in r]
+    assert len(failed) == 2
+    for row in failed:
+        assert row[starts["why"] :].startswith("FileNotFoundError"), row
+
+
+# --- docs/cli.md ------------------------------------------------------------------
+
+
+def documented_commands() -> set[str]:
+    return set(re.findall(r"^\| `warmenv ([a-z-]+)", DOCS.read_text(), re.M))
+
+
+def test_docs_cli_documents_every_sub_command() -> None:
+    missing = sorted(subcommands().keys() - documented_commands())
+    assert not missing, f"docs/cli.md's table lacks {missing}"
+
+
+def test_docs_cli_documents_no_sub_command_that_does_not_exist() -> None:
+    unknown = sorted(documented_commands() - subcommands().keys())
+    assert not unknown, f"docs/cli.md documents {unknown}, which warmenv lacks"
