@@ -209,7 +209,7 @@ class RemoteTier:
                 tls,
                 WrongTypeError,
                 NoScriptError,
-                functools.partial(misconfiguration, exceptions),
+                functools.partial(wire.misconfiguration, exceptions),
                 tasks,
             )
             tasks.start_soon(tier.backfill.run)
@@ -689,19 +689,6 @@ class RemoteTier:
 
     def _count(self, name: str) -> None:
         self._counts[name] = self._counts.get(name, 0) + 1
-
-
-def misconfiguration(exceptions: Any, error: BaseException) -> bool:
-    """Whether `error` is the server refusing the URL's settings, not failing to answer.
-
-    The one list of them (`exceptions` is `coredis.exceptions`): a wrong or
-    missing password or user (`WRONGPASS`, `NOAUTH`: AuthenticationError), an
-    ACL that forbids warmenv's commands (`NOPERM`: AuthorizationError), and a
-    database number the server does not have ("DB index is out of range").
-    """
-    if isinstance(error, exceptions.AuthenticationError | exceptions.AuthorizationError):
-        return True
-    return isinstance(error, exceptions.ResponseError) and "DB index" in str(error)
 
 
 def _over_bound(error: BaseException | None) -> OverBound | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
@@ -45,6 +45,7 @@ __all__ = [
     "RemoteValue",
     "client",
     "frame",
+    "misconfiguration",
     "sha1",
     "unframe",
 ]
@@ -228,3 +229,16 @@ def _digest(rkey: bytes, *body: bytes | memoryview) -> bytes:
     for part in body:
         digest.update(part)
     return digest.digest()
+
+
+def misconfiguration(exceptions: Any, error: BaseException) -> bool:
+    """Whether `error` is the server refusing the URL's settings, not failing to answer.
+
+    The one list of them (`exceptions` is `coredis.exceptions`): a wrong or
+    missing password or user (`WRONGPASS`, `NOAUTH`: AuthenticationError), an
+    ACL that forbids warmenv's commands (`NOPERM`: AuthorizationError), and a
+    database number the server does not have ("DB index is out of range").
+    """
+    if isinstance(error, exceptions.AuthenticationError | exceptions.AuthorizationError):
+        return True
+    return isinstance(error, exceptions.ResponseError) and "DB index" in str(error)
