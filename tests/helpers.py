@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import functools
 import importlib.metadata
+import inspect
 import json
 import os
 import re
@@ -15,9 +16,10 @@ import sys
 import sysconfig
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 import attrs
 
@@ -280,6 +282,33 @@ def one_trial(scenario: str, checked: str) -> Iterator[Trials]:
     """A scenario whose whole block is one trial (a test run once per backend)."""
     with reliability_row(scenario, checked) as row, row.trial():
         yield row
+
+
+_Test = TypeVar("_Test", bound=Callable[..., Any])
+
+
+def counted(scenario: str, checked: str) -> Callable[[_Test], _Test]:
+    """A test whose whole run is one trial of `scenario`, as `one_trial` around its body:
+    for a regression test that is a row of docs/reliability.md as it stands."""
+
+    def decorate(test: _Test) -> _Test:
+        if inspect.iscoroutinefunction(test):
+
+            @functools.wraps(test)
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                with one_trial(scenario, checked):
+                    return await test(*args, **kwargs)
+
+            return run_async  # type: ignore[return-value]
+
+        @functools.wraps(test)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with one_trial(scenario, checked):
+                return test(*args, **kwargs)
+
+        return run  # type: ignore[return-value]
+
+    return decorate
 
 
 def mypy_strict(snippets: dict[str, str], workdir: Path) -> dict[str, list[str]]:

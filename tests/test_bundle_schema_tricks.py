@@ -19,6 +19,7 @@ import anyio
 import pytest
 
 from conftest import env_contents
+from helpers import counted
 from test_cli import warmenv
 from warmenv import Environment, blocking, open_environment
 from warmenv.bundle import NotABundleError, export_bundle, import_bundle, open_bundle
@@ -30,6 +31,13 @@ ENTRIES_2 = (
     "origin INTEGER NOT NULL, written_at REAL, cost REAL{extra}, PRIMARY KEY (namespace, key)"
 )
 COLUMNS_2 = "namespace, key, value, origin, written_at, cost"
+
+
+_TRICKS = (
+    "SQLite bundle schema tricks: collations, views, triggers, generated columns, WITHOUT "
+    "ROWID, defaults, extra index or table, UTF-16 (asyncio, uvloop, trio)",
+    "NotABundleError naming the trick from verify, inspect and import; nothing written",
+)
 
 
 def _entries(ns: str = "", extra: str = "", after: str = "") -> list[str]:
@@ -138,6 +146,7 @@ async def assert_refused(path: Path, why: str, cold_env: Environment) -> None:
 
 
 @pytest.mark.parametrize(("case", "statements", "why"), TRICKS, ids=[t[0] for t in TRICKS])
+@counted(*_TRICKS)
 async def test_a_bundle_whose_schema_is_not_ours_is_refused_by_every_reader(
     export: Path, cold_env: Environment, case: str, statements: list[str], why: str
 ) -> None:
@@ -145,12 +154,14 @@ async def test_a_bundle_whose_schema_is_not_ours_is_refused_by_every_reader(
 
 
 @pytest.mark.parametrize("encoding", ["UTF-16le", "UTF-16be"])
+@counted(*_TRICKS)
 async def test_a_bundle_whose_text_is_not_utf8_is_refused_by_every_reader(
     export: Path, cold_env: Environment, encoding: str
 ) -> None:
     await assert_refused(reencoded(export, encoding), f"its text encoding is {encoding}", cold_env)
 
 
+@counted(*_TRICKS)
 async def test_a_format_1_bundle_with_a_collation_is_refused(
     warm_env: Environment, cold_env: Environment, tmp_path: Path
 ) -> None:

@@ -21,7 +21,7 @@ import attrs
 import coredis
 import pytest
 
-from helpers import Trials, reliability_row
+from helpers import Trials, counted, reliability_row
 from redis_server import COREDIS_UNCLOSED_STREAMS, RedisServer
 from warmenv import Environment, Namespace, open_environment
 from warmenv.persistence import MemoryStorage, Origin, Store
@@ -32,6 +32,12 @@ pytestmark = [
 ]
 
 NS = Namespace("app", "kernels", version="1")
+
+
+_FOREVER = (
+    "a fleet lease renewed forever while another host waits (a real redis-server)",
+    "the waiter computes locally after max_lease_wait, with a warning",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -687,6 +693,7 @@ def test_long_killed_lease_holders(
 
 
 @pytest.mark.anyio
+@counted(*_FOREVER)
 async def test_a_wait_for_a_lease_renewed_forever_is_bounded_then_computed_here(
     tmp_path: Path, server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from conftest import env_contents, sample_entries
-from helpers import run_python
+from helpers import counted, run_python
 from signed import Document, read_manifest, rewrite_manifest
 from test_bundle_format_1 import reader_0_1, run_0_1  # noqa: F401 (a fixture, used by name)
 from test_download import BundleServer, staging_left
@@ -48,6 +48,23 @@ from warmenv.persistence import Origin
 from warmenv.persistence.storage import EntryInfo
 
 pytestmark = pytest.mark.anyio
+
+
+_RACED = (
+    "restore under require_signature while this machine captures between a value's read and "
+    "its provenance's, both formats (asyncio, uvloop, trio)",
+    "no unsigned byte written: each value judged by the provenance read with it",
+)
+
+
+_ATTACKED = (
+    "signed bundles attacked, both formats, by path and by URL: forged manifest, forged "
+    "entries, re-signed, stripped, truncated, wrong key, a field added (top level, nested), a "
+    "key twice, a meta row added (asyncio, uvloop, trio)",
+    "SignatureError (NotABundleError for the meta row) naming the cause before any write: the "
+    "environment empty, no private copy left; preflight under the same trust says it would be "
+    "refused; a flat bundle by URL refused from its header",
+)
 
 
 @pytest.fixture
@@ -340,6 +357,7 @@ async def attacked(
     return out, why
 
 
+@counted(*_ATTACKED)
 async def test_an_attacked_signature_is_refused_and_nothing_is_written(
     attacked: tuple[Path, str], cold_env: Environment, keys: dict[str, Path], root: Path
 ) -> None:
@@ -351,6 +369,7 @@ async def test_an_attacked_signature_is_refused_and_nothing_is_written(
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
+@counted(*_ATTACKED)
 async def test_a_meta_row_added_to_a_sqlite_bundle_is_refused_and_nothing_is_written(
     signed: bool,
     warm_env: Environment,
@@ -371,6 +390,7 @@ async def test_a_meta_row_added_to_a_sqlite_bundle_is_refused_and_nothing_is_wri
     assert staging_left(root) == []
 
 
+@counted(*_ATTACKED)
 async def test_an_attacked_signature_by_url_is_refused_and_nothing_is_written(
     attacked: tuple[Path, str],
     cold_env: Environment,
@@ -386,6 +406,7 @@ async def test_an_attacked_signature_by_url_is_refused_and_nothing_is_written(
     assert staging_left(root) == []
 
 
+@counted(*_ATTACKED)
 async def test_preflight_says_an_attacked_signature_would_be_refused(
     attacked: tuple[Path, str], keys: dict[str, Path], http_server: BundleServer
 ) -> None:
@@ -427,6 +448,7 @@ async def test_preflight_names_the_trusted_signer_and_the_configured_policy(
     assert (await preflight(unsigned)).ok
 
 
+@counted(*_ATTACKED)
 async def test_a_flat_bundle_by_url_refused_by_its_header_is_never_downloaded(
     warm_env: Environment,
     cold_env: Environment,
@@ -746,6 +768,7 @@ class _CapturedBetweenReads(GatedStorage):
         return await self.inner.info(key)
 
 
+@counted(*_RACED)
 async def test_a_restore_judges_each_value_by_the_provenance_read_with_it(
     cold_env: Environment,
     keys: dict[str, Path],

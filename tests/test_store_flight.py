@@ -7,11 +7,18 @@ import anyio.lowlevel
 import pytest
 from anyio import wait_all_tasks_blocked
 
+from helpers import counted
 from warmenv import CacheMode, Environment, Namespace, Store, WarmenvError
 
 pytestmark = pytest.mark.anyio
 
 NS = Namespace("app", "tuned", version="1")
+
+
+_SELF = (
+    "an async memoized function awaiting itself with its own arguments (asyncio, uvloop, trio)",
+    "WarmenvError 'it would wait for itself' within 30 s, never a hang",
+)
 
 
 class TuningFailed(Exception):
@@ -211,6 +218,7 @@ async def test_a_compute_asking_for_its_own_key_raises_instead_of_waiting_foreve
     assert await store.get_or_compute("self", _one) == 1  # and the next call runs anew
 
 
+@counted(*_SELF)
 async def test_a_memoized_function_calling_itself_with_its_own_arguments_raises(
     env: Environment,
 ) -> None:
