@@ -25,7 +25,7 @@ import warmenv.blocking
 from test_cli import warmenv as cli
 from test_cli_errors import assert_one_error_line
 from warmenv import Environment, Namespace, open_environment
-from warmenv.bundle import export_bundle, import_bundle, preflight, warm_up
+from warmenv.bundle import export_bundle, exporting, import_bundle, preflight, warm_up
 
 APP = Namespace("app", "kernels", version="1")
 
@@ -278,3 +278,42 @@ def test_a_blocking_warm_up_wait_with_a_timeout_says_whether_it_ended(
         release.set()
         assert handle.wait() is True
         assert handle.wait(0) is True
+
+
+# --- the export options (ExportOptions, issue 19) ----------------------------------
+
+# Each with what the refusal names: an unknown keyword, then each required one missing.
+BAD_EXPORT_KEYWORDS: list[tuple[dict[str, object], str]] = [
+    (
+        {"name": "n", "version": "1", "formatversion": 1},
+        "got an unexpected keyword argument 'formatversion'",
+    ),
+    ({"version": "1"}, "missing required keyword argument 'name'"),
+    ({"name": "n"}, "missing required keyword argument 'version'"),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("options", "says"), BAD_EXPORT_KEYWORDS, ids=repr)
+async def test_an_export_keyword_no_export_takes_is_refused_at_the_call(
+    options: dict[str, Any], says: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out.bundle"
+    async with open_environment("src", root=tmp_path) as env:
+        with pytest.raises(TypeError, match=rf"^export_bundle\(\) {says}$"):
+            await export_bundle(env, out, **options)
+        # exporting refuses it when called, before its block is entered.
+        with pytest.raises(TypeError, match=rf"^exporting\(\) {says}$"):
+            exporting(env, out, **options)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("options", "says"), BAD_EXPORT_KEYWORDS, ids=repr)
+def test_a_blocking_export_keyword_no_export_takes_is_refused_at_the_call(
+    options: dict[str, Any], says: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out.bundle"
+    with warmenv.blocking.open_environment("src", root=tmp_path) as env:
+        with pytest.raises(TypeError, match=rf"^export_bundle\(\) {says}$"):
+            warmenv.blocking.export_bundle(env, out, **options)
+    assert not out.exists()

@@ -374,6 +374,27 @@ def test_every_way_of_importing_takes_the_one_definition_of_the_import_options()
     assert ImportOptions.__optional_keys__ == ImportOptions.__annotations__.keys()
 
 
+def test_every_way_of_exporting_takes_the_one_definition_of_the_export_options() -> None:
+    # Issue 19: as for imports, the export options are written once (ExportOptions).
+    import warmenv.blocking
+    import warmenv.bundle
+    from warmenv.bundle import ExportOptions
+
+    faces: dict[str, Callable[..., object]] = {
+        "warmenv.bundle.export_bundle": warmenv.bundle.export_bundle,
+        "warmenv.bundle.exporting": warmenv.bundle.exporting,
+        "warmenv.blocking.export_bundle": warmenv.blocking.export_bundle,
+    }
+    keys = ExportOptions.__required_keys__ | ExportOptions.__optional_keys__
+    for name, face in faces.items():
+        parameters = inspect.signature(face).parameters
+        (options,) = [p for p in parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
+        assert options.annotation == "Unpack[ExportOptions]", f"{name}{inspect.signature(face)}"
+        assert not parameters.keys() & keys, name
+    assert keys == ExportOptions.__annotations__.keys()
+    assert ExportOptions.__required_keys__ == {"name", "version"}
+
+
 def test_a_warm_up_takes_every_option_of_import_bundle() -> None:
     # A new import option must reach every way of importing: warm_up lacked trust= once.
     import warmenv.bundle

@@ -1,10 +1,9 @@
 """Bundle import, export and warm-up for synchronous code, with progress off the loop.
 
 The async operations (`warmenv.bundle.importing`, `exporting`) run on the
-loop thread and take the same options: an import's are `ImportOptions`,
-passed on whole (one definition, `warmenv.bundle.options`); an export's are
-forwarded one by one (a test derives these signatures from the async ones,
-so an option added there fails it until it is added here). A `progress`
+loop thread and take the same options, passed on whole: an import's are
+`ImportOptions`, an export's `ExportOptions` (one definition each,
+`warmenv.bundle.options`), so an option added there reaches these faces too. A `progress`
 callback runs on the caller's thread in lockstep with the events: the
 operation waits at each event until the callback has returned, so a
 callback that raises stops it right there.
@@ -31,11 +30,9 @@ from warmenv.blocking._environment import BlockingEnvironment
 from warmenv.blocking._loop import Ask, LoopThread, refuse_event_loop_thread, shared_loop
 from warmenv.bundle import Bundle
 from warmenv.bundle.events import Event, ExportReport, ImportEvent, ImportReport
-from warmenv.bundle.exporting import BundleFormat, exporting
+from warmenv.bundle.exporting import exporting
 from warmenv.bundle.importing import importing
-from warmenv.bundle.manifest import EnvironmentInfo
-from warmenv.bundle.options import ImportOptions, refuse_unknown
-from warmenv.bundle.signing import SigningKey
+from warmenv.bundle.options import ExportOptions, ImportOptions, refuse_unknown
 from warmenv.bundle.warmup import OnEvent, WarmUp, WarmUpState, check_timeout
 from warmenv.bundle.warmup import warm_up as _warm_up
 from warmenv.environment import Environment
@@ -105,40 +102,23 @@ def export_bundle(
     sources: BlockingEnvironment | str | Path | Sequence[BlockingEnvironment | str | Path],
     out: str | Path,
     *,
-    name: str,
-    version: str,
     progress: Callable[[Event], object] | None = None,
-    format: str = BundleFormat.SQLITE,
-    namespaces: list[str] | None = None,
-    environments: Sequence[EnvironmentInfo] | None = None,
-    format_version: int = 2,
-    sign: SigningKey | str | Path | None = None,
+    **options: Unpack[ExportOptions],
 ) -> ExportReport:
     """Write the entries of `sources` to the bundle `out`, as `warmenv.bundle.export_bundle`.
 
-    `progress` is called on this thread with each event; if it raises, the
-    export stops, leaves the previous bundle at `out`, and the exception
-    propagates.
+    `options` are every export's (`ExportOptions`). `progress` is called on
+    this thread with each event; if it raises, the export stops, leaves the
+    previous bundle at `out`, and the exception propagates.
     """
     refuse_event_loop_thread("export_bundle()")
+    refuse_unknown(options, "export_bundle", ExportOptions)
     items = [sources] if isinstance(sources, BlockingEnvironment | str | Path) else sources
     unwrapped: list[Environment | str | Path] = [
         _opened(source) if isinstance(source, BlockingEnvironment) else source for source in items
     ]
     report: ExportReport = _run_events(
-        functools.partial(
-            exporting,
-            unwrapped,
-            out,
-            name=name,
-            format=format,
-            namespaces=namespaces,
-            environments=environments,
-            version=version,
-            format_version=format_version,
-            sign=sign,
-        ),
-        progress,
+        functools.partial(exporting, unwrapped, out, **options), progress
     )
     return report
 

@@ -49,7 +49,7 @@ from warmenv.bundle.flat.bundle import FlatBundle
 from warmenv.bundle.importing import ImportProgress, import_bundle, importing
 from warmenv.bundle.manifest import BundleManifest, EnvironmentInfo, Signature
 from warmenv.bundle.open import open_bundle
-from warmenv.bundle.options import ImportOptions
+from warmenv.bundle.options import ExportOptions, ImportOptions
 from warmenv.bundle.preflight import Preflight, preflight
 from warmenv.bundle.signing import SigningKey, SigningUnavailableError, Trust, generate_key
 from warmenv.bundle.sqlite.bundle import SqliteBundle
@@ -72,6 +72,7 @@ __all__ = [
     "EnvironmentInfo",
     "Event",
     "ExportEvent",
+    "ExportOptions",
     "ExportProgress",
     "ExportReport",
     "Finished",

@@ -32,9 +32,9 @@ import itertools
 import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import final
+from typing import Unpack, final
 
 import anyio
 import anyio.to_thread
@@ -63,10 +63,10 @@ from warmenv.bundle.manifest import (
     DIGEST_PLACEHOLDER,
     BackgroundDigest,
     BundleManifest,
-    EnvironmentInfo,
     now_iso,
     this_machine,
 )
+from warmenv.bundle.options import ExportOptions, refuse_unknown
 from warmenv.bundle.signing import SigningKey
 from warmenv.bundle.sqlite.sources import reading
 from warmenv.environment import Environment
@@ -83,54 +83,27 @@ Source = Environment | str | Path
 
 
 async def export_bundle(
-    sources: Source | Sequence[Source],
-    out: str | Path,
-    *,
-    name: str,
-    version: str,
-    format: str = BundleFormat.SQLITE,
-    namespaces: list[str] | None = None,
-    environments: Sequence[EnvironmentInfo] | None = None,
-    format_version: int = 2,
-    sign: SigningKey | str | Path | None = None,
+    sources: Source | Sequence[Source], out: str | Path, **options: Unpack[ExportOptions]
 ) -> ExportReport:
     """Write the entries of `sources` to the bundle `out`; see the module docstring.
 
-    `version` is the application's version, recorded in the manifest; it is
-    required because warmenv's own version says nothing about the entries.
-    `format_version=1` writes a bundle that readers of format 1 (warmenv 0.1)
-    accept, without each entry's written_at and cost. `sign` (a `SigningKey`, or the
-    path of a private key file `warmenv keygen` wrote) signs the bundle.
+    `options` are the keywords of every export (`ExportOptions`): `name` and
+    `version` (the application's version, recorded in the manifest) are
+    required. `format_version=1` writes a bundle that readers of format 1
+    (warmenv 0.1) accept, without each entry's written_at and cost. `sign` (a
+    `SigningKey`, or the path of a private key file `warmenv keygen` wrote)
+    signs the bundle.
     """
-    async with exporting(
-        sources,
-        out,
-        name=name,
-        format=format,
-        namespaces=namespaces,
-        environments=environments,
-        version=version,
-        format_version=format_version,
-        sign=sign,
-    ) as progress:
+    refuse_unknown(options, "export_bundle", ExportOptions)
+    async with exporting(sources, out, **options) as progress:
         async for _ in progress:
             pass
     return progress.report
 
 
-@asynccontextmanager
-async def exporting(
-    sources: Source | Sequence[Source],
-    out: str | Path,
-    *,
-    name: str,
-    version: str,
-    format: str = BundleFormat.SQLITE,
-    namespaces: list[str] | None = None,
-    environments: Sequence[EnvironmentInfo] | None = None,
-    format_version: int = 2,
-    sign: SigningKey | str | Path | None = None,
-) -> AsyncIterator[ExportProgress]:
+def exporting(
+    sources: Source | Sequence[Source], out: str | Path, **options: Unpack[ExportOptions]
+) -> AbstractAsyncContextManager[ExportProgress]:
     """`async with exporting(...) as progress: async for event in progress:` runs the export.
 
     The export advances as the events are consumed. Leaving the block without
@@ -138,7 +111,26 @@ async def exporting(
     leaving it early (a `break`, an error, cancellation) publishes nothing:
     `out` is as it was, the staging file is removed, and `progress.report`
     raises `NotFinishedError`.
+
+    `options` are `ExportOptions`; this is where their defaults apply. An
+    unknown keyword, or a missing `name` or `version`, is `TypeError` here,
+    at the call; their values are checked as the block is entered.
     """
+    refuse_unknown(options, "exporting", ExportOptions)
+    return _exporting(sources, out, options)
+
+
+@asynccontextmanager
+async def _exporting(
+    sources: Source | Sequence[Source], out: str | Path, options: ExportOptions
+) -> AsyncIterator[ExportProgress]:
+    name = options["name"]
+    version: str | None = options["version"]
+    format = options.get("format", BundleFormat.SQLITE)
+    namespaces = options.get("namespaces")
+    environments = options.get("environments")
+    format_version = options.get("format_version", 2)
+    sign = options.get("sign")
     try:
         bundle_format = BundleFormat(format)
     except ValueError:

@@ -1,4 +1,4 @@
-"""The options of an import, written once: every way of importing takes these.
+"""The options of an import and of an export, each written once: every face takes them.
 
 `import_bundle`, `importing` and `warm_up`, and their blocking forms in
 `warmenv.blocking`, each take `**options: Unpack[ImportOptions]` and pass
@@ -12,23 +12,38 @@ error would otherwise surface only in its log), and `check_options` checks
 their values there too, with the source and the environment: one
 `TypeError`/`ValueError` line at the call for `version=1.0` or
 `namespaces="app"`, never a failed background warm-up or a silent no-op.
+
+The export's options are `ExportOptions`, by the same rule: `export_bundle`,
+`exporting` and the blocking `export_bundle` take `**options:
+Unpack[ExportOptions]` and `exporting` alone reads them (its defaults);
+`refuse_unknown` refuses an unknown keyword, or a missing `name` or
+`version`, at the call.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping
-from typing import TypedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypedDict
 
 from warmenv._keys import PublicKey
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.download import DownloadOptions
-from warmenv.bundle.signing import Trust, TrustLike
+from warmenv.bundle.manifest import EnvironmentInfo
+from warmenv.bundle.signing import SigningKey, Trust, TrustLike
 from warmenv.environment import Environment
 from warmenv.persistence.namespace import check_version
 from warmenv.persistence.storage import check_batch_size
 
-__all__ = ["ImportOptions", "Validate", "check_options", "check_share", "refuse_unknown"]
+__all__ = [
+    "ExportOptions",
+    "ImportOptions",
+    "Validate",
+    "check_options",
+    "check_share",
+    "refuse_unknown",
+]
 
 Validate = Callable[[str, bytes, bytes], bool]
 """`validate(namespace, key, value)`: whether to import that entry."""
@@ -65,11 +80,50 @@ class ImportOptions(TypedDict, total=False):
     `SignatureError` before anything is written."""
 
 
-def refuse_unknown(options: Mapping[str, object], caller: str) -> None:
-    """Raise `TypeError` naming `caller` for a keyword `ImportOptions` does not list."""
-    unknown = sorted(options.keys() - ImportOptions.__optional_keys__)
+class _ExportRequired(TypedDict):
+    """The keywords every export needs (a base class because `Required[...]` is not
+    seen in a string annotation before Python 3.12)."""
+
+    name: str
+    """The bundle's name, recorded in its manifest (non-empty)."""
+    version: str
+    """The application's version, recorded in the manifest; required because
+    warmenv's own version says nothing about the entries."""
+
+
+class ExportOptions(_ExportRequired, total=False):
+    """The keywords of every export (`export_bundle`, `exporting`, and
+    `warmenv.blocking`'s): `name` and `version` are required, any other may be
+    left out, for the default named here."""
+
+    format: str
+    """`BundleFormat.SQLITE` (`"sqlite"`, the default) or `BundleFormat.FLAT` (`"flat"`)."""
+    namespaces: list[str] | None
+    """Export only the namespaces under these prefixes (`None`, the default: all)."""
+    environments: Sequence[EnvironmentInfo] | None
+    """The machines the entries are for, recorded in the manifest (`None`, the
+    default: this machine)."""
+    format_version: int
+    """2 (the default), or 1 for readers of format 1 (warmenv 0.1): without each
+    entry's written_at and cost."""
+    sign: SigningKey | str | Path | None
+    """Sign the bundle with this `SigningKey`, or the private key file `warmenv
+    keygen` wrote (`None`, the default: unsigned)."""
+
+
+def refuse_unknown(
+    options: Mapping[str, object],
+    caller: str,
+    accepted: Any = ImportOptions,  # ImportOptions or ExportOptions: mypy types no TypedDict class
+) -> None:
+    """Raise `TypeError` naming `caller` for a keyword `accepted` does not list, or
+    one it requires that is missing: what a written-out signature said at the call."""
+    unknown = sorted(options.keys() - accepted.__optional_keys__ - accepted.__required_keys__)
     if unknown:
         raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+    missing = sorted(accepted.__required_keys__ - options.keys())
+    if missing:
+        raise TypeError(f"{caller}() missing required keyword argument {missing[0]!r}")
 
 
 def check_options(
