@@ -44,6 +44,31 @@ def test_example_runs(code: str, tmp_path: Path) -> None:
     assert completed.returncode == 0, completed.stderr
 
 
+@pytest.mark.parametrize(
+    "code",
+    [e for e in EXAMPLES if "generate_key(" in e.values[0]],
+)
+def test_an_example_that_makes_a_key_runs_again_in_the_same_directory(
+    code: str, tmp_path: Path
+) -> None:
+    # A reader runs an example twice (after an edit, say); a key that exists must not stop it.
+    for run in ("first", "again"):
+        completed = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=tmp_path,
+            env={**os.environ, "WARMENV_ROOT": str(tmp_path / "root")},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert completed.returncode == 0, (run, completed.stderr)
+
+
+def test_the_signing_guide_makes_its_key_only_once() -> None:
+    guide = (ROOT / "docs" / "bundles.md").read_text()
+    assert "[ -e ci.key ] || warmenv keygen ci.key" in guide
+
+
 def test_every_example_passes_mypy_strict(tmp_path: Path) -> None:
     """Examples are code users copy: each one type-checks under `mypy --strict`."""
     from mypy import api
