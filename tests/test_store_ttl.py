@@ -13,6 +13,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -22,6 +23,7 @@ from warmenv.blocking import open_environment as open_blocking
 from warmenv.bundle import export_bundle, import_bundle
 from warmenv.persistence import CacheMode, Storage, Store
 from warmenv.persistence import storage as storage_module
+from warmenv.persistence.codec import JsonCodec
 
 pytestmark = pytest.mark.anyio
 
@@ -200,3 +202,57 @@ async def test_a_fetched_value_past_the_ttl_is_computed_by_each_host(
     # The shared copy is the first writer's still: a new host without a ttl gets it.
     async with open_environment("fleet", root=tmp_path / "d", remote=server.url) as d:
         assert await (await d.store(NS)).get("k") == 1
+
+
+@pytest.mark.parametrize("mode", list(CacheMode))
+async def test_the_deadlines_leave_memory_with_their_values(
+    storage: Storage, clock: Clock, mode: CacheMode
+) -> None:
+    bound = 4
+    filler: Store[str, int] = await Store.open(storage)
+    for i in range(50):
+        await filler.insert(f"stored{i}", i)
+    store: Store[str, int] = await Store.open(storage, mode=mode, max_entries=bound, ttl=HOUR)
+    compute = Computes()
+    for i in range(50):  # computed, read one by one, read many at once, then dropped
+        await store.get_or_compute(f"computed{i}", compute, i)
+        await store.get(f"stored{i}")
+        await store.get_many([f"stored{(i + 1) % 50}", f"stored{(i + 2) % 50}"])
+        await store.purge_key(f"computed{i}")
+        assert len(store._expiry) <= bound  # type: ignore[arg-type]  # bounded as the values are
+
+
+class ReplacedAfterFirstRead:
+    """A real storage whose row for `key` another writer replaces right after the first read."""
+
+    def __init__(self, inner: Storage, key: bytes, value: bytes) -> None:
+        self.inner, self.key, self.value, self.replaced = inner, key, value, False
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self.inner, name)
+        if name not in ("get", "get_many", "get_expecting_miss", "dated", "written"):
+            return found
+
+        async def read(*args: Any, **kwargs: Any) -> Any:
+            answer = await found(*args, **kwargs)
+            if not self.replaced:
+                self.replaced = True
+                await self.inner.replace(self.key, self.value)  # a new value, written now
+            return answer
+
+        return read
+
+
+@pytest.mark.parametrize("many", [False, True])
+async def test_a_value_is_judged_by_its_own_write_time_not_its_replacement_s(
+    storage: Storage, clock: Clock, many: bool
+) -> None:
+    await (await Store.open(storage)).insert("k", 1)
+    clock.now += 2 * HOUR  # 1 is expired when read; its replacement, 2, is not
+    encoded = JsonCodec().encode_key("k")
+    raced = ReplacedAfterFirstRead(storage, encoded, JsonCodec().encode_value(2))
+    store: Store[str, int] = await Store.open(cast(Storage, raced), ttl=HOUR)
+    first = (await store.get_many(["k"])).get("k") if many else await store.get("k")
+    assert raced.replaced
+    assert first is None  # the old value with the new time would have been a hit on 1
+    assert await store.get("k") == 2

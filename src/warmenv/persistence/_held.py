@@ -76,6 +76,7 @@ class Held(Generic[K, V]):
         "_values",
         "_warned",
         "codec",
+        "dropped",
         "hit",
         "hot",
         "json",
@@ -112,6 +113,8 @@ class Held(Generic[K, V]):
         # The hit path's one statistics step: append the key served (None: not counted).
         # Memos (a str key of a JSON store, else the encoded key): encoded at drain.
         self._hits: list[bytes | str] | None = None if counters is None else counters.hits
+        self.dropped: Callable[[bytes | str | None], None] | None = None
+        """Told each memo whose value leaves memory (None: every one), if set (`_ttl`)."""
         self.hit: Hit = self._hit_path()
         """The hit path (see `_hit_path`), made once for this store."""
 
@@ -295,6 +298,8 @@ class Held(Generic[K, V]):
             else:
                 self._values.pop(memo, None)
                 self.hot.drop(memo)
+            if self.dropped is not None:
+                self.dropped(memo)
 
     def forget_undecodable(self, encoded: bytes | None) -> None:
         """The storage no longer holds `encoded`'s undecodable value (None: any; purged)."""
@@ -320,6 +325,8 @@ class Held(Generic[K, V]):
             while len(lru) > self.limit:  # type: ignore[operator]
                 dropped, _ = lru.popitem(last=False)
                 self.hot.drop(dropped)
+                if self.dropped is not None:
+                    self.dropped(dropped)
 
     def remember(self, encoded: bytes, data: bytes) -> Any:
         """Hold the value `data` decodes to, in its held form; `ABSENT` (noted) if it does not."""
@@ -331,6 +338,8 @@ class Held(Generic[K, V]):
                 self._undecodable.add(encoded)
                 self._values.pop(memo, None)
                 self.hot.drop(memo)
+                if self.dropped is not None:
+                    self.dropped(memo)
                 warn, self._warned = not self._warned, True
             if warn:
                 # Silent, this looked like a cache that never hits: say why, once.

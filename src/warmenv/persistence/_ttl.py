@@ -12,10 +12,13 @@ to be fresh and is a miss.
 
 A store without a ttl never comes here: its hit path is `Held.hit` itself.
 A store with one binds `Expiry.fresh_hit` instead, which checks a deadline held
-beside each value (`written_at + ttl`, read from the storage with the value,
-`Storage.written`) before the shared hit path runs; a value past it is
-forgotten and the lookup goes to the storage, which judges its row the same
-way.
+beside each value (`written_at + ttl`, read from the storage in the one read
+of the value's row, `Storage.dated`, so a replace cannot pair one entry's
+value with another's time) before the shared hit path runs; a value past it
+is forgotten and the lookup goes to the storage, which judges its row the
+same way. A deadline lives exactly as long as its value is held: `Held`
+tells the expiry of every value that leaves memory (evicted, invalidated,
+purged), so the deadlines are bounded by `max_entries` as the values are.
 """
 
 from __future__ import annotations
@@ -62,6 +65,11 @@ class Expiry:
         # Keyed as the held values are (`Held.memo`); plain dict steps, atomic
         # under the GIL, as the blocking face's threads read it too.
         self._deadlines: dict[bytes | str, float] = {}
+        held.dropped = self.forget  # a value leaving memory takes its deadline along
+
+    def __len__(self) -> int:
+        """How many deadlines are held: at most as many as the values (`max_entries`)."""
+        return len(self._deadlines)
 
     def fresh_hit(
         self, key: Any, encoded: bool = False, found: Any = ABSENT, count: bool = True
@@ -97,12 +105,26 @@ class Expiry:
         else:
             self._deadlines.pop(memo, None)
 
-    async def fresh(self, storage: Storage, keys: Iterable[bytes]) -> dict[bytes, float]:
-        """The deadline of each of `keys` whose stored entry is fresh now; the others left out."""
-        written = await storage.written(keys)
-        now = wall_clock()
-        ttl = self.ttl
-        return {key: at + ttl for key, at in written.items() if at is not None and now - at <= ttl}
+    async def fresh(
+        self, storage: Storage, keys: Iterable[bytes]
+    ) -> dict[bytes, tuple[bytes, float]]:
+        """The value and deadline of each of `keys` whose stored entry is fresh now.
+
+        The others are left out. Value and write time come from one read of
+        each entry (`Storage.dated`).
+        """
+        found: dict[bytes, tuple[bytes, float]] = {}
+        for key, (data, at) in (await storage.dated(keys)).items():
+            deadline = self.deadline(at)
+            if deadline is not None:
+                found[key] = (data, deadline)
+        return found
+
+    def deadline(self, written_at: float | None) -> float | None:
+        """When an entry written at `written_at` expires, or None if it is not fresh now."""
+        if written_at is None or wall_clock() - written_at > self.ttl:
+            return None
+        return written_at + self.ttl
 
     def hold(self, memo: bytes | str, deadline: float) -> None:
         """The value under `memo`, read from the storage, is fresh until `deadline`."""

@@ -349,19 +349,23 @@ class Storage(Protocol):
         """The provenance of the entry under `key`, or `None` if there is none."""
         ...
 
-    async def written(self, keys: Iterable[bytes]) -> dict[bytes, float | None]:
-        """When each of `keys` was written here (unix seconds; `None`: unknown).
+    async def dated(self, keys: Iterable[bytes]) -> dict[bytes, tuple[bytes, float | None]]:
+        """Each of `keys` stored here: its value and write time (unix seconds; `None`: unknown).
 
-        Keys not stored are left out. What a store with a ttl reads beside the
-        values (`warmenv.persistence._ttl`); this default asks `info` per key,
-        and a backend answers in one read. A read that fails leaves keys out
-        (misses).
+        Keys not stored are left out. What a store with a ttl reads instead of
+        `get_many` (`warmenv.persistence._ttl`): the value and its time come
+        from one read of the entry, so a replace in between cannot pair the
+        new time with the old value. A backend answers in one read per row;
+        this default, for one that cannot, asks `info` then `get` per key and
+        keeps a value only if its provenance is unchanged after the read. A
+        read that fails leaves keys out (misses).
         """
-        found: dict[bytes, float | None] = {}
+        found: dict[bytes, tuple[bytes, float | None]] = {}
         for key in keys:
             info = await self.info(key)
-            if info is not None:
-                found[key] = info.written_at
+            value = None if info is None else await self.get(key)
+            if value is not None and await self.info(key) == info:
+                found[key] = (value, info.written_at)  # type: ignore[union-attr]
         return found
 
     async def touch(self, keys: Iterable[bytes]) -> int:

@@ -32,7 +32,6 @@ import sys
 import time
 from collections.abc import (
     AsyncGenerator,
-    AsyncIterator,
     Awaitable,
     Callable,
     Coroutine,
@@ -300,18 +299,20 @@ class Store(Generic[K, V]):
         if not pending:
             return found
         epoch = self._epoch
-        stored = await self._storage.get_many(dict.fromkeys(e for _, _, e in pending))
-        fresh = None if self._expiry is None else await self._expiry.fresh(self._storage, stored)
+        reading = dict.fromkeys(e for _, _, e in pending)
+        stored: dict[bytes, tuple[bytes, float | None]]
+        if self._expiry is None:
+            stored = {k: (v, None) for k, v in (await self._storage.get_many(reading)).items()}
+        else:
+            stored = dict(await self._expiry.fresh(self._storage, reading))
         for key, memo, encoded in pending:
-            data = stored.get(encoded)
-            if fresh is not None and data is not None:
-                data = self._admit(memo, fresh.get(encoded), data)
+            data, deadline = stored.get(encoded, (None, None))
             if data is None:
                 await explain_first_miss(self._storage.describe, self._storage.explain, encoded)
             current = held.lookup(memo)
             if current is ABSENT and epoch == self._epoch and data is not None:
                 # As in `get`: an insert or purge that overtook the read is newer.
-                current = held.remember(encoded, data)
+                current = self._remember(encoded, data, deadline)
             if current is ABSENT:
                 held.missed()
             else:
@@ -428,8 +429,6 @@ class Store(Generic[K, V]):
         self._epoch += 1
         memo = held.memo(encoded)
         held.forget_undecodable(encoded)
-        if self._expiry is not None:
-            self._expiry.forget(memo)
         try:
             held.forget(memo)
             return await self._storage.purge_key(encoded)
@@ -440,8 +439,6 @@ class Store(Generic[K, V]):
         """Forget everything here and delete the namespace from the storage."""
         self._epoch += 1
         self._held.forget_undecodable(None)
-        if self._expiry is not None:
-            self._expiry.forget(None)
         try:
             self._held.forget(None)
             return await self._storage.purge()
@@ -494,12 +491,12 @@ class Store(Generic[K, V]):
     # --- internals -------------------------------------------------------------
 
     async def _load(self) -> None:
-        held, limit = self._held, self._held.limit
+        held, limit, expiry = self._held, self._held.limit, self._expiry
+        if expiry is not None:
+            await self._load_fresh(expiry)
+            return
         rows = self._storage.scan()
         try:
-            if self._expiry is not None:
-                await self._load_fresh(rows)
-                return
             async for encoded, data in rows:
                 held.remember(encoded, data)
                 if limit is not None and len(held) >= limit:
@@ -508,33 +505,36 @@ class Store(Generic[K, V]):
             if isinstance(rows, AsyncGenerator):
                 await rows.aclose()
 
-    async def _load_fresh(self, rows: AsyncIterator[tuple[bytes, bytes]]) -> None:
-        """`_load` for a store with a ttl: only the entries still fresh, read in batches."""
-        held, limit, expiry = self._held, self._held.limit, self._expiry
-        assert expiry is not None
-        batch: dict[bytes, bytes] = {}
-        done = False
-        while not done:
-            batch.clear()
-            async for encoded, data in rows:
-                batch[encoded] = data
-                if len(batch) >= _LOAD_BATCH:
-                    break
-            else:
-                done = True
-            fresh = await expiry.fresh(self._storage, batch)
-            for encoded, data in batch.items():
-                if self._admit(held.memo(encoded), fresh.get(encoded), data) is not None:
-                    held.remember(encoded, data)
-                if limit is not None and len(held) >= limit:
-                    return
+    async def _load_fresh(self, expiry: Expiry) -> None:
+        """`_load` for a store with a ttl: only the entries still fresh.
 
-    def _admit(self, memo: bytes | str, deadline: float | None, data: bytes) -> bytes | None:
-        """`data`, read for `memo` with its ttl's `deadline` (None: expired), or None if expired."""
-        if deadline is None:
-            return None
-        self._expiry.hold(memo, deadline)  # type: ignore[union-attr]
-        return data
+        Each row's value and write time come from the one scan
+        (`scan_with_info`), as `Expiry.fresh` reads them for a lookup.
+        """
+        held, limit = self._held, self._held.limit
+        rows = self._storage.scan_with_info()
+        try:
+            async for encoded, data, info in rows:
+                deadline = expiry.deadline(info.written_at)
+                if deadline is not None:
+                    self._remember(encoded, data, deadline)
+                    if limit is not None and len(held) >= limit:
+                        break
+        finally:
+            if isinstance(rows, AsyncGenerator):
+                await rows.aclose()
+
+    def _remember(self, encoded: bytes, data: bytes, deadline: float | None) -> Any:
+        """`Held.remember`, and with a ttl the value's `deadline` once it is held."""
+        remembered = self._held.remember(encoded, data)
+        if deadline is not None and remembered is not ABSENT:
+            self._expiry.hold(self._held.memo(encoded), deadline)  # type: ignore[union-attr]
+        return remembered
+
+    async def _dated(self, encoded: bytes) -> tuple[bytes | None, float | None]:
+        """With a ttl, the value under `encoded` and its deadline if fresh, from one read."""
+        fresh = await self._expiry.fresh(self._storage, (encoded,))  # type: ignore[union-attr]
+        return fresh.get(encoded, (None, None))
 
     async def _read(self, encoded: bytes) -> Any:
         """Read one key through to the storage, sharing the read with concurrent askers."""
@@ -542,21 +542,21 @@ class Store(Generic[K, V]):
 
     async def _fetch(self, encoded: bytes) -> Any:
         epoch = self._epoch
-        if self._mode is CacheMode.EAGER and self._held.limit is None:
+        deadline = None
+        if self._expiry is not None:
+            data, deadline = await self._dated(encoded)
+        elif self._mode is CacheMode.EAGER and self._held.limit is None:
             # It loaded the namespace: a key it lacks is most likely not stored.
             data = await self._storage.get_expecting_miss(encoded)
         else:
             data = await self._storage.get(encoded)
-        if data is not None and self._expiry is not None:
-            fresh = await self._expiry.fresh(self._storage, (encoded,))
-            data = self._admit(self._held.memo(encoded), fresh.get(encoded), data)
         if data is None:
             await explain_first_miss(self._storage.describe, self._storage.explain, encoded)
         held = self._held.lookup(self._held.memo(encoded))
         if held is not ABSENT or epoch != self._epoch:
             # An insert or purge here overtook the read: it is newer than what was read.
             return held
-        return ABSENT if data is None else self._held.remember(encoded, data)
+        return ABSENT if data is None else self._remember(encoded, data, deadline)
 
     async def _fill(
         self, encoded: bytes, fn: Callable[..., Awaitable[V]], args: tuple[Any, ...]
@@ -570,11 +570,12 @@ class Store(Generic[K, V]):
         # Fleet-wide single flight: with a shared tier, one host computes the
         # key at a time and the others get its value (`Storage.lease`).
         async with self._storage.lease(encoded) as landed:
+            deadline = None
             if landed is not None and self._expiry is not None:
-                fresh = await self._expiry.fresh(self._storage, (encoded,))
-                landed = self._admit(self._held.memo(encoded), fresh.get(encoded), landed)
+                # Judged by the stored row, value and time read together.
+                landed, deadline = await self._dated(encoded)
             if landed is not None:
-                held = self._held.remember(encoded, landed)
+                held = self._remember(encoded, landed, deadline)
                 if held is not ABSENT:
                     return held, True
             start = time.perf_counter()
@@ -634,15 +635,10 @@ class Store(Generic[K, V]):
         past it: the rules keep it (local never replaces local), but the
         store's own rule says it is gone.
         """
-        if self._expiry is not None:
-            fresh = await self._expiry.fresh(self._storage, (encoded,))
-            if self._admit(memo, fresh.get(encoded), existing) is None:
-                return ABSENT
-        return self._held.remember(encoded, existing)
-
-
-_LOAD_BATCH = 1024
-"""Entries an EAGER store with a ttl reads before asking their write times (one query)."""
+        if self._expiry is None:
+            return self._held.remember(encoded, existing)
+        data, deadline = await self._dated(encoded)  # the kept row's value with its own time
+        return ABSENT if data is None else self._remember(encoded, data, deadline)
 
 
 def claim_memoized(memoized: str | None, name: str, storage: Storage) -> str:

@@ -237,9 +237,18 @@ class RemoteStorage(Storage):
         await self._tier.backfill.settle()
         return await self._local.info(key)
 
-    async def written(self, keys: Iterable[bytes]) -> dict[bytes, float | None]:
-        # A fetched value is recorded locally with its host's write time.
-        return await self._local.written(keys)
+    async def dated(self, keys: Iterable[bytes]) -> dict[bytes, tuple[bytes, float | None]]:
+        # The local rows first (the queued copies settled into them); a key not
+        # there is fetched, its value and its host's write time in one answer.
+        keys = [check_key(key) for key in keys]
+        await self._tier.backfill.settle()
+        found = await self._local.dated(keys)
+        for key in keys:
+            if key not in found:
+                fetched = await self._tier.fetch(self._namespace, key)
+                if fetched is not None:
+                    found[key] = (await self._record(key, fetched), fetched.written_at)
+        return found
 
     async def touch(self, keys: Iterable[bytes]) -> int:
         await self._tier.backfill.settle()

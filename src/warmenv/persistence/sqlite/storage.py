@@ -15,7 +15,7 @@ import sqlite3
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Protocol, TypeVar, final
+from typing import Any, Protocol, TypeVar, final
 
 from warmenv import _sqlite
 from warmenv.persistence import carried
@@ -191,14 +191,14 @@ class SqlStorage(Storage):
             return None
         return None if found is None else _entry_info(*found)
 
-    async def written(self, keys: Iterable[bytes]) -> dict[bytes, float | None]:
+    async def dated(self, keys: Iterable[bytes]) -> dict[bytes, tuple[bytes, float | None]]:
         wanted = [check_key(k) for k in keys]
         if not wanted:
             return {}
         try:
-            return await self._db.run(partial(_written, self._namespace, wanted, self._db.version))
+            return await self._db.run(partial(_dated, self._namespace, wanted, self._db.version))
         except sqlite3.Error as exc:
-            log.warning("reading write times in %s failed (misses): %s", self.describe(), exc)
+            log.warning("read of %s failed, treated as misses: %s", self.describe(), exc)
             return {}
 
     async def touch(self, keys: Iterable[bytes]) -> int:
@@ -332,36 +332,32 @@ class _Counter:
 
 
 def _get_many(namespace: str, keys: list[bytes], conn: sqlite3.Connection) -> dict[bytes, bytes]:
-    found: dict[bytes, bytes] = {}
-    for start in range(0, len(keys), _GET_MANY_CHUNK):
-        chunk = keys[start : start + _GET_MANY_CHUNK]
-        marks = ",".join("?" * len(chunk))
-        cursor = conn.execute(
-            f"SELECT key, value FROM entries WHERE namespace = ? AND key IN ({marks})",
-            (namespace, *chunk),
-        )
-        found.update((k, v) for k, v in cursor if isinstance(v, bytes))
-    return found
+    return {k: v for k, v in _rows(namespace, "value", keys, conn) if isinstance(v, bytes)}
 
 
-def _written(
+def _dated(
     namespace: str, keys: list[bytes], version: int, conn: sqlite3.Connection
-) -> dict[bytes, float | None]:
-    found: dict[bytes, float | None] = {}
+) -> dict[bytes, tuple[bytes, float | None]]:
+    # Value and write time from the one row each: a replace cannot fall between them.
     column = "written_at" if version >= 2 else "NULL"  # a version-1 file records none
+    return {
+        k: (v, float(at) if isinstance(at, int | float) else None)
+        for k, v, at in _rows(namespace, f"value, {column}", keys, conn)
+        if isinstance(v, bytes)
+    }
+
+
+def _rows(
+    namespace: str, columns: str, keys: list[bytes], conn: sqlite3.Connection
+) -> Iterator[tuple[Any, ...]]:
+    """`(key, *columns)` of those `keys` stored in `namespace`, read in chunks of bound keys."""
     for start in range(0, len(keys), _GET_MANY_CHUNK):
         chunk = keys[start : start + _GET_MANY_CHUNK]
         marks = ",".join("?" * len(chunk))
-        cursor = conn.execute(
-            f"SELECT key, {column} FROM entries WHERE namespace = ? AND key IN ({marks})",
+        yield from conn.execute(
+            f"SELECT key, {columns} FROM entries WHERE namespace = ? AND key IN ({marks})",
             (namespace, *chunk),
         )
-        found.update(
-            (k, float(at) if isinstance(at, int | float) else None)
-            for k, at in cursor
-            if isinstance(k, bytes)
-        )
-    return found
 
 
 def _insert(
