@@ -169,3 +169,21 @@ async def test_a_crash_loses_nothing_the_caller_was_promised(
         store = await env.store(NS, BytesCodec())
         for key in keys:
             assert await store.get_or_compute(key, never) == b"v-" + key
+
+
+async def test_closing_the_environment_itself_writes_every_fetched_value_first(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    """`env.close()` inside the block: what is queued is written before the database closes."""
+    keys = [b"k%04d" % i for i in range(100)]
+    async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
+        storage = env.storage(NS)
+        assert isinstance(storage, RemoteStorage) and env.remote is not None
+        backfill = env.remote.backfill
+        for key in keys:
+            await backfill.put(storage.local, key, (key, b"v-" + key, None, None))
+        assert len(backfill) == len(keys)  # all still queued as the close begins
+        await env.close()
+        assert backfill.failed == 0
+        path = env.path
+    assert _local_rows(path) == {key: int(Origin.REMOTE) for key in keys}

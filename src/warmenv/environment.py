@@ -454,12 +454,15 @@ class Environment:
     async def close(self) -> None:
         """Close the database; the environment and its storages are unusable after.
 
-        With `max_bytes`, entries past the bound are evicted first.
+        Values fetched from the shared tier and still queued for the local file
+        are written first. With `max_bytes`, entries past the bound are evicted first.
         """
         if self._closed:
             return
         await self._stop_background()
         with anyio.CancelScope(shield=True):
+            if self._remote is not None:  # fetched values queued for this file: written first
+                await self._remote.backfill.flush()
             await self._recorder.flush()
         if self.max_bytes is not None and not self.read_only:
             with anyio.CancelScope(shield=True):
