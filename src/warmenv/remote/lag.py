@@ -10,9 +10,13 @@ seen running late. While a bounded call is in flight a ticker asks to be woken
 every `TICK`; a wake-up that comes later than asked adds its lateness to the
 lag, and one a tick or more late adds the whole interval (the loop was busy
 throughout, as far as can be told: a burst of our own calls, or threads
-holding the GIL). A call's deadline falls due once the server has had `timeout` seconds
-of a loop that was ready to read its answer, however long that took in wall
-time.
+holding the GIL). The first tick after the ticker was idle is measured from
+when a deadline asked to wake it: a ticker that resumes late was kept waiting
+by the same busy loop, and that wait is lateness too (left uncounted, a
+starved host spent its whole timeout before the first tick and called a
+healthy Redis an outage: tests/test_fleet_load.py under load). A call's
+deadline falls due once the server has had `timeout` seconds of a loop that
+was ready to read its answer, however long that took in wall time.
 
 The price: on a starved loop an outage (a server that does not answer) is
 noticed later in wall time, by the factor the loop is starved; a refused or
@@ -49,6 +53,10 @@ class LoopClock:
     _due: dict[anyio.CancelScope, float] = attrs.field(init=False, factory=dict)
     _wake: anyio.Event = attrs.field(init=False, factory=anyio.Event)
     _ticking: bool = attrs.field(init=False, default=False)
+    _asleep: bool = attrs.field(init=False, default=True)
+    """Whether the ticker is idle (or not started): the next deadline wakes it."""
+    _woken_at: float = attrs.field(init=False, default=0.0)
+    """When the idle ticker was last asked to wake: its first tick is measured from then."""
 
     @property
     def lag(self) -> float:
@@ -67,6 +75,9 @@ class LoopClock:
         """
         scope = anyio.CancelScope()
         self._due[scope] = self.now() + seconds
+        if self._asleep:
+            self._asleep = False
+            self._woken_at = time.monotonic()
         if not self._ticking:
             self._ticking = True
             self._tasks.start_soon(self._tick)
@@ -78,12 +89,14 @@ class LoopClock:
             del self._due[scope]
 
     async def _tick(self) -> None:
+        asked = self._woken_at
         while True:
             if not self._due:
                 # Idle: nothing to measure, and no wake-ups while nothing is in flight.
+                self._asleep = True
                 self._wake = anyio.Event()
                 await self._wake.wait()
-            asked = time.monotonic()
+                asked = self._woken_at
             await anyio.sleep(TICK)
             took = time.monotonic() - asked
             if took >= 2 * TICK:
@@ -96,3 +109,4 @@ class LoopClock:
             for scope, due in list(self._due.items()):
                 if now >= due:
                     scope.cancel()
+            asked = time.monotonic()
