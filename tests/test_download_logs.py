@@ -12,11 +12,14 @@ a handler would format it.
 from __future__ import annotations
 
 import logging
+import re
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers import one_trial
 from test_download import BundleServer
@@ -24,6 +27,7 @@ from test_download_hostile import Behaviour, HostileServer, hostile, not_found  
 from test_signing import http_server  # noqa: F401 (a fixture, used by name)
 from warmenv import Environment
 from warmenv.bundle import DownloadError, DownloadOptions, export_bundle, import_bundle, preflight
+from warmenv.bundle._http_logs import _FILTER, _REQUEST_LINE
 
 pytestmark = pytest.mark.anyio
 
@@ -125,4 +129,94 @@ async def test_a_failed_download_logs_no_secret(
             await import_bundle(url, cold_env, download=DownloadOptions(retries=0))
         assert _leaks([str(raised.value)]) == []
         assert any("HTTP Request: GET" in line for line in records), records
+        assert _leaks(records) == []
+
+
+def _filtered(record: logging.LogRecord) -> str:
+    """`record` as a handler formats it, after the filter on httpx's and httpcore's loggers."""
+    assert _FILTER.filter(record)
+    return logging.Formatter("%(name)s %(message)s").format(record)
+
+
+# A secret as it may be written in a URL: quotes, parentheses, brackets, `%` escapes, spaces,
+# separators, unicode; marked at both ends, so that a leak of any of its pieces shows. Not a
+# raw `&` or `=`: in a query they make a new item's name, which `redact` shows by design.
+_MARK = "S3CR3T"
+_secret = (
+    st.lists(
+        st.sampled_from(
+            [*"aZ09-._~()[]{}'\"<>%;,!*$+ /?#@:\\", "%20", "%26", "%3D", "é", "☃", "\t"]
+        ),
+        max_size=12,
+    )
+    .map("".join)
+    .map(lambda s: f"{_MARK}{s}{_MARK}")
+)
+_urls = st.builds(
+    lambda scheme, user, query, fragment, where: {
+        "user": f"{scheme}://u:{user}@host:8000/b.bundle?token=x",
+        "value": f"{scheme}://host/b.bundle?sig={query}&X-Amz-Signature={query}",
+        "item": f"{scheme}://host/b.bundle?a=1&{query}",
+        "fragment": f"{scheme}://host/b.bundle?a=1#{fragment}",
+        "all": f"{scheme}://{user}@host/b?t={query}#{fragment}",
+    }[where],
+    st.sampled_from(["http", "https", "HTTPS", "redis"]),
+    _secret,
+    _secret,
+    _secret,
+    st.sampled_from(["user", "value", "item", "fragment", "all"]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(url=_urls)
+def test_httpx_request_line_never_shows_a_secret_of_its_url(url: str) -> None:
+    """The URL argument of httpx's INFO line (an `httpx.URL`, which httpx could parse and send)
+    is redacted as the URL it is, whatever its query and fragment hold."""
+    import httpx
+
+    try:
+        sent = httpx.URL(url)
+    except httpx.InvalidURL:
+        return  # never sent, never logged
+    names = [item.partition("=")[0] for item in sent.query.decode().split("&")]
+    if _MARK.lower() in sent.host or _MARK in f"{sent.path}{names}":
+        return  # what httpx reads as the host, the path or a query's name (`u:pw/x@h`): shown
+    args = ("GET", sent, "HTTP/1.1", 302, "Found")
+    line = _filtered(
+        logging.LogRecord("httpx", logging.INFO, __file__, 1, _REQUEST_LINE, args, None)
+    )
+    assert _MARK not in line
+    assert line.startswith("httpx HTTP Request: GET ")
+    assert line.endswith(' "HTTP/1.1 302 Found"')
+
+
+@settings(max_examples=300, deadline=None)
+@given(url=_urls, quote=st.sampled_from(["", "'", '"', "(", "<", "[b'"]))
+def test_a_url_in_free_text_never_shows_a_secret(url: str, quote: str) -> None:
+    """A URL in any other line of httpx or httpcore (an exception's message, a header's look-alike
+    after it): its user information, query and fragment are hidden, wherever it seems to end."""
+    if re.search(r"\s", url.partition("@")[0]):
+        return  # a space before a user information's end: text cannot say that it is one
+    message = f"connect.failed exception=Error({quote}{url}{quote[::-1]}) (b'Set-Cookie', b'a') z"
+    record = logging.LogRecord(
+        "httpcore.connection", logging.DEBUG, __file__, 1, message, None, None
+    )
+    assert _MARK not in _filtered(record)
+
+
+async def test_a_redirect_with_parentheses_and_quotes_in_its_query_logs_no_secret(
+    records: list[str],
+    cold_env: Environment,
+    hostile: Callable[[Behaviour], HostileServer],  # noqa: F811
+) -> None:
+    """Characters legal in a query that text takes for a URL's end (a parenthesis, a quote, a
+    bracket) and a fragment of the given URL: no piece of a signature is logged after them."""
+    with one_trial(*_ROW):
+        location = "/b.flat?sig=TOKEN-2(x)&X-Amz-Signature=TOKEN-2'[y]\"&z=(TOKEN-2)"
+        first = hostile(_redirects({"/b.bundle": location}))
+        url = first.url().replace("http://", "http://user:PASS-1@") + "?t=(TOKEN-1)#fragTOKEN-1"
+        with pytest.raises(DownloadError):
+            await import_bundle(url, cold_env, download=DownloadOptions(retries=0))
+        assert any("HTTP Request: GET" in line and "/b.flat?" in line for line in records), records
         assert _leaks(records) == []

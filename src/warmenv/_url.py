@@ -26,6 +26,7 @@ __all__ = [
     "is_url",
     "redact",
     "redact_in",
+    "redact_urls_cut",
     "redact_urls_in",
 ]
 
@@ -34,7 +35,7 @@ _DATABASE: Final = re.compile(r"/[0-9]{1,9}")
 _SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-def redact(url: str) -> str:
+def redact(url: str, *, parsed: bool = False) -> str:
     """`url` fit to print: whatever could be a credential replaced by `***`.
 
     - The user information: `***@` (a user name may be a token), `:***@`
@@ -47,6 +48,11 @@ def redact(url: str) -> str:
       before the last `@` is hidden, since pieces of the password are there.
     - The host and port as given, not as parsed: a malformed port is what
       the reader must see.
+
+    `parsed` says `url` is one a client parsed and sent (httpx's request
+    line): its host part does end at the first `/`, `?` or `#`, so an `@`
+    after it is a query's or a fragment's (`?email=a@b`), not a password's
+    end, and what follows it is hidden with the rest of them.
     """
     try:
         parts = urlsplit(url)
@@ -56,7 +62,7 @@ def redact(url: str) -> str:
     if "@" in netloc:
         userinfo, _, hostport = netloc.rpartition("@")
         netloc = f"{':' if userinfo.startswith(':') else ''}***@{hostport}"
-    elif "@" in url:
+    elif "@" in url and not parsed:
         tail = url.rpartition("@")[2]
         return redact(f"{parts.scheme}://***@{tail}" if parts.scheme else f"//***@{tail}")
     query = "&".join(_redact_item(item) for item in parts.query.split("&")) if parts.query else ""
@@ -82,15 +88,53 @@ def redact_in(text: str, url: str) -> str:
     return text
 
 
-# A URL written inside other text: a scheme, then anything up to a space, a quote,
-# an angle bracket or a parenthesis (how logs and reprs end one).
-_URL_IN_TEXT: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()]*")
+# A URL written inside other text: a scheme, then its token, up to a space.
+_URL_IN_TEXT: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://(\S*)")
 
 
 def redact_urls_in(text: str) -> str:
     """`text` with every URL written in it (`scheme://...`, any scheme) redacted: for
-    text whose URLs nobody told us, as an HTTP client's log line naming a redirect's."""
-    return _URL_IN_TEXT.sub(lambda found: redact(found.group()), text)
+    text whose URLs nobody told us, as an HTTP client's debug line.
+
+    Text says neither where a URL ends nor where its query does: a quote, a
+    parenthesis, a bracket and (unencoded) a space are all legal in a query
+    or a fragment, so ending the URL at any of them let the rest of a
+    signature through. So the rule is conservative, not `redact`'s: the user
+    information (all before the last `@` of the token, or before the first `?` or `#`) is `***`, and from
+    the first `?` or `#` after the host to the end of the text all is `***`;
+    the scheme, host and path stay, what a reader debugs. Where the URL is
+    known (a structured log record's argument), use `redact` on it instead.
+    """
+    return redact_urls_cut(text)[0]
+
+
+def redact_urls_cut(text: str) -> tuple[str, bool]:
+    """`redact_urls_in(text)`, and whether a query or fragment hid the text's end.
+
+    A caller that redacts a line in pieces hides all the pieces after such
+    a one: what follows may still be the query's.
+    """
+    found = _URL_IN_TEXT.search(text)
+    if found is None:
+        return text, False
+    start = found.start(1)
+    # The user information ends at the token's last `@` (a password may hold `/`, `?`, `#`)
+    # or at the last `@` before a `?` or `#` (it may hold a space, and a `/` after it).
+    authority = re.split(r"[?#]", text[start:], maxsplit=1)[0]
+    ats = [piece.rfind("@") for piece in (found.group(1), authority)]
+    if re.search(r"[?#]", text[start : start + max(ats)]):  # a query's `@` as much as a password's
+        return f"{text[:start]}***", True
+    if max(ats) >= 0:
+        head, start = f"{text[:start]}***@", start + max(ats) + 1
+    else:
+        head = text[:start]
+    rest = text[start:]
+    cut = re.search(r"[?#]|\s", rest)
+    if cut is not None and cut.group() in "?#":
+        return f"{head}{rest[: cut.start()]}{cut.group()}***", True
+    end = cut.start() if cut is not None else len(rest)
+    tail, tail_cut = redact_urls_cut(rest[end:])
+    return f"{head}{rest[:end]}{tail}", tail_cut
 
 
 def _secrets(url: str) -> list[str]:

@@ -5,8 +5,11 @@ https://user:pw@host/b?token=...`), and httpcore, at DEBUG, every
 response's headers (a redirect's `Location` to a signed URL, a
 `Set-Cookie`). Both name URLs we were given or were redirected to, which
 carry credentials as often as not. So every logger of the two libraries
-gets one filter that rewrites a record before any handler sees it: each
-URL in it redacted by `warmenv._url.redact` (the one rule), and each
+gets one filter that rewrites a record before any handler sees it: the
+URL of httpx's request line, an argument of the record, redacted by
+`warmenv._url.redact` (the one rule); a URL in other text by
+`warmenv._url.redact_urls_in`, which cannot tell where a query ends and so
+hides all from its `?` or `#` to the end of the text; and each
 response header's value hidden unless it is one known to say nothing
 secret (its length, type, validators and the like); a `Location` is kept
 redacted, since where a download was sent is what a reader debugs.
@@ -22,7 +25,7 @@ import logging
 import re
 from typing import Final
 
-from warmenv._url import redact, redact_urls_in
+from warmenv._url import redact, redact_urls_cut
 
 __all__ = ["redact_client_logs"]
 
@@ -63,14 +66,58 @@ def _header(found: re.Match[str]) -> str:
 
 
 def redacted(text: str) -> str:
-    """A client's log line with its URLs redacted and its unknown header values hidden."""
-    return redact_urls_in(_HEADER.sub(_header, text))
+    """A client's log line with its URLs redacted and its unknown header values hidden.
+
+    A header's value is delimited by its repr's quotes, so a `Location` is
+    redacted as the URL it is; the text around the headers is free text,
+    redacted by `redact_urls_in`'s conservative rule, and once a query or a
+    fragment in it is cut, the rest of the line goes with it.
+    """
+    pieces, done = [], 0
+    for found in [*_HEADER.finditer(text), None]:
+        end = len(text) if found is None else found.start()
+        free, cut = redact_urls_cut(text[done:end])
+        pieces.append(free)
+        if cut:  # what follows may be the query's still, a header's look-alike included
+            return "".join(pieces)
+        if found is not None:
+            pieces.append(_header(found))
+            done = found.end()
+    return "".join(pieces)
+
+
+# httpx's line for every request (`httpx._client`, 0.27 to 0.29): the method, the URL as
+# sent (user information and fragment included), then the response's status line.
+_REQUEST_LINE: Final = 'HTTP Request: %s %s "%s %d %s"'
+
+
+def _request_args(record: logging.LogRecord) -> tuple[object, ...] | None:
+    """The args of httpx's request line with the URL redacted; `None` for any other record.
+
+    The URL is an argument, known exactly, so it gets `redact` whatever it
+    holds, rather than a scan of the formatted text that must guess where it ends.
+    """
+    args = record.args
+    if record.msg != _REQUEST_LINE or not isinstance(args, tuple) or len(args) != 5:
+        return None
+    method, url, version, status, reason = args
+    return (
+        redacted(str(method)),
+        redact(str(url), parsed=not isinstance(url, str)),  # an httpx.URL: parsed
+        redacted(str(version)),
+        status,
+        redacted(str(reason)),
+    )
 
 
 class _Redacting(logging.Filter):
     """Rewrites a record's message, redacted, before any handler formats it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        request = _request_args(record)
+        if request is not None:
+            record.args = request
+            return True
         try:
             message = record.getMessage()
         except Exception:  # a record that cannot be formatted: logging reports it as ever
