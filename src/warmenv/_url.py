@@ -100,8 +100,9 @@ def redact_urls_in(text: str) -> str:
     parenthesis, a bracket and (unencoded) a space are all legal in a query
     or a fragment, so ending the URL at any of them let the rest of a
     signature through. So the rule is conservative, not `redact`'s: the user
-    information (all before the last `@` of the token, or before the first `?` or `#`) is `***`, and from
-    the first `?` or `#` after the host to the end of the text all is `***`;
+    information (all before the last `@` of the token, or before the first
+    `?` or `#`) is `***`, and from the first `?` or `#` after the host to the
+    end of the text all is `***`;
     the scheme, host and path stay, what a reader debugs. Where the URL is
     known (a structured log record's argument), use `redact` on it instead.
     """
