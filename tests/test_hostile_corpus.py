@@ -2,7 +2,10 @@
 
 Each case either opens and imports exactly the entries it serves, or raises a
 BundleError subclass having written nothing. No case may take more than a
-second or allocate more than a few MiB beyond its own size.
+second of this process's CPU or allocate more than a few MiB beyond its own
+size. The bound is CPU time, not wall time: on a loaded 2-core machine a case
+of 0.1 s waited past 1 s for the cores (sqlite-flip, 1.37 s wall, trial 5,367);
+a case that waits instead of working is caught by the wall bound, HANG.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from warmenv.bundle import BundleError, BundleFormat, export_bundle, import_bund
 pytestmark = pytest.mark.anyio
 
 MIB = 1 << 20
+HANG = 30.0
+"""Wall seconds past which a case hangs, however loaded the machine."""
 
 
 async def _valid_bundles(tmp: Path) -> tuple[bytes, Path]:
@@ -65,7 +70,7 @@ async def check_case(case: Case, path: Path, env: Environment) -> str:
     name, data = case
     path.write_bytes(data)
     tracemalloc.start()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     try:
         report = await import_bundle(path, env)
     except BundleError:
@@ -76,9 +81,11 @@ async def check_case(case: Case, path: Path, env: Environment) -> str:
         outcome = "imported"
     finally:
         elapsed = time.perf_counter() - started
+        spent = time.process_time() - cpu
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-    assert elapsed < 1.0, f"{name} took {elapsed:.2f}s"
+    assert spent < 1.0, f"{name} took {spent:.2f}s of CPU ({elapsed:.2f}s wall)"
+    assert elapsed < HANG, f"{name} hung: {elapsed:.2f}s wall ({spent:.2f}s of CPU)"
     assert peak < len(data) + 4 * MIB, f"{name} allocated {peak / MIB:.1f} MiB"
     if outcome == "rejected":
         assert await env.namespaces() == [], f"{name}: a rejected bundle wrote entries"
@@ -126,12 +133,12 @@ async def test_a_sample_of_hostile_bundles_raises_only_bundle_errors(tmp: Path) 
 @pytest.mark.timeout(1200)
 async def test_the_whole_hostile_corpus(tmp: Path, anyio_backend: object) -> None:
     checked = "each rejected with a BundleError having written nothing, or imported whole; "
-    checked += "each under 1 s and 4 MiB beyond its size"
+    checked += "each under 1 s of CPU and 4 MiB beyond its size"
     with reliability_row(
         f"hostile bundles, both formats ({backend_label(anyio_backend)})", checked
     ) as row:
         total, rejected = await run_corpus(tmp, sample=None, row=row)
         row.checked = (
             f"{rejected} rejected with a BundleError and nothing written; {total - rejected} "
-            "still valid and imported whole; each under 1 s and 4 MiB beyond its size"
+            "still valid and imported whole; each under 1 s of CPU and 4 MiB beyond its size"
         )
