@@ -89,8 +89,8 @@ def test_a_bundle_name_that_is_not_utf8_is_bad_usage_before_any_work(
     assert completed.returncode == 2
     assert completed.stdout == b""  # no progress: refused before the export started
     assert (
-        completed.stderr == b"warmenv: error: --name H100 \\xff\\xfe is not valid UTF-8 text; "
-        b"spell it in UTF-8\n"
+        completed.stderr == b"warmenv: error: export: --name H100 \\xff\\xfe is not valid UTF-8 "
+        b"text; spell it in UTF-8 (see 'warmenv export --help')\n"
     )
     assert files_under(tmp_path) == before
 

@@ -9,6 +9,7 @@ left and figures right; and docs/cli.md documents every sub-command.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from pathlib import Path
 
@@ -176,3 +177,78 @@ def test_docs_cli_documents_every_sub_command() -> None:
 def test_docs_cli_documents_no_sub_command_that_does_not_exist() -> None:
     unknown = sorted(documented_commands() - subcommands().keys())
     assert not unknown, f"docs/cli.md documents {unknown}, which warmenv lacks"
+
+
+# --- shared options before the sub-command ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "before",
+    [["--json"], ["-q", "--json"], ["--env", "svc", "--json"], ["--debug", "--json"]],
+)
+def test_shared_options_before_the_sub_command_mean_what_they_mean_after_it(
+    before: list[str], root: Path
+) -> None:
+    ahead = warmenv(*before, "ls", *([] if "--env" in before else ["svc"]), root=root)
+    after = warmenv("ls", *([] if "--env" in before else ["svc"]), *before, root=root)
+    assert ahead.returncode == 0, ahead.stderr
+    assert (ahead.stdout, ahead.stderr) == (after.stdout, after.stderr)
+    assert '"environment": "svc"' in ahead.stdout
+
+
+def test_quiet_before_the_sub_command_quietens_it(root: Path) -> None:
+    completed = warmenv("-q", "ls", "svc", root=root)
+    assert (completed.returncode, completed.stdout, completed.stderr) == (0, "", "")
+
+
+def test_a_shared_option_before_is_not_undone_by_the_sub_commands_default(root: Path) -> None:
+    # The sub-command parser's defaults (json False, env None) must not overwrite them;
+    # given on both sides, the one after the sub-command wins, as a repeated option does.
+    assert (
+        '"environment": "other"'
+        in warmenv("--env", "svc", "ls", "--env", "other", "--json", root=root).stdout
+    )
+    assert '"environment": "svc"' in warmenv("--env", "svc", "--json", "ls", root=root).stdout
+
+
+def test_json_before_the_sub_command_makes_its_error_json(root: Path) -> None:
+    completed = warmenv("--json", "ls", "typo", root=root)
+    assert completed.returncode == 1, completed.stderr
+    assert json.loads(completed.stdout)["exit"] == 1
+    assert "no environment 'typo'" in completed.stderr
+
+
+# --- every usage mistake, wherever it is found, names its sub-command -------------
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "says"),
+    [
+        ("demo", ["--env", "x"], "takes no --env"),
+        ("demo", ["--remote", "redis://h"], "takes no --remote"),
+        ("ls", ["svc", "--env", "other"], "give one"),
+        ("ls", ["--namespace", ""], "--namespace"),
+        ("stats", ["--namespace", ""], "--namespace"),
+        ("explain", [""], "NAMESPACE must not be empty"),
+        ("export", ["out.bundle", "--name", " ", "--app-version", "1"], "--name"),
+        ("export", ["out.bundle", "--name", "n", "--app-version", "a/b"], "--app-version"),
+        ("import", ["x.bundle", "--namespace", ""], "--namespace"),
+        ("inspect", ["x.bundle", "--trust", "garbage"], "--trust"),
+        ("verify", ["x.bundle", "--trust", "garbage"], "--trust"),
+        ("check", ["x.bundle", "--app-version", ""], "--app-version"),
+        ("purge", ["--bundle", ""], "--bundle"),
+        ("purge", ["--env", "svc", "--namespace", "app"], "--yes"),
+        ("gc", ["--env", "svc"], "needs at least one of"),
+        ("vacuum", ["--wait", "-1"], "--wait"),
+        ("run", ["--cache", "foo", "--", "true"], "foo"),
+        ("run", ["--cache", "numba"], "name the command"),
+    ],
+)
+def test_a_usage_mistake_found_after_parsing_names_its_sub_command_and_help(
+    command: str, args: list[str], says: str, root: Path
+) -> None:
+    line = assert_one_error_line(warmenv(command, *args, root=root), 2)
+    assert line.startswith(f"warmenv: error: {command}: "), line
+    assert line.rstrip().endswith(f"(see 'warmenv {command} --help')"), line
+    assert f"{command}: {command}" not in line and f"{command}: warmenv {command}" not in line
+    assert says in line, line

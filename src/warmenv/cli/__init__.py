@@ -53,8 +53,8 @@ from warmenv.cli import (
     vacuum,
     verify,
 )
-from warmenv.cli._errors import Stopped, UsageError, conclude
-from warmenv.cli._options import ArgumentParser, shared_options, usage_line
+from warmenv.cli._errors import Stopped, UsageError, conclude, usage_line
+from warmenv.cli._options import ArgumentParser, shared_defaults, shared_options
 from warmenv.cli._output import Output
 
 __all__ = ["main"]
@@ -99,10 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="warmenv",
         description="Keep expensive start-up results warm, and ship them between machines.",
+        # Accepted before the sub-command too (`warmenv --json ls`), as a user writes them.
+        parents=[shared_options()],
     )
     parser.add_argument("--version", action="version", version=f"warmenv {__version__}")
     commands = parser.add_subparsers(
-        dest="command", metavar="COMMAND", required=True, help="what to do (see COMMAND --help)"
+        dest="subcommand", metavar="COMMAND", required=True, help="what to do (see COMMAND --help)"
     )
     for command in _COMMANDS:
         # A command's UNUSED_OPTIONS are shared options it accepts (or refuses with its
@@ -129,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with out.routing(), _signals_before_the_loop():
         try:
             args = _parse(arguments)
+            out.subcommand = args.subcommand
             out.subject = _subject(args)
             backend, options = _backend()
             _late_signals.clear()
@@ -181,12 +184,15 @@ def _parse(arguments: list[str]) -> argparse.Namespace:
     if extra:
         if getattr(args, "sources", None) is None or any(a.startswith("-") for a in extra):
             # Said by the sub-command's parser: its name and its --help, not warmenv's.
-            prog = f"{parser.prog} {args.command}" if getattr(args, "command", None) else None
             raise UsageError(
-                usage_line(prog or parser.prog, f"unrecognized arguments: {' '.join(extra)}")
+                usage_line(
+                    f"{parser.prog} {args.subcommand}",
+                    f"unrecognized arguments: {' '.join(extra)}",
+                ),
+                located=True,
             )
         args.sources = [*args.sources, *(Path(a) for a in extra)]
-    return args
+    return shared_defaults(args)
 
 
 def complete(parser: argparse.ArgumentParser) -> None:
@@ -208,8 +214,9 @@ def complete(parser: argparse.ArgumentParser) -> None:
 def _backend() -> tuple[str, dict[str, Any]]:
     name = os.environ.get("WARMENV_CLI_BACKEND", "asyncio")
     if name not in _BACKENDS:
-        raise UsageError(
-            f"WARMENV_CLI_BACKEND={name!r} is not one of {', '.join(_BACKENDS)}; unset it"
+        raise UsageError(  # about the environment, not the sub-command
+            f"WARMENV_CLI_BACKEND={name!r} is not one of {', '.join(_BACKENDS)}; unset it",
+            located=True,
         )
     if name != "asyncio":
         try:
@@ -217,7 +224,8 @@ def _backend() -> tuple[str, dict[str, Any]]:
         except ImportError:
             raise UsageError(
                 f"WARMENV_CLI_BACKEND={name!r} needs {name}, which is not installed; "
-                f"install it (pip install {name}) or unset the variable"
+                f"install it (pip install {name}) or unset the variable",
+                located=True,
             ) from None
     return _BACKENDS[name]
 

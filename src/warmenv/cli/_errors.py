@@ -25,7 +25,27 @@ if TYPE_CHECKING:
 
 
 class UsageError(Exception):
-    """The command line asked for something it cannot mean (exit status 2)."""
+    """The command line asked for something it cannot mean (exit status 2).
+
+    Raised anywhere with what was wrong; `conclude`, the one place a usage
+    mistake is said, names the sub-command and where its help is
+    (`usage_line`). `located`: the message already says them (argparse's own
+    errors), or is about no sub-command (WARMENV_CLI_BACKEND).
+    """
+
+    def __init__(self, message: str, *, located: bool = False) -> None:
+        super().__init__(message)
+        self.located = located
+
+
+def usage_line(prog: str, message: str) -> str:
+    """A usage mistake's line: the sub-command, what was wrong, where its help is.
+
+    `prog` is argparse's (`warmenv` or `warmenv export`); the line is printed
+    after `warmenv: error: `, so the program's name is not said again.
+    """
+    command = prog.removeprefix("warmenv").strip()
+    return f"{command + ': ' if command else ''}{message} (see '{prog} --help')"
 
 
 class Failure(Exception):
@@ -109,6 +129,8 @@ def conclude(out: Output, exc: BaseException, debug: bool) -> int:
             message = f"{message}; {out.when_interrupted}"
     elif isinstance(leaf, UsageError):
         status, message = 2, str(leaf)
+        if not leaf.located and out.subcommand:
+            message = usage_line(f"warmenv {out.subcommand}", message)
     elif isinstance(leaf, Failure):
         status, message, document = 1, str(leaf), leaf.document
     elif isinstance(leaf, WarmenvError | OSError | sqlite3.Error | UnicodeError):

@@ -19,7 +19,7 @@ from warmenv._keys import KEY_PREFIX, KeyFileError, PublicKey, read_key_file
 from warmenv._text import clean, has_control_characters, is_utf8
 from warmenv._url import is_url, redact
 from warmenv.cli._environments import environment_files
-from warmenv.cli._errors import UsageError
+from warmenv.cli._errors import UsageError, usage_line
 from warmenv.config import is_valid_name
 from warmenv.environment import active
 from warmenv.persistence.namespace import check_version
@@ -74,29 +74,35 @@ class ArgumentParser(argparse.ArgumentParser):
         # argparse quotes with repr(), which spells a byte that was not UTF-8
         # as \udcff; everything else the command prints says \xff.
         message = _SURROGATE_REPR.sub(lambda m: f"\\x{int(m[1], 16) - 0xDC00:02x}", message)
-        raise UsageError(usage_line(self.prog, message))
-
-
-def usage_line(prog: str, message: str) -> str:
-    """A usage mistake's line: the sub-command, what was wrong, where its help is.
-
-    `prog` is argparse's (`warmenv` or `warmenv export`); the line is printed
-    after `warmenv: error: `, so the program's name is not said again.
-    """
-    command = prog.removeprefix("warmenv").strip()
-    return f"{command + ': ' if command else ''}{message} (see '{prog} --help')"
+        raise UsageError(usage_line(self.prog, message), located=True)
 
 
 _SURROGATE_REPR = re.compile(r"\\u(dc[89a-f][0-9a-f])")
 
 
+# The shared options' values when not given. Every parser declares them with no
+# default (argparse.SUPPRESS), so that one given before the sub-command (`warmenv
+# --json ls`, kept by the main parser) is not overwritten by the sub-command
+# parser's default; `shared_defaults` fills in the ones given nowhere.
+_SHARED_DEFAULTS: dict[str, Any] = {
+    "env": None,
+    "root": None,
+    "json": False,
+    "debug": False,
+    "remote": None,
+    "quiet": False,
+}
+
+
 def shared_options(hidden: tuple[str, ...] = ()) -> argparse.ArgumentParser:
-    """`--env`, `--root`, `--remote`, `--json`, `--debug` and `--quiet`, after every sub-command.
+    """`--env`, `--root`, `--remote`, `--json`, `--debug` and `--quiet`, after every
+    sub-command or before it (`warmenv -q ls` is `warmenv ls -q`).
 
     `hidden`: options a sub-command accepts only to refuse them with its reason
-    (`demo --env`), so that its `--help` does not list them.
+    (`demo --env`), so that its `--help` does not list them. The parsed values
+    are complete only after `shared_defaults`.
     """
-    parent = ArgumentParser(add_help=False)
+    parent = ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
 
     def shown(text: str, option: str) -> str:
         return argparse.SUPPRESS if option in hidden else text
@@ -126,6 +132,14 @@ def shared_options(hidden: tuple[str, ...] = ()) -> argparse.ArgumentParser:
         help="print only warnings and errors (no progress, tables or summaries)",
     )
     return parent
+
+
+def shared_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with every shared option given nowhere set to its default."""
+    for dest, default in _SHARED_DEFAULTS.items():
+        if not hasattr(args, dest):
+            setattr(args, dest, default)
+    return args
 
 
 def add_namespace_option(parser: argparse.ArgumentParser) -> None:

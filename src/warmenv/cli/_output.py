@@ -80,6 +80,7 @@ class Output:
         # What to say on stderr if whoever read stdout stops reading (None: nothing).
         self.when_output_closed: Callable[[], str] | None = None
         self.subject: object = None  # the file the command works on, for errors without one
+        self.subcommand: str | None = None  # named by a usage error's line
         self._held: list[str] | None = None
 
     @contextmanager

@@ -223,9 +223,9 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     # Its two machines are environments of its own, on local files by design
     # (demo data never reaches a fleet's Redis): options naming others would be ignored.
     if args.remote is not None:
-        raise UsageError("warmenv demo takes no --remote: its two machines share a bundle file")
+        raise UsageError("takes no --remote: its two machines share a bundle file")
     if args.env is not None:
-        raise UsageError("warmenv demo takes no --env: it makes machine-a and machine-b")
+        raise UsageError("takes no --env: it makes machine-a and machine-b")
     if args.root is not None:
         return await _demo(args, out, Path(args.root))
     with tempfile.TemporaryDirectory(prefix="warmenv-demo-") as tmp:

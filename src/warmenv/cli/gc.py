@@ -89,7 +89,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         max_bytes = args.max_bytes if args.max_bytes is not None else configured
         if max_bytes is None and args.older_than is None and args.keep_versions is None:
             raise UsageError(
-                "gc needs at least one of --max-bytes SIZE, --older-than DAYS or "
+                "needs at least one of --max-bytes SIZE, --older-than DAYS or "
                 "--keep-versions N (or max_bytes in the configuration)"
             )
         before = await env.namespaces()

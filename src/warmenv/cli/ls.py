@@ -66,7 +66,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     if args.name is not None:
         if args.env is not None and args.env != args.name:
             raise UsageError(
-                f"ls: NAME {clean(args.name)!r} and --env {clean(args.env)!r} name two "
+                f"NAME {clean(args.name)!r} and --env {clean(args.env)!r} name two "
                 "environments; give one"
             )
         args.env = args.name

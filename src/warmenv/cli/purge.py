@@ -76,7 +76,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         if doomed and not args.yes:
             if not sys.stdin.isatty() or args.json:
                 raise UsageError(
-                    f"purge would delete {plural(entries, 'entry', 'entries')} from "
+                    f"would delete {plural(entries, 'entry', 'entries')} from "
                     f"{env.describe()}; "
                     "pass --yes to confirm"
                 )
@@ -128,7 +128,7 @@ async def _confirm(args: argparse.Namespace, out: Output, what: str, question: s
     if args.yes:
         return
     if not sys.stdin.isatty() or args.json:
-        raise UsageError(f"purge would delete {what}; pass --yes to confirm")
+        raise UsageError(f"would delete {what}; pass --yes to confirm")
     answer = await ask(out, question)
     if answer is None:  # Ctrl-D
         out.line("")
