@@ -252,3 +252,21 @@ def test_a_usage_mistake_found_after_parsing_names_its_sub_command_and_help(
     assert line.rstrip().endswith(f"(see 'warmenv {command} --help')"), line
     assert f"{command}: {command}" not in line and f"{command}: warmenv {command}" not in line
     assert says in line, line
+
+
+# --- export --app-version that no namespace carries --------------------------------
+
+
+def test_export_for_a_version_no_namespace_carries_warns_and_still_writes(
+    root: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "b.bundle"
+    args = ["export", str(out), "--env", "svc", "--name", "n", "-q"]
+    completed = warmenv(*args, "--app-version", "1.2", root=root)
+    assert completed.returncode == 0, completed.stderr
+    assert out.exists()
+    [line] = completed.stderr.splitlines()
+    assert "no exported namespace is for version '1.2'" in line and "'1'" in line, line
+    assert "--app-version 1 " in line + " ", line
+    matching = warmenv(*args, "--app-version", "1", root=root)
+    assert (matching.returncode, matching.stderr) == (0, "")

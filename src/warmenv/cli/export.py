@@ -18,6 +18,7 @@ from typing import Any
 from warmenv._text import clean, has_control_characters
 from warmenv.bundle import BundleFormat, ExportReport, Started, exporting
 from warmenv.bundle.base import FORMAT_VERSIONS
+from warmenv.bundle.preflight import of_version
 from warmenv.cli._environments import environment
 from warmenv.cli._errors import Failure, UsageError
 from warmenv.cli._format import as_json, plural, size
@@ -29,6 +30,7 @@ from warmenv.cli._options import (
     version_argument,
 )
 from warmenv.cli._output import Output, follow
+from warmenv.persistence.namespace import Namespace
 
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
@@ -111,6 +113,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
             f"left out {plural(report.left_out, 'row')} whose namespace is not UTF-8 text "
             "(another program wrote them; `warmenv ls` lists them)"
         )
+    _warn_if_of_no_namespace(out, report, version)
     if report.manifest.signature is not None:
         out.line(f"signed by {report.manifest.signature.key}")
     out.result(as_json(report))
@@ -149,6 +152,22 @@ async def _export(
         raise UsageError(clean(exc)) from None
     assert isinstance(report, ExportReport)
     return report
+
+
+def _warn_if_of_no_namespace(out: Output, report: ExportReport, version: str) -> None:
+    """Warn when no exported namespace is of `--app-version`: an import for that version
+    would take nothing. A warning, not a refusal: the bundle is whole, and an import
+    without a version (or with one of the versions it holds) takes it all."""
+    names = [s.namespace for s in report.namespaces]
+    same, other = of_version(names, version)
+    if other and not same:
+        held = sorted({Namespace.raw(n).version for n in other})
+        out.warning(
+            f"no exported namespace is for version {clean(version)!r} (they are of "
+            f"{', '.join(repr(clean(v)) for v in held)}): `warmenv check --app-version "
+            f"{clean(version)}` will say it will not hit; export with --app-version "
+            f"{clean(held[0])} to match"
+        )
 
 
 def _refuse_no_match(prefixes: list[str] | None, started: Started) -> None:
