@@ -39,7 +39,7 @@ from warmenv.persistence import (
     Store,
     Stored,
 )
-from warmenv.persistence.storage import may_replace
+from warmenv.persistence.storage import EntryInfo, may_replace
 from warmenv.remote import RemoteError, RemoteSettings, RemoteStatistics, RemoteStorage
 
 pytestmark = [
@@ -831,17 +831,16 @@ async def test_a_value_published_before_costs_were_carried_still_reads(
         assert env.remote is not None
         rkey = env.remote.redis_key(NS.full, b'"old"')
         await raw.set(rkey, _frame(rkey, b"warmenv1", b'"value"'))
-        before = time.time()
         assert await env.storage(NS).get(b'"old"') == b'"value"'
         info = await env.storage(NS).info(b'"old"')
         assert env.remote.statistics().hits == 1 and env.remote.statistics().rejected == 0
-    assert info is not None and info.origin == Origin.REMOTE and info.cost is None
-    assert info.written_at is not None and before <= info.written_at <= time.time()
+    # It carries no write time: recorded as unknown (a miss under a ttl), not as fetched now.
+    assert info == EntryInfo(Origin.REMOTE, None, None, None)
 
 
 NAN = float("nan")
 HOSTILE_CARRIED = {
-    # what the frame carries (written_at, cost) -> what is recorded (None: now, or unknown)
+    # what the frame carries (written_at, cost) -> what is recorded (None: unknown)
     "nan cost": ((1.0e9, NAN), (1.0e9, None)),
     "infinite cost": ((1.0e9, float("inf")), (1.0e9, None)),
     "negative cost": ((1.0e9, -5.0), (1.0e9, None)),
@@ -862,15 +861,12 @@ async def test_what_a_value_carries_is_believed_as_a_bundle_s_is(
         assert env.remote is not None
         rkey = env.remote.redis_key(NS.full, b'"k"')
         await raw.set(rkey, _frame(rkey, b"warmenv2", struct.pack("<dd", written_at, cost) + b"1"))
-        before = time.time()
         assert await env.storage(NS).get(b'"k"') == b"1"  # the value is used all the same
         info = await env.storage(NS).info(b'"k"')
     assert info is not None and info.origin == Origin.REMOTE
     assert info.cost == recorded_cost and str(info.cost) == str(recorded_cost)  # 0.0, not -0.0
-    if recorded_at is None:  # unknown or in the future: counted as written when fetched
-        assert info.written_at is not None and before <= info.written_at <= time.time()
-    else:
-        assert info.written_at == recorded_at
+    # Unknown or in the future: recorded as unknown, never as the time it was fetched.
+    assert info.written_at == recorded_at
 
 
 @pytest.mark.parametrize("length", [0, 1, 15])

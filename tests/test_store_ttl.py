@@ -21,7 +21,7 @@ from redis_server import RedisServer, tolerating_coredis_streams
 from warmenv import Namespace, open_environment
 from warmenv.blocking import open_environment as open_blocking
 from warmenv.bundle import export_bundle, import_bundle
-from warmenv.persistence import CacheMode, Storage, Store
+from warmenv.persistence import CacheMode, Purged, Storage, Store
 from warmenv.persistence import storage as storage_module
 from warmenv.persistence.codec import JsonCodec
 
@@ -256,3 +256,119 @@ async def test_a_value_is_judged_by_its_own_write_time_not_its_replacement_s(
     assert raced.replaced
     assert first is None  # the old value with the new time would have been a hit on 1
     assert await store.get("k") == 2
+
+
+# Only a write time warmenv can believe makes an entry fresh: one unknown, NaN,
+# infinite or after now is a miss under a ttl, whichever way the entry came.
+YEAR = 365 * 86400.0
+AHEAD = {"a year ahead": YEAR, "a minute ahead": 60.0}
+
+
+@pytest.mark.parametrize("ahead", list(AHEAD))
+@tolerating_coredis_streams
+async def test_a_fetched_value_written_by_a_clock_ahead_is_never_fresh(
+    tmp_path: Path, clock: Clock, server: RedisServer, ahead: str
+) -> None:
+    clock.now += AHEAD[ahead]  # host A's clock is ahead when it publishes
+    async with open_environment("fleet", root=tmp_path / "a", remote=server.url) as a:
+        await (await a.store(NS)).insert("k", 1)
+    clock.now -= AHEAD[ahead]
+    compute = Computes()
+    async with open_environment("fleet", root=tmp_path / "b", remote=server.url) as b:
+        store: Store[str, int] = await b.store(NS, ttl=HOUR)
+        assert await store.get("k") is None  # fetched, its time unbelievable: a miss
+        # Recorded here too, its time unknown, not the time it arrived.
+        assert await (await b.store(NS, ttl=HOUR)).get("k") is None
+        info = await b.storage(NS).info(JsonCodec().encode_key("k"))
+        assert info is not None and info.written_at is None
+        assert await store.get_or_compute("k", compute, 2) == 2
+        clock.now += 2 * HOUR
+        assert await store.get_or_compute("k", compute, 3) == 3  # its own deadline, not A's
+    assert compute.calls == 2
+    async with open_environment("fleet", root=tmp_path / "c", remote=server.url) as c:
+        assert await (await c.store(NS)).get("k") == 1  # without a ttl, the value is used
+
+
+UNBELIEVABLE_IN_FILE = {"in the future": time.time() + YEAR, "infinite": float("inf")}
+
+
+@pytest.mark.parametrize("case", list(UNBELIEVABLE_IN_FILE))
+async def test_a_row_of_the_file_dated_unbelievably_is_a_miss(
+    tmp_path: Path, clock: Clock, case: str
+) -> None:
+    async with open_environment(file=tmp_path / "app.db") as app:
+        await (await app.store(NS)).insert("k", 1)
+    with sqlite3.connect(tmp_path / "app.db") as conn:
+        conn.execute("UPDATE entries SET written_at = ?", (UNBELIEVABLE_IN_FILE[case],))
+    conn.close()
+    async with open_environment(file=tmp_path / "app.db") as app:
+        for mode in CacheMode:
+            assert await (await app.store(NS, mode=mode, ttl=HOUR)).get("k") is None
+        assert await (await app.store(NS)).get("k") == 1
+
+
+@pytest.mark.parametrize("format_version", [2, 1])
+@pytest.mark.parametrize("format", ["sqlite", "flat"])
+async def test_an_imported_entry_of_unbelievable_age_stays_a_miss(
+    tmp_path: Path, clock: Clock, format: str, format_version: int
+) -> None:
+    codec = JsonCodec()
+    async with open_environment(file=tmp_path / "ci.db") as ci:
+        ci_store: Store[str, int] = await ci.store(NS)
+        for value, key in enumerate(["unknown", "future", "old", "new"], 1):
+            await ci_store.insert(key, value)
+    with sqlite3.connect(tmp_path / "ci.db") as conn:
+        for key, at in [
+            ("unknown", None),
+            ("future", clock.now + YEAR),
+            ("old", clock.now - 86400),
+        ]:
+            conn.execute(
+                "UPDATE entries SET written_at = ? WHERE key = ?", (at, codec.encode_key(key))
+            )
+    conn.close()
+    bundle = tmp_path / "b.bundle"
+    await export_bundle(
+        tmp_path / "ci.db",
+        bundle,
+        name="ci",
+        version="1",
+        format=format,
+        format_version=format_version,
+    )
+    clock.now += 60  # imported a minute later
+    async with open_environment(file=tmp_path / "app.db") as app:
+        assert (await import_bundle(bundle, app)).imported == 4
+        fresh = {"new"} if format_version == 2 else set()  # format 1 carries no times
+        for mode in CacheMode:
+            store: Store[str, int] = await app.store(NS, mode=mode, ttl=HOUR)
+            found = await store.get_many(["unknown", "future", "old", "new"])
+            assert set(found) == fresh, mode
+        clock.now += 2 * HOUR  # nothing was re-dated to the import: "new" expires too
+        assert await (await app.store(NS, ttl=HOUR)).get_many(["new"]) == {}
+        everything = await (await app.store(NS)).get_many(["unknown", "future", "old", "new"])
+        assert everything == {"unknown": 1, "future": 2, "old": 3, "new": 4}  # no ttl: all kept
+        for key in ("unknown", "future"):
+            info = await app.storage(NS).info(codec.encode_key(key))
+            assert info is not None and info.written_at is None, key
+
+
+@pytest.mark.parametrize("format", ["sqlite", "flat"])
+async def test_gc_ages_an_imported_entry_of_unknown_age_from_its_import(
+    tmp_path: Path, clock: Clock, format: str
+) -> None:
+    async with open_environment(file=tmp_path / "ci.db") as ci:
+        await (await ci.store(NS)).insert("k", 1)
+    bundle = tmp_path / "b.bundle"
+    await export_bundle(
+        tmp_path / "ci.db", bundle, name="ci", version="1", format=format, format_version=1
+    )
+    clock.now += 30 * 86400  # a bundle carrying no write times, imported a month later
+    async with open_environment(file=tmp_path / "app.db") as app:
+        assert (await import_bundle(bundle, app)).imported == 1
+        assert await (await app.store(NS, ttl=HOUR)).get("k") is None  # unknown: no ttl hit
+        clock.now += HOUR
+        assert await app.gc(older_than=datetime.timedelta(days=1)) == Purged(0)  # kept
+        assert await (await app.store(NS)).get("k") == 1
+        clock.now += 2 * 86400  # now neither imported nor hit for more than a day
+        assert await app.gc(older_than=datetime.timedelta(days=1)) == Purged(1)

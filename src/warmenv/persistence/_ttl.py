@@ -4,11 +4,14 @@ The rule, once: an entry is fresh while its age, the wall clock
 (`storage.wall_clock`) minus its `written_at`, is at most `ttl` seconds; an
 older one is a miss, recomputed by `get_or_compute` and replaced. The age is
 the entry's, not this process's: an imported entry keeps the write time its
-bundle carries (the machine that computed it, never later than the import),
-a value fetched from the shared tier the time its host wrote it, so a bundle
-of day-old entries imported into a store with `ttl=3600` warms nothing. An
-entry whose write time is unknown (written before schema 2) cannot be shown
-to be fresh and is a miss.
+bundle carries (the machine that computed it), a value fetched from the
+shared tier the time its host wrote it, so a bundle of day-old entries
+imported into a store with `ttl=3600` warms nothing. An entry whose write
+time cannot be believed (unknown: written before schema 2, carried by a
+format-1 bundle, or NaN; or later than now, from any source) cannot be shown
+to be fresh and is a miss (`Expiry.deadline`, the one place this is judged;
+the storage records such a time from elsewhere as unknown, never as the
+time it arrived).
 
 A store without a ttl never comes here: its hit path is `Held.hit` itself.
 A store with one binds `Expiry.fresh_hit` instead, which checks a deadline held
@@ -121,8 +124,19 @@ class Expiry:
         return found
 
     def deadline(self, written_at: float | None) -> float | None:
-        """When an entry written at `written_at` expires, or None if it is not fresh now."""
-        if written_at is None or wall_clock() - written_at > self.ttl:
+        """When an entry written at `written_at` expires, or None if it is not fresh now.
+
+        The one place a write time is judged, whatever it came from (the
+        local file, a bundle, the shared tier, a lease's landed value): only
+        a time warmenv can believe makes an entry fresh. An unknown one, NaN,
+        an infinity, or one after now (a host whose clock is ahead, or a
+        value made to look new) is a miss: a deadline counted from a future
+        time would hold the value in memory for as long as its writer liked.
+        """
+        if written_at is None:
+            return None
+        now = wall_clock()
+        if not written_at <= now or now - written_at > self.ttl:  # `not <=`: NaN too
             return None
         return written_at + self.ttl
 

@@ -82,20 +82,24 @@ def believed_columns_sql(alias: str = "") -> str:
     )
 
 
-def as_of(written_at: float | None, now: float) -> float:
-    """When an imported entry counts as written: what it carries, never later than `now`.
+def as_of(written_at: float | None, now: float) -> float | None:
+    """When an entry that came from elsewhere counts as written: what it carries if
+    that is not later than `now`, else unknown (None).
 
-    A `written_at` in the future (a wrong clock, or a bundle made to look
-    newest so that `gc --keep-versions` keeps its version and evicts the live
-    one, and `--older-than` never ages it out) counts as written now, as an
-    unknown one does.
+    A `written_at` in the future (a wrong clock, or a bundle or shared value
+    made to look newest, so that a store's ttl serves it for as long as it
+    likes, `gc --keep-versions` keeps its version and evicts the live one, and
+    `--older-than` never ages it out) cannot be believed, so it is recorded
+    as unknown, as a missing or NaN one is. Unknown is never re-dated to
+    `now`: a ttl counts such an entry as a miss (`warmenv.persistence._ttl`),
+    and gc ages it as it ages every entry of unknown age.
     """
-    return now if written_at is None or written_at > now else written_at
+    return None if written_at is None or written_at > now else written_at
 
 
 def as_of_sql(believed: str, now: float) -> str:
-    """`as_of` as an SQL expression over the believed `written_at` (SQL's min is NULL-safe here)."""
-    return f"coalesce(min({believed}, {now!r}), {now!r})"
+    """`as_of` as an SQL expression over the believed `written_at` (NULL where unknown)."""
+    return f"(CASE WHEN {believed} <= {now!r} THEN {believed} END)"
 
 
 def typed_sql(alias: str = "") -> str:

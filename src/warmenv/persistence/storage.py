@@ -303,8 +303,9 @@ class Storage(Protocol):
         `cost` is how many seconds computing `value` took, when known: hits on
         it then count as that much time saved. `written_at` is when a value
         that came from elsewhere (`REMOTE`) was first written, believed as a
-        bundle's is (`warmenv.persistence.carried`): unknown, out of range or
-        later than now counts as now, as `None` does.
+        bundle's is (`warmenv.persistence.carried`): `None`, out of range or
+        later than now is recorded as unknown (a miss for a store with a
+        ttl), never as now. A `LOCAL` value without one was written now.
         """
         ...
 

@@ -166,7 +166,7 @@ def _copy_provenance(alias: str, bundle: BundleRef | None, conn: sqlite3.Connect
     where believed (`carried`): a value out of range is unknown, as in a flat bundle."""
     now = wall_clock()
     columns = {name for name, _ in schema.entry_columns(conn, alias)}
-    written_at = repr(now)
+    written_at = "NULL"  # a source that records no write times: each is unknown
     if "written_at" in columns:
         believed = carried.believed_sql("b.written_at", carried.WRITTEN_AT_LIMIT)
         written_at = carried.as_of_sql(believed, now)

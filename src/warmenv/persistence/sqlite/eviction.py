@@ -73,6 +73,19 @@ def _upgraded_at(conn: sqlite3.Connection) -> float:
         return 0.0
 
 
+_WRITTEN = (
+    "coalesce(written_at, (SELECT imported_at FROM bundles WHERE bundles.id = entries.bundle), ?)"
+)
+"""An entry's write time as gc ages it (one `?`: `_upgraded_at`).
+
+A write time that is unknown (NULL: from before schema 2, carried by no
+bundle, or not believed, `warmenv.persistence.carried`) stays unknown in the
+row, so a ttl never counts it fresh; gc ages such an entry from when it came
+here, where that is known (its bundle's import), else from the upgrade to
+schema 2 (0 if none): the oldest, for a fetched value the fleet still has.
+"""
+
+
 def gc(
     max_bytes: int | None,
     older_than: float | None,
@@ -82,7 +95,7 @@ def gc(
 ) -> int:
     def body(conn: sqlite3.Connection) -> int:
         upgraded_at = _upgraded_at(conn)
-        written = "coalesce(written_at, ?)"
+        written = _WRITTEN
         removed = 0
         if keep_versions is not None:
             removed += _keep_versions(keep_versions, upgraded_at, conn)
@@ -105,7 +118,7 @@ def _keep_versions(keep: int, upgraded_at: float, conn: sqlite3.Connection) -> i
     # wrote (not text, or text that is not UTF-8) is left alone, as purge leaves it.
     with schema.foreign_text(conn):
         rows = conn.execute(
-            "SELECT namespace, max(coalesce(written_at, ?)) FROM entries "
+            f"SELECT namespace, max({_WRITTEN}) FROM entries "
             "WHERE typeof(namespace) = 'text' AND namespace != '' GROUP BY namespace",
             (upgraded_at,),
         ).fetchall()
@@ -127,7 +140,7 @@ def _keep_versions(keep: int, upgraded_at: float, conn: sqlite3.Connection) -> i
 
 
 # The eviction order: never hit first, then least recently hit; oldest written first.
-_EVICTION_ORDER = "coalesce(last_hit, -1), coalesce(written_at, ?), rowid"
+_EVICTION_ORDER = f"coalesce(last_hit, -1), {_WRITTEN}, rowid"
 
 
 def _evict_to(max_bytes: int, upgraded_at: float, conn: sqlite3.Connection) -> int:
@@ -146,7 +159,7 @@ def _evict_to(max_bytes: int, upgraded_at: float, conn: sqlite3.Connection) -> i
     if excess <= 0:
         return 0
     cutoff = conn.execute(
-        f"SELECT h, w, r FROM (SELECT coalesce(last_hit, -1) AS h, coalesce(written_at, ?) AS w, "
+        f"SELECT h, w, r FROM (SELECT coalesce(last_hit, -1) AS h, {_WRITTEN} AS w, "
         f"rowid AS r, sum(length(key) + length(value)) OVER (ORDER BY {_EVICTION_ORDER} "
         "ROWS UNBOUNDED PRECEDING) AS run FROM entries) WHERE run >= ? LIMIT 1",
         (upgraded_at, upgraded_at, excess),

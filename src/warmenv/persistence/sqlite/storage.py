@@ -375,7 +375,11 @@ def _insert(
         ).fetchone()
         if row is not None and not may_replace(row[1], origin):
             return Conflict(bytes(row[0]))
-        written = _written_as_believed(written_at, wall_clock())
+        now = wall_clock()
+        if written_at is None and origin == Origin.LOCAL:
+            written: float | None = now  # written here, now
+        else:
+            written = _written_as_believed(written_at, now)
         conn.execute(_REPLACE, (namespace, key, value, origin, written, cost))
         return Stored()
 
@@ -402,8 +406,9 @@ def _insert_fetched(
     return schema.transaction(conn, body)
 
 
-def _written_as_believed(written_at: float | None, now: float) -> float:
-    """When an entry that came from elsewhere was written, as believed (`carried`)."""
+def _written_as_believed(written_at: float | None, now: float) -> float | None:
+    """When an entry that came from elsewhere was written, as believed (`carried`);
+    None (unknown, stored NULL) for a time missing, out of range or after `now`."""
     return carried.as_of(carried.believed(written_at, carried.WRITTEN_AT_LIMIT), now)
 
 
