@@ -12,17 +12,19 @@ and scanned imports, every backend.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import pytest
+from test_download import BundleServer
 
 from warmenv import Namespace, open_environment
 from warmenv.blocking import export_bundle as export_blocking
 from warmenv.blocking import import_bundle as import_blocking
 from warmenv.blocking import open_environment as open_blocking
-from warmenv.bundle import import_bundle, importing
-from warmenv.bundle.events import Progress
+from warmenv.bundle import BundleStarted, Downloading, Verifying, import_bundle, importing
+from warmenv.bundle.events import BundleProgress, Progress
 from warmenv.persistence import Origin
 
 pytestmark = pytest.mark.anyio
@@ -50,6 +52,7 @@ class SlowCompute:
         self.started = anyio.Event()
         self.release = anyio.Event()
         self.cancelled = False
+        self.ended = anyio.Event()
         self.calls = 0
 
     async def __call__(self, key: str) -> str:
@@ -60,6 +63,8 @@ class SlowCompute:
         except anyio.get_cancelled_exc_class():
             self.cancelled = True
             raise
+        finally:
+            self.ended.set()
         return f"computed {key}"
 
 
@@ -91,6 +96,93 @@ async def test_a_waiting_get_or_compute_takes_the_value_an_import_lands_first(
         assert info is not None and info.origin is Origin.IMPORTED
         counts = (await env.statistics()).namespaces[0]
         assert counts.computes == 0
+
+
+@pytest.fixture
+def http() -> Iterator[BundleServer]:
+    httpd = BundleServer()
+    thread = threading.Thread(target=httpd.serve_forever, name="bundle-server", daemon=True)
+    thread.start()
+    try:
+        yield httpd
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=10)
+
+
+PHASES = {"before": None, "started": BundleStarted, "verifying": Verifying}
+
+
+@pytest.mark.parametrize("phase", [*PHASES, "downloading"])
+async def test_a_computation_started_before_the_first_batch_takes_the_imported_value(
+    bundle: Path, tmp_path: Path, phase: str, http: BundleServer
+) -> None:
+    """Before the import began, as it opened the bundle, while it checked the digest or
+    downloaded it: the import is in progress, so the run is watched all the same."""
+    source: str | Path = bundle
+    after: type | None = PHASES.get(phase)
+    if phase == "downloading":
+        source, after = http.put("/svc.bundle", bundle.read_bytes()), Downloading
+    async with open_environment(file=tmp_path / "svc.db") as env:
+        store = await env.store(NS)
+        compute = SlowCompute()
+        answers: list[str] = []
+
+        async def ask() -> None:
+            answers.append(await store.get_or_compute(LAST, compute, LAST))
+
+        async with anyio.create_task_group() as tasks:
+            if after is None:
+                tasks.start_soon(ask)
+                await compute.started.wait()
+            async with importing(source, env, batch_size=8) as progress:
+                events = aiter(progress)
+                if after is not None:
+                    while not isinstance(await anext(events), after):
+                        pass  # no batch has landed yet
+                    tasks.start_soon(ask)
+                    await compute.started.wait()
+                async for _ in events:
+                    pass
+                with anyio.fail_after(30):  # a bound, not a wait: it was cancelled, or never is
+                    await compute.ended.wait()  # the watcher's read after the last batch
+            compute.release.set()
+        assert answers == [f"imported {KEYS - 1}"]
+        assert compute.calls == 1 and compute.cancelled
+        info = await env.storage(NS).info(b'"%s"' % LAST.encode())
+        assert info is not None and info.origin is Origin.IMPORTED
+        assert progress.report.imported == KEYS
+
+
+async def test_a_computation_ending_as_the_batch_of_its_key_lands_takes_the_imported_value(
+    bundle: Path, tmp_path: Path
+) -> None:
+    """The batch holding the key has committed and the computation ends before the
+    read that would have found it: the imported value is still the one kept."""
+    async with open_environment(file=tmp_path / "svc.db") as env:
+        store = await env.store(NS)
+        compute = SlowCompute()
+        answers: list[str] = []
+
+        async def ask() -> None:
+            answers.append(await store.get_or_compute(LAST, compute, LAST))
+
+        async with importing(bundle, env, batch_size=8) as progress:
+            events = aiter(progress)
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(ask)
+                await compute.started.wait()
+                while True:
+                    event = await anext(events)
+                    if isinstance(event, BundleProgress) and event.entries_done == KEYS:
+                        break  # LAST has committed; the watcher has not read it yet
+                compute.release.set()
+            async for _ in events:
+                pass
+        assert answers == [f"imported {KEYS - 1}"]
+        info = await env.storage(NS).info(b'"%s"' % LAST.encode())
+        assert info is not None and info.origin is Origin.IMPORTED
 
 
 async def test_a_computation_that_ends_before_the_import_lands_its_key_wins(
@@ -164,7 +256,7 @@ def test_a_blocking_computation_finishes_and_its_caller_takes_the_imported_value
         assert env.store(NS).get(LAST) == f"imported {KEYS - 1}"
 
 
-async def test_without_an_import_running_a_computation_is_not_watched(
+async def test_once_an_import_has_ended_none_is_running(
     bundle: Path, tmp_path: Path
 ) -> None:
     async with open_environment(file=tmp_path / "svc.db") as env:

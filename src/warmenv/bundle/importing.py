@@ -244,6 +244,18 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
             self._stopped_at = time.perf_counter()
 
     async def _run(self) -> AsyncGenerator[ImportEvent, None]:
+        # Running from its first step (download and digest check included) to its
+        # end: the stores' computations read their keys after each batch it lands.
+        arrivals = self._env.arrivals
+        arrivals.begin()
+        try:
+            async with aclosing(self._steps()) as steps:
+                async for step in steps:
+                    yield step
+        finally:
+            arrivals.end()
+
+    async def _steps(self) -> AsyncGenerator[ImportEvent, None]:
         download = self._bundle
         if not isinstance(download, Download):
             async with aclosing(self._import(download)) as events:
@@ -306,17 +318,13 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
                 bundle, self._env, first, tally, self._batch_size, self._validate, signer
             )
         pace = Pace(self._share)
-        arrivals.begin()
-        try:
-            async with aclosing(batches):
-                async for namespace in batches:
-                    arrivals.landed()
-                    yield BundleProgress(
-                        namespace, tally.done, total_entries, tally.bytes_done, total_bytes
-                    )
-                    tally.paused += await pace.rest()
-        finally:
-            arrivals.end()
+        async with aclosing(batches):
+            async for namespace in batches:
+                arrivals.landed()
+                yield BundleProgress(
+                    namespace, tally.done, total_entries, tally.bytes_done, total_bytes
+                )
+                tally.paused += await pace.rest()
         report = tally.report(started_at, None, complete=True, signer=signer)
         self._report = report
         yield BundleFinished(report)

@@ -199,11 +199,13 @@ async def unless_imported(
     read. An exception of `fn` is raised as it is, not in a group.
     """
     found: list[Any] = []
+    read_after = [seen]  # the batch count before the last read the watcher finished
 
     async def watch(scope: anyio.CancelScope, seen: int) -> None:
         while True:
             seen = await arrivals.after(seen)
             held = await read()
+            read_after[0] = seen
             if held is not ABSENT:
                 found.append(held)
                 scope.cancel()
@@ -218,6 +220,11 @@ async def unless_imported(
         if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
             raise group.exceptions[0] from None  # fn's own, as without an import
         raise
+    if not found and arrivals.batches != read_after[0]:
+        # fn ended after a batch landed but before the watcher's read of it ended.
+        held = await read()
+        if held is not ABSENT:
+            found.append(held)
     if found:
         return True, found[0]
     return False, value

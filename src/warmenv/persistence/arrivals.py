@@ -26,7 +26,8 @@ class Arrivals:
     askers take the imported value and the computation is cancelled
     (`Store._fill`). Imports bulk-copy in SQL and see no keys, so each
     committed batch is announced (`landed`) and a computing run reads its
-    key again after each one. Nothing waits, and nothing is read, while no
+    key again after each one, whether it started before or during the
+    import (one may begin while it computes). Nothing is read while no
     import runs. One event loop's: imports and runs are its tasks.
     """
 

@@ -579,7 +579,8 @@ class Store(Generic[K, V]):
                 if held is not ABSENT:
                     return held, True
             start = time.perf_counter()
-            if arrivals is not None and arrivals.running:
+            if arrivals is not None:
+                # Watched whether or not an import runs now: one may start before it ends.
                 read = functools.partial(self._read, encoded)
                 was_imported, value = await unless_imported(read, fn, args, arrivals, seen)
                 if was_imported:
