@@ -17,8 +17,8 @@ from pathlib import Path
 
 import anyio
 import pytest
-from test_download import BundleServer
 
+from test_download import BundleServer
 from warmenv import Namespace, open_environment
 from warmenv.blocking import export_bundle as export_blocking
 from warmenv.blocking import import_bundle as import_blocking
@@ -256,9 +256,7 @@ def test_a_blocking_computation_finishes_and_its_caller_takes_the_imported_value
         assert env.store(NS).get(LAST) == f"imported {KEYS - 1}"
 
 
-async def test_once_an_import_has_ended_none_is_running(
-    bundle: Path, tmp_path: Path
-) -> None:
+async def test_once_an_import_has_ended_none_is_running(bundle: Path, tmp_path: Path) -> None:
     async with open_environment(file=tmp_path / "svc.db") as env:
         await import_bundle(bundle, env)
         arrivals = env.storage(NS).arrivals()
