@@ -9,6 +9,9 @@ The stride is the smallest power of two that keeps the fences under a budget
 of keys and of bytes (`_MAX_FENCES`, `_MAX_FENCE_BYTES`): a bundle of up to
 that many keys keeps every key, so its lookup is one `bisect` and one
 comparison, and a larger one keeps its memory bounded as the file grows.
+Long keys at fence positions double the stride again while they are read.
+The keys and values claimed must fit the data section: ranges that overlap
+would make a file of a few MiB claim (and every pass copy) hundreds.
 What an entry carries needs no check at open: a value out of range is read
 as unknown (`carried.unpack`), and the digest covers the bytes as they are.
 Format 2 is what export writes by default; format 1 (no carried bytes) is
@@ -454,7 +457,18 @@ class FlatBundle(BundleReader, Bundle):
         previous_ns = -1
         previous_key = b""
         words = self._words
-        self._stride = stride = _stride(len(words) // 5, sum(words[2::5]))
+        key_bytes = sum(words[2::5])
+        claimed = key_bytes + sum(words[4::5])
+        if claimed > size:
+            # A writer lays each key and value down once, so they fit the data section;
+            # ranges that overlap would let a small file claim (and make every pass
+            # over it copy) many times its size.
+            raise CorruptBundleError(
+                f"{self._source}: the entries claim {claimed:,} bytes of keys and values, "
+                f"the data section holds {size:,} (their ranges overlap)"
+            )
+        stride = _stride(len(words) // 5, key_bytes)
+        fence_bytes, fence_limit = 0, _MAX_FENCE_BYTES
         marks = self._first_marks()
         for position in range(len(words) // 5):
             if position % _FORGET_EVERY == 0:
@@ -479,9 +493,19 @@ class FlatBundle(BundleReader, Bundle):
             ranges[ns_id][1] = position + 1
             if (position - ranges[ns_id][0]) % stride == 0:
                 fences[ns_id].append(key)
+                fence_bytes += k_len
+                if fence_bytes > fence_limit:
+                    # The stride bounds the keys' bytes on average; long keys placed at
+                    # fence positions would still exceed the budget, so keep fewer. What
+                    # no stride can shed (each namespace's first key) may double before
+                    # the next try, so the tries stay few.
+                    stride, fence_bytes = _thin(fences, stride)
+                    over = fence_bytes > _MAX_FENCE_BYTES
+                    fence_limit = 2 * fence_bytes if over else _MAX_FENCE_BYTES
             counts[ns_id] += 1
             sizes[ns_id] += k_len + v_len
             previous_ns, previous_key = ns_id, key
+        self._stride = stride
         self._ranges = [(a, b) for a, b in ranges]
         self._fences = fences
         # One dict lookup per get: a namespace's index range and its fence keys.
@@ -499,6 +523,18 @@ def _stride(entries: int, key_bytes: int) -> int:
     while entries > _MAX_FENCES * stride or key_bytes > _MAX_FENCE_BYTES * stride:
         stride *= 2
     return stride
+
+
+def _thin(fences: list[list[bytes]], stride: int) -> tuple[int, int]:
+    """Double the stride while the fences' bytes are over budget and a namespace has
+    more than one: the new stride, and the bytes of the fences still kept."""
+    while True:
+        fence_bytes = sum(len(key) for keys in fences for key in keys)
+        if fence_bytes <= _MAX_FENCE_BYTES or all(len(keys) <= 1 for keys in fences):
+            return stride, fence_bytes
+        stride *= 2
+        for keys in fences:
+            del keys[1::2]  # the kept ones are at multiples of the new stride
 
 
 def map_file(path: Path) -> FlatBundle:
