@@ -289,6 +289,26 @@ async def test_a_fetched_value_written_by_a_clock_ahead_is_never_fresh(
         assert await (await c.store(NS)).get("k") == 1  # without a ttl, the value is used
 
 
+@tolerating_coredis_streams
+async def test_a_fetched_value_from_a_clock_a_second_ahead_is_fresh(
+    tmp_path: Path, clock: Clock, server: RedisServer
+) -> None:
+    """A fleet's clocks differ a little (`carried.CLOCK_SKEW`): that is no reason to recompute."""
+    clock.now += 1.0  # host A's clock is a second ahead when it publishes
+    async with open_environment("fleet", root=tmp_path / "a", remote=server.url) as a:
+        await (await a.store(NS)).insert("k", 1)
+    clock.now -= 1.0
+    compute = Computes()
+    async with open_environment("fleet", root=tmp_path / "b", remote=server.url) as b:
+        store: Store[str, int] = await b.store(NS, ttl=HOUR)
+        assert await store.get_or_compute("k", compute, 2) == 1
+        info = await b.storage(NS).info(JsonCodec().encode_key("k"))
+        assert info is not None and info.written_at == clock.now  # believed, as now
+        clock.now += 2 * HOUR
+        assert await store.get_or_compute("k", compute, 3) == 3  # and it expires
+    assert compute.calls == 1
+
+
 UNBELIEVABLE_IN_FILE = {"in the future": time.time() + YEAR, "infinite": float("inf")}
 
 

@@ -31,6 +31,7 @@ import math
 from collections.abc import Iterable
 from typing import Any, final
 
+from warmenv.persistence import carried
 from warmenv.persistence._held import ABSENT, Held
 from warmenv.persistence.storage import Storage, wall_clock
 
@@ -129,13 +130,16 @@ class Expiry:
         The one place a write time is judged, whatever it came from (the
         local file, a bundle, the shared tier, a lease's landed value): only
         a time warmenv can believe makes an entry fresh. An unknown one, NaN,
-        an infinity, or one after now (a host whose clock is ahead, or a
-        value made to look new) is a miss: a deadline counted from a future
-        time would hold the value in memory for as long as its writer liked.
+        an infinity, or one more than `carried.CLOCK_SKEW` after now (a wrong
+        clock, or a value made to look new) is a miss: a deadline counted from
+        a future time would hold the value in memory for as long as its
+        writer liked. A time less ahead than that is a fleet's clock
+        difference, counted as now.
         """
+        now = wall_clock()
+        written_at = carried.as_of(written_at, now)  # a little ahead is now (`CLOCK_SKEW`)
         if written_at is None:
             return None
-        now = wall_clock()
         if not written_at <= now or now - written_at > self.ttl:  # `not <=`: NaN too
             return None
         return written_at + self.ttl

@@ -20,6 +20,7 @@ __all__ = [
     "CarryingEntry",
     "UNKNOWN",
     "WRITTEN_AT_LIMIT",
+    "CLOCK_SKEW",
     "as_of",
     "as_of_sql",
     "believed",
@@ -82,24 +83,39 @@ def believed_columns_sql(alias: str = "") -> str:
     )
 
 
+CLOCK_SKEW = 5.0
+"""Seconds a write time may lie ahead of this host's clock and still be believed (as now).
+
+Hosts of a fleet synchronised by NTP differ by milliseconds: without this,
+every value a host a little ahead publishes would be of unknown age, so a
+miss for every store with a ttl on the others. Further ahead is not a clock
+difference but a wrong clock, or a value made to look new."""
+
+
 def as_of(written_at: float | None, now: float) -> float | None:
     """When an entry that came from elsewhere counts as written: what it carries if
-    that is not later than `now`, else unknown (None).
+    that is not later than `now`, `now` if it is at most `CLOCK_SKEW` later, else
+    unknown (None).
 
-    A `written_at` in the future (a wrong clock, or a bundle or shared value
-    made to look newest, so that a store's ttl serves it for as long as it
-    likes, `gc --keep-versions` keeps its version and evicts the live one, and
-    `--older-than` never ages it out) cannot be believed, so it is recorded
+    A `written_at` further in the future (a wrong clock, or a bundle or shared
+    value made to look newest, so that a store's ttl serves it for as long as
+    it likes, `gc --keep-versions` keeps its version and evicts the live one,
+    and `--older-than` never ages it out) cannot be believed, so it is recorded
     as unknown, as a missing or NaN one is. Unknown is never re-dated to
     `now`: a ttl counts such an entry as a miss (`warmenv.persistence._ttl`),
     and gc ages it as it ages every entry of unknown age.
     """
-    return None if written_at is None or written_at > now else written_at
+    if written_at is None or not written_at <= now + CLOCK_SKEW:  # `not <=`: NaN too
+        return None
+    return written_at if written_at <= now else now
 
 
 def as_of_sql(believed: str, now: float) -> str:
     """`as_of` as an SQL expression over the believed `written_at` (NULL where unknown)."""
-    return f"(CASE WHEN {believed} <= {now!r} THEN {believed} END)"
+    return (
+        f"(CASE WHEN {believed} <= {now!r} THEN {believed}"
+        f" WHEN {believed} <= {now + CLOCK_SKEW!r} THEN {now!r} END)"
+    )
 
 
 def typed_sql(alias: str = "") -> str:
