@@ -192,5 +192,5 @@ def test_a_namespace_without_a_version_is_refused() -> None:
         Namespace("myapp", "kernels")  # type: ignore[call-arg]
     with pytest.raises(TypeError, match=r"needs a version: pass your application's own"):
         Namespace("myapp", "kernels", None)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="non-empty version"):
+    with pytest.raises(ValueError, match=r"version of namespace 'myapp' must not be empty"):
         Namespace("myapp", "kernels", "")

@@ -328,16 +328,12 @@ def test_an_export_into_an_unwritable_directory_is_a_permission_error(
     from helpers import unprivileged_user
 
     source = shared_tmp / "env.db"
-    with sqlite3.connect(source) as conn:
-        conn.execute("CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
-        conn.execute(
-            "CREATE TABLE entries (namespace TEXT NOT NULL, key BLOB NOT NULL, "
-            "value BLOB NOT NULL, origin INTEGER NOT NULL, PRIMARY KEY (namespace, key))"
-        )
-        conn.execute(
-            "INSERT INTO entries (namespace, key, value, origin) VALUES ('a/1/b', X'01', X'02', 0)"
-        )
-    conn.close()
+
+    async def environment() -> None:  # a real one: export proves its source is ours
+        async with open_environment(file=source) as env:
+            await env.storage("a/1/b").insert(b"\x01", b"\x02")
+
+    anyio.run(environment)
     source.chmod(0o644)
     locked = shared_tmp / "locked"
     locked.mkdir(mode=0o755)
