@@ -32,7 +32,7 @@ from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.statistics import EnvironmentStatistics
 from warmenv.persistence.storage import Failed, NamespaceSummary, Purged
 from warmenv.persistence.store import CacheMode, Store
-from warmenv.remote import RemoteSettings, RemoteTier
+from warmenv.remote import RemoteTier
 
 __all__ = ["BlockingEnvironment", "open", "open_environment"]
 
@@ -52,44 +52,6 @@ class _Lifetime:
     """Whether the environment has been closed."""
 
     closed: bool = False
-
-
-def open(  # the package's name for it, as sqlite3's is connect
-    name: str | None = None,
-    *,
-    root: str | Path | None = None,
-    file: str | Path | None = None,
-    create: bool = True,
-    read_only: bool = False,
-    max_bytes: int | None = None,
-    remote: str | RemoteSettings | None = None,
-    statistics: bool = True,
-    lock_timeout: float | None = None,
-) -> BlockingEnvironment:
-    """Open an environment from synchronous code, without a `with` block.
-
-    Arguments as for `warmenv.open_environment`: `remote` names the fleet's
-    shared tier (`None`: the configured one; `""`: none), and with one,
-    `get_or_compute` runs one computation per key across the fleet. The
-    environment may be shared by any number of threads. It stays open until
-    `close()`, the end of a `with` block around it, its collection (the
-    last reference to it and its stores dropped), or interpreter exit,
-    whichever comes first, as a connection of the sqlite3 module does.
-    """
-    refuse_event_loop_thread("open()")
-    loop = shared_loop()
-    opening = _open_async(
-        name,
-        root=root,
-        file=file,
-        create=create,
-        read_only=read_only,
-        max_bytes=max_bytes,
-        remote=remote,
-        statistics=statistics,
-        lock_timeout=lock_timeout,
-    )
-    return BlockingEnvironment(loop.hold(opening), loop)
 
 
 def _parameters_of(
@@ -116,6 +78,24 @@ def _parameters_of(
         return checked
 
     return decorate
+
+
+@_parameters_of(_open_async)
+def open(*args: Any, **kwargs: Any) -> BlockingEnvironment:  # as sqlite3's is connect
+    """Open an environment from synchronous code, without a `with` block.
+
+    Its parameters are `warmenv.open_environment`'s (the one definition of
+    them): `remote` names the fleet's shared tier (`None`: the configured
+    one; `""`: none), and with one, `get_or_compute` runs one computation
+    per key across the fleet. The environment may be shared by any number
+    of threads. It stays open until `close()`, the end of a `with` block
+    around it, its collection (the last reference to it and its stores
+    dropped), or interpreter exit, whichever comes first, as a connection of
+    the sqlite3 module does.
+    """
+    refuse_event_loop_thread("open()")
+    loop = shared_loop()
+    return BlockingEnvironment(loop.hold(_open_async(*args, **kwargs)), loop)
 
 
 @_parameters_of(open)
