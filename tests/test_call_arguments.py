@@ -25,7 +25,14 @@ import warmenv.blocking
 from test_cli import warmenv as cli
 from test_cli_errors import assert_one_error_line
 from warmenv import Environment, Namespace, open_environment
-from warmenv.bundle import export_bundle, exporting, import_bundle, preflight, warm_up
+from warmenv.bundle import (
+    export_bundle,
+    exporting,
+    import_bundle,
+    importing,
+    preflight,
+    warm_up,
+)
 
 APP = Namespace("app", "kernels", version="1")
 
@@ -127,6 +134,30 @@ async def test_a_bad_import_option_is_refused_at_the_call(
             await call(bundle, env, **{option: value})
         assert await env.namespaces() == []
         assert (await env.statistics()).imports == []
+
+
+# Each with what the refusal says: an unknown keyword, then a value of the wrong type.
+BAD_IMPORTING_CALLS: list[tuple[dict[str, object], type[Exception], str]] = [
+    (
+        {"batchsize": 8},
+        TypeError,
+        r"^importing\(\) got an unexpected keyword argument 'batchsize'$",
+    ),
+    ({"version": 1.0}, TypeError, "version"),
+    ({"namespaces": "app"}, TypeError, r"pass \['app'\]"),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("options", "error", "says"), BAD_IMPORTING_CALLS, ids=repr)
+async def test_importing_refuses_a_bad_keyword_at_the_call_as_exporting_does(
+    options: dict[str, Any], error: type[Exception], says: str, bundle: Path, root: Path
+) -> None:
+    # Called, not entered: the context manager is never made (it refused on entry before).
+    async with open_environment("svc", root=root) as env:
+        with pytest.raises(error, match=says):
+            importing(bundle, env, **options)
+        assert await env.namespaces() == []
 
 
 @pytest.mark.anyio

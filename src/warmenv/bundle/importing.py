@@ -39,7 +39,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from contextlib import aclosing, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from pathlib import Path
 from typing import Unpack, final
 
@@ -95,10 +95,9 @@ async def import_bundle(
     return progress.report
 
 
-@asynccontextmanager
-async def importing(
+def importing(
     source: str | Path | Bundle, env: Environment, **options: Unpack[ImportOptions]
-) -> AsyncIterator[ImportProgress]:
+) -> AbstractAsyncContextManager[ImportProgress]:
     """`async with importing(...) as progress: async for event in progress:` runs the import.
 
     The import advances as the events are consumed. Leaving the block early
@@ -127,9 +126,19 @@ async def importing(
     connection included, which every storage call of the process shares).
     The pauses are in `report.paused`; 1 (the default) never pauses.
 
-    `options` are `ImportOptions`; this is where their defaults apply.
+    `options` are `ImportOptions`; this is where their defaults apply. They
+    are checked here, at the call, before the block is entered (as
+    `exporting` refuses its unknown keywords): an unknown keyword or a value
+    of the wrong kind is one `TypeError` or `ValueError` line.
     """
     given = check_options(source, env, options, "importing")
+    return _importing(source, env, options, given)
+
+
+@asynccontextmanager
+async def _importing(
+    source: str | Path | Bundle, env: Environment, options: ImportOptions, given: Trust | None
+) -> AsyncIterator[ImportProgress]:
     namespaces = options.get("namespaces")
     version = options.get("version")
     batch_size = options.get("batch_size", 1024)
