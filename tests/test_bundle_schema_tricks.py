@@ -7,6 +7,7 @@ encoding, an index with a collation, a default. A NOCASE namespace made
 `verify` say ok while `inspect` merged two namespaces and an import of one
 found nothing; each trick must be refused, as not a bundle, by verify, inspect
 and import alike, with one line naming what is wrong, and nothing imported.
+So must a bundle whose meta `schema_version` is not the format its tables are.
 """
 
 from __future__ import annotations
@@ -219,5 +220,100 @@ def test_the_cli_refuses_a_nocase_bundle_in_verify_inspect_and_import(tmp_path: 
         completed = warmenv(args[0], str(path), *args[1:], root=root)
         assert completed.returncode != 0, (args, completed.stdout)
         assert "table 'entries' is not as warmenv writes it" in completed.stderr, completed.stderr
+        assert len(completed.stderr.strip().splitlines()) == 1, completed.stderr
+    assert not list(root.glob("*.db"))
+
+
+# --- the format a bundle claims is the format its tables are ---------------------------------
+
+_VERSION = (
+    "SQLite bundle whose meta schema_version is not its tables' format: 1 on format 2's "
+    "tables, 2 on format 1's, missing, empty, unknown, not text, over 64 bytes "
+    "(asyncio, uvloop, trio)",
+    "NotABundleError naming the schema_version from verify, inspect and import; nothing written",
+)
+
+
+def _version(value: str) -> list[str]:
+    return [f"UPDATE meta SET v = {value} WHERE k = 'schema_version'"]
+
+
+# (case, the format exported, statements run on it, what the refusal names)
+VERSIONS: list[tuple[str, int, list[str], str]] = [
+    ("format 2 claiming 1", 2, _version("'1'"), "says format 1, but its tables are format 2's"),
+    ("format 1 claiming 2", 1, _version("'2'"), "says format 2, but its tables are format 1's"),
+    (
+        "missing",
+        2,
+        ["DELETE FROM meta WHERE k = 'schema_version'"],
+        "its meta table has no schema_version",
+    ),
+    ("empty", 2, _version("''"), "schema_version '' names no format"),
+    ("zero", 2, _version("'0'"), "schema_version '0' names no format"),
+    ("leading zero", 2, _version("'02'"), "schema_version '02' names no format"),
+    ("decimal", 2, _version("'2.0'"), "schema_version '2.0' names no format"),
+    ("spaced", 1, _version("' 1'"), "schema_version ' 1' names no format"),
+    ("negative", 1, _version("'-1'"), "schema_version '-1' names no format"),
+    ("a word", 2, _version("'two'"), "schema_version 'two' names no format"),
+    ("a blob", 2, _version("x'32'"), "schema_version is a blob, not text"),
+    ("control characters", 2, _version("'2' || char(27) || '[2J'"), r"'2\\x1b\[2J' names"),
+    (
+        "over 64 bytes",
+        2,
+        _version("'2' || printf('%.*c', 100, ' ')"),
+        "schema_version is over 64 bytes",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "format_version", "statements", "why"), VERSIONS, ids=[v[0] for v in VERSIONS]
+)
+@counted(*_VERSION)
+async def test_a_bundle_claiming_a_format_its_tables_are_not_is_refused_by_every_reader(
+    warm_env: Environment,
+    cold_env: Environment,
+    tmp_path: Path,
+    case: str,
+    format_version: int,
+    statements: list[str],
+    why: str,
+) -> None:
+    out = tmp_path / "real.bundle"
+    await export_bundle(
+        warm_env, out, name="real", version="1", format="sqlite", format_version=format_version
+    )
+    await assert_refused(rewritten(out, statements), why, cold_env)
+
+
+@pytest.mark.parametrize("format_version", [1, 2])
+async def test_a_bundle_claiming_its_own_format_is_read(
+    warm_env: Environment, cold_env: Environment, tmp_path: Path, format_version: int
+) -> None:
+    out = tmp_path / "real.bundle"
+    await export_bundle(
+        warm_env, out, name="real", version="1", format="sqlite", format_version=format_version
+    )
+    report = await import_bundle(out, cold_env)
+    assert report.imported > 0
+    assert await env_contents(cold_env) == await env_contents(warm_env)
+
+
+def test_the_cli_refuses_a_bundle_claiming_another_format_in_one_line(tmp_path: Path) -> None:
+    async def fill() -> None:
+        async with open_environment("one", root=tmp_path / "source") as source:
+            await source.storage("app/1/k").insert_many([(b"a", b"1")])
+
+    anyio.run(fill)
+    out = tmp_path / "one.bundle"
+    blocking.export_bundle(
+        tmp_path / "source", out, name="one", version="1", format="sqlite", format_version=1
+    )
+    path = rewritten(out, _version("'2'"))
+    root = tmp_path / "root"
+    for args in (["verify"], ["inspect"], ["import", "--env", "e"]):
+        completed = warmenv(args[0], str(path), *args[1:], root=root)
+        assert completed.returncode != 0, (args, completed.stdout)
+        assert "says format 2, but its tables are format 1's" in completed.stderr, completed.stderr
         assert len(completed.stderr.strip().splitlines()) == 1, completed.stderr
     assert not list(root.glob("*.db"))

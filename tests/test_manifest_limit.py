@@ -256,7 +256,7 @@ async def test_a_second_manifest_row_over_the_limit_is_refused_too(
 # parent's peak, which Linux carries over an exec), before and after the open, in KiB.
 _OPEN_AND_MEASURE = """
 import re, sys, anyio
-from warmenv.bundle import InvalidManifestError, open_bundle
+from warmenv.bundle import BundleError, open_bundle
 
 def peak():
     with open("/proc/self/status") as status:
@@ -266,8 +266,8 @@ async def main():
     try:
         async with open_bundle(sys.argv[1]):
             pass
-    except InvalidManifestError as exc:
-        print(exc, file=sys.stderr)
+    except BundleError as exc:
+        print(type(exc).__name__, exc, file=sys.stderr)
 
 before = peak()
 anyio.run(main)
@@ -298,4 +298,8 @@ async def test_a_huge_sqlite_meta_text_costs_sqlite_no_memory_either(
     grew_kib = int(child.stdout.strip())
     assert grew_kib < 16 * 1024, f"opening it grew the process by {grew_kib / 1024:.0f} MiB"
     if key == "manifest":
+        assert "InvalidManifestError" in child.stderr, child.stderr
         assert "the manifest is" in child.stderr and "over the 1,048,576" in child.stderr
+    else:  # refused by its length alone, unread: a claim no warmenv writes
+        assert "NotABundleError" in child.stderr, child.stderr
+        assert "its schema_version is over 64 bytes" in child.stderr, child.stderr

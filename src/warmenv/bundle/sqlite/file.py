@@ -188,7 +188,11 @@ def _check_file(label: str, check_rows: bool, conn: sqlite3.Connection) -> _Chec
         raise _not_a_bundle(label, f"its entries table has columns {columns}, not warmenv's")
     format = _FORMATS[tuple(columns)]
     if format is not None:  # an environment's table is refused (as one) by the caller
-        unlike = bundle_schema.unlike_ours(conn, format) or bundle_schema.foreign_meta(conn)
+        unlike = (
+            bundle_schema.unlike_ours(conn, format)
+            or bundle_schema.foreign_meta(conn)
+            or bundle_schema.version_unlike(conn, format)
+        )
         if unlike is not None:
             raise _not_a_bundle(label, unlike)
     try:

@@ -20,6 +20,7 @@ import sqlite3
 from pathlib import Path
 
 from warmenv import _sqlite
+from warmenv._text import clean
 from warmenv.persistence import carried
 from warmenv.persistence.sqlite import schema
 
@@ -36,6 +37,7 @@ __all__ = [
     "newer_version",
     "read_only_uri",
     "unlike_ours",
+    "version_unlike",
 ]
 
 BUNDLE_VERSION = "2"
@@ -119,6 +121,36 @@ def unlike_ours(conn: sqlite3.Connection, format_version: int) -> str | None:
             shown = shown if len(shown) <= 300 else shown[:300] + "..."
             return f"its table {name!r} is not as warmenv writes it ({shown})"
     return None
+
+
+def version_unlike(conn: sqlite3.Connection, format_version: int) -> str | None:
+    """What in a file's meta `schema_version` differs from the text `format_version`
+    writes (`SCHEMA_VERSIONS`), as a clause naming it, or None.
+
+    `format_version` is the format the file's tables are exactly (`unlike_ours`
+    passed): the version a bundle claims must be that one, written as warmenv
+    writes it. A claim read some other way (another format's number, `02`, a
+    blob, none) is a file warmenv did not write, refused rather than guessed at.
+    A newer version than this warmenv reads is `newer_version`'s, checked first.
+    """
+    try:
+        found = schema.meta_value(conn, "schema_version", limit=_MAX_VERSION_BYTES)
+    except sqlite3.DataError:
+        return f"its schema_version is over {_MAX_VERSION_BYTES} bytes"
+    if found == SCHEMA_VERSIONS[format_version]:
+        return None
+    if found is None:
+        return "its meta table has no schema_version (every warmenv bundle names its format)"
+    if not isinstance(found, str):  # meta's `v TEXT` (exactly ours) keeps only text and blobs
+        return "its schema_version is a blob, not text"
+    claimed = [f for f, version in SCHEMA_VERSIONS.items() if version == found]
+    if claimed:
+        return (
+            f"its schema_version says format {claimed[0]}, "
+            f"but its tables are format {format_version}'s"
+        )
+    known = " or ".join(f"'{version}'" for version in SCHEMA_VERSIONS.values())
+    return f"its schema_version '{clean(found)}' names no format warmenv writes ({known})"
 
 
 _META_KEYS = ("schema_version", "manifest")
