@@ -85,6 +85,9 @@ class GatedStorage(Storage):
     async def info(self, key: bytes) -> EntryInfo | None:
         return await self.inner.info(key)
 
+    async def dated(self, keys: Iterable[bytes]) -> dict[bytes, tuple[bytes, float | None]]:
+        return await self.inner.dated(keys)
+
     async def touch(self, keys: Iterable[bytes]) -> int:
         return await self.inner.touch(keys)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -24,6 +24,7 @@ from warmenv.bundle import export_bundle, import_bundle
 from warmenv.persistence import CacheMode, Purged, Storage, Store
 from warmenv.persistence import storage as storage_module
 from warmenv.persistence.codec import JsonCodec
+from warmenv.persistence.storage import EntryInfo
 
 pytestmark = pytest.mark.anyio
 
@@ -181,6 +182,50 @@ async def test_a_ttl_that_is_not_a_positive_duration_is_refused(
     with pytest.raises(ValueError, match=r"^ttl is seconds .* got ") as raised:
         await Store.open(storage, ttl=ttl)  # type: ignore[call-overload]
     assert "\n" not in str(raised.value)
+
+
+class OwnStorage(Storage):
+    """A storage written outside warmenv, over a real one: each read it implements, passed on."""
+
+    def __init__(self, inner: Storage) -> None:
+        self.inner = inner
+
+    @property
+    def namespace(self) -> str:
+        return self.inner.namespace
+
+    def describe(self) -> str:
+        return f"own storage over {self.inner.describe()}"
+
+    async def get(self, key: bytes) -> bytes | None:
+        return await self.inner.get(key)
+
+    async def info(self, key: bytes) -> EntryInfo | None:
+        return await self.inner.info(key)
+
+
+class OwnStorageWithDated(OwnStorage):
+    async def dated(self, keys: Iterable[bytes]) -> dict[bytes, tuple[bytes, float | None]]:
+        return await self.inner.dated(keys)
+
+
+async def test_a_ttl_over_a_storage_without_dated_is_refused_at_the_open(
+    storage: Storage, clock: Clock
+) -> None:
+    # Value and time in one read is the ttl's contract; `info` then `get` could pair a
+    # replaced entry's time with another's value, so there is no two-read default.
+    await (await Store.open(storage)).insert("k", 1)
+    lacking = OwnStorage(storage)  # type: ignore[abstract]  # the mistake under test
+    with pytest.raises(TypeError, match=r"^OwnStorage does not implement Storage\.dated") as raised:
+        await Store.open(lacking, mode=CacheMode.LAZY, ttl=HOUR)
+    assert "\n" not in str(raised.value)
+    await Store.open(lacking, mode=CacheMode.LAZY)  # without a ttl it is never read
+    store: Store[str, int] = await Store.open(
+        OwnStorageWithDated(storage),  # type: ignore[abstract]  # only what a LAZY get reads
+        mode=CacheMode.LAZY,
+        ttl=HOUR,
+    )
+    assert await store.get("k") == 1
 
 
 @tolerating_coredis_streams

@@ -35,7 +35,7 @@ from warmenv.persistence import carried
 from warmenv.persistence._held import ABSENT, Held
 from warmenv.persistence.storage import Storage, wall_clock
 
-__all__ = ["Expiry", "check_ttl"]
+__all__ = ["Expiry", "check_dated", "check_ttl"]
 
 
 def check_ttl(ttl: object) -> float | None:
@@ -55,6 +55,23 @@ def check_ttl(ttl: object) -> float | None:
             f"ttl is seconds (a positive finite number or a timedelta) or None, got {ttl!r}"
         )
     return float(seconds)
+
+
+def check_dated(storage: Storage) -> None:
+    """Refuse a storage a ttl cannot rely on: one that does not implement `Storage.dated`.
+
+    The protocol gives `dated` no default (two reads cannot be told from one
+    entry's value and time), so a `Storage` subclass without its own would
+    answer `None` at the first read: refused here, at the store's open, with
+    what to add.
+    """
+    dated = getattr(storage, "dated", None)  # a wrapper may delegate it (`__getattr__`)
+    if dated is None or getattr(dated, "__func__", None) is Storage.dated:
+        raise TypeError(
+            f"{type(storage).__qualname__} does not implement Storage.dated(keys), which a "
+            "store with ttl= reads: add it, answering each key's value and write time from "
+            "one read of its row (or delegate to a storage that does)"
+        )
 
 
 @final

@@ -353,21 +353,17 @@ class Storage(Protocol):
     async def dated(self, keys: Iterable[bytes]) -> dict[bytes, tuple[bytes, float | None]]:
         """Each of `keys` stored here: its value and write time (unix seconds; `None`: unknown).
 
-        Keys not stored are left out. What a store with a ttl reads instead of
-        `get_many` (`warmenv.persistence._ttl`): the value and its time come
-        from one read of the entry, so a replace in between cannot pair the
-        new time with the old value. A backend answers in one read per row;
-        this default, for one that cannot, asks `info` then `get` per key and
-        keeps a value only if its provenance is unchanged after the read. A
-        read that fails leaves keys out (misses).
+        Keys not stored are left out; a read that fails leaves keys out
+        (misses). What a store with a ttl reads instead of `get_many`
+        (`warmenv.persistence._ttl`). The contract: the value and its time
+        come from one read of the entry (one query, or one answer), so a
+        replace in between cannot pair one entry's time with another's value.
+        No default: `info` then `get` are two reads, and no check between
+        them can tell a replaced entry from the one read first (a replace may
+        carry the same provenance). A backend that cannot read them together
+        delegates to one that can, or reads both in one transaction.
         """
-        found: dict[bytes, tuple[bytes, float | None]] = {}
-        for key in keys:
-            info = await self.info(key)
-            value = None if info is None else await self.get(key)
-            if value is not None and await self.info(key) == info:
-                found[key] = (value, info.written_at)  # type: ignore[union-attr]
-        return found
+        ...
 
     async def touch(self, keys: Iterable[bytes]) -> int:
         """Record hits on `keys`, for eviction's order; how many entries were updated.

@@ -51,7 +51,7 @@ import anyio
 from warmenv._backend import native_task
 from warmenv.persistence._flight import Flights, unless_imported, waits_for_itself
 from warmenv.persistence._held import ABSENT, Held
-from warmenv.persistence._ttl import Expiry, check_ttl
+from warmenv.persistence._ttl import Expiry, check_dated, check_ttl
 from warmenv.persistence.codec import Codec, JsonCodec, canonical_arguments
 from warmenv.persistence.explain import explain_first_miss
 from warmenv.persistence.hot import DEFAULT_HOT_BYTES
@@ -125,6 +125,8 @@ class Store(Generic[K, V]):
         ttl: float | datetime.timedelta | None = None,
     ) -> None:
         seconds = check_ttl(ttl)
+        if seconds is not None:
+            check_dated(storage)
         if max_entries is not None and (type(max_entries) is not int or max_entries < 1):
             raise ValueError(f"max_entries must be a positive int or None, got {max_entries!r}")
         if type(hot_bytes) is not int or hot_bytes < 0:
