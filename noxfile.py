@@ -46,6 +46,45 @@ def caches_demo(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_caches_cpu.py", "--tool", "jax", "--rounds", "1")
 
 
+# The runs of `nox -s reliability`, each one pytest command's arguments: every test that
+# records a row of docs/reliability.md must be in one of them, or the next full run drops
+# its row (tests/test_reliability_runs.py checks it).
+RELIABILITY_RUNS: list[list[str]] = [
+    ["-m", "slow"],
+    # The deterministic scenarios (full disk, read-only, inert data) add their rows too.
+    [
+        "tests/test_reliability.py",
+        "tests/test_bundle.py",
+        "-k",
+        "full_disk or read_only or pickle",
+    ],
+    # Files that are not warmenv's, refused and left as they were (issue 22).
+    ["tests/test_ownership.py", "tests/test_busy.py"],
+    # The other classes of issue 22, each row counted by its regression tests: lying
+    # HTTP servers and URLs, secrets in logs, staging across PID namespaces, settings
+    # and cache paths, schema tricks, signatures, a hostile Redis.
+    [
+        "tests/test_download_hostile.py",
+        "tests/test_download_logs.py",
+        "tests/test_private_directories.py",
+        "tests/test_config.py",
+        "tests/test_cli_errors.py",
+        "tests/test_cache_paths.py",
+        "tests/test_signing.py",
+        "tests/test_bundle_schema_tricks.py",
+        "tests/test_remote_bounds.py",
+    ],
+    ["tests/test_store_flight.py", "tests/test_lease.py", "-k", "itself or renewed_forever"],
+    # A purge by a name two bundles share, and vacuum under a reader (issue 22, 13 and 15).
+    [
+        "tests/test_cli_stats.py",
+        "tests/test_provenance.py",
+        "-k",
+        "two_bundles_share or vacuum_under_a_reader",
+    ],
+]
+
+
 @nox.session(python=PYTHON)
 def reliability(session: nox.Session) -> None:
     """The long forms of the fault-injection scenarios; rewrites docs/reliability.md's table.
@@ -60,37 +99,10 @@ def reliability(session: nox.Session) -> None:
     report = Path(session.create_tmp()) / "reliability.jsonl"
     report.unlink(missing_ok=True)
     env = {"WARMENV_RELIABILITY_REPORT": str(report)}
-    runs = [
-        ["-m", "slow"],
-        # The deterministic scenarios (full disk, read-only, inert data) add their rows too.
-        [
-            "tests/test_reliability.py",
-            "tests/test_bundle.py",
-            "-k",
-            "full_disk or read_only or pickle",
-        ],
-        # Files that are not warmenv's, refused and left as they were (issue 22).
-        ["tests/test_ownership.py", "tests/test_busy.py"],
-        # The other classes of issue 22, each row counted by its regression tests: lying
-        # HTTP servers and URLs, secrets in logs, staging across PID namespaces, settings
-        # and cache paths, schema tricks, signatures, a hostile Redis.
-        [
-            "tests/test_download_hostile.py",
-            "tests/test_download_logs.py",
-            "tests/test_private_directories.py",
-            "tests/test_config.py",
-            "tests/test_cli_errors.py",
-            "tests/test_cache_paths.py",
-            "tests/test_signing.py",
-            "tests/test_bundle_schema_tricks.py",
-            "tests/test_remote_bounds.py",
-        ],
-        ["tests/test_store_flight.py", "tests/test_lease.py", "-k", "itself or renewed_forever"],
-    ]
     # A selection may match nothing in one of the runs (pytest's exit code 5).
     selected = [0, 5] if session.posargs else [0]
     failed = []
-    for args in runs:
+    for args in RELIABILITY_RUNS:
         try:
             session.run("pytest", *args, *session.posargs, env=env, success_codes=selected)
         except nox.command.CommandFailed:

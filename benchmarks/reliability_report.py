@@ -123,6 +123,15 @@ def main() -> None:
         sys.exit(f"{report} holds no rows: no scenario ran, so {page} was left as it was")
     head, _, table = page.read_text().partition(MARKER)
     headings = None
+    if not merging:  # a full run: say which rows of the old table it did not produce
+        dropped = [name for name in parse(table)[1] if name not in rows]
+        if dropped:
+            print(
+                f"{len(dropped)} rows of {page} were produced by no run and are dropped "
+                "(a scenario renamed or gone; else its test is missing from "
+                "RELIABILITY_RUNS in noxfile.py): " + "; ".join(dropped),
+                file=sys.stderr,
+            )
     if merging:
         headings, kept = parse(table)
         rerun = ", ".join(f"*{_cell(name)}*" for name in rows)

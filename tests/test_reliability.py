@@ -669,6 +669,33 @@ def test_a_merged_report_replaces_its_scenarios_rows_and_keeps_the_others(
     assert text.count("_Long run of") == 1 and "_Rows rerun on " in text
 
 
+def test_a_full_report_names_the_rows_of_the_old_table_it_did_not_produce(
+    tmp_path: Path,
+) -> None:
+    script = Path(__file__).parent.parent / "benchmarks" / "reliability_report.py"
+    page = tmp_path / "reliability.md"
+    marker = "<!-- table: written by benchmarks/reliability_report.py -->"
+    page.write_text(f"# Reliability\n\n{marker}\n\nold table\n")
+    report = tmp_path / "rows.jsonl"
+
+    def run(*scenarios: str) -> str:
+        rows = [{"scenario": s, "trials": 1, "failures": 0, "checked": "c"} for s in scenarios]
+        report.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        done = subprocess.run(
+            [sys.executable, str(script), str(report), str(page)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return done.stderr
+
+    assert run("kept", "gone (trio)", "also gone") == ""
+    said = run("kept")
+    assert "2 rows of" in said and "gone (trio); also gone" in said, said
+    assert "RELIABILITY_RUNS" in said
+    assert "gone" not in page.read_text()
+
+
 def test_a_report_without_rows_leaves_the_page_alone(tmp_path: Path) -> None:
     page = tmp_path / "reliability.md"
     page.write_text("unchanged\n")
