@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -73,6 +73,7 @@ class RedisServer:
         data_dir: Path | None = None,
         tls: Path | None = None,
         tls_name: str = "IP:127.0.0.1",
+        options: Sequence[str] = (),
     ) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
@@ -86,6 +87,7 @@ class RedisServer:
         # `tls_name`: the subjectAltName it is for (another one: a host name mismatch).
         self.certificate = None if tls is None else self_signed_certificate(tls, tls_name)
         self.port = free_port()
+        self.options = list(options)  # more of redis-server's own, such as --rename-command
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -112,6 +114,7 @@ class RedisServer:
             args += ["--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.data_dir)]
         if self.password:
             args += ["--requirepass", self.password]
+        args += self.options
         process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert process.stdout is not None
         seen = []
@@ -160,9 +163,12 @@ def self_signed_certificate(directory: Path, name: str = "IP:127.0.0.1") -> Cert
 
 @contextmanager
 def redis_server(
-    password: str | None = None, tls: Path | None = None, tls_name: str = "IP:127.0.0.1"
+    password: str | None = None,
+    tls: Path | None = None,
+    tls_name: str = "IP:127.0.0.1",
+    options: Sequence[str] = (),
 ) -> Iterator[RedisServer]:
-    server = RedisServer(password, tls=tls, tls_name=tls_name)
+    server = RedisServer(password, tls=tls, tls_name=tls_name, options=options)
     server.start()
     try:
         yield server

@@ -342,6 +342,24 @@ async def test_a_redis_that_stops_answering_costs_each_call_at_most_the_timeout(
         os.kill(server.process.pid, signal.SIGCONT)
 
 
+async def test_a_redis_without_hello_is_one_outage_naming_it_and_the_local_tier_serves(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The tier speaks RESP3 (HELLO 3): Redis 6.0 or newer (docs/fleet.md). An older
+    # server, here a real one whose HELLO is renamed away, is an outage in its own words.
+    with (
+        redis_server(options=["--rename-command", "HELLO", ""]) as old,
+        caplog.at_level(logging.WARNING, logger="warmenv.remote"),
+    ):
+        async with open_environment("e", root=tmp_path, remote=old.url) as env:
+            store = await env.store(NS)
+            assert [await store.get_or_compute(f"k{i}", compute, i) for i in range(3)] == [0, 1, 2]
+            assert env.remote is not None
+            assert env.remote.statistics().outages == 1
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "unknown command 'HELLO'" in warned[0], warned
+
+
 async def test_an_unreachable_redis_never_fails_the_open(tmp_path: Path) -> None:
     server = RedisServer()  # never started: nothing listens on its port
     await _calls_within(1.5, tmp_path, server.url, "never")
