@@ -256,11 +256,25 @@ def test_a_blocking_computation_finishes_and_its_caller_takes_the_imported_value
         assert env.store(NS).get(LAST) == f"imported {KEYS - 1}"
 
 
-async def test_once_an_import_has_ended_none_is_running(bundle: Path, tmp_path: Path) -> None:
+async def test_once_an_import_has_ended_its_watchers_read_once_more(
+    bundle: Path, tmp_path: Path
+) -> None:
+    # An import's end is announced like a batch, however it ended (here: it landed
+    # nothing), so a run that is still computing reads its key a last time.
     async with open_environment(file=tmp_path / "svc.db") as env:
-        await import_bundle(bundle, env)
         arrivals = env.storage(NS).arrivals()
-        assert arrivals is not None and not arrivals.running
+        assert arrivals is not None
+        seen = arrivals.batches
+        woke: list[int] = []
+
+        async def watch() -> None:
+            woke.append(await arrivals.after(seen))
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(watch)
+            report = await import_bundle(bundle, env, namespaces=["other/"])
+        assert report.imported == 0
+        assert woke == [seen + 1]
 
 
 EARLY, SERVED = Namespace("aaa", "early", version="1"), Namespace("zzz", "served", version="1")

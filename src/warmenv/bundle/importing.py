@@ -255,14 +255,12 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
     async def _run(self) -> AsyncGenerator[ImportEvent, None]:
         # Running from its first step (download and digest check included) to its
         # end: the stores' computations read their keys after each batch it lands.
-        arrivals = self._env.arrivals
-        arrivals.begin()
         try:
             async with aclosing(self._steps()) as steps:
                 async for step in steps:
                     yield step
         finally:
-            arrivals.end()
+            self._env.arrivals.end()
 
     async def _steps(self) -> AsyncGenerator[ImportEvent, None]:
         download = self._bundle

@@ -31,10 +31,9 @@ class Arrivals:
     import runs. One event loop's: imports and runs are its tasks.
     """
 
-    __slots__ = ("_batches", "_event", "_running", "wanted")
+    __slots__ = ("_batches", "_event", "wanted")
 
     def __init__(self) -> None:
-        self._running = 0
         self._batches = 0
         self._event: anyio.Event | None = None
         self.wanted: dict[str, None] = {}
@@ -45,22 +44,17 @@ class Arrivals:
         self.wanted.setdefault(namespace)
 
     @property
-    def running(self) -> bool:
-        """Whether an import into this environment is running."""
-        return self._running > 0
-
-    @property
     def batches(self) -> int:
         """How many batches have landed so far (a count to pass to `after`)."""
         return self._batches
 
-    def begin(self) -> None:
-        """An import starts."""
-        self._running += 1
-
     def end(self) -> None:
-        """An import ends (however it ended); the runs waiting read once more."""
-        self._running -= 1
+        """An import ends (however it ended); the runs waiting read once more.
+
+        Whether an import is running is not kept: a run watches whatever the
+        count of batches says, and one that began before an import is watched
+        all the same (no store needs to ask).
+        """
         self.landed()
 
     def landed(self) -> None:
