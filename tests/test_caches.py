@@ -9,6 +9,7 @@ tests/compilers/, run by `nox -s compilers`.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import pkgutil
 import signal
@@ -187,6 +188,34 @@ def test_a_fact_of_a_package_not_installed_reads_none() -> None:
     assert Facts.here("no-such-distribution-here").pairs == (("no-such-distribution-here", "none"),)
     [reason] = Facts.of([("no-such-distribution-here", "1.0")]).mismatches()
     assert "not installed here" in reason
+
+
+def test_a_facts_version_is_the_one_importlib_metadata_reads() -> None:
+    names = ("attrs", "anyio", "pytest", "warmenv")
+    assert Facts.here(*names).pairs == tuple(
+        (name, importlib.metadata.version(name)) for name in names
+    )
+
+
+def test_this_machines_cpu_is_read_without_starting_a_process() -> None:
+    # `uname -p` (platform.processor()) was a process forked by every first restore.
+    child = run_python(
+        textwrap.dedent(
+            """
+            import json, sys
+            started = []
+            sys.addaudithook(
+                lambda event, args: started.append(event)
+                if event in ("subprocess.Popen", "os.fork", "os.posix_spawn", "os.exec")
+                else None
+            )
+            from warmenv.caches import Facts
+            Facts.here("cpu")
+            print(json.dumps(started))
+            """
+        )
+    )
+    assert json_lines(child) == [[]]
 
 
 # --- a hostile bundle ----------------------------------------------------------------

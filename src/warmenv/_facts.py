@@ -56,11 +56,14 @@ def _clean(value: str) -> str:
 def cpu_identity() -> str:
     """The architecture and a digest of the CPU model and its feature flags."""
     machine = platform.machine() or "unknown"
-    described = [machine, platform.processor()]
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
         text = ""
+    # Where /proc/cpuinfo says it all, `platform.processor()` is `uname -p`: a process
+    # forked (milliseconds, the largest fixed cost of a restore) for "unknown", read
+    # as "", on most Linux systems, and the machine again on the others.
+    described = [machine, "" if text else platform.processor()]
     wanted = ("model name", "flags", "Features", "CPU implementer", "CPU part", "cpu model")
     seen: set[str] = set()
     for line in text.splitlines():
@@ -95,9 +98,24 @@ def fact_here(name: str) -> str:
     if name.endswith(".path"):
         return _install_path(name.removesuffix(".path"))
     try:
-        return _clean(importlib.metadata.version(name))
+        return _clean(_version(name))
     except importlib.metadata.PackageNotFoundError:
         return NOT_INSTALLED
+
+
+def _version(distribution: str) -> str:
+    """`importlib.metadata.version`, read from the metadata's headers alone.
+
+    The standard call parses the whole metadata file as an e-mail message,
+    a long description included (torch's: 38 kB, a millisecond a call);
+    `Version` is one of the headers, which end at the first blank line.
+    """
+    found = importlib.metadata.distribution(distribution)
+    text = found.read_text("METADATA") or found.read_text("PKG-INFO") or ""
+    for line in text.partition("\n\n")[0].splitlines():
+        if line.startswith("Version:"):
+            return line.removeprefix("Version:").strip()
+    return found.version
 
 
 @attrs.frozen

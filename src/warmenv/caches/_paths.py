@@ -160,6 +160,8 @@ class Writer:
         self._fds: dict[tuple[str, ...], int] = {(): fd}
         self._refused: dict[tuple[str, ...], str] = {}
         self._seen: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._token = secrets.token_hex(8)
+        self._written = 0
         _remove_stale(fd)
 
     @property
@@ -201,7 +203,8 @@ class Writer:
             if stat.S_ISREG(st.st_mode):
                 return False
             return f"{_kind(st.st_mode)} is already at {'/'.join(parts)!r}; left alone"
-        temporary = f"{TEMPORARY_PREFIX}{secrets.token_hex(8)}{_TEMPORARY_SUFFIX}"
+        self._written += 1  # with the token, unique: O_EXCL refuses a clash all the same
+        temporary = f"{TEMPORARY_PREFIX}{self._token}-{self._written}{_TEMPORARY_SUFFIX}"
         fd = os.open(temporary, _FILE_FLAGS, _FILE_MODE, dir_fd=directory)
         try:
             view = memoryview(data)
@@ -230,7 +233,9 @@ class Writer:
         try:
             os.mkdir(name, _DIRECTORY_MODE, dir_fd=parent)
         except FileExistsError:
-            pass
+            made = False
+        else:
+            made = True  # new, so empty: no killed restore left anything in it
         try:
             fd = os.open(name, _DIRECTORY_FLAGS, dir_fd=parent)
         except OSError:
@@ -245,7 +250,8 @@ class Writer:
             self._refused[parts] = str(error)
             return str(error)
         self._fds[parts] = fd
-        _remove_stale(fd)
+        if not made:
+            _remove_stale(fd)
         return fd
 
 

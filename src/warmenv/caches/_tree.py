@@ -30,6 +30,10 @@ The API (used by `directory.py` and by each tool's module):
   `require_signature` (the configuration's, or `trust=`), only files
   captured here or imported from a bundle whose signature by a trusted key
   was checked at import are written; the rest are refused, named.
+- `await restore_trees(env, target, [(tree, directory), ...])`: several
+  trees under one target (each in a directory of it, `""` the target
+  itself) in one pass, in order, with the fixed costs (the target's
+  checks, the trust, the namespaces, the worker-thread hops) paid once.
 - `await record_hits(env, tree, served)`: count a tool's own hits, per
   entry it served (`{relative path: hits}`), as hits of those entries in
   the environment's statistics (`warmenv stats`, per namespace, origin and
@@ -51,7 +55,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Final, final
 
@@ -75,6 +79,7 @@ __all__ = [
     "capture",
     "record_hits",
     "restore",
+    "restore_trees",
 ]
 
 DEFAULT_BATCH_BYTES: Final = 16 * 1024 * 1024
@@ -396,65 +401,138 @@ async def restore(
     keys was checked when it was imported; every other one (unsigned, signed
     by another key, from the shared tier) is in `report.refused`.
     """
+    (report,) = await restore_trees(env, target, [(tree, "")], batch_bytes=batch_bytes, trust=trust)
+    return report
+
+
+async def restore_trees(
+    env: Environment,
+    target: str | Path,
+    trees: Sequence[tuple[CacheTree, str]],
+    *,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
+    trust: TrustLike = None,
+) -> tuple[RestoreReport, ...]:
+    """`restore` of several trees under one target in one pass, a report per tree.
+
+    Each `(tree, directory)` is written under `target/directory` (`""`: the
+    target itself), in the order given: every file of a tree (its indexes
+    last) before any of the next, as if restored one after the other. One
+    pass means the fixed costs are paid once, not per tree: the target and
+    its ancestors checked once (a tree's directory is then a directory in
+    the target, never a symlink followed), the trust and the environment's
+    namespaces read once, and the files written in as few worker-thread
+    hops as `batch_bytes` allows (one for a small cache): on a loaded
+    machine each hop costs more than writing a small file.
+    """
     started = time.monotonic()
     into = expand_home(target, "the cache directory")
-    # Few thread hops: each is a wake-up, which on a loaded machine costs more than
-    # writing a small file (a torch restore is three trees of a few files each).
+    prefixes = [_prefix(directory) for _, directory in trees]
     checked, writer = await anyio.to_thread.run_sync(_prepare, trust, into)
     try:
-        return await _restore_into(env, tree, into, writer, checked, batch_bytes, started)
+        return await _restore_into(
+            env, into, trees, prefixes, writer, checked, batch_bytes, started
+        )
     finally:
         if writer.is_open:  # it failed or was cancelled before the last step
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(writer.close)
 
 
+def _prefix(directory: str) -> tuple[str, ...]:
+    if not directory:
+        return ()
+    parts = relative_parts(directory.encode())
+    if isinstance(parts, str):
+        raise ValueError(f"a tree's directory {directory!r} is refused: {parts}")
+    return parts
+
+
 def _prepare(trust: TrustLike, target: Path) -> tuple[Trust, Writer]:
     return resolve_trust(trust), Writer(target)
 
 
+@attrs.define
+class _RestoreCounts:
+    written: int = 0
+    kept: int = 0
+    bytes: int = 0
+    refused: list[LeftOut] = attrs.Factory(list)
+
+
+@attrs.define
+class _Job:
+    """One tree of a restore: where its files go and what became of them."""
+
+    tree: CacheTree
+    prefix: tuple[str, ...]
+    counts: _RestoreCounts = attrs.Factory(_RestoreCounts)
+    deferred: list[tuple[tuple[str, ...], bytes]] = attrs.Factory(list)
+
+
+# A step of the writing, in order: a batch of a tree's entries, or (None) its indexes.
+_Step = tuple[_Job, list[tuple[bytes, bytes]] | None]
+
+
 async def _restore_into(
     env: Environment,
-    tree: CacheTree,
     target: Path,
+    trees: Sequence[tuple[CacheTree, str]],
+    prefixes: list[tuple[str, ...]],
     writer: Writer,
     checked: Trust,
     batch_bytes: int,
     started: float,
-) -> RestoreReport:
+) -> tuple[RestoreReport, ...]:
     signed: set[str] | None = None  # the digests of bundles whose code may be written
     if checked.require_signature:
         keys = {str(key) for key in checked.keys}
         signed = {d for d, key in (await env.bundle_signers()).items() if key in keys}
-    namespace = tree.namespace
     # Checked against the facts this restore was asked for, never recomputed: reading
     # a tool's version from its metadata costs milliseconds a fact, which made a
     # restore of a few small files several times slower than copying them.
+    held = [(s.namespace, s.entries) for s in await env.namespaces()]
+    jobs = [_Job(tree, prefix) for (tree, _), prefix in zip(trees, prefixes, strict=True)]
+    steps: list[_Step] = []
+    size = 0
+    for job in jobs:
+        storage = env.storage(job.tree.namespace)
+        entries = storage.scan() if signed is None else _signed_only(storage, signed, job.counts)
+        async for batch in _batches(entries, batch_bytes):
+            steps.append((job, batch))
+            size += sum(len(key) + len(value) for key, value in batch)
+            if size >= batch_bytes:
+                await anyio.to_thread.run_sync(_write_steps, writer, steps)
+                steps, size = [], 0
+        steps.append((job, None))
+    await anyio.to_thread.run_sync(_write_steps_and_close, writer, steps)
+    elapsed = time.monotonic() - started
+    return tuple(
+        RestoreReport(
+            namespace=str(job.tree.namespace),
+            target=target.joinpath(*job.prefix),
+            written=job.counts.written,
+            kept=job.counts.kept,
+            bytes=job.counts.bytes,
+            refused=tuple(job.counts.refused),
+            skipped=_skipped(job.tree, held),
+            elapsed=elapsed,
+        )
+        for job in jobs
+    )
+
+
+def _skipped(tree: CacheTree, held: list[tuple[str, int]]) -> tuple[Skipped, ...]:
+    """The namespaces of `tree`'s tool and part captured under other facts, with why."""
+    namespace = tree.namespace
     others = [
-        (s.namespace, s.entries)
-        for s in await env.namespaces()
-        if s.namespace != str(namespace) and _same_tree(s.namespace, namespace)
+        (full, entries)
+        for full, entries in held
+        if full != str(namespace) and _same_tree(full, namespace)
     ]
-    skipped = tuple(
+    return tuple(
         Skipped(check.namespace, check.entries, check.reasons or ("captured under other facts",))
         for check in captured_trees(others, here=tree.facts)
-    )
-    counts = _RestoreCounts()
-    deferred: list[tuple[tuple[str, ...], bytes]] = []
-    storage = env.storage(namespace)
-    entries = storage.scan() if signed is None else _signed_only(storage, signed, counts)
-    async for batch in _batches(entries, batch_bytes):
-        deferred += await anyio.to_thread.run_sync(_place, writer, tree, batch, counts)
-    await anyio.to_thread.run_sync(_place_index_and_close, writer, deferred, counts)
-    return RestoreReport(
-        namespace=str(namespace),
-        target=target,
-        written=counts.written,
-        kept=counts.kept,
-        bytes=counts.bytes,
-        refused=tuple(counts.refused),
-        skipped=skipped,
-        elapsed=time.monotonic() - started,
     )
 
 
@@ -487,14 +565,6 @@ def _same_tree(full: str, namespace: Namespace) -> bool:
     return (other.name, other.path) == (namespace.name, namespace.path)
 
 
-@attrs.define
-class _RestoreCounts:
-    written: int = 0
-    kept: int = 0
-    bytes: int = 0
-    refused: list[LeftOut] = attrs.Factory(list)
-
-
 async def _batches(
     entries: AsyncIterator[tuple[bytes, bytes]], batch_bytes: int
 ) -> AsyncIterator[list[tuple[bytes, bytes]]]:
@@ -510,48 +580,47 @@ async def _batches(
         yield batch
 
 
-def _place(
-    writer: Writer,
-    tree: CacheTree,
-    batch: list[tuple[bytes, bytes]],
-    counts: _RestoreCounts,
-) -> list[tuple[tuple[str, ...], bytes]]:
-    """Write a batch's files; return its index files, to be written after every other."""
-    deferred = []
-    for key, value in batch:
-        parts = relative_parts(key)
-        shown = key.decode("utf-8", "backslashreplace")
-        if isinstance(parts, str):
-            counts.refused.append(LeftOut(shown, parts))
+def _write_steps(writer: Writer, steps: list[_Step]) -> None:
+    """Write each step in order: a batch's files (its indexes kept back), or a tree's indexes."""
+    for job, batch in steps:
+        if batch is not None:
+            _place(writer, job, batch)
             continue
-        twin = writer.claim(parts)
-        if twin is not None:
-            counts.refused.append(LeftOut(shown, twin))
-        elif tree.is_index(parts):
-            deferred.append((parts, value))
-        else:
-            _write_one(writer, parts, value, counts)
-    return deferred
+        for parts, value in job.deferred:
+            _write_one(writer, job, parts, value)
+        job.deferred.clear()
 
 
-def _place_index_and_close(
-    writer: Writer, deferred: list[tuple[tuple[str, ...], bytes]], counts: _RestoreCounts
-) -> None:
+def _write_steps_and_close(writer: Writer, steps: list[_Step]) -> None:
     try:
-        for parts, value in deferred:
-            _write_one(writer, parts, value, counts)
+        _write_steps(writer, steps)
     finally:
         writer.close()
 
 
-def _write_one(
-    writer: Writer, parts: tuple[str, ...], value: bytes, counts: _RestoreCounts
-) -> None:
-    outcome = writer.write(parts, value)
+def _place(writer: Writer, job: _Job, batch: list[tuple[bytes, bytes]]) -> None:
+    """Write a batch's files; keep its index files back, to be written after every other."""
+    for key, value in batch:
+        parts = relative_parts(key)
+        shown = key.decode("utf-8", "backslashreplace")
+        if isinstance(parts, str):
+            job.counts.refused.append(LeftOut(shown, parts))
+            continue
+        twin = writer.claim(job.prefix + parts)
+        if twin is not None:
+            job.counts.refused.append(LeftOut(shown, twin))
+        elif job.tree.is_index(parts):
+            job.deferred.append((parts, value))
+        else:
+            _write_one(writer, job, parts, value)
+
+
+def _write_one(writer: Writer, job: _Job, parts: tuple[str, ...], value: bytes) -> None:
+    outcome = writer.write(job.prefix + parts, value)
     if isinstance(outcome, str):
-        counts.refused.append(LeftOut("/".join(parts), outcome))
+        job.counts.refused.append(LeftOut("/".join(parts), outcome))
     elif outcome:
-        counts.written += 1
-        counts.bytes += len(value)
+        job.counts.written += 1
+        job.counts.bytes += len(value)
     else:
-        counts.kept += 1
+        job.counts.kept += 1

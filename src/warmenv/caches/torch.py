@@ -56,9 +56,8 @@ import attrs
 from warmenv._facts import Facts
 from warmenv._fs import expand_home
 from warmenv.caches._inprocess import EnvironmentChoice, HitLines, _Where, where
-from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport, record_hits
+from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport, record_hits, restore_trees
 from warmenv.caches._tree import capture as _capture
-from warmenv.caches._tree import restore as _restore
 from warmenv.config import load_config
 from warmenv.environment import Environment, open_environment
 from warmenv.future import block_on
@@ -185,9 +184,8 @@ async def restore(env: Environment, cache_dir: str | Path) -> TorchRestoreReport
     afterwards) finds the kernels it names already built.
     """
     facts = await anyio.to_thread.run_sync(Facts.here, *FACTS)
-    target = Path(cache_dir)
-    kernels = await _restore(env, tree(facts), target)
-    graphs = [await _restore(env, graph, target / graph.part) for graph in _graph_trees(facts)]
+    trees = [(tree(facts), ""), *((graph, graph.part) for graph in _graph_trees(facts))]
+    kernels, *graphs = await restore_trees(env, cache_dir, trees)
     held = await env.storage(_mega(facts)).summary()
     return TorchRestoreReport(kernels, tuple(graphs), held.entries)
 
