@@ -115,7 +115,8 @@ class BlockingStore(Generic[K, V]):
         """
         if event_loop_here() and waiting_refused():
             raise refused("get()")
-        value = self._hit(key)
+        hit = self._hit  # see `Store.hit_path`: loaded, then called
+        value = hit(key)
         if value is not ABSENT:
             return value
         held = self._held
@@ -167,7 +168,8 @@ class BlockingStore(Generic[K, V]):
         """
         if event_loop_here() and waiting_refused():
             raise refused("get_or_compute()")
-        value = self._hit(key)
+        hit = self._hit  # see `Store.hit_path`: loaded, then called
+        value = hit(key)
         if value is not ABSENT:
             return value  # type: ignore[no-any-return]
         memo, encoded = self._held.keys(key)

@@ -92,9 +92,7 @@ class Expiry:
         """How many deadlines are held: at most as many as the values (`max_entries`)."""
         return len(self._deadlines)
 
-    def fresh_hit(
-        self, key: Any, encoded: bool = False, found: Any = ABSENT, count: bool = True
-    ) -> Any:
+    def fresh_hit(self, key: Any, encoded: bool = False, found: Any = ABSENT) -> Any:
         """`Held.hit`, for a value whose deadline has not passed; else forgotten, `ABSENT`."""
         held = self._held
         if found is ABSENT:
@@ -108,7 +106,7 @@ class Expiry:
                 self._deadlines.pop(memo, None)
                 held.forget(memo)
                 return ABSENT
-        return held.hit(key, encoded, found, count)
+        return held.hit(key, encoded, found)
 
     def live(self, memo: bytes | str) -> bool:
         """Whether the value held under `memo` is still fresh."""
