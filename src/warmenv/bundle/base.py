@@ -383,8 +383,8 @@ class StagingCopier(StagingWriter, Protocol):
     skipped: int
     """Rows of the source left out (wrong types, namespaces no reader accepts)."""
 
-    def copy_step(self) -> list[CarriedRow]:
-        """Copy the next batch; the rows as written (empty: done)."""
+    def copy_step(self, limit: int) -> list[CarriedRow]:
+        """Copy the next `limit` entries; the rows as written (empty: done)."""
         ...
 
 

@@ -70,14 +70,17 @@ from warmenv.bundle.options import ExportOptions, refuse_unknown
 from warmenv.bundle.signing import SigningKey
 from warmenv.bundle.sqlite.sources import reading
 from warmenv.environment import Environment
-from warmenv.persistence import carried
 from warmenv.persistence.namespace import check_version
 from warmenv.persistence.sqlite.export import ExportSources
 from warmenv.persistence.storage import NamespaceSummary
 
 __all__ = ["BundleFormat", "ExportProgress", "export_bundle", "exporting"]
 
-_BATCH = 1024
+# A step (one hop to a worker thread, one progress event, one batch for the digest's
+# thread) holds about this many bytes of entries, however large they are: few hops
+# when entries are small, never more than a few MiB in memory when they are large.
+_STEP_BYTES = 4 << 20
+_STEP_ROWS = (1, 8192)  # the fewest and the most entries in a step
 
 Source = Environment | str | Path
 
@@ -287,6 +290,8 @@ class _ExportJob:
         self._prefixes = prefixes
         self._sources_named = ", ".join(map(str, sources))  # how errors reading them say it
         self.totals: dict[str, tuple[int, int]] = {}
+        self.total_entries = self.total_bytes = 0
+        self._step_rows = _STEP_ROWS[0]  # set from the totals by `start`
         self.signer: SigningKey | None = None
 
     def start(self) -> None:
@@ -329,6 +334,9 @@ class _ExportJob:
                 )
             self.total_entries = sum(e for e, _ in self.totals.values())
             self.total_bytes = sum(b for _, b in self.totals.values())
+            fewest, most = _STEP_ROWS
+            per_entry = max(1, self.total_bytes // max(1, self.total_entries))
+            self._step_rows = min(most, max(fewest, _STEP_BYTES // per_entry))
         except BaseException:
             self.abandon()
             raise
@@ -345,31 +353,22 @@ class _ExportJob:
 
     def step(self) -> str | None:
         """Write one batch; the last namespace written, or `None` when all are."""
+        packed: list[PackedRow] | None = None  # what a writer stores: rows carried packed
         if self._copier is not None:
-            batch = self._copier.copy_step()
+            batch = self._copier.copy_step(self._step_rows)  # the rows as written
         else:
             with reading(self._sources_named):
-                batch = list(itertools.islice(self._rows, _BATCH))
-        entries = self._packed(batch)
-        if batch and self._copier is None:
-            assert self._output is not None
-            self._output.add(batch, entries)
+                batch = list(itertools.islice(self._rows, self._step_rows))
+            packed = []
         if not batch:
             return None
-        if self.format_version == 1:
-            self._digest.add((ns, key, value) for ns, key, value, _ in entries)
-        else:
-            self._digest.add_carrying(entries)
-        self.bytes_done += sum(len(key) + len(value) for _, key, value, _ in entries)
+        # One pass frames the batch for the digest, counts its bytes and packs it.
+        self.bytes_done += self._digest.add_rows(batch, packed)
+        if packed is not None:
+            assert self._output is not None
+            self._output.add(batch, packed)
         self.done += len(batch)
         return batch[-1][0]
-
-    def _packed(self, batch: list[CarriedRow]) -> list[PackedRow]:
-        """The batch with what each entry carries packed (nothing in format 1)."""
-        if self.format_version == 1:
-            return [(ns, key, value, b"") for ns, key, value, _, _ in batch]
-        pack = carried.pack
-        return [(ns, key, value, pack(w, c)) for ns, key, value, w, c in batch]
 
     def commit(self) -> BundleManifest:
         """Finish the staging file, sync it and rename it onto `out`."""

@@ -39,6 +39,7 @@ import attrs
 
 from warmenv._text import is_utf8
 from warmenv.bundle.errors import InvalidManifestError, UnsupportedSchemaError
+from warmenv.persistence.carried import pack as _pack_carried
 
 __all__ = [
     "DIGEST_ALGORITHM",
@@ -351,6 +352,11 @@ class Digest:
         return _DIGEST_PREFIX + self._hash.hexdigest()
 
 
+def _carrying_nothing(written_at: float | None, cost: float | None) -> bytes:
+    """What an entry carries into a format-1 digest or file: nothing."""
+    return b""
+
+
 U64 = struct.Struct("<Q").pack
 """A length as the digest frames it: 8 bytes, little-endian."""
 _U64 = U64
@@ -390,6 +396,33 @@ class BackgroundDigest:
             prefix = prefixes.get(namespace) or new_prefix(namespace)
             parts += (prefix, _U64(len(key)), key, _U64(len(value)), value, carried)
         self._put(parts)
+
+    def add_rows(
+        self,
+        rows: Iterable[tuple[str, bytes, bytes, float | None, float | None]],
+        packed: list[tuple[str, bytes, bytes, bytes]] | None = None,
+    ) -> int:
+        """Hash entries as export reads them, `(namespace, key, value, written_at, cost)`
+        in the order of the digest, what they carry packed (`carried.pack`) in format 2 and
+        left out in format 1; the bytes of their keys and values. `packed`, if given,
+        receives each entry as a writer stores it: `(namespace, key, value, carried)`, the
+        carried bytes empty in format 1. (One loop for all of it: per entry, this is most
+        of the Python an export runs.)"""
+        parts: list[bytes] = []
+        prefixes, new_prefix, u64 = self._prefixes, self._new_prefix, _U64
+        pack = _pack_carried if self.format == 2 else _carrying_nothing
+        size = 0
+        keep = packed.append if packed is not None else None
+        for namespace, key, value, written_at, cost in rows:
+            prefix = prefixes.get(namespace) or new_prefix(namespace)
+            key_size, value_size = len(key), len(value)
+            carrying = pack(written_at, cost)
+            parts += (prefix, u64(key_size), key, u64(value_size), value, carrying)
+            size += key_size + value_size
+            if keep is not None:
+                keep((namespace, key, value, carrying))
+        self._put(parts)
+        return size
 
     def prefix(self, namespace: str) -> bytes:
         """How a namespace is framed in the digest (its length as 8 bytes, then its UTF-8)."""

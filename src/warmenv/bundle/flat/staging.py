@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO, final
 
@@ -60,9 +61,7 @@ class FlatStaging:
             raise
 
     def add(self, rows: list[CarriedRow], packed: list[PackedRow]) -> None:
-        add = self._writer.add
-        for namespace, key, value, carrying in packed:
-            add(namespace, key, value, carrying)
+        self._writer.add_many(packed)
 
     def finish(self, manifest: BundleManifest) -> None:
         self._writer.finish(manifest)
@@ -150,20 +149,24 @@ class FlatWriter:
         self._data_buffer = bytearray()
         self._ns_ids = {name: i for i, name in enumerate(namespaces)}
 
-    def add(self, namespace: str, key: bytes, value: bytes, carrying: bytes) -> None:
-        """Append one entry (in sorted order) with its 16 carried bytes (`carried.pack`),
-        which format 1 has no place for and leaves out."""
-        k_off = self._data_pos + len(self._data_buffer)
-        v_off = k_off + len(key)
-        self._index_buffer += ENTRY.pack(
-            self._ns_ids[namespace], k_off, len(key), v_off, len(value)
-        )
-        if self._carries:
-            self._carried_buffer += carrying
-        self._data_buffer += key
-        self._data_buffer += value
-        if len(self._data_buffer) >= self._FLUSH_AT:
-            self._flush()
+    def add_many(self, entries: Iterable[tuple[str, bytes, bytes, bytes]]) -> None:
+        """Append entries (in sorted order), each with its 16 carried bytes
+        (`carried.pack`), which format 1 has no place for and leaves out."""
+        index, carried, data = self._index_buffer, self._carried_buffer, self._data_buffer
+        ids, pack, carries, flush_at = self._ns_ids, ENTRY.pack, self._carries, self._FLUSH_AT
+        # Where the next key goes in the data section; `_flush` empties the buffers in
+        # place, so this stays `_data_pos` plus what they hold.
+        at = self._data_pos + len(data)
+        for namespace, key, value, carrying in entries:
+            key_size, value_size = len(key), len(value)
+            index += pack(ids[namespace], at, key_size, at + key_size, value_size)
+            if carries:
+                carried += carrying
+            data += key
+            data += value
+            at += key_size + value_size
+            if len(data) >= flush_at:
+                self._flush()
 
     def _flush(self) -> None:
         fd = self._file.fileno()

@@ -29,8 +29,6 @@ from warmenv.persistence.storage import Origin
 
 __all__ = ["LARGE_BUNDLE", "LARGE_PAGE", "StagingFile"]
 
-_BATCH = 1024
-
 # SQLite's primary result codes, as the OSError they stand for.
 _ERRNO_OF = {
     8: errno.EROFS,  # SQLITE_READONLY
@@ -134,28 +132,28 @@ class StagingFile:
         self.totals = copy.totals
         return self.totals
 
-    def copy_step(self) -> list[CarriedRow]:
-        """Copy the next batch from the attached source; the rows as written (empty: done),
-        carrying nothing (`None`) in format 1."""
+    def copy_step(self, limit: int) -> list[CarriedRow]:
+        """Copy the next `limit` entries from the attached source; the rows as written
+        (empty: done), carrying nothing (`None`) in format 1."""
         with _writing(self.path):
-            return self._copy_step()
+            return self._copy_step(limit)
 
-    def _copy_step(self) -> list[CarriedRow]:
+    def _copy_step(self, limit: int) -> list[CarriedRow]:
         conn = self._connection()
         assert self._copy is not None, "attach_source() first"
-        self._copy.copy_batch(self._copy_after, _BATCH)
+        self._copy.copy_batch(self._copy_after, limit)
         carried_read = "written_at, cost" if self._carrying else "NULL, NULL"
-        rows = conn.execute(
-            f"SELECT rowid, namespace, key, value, {carried_read} FROM main.entries "
+        # The staging table only grows, one rowid after the last: the batch is the rows
+        # after those read back so far.
+        rows: list[CarriedRow] = conn.execute(
+            f"SELECT namespace, key, value, {carried_read} FROM main.entries "
             "WHERE rowid > ? ORDER BY rowid",
             (self._copied_rowid,),
         ).fetchall()
-        if not rows:
-            return []
-        last = rows[-1]
-        self._copied_rowid = last[0]
-        self._copy_after = (last[1], last[2])
-        return [row[1:] for row in rows]
+        if rows:
+            self._copied_rowid += len(rows)
+            self._copy_after = (rows[-1][0], rows[-1][1])
+        return rows
 
     def finish(self, manifest: BundleManifest) -> None:
         """Write the manifest, commit, and leave a closed, synced file in journal mode DELETE."""

@@ -78,22 +78,33 @@ class ExportSources:
         self.skipped = 0
         self._conns: list[sqlite3.Connection] = []
         self._carried: list[str] = []  # per source, the SQL of what its rows carry
+        self._totals: Totals | None = None  # one source's, counted as it opens
         try:
             for path in paths:
                 self._conns.append(_open_source(path))
             exportable = _Exportable.of(self._conns, "entries", prefixes)
-            self.skipped = sum(exportable.left_out(conn) for conn in self._conns)
             self._where, self._params = exportable.where, exportable.params
+            if len(self._conns) == 1:
+                # One source's totals are its own: counted now, and `skipped` from them.
+                conn = self._conns[0]
+                rows = schema.namespace_totals(conn, where=self._where, params=self._params)
+                self._totals = {namespace: (count, size) for namespace, count, size in rows}
+                self.skipped = exportable.left_out(conn, kept=_entries(self._totals))
+            else:
+                self.skipped = sum(exportable.left_out(conn) for conn in self._conns)
             self._carried = [_carried_columns(conn) for conn in self._conns]
+            for conn in self._conns:
+                # Every namespace the condition lets through is UTF-8 (`_Exportable`), so
+                # the rows read as plain text from here on, with no Python call per row.
+                conn.text_factory = str
         except BaseException:
             self.close()
             raise
 
     def totals(self) -> Totals:
         """Entries and bytes per namespace, as the merged stream will hold them."""
-        if len(self._conns) == 1:
-            rows = schema.namespace_totals(self._conns[0], where=self._where, params=self._params)
-            return {namespace: (count, size) for namespace, count, size in rows}
+        if self._totals is not None:
+            return dict(self._totals)
         totals: Totals = {}
         for namespace, key, value_len in self._merged(carrying=False):
             entries, size = totals.get(namespace, (0, 0))
@@ -177,6 +188,8 @@ class SourceCopy:
         if not readable:
             raise NotAnEnvironmentError(f"{source} is not a warmenv environment (no entries table)")
         conn.text_factory = schema.decode_text
+        # One snapshot of the source for the condition, the totals and the copy.
+        conn.execute("BEGIN")
         exportable = _Exportable.of([conn], f"{_SOURCE}.entries", prefixes)
         self._where, self._params = exportable.where, exportable.params
         columns, values = "", ""
@@ -187,14 +200,15 @@ class SourceCopy:
             f"SELECT namespace, key, value, {int(Origin.IMPORTED)}{values} "
             f"FROM {_SOURCE}.entries WHERE {self._where}"
         )
-        conn.execute("BEGIN")  # one snapshot of the source for the totals and the copy
         rows = schema.namespace_totals(
             conn, table=f"{_SOURCE}.entries", where=self._where, params=self._params
         )
-        self.skipped = exportable.left_out(conn)
-        """Rows of the source left out (wrong types, namespaces no reader accepts)."""
         self.totals: Totals = {namespace: (count, size) for namespace, count, size in rows}
         """Entries and bytes per namespace that the copy will hold."""
+        self.skipped = exportable.left_out(conn, kept=_entries(self.totals))
+        """Rows of the source left out (wrong types, namespaces no reader accepts)."""
+        # The rows copied are UTF-8 text (`_Exportable`): read back with no Python call each.
+        conn.text_factory = str
 
     def copy_batch(self, after: tuple[str, bytes] | None, limit: int) -> None:
         """Copy the next `limit` entries in (namespace, key) order after `after`
@@ -283,14 +297,25 @@ class _Exportable:
             where += f" AND CAST(namespace AS BLOB) NOT IN ({','.join('?' * len(bad))})"
         return cls(table, where, [*match_params, *bad], matches, [*match_params])
 
-    def left_out(self, conn: sqlite3.Connection) -> int:
+    def left_out(self, conn: sqlite3.Connection, *, kept: int | None = None) -> int:
         """How many rows under the prefixes the condition leaves out (wrong types, namespaces
-        that are empty or not UTF-8)."""
+        that are empty or not UTF-8). `kept`, the rows it lets through where the caller has
+        counted them already (the totals), spares a scan of the table: the rows under the
+        prefixes are counted from the (namespace, key) index alone."""
+        if kept is not None:
+            row = conn.execute(
+                f"SELECT count(*) FROM {self.table} WHERE {self.matches}", self.match_params
+            ).fetchone()
+            return int(row[0]) - kept
         row = conn.execute(
             f"SELECT count(*) FROM {self.table} WHERE {self.matches} AND NOT ({self.where})",
             [*self.match_params, *self.params],
         ).fetchone()
         return int(row[0])
+
+
+def _entries(totals: Totals) -> int:
+    return sum(entries for entries, _ in totals.values())
 
 
 def _carried_columns(conn: sqlite3.Connection, database: str = "main") -> str:
