@@ -12,7 +12,8 @@ on its own thread with a read-only connection of its own (see `_here`).
 A database in memory (`open_memory`) needs no worker: it runs on the
 caller's thread (see `_memory`). Work that is synchronous already, done
 whole on a thread of its own (export's staging file and its sources, a
-look inside a bundle file), takes a plain connection from `open_file`:
+look inside a bundle file), takes a plain connection from `open_file` (or
+`open_image`, over a file's bytes held in memory):
 every `sqlite3` connection warmenv makes comes from this package.
 
 A connection belongs to the event loop that opened it; `run` and `close`
@@ -32,7 +33,7 @@ import anyio
 from warmenv._backend import current_backend
 from warmenv._sqlite._loop import database_label
 
-__all__ = ["Connection", "connect", "open_file", "open_memory", "open_with"]
+__all__ = ["Connection", "connect", "open_file", "open_image", "open_memory", "open_with"]
 
 T = TypeVar("T")
 
@@ -110,6 +111,24 @@ def open_file(uri: str, *, busy_timeout: float = FILE_BUSY_TIMEOUT_SECONDS) -> s
         isolation_level=None,  # warmenv issues BEGIN/COMMIT itself
         check_same_thread=False,
     )
+
+
+def open_image(image: bytes) -> sqlite3.Connection:
+    """A plain, synchronous, read-only connection to a database held in memory as the
+    bytes of its file (`image`, copied by SQLite; `sqlite3.Connection.deserialize`).
+
+    For a look at the first bytes of a file read ahead (a SQLite bundle's first
+    pages, fetched by range): a page `image` does not hold reads as damage
+    (`sqlite3.DatabaseError`), never as the rest of a file. The caller closes it.
+    """
+    connection = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+    try:
+        connection.deserialize(image)
+        connection.execute("PRAGMA query_only = ON")
+    except BaseException:
+        connection.close()
+        raise
+    return connection
 
 
 async def open_with(

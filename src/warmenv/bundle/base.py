@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import ClassVar, Generic, Protocol, Self, TypeVar, final, runtime_checkable
 
 import anyio.to_thread
+import attrs
 
 from warmenv._keys import PublicKey
 from warmenv.bundle.errors import CorruptBundleError
@@ -38,6 +39,7 @@ __all__ = [
     "FORMAT_VERSIONS",
     "CarriedRow",
     "FileFormat",
+    "Header",
     "PackedRow",
     "StagingCopier",
     "StagingWriter",
@@ -60,6 +62,38 @@ def check_namespace_names(names: Iterable[str], source: str) -> None:
             Namespace.raw(name)
         except ValueError as exc:
             raise CorruptBundleError(f"{source}: namespace {name!r} is not valid ({exc})") from None
+
+
+def check_listed(manifest: BundleManifest, names: Iterable[str], source: str) -> None:
+    """`CorruptBundleError` unless the namespaces `manifest` lists (if it lists them) are
+    exactly `names`, those the bundle holds: an import may refuse a bundle by its list
+    before reading its body, so every reader of the body checks that the list told the
+    truth. (A list can only make an import refuse: what is imported is read from the
+    body, whose digest and, if signed, signature the import checks.)"""
+    if manifest.namespaces is None:
+        return
+    listed, held = list(manifest.namespaces), sorted(set(names))
+    if sorted(set(listed)) != held or len(listed) != len(held):
+        missing = sorted(set(held) - set(listed))
+        extra = sorted(set(listed) - set(held))
+        said = (
+            f"lacks {missing[0]!r}, which it holds"
+            if missing
+            else f"names {extra[0]!r}, which it does not hold"
+            if extra
+            else "names a namespace twice"
+        )
+        raise CorruptBundleError(f"{source}: its manifest's list of namespaces {said}")
+
+
+@attrs.frozen
+class Header:
+    """What a bundle says in its first bytes, read before its body (by range for a URL)."""
+
+    manifest: BundleManifest
+    namespaces: tuple[str, ...] | None
+    """Its namespaces' names, or None: not told up front (a SQLite bundle whose manifest
+    lists none; its names are in its entries)."""
 
 
 class BundleFormat(enum.StrEnum):
@@ -298,7 +332,13 @@ class FileFormat(abc.ABC, Generic[B_co]):
     magic: ClassVar[bytes]
     """The bytes a file of the format starts with."""
     header_in_front: ClassVar[bool] = False
-    """Whether the manifest and namespace names come first (readable by a range request)."""
+    """Whether the manifest comes first (readable by a range request)."""
+    names_in_front: ClassVar[bool] = False
+    """Whether the namespace names always come first too (so a file need never be
+    opened whole for them); a SQLite manifest lists them only since format 2."""
+    header_limit: ClassVar[int] = 0
+    """The most bytes from the file's start that `header` is given before a reader gives
+    up reading ahead (and reads the whole file instead)."""
 
     def matches(self, head: bytes) -> bool:
         """Whether a file starting with `head` is of this format (by its magic)."""
@@ -320,9 +360,10 @@ class FileFormat(abc.ABC, Generic[B_co]):
         """Open a file that already lies in a private directory (a download); the bundle
         owns it, and it is removed if the open fails."""
 
-    def header(self, data: bytes, label: str) -> tuple[BundleManifest, list[str]] | None:
-        """The manifest and namespace names from the first bytes of a file (`data`),
-        or `None` if they are not all there (only where `header_in_front`)."""
+    def header(self, data: bytes, label: str) -> Header | None:
+        """The manifest (and namespace names, where told up front) from the first bytes
+        of a file (`data`), or `None` if they are not all there (only where
+        `header_in_front`)."""
         return None
 
     def may_replace(self, path: Path) -> bool:
@@ -385,6 +426,11 @@ class StagingCopier(StagingWriter, Protocol):
 
     def copy_step(self, limit: int) -> list[CarriedRow]:
         """Copy the next `limit` entries; the rows as written (empty: done)."""
+        ...
+
+    def reserve(self, manifest: BundleManifest) -> None:
+        """Write `manifest` (its digest and signature placeholders of their final lengths)
+        ahead of the entries, where `finish` fills it in."""
         ...
 
 

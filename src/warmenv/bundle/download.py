@@ -46,10 +46,10 @@ from warmenv._errors import WarmenvError
 from warmenv._url import bundle_url_problem, redact, redact_in
 from warmenv.bundle import _files
 from warmenv.bundle._http_logs import redact_client_logs
+from warmenv.bundle.base import Header
 from warmenv.bundle.events import Downloading
 from warmenv.bundle.flat.bundle import FlatBundle
 from warmenv.bundle.formats import sniff
-from warmenv.bundle.manifest import BundleManifest
 from warmenv.bundle.open import open_private_file
 from warmenv.bundle.sqlite.bundle import SqliteBundle
 
@@ -61,7 +61,6 @@ __all__ = ["DownloadError", "DownloadOptions"]
 _FLUSH_BYTES = 1 << 20  # written to disk (and reported) at least every MiB...
 _FLUSH_SECONDS = 0.25  # ...or this often on a slow link
 _HEAD_FIRST = 64 << 10  # the first range a preflight asks for
-_HEAD_MAX = 16 << 20  # a flat header larger than this is not read by range
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _STAGED_NAME = "bundle.download"
 
@@ -509,14 +508,16 @@ class Download:
         return Downloading(self._done, self._total, time.perf_counter() - self._started_at)
 
 
-async def read_header(
-    url: str, options: DownloadOptions | None
-) -> tuple[BundleManifest, list[str]] | None:
-    """A flat bundle's manifest and namespace names, read by `Range` from the file's start.
+async def read_header(url: str, options: DownloadOptions | None) -> Header | None:
+    """A bundle's manifest (and namespace names, where told up front), read by `Range`
+    from the file's start, before its body.
 
-    `None` when that is not possible (the server ignores ranges, or the
-    bundle is a SQLite one, whose manifest sits wherever SQLite put the
-    `meta` table): the caller downloads the whole file instead.
+    Each further range asks only for the bytes after those already read, and
+    only of the same file (`If-Range` on its validator; a server without one
+    gets one range at most). `None` when that is not possible (the server
+    ignores ranges, the file changed meanwhile, or what the format keeps up
+    front is not all within its `header_limit`): the caller downloads the
+    whole file instead.
     """
     httpx = _httpx()
     options = options or DownloadOptions()
@@ -524,22 +525,27 @@ async def read_header(
     _checked(url)
     deadline = _Deadline(label, options)
     want = _HEAD_FIRST
+    data = bytearray()
+    validator: str | None = None
     async with _client(httpx, url, options) as client:
         while True:
-            request = client.build_request(
-                "GET", url, headers={"Range": f"bytes=0-{want - 1}", "Accept-Encoding": "identity"}
-            )
+            headers = {"Range": f"bytes={len(data)}-{want - 1}", "Accept-Encoding": "identity"}
+            if validator is not None:
+                headers["If-Range"] = validator
+            request = client.build_request("GET", url, headers=headers)
             try:
                 response = await deadline.send(client, request)
                 try:
                     if response.status_code == 200:
-                        return None  # ranges not honoured: the caller downloads it all
+                        return None  # ranges not honoured, or the file changed: read it all
                     if response.status_code != 206:
                         raise DownloadError(
                             f"{label}: the server answered {_describe_status(response)}; "
                             + ("check the URL" if response.status_code in (404, 410) else "retry")
                         )
-                    data = bytearray()
+                    start, size = _content_range(response.headers.get("content-range", ""))
+                    if start != len(data):
+                        return None  # not the range asked for: read it all
                     body = _Body(response, deadline)
                     try:
                         while len(data) < want and (chunk := await body.next()) is not None:
@@ -547,7 +553,7 @@ async def read_header(
                     finally:
                         with anyio.CancelScope(shield=True):
                             await body.stop()
-                    size = _content_range(response.headers.get("content-range", ""))[1]
+                    validator = _strong_validator(response)
                 finally:
                     with anyio.CancelScope(shield=True):
                         await response.aclose()
@@ -564,12 +570,24 @@ async def read_header(
             found = sniff(bytes(data))
             if found is None or not found.header_in_front:
                 return None
-            parsed = found.header(bytes(data[:want]), label)
+            # On a worker thread: reading a SQLite bundle's first pages is SQLite's work.
+            parsed = await anyio.to_thread.run_sync(found.header, bytes(data[:want]), label)
             if parsed is not None:
                 return parsed
-            if len(data) < want or (size is not None and want >= size) or want >= _HEAD_MAX:
-                return None  # the whole file was given, or the header is huge: read it all
-            want *= 4
+            whole = len(data) < want or (size is not None and want >= size)
+            if whole or want >= found.header_limit or validator is None:
+                return None  # the whole file was given, or more is not worth it: read it all
+            want = min(want * 4, found.header_limit)
+
+
+def _strong_validator(response: httpx.Response) -> str | None:
+    """What proves a later range is of the same file (`If-Range`): a strong ETag, else
+    Last-Modified; None without either."""
+    etag = response.headers.get("etag")
+    if etag and not etag.startswith("W/"):
+        return str(etag)
+    modified = response.headers.get("last-modified")
+    return None if modified is None else str(modified)
 
 
 def _reason(exc: BaseException) -> str:

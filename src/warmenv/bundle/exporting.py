@@ -17,7 +17,10 @@ an import saves nothing that statistics can count.
 
 `sign=` signs the bundle (`warmenv.bundle.signing`): the manifest is
 written with a placeholder signature of the final length, and signed, with
-its digest, once the last entry is written.
+its digest, once the last entry is written. In format 2 the manifest also
+lists the namespaces the bundle holds (known from the first pass), and both
+formats write it ahead of the entries, so an import by URL reads it, and may
+refuse a stale bundle, by a range request for the file's first bytes.
 
 The bundle is written to a staging file beside `out`, synced, and renamed
 onto `out` only when complete, so a failed, cancelled or killed export leaves
@@ -63,6 +66,7 @@ from warmenv.bundle.manifest import (
     DIGEST_PLACEHOLDER,
     BackgroundDigest,
     BundleManifest,
+    listing,
     now_iso,
     this_machine,
 )
@@ -319,12 +323,15 @@ class _ExportJob:
                 self._output = self._copier = copier
                 self.totals = copier.totals
                 self.skipped = copier.skipped
+                self._list_namespaces()
+                copier.reserve(self.manifest)
             else:
                 with reading(self._sources_named):
                     reader = self._sources_reader = ExportSources(sources, self._prefixes)
                     self.skipped = reader.skipped
                     self.totals = reader.totals()
                     self._rows = reader.rows()
+                self._list_namespaces()
                 self._output = self.format.writer(
                     self._new_staging(),
                     self.manifest,
@@ -340,6 +347,12 @@ class _ExportJob:
         except BaseException:
             self.abandon()
             raise
+
+    def _list_namespaces(self) -> None:
+        """The manifest lists the namespaces the bundle will hold (format 2), so an import
+        can refuse a stale bundle by its first bytes; format 1 is 0.1's manifest."""
+        if self.format_version >= 2:
+            self.manifest = listing(self.manifest, self.totals)
 
     def _new_staging(self) -> Path:
         # Claimed by its lock while it lives (`_files`): a cleaner beside it, in this

@@ -115,9 +115,11 @@ def importing(
     others are named in the report (`other_versions`). A bundle holding
     none of that version raises `StaleBundleError` before anything is
     written, and before its body is downloaded or copied where its names can
-    be read first: a flat bundle's header (by a `Range` request for a URL),
-    a SQLite file's entries where it lies (a SQLite bundle by URL is
-    downloaded first: its names are in its entries).
+    be read first: from the start of the file (by `Range` requests for a
+    URL), where a flat bundle's header and the manifest of a SQLite bundle
+    of format 2 list them, or a SQLite file's entries where it lies. A
+    SQLite bundle by URL whose manifest lists none (exported before the
+    list, or in format 1) is downloaded first, then refused.
 
     `share` (0 < share <= 1) bounds the import's share of the time while it
     runs: after each batch it pauses `busy * (1 - share) / share` seconds,
@@ -152,13 +154,14 @@ async def _importing(
     if is_url(source):
         assert isinstance(source, str)
         if version is not None or checked.checks:
-            # A flat bundle's header comes first: refused by it, its body is never fetched
-            # (the copy that is downloaded is checked again before anything is written).
+            # The manifest comes first: refused by it, a bundle's body is never fetched (the
+            # copy that is downloaded is checked again before anything is written).
             header = await read_header(source, download)
             if header is not None:
-                if version is not None:
-                    refuse_stale(redact(source), header[1], namespaces, version)
-                check_signature(header[0], checked, redact(source))
+                # The signature first: under a trust, only a signed list is believed.
+                check_signature(header.manifest, checked, redact(source))
+                if version is not None and header.namespaces is not None:
+                    refuse_stale(redact(source), list(header.namespaces), namespaces, version)
         progress = ImportProgress(
             Download(source, near, download),
             env,
@@ -180,8 +183,8 @@ async def _importing(
     if isinstance(source, str | os.PathLike):
         if version is not None:
             found = await read_names(Path(source))
-            if found is not None:
-                refuse_stale(os.fspath(source), found[1], namespaces, version)
+            if found is not None and found.namespaces is not None:
+                refuse_stale(os.fspath(source), list(found.namespaces), namespaces, version)
         bundle: Bundle = await open_private(Path(source), near, verified=verify)
         owned = True
     else:

@@ -51,6 +51,7 @@ __all__ = [
     "Signature",
     "U64",
     "check_manifest_size",
+    "listing",
     "oversized_manifest",
     "this_machine",
 ]
@@ -151,6 +152,11 @@ class BundleManifest:
     environments: tuple[EnvironmentInfo, ...]
     digest: str
     signature: Signature | None = None
+    namespaces: tuple[str, ...] | None = None
+    """The namespaces the bundle holds, sorted (as UTF-8 bytes), or None: not listed
+    (format 1, a bundle from before the list, or too many to list). Where listed, a
+    reader checks the list against the entries when it opens the bundle, and an
+    import may refuse a stale bundle by it before reading its body (by range)."""
     read_from: bytes | None = attrs.field(
         default=None, eq=False, repr=False, metadata={"shown": False}
     )
@@ -169,6 +175,8 @@ class BundleManifest:
         }
         if self.signature is not None:
             document["signature"] = self.signature.to_json()
+        if self.namespaces is not None:
+            document["namespaces"] = list(self.namespaces)
         return json.dumps(document, sort_keys=True, ensure_ascii=False).encode("utf-8")
 
     def signed_payload(self) -> bytes:
@@ -251,6 +259,7 @@ class BundleManifest:
             environments=tuple(_environment(e, i) for i, e in enumerate(environments)),
             digest=digest,
             signature=_signature(document),
+            namespaces=_namespaces(document),
             read_from=raw,
         )
 
@@ -271,16 +280,17 @@ def _extra_field(found: object, ours: object, where: str) -> str | None:
     return None
 
 
-def _text(document: Mapping[str, Any], field: str, where: str = "") -> str:
+def _text(document: Mapping[Any, Any], field: str | int, where: str = "") -> str:
+    named = f"{where}[{field}]" if isinstance(field, int) else f"{where}{field}"
     value = document.get(field)
     if not isinstance(value, str):
-        raise InvalidManifestError(f"manifest field '{where}{field}' must be a string")
+        raise InvalidManifestError(f"manifest field '{named}' must be a string")
     if len(value) > _MAX_TEXT:
         raise InvalidManifestError(
-            f"manifest field '{where}{field}' is longer than {_MAX_TEXT} characters"
+            f"manifest field '{named}' is longer than {_MAX_TEXT} characters"
         )
     if not is_utf8(value):  # a JSON escape such as "\ud800" decodes to a lone surrogate
-        raise InvalidManifestError(f"manifest field '{where}{field}' is not valid Unicode text")
+        raise InvalidManifestError(f"manifest field '{named}' is not valid Unicode text")
     return value
 
 
@@ -297,6 +307,37 @@ def _environment(document: object, index: int) -> EnvironmentInfo:
         arch=_text(document, "arch", where),
         devices=tuple(devices),
     )
+
+
+def _namespaces(document: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The namespaces a manifest lists, each a string (whether they are the bundle's
+    is checked where the bundle is opened: `warmenv.bundle.base.check_listed`)."""
+    if "namespaces" not in document:
+        return None
+    names = document["namespaces"]
+    if not isinstance(names, list):
+        raise InvalidManifestError("manifest field 'namespaces' must be a list of strings")
+    by_position = dict(enumerate(names))
+    return tuple(_text(by_position, i, "namespaces") for i in by_position)
+
+
+def listing(manifest: BundleManifest, namespaces: Iterable[str]) -> BundleManifest:
+    """`manifest` listing `namespaces` (sorted as UTF-8 bytes, as the digest sorts them),
+    or `manifest` as it is where the list would not fit: a name longer than a manifest
+    string may be, or a list that would take the manifest past `LISTED_BYTES`."""
+    names = sorted(namespaces, key=lambda n: n.encode("utf-8", "surrogatepass"))
+    if any(len(name) > _MAX_TEXT or not is_utf8(name) for name in names):
+        return manifest
+    listed = attrs.evolve(manifest, namespaces=tuple(names))
+    if len(listed.to_json()) > LISTED_BYTES:
+        return manifest
+    return listed
+
+
+LISTED_BYTES: Final = 256 << 10
+"""The largest manifest export writes with its namespaces listed: a bundle of so
+many namespaces that the list would pass it is exported without one (an import
+then reads its names from its body, as from a bundle of before the list)."""
 
 
 def _signature(document: Mapping[str, Any]) -> Signature | None:

@@ -18,17 +18,15 @@ from pathlib import Path
 import anyio.to_thread
 
 from warmenv.bundle import _files
-from warmenv.bundle.base import BundleOpener
+from warmenv.bundle.base import BundleOpener, Header
 from warmenv.bundle.errors import CorruptBundleError, NotABundleError
 from warmenv.bundle.flat.bundle import FlatBundle
 from warmenv.bundle.formats import AnyFormat, sniff
-from warmenv.bundle.manifest import BundleManifest
 from warmenv.bundle.sqlite.bundle import SqliteBundle
 
 __all__ = ["open_bundle", "open_snapshot", "read_names"]
 
-_HEAD_FIRST = 64 << 10  # the first bytes a flat header is looked for in
-_HEAD_MAX = 16 << 20  # a flat header larger than this is not read ahead
+_HEAD_FIRST = 64 << 10  # the first bytes a header is looked for in (then 4x, to its limit)
 
 
 def open_bundle(path: str | Path) -> BundleOpener[FlatBundle | SqliteBundle]:
@@ -68,7 +66,7 @@ async def open_any(path: Path) -> FlatBundle | SqliteBundle:
     return await _format_of(head, str(path)).open(path)
 
 
-async def read_names(path: Path) -> tuple[BundleManifest, list[str]] | None:
+async def read_names(path: Path) -> Header | None:
     """The manifest and namespace names of the bundle at `path`, read where it lies.
 
     Nothing is copied: a flat bundle's header is read from its first bytes
@@ -81,7 +79,7 @@ async def read_names(path: Path) -> tuple[BundleManifest, list[str]] | None:
     try:
         head = await anyio.to_thread.run_sync(_files.read_head, fd)
         format = _format_of(head, str(path))
-        if format.header_in_front:
+        if format.names_in_front:
             want = _HEAD_FIRST
             while True:
                 data = await anyio.to_thread.run_sync(os.pread, fd, want, 0)
@@ -90,14 +88,14 @@ async def read_names(path: Path) -> tuple[BundleManifest, list[str]] | None:
                     return parsed
                 if len(data) < want:
                     raise CorruptBundleError(f"{path}: the file ends inside its header")
-                if want >= _HEAD_MAX:
+                if want >= format.header_limit:
                     return None
-                want *= 4
+                want = min(want * 4, format.header_limit)
     finally:
         os.close(fd)
     bundle = await format.open(path)
     try:
-        return bundle.manifest, [s.namespace for s in await bundle.namespaces()]
+        return Header(bundle.manifest, tuple(s.namespace for s in await bundle.namespaces()))
     finally:
         await bundle.aclose()
 

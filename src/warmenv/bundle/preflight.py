@@ -19,11 +19,12 @@ checks is `verify`'s (`warmenv check` runs both).
 
 A bundle named by an http(s) URL is checked without downloading it where
 the server allows: a flat bundle's manifest and namespace names are at its
-start, so a `Range` request for the first bytes is enough. A SQLite
-bundle keeps its manifest in the `meta` table, wherever SQLite placed it,
-and its namespaces in the entries themselves, so it is downloaded whole (to
-a private temporary file, removed after), as is any bundle on a server that
-ignores `Range`.
+start, and so is the manifest of a SQLite bundle, which lists its
+namespaces since format 2 lists them, so `Range` requests for the first
+bytes are enough. A SQLite bundle whose manifest lists none (exported
+before the list, or in format 1) is downloaded whole (to a private
+temporary file, removed after), as is any bundle on a server that ignores
+`Range`.
 """
 
 from __future__ import annotations
@@ -137,8 +138,8 @@ async def _check_url(
 ) -> Preflight:
     # A flat bundle's header names its namespaces but does not count their entries.
     header = None if asked is not None else await read_header(url, options)
-    if header is not None:
-        manifest, names = header
+    if header is not None and header.namespaces is not None:
+        manifest, names = header.manifest, list(header.namespaces)
         return _signed(_verdict(manifest, names, version), manifest, trust, redact(url))
     fetched = Download(url, None, options)
     async with aclosing(fetched.fetch()) as steps:

@@ -125,8 +125,8 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         return await _run(args, out, path, prefixes, source_label(path))
     if version is not None:  # refused before the bundle is copied or anything is created
         found = await read_names(path)
-        if found is not None:
-            refuse_stale(str(path), found[1], prefixes, version)
+        if found is not None and found.namespaces is not None:
+            refuse_stale(str(path), list(found.namespaces), prefixes, version)
     where = _where(args)
     near = None if where is None else await anyio.to_thread.run_sync(_existing, where[1])
     # The import's own private copy (beside the environment's directory where it

@@ -48,6 +48,8 @@ from warmenv.bundle.base import (
     BundleOpener,
     BundleReader,
     FileFormat,
+    Header,
+    check_listed,
     check_namespace_names,
 )
 from warmenv.bundle.errors import (
@@ -426,6 +428,7 @@ class FlatBundle(BundleReader, Bundle):
                 raise CorruptBundleError(f"{self._source}: namespace {i} is not UTF-8") from None
             previous = raw
         check_namespace_names(names, self._source)
+        check_listed(self._manifest, names, self._source)
         entry_count = reader.u32("the entry count")
         entry_size = 20 + CARRIED_SIZE[version]
         if entry_count * entry_size > len(data) - reader.pos:
@@ -587,6 +590,8 @@ class FlatFormat(FileFormat[FlatBundle]):
     format: ClassVar[BundleFormat] = BundleFormat.FLAT
     magic: ClassVar[bytes] = FLAT_MAGIC
     header_in_front: ClassVar[bool] = True
+    names_in_front: ClassVar[bool] = True
+    header_limit: ClassVar[int] = 16 << 20  # a larger header: read the whole file
 
     async def open(self, path: Path) -> FlatBundle:
         return await anyio.to_thread.run_sync(map_file, path)
@@ -600,7 +605,7 @@ class FlatFormat(FileFormat[FlatBundle]):
     async def open_private_file(self, path: Path, label: str) -> FlatBundle:
         return await anyio.to_thread.run_sync(map_private, path, label)
 
-    def header(self, data: bytes, label: str) -> tuple[BundleManifest, list[str]] | None:
+    def header(self, data: bytes, label: str) -> Header | None:
         u32 = int.from_bytes
         pos = len(FLAT_MAGIC)
         if len(data) < pos + 8:
@@ -631,7 +636,8 @@ class FlatFormat(FileFormat[FlatBundle]):
             except UnicodeDecodeError:
                 raise InvalidManifestError(f"{label}: namespace {i} is not UTF-8") from None
             pos += size
-        return manifest, names
+        check_listed(manifest, names, label)
+        return Header(manifest, tuple(names))
 
     def writer(
         self,

@@ -31,6 +31,8 @@ from warmenv.bundle.base import (
     BundleOpener,
     BundleReader,
     FileFormat,
+    Header,
+    check_listed,
     check_namespace_names,
 )
 from warmenv.bundle.errors import (
@@ -40,6 +42,7 @@ from warmenv.bundle.errors import (
 )
 from warmenv.bundle.manifest import BundleManifest
 from warmenv.bundle.sqlite.file import BundleFile
+from warmenv.bundle.sqlite.head import HEADER_LIMIT, read_header
 from warmenv.bundle.sqlite.schema import has_manifest
 from warmenv.bundle.sqlite.staging import StagingFile
 from warmenv.persistence.carried import CarryingEntry
@@ -216,6 +219,7 @@ async def _open_checked(
             manifest = BundleManifest.from_json(manifest_text)
         except (InvalidManifestError, UnsupportedSchemaError) as exc:
             raise type(exc)(f"{label}: {exc}") from None
+        check_listed(manifest, (s.namespace for s in file.namespaces), label)
     except BaseException:
         await file.close()
         raise
@@ -229,6 +233,11 @@ class SqliteFormat(FileFormat[SqliteBundle]):
     __slots__ = ()
     format: ClassVar[BundleFormat] = BundleFormat.SQLITE
     magic: ClassVar[bytes] = SQLITE_MAGIC
+    header_in_front: ClassVar[bool] = True  # the manifest, since export writes it first
+    header_limit: ClassVar[int] = HEADER_LIMIT
+
+    def header(self, data: bytes, label: str) -> Header | None:
+        return read_header(data, label)
 
     async def open(self, path: Path) -> SqliteBundle:
         return await open_sqlite_bundle(path)
@@ -256,6 +265,7 @@ class SqliteFormat(FileFormat[SqliteBundle]):
     ) -> StagingFile:
         staging = StagingFile(path, expected_bytes=expected_bytes, format_version=format_version)
         try:
+            staging.reserve(manifest)
             staging.begin()
         except BaseException:
             staging.close()

@@ -4,7 +4,9 @@ Export writes a SQLite bundle into a staging file beside its target (see
 `warmenv.bundle.exporting`): the schema of the format asked for, the
 entries as IMPORTED in (namespace, key) order, either appended a batch at a
 time or, from a single source, copied inside SQLite (persistence's
-`SourceCopy`, which runs every statement on the environment), then the manifest.
+`SourceCopy`, which runs every statement on the environment), then the manifest,
+whose row was written ahead of the entries (`reserve`) so that it lies in the
+file's first pages, where a range request reaches it.
 Whatever SQLite says went wrong writing it is raised as the `OSError` it
 stands for (a full disk, a read-only file system), naming the file.
 """
@@ -81,6 +83,7 @@ class StagingFile:
         self._copy: SourceCopy | None = None
         self._copied_rowid = 0
         self._copy_after: tuple[str, bytes] | None = None  # the last (namespace, key) copied
+        self._reserved = False  # the meta rows written ahead of the entries
         self.skipped = 0
         self.totals: dict[str, tuple[int, int]] = {}
         """Entries and bytes per namespace of the attached source (`attach_source`)."""
@@ -99,6 +102,22 @@ class StagingFile:
     def _connection(self) -> sqlite3.Connection:
         assert self._conn is not None, "the staging file is closed"
         return self._conn
+
+    def reserve(self, manifest: BundleManifest) -> None:
+        """Write the `meta` rows now, before any entry, the manifest as it will be but for
+        its digest and signature (placeholders of their final lengths): it then lies in
+        the file's first pages, where a reader of its first bytes finds it
+        (`warmenv.bundle.sqlite.head`), and `finish` rewrites it in place (a value of
+        the same length: SQLite overwrites its pages where they are)."""
+        with _writing(self.path):
+            self._connection().execute(
+                "INSERT INTO meta (k, v) VALUES ('schema_version', ?), ('manifest', ?)",
+                (
+                    bundle_schema.SCHEMA_VERSIONS[self.format_version],
+                    manifest.to_json().decode("utf-8"),
+                ),
+            )
+        self._reserved = True
 
     def begin(self) -> None:
         with _writing(self.path):
@@ -164,10 +183,13 @@ class StagingFile:
 
     def _finish(self, manifest_json: str) -> None:
         conn = self._connection()
-        conn.execute(
-            "INSERT INTO meta (k, v) VALUES ('schema_version', ?), ('manifest', ?)",
-            (bundle_schema.SCHEMA_VERSIONS[self.format_version], manifest_json),
-        )
+        if self._reserved:
+            conn.execute("UPDATE meta SET v = ? WHERE k = 'manifest'", (manifest_json,))
+        else:
+            conn.execute(
+                "INSERT INTO meta (k, v) VALUES ('schema_version', ?), ('manifest', ?)",
+                (bundle_schema.SCHEMA_VERSIONS[self.format_version], manifest_json),
+            )
         conn.execute("COMMIT")
         if self._copy is not None:
             self._copy.detach()
