@@ -103,10 +103,14 @@ def test_a_namespace_refuses_the_same_versions() -> None:
 BAD_IMPORT_OPTIONS: list[tuple[str, object, type[Exception], str]] = [
     ("namespaces", "app", TypeError, r"pass \['app'\]"),
     ("namespaces", [1], TypeError, "str prefixes"),
-    ("batch_size", True, ValueError, "batch_size"),
+    ("batch_size", True, TypeError, "batch_size"),  # a wrong type: TypeError, as version=
+    ("batch_size", "8", TypeError, "batch_size"),
+    ("batch_size", 8.0, TypeError, "batch_size"),
     ("batch_size", 0, ValueError, "batch_size"),
     ("share", 0, ValueError, "share"),
     ("share", math.nan, ValueError, "share"),
+    ("share", "0.5", TypeError, "share"),
+    ("share", True, TypeError, "share"),
     ("verify", None, TypeError, "verify"),
     ("verify", "no", TypeError, "verify"),
     ("validate", "x", TypeError, "validate"),

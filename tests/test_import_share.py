@@ -81,12 +81,22 @@ async def test_a_paced_import_imports_everything_and_reports_its_pauses(
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("bad", [0, -0.5, 1.5, float("nan"), True, "half"])
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        (0, ValueError),
+        (-0.5, ValueError),
+        (1.5, ValueError),
+        (float("nan"), ValueError),
+        (True, TypeError),  # not a number: a wrong type is TypeError, as for version=
+        ("half", TypeError),
+    ],
+)
 async def test_a_share_outside_zero_to_one_is_refused(
-    bundle_path: Path, root: Path, bad: object
+    bundle_path: Path, root: Path, bad: object, error: type[Exception]
 ) -> None:
     async with open_environment("svc", root=root) as env:
-        with pytest.raises(ValueError, match="share must be"):
+        with pytest.raises(error, match="share must be"):
             await import_bundle(bundle_path, env, share=bad)  # type: ignore[arg-type]
         assert await env.namespaces() == []
 

@@ -175,13 +175,24 @@ async def test_a_store_without_a_ttl_keeps_the_plain_hit_path(storage: Storage) 
     assert store.hit_path == store.held.hit  # no deadline check on the hot path
 
 
-@pytest.mark.parametrize("ttl", [0, -1.0, float("nan"), float("inf"), "60", True])
+@pytest.mark.parametrize(
+    ("ttl", "error"),
+    [
+        (0, ValueError),
+        (-1.0, ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        (datetime.timedelta(seconds=-5), ValueError),
+        ("60", TypeError),  # a value of the wrong type is TypeError, as for version=
+        (True, TypeError),
+    ],
+)
 async def test_a_ttl_that_is_not_a_positive_duration_is_refused(
-    storage: Storage, ttl: object
+    storage: Storage, ttl: object, error: type[Exception]
 ) -> None:
-    with pytest.raises(ValueError, match=r"^ttl is seconds .* got ") as raised:
+    with pytest.raises(error, match=r"^ttl is seconds .* got ") as raised:
         await Store.open(storage, ttl=ttl)  # type: ignore[call-overload]
-    assert "\n" not in str(raised.value)
+    assert type(raised.value) is error and "\n" not in str(raised.value)
 
 
 class OwnStorage(Storage):

@@ -25,3 +25,21 @@ class RemoteError(WarmenvError):
     Here rather than beside the Redis tier, because the configuration raises
     it too (a bad `WARMENV_REMOTE`) and imports nothing of the tier.
     """
+
+
+def require_number(value: object, rule: str, *, integral: bool = False) -> float:
+    """`value` if it is a number (an `int`, or also a `float` unless `integral`), else
+    `TypeError`: the `rule` ("share must be a number in (0, 1]") and what it got.
+
+    The one rule of warmenv's numeric arguments (`ttl=`, `share=`, `batch_size=`):
+    an argument of the wrong type is `TypeError` (here), one of the right type but
+    out of range is `ValueError` (the caller's check), as `version=` has it. A
+    `bool` is an `int` to Python, but `batch_size=True` is a mistake, not 1.
+    """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (integral and not isinstance(value, int))
+    ):
+        raise TypeError(f"{rule}, got {type(value).__name__} {value!r}")
+    return value

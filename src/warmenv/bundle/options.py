@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypedDict
 
+from warmenv._errors import require_number
 from warmenv._keys import PublicKey
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.download import DownloadOptions
@@ -206,10 +207,9 @@ def _trust_of(trust: object) -> Trust | None:
 
 
 def check_share(share: object) -> None:
-    """`ValueError` for a `share=` that is not a fraction of the time in (0, 1]."""
-    if (
-        isinstance(share, bool)
-        or not isinstance(share, int | float)
-        or not 0 < share <= 1  # NaN fails this too
-    ):
-        raise ValueError(f"share must be a number in (0, 1] (of the time), got {share!r}")
+    """`TypeError` for a `share=` that is not a number (a bool neither), `ValueError` for
+    one that is not a fraction of the time in (0, 1]."""
+    rule = "share must be a number in (0, 1] (of the time)"
+    fraction = require_number(share, rule)
+    if not 0 < fraction <= 1:  # NaN fails this too
+        raise ValueError(f"{rule}, got {share!r}")

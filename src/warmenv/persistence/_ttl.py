@@ -31,6 +31,7 @@ import math
 from collections.abc import Iterable
 from typing import Any, final
 
+from warmenv._errors import require_number
 from warmenv.persistence import carried
 from warmenv.persistence._held import ABSENT, Held
 from warmenv.persistence.storage import Storage, wall_clock
@@ -39,21 +40,17 @@ __all__ = ["Expiry", "check_dated", "check_ttl"]
 
 
 def check_ttl(ttl: object) -> float | None:
-    """`ttl` as seconds: a positive finite number or `timedelta`, or None for no ttl."""
+    """`ttl` as seconds: a positive finite number or `timedelta`, or None for no ttl;
+    `TypeError` for another type, `ValueError` for a number or duration out of range."""
     if ttl is None:
         return None
+    rule = "ttl is seconds (a positive finite number or a timedelta) or None"
     if isinstance(ttl, datetime.timedelta):
-        seconds: object = ttl.total_seconds()
+        seconds = ttl.total_seconds()
     else:
-        seconds = ttl
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, int | float)
-        or not 0 < seconds < math.inf
-    ):
-        raise ValueError(
-            f"ttl is seconds (a positive finite number or a timedelta) or None, got {ttl!r}"
-        )
+        seconds = require_number(ttl, rule)  # TypeError: another type
+    if not 0 < seconds < math.inf:  # NaN fails this too
+        raise ValueError(f"{rule}, got {ttl!r}")
     return float(seconds)
 
 

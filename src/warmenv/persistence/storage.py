@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, NoReturn, Protocol, TypeAlias, TypeVar
 
 import attrs
 
-from warmenv._errors import WarmenvError
+from warmenv._errors import WarmenvError, require_number
 from warmenv._text import is_utf8
 
 if TYPE_CHECKING:  # explain.py builds on this module
@@ -486,7 +486,10 @@ def check_item(item: object) -> tuple[bytes, bytes]:
 
 
 def check_batch_size(batch_size: int) -> int:
-    # A bool is an int to Python, but batch_size=True is a mistake, not 1.
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    """`batch_size` if it is a positive int; `TypeError` for another type (a bool too),
+    `ValueError` for an int under 1."""
+    rule = "batch_size must be a positive int"
+    require_number(batch_size, rule, integral=True)
+    if batch_size < 1:
+        raise ValueError(f"{rule}, got {batch_size!r}")
     return batch_size
