@@ -113,6 +113,22 @@ async def test_an_old_row_in_the_file_is_a_miss_only_for_a_store_with_a_ttl(
         assert await (await env.store(NS, mode=mode, ttl=HOUR)).get("old") == 5
 
 
+@pytest.mark.parametrize("mode", list(CacheMode))
+async def test_len_counts_an_expired_value_held_in_memory_until_it_is_looked_up(
+    storage: Storage, clock: Clock, mode: CacheMode
+) -> None:
+    # Decided and documented (docs/storage.md): len() is the values held in memory,
+    # and never reads the clock; the lookup that finds one expired forgets it.
+    store: Store[str, int] = await Store.open(storage, mode=mode, ttl=HOUR)
+    await store.insert("old", 1)
+    clock.now += 2 * HOUR
+    await store.insert("new", 2)
+    assert len(store) == 2  # "old" is past its ttl, still held
+    assert await store.get("old") is None
+    assert len(store) == 1
+    assert await store.get("new") == 2
+
+
 async def test_get_many_leaves_out_only_the_expired_entries(storage: Storage, clock: Clock) -> None:
     writer: Store[str, int] = await Store.open(storage)
     await writer.insert("old", 1)

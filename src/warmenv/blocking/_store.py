@@ -101,7 +101,7 @@ class BlockingStore(Generic[K, V]):
         return self._store.hot_bytes
 
     def __len__(self) -> int:
-        """Values held in memory."""
+        """Values held in memory, an expired one (under a `ttl`) until it is looked up."""
         return len(self._held)
 
     @overload

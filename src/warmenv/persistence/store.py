@@ -255,7 +255,10 @@ class Store(Generic[K, V]):
         return self._held
 
     def __len__(self) -> int:
-        """Values held in memory (in `LAZY` mode, or with a bound, not all stored ones)."""
+        """Values held in memory (in `LAZY` mode, or with a bound, not all stored ones).
+
+        With a `ttl`, an expired value is counted until it is next looked up (a miss,
+        which forgets it), evicted or purged: `len` never reads the clock."""
         return len(self._held)
 
     # A hit returns without a checkpoint: it is a dict lookup, and yielding to
