@@ -57,6 +57,22 @@ async def held(env: Environment) -> dict[str, int]:
     return {s.namespace: s.entries for s in await env.namespaces()}
 
 
+async def refused_as_stale(via: str, url: str, env: Environment) -> None:
+    """`url` (of version 1.0) imported for version 1.1 `via` import_bundle or warm_up:
+    refused as stale, recorded as a failed import, nothing written."""
+    if via == "import_bundle":
+        with pytest.raises(StaleBundleError, match=r"version '1\.1'.*holds version '1\.0'"):
+            await import_bundle(url, env, version="1.1")
+    else:
+        handle = warm_up(url, env, version="1.1")
+        await handle.wait()
+        assert handle.state is WarmUpState.FAILED
+        assert isinstance(handle.error, StaleBundleError)
+        (record,) = (await env.statistics()).imports
+        assert record.outcome is ImportOutcome.FAILED
+    assert await held(env) == {}
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("via", ["import_bundle", "warm_up"])
 async def test_a_stale_flat_bundle_by_url_is_refused_after_its_header_only(
@@ -65,17 +81,7 @@ async def test_a_stale_flat_bundle_by_url_is_refused_after_its_header_only(
     body = (await make_bundle(tmp_path / "old.bundle", [OLD, OLD_CONFIGS])).read_bytes()
     url = server.put("/old.bundle", body)
     async with open_environment("svc", root=root) as env:
-        if via == "import_bundle":
-            with pytest.raises(StaleBundleError, match=r"version '1\.1'.*holds version '1\.0'"):
-                await import_bundle(url, env, version="1.1")
-        else:
-            handle = warm_up(url, env, version="1.1")
-            await handle.wait()
-            assert handle.state is WarmUpState.FAILED
-            assert isinstance(handle.error, StaleBundleError)
-            (record,) = (await env.statistics()).imports
-            assert record.outcome is ImportOutcome.FAILED
-        assert await held(env) == {}
+        await refused_as_stale(via, url, env)
     sent = sum(s.sent for s in server.seen)
     assert all(s.range is not None for s in server.seen), server.seen  # never the whole body
     assert 0 < sent <= 64 << 10 < len(body) // 10

@@ -18,16 +18,22 @@ import pytest
 
 from test_download import BundleServer, staging_left
 from test_download import server as server  # the fixture
-from test_import_version import NEW, OLD, OLD_CONFIGS, OTHER_APP, held, make_bundle
+from test_import_version import (
+    NEW,
+    OLD,
+    OLD_CONFIGS,
+    OTHER_APP,
+    held,
+    make_bundle,
+    refused_as_stale,
+)
 from warmenv import open_environment
 from warmenv.bundle import (
     CorruptBundleError,
     StaleBundleError,
-    WarmUpState,
     export_bundle,
     import_bundle,
     open_bundle,
-    warm_up,
 )
 from warmenv.bundle.manifest import DIGEST_PLACEHOLDER, LISTED_BYTES, BundleManifest, listing
 
@@ -52,15 +58,7 @@ async def test_a_stale_sqlite_bundle_by_url_is_refused_after_its_first_pages_onl
     body = bundle.read_bytes()
     url = server.put("/old.bundle", body)
     async with open_environment("svc", root=root) as env:
-        if via == "import_bundle":
-            with pytest.raises(StaleBundleError, match=r"version '1\.1'.*holds version '1\.0'"):
-                await import_bundle(url, env, version="1.1")
-        else:
-            handle = warm_up(url, env, version="1.1")
-            await handle.wait()
-            assert handle.state is WarmUpState.FAILED
-            assert isinstance(handle.error, StaleBundleError)
-        assert await held(env) == {}
+        await refused_as_stale(via, url, env)
     sent = sum(s.sent for s in server.seen)
     assert all(s.range is not None for s in server.seen), server.seen  # never the whole body
     assert 0 < sent <= budget < len(body) // 8
