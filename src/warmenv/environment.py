@@ -19,7 +19,7 @@ import logging
 import os
 import sqlite3
 import warnings
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
 from functools import partial
@@ -332,15 +332,17 @@ class Environment:
         batch_size: int,
         *,
         bundle: BundleRef | None = None,
+        first: Sequence[str] = (),
     ) -> AsyncGenerator[CopiedBatch, None] | None:
-        """Batches copying the entry file `file` in as IMPORTED, or `None` if not possible here.
+        """Batches copying the entry file `file` in as IMPORTED, or `None` if not possible here;
+        the namespaces `first` (those the application can hit first) before the rest.
 
         Only a file no other process can change may be passed (an import's
         private, verified copy): it is read by path. `bundle` is recorded as
         the copied entries' origin, for `info` and `purge_bundle`. `None` in memory.
         """
         self._check_open()
-        return self._db.copy_from(file, prefixes, batch_size, bundle=bundle)
+        return self._db.copy_from(file, prefixes, batch_size, bundle=bundle, first=first)
 
     async def insert_imported(
         self,

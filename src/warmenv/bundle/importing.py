@@ -311,19 +311,23 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
                     yield step
         for summary in selected:
             tally.by_ns[summary.namespace] = (0, 0)
+        # Stores computing a key this import may land re-read it after each batch.
+        arrivals = self._env.arrivals
+        # The namespaces the application has stores of first, the rest as listed.
+        first = sorted(selected, key=lambda s: s.namespace not in arrivals.wanted)
         entry_file = bundle.entry_file
         copier = None
         if entry_file is not None and self._validate is None:
             copier = self._env.bulk_copy(
-                entry_file, prefixes, self._batch_size, bundle=_ref(bundle, signer)
+                entry_file,
+                prefixes,
+                self._batch_size,
+                bundle=_ref(bundle, signer),
+                first=[s.namespace for s in selected if s.namespace in arrivals.wanted],
             )
-        # Stores computing a key this import may land re-read it after each batch.
-        arrivals = self._env.arrivals
         if copier is not None:
             batches = _copy_in_bulk(copier, tally)
         else:
-            # The namespaces the application has stores of first, the rest as listed.
-            first = sorted(selected, key=lambda s: s.namespace not in arrivals.wanted)
             batches = _copy_by_scan(
                 bundle, self._env, first, tally, self._batch_size, self._validate, signer
             )

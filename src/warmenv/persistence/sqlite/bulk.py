@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 import sqlite3
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, final
@@ -52,8 +52,13 @@ class BulkCopies:
         batch_size: int,
         *,
         bundle: BundleRef | None = None,
+        first: Sequence[str] = (),
     ) -> AsyncGenerator[CopiedBatch, None]:
         """Copy the entries of the entry file `source` in, as IMPORTED, a batch at a time.
+
+        The namespaces `first` (those the application has stores of) are copied
+        before the rest, which follow in rowid order (`_parts`): each row is
+        copied, and counted, in exactly one of the passes.
 
         The copy stays inside SQLite (ATTACH, then INSERT ... SELECT over rowid
         ranges of `batch_size` rows each, wherever the rowids lie); each batch is
@@ -90,18 +95,18 @@ class BulkCopies:
                 # fail too, and are counted as failed one by one below.
                 log.warning("importing %s into %s: %s", source, path, exc)
                 provenance = await run(partial(_copy_provenance, alias, None))
-            start: int | None = await run(partial(_first_rowid, alias))
-            while start is not None:
-                # One hop to the worker a batch: its span is found inside the copy's call.
-                copy = partial(_copy_batch, alias, start, batch_size, clause, params, provenance)
-                try:
-                    batch = await run(copy)
-                except sqlite3.Error as exc:
-                    log.warning("importing %s into %s: a batch failed: %s", source, path, exc)
-                    count = partial(_count_failed_batch, alias, start, batch_size, clause, params)
-                    batch = await run(count)
-                start = batch.following
-                yield batch
+            for part in await run(partial(_parts, alias, clause, params, list(first))):
+                start: int | None = part.start
+                while start is not None:
+                    # One hop to the worker a batch: its span is found inside the copy's call.
+                    copy = partial(_copy_batch, part, start, batch_size, provenance)
+                    try:
+                        batch = await run(copy)
+                    except sqlite3.Error as exc:
+                        log.warning("importing %s into %s: a batch failed: %s", source, path, exc)
+                        batch = await run(partial(_count_failed_batch, part, start, batch_size))
+                    start = batch.following
+                    yield batch
         finally:
             # The worker runs calls in order, so this detach follows even an
             # attach whose caller was cancelled while it ran.
@@ -224,6 +229,54 @@ def _first_rowid(alias: str, conn: sqlite3.Connection) -> int | None:
 
 
 @attrs.frozen
+class _Part:
+    """One pass of a copy: the rows of `alias` that `clause` selects, from rowid `start`
+    to `stop` (None: the end)."""
+
+    alias: str
+    clause: str
+    params: tuple[str, ...]
+    start: int
+    stop: int | None = None
+
+
+def _parts(
+    alias: str, clause: str, params: list[str], first: list[str], conn: sqlite3.Connection
+) -> list[_Part]:
+    """The passes of a copy: the rows of the namespaces `first` (of those `clause`
+    selects), then the others, so no row is in two passes.
+
+    A bundle's rows are in key order, so one namespace's rows are one run of
+    rowids: the namespaces first are copied over their run alone, and the rest
+    over the rowids before and after it. Where their rows are not one run (a
+    file made otherwise), the rest is every other row, wherever it lies.
+    """
+    start = _first_rowid(alias, conn)
+    if start is None:
+        return []
+    if not first:
+        return [_Part(alias, clause, tuple(params), start)]
+    wanted = f"b.namespace IN ({', '.join('?' * len(first))})"
+    low, high, count = conn.execute(
+        f"SELECT min(b.rowid), max(b.rowid), count(*) FROM {alias}.entries AS b "
+        f"WHERE ({clause}) AND {wanted}",
+        (*params, *first),
+    ).fetchone()
+    rest = f"({clause}) AND NOT {wanted}"
+    both = (*params, *first)
+    if low is None:
+        return [_Part(alias, clause, tuple(params), start)]
+    (run,) = conn.execute(
+        f"SELECT count(*) FROM {alias}.entries WHERE rowid BETWEEN ? AND ?", (low, high)
+    ).fetchone()
+    firsts = _Part(alias, f"({clause}) AND {wanted}", both, low, high)
+    if run != count:
+        return [firsts, _Part(alias, rest, both, start)]
+    around = [_Part(alias, rest, both, start, low - 1)] if start < low else []
+    return [firsts, *around, _Part(alias, rest, both, high + 1)]
+
+
+@attrs.frozen
 class _Span:
     """A batch of a bulk copy: the source's rows from rowid `start` to `end`, and the
     rowid the next batch starts from (`following`; None: this is the last).
@@ -242,23 +295,31 @@ class _Span:
     following: int | None
 
     @classmethod
-    def of(cls, alias: str, start: int, batch_size: int, conn: sqlite3.Connection) -> _Span:
-        """The batch of up to `batch_size` rows from the first rowid >= `start`."""
+    def of(cls, part: _Part, start: int, batch_size: int, conn: sqlite3.Connection) -> _Span:
+        """The batch of up to `batch_size` rows from the first rowid >= `start`, up to
+        the part's `stop`."""
+        stop = _LAST_ROWID if part.stop is None else part.stop
         ends = conn.execute(
-            f"SELECT rowid FROM {alias}.entries WHERE rowid >= ? ORDER BY rowid LIMIT 2 OFFSET ?",
-            (start, batch_size - 1),
+            f"SELECT rowid FROM {part.alias}.entries WHERE rowid BETWEEN ? AND ? "
+            "ORDER BY rowid LIMIT 2 OFFSET ?",
+            (start, stop, batch_size - 1),
         ).fetchall()
         if not ends:  # fewer rows than a batch are left: they are the last
-            return cls(alias, start, _LAST_ROWID, None)
+            return cls(part.alias, start, stop, None)
         following = int(ends[1][0]) if len(ends) == 2 else None
-        return cls(alias, start, int(ends[0][0]), following)
+        return cls(part.alias, start, int(ends[0][0]), following)
 
 
 _LAST_ROWID = (1 << 63) - 1
 
 
 def _seen(
-    alias: str, start: int, end: int, clause: str, params: list[str], conn: sqlite3.Connection
+    alias: str,
+    start: int,
+    end: int,
+    clause: str,
+    params: tuple[str, ...],
+    conn: sqlite3.Connection,
 ) -> list[tuple[str, int, int]]:
     return schema.range_totals(
         conn,
@@ -269,15 +330,10 @@ def _seen(
 
 
 def _count_failed_batch(
-    alias: str,
-    start: int,
-    batch_size: int,
-    clause: str,
-    params: list[str],
-    conn: sqlite3.Connection,
+    part: _Part, start: int, batch_size: int, conn: sqlite3.Connection
 ) -> CopiedBatch:
-    span = _Span.of(alias, start, batch_size, conn)
-    seen = _seen(span.alias, span.start, span.end, clause, params, conn)
+    span = _Span.of(part, start, batch_size, conn)
+    seen = _seen(span.alias, span.start, span.end, part.clause, part.params, conn)
     total = sum(c for _, c, _ in seen)
     return CopiedBatch(
         seen=total,
@@ -290,11 +346,9 @@ def _count_failed_batch(
 
 
 def _copy_batch(
-    alias: str,
+    part: _Part,
     first: int,
     batch_size: int,
-    clause: str,
-    params: list[str],
     provenance: _Provenance,
     conn: sqlite3.Connection,
 ) -> CopiedBatch:
@@ -305,8 +359,9 @@ def _copy_batch(
     or none of the batch went in; only a batch where some did (a resumed
     import, a few local values) is redone with RETURNING to count them.
     """
-    span = _Span.of(alias, first, batch_size, conn)
+    span = _Span.of(part, first, batch_size, conn)
     start, end = span.start, span.end
+    alias, clause, params = part.alias, part.clause, part.params
     source = (
         f"SELECT b.namespace, b.key, b.value, {int(Origin.IMPORTED)}, "
         f"{provenance.written_at}, {provenance.cost}, ? "

@@ -19,7 +19,7 @@ import os
 import secrets
 import sqlite3
 import warnings
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TypeVar, final
@@ -158,16 +158,20 @@ class SqliteDatabase:
         batch_size: int,
         *,
         bundle: BundleRef | None = None,
+        first: Sequence[str] = (),
     ) -> AsyncGenerator[CopiedBatch, None] | None:
         """Copy the entries of the entry file `source` in, as IMPORTED, a batch at a time
-        (`BulkCopies.copy`: the caller must own `source`, a private verified snapshot).
+        (`BulkCopies.copy`: the caller must own `source`, a private verified snapshot),
+        the namespaces `first` before the rest.
 
         `None` in memory: its calls run on the event loop's thread (`_sqlite._memory`),
         where reading a bundle's file in SQLite would block the loop.
         """
         if self.in_memory:
             return None
-        return self._bulk.copy(self.run, self.path, source, prefixes, batch_size, bundle=bundle)
+        return self._bulk.copy(
+            self.run, self.path, source, prefixes, batch_size, bundle=bundle, first=first
+        )
 
     async def insert_imported(
         self,
