@@ -30,10 +30,13 @@ from test_import_version import (
 from warmenv import open_environment
 from warmenv.bundle import (
     CorruptBundleError,
+    SignatureError,
     StaleBundleError,
     export_bundle,
+    generate_key,
     import_bundle,
     open_bundle,
+    preflight,
 )
 from warmenv.bundle.manifest import DIGEST_PLACEHOLDER, LISTED_BYTES, BundleManifest, listing
 
@@ -168,3 +171,35 @@ def test_a_listed_manifest_reads_back_as_written() -> None:
     listed = listing(manifest(), ["a/1/x", "b/1/y"])
     again = BundleManifest.from_json(listed.to_json())
     assert again == listed and again.uncovered() is None  # a signature covers the list
+
+
+@pytest.mark.anyio
+async def test_preflight_of_a_sqlite_bundle_by_url_reads_its_first_pages_only(
+    server: BundleServer, tmp_path: Path
+) -> None:
+    bundle = await make_bundle(tmp_path / "old.bundle", [OLD, OLD_CONFIGS], "sqlite", 20)
+    body = bundle.read_bytes()
+    report = await preflight(server.put("/old.bundle", body), version="1.1")
+    assert not report.ok and set(report.other_versions) == {str(OLD_CONFIGS), str(OLD)}
+    assert all(s.range is not None for s in server.seen), server.seen
+    assert sum(s.sent for s in server.seen) <= 64 << 10 < len(body) // 8
+
+
+@pytest.mark.anyio
+async def test_a_sqlite_bundle_signed_by_an_untrusted_key_is_refused_by_its_first_pages(
+    server: BundleServer, tmp_path: Path, root: Path
+) -> None:
+    key, other = generate_key(tmp_path / "ci"), generate_key(tmp_path / "other")
+    async with open_environment("src", root=tmp_path / "src") as source:
+        await source.storage(NEW).insert_many((b"k%03d" % i, b"v" * 40_000) for i in range(50))
+        out = tmp_path / "signed.bundle"
+        await export_bundle(source, out, name="CI", version="1.1", sign=tmp_path / "ci")
+    body = out.read_bytes()
+    url = server.put("/signed.bundle", body)
+    async with open_environment("svc", root=root) as env:
+        with pytest.raises(SignatureError, match=r"trust"):
+            await import_bundle(url, env, version="1.1", trust=[other])
+        assert await held(env) == {}
+        assert all(s.range is not None for s in server.seen), server.seen
+        assert sum(s.sent for s in server.seen) <= 64 << 10 < len(body) // 8
+        assert (await import_bundle(url, env, version="1.1", trust=[key])).imported == 50
