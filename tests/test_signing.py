@@ -239,7 +239,10 @@ async def test_a_checked_signature_checks_the_digest_even_with_verify_false(
 ) -> None:
     """The signature vouches for the digest; only the digest check ties it to the entries."""
     async with open_environment("other", root=tmp_path / "other") as other:
-        await other.storage("app/1/kernels").insert(b"k000", b"not the kernel")
+        # Of the same namespaces, so the manifest's list of them holds and the digest is
+        # what finds the swap.
+        for summary in await warm_env.namespaces():
+            await other.storage(summary.namespace).insert(b"k000", b"not the kernel")
         swapped = await export_signed(other, out_dir / "x", bundle_format, None)
     out = await export_signed(warm_env, out_dir / "b", bundle_format, keys["ci"])
     genuine = read_manifest(out)
