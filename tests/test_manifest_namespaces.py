@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 
 from test_download import BundleServer, staging_left
@@ -26,6 +27,7 @@ from test_import_version import (
     held,
     make_bundle,
     refused_as_stale,
+    warmenv,
 )
 from warmenv import open_environment
 from warmenv.bundle import (
@@ -203,3 +205,17 @@ async def test_a_sqlite_bundle_signed_by_an_untrusted_key_is_refused_by_its_firs
         assert all(s.range is not None for s in server.seen), server.seen
         assert sum(s.sent for s in server.seen) <= 64 << 10 < len(body) // 8
         assert (await import_bundle(url, env, version="1.1", trust=[key])).imported == 50
+
+
+def test_the_command_line_refuses_a_stale_sqlite_url_by_its_first_pages(
+    server: BundleServer, tmp_path: Path, root: Path
+) -> None:
+    bundle = anyio.run(make_bundle, tmp_path / "mixed.bundle", [OLD, NEW], "sqlite", 20)
+    body = bundle.read_bytes()
+    url = server.put("/mixed.bundle", body)
+    done = warmenv("import", url, "--app-version", "2.0", "--env", "svc", "--root", str(root))
+    assert done.returncode == 1, done.stderr
+    assert "no namespace is for version '2.0'" in done.stderr
+    assert all(s.range is not None for s in server.seen), server.seen
+    assert sum(s.sent for s in server.seen) <= 64 << 10 < len(body) // 8
+    assert not (root / "svc.db").exists()
