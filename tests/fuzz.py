@@ -61,6 +61,7 @@ from warmenv.bundle import (
     open_bundle,
     preflight,
 )
+from warmenv.bundle.formats import sniff
 from warmenv.persistence.carried import COST_LIMIT, WRITTEN_AT_LIMIT
 
 ALLOWED = (BundleError, OSError)
@@ -828,6 +829,29 @@ async def exercise_bundle(case: Case, workdir: Path) -> dict[str, str]:
         finally:
             await _empty(env)
 
+    async def read_ahead() -> None:
+        # What an import by URL reads first (`FileFormat.header`, over prefixes of the
+        # file) raises only bundle errors, and never names other namespaces than the
+        # bundle opened whole holds: the list it believes must be the entries'.
+        found = sniff(data)
+        if found is None or not found.header_in_front:
+            return
+        told = [
+            header.namespaces
+            for size in sorted({100, 4096, 65536, len(data)})
+            if (header := await anyio.to_thread.run_sync(found.header, data[:size], "case"))
+            is not None
+            and header.namespaces is not None
+        ]
+        try:
+            async with open_bundle(path) as bundle:
+                held = sorted(s.namespace for s in await bundle.namespaces())
+        except ALLOWED:
+            return
+        for names in told:
+            assert sorted(names) == held or found.names_in_front, (names, held)
+
+    await _stage("read ahead", outcomes, read_ahead)
     await _stage("open_bundle", outcomes, lambda: via(open_bundle))
     await _stage("FlatBundle.open", outcomes, lambda: via(FlatBundle.open))
     await _stage("SqliteBundle.open", outcomes, lambda: via(SqliteBundle.open))
