@@ -98,13 +98,19 @@ def reliability(session: nox.Session) -> None:
     session.install("-e", ".[test]")
     report = Path(session.create_tmp()) / "reliability.jsonl"
     report.unlink(missing_ok=True)
+    # create_tmp points TMPDIR into .nox/, inside the clone: the tests' own files go where
+    # `nox -s tests` puts them instead, outside any project (under the clone, a test that no
+    # pyproject.toml is found above its tmp_path found this repository's).
+    session.env.pop("TMPDIR", None)
     env = {"WARMENV_RELIABILITY_REPORT": str(report)}
     # A selection may match nothing in one of the runs (pytest's exit code 5).
     selected = [0, 5] if session.posargs else [0]
     failed = []
+    # The slowest tests, so that a run says what its time went to (CI budgets it).
+    timed = ["--durations", "12", "--durations-min", "5"]
     for args in RELIABILITY_RUNS:
         try:
-            session.run("pytest", *args, *session.posargs, env=env, success_codes=selected)
+            session.run("pytest", *timed, *args, *session.posargs, env=env, success_codes=selected)
         except nox.command.CommandFailed:
             failed.append(" ".join(args))
     merging = ["--merge"] if session.posargs else []
