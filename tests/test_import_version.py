@@ -105,7 +105,8 @@ async def test_a_mixed_bundle_by_url_imports_only_what_can_hit_and_says_what_it_
 async def test_a_stale_sqlite_bundle_by_url_is_refused_before_anything_is_written(
     server: BundleServer, tmp_path: Path, root: Path
 ) -> None:
-    # A SQLite bundle's names are in its entries: it is downloaded, then refused.
+    # Refused by the manifest in its first pages (tests/test_manifest_namespaces counts
+    # the bytes; one without a list is downloaded, then refused, as before).
     body = (await make_bundle(tmp_path / "old.db.bundle", [OLD], format="sqlite")).read_bytes()
     url = server.put("/old.db.bundle", body)
     async with open_environment("svc", root=root) as env:

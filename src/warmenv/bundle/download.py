@@ -430,14 +430,7 @@ class Download:
             await self._restart()
         self._total = _int_header(response, "content-length")
         self._check_size(self._total)
-        etag = response.headers.get("etag")
-        modified = response.headers.get("last-modified")
-        if etag and not etag.startswith("W/"):
-            self._validator = (etag, "etag")
-        elif modified:
-            self._validator = (modified, "last-modified")
-        else:
-            self._validator = None
+        self._validator = _validator(response)
 
     def _check_resumed(self, response: httpx.Response) -> None:
         assert self._validator is not None
@@ -553,7 +546,8 @@ async def read_header(url: str, options: DownloadOptions | None) -> Header | Non
                     finally:
                         with anyio.CancelScope(shield=True):
                             await body.stop()
-                    validator = _strong_validator(response)
+                    proof = _validator(response)
+                    validator = None if proof is None else proof[0]
                 finally:
                     with anyio.CancelScope(shield=True):
                         await response.aclose()
@@ -580,14 +574,14 @@ async def read_header(url: str, options: DownloadOptions | None) -> Header | Non
             want = min(want * 4, found.header_limit)
 
 
-def _strong_validator(response: httpx.Response) -> str | None:
-    """What proves a later range is of the same file (`If-Range`): a strong ETag, else
-    Last-Modified; None without either."""
+def _validator(response: httpx.Response) -> tuple[str, str] | None:
+    """What proves a later range is of the same file (the `If-Range` value, and the
+    header it came from): a strong ETag, else Last-Modified; None without either."""
     etag = response.headers.get("etag")
     if etag and not etag.startswith("W/"):
-        return str(etag)
+        return str(etag), "etag"
     modified = response.headers.get("last-modified")
-    return None if modified is None else str(modified)
+    return (str(modified), "last-modified") if modified else None
 
 
 def _reason(exc: BaseException) -> str:
