@@ -1,12 +1,14 @@
 """A service's get_or_compute latency while a big bundle imports, beside the same run without one.
 
 Run: python benchmarks/bench_serving.py [--entries 20000] [--rounds 3] [--share 1.0]
+                                         [--format flat|sqlite] [--no-verify]
      python benchmarks/bench_serving.py --entries 200000      # the issue's 200k-entry import
 
 The service: REQUESTS calls of `get_or_compute` over KEYS keys from
 CONCURRENCY tasks, each miss a CPU-bound computation of COMPUTE_MS run on a
 worker thread (as a service would). "no bundle" serves a cold environment,
-every key computed once. "import running" starts `warm_up` of a flat bundle
+every key computed once. "import running" starts `warm_up` of a bundle (flat,
+imported by scan, or `--format sqlite`, copied in bulk)
 holding the service's keys (in the namespace sorted last) and `--entries`
 others at the same moment the requests start, and serves the same requests
 while it runs. Each row is the median over `--rounds` of the p50 and p99 of
@@ -53,7 +55,7 @@ async def compute(key: str) -> str:
     return f"answer to {key}"
 
 
-async def make_bundle(directory: Path, entries: int) -> Path:
+async def make_bundle(directory: Path, entries: int, format: str = "flat") -> Path:
     async with open_environment(file=directory / "ci.db") as ci:
         bulk = ci.storage(BULK)
         for start in range(0, entries, 50_000):
@@ -65,7 +67,7 @@ async def make_bundle(directory: Path, entries: int) -> Path:
         for i in range(KEYS):
             await served.get_or_compute(f"k{i:03d}", _answer, f"k{i:03d}")
     out = directory / "svc.bundle"
-    await export_bundle(directory / "ci.db", out, name="svc", version="1", format=BundleFormat.FLAT)
+    await export_bundle(directory / "ci.db", out, name="svc", version="1", format=format)
     return out
 
 
@@ -73,7 +75,9 @@ async def _answer(key: str) -> str:
     return f"answer to {key}"
 
 
-async def serve(env_file: Path, bundle: Path | None, share: float) -> tuple[list[float], int, bool]:
+async def serve(
+    env_file: Path, bundle: Path | None, share: float, verify: bool = True
+) -> tuple[list[float], int, bool]:
     """Every request's latency (s), how many computed, whether the import still ran at the end."""
     rng = random.Random(7)
     asked = [f"k{rng.randrange(KEYS):03d}" for _ in range(REQUESTS)]
@@ -87,7 +91,7 @@ async def serve(env_file: Path, bundle: Path | None, share: float) -> tuple[list
 
     async with open_environment(file=env_file) as env:
         store = await env.store(SERVED)
-        handle = None if bundle is None else warm_up(bundle, env, share=share)
+        handle = None if bundle is None else warm_up(bundle, env, share=share, verify=verify)
         queue = iter(asked)
 
         async def worker() -> None:
@@ -121,11 +125,23 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--compute-ms", type=float, default=COMPUTE_MS, help="CPU per computed key")
     parser.add_argument("--share", type=float, default=1.0, help="warm_up's share= (default 1)")
+    parser.add_argument(
+        "--format",
+        choices=[f.value for f in BundleFormat],
+        default="flat",
+        help="the bundle's format: flat (imported by scan) or sqlite (copied in bulk)",
+    )
+    parser.add_argument(
+        "--no-verify",
+        dest="verify",
+        action="store_false",
+        help="warm_up's verify=False: the first batch lands without the digest pass first",
+    )
     args = parser.parse_args()
     COMPUTE_MS = args.compute_ms
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
-        bundle = await make_bundle(directory, args.entries)
+        bundle = await make_bundle(directory, args.entries, args.format)
         figures: dict[str, list[tuple[float, float, int]]] = {"none": [], "import": []}
         for round_ in range(args.rounds):
             order = [("none", None), ("import", bundle)]
@@ -133,7 +149,9 @@ async def main() -> None:
                 order.reverse()
             for mode, source in order:
                 env_file = directory / f"svc-{mode}-{round_}.db"
-                latencies, computes, running = await serve(env_file, source, args.share)
+                latencies, computes, running = await serve(
+                    env_file, source, args.share, args.verify
+                )
                 p50, p99 = quantile(latencies, 0.5), quantile(latencies, 0.99)
                 figures[mode].append((p50, p99, computes))
                 print(
@@ -147,7 +165,7 @@ async def main() -> None:
         imported = statistics.median(f[index] for f in figures["import"]) * scale
         rows.append(
             Row(
-                f"get_or_compute {label}, {args.entries:,}-entry flat import running "
+                f"get_or_compute {label}, {args.entries:,}-entry {args.format} import running "
                 f"(share={args.share:g})",
                 imported,
                 unit,
