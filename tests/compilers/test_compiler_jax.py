@@ -7,7 +7,10 @@ misses are JAX's own `jax.monitoring` events.
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -42,6 +45,8 @@ WORKLOAD = """
             cache_dir=cache, min_compile_seconds=0, capture_at_exit=False
         )
         restored = warmed.restored.written
+    elif mode == "run":  # under `warmenv run`: JAX configured by its variables alone
+        restored = 0
     else:  # what users do today: JAX's own settings, the cache directory copied
         jax.config.update("jax_compilation_cache_dir", cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -85,15 +90,48 @@ def test_a_jax_cache_captured_on_one_machine_hits_on_another(
     assert warm["warmed_hits"] == warm["hits"]  # what use() reports is JAX's own count
     assert warm["quiet"] == []  # hits read from JAX's DEBUG line; the application sees none
 
-    async def statistics() -> tuple[int, int, int]:
-        async with open_environment("default", root=second.root) as env:
+    # JAX's hits, per executable it loaded, are hits of the bundle's entries in `warmenv stats`.
+    assert _statistics(second) == (warm["hits"],) * 3
+
+
+def _statistics(machine: Machine) -> tuple[int, int, int]:
+    """The JAX namespace's hits, its imported entries' and the bundle's (`warmenv stats`)."""
+
+    async def main() -> tuple[int, int, int]:
+        async with open_environment("default", root=machine.root) as env:
             found = await env.statistics()
         [jax] = [n for n in found.namespaces if n.namespace.startswith("caches.jax/")]
         [bundle] = found.bundles
         return jax.hits, jax.hits_by_origin.get(Origin.IMPORTED, 0), bundle.hits
 
-    # JAX's hits, per executable it loaded, are hits of the bundle's entries in `warmenv stats`.
-    assert anyio.run(statistics) == (warm["hits"],) * 3
+    return anyio.run(main)
+
+
+def test_warmenv_run_counts_its_commands_jax_hits_in_warmenv_stats(
+    machines: tuple[Machine, Machine], tmp_path: Path
+) -> None:
+    require("jax")
+    first, second = machines
+
+    def run(machine: Machine) -> tuple[dict[str, Any], dict[str, Any]]:
+        machine.write("work.py", WORKLOAD)
+        completed = machine.process(
+            *(sys.executable, "-m", "warmenv", "run", "--cache", "jax", "--json"),
+            *("--", sys.executable, "work.py", "run", "-"),
+            env={"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"},
+        )
+        assert completed.returncode == 0, completed.stderr[-4000:]
+        app, _, rest = completed.stdout.partition("\n")
+        return json.loads(app), json.loads(rest)
+
+    cold, _ = run(first)
+    ship(first, second, tmp_path)
+    warm, report = run(second)
+
+    assert (warm["hits"], warm["misses"]) == (cold["misses"], 0), warm
+    assert report["tools"]["jax"]["hits"] == warm["hits"]  # JAX's own count, from the command
+    assert _statistics(second) == (warm["hits"],) * 3  # per executable, as `use()` counts them
+    assert warm["quiet"] == []  # the hook reads JAX's DEBUG hit line; the command sees none
 
 
 def test_a_plain_copy_of_a_jax_cache_misses(machines: tuple[Machine, Machine]) -> None:

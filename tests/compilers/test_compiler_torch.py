@@ -225,6 +225,33 @@ def test_warmenv_run_restores_kernels_and_graphs_so_a_plain_process_builds_nothi
     assert sum(graph["written"] for graph in restored["graphs"]) >= 1
 
 
+def test_warmenv_run_counts_its_commands_torch_hits_in_warmenv_stats(
+    cold: Cold, tmp_path: Path
+) -> None:
+    second = _fresh(tmp_path, "e")
+    ship(cold.machine, second, tmp_path)
+    second.write("app.py", APP)
+
+    completed = second.process(
+        *(sys.executable, "-m", "warmenv", "run", "--cache", "torch", "--json"),
+        *("--", sys.executable, "app.py", "plain"),
+        env=VARIABLES,
+        timeout=600,
+    )
+
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    app, _, rest = completed.stdout.partition("\n")
+    warm, report = json.loads(app), json.loads(rest)
+    assert (warm["hits"], warm["misses"], warm["built"]) == (1, 0, 0), warm
+    assert report["tools"]["torch"]["hits"] == warm["hits"]  # Inductor's counter, in the command
+    # As `use()` counts them: the graph hit by its key, each restored kernel it loaded.
+    graphs, kernels, bundle = anyio.run(_torch_hits, second.root)
+    assert graphs == (warm["hits"],) * 2, graphs
+    assert kernels[0] >= 1 and kernels[0] == kernels[1], kernels
+    assert kernels[0] <= cold.result["captured_kernels"]
+    assert bundle == graphs[0] + kernels[0]
+
+
 # --- the restore: one pass over the three trees ------------------------------------
 
 

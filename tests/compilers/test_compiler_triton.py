@@ -260,26 +260,28 @@ def test_a_hostile_kernel_index_is_refused_and_never_written(
     assert not list(first.home.parent.rglob("__grp__up.json"))
 
 
+def _warmenv_run(machine: Machine) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`warmenv run --cache triton -- python kernels.py plain`: the app's line, run's report."""
+    machine.write("kernels.py", WORKLOAD)
+    completed = machine.process(
+        *(sys.executable, "-m", "warmenv", "run", "--cache", "triton", "--json"),
+        *("--", sys.executable, "kernels.py", "plain"),
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    app, _, rest = completed.stdout.partition("\n")
+    return json.loads(app), json.loads(rest)
+
+
 def test_warmenv_run_warms_a_plain_triton_process_on_another_machine(
     machines: tuple[Machine, Machine], tmp_path: Path
 ) -> None:
     require("triton")
     first, second = machines
 
-    def run(machine: Machine) -> tuple[dict[str, Any], dict[str, Any]]:
-        machine.write("kernels.py", WORKLOAD)
-        completed = machine.process(
-            *(sys.executable, "-m", "warmenv", "run", "--cache", "triton", "--json"),
-            *("--", sys.executable, "kernels.py", "plain"),
-        )
-        assert completed.returncode == 0, completed.stderr[-4000:]
-        app, _, rest = completed.stdout.partition("\n")
-        return json.loads(app), json.loads(rest)
-
-    cold, cold_report = run(first)
+    cold, cold_report = _warmenv_run(first)
     ship(first, second, tmp_path)
     shutil.rmtree(first.home)  # nothing of the first machine is left to find
-    warm, warm_report = run(second)
+    warm, warm_report = _warmenv_run(second)
 
     assert (cold["hits"], cold["misses"]) == (0, KERNELS)
     assert cold_report["tools"]["triton"]["captured"]["groups"] == KERNELS
@@ -320,3 +322,22 @@ def test_kernels_served_live_from_a_bundle_are_its_hits_in_warmenv_stats(
     # Each kernel: its index looked up once, then every file it names.
     assert parts == {"files": files, "groups": KERNELS}, parts
     assert bundle == files + KERNELS
+
+
+def test_warmenv_run_counts_its_commands_triton_hits_in_warmenv_stats(
+    machines: tuple[Machine, Machine], tmp_path: Path
+) -> None:
+    require("triton")
+    first, second = machines
+    _warmenv_run(first)
+    ship(first, second, tmp_path)
+
+    warm, report = _warmenv_run(second)
+
+    assert (warm["hits"], warm["misses"]) == (KERNELS, 0), warm
+    assert report["tools"]["triton"]["hits"] == warm["hits"]  # Triton's listener, in the command
+    files = report["tools"]["triton"]["restored"]["files"]["written"]
+    parts, bundle = _statistics(second)
+    # Each kernel found: its index, then every file it names, as the live form counts them.
+    assert parts == {"files": files, "groups": warm["hits"]}, parts
+    assert bundle == files + warm["hits"]

@@ -18,9 +18,7 @@ own counters report so far, and `capture()`.
 from __future__ import annotations
 
 import atexit
-import json
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -40,16 +38,7 @@ from warmenv.caches._tree import (
 from warmenv.environment import open_environment
 from warmenv.future import block_on
 
-__all__ = [
-    "COUNTS_VARIABLE",
-    "Counts",
-    "EnvironmentChoice",
-    "HitLines",
-    "Warmed",
-    "read_counts",
-    "where",
-    "write_counts",
-]
+__all__ = ["EnvironmentChoice", "HitLines", "Warmed", "where"]
 
 log = logging.getLogger("warmenv.caches")
 
@@ -222,59 +211,3 @@ class HitLines(logging.Filter):
             return self._level
         parent = self._logger.parent
         return parent.getEffectiveLevel() if parent is not None else logging.WARNING
-
-
-# --- counts from a child process (`warmenv run`) -----------------------------------
-
-COUNTS_VARIABLE = "WARMENV_CACHE_COUNTS"
-"""Names the file where a tool's hook in a child process appends its hit counts at exit."""
-
-
-def write_counts(
-    tool: str, hits: int, misses: int, served: Mapping[str, int] | None = None
-) -> None:
-    """Append this process's counts for `tool` to the file `COUNTS_VARIABLE` names, if any.
-
-    `served`: hits per entry (relative path), where the tool says which.
-    """
-    path = os.environ.get(COUNTS_VARIABLE)
-    if not path:
-        return
-    record = {"tool": tool, "hits": hits, "misses": misses, "served": dict(served or {})}
-    line = json.dumps(record) + "\n"
-    try:
-        with open(path, "a", encoding="utf-8") as file:
-            file.write(line)
-    except OSError:
-        log.warning("could not write %s's cache counts to %s", tool, path)
-
-
-@attrs.define
-class Counts:
-    """One tool's counts from the processes `warmenv run` ran."""
-
-    hits: int = 0
-    misses: int = 0
-    served: dict[str, int] = attrs.Factory(dict)
-
-
-def read_counts(path: Path) -> dict[str, Counts]:
-    """Each tool's hits, misses and hits per entry, summed over the processes that wrote `path`."""
-    found: dict[str, Counts] = {}
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
-        return found
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-            tool, hits, misses = str(record["tool"]), int(record["hits"]), int(record["misses"])
-            served = {str(k): int(n) for k, n in dict(record.get("served", {})).items()}
-        except (ValueError, KeyError, TypeError, AttributeError):
-            continue
-        counts = found.setdefault(tool, Counts())
-        counts.hits += hits
-        counts.misses += misses
-        for key, n in served.items():
-            counts.served[key] = counts.served.get(key, 0) + n
-    return found

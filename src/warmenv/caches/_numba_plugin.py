@@ -25,14 +25,14 @@ from numba.core import config
 from numba.core.caching import UserProvidedCacheLocator
 
 from warmenv.caches import numba as _numba
-from warmenv.caches._inprocess import COUNTS_VARIABLE, write_counts
+from warmenv.caches._children import COUNTS_VARIABLE, write_counts
 
 __all__ = ["Locator"]
 
 
 def _write_counts() -> None:
     hits, misses, _ = _numba.hits()
-    write_counts("numba", hits, misses, _numba.served())
+    write_counts("numba", hits, misses, {"files": _numba.served()})
 
 
 if os.environ.get(COUNTS_VARIABLE):  # under `warmenv run`: report Numba's own counts at exit

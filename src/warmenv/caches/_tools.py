@@ -12,7 +12,12 @@ A tool module `warmenv run` can drive provides, beside its in-process `use()`:
 - optionally `REQUIRES` and `INSTALL_HINT`: the package the tool's facts are
   read from, and how to install it. `warmenv run` refuses a tool whose
   package is missing beside warmenv, in one line with the hint: its facts
-  would say "not installed" and its cache would be filed where nothing hits.
+  would say "not installed" and its cache would be filed where nothing hits;
+- optionally, how the command's hits are counted (`_children.py`):
+  `trees()`, the tool's trees under this machine's facts (the parts its
+  hook reports hits in), and the hook, as `ENTRY_POINTS` (`EntryPoint`s the
+  tool loads from a distribution written for the command) or `COUNTING`
+  (variables naming a plug-in of the tool's own, unless the user set them).
 
 The modules are found by listing the package, so a new tool is one new
 module; none of them imports its compiler at import time.
@@ -29,9 +34,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import anyio.to_thread
 import attrs
 
 import warmenv.caches
+from warmenv.caches._children import hook_variables
+from warmenv.caches._tree import record_hits
 from warmenv.environment import Environment
 
 __all__ = ["Tool", "available_tools", "tool"]
@@ -54,6 +62,24 @@ class Tool:
 
     def settings(self, cache_dir: Path) -> dict[str, str]:
         return dict(self.module.settings(cache_dir))
+
+    def counting(self, scratch: Path, environ: Mapping[str, str]) -> dict[str, str]:
+        """The variables under which the command's processes count this tool's hits."""
+        # A plug-in the user chose (their own TRITON_CACHE_MANAGER) is theirs to keep.
+        found = {k: v for k, v in getattr(self.module, "COUNTING", {}).items() if k not in environ}
+        entry_points = getattr(self.module, "ENTRY_POINTS", ())
+        return found | hook_variables(scratch, self.name, entry_points, environ)
+
+    async def record_served(self, env: Environment, served: Mapping[str, Mapping[str, int]]) -> int:
+        """Count the command's hits per entry (by tree part) in `env`'s statistics."""
+        trees = getattr(self.module, "trees", None)
+        chosen = () if trees is None else await anyio.to_thread.run_sync(trees)  # reads metadata
+        known = {tree.part: tree for tree in chosen}
+        counted = 0
+        for part, hits in served.items():
+            if part in known and hits:
+                counted += await record_hits(env, known[part], hits)
+        return counted
 
     def notes(self, environ: Mapping[str, str]) -> list[str]:
         notes = getattr(self.module, "notes", None)

@@ -46,6 +46,7 @@ from typing import Any, Final
 
 from warmenv._facts import Facts
 from warmenv._fs import expand_home
+from warmenv.caches._children import EntryPoint
 from warmenv.caches._inprocess import EnvironmentChoice, HitLines, Warmed, restored
 from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport
 from warmenv.caches._tree import capture as _capture
@@ -60,11 +61,13 @@ __all__ = [
     "capture",
     "configure",
     "hits",
+    "listen",
     "notes",
     "restore",
     "served",
     "settings",
     "tree",
+    "trees",
     "use",
 ]
 
@@ -81,11 +84,20 @@ MIN_COMPILE_VARIABLE: Final = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 REQUIRES: Final = "jax"
 """The package this tool's facts are read from: `warmenv run --cache jax` needs it here."""
 INSTALL_HINT: Final = "pip install 'warmenv[jax]' (or: pip install jax jaxlib)"
+ENTRY_POINTS: Final = (
+    EntryPoint("jax_plugins", "warmenv.caches._jax_plugin:initialize", names_a_module=True),
+)
+"""`warmenv run`'s hook in its command: JAX loads it as a plug-in (`caches/_children.py`)."""
 
 
 def tree() -> CacheTree:
     """The tree JAX's cache is captured as, under this machine's facts."""
     return CacheTree("jax", Facts.here(*FACTS), exclude=_EXCLUDE)
+
+
+def trees() -> tuple[CacheTree, ...]:
+    """Every tree of JAX's cache (the one), for `warmenv run`'s counting of its command's hits."""
+    return (tree(),)
 
 
 async def restore(env: Environment, cache_dir: str | Path) -> RestoreReport:
@@ -196,6 +208,11 @@ def served() -> dict[str, int]:
     """This process's hits per captured entry (`<key>-cache`), from JAX's log line for each hit."""
     with _lock:
         return dict(_served)
+
+
+def listen() -> None:
+    """Count this process's hits from now on, as `use()` does (imports JAX)."""
+    _listen(_import_jax())
 
 
 def _on_hit_key(key: str) -> None:

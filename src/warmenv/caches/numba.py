@@ -56,6 +56,7 @@ __all__ = [
     "settings",
     "subdirectory",
     "tree",
+    "trees",
     "use",
 ]
 
@@ -70,6 +71,11 @@ INSTALL_HINT: Final = "pip install 'warmenv[numba]' (or: pip install numba)"
 def tree() -> CacheTree:
     """The tree Numba's cache is captured as, under this machine's facts."""
     return CacheTree("numba", Facts.here(*FACTS), index=("*.nbi",))
+
+
+def trees() -> tuple[CacheTree, ...]:
+    """Every tree of Numba's cache (the one), for `warmenv run`'s counting of its command's hits."""
+    return (tree(),)
 
 
 async def restore(env: Environment, cache_dir: str | Path) -> RestoreReport:

@@ -55,6 +55,7 @@ import attrs
 
 from warmenv._facts import Facts
 from warmenv._fs import expand_home
+from warmenv.caches._children import EntryPoint
 from warmenv.caches._inprocess import EnvironmentChoice, HitLines, _Where, where
 from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport, record_hits, restore_trees
 from warmenv.caches._tree import capture as _capture
@@ -75,10 +76,13 @@ __all__ = [
     "capture",
     "default_cache_dir",
     "hits",
+    "kernels_in",
+    "listen",
     "restore",
     "served_here",
     "settings",
     "tree",
+    "trees",
     "use",
 ]
 
@@ -93,6 +97,8 @@ INSTALL_HINT: Final = (
     "which may pull several GB of CUDA)"
 )
 CACHE_DIR_VARIABLE: Final = "TORCHINDUCTOR_CACHE_DIR"
+ENTRY_POINTS: Final = (EntryPoint("torch.backends", "warmenv.caches._torch_plugin:autoload"),)
+"""`warmenv run`'s hook in its command: `import torch` loads it (`caches/_children.py`)."""
 _KERNELS: Final = ("*.so",)
 _GRAPHS: Final = ("fxgraph", "aotautograd")
 _HIT_LOGGER: Final = "torch._inductor.codecache"
@@ -103,6 +109,12 @@ def tree(facts: Facts | None = None) -> CacheTree:
     """The tree Inductor's kernels are captured as (its `.so` files), under this machine's facts."""
     chosen = Facts.here(*FACTS) if facts is None else facts
     return CacheTree("torch", chosen, part="kernels", include=_KERNELS)
+
+
+def trees() -> tuple[CacheTree, ...]:
+    """The kernels' and the graph entries' trees, for `warmenv run`'s counting of its command."""
+    facts = Facts.here(*FACTS)
+    return (tree(facts), *_graph_trees(facts))
 
 
 def _mega(facts: Facts) -> Namespace:
@@ -344,6 +356,11 @@ def hits() -> tuple[int, int, float]:
 _lock = threading.Lock()
 _graph_keys: dict[str, int] = {}
 _listening = [False]
+
+
+def listen() -> None:
+    """Read Inductor's hit lines from now on, as `use()` does (`served_here` names them)."""
+    _listen()
 
 
 def _on_hit_key(key: str) -> None:

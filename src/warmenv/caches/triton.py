@@ -79,6 +79,7 @@ __all__ = [
     "live_cache_dir",
     "restore",
     "settings",
+    "trees",
     "use",
 ]
 
@@ -96,6 +97,8 @@ _MAX_GROUP_BYTES: Final = 1024 * 1024
 REQUIRES: Final = "triton"
 """The package this tool's facts are read from: `warmenv run --cache triton` needs it here."""
 INSTALL_HINT: Final = "pip install 'warmenv[triton]' (or: pip install triton==3.8.0)"
+COUNTING: Final = {"TRITON_CACHE_MANAGER": "warmenv.caches._triton_plugin:CountingCacheManager"}
+"""`warmenv run`'s hook in its command: Triton's file cache, noting what it finds."""
 
 
 def facts() -> Facts:
@@ -108,6 +111,11 @@ def _trees(chosen: Facts | None = None) -> tuple[CacheTree, CacheTree]:
     files = CacheTree(TOOL, chosen, part="files", exclude=(f"{GROUP_PREFIX}*", *_NOT_KERNELS))
     groups = CacheTree(TOOL, chosen, part="groups")
     return files, groups
+
+
+def trees() -> tuple[CacheTree, ...]:
+    """The kernels' files and indexes trees, for `warmenv run`'s counting of its command."""
+    return _trees()
 
 
 def cache_dir() -> Path:

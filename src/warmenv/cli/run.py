@@ -35,9 +35,8 @@ import anyio
 import attrs
 
 from warmenv._fs import expand_home
-from warmenv.caches._inprocess import COUNTS_VARIABLE, read_counts
+from warmenv.caches._children import COUNTS_VARIABLE, read_counts
 from warmenv.caches._tools import Tool, available_tools, tool
-from warmenv.caches._tree import record_hits
 from warmenv.cli._environments import environment
 from warmenv.cli._errors import Failure, Stopped, UsageError
 from warmenv.cli._output import Output
@@ -152,6 +151,8 @@ async def _restore_run_capture(
     with tempfile.TemporaryDirectory(prefix="warmenv-run-") as scratch:
         counts = Path(scratch) / "counts.jsonl"
         variables[COUNTS_VARIABLE] = str(counts)
+        for t in tools:  # the hooks that count the command's hits (caches/_children.py)
+            variables.update(await anyio.to_thread.run_sync(t.counting, Path(scratch), variables))
         returncode = await _child(command, variables, phase, out)
         counted = await anyio.to_thread.run_sync(read_counts, counts)
     for name, found in counted.items():
@@ -173,8 +174,8 @@ async def _restore_run_capture(
                 for t in tools:
                     captured = await t.capture(env, directories[t.name])
                     _said(out, f"{t.name}: {captured}")
-                    if t.name in counted and counted[t.name].served:
-                        await record_hits(env, t.module.tree(), counted[t.name].served)
+                    if t.name in counted:
+                        await t.record_served(env, counted[t.name].served)
                     document["tools"][t.name]["captured"] = _as_json(captured)
         _raise_if_stopped(phase)
     out.result(document)
