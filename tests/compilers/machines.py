@@ -72,6 +72,26 @@ class Machine:
         assert isinstance(found, dict)
         return found
 
+    def warmenv_run(
+        self,
+        caches: tuple[str, ...],
+        *command: str,
+        env: dict[str, str] | None = None,
+        timeout: float = 300,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """`warmenv run --cache ... --json -- python COMMAND` here: the command's JSON line
+        (its first line of output) and `warmenv run`'s report (the rest)."""
+        options = [option for tool in caches for option in ("--cache", tool)]
+        completed = self.process(
+            *(sys.executable, "-m", "warmenv", "run", *options, "--json"),
+            *("--", sys.executable, *command),
+            env=env,
+            timeout=timeout,
+        )
+        assert completed.returncode == 0, completed.stderr[-4000:]
+        app, _, rest = completed.stdout.partition("\n")
+        return json.loads(app), json.loads(rest)
+
     def process(
         self, *argv: str, env: dict[str, str] | None = None, timeout: float = 300
     ) -> subprocess.CompletedProcess[str]:

@@ -7,8 +7,6 @@ misses are JAX's own `jax.monitoring` events.
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -115,14 +113,8 @@ def test_warmenv_run_counts_its_commands_jax_hits_in_warmenv_stats(
 
     def run(machine: Machine) -> tuple[dict[str, Any], dict[str, Any]]:
         machine.write("work.py", WORKLOAD)
-        completed = machine.process(
-            *(sys.executable, "-m", "warmenv", "run", "--cache", "jax", "--json"),
-            *("--", sys.executable, "work.py", "run", "-"),
-            env={"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"},
-        )
-        assert completed.returncode == 0, completed.stderr[-4000:]
-        app, _, rest = completed.stdout.partition("\n")
-        return json.loads(app), json.loads(rest)
+        minimum = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+        return machine.warmenv_run(("jax",), "work.py", "run", "-", env=minimum)
 
     cold, _ = run(first)
     ship(first, second, tmp_path)

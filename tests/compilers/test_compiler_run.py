@@ -8,8 +8,6 @@ are the application's own reading of JAX's and Numba's counters.
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,14 +49,8 @@ APP = """
 def _run(machine: Machine) -> tuple[dict[str, Any], dict[str, Any]]:
     machine.write("kernels.py", KERNELS)
     machine.write("app.py", APP)
-    completed = machine.process(
-        *(sys.executable, "-m", "warmenv", "run", "--cache", "jax", "--cache", "numba", "--json"),
-        *("--", sys.executable, "app.py"),
-        env={"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"},
-    )
-    assert completed.returncode == 0, completed.stderr[-4000:]
-    first, _, rest = completed.stdout.partition("\n")
-    return json.loads(first), json.loads(rest)
+    minimum = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    return machine.warmenv_run(("jax", "numba"), "app.py", env=minimum)
 
 
 def test_warmenv_run_warms_jax_and_numba_on_another_machine(

@@ -15,8 +15,6 @@ this module; each warm run is a fresh process on a fresh machine.
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -202,23 +200,20 @@ def test_kernels_captured_where_torch_lives_elsewhere_are_skipped_with_the_reaso
     assert not (tmp_path / "cache" / "ab").exists()
 
 
-def test_warmenv_run_restores_kernels_and_graphs_so_a_plain_process_builds_nothing(
-    cold: Cold, tmp_path: Path
-) -> None:
+def _under_warmenv_run(cold: Cold, tmp_path: Path) -> tuple[Machine, Any, Any]:
+    """A fresh machine given the cold one's bundle, the app run plain under `warmenv run`."""
     second = _fresh(tmp_path, "d")
     ship(cold.machine, second, tmp_path)
     second.write("app.py", APP)
+    warm, report = second.warmenv_run(("torch",), "app.py", "plain", env=VARIABLES, timeout=600)
+    return second, warm, report
 
-    completed = second.process(
-        *(sys.executable, "-m", "warmenv", "run", "--cache", "torch", "--json"),
-        *("--", sys.executable, "app.py", "plain"),
-        env=VARIABLES,
-        timeout=600,
-    )
 
-    assert completed.returncode == 0, completed.stderr[-4000:]
-    app, _, rest = completed.stdout.partition("\n")
-    warm, report = json.loads(app), json.loads(rest)
+def test_warmenv_run_restores_kernels_and_graphs_so_a_plain_process_builds_nothing(
+    cold: Cold, tmp_path: Path
+) -> None:
+    _, warm, report = _under_warmenv_run(cold, tmp_path)
+
     assert (warm["hits"], warm["misses"], warm["built"]) == (1, 0, 0), warm
     restored = report["tools"]["torch"]["restored"]
     assert restored["kernels"]["written"] == cold.result["captured_kernels"]
@@ -228,20 +223,8 @@ def test_warmenv_run_restores_kernels_and_graphs_so_a_plain_process_builds_nothi
 def test_warmenv_run_counts_its_commands_torch_hits_in_warmenv_stats(
     cold: Cold, tmp_path: Path
 ) -> None:
-    second = _fresh(tmp_path, "e")
-    ship(cold.machine, second, tmp_path)
-    second.write("app.py", APP)
+    second, warm, report = _under_warmenv_run(cold, tmp_path)
 
-    completed = second.process(
-        *(sys.executable, "-m", "warmenv", "run", "--cache", "torch", "--json"),
-        *("--", sys.executable, "app.py", "plain"),
-        env=VARIABLES,
-        timeout=600,
-    )
-
-    assert completed.returncode == 0, completed.stderr[-4000:]
-    app, _, rest = completed.stdout.partition("\n")
-    warm, report = json.loads(app), json.loads(rest)
     assert (warm["hits"], warm["misses"], warm["built"]) == (1, 0, 0), warm
     assert report["tools"]["torch"]["hits"] == warm["hits"]  # Inductor's counter, in the command
     # As `use()` counts them: the graph hit by its key, each restored kernel it loaded.

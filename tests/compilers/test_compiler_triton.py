@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -263,13 +262,7 @@ def test_a_hostile_kernel_index_is_refused_and_never_written(
 def _warmenv_run(machine: Machine) -> tuple[dict[str, Any], dict[str, Any]]:
     """`warmenv run --cache triton -- python kernels.py plain`: the app's line, run's report."""
     machine.write("kernels.py", WORKLOAD)
-    completed = machine.process(
-        *(sys.executable, "-m", "warmenv", "run", "--cache", "triton", "--json"),
-        *("--", sys.executable, "kernels.py", "plain"),
-    )
-    assert completed.returncode == 0, completed.stderr[-4000:]
-    app, _, rest = completed.stdout.partition("\n")
-    return json.loads(app), json.loads(rest)
+    return machine.warmenv_run(("triton",), "kernels.py", "plain")
 
 
 def test_warmenv_run_warms_a_plain_triton_process_on_another_machine(
