@@ -1,0 +1,133 @@
+"""Machine instructions per store hit, counted by callgrind: a figure load cannot move.
+
+Wall-clock ratios of the hit rows (`bench_storage.py --hits`) drift by 10 to
+20 % between runs on a shared machine, and more between the asyncio and the
+trio rows of one run (the trio rows run second in the process, over a heap
+the first left behind): too much to see what one Python frame more or less
+costs. Callgrind counts the instructions a loop of hits runs, the same on
+every run. Each child opens an environment, fills an EAGER store of 1,000
+keys, hits each once, then `await`s `--hits` hits between two calls of
+`time.thread_time()`; callgrind dumps its counts before each such call
+(`--dump-before=time_thread_time`), so the second dump is the loop alone.
+`--floor` times the benchmark's floor instead (`dict.get` in a coroutine).
+
+Run (valgrind on PATH; `--tree` as often as there are trees to compare):
+
+    python benchmarks/hit_instructions.py --tree <a tree> --tree <another> \\
+        [--backend asyncio --backend trio] [--shape str --shape bytes --shape dict]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+CHILD = "--child"
+KEYS = 1000
+
+
+def value_of(shape: str, i: int) -> Any:
+    """A value of the bench_storage rows' kinds."""
+    if shape == "bytes":
+        return b"v" * 200 + str(i).encode()
+    if shape == "dict":
+        return {"name": f"n{i}", "sizes": [i, i + 1, i + 2], "ok": True, "pad": "v" * 150}
+    return "v" * 200 + str(i)
+
+
+def key_of(shape: str, i: int) -> Any:
+    return f"key-{i:06d}".encode() if shape == "bytes" else f"key-{i:06d}"
+
+
+def child(backend: str, shape: str, hits: int, floor: bool) -> None:
+    """The process callgrind runs: the marked loop of hits."""
+    import anyio
+
+    from warmenv import CacheMode, Namespace, open_environment
+    from warmenv.persistence.codec import BytesCodec, JsonCodec
+
+    async def main() -> None:
+        with tempfile.TemporaryDirectory() as root:
+            async with open_environment("hits", root=root) as env:
+                namespace = Namespace("bench", f"hits-{shape}", version="1")
+                codec: Any = BytesCodec() if shape == "bytes" else JsonCodec()
+                await env.storage(namespace).insert_many(
+                    (codec.encode_key(key_of(shape, i)), codec.encode_value(value_of(shape, i)))
+                    for i in range(KEYS)
+                )
+                store = await env.store(namespace, codec, mode=CacheMode.EAGER)
+                keys = [key_of(shape, i) for i in range(KEYS)]
+                plain = {key: value_of(shape, i) for i, key in enumerate(keys)}
+
+                async def dict_get(key: Any) -> Any:
+                    return plain.get(key)
+
+                get = dict_get if floor else store.get
+                for key in keys:  # held, its hot set warm
+                    await get(key)
+                time.thread_time()  # callgrind dumps here: the set-up
+                for _ in range(hits // KEYS):
+                    for key in keys:
+                        await get(key)
+                time.thread_time()  # and here: the loop alone
+
+    anyio.run(main, backend=backend)
+
+
+def count(tree: Path, backend: str, shape: str, hits: int, floor: bool) -> float:
+    """Instructions per hit of the child's loop under callgrind, over `tree`'s src."""
+    with tempfile.TemporaryDirectory() as out:
+        dump = Path(out) / "callgrind.out"
+        command = [
+            "valgrind",
+            "--tool=callgrind",
+            "--dump-before=time_thread_time",
+            f"--callgrind-out-file={dump}",
+            sys.executable,
+            __file__,
+            CHILD,
+            backend,
+            shape,
+            str(hits),
+            "floor" if floor else "store",
+        ]
+        environ = {**os.environ, "PYTHONPATH": str(tree / "src")}
+        subprocess.run(command, env=environ, check=True, capture_output=True)
+        # Parts: .1 the set-up (up to the first mark), .2 the loop.
+        for line in (Path(f"{dump}.2")).read_text().splitlines():
+            if line.startswith("summary:"):
+                return int(line.split()[1]) / (hits // KEYS * KEYS)
+    raise RuntimeError(f"callgrind wrote no loop dump for {tree}")
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == CHILD:
+        backend, shape, hits, what = sys.argv[2:6]
+        child(backend, shape, int(hits), what == "floor")
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tree", type=Path, action="append", required=True)
+    parser.add_argument("--backend", action="append", choices=["asyncio", "trio"])
+    parser.add_argument("--shape", action="append", choices=["str", "bytes", "dict"])
+    parser.add_argument("--hits", type=int, default=20_000)
+    parser.add_argument("--floor", action="store_true", help="also count the dict.get floor")
+    args = parser.parse_args()
+    print("| tree | backend | shape | instructions per Store.get hit | dict.get in a coroutine |")
+    print("|---|---|---|---:|---:|")
+    for backend in args.backend or ["asyncio", "trio"]:
+        for shape in args.shape or ["str"]:
+            for tree in args.tree:
+                hit = count(tree, backend, shape, args.hits, floor=False)
+                floor = count(tree, backend, shape, args.hits, floor=True) if args.floor else None
+                shown = "" if floor is None else f"{floor:,.0f}"
+                print(f"| {tree} | {backend} | {shape} | {hit:,.0f} | {shown} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
