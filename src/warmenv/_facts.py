@@ -38,13 +38,43 @@ import attrs
 
 from warmenv.persistence.namespace import Namespace
 
-__all__ = ["PREFIX", "Facts", "TreeCheck", "captured_trees", "cpu_identity", "fact_here", "verdict"]
+__all__ = [
+    "PREFIX",
+    "Facts",
+    "TreeCheck",
+    "can_hit_for",
+    "captured_trees",
+    "cpu_identity",
+    "fact_here",
+    "is_captured_tree",
+    "verdict",
+]
 
 _KEY = re.compile(r"[a-z0-9][a-z0-9_.-]*\Z")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
 NOT_INSTALLED = "none"
 PREFIX = "caches."
 """Every captured tree's namespace is `caches.<tool>/<facts>/<part>`."""
+
+
+def is_captured_tree(namespace: str) -> bool:
+    """Whether `namespace` holds a compiler's captured cache (`caches.<tool>/<facts>/<part>`)."""
+    return namespace.startswith(PREFIX)
+
+
+def can_hit_for(namespace: str, version: str) -> bool:
+    """Whether lookups by an application of `version` can hit the entries of `namespace`.
+
+    The one rule every caller given an application's version uses (import's
+    filter and its refusal of a stale bundle, by file or URL; preflight and
+    `warmenv check`; export's warning; `warm_up`). An application's namespace
+    carries its version as its version segment, so only that version reads
+    it. A captured compiler cache carries facts there instead (the tool's
+    version, CPU, Python, install path), which no application version
+    decides: it is judged by those facts against the machine (`captured_trees`),
+    never by `version`.
+    """
+    return is_captured_tree(namespace) or Namespace.raw(namespace).version == version
 
 
 def _clean(value: str) -> str:
@@ -231,7 +261,7 @@ def captured_trees(
     """
     found = []
     for full, entries in namespaces:
-        if not full.startswith(PREFIX):
+        if not is_captured_tree(full):
             continue
         namespace = Namespace.raw(full)
         facts = Facts.parse(namespace.version)

@@ -46,6 +46,7 @@ from typing import Unpack, final
 import anyio
 import anyio.lowlevel
 
+from warmenv._facts import is_captured_tree
 from warmenv._keys import PublicKey
 from warmenv._url import is_url, redact
 from warmenv.bundle.base import Bundle
@@ -423,20 +424,26 @@ def _version_prefixes(prefixes: list[str] | None, same: list[str], version: str)
     """Prefixes that select, of the namespaces `prefixes` select, those of `version`.
 
     A few, however many namespaces: one per application name (`app/<version>`)
-    or per prefix given, so a bulk copy's SQL condition stays small.
+    or per prefix given, so a bulk copy's SQL condition stays small; and each
+    captured compiler cache by its full name (their version segment is facts,
+    which `version` does not decide: `of_version` kept them; a few per tool).
     """
+    trees = [n for n in same if is_captured_tree(n)]
     if prefixes is None:
-        return sorted({f"{Namespace.raw(n).name}/{version}" for n in same})
+        apps = {f"{Namespace.raw(n).name}/{version}" for n in same if not is_captured_tree(n)}
+        return sorted(apps) + trees
     narrowed: list[str] = []
     for prefix in prefixes:
         segments = prefix.strip("/").split("/")
         if segments == [""]:  # every namespace
-            narrowed += _version_prefixes(None, same, version)
-        elif len(segments) == 1:
+            return _version_prefixes(None, same, version)
+        if is_captured_tree(segments[0]):
+            continue  # its trees selected are in `trees`
+        if len(segments) == 1:
             narrowed.append(f"{segments[0]}/{version}")
         elif segments[1] == version:
             narrowed.append(prefix)
-    return narrowed
+    return narrowed + trees
 
 
 async def _verifying(bundle: Bundle) -> AsyncGenerator[Verifying, None]:

@@ -36,7 +36,7 @@ from pathlib import Path
 import anyio.to_thread
 import attrs
 
-from warmenv._facts import TreeCheck, captured_trees
+from warmenv._facts import TreeCheck, can_hit_for, captured_trees, is_captured_tree
 from warmenv._facts import verdict as caches_verdict
 from warmenv._keys import PublicKey
 from warmenv._url import is_url, redact
@@ -195,11 +195,16 @@ async def _check(
 
 
 def of_version(namespaces: Iterable[str], version: str) -> tuple[list[str], list[str]]:
-    """`namespaces` split into those of `version` (their version segment) and the others."""
+    """`namespaces` split into those lookups by `version` can hit and the others.
+
+    By `can_hit_for`, the one rule: the application's namespaces of that
+    version segment, and every captured compiler cache (judged by its facts,
+    never by the application's version).
+    """
     same: list[str] = []
     other: list[str] = []
     for namespace in namespaces:
-        (same if Namespace.raw(namespace).version == version else other).append(namespace)
+        (same if can_hit_for(namespace, version) else other).append(namespace)
     return same, other
 
 
@@ -292,11 +297,18 @@ def _verdict(
                 f"{version!r} and will not be read: {', '.join(other[:5])}"
                 + (" ..." if len(other) > 5 else "")
             )
-        elif namespaces:  # an empty bundle is said below
+        elif apps := [n for n in same if not is_captured_tree(n)]:
             reasons.append(
                 f"its namespace is for version {version!r}"
                 if len(namespaces) == 1
+                else f"all {len(apps)} namespaces of the application are for version {version!r}"
+                if len(apps) < len(namespaces)
                 else f"all {len(namespaces)} namespaces are for version {version!r}"
+            )
+        elif namespaces:  # an empty bundle is said below
+            reasons.append(
+                f"it holds compiler caches only: they are judged by their facts (below), "
+                f"not by version {version!r}"
             )
     if not namespaces:
         ok = False

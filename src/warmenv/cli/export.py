@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from warmenv._facts import is_captured_tree
 from warmenv._text import clean, has_control_characters
 from warmenv.bundle import BundleFormat, ExportReport, Started, exporting
 from warmenv.bundle.base import FORMAT_VERSIONS
@@ -160,13 +161,19 @@ def _warn_if_of_no_namespace(out: Output, report: ExportReport, version: str) ->
     without a version (or with one of the versions it holds) takes it all."""
     names = [s.namespace for s in report.namespaces]
     same, other = of_version(names, version)
-    if other and not same:
+    # Compiler caches are never of another version (`of_version`): only the application's
+    # namespaces are ever in `other`, and those of `version` the only ones that can hit.
+    if other and all(is_captured_tree(n) for n in same):
         held = sorted({Namespace.raw(n).version for n in other})
+        said = (
+            f"an import for version {clean(version)!r} takes its compiler caches only"
+            if same
+            else f"`warmenv check --app-version {clean(version)}` will say it will not hit"
+        )
         out.warning(
-            f"no exported namespace is for version {clean(version)!r} (they are of "
-            f"{', '.join(repr(clean(v)) for v in held)}): `warmenv check --app-version "
-            f"{clean(version)}` will say it will not hit; export with --app-version "
-            f"{clean(held[0])} to match"
+            f"no exported namespace {'of the application ' if same else ''}is for version "
+            f"{clean(version)!r} (they are of {', '.join(repr(clean(v)) for v in held)}): "
+            f"{said}; export with --app-version {clean(held[0])} to match"
         )
 
 
