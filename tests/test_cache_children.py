@@ -10,14 +10,29 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from pathlib import Path
 
+import pytest
+
 import warmenv.caches.jax
 import warmenv.caches.torch
+import warmenv.caches.triton
 from warmenv.caches._children import hook_variables
+from warmenv.caches._paths import UnsafeTargetError
+
+
+@pytest.fixture(autouse=True)
+def _private_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This user's warmenv directory, where the hooks are written, in the test's own."""
+    home = tmp_path / "home-cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home))
+    return home
+
 
 LOAD = textwrap.dedent(
     """
@@ -37,10 +52,10 @@ LOAD = textwrap.dedent(
 )
 
 
-def _load(scratch: Path, *python_options: str) -> dict[str, str]:
+def _load(cwd: Path, *python_options: str) -> dict[str, str]:
     variables: dict[str, str] = {}
     for tool, module in (("torch", warmenv.caches.torch), ("jax", warmenv.caches.jax)):
-        variables.update(hook_variables(scratch, tool, module.ENTRY_POINTS, variables))
+        variables.update(hook_variables(tool, module.ENTRY_POINTS, (), variables))
     environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     child = subprocess.run(
         [sys.executable, *python_options, "-c", LOAD],
@@ -48,6 +63,7 @@ def _load(scratch: Path, *python_options: str) -> dict[str, str]:
         capture_output=True,
         text=True,
         check=True,
+        cwd=cwd,
     )
     found: dict[str, str] = json.loads(child.stdout)
     return found
@@ -72,4 +88,104 @@ def test_a_command_whose_python_has_no_warmenv_loads_hooks_that_do_nothing(
     assert found == {
         "torch.backends": "warmenv_run_hooks_torch",
         "jax_plugins": "warmenv_run_hooks_jax",
+    }
+
+
+def test_a_warmenv_planted_in_the_commands_working_directory_is_never_imported(
+    tmp_path: Path,
+) -> None:
+    # `python -c` puts the working directory first on sys.path: its warmenv/ is found first.
+    planted = tmp_path / "cwd" / "warmenv"
+    planted.mkdir(parents=True)
+    ran = tmp_path / "ran"
+    (planted / "__init__.py").write_text(f"open({str(ran)!r}, 'w').close()\n")
+    found = _load(tmp_path / "cwd")
+    assert not ran.exists()
+    assert found == {
+        "torch.backends": "warmenv_run_hooks_torch",
+        "jax_plugins": "warmenv_run_hooks_jax",
+    }
+
+
+@pytest.mark.parametrize("before", ["/a::/b", "/a:", ":/a", "/a"])
+def test_the_commands_pythonpath_is_kept_exactly_after_the_hooks(before: str) -> None:
+    # An empty entry is the working directory to Python: dropping it changes what imports.
+    variables = hook_variables(
+        "torch", warmenv.caches.torch.ENTRY_POINTS, (), {"PYTHONPATH": before}
+    )
+    first, _, rest = variables["PYTHONPATH"].partition(os.pathsep)
+    assert Path(first, "warmenv_run_hooks_torch.py").is_file()
+    assert rest == before
+
+
+def test_the_hooks_directory_is_private_and_outlives_the_run(_private_home: Path) -> None:
+    variables = hook_variables("torch", warmenv.caches.torch.ENTRY_POINTS, (), {})
+    directory = Path(variables["PYTHONPATH"])
+    assert directory.is_relative_to(_private_home)
+    for path in (directory, *directory.rglob("*")):
+        mode = path.lstat().st_mode
+        assert path.lstat().st_uid == os.geteuid()
+        assert not mode & (stat.S_IWGRP | stat.S_IWOTH), path
+
+
+def test_a_hooks_directory_that_was_changed_is_rewritten() -> None:
+    variables = hook_variables("torch", warmenv.caches.torch.ENTRY_POINTS, (), {})
+    directory = Path(variables["PYTHONPATH"])
+    shim = directory / "warmenv_run_hooks_torch.py"
+    written = shim.read_text()
+    shim.write_text("print('changed')\n")
+    (directory / "extra.dist-info").mkdir()
+    again = hook_variables("torch", warmenv.caches.torch.ENTRY_POINTS, (), {})
+    assert again == variables
+    assert shim.read_text() == written
+    assert not (directory / "extra.dist-info").exists()
+
+
+def test_hooks_under_a_directory_others_can_write_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # no sticky bit: anyone may rename what is in it
+    monkeypatch.setenv("XDG_CACHE_HOME", str(shared / "cache"))
+    with pytest.raises(UnsafeTargetError, match="other users can write"):
+        hook_variables("torch", warmenv.caches.torch.ENTRY_POINTS, (), {})
+
+
+_TRITON_CHILD = textwrap.dedent(
+    """
+    import importlib, json, os, sys
+    module, _, name = os.environ["TRITON_CACHE_MANAGER"].partition(":")
+    manager = getattr(importlib.import_module(module), name)
+    cache = manager("k" * 32)
+    cache.put(b"kernel", "kernel.bin", binary=True)
+    print(json.dumps({
+        "class": manager.__module__ + "." + manager.__qualname__,
+        "found": cache.get_file("kernel.bin") is not None,
+        "warmenv": any(m == "warmenv" or m.startswith("warmenv.") for m in sys.modules),
+    }))
+    """
+)
+
+
+def test_tritons_manager_is_tritons_own_in_a_python_without_warmenv(tmp_path: Path) -> None:
+    variables = hook_variables("triton", (), warmenv.caches.triton.COUNTING, {})
+    # -I: no PYTHONPATH, no user site; the path holds the hooks and the site-packages with
+    # Triton, whose editable warmenv (a .pth file) is not read: this Python has no warmenv.
+    site = sysconfig.get_paths()["purelib"]
+    path = [variables["PYTHONPATH"], site]
+    code = f"import sys; sys.path[:0] = {path!r}\n{_TRITON_CHILD}"
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    child = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code],
+        env={**environ, **variables, "TRITON_CACHE_DIR": str(tmp_path / "triton")},
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert child.returncode == 0, child.stderr
+    assert json.loads(child.stdout) == {
+        "class": "triton.runtime.cache.FileCacheManager",
+        "found": True,
+        "warmenv": False,
     }

@@ -101,6 +101,7 @@ class Machine:
             if not k.startswith(("JAX_", "NUMBA_", "XLA_", "TRITON_", "TORCHINDUCTOR_", "WARMENV_"))
         }
         variables["WARMENV_ROOT"] = str(self.root)
+        variables["XDG_CACHE_HOME"] = str(self.home / "user-cache")  # warmenv run's hooks
         variables.update(env or {})
         return subprocess.run(
             [sys.executable if argv[0] == "python" else argv[0], *argv[1:]],

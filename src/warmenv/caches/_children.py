@@ -9,15 +9,17 @@ itself, through its own plug-in mechanism, with no `sitecustomize` and no
 - Numba: its cache locator (`NUMBA_CACHE_LOCATOR_CLASSES`, which `warmenv
   run` sets anyway to fix Numba's trap).
 - Triton: its cache manager (`TRITON_CACHE_MANAGER`), a `FileCacheManager`
-  that notes each kernel it finds.
+  that notes each kernel it finds, named through the distribution below.
 - JAX and torch: entry points (`jax_plugins`, which JAX loads when it
   starts its backends; `torch.backends`, which `import torch` loads). They
   are declared by a distribution written for COMMAND (`warmenv_run_hooks_<tool>`:
-  a `.dist-info` directory and a module that imports the hook from
-  warmenv, or is a no-op where COMMAND's Python has none) in a directory
-  of its own that `warmenv run` puts first on COMMAND's `PYTHONPATH`, so
-  only the processes `warmenv run` starts see it; an installed warmenv
-  declares none.
+  a `.dist-info` directory and a module that imports the hook from the
+  warmenv `warmenv run` runs from, or is a no-op where COMMAND's Python
+  has another or none) in a directory of this user's (`_hookdir`) that
+  `warmenv run` puts first on COMMAND's `PYTHONPATH`, so only the processes
+  `warmenv run` starts see it; an installed warmenv declares none. Triton's
+  manager is a class of that module too, Triton's own `FileCacheManager`
+  where warmenv's cannot be imported.
 
 Every hook does nothing unless `COUNTS_VARIABLE` names a file; at exit it
 appends the tool's own counts to it (one JSON line per process: hits,
@@ -39,10 +41,13 @@ from typing import Final
 
 import attrs
 
+from warmenv.caches._hookdir import private_directory
+
 __all__ = [
     "COUNTS_VARIABLE",
     "Counts",
     "EntryPoint",
+    "Variable",
     "hook_variables",
     "read_counts",
     "write_counts",
@@ -53,6 +58,7 @@ log = logging.getLogger("warmenv.caches")
 COUNTS_VARIABLE: Final = "WARMENV_CACHE_COUNTS"
 """Names the file where a tool's hook in a child process appends its hit counts at exit."""
 _HOOKS: Final = "warmenv_run_hooks"
+_WARMENV: Final = Path(os.path.realpath(__file__)).parent.parent  # this warmenv's package
 
 
 def write_counts(
@@ -124,41 +130,94 @@ class EntryPoint:
     """The tool takes a module and calls `function` in it (JAX's `jax_plugins`)."""
 
 
-def hook_variables(
-    scratch: Path, tool: str, entry_points: Iterable[EntryPoint], environ: Mapping[str, str]
-) -> dict[str, str]:
-    """The variables that let a child's `tool` load the hooks `entry_points` name.
+@attrs.frozen
+class Variable:
+    """A variable a tool reads naming a class it loads (`TRITON_CACHE_MANAGER`): warmenv's hook."""
 
-    They are declared by a distribution (`warmenv_run_hooks_<tool>`:
-    importlib.metadata keeps one distribution of a name) written in a
-    directory of `scratch`, which goes first on `PYTHONPATH`, before what
-    `environ` has there. Each entry point names a function of a module
-    written beside it that imports the hook from warmenv, or does nothing
-    where the command's Python has no warmenv: the tool then loads a no-op
-    (torch would fail `import torch` on a hook it cannot load). No entry
-    points: no variables.
+    name: str
+    hook: str
+    """warmenv's class, `module:class` (`warmenv.caches._triton_plugin:CountingCacheManager`)."""
+    fallback: str
+    """The tool's own class, loaded where warmenv's cannot be (`...:FileCacheManager`)."""
+
+
+def hook_variables(
+    tool: str,
+    entry_points: Iterable[EntryPoint],
+    variables: Iterable[Variable],
+    environ: Mapping[str, str],
+) -> dict[str, str]:
+    """The variables that let a child's `tool` load the hooks named, as `environ` becomes.
+
+    The hooks are declared by a distribution (`warmenv_run_hooks_<tool>`:
+    importlib.metadata keeps one distribution of a name) in a directory of
+    this user's that no other user can touch (`_hookdir`), which goes first
+    on `PYTHONPATH`, before what `environ` has there, kept exactly (an empty
+    entry is the working directory). Each entry point or variable names an
+    object of a module written there that imports warmenv's hook only from
+    the warmenv this process runs (a `warmenv/` planted in the command's
+    working directory is never imported), and otherwise is a no-op (torch
+    would fail `import torch` on a hook it cannot load) or the tool's own
+    class. A variable the user set is theirs to keep. Nothing to load: no
+    variables.
     """
-    chosen = list(entry_points)
-    if not chosen:
+    points = list(entry_points)
+    chosen = [v for v in variables if v.name not in environ]
+    if not points and not chosen:
         return {}
     name = f"{_HOOKS}_{tool.replace('-', '_')}"
-    directory = scratch / name
-    info = directory / f"{name}-0.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: {name}\nVersion: 0\n", encoding="utf-8"
-    )
-    declared, shim = [], [f'"""`warmenv run`\'s hooks for {tool} (warmenv.caches._children)."""\n']
-    for entry in chosen:
+    declared = []
+    shim = [
+        f'"""`warmenv run`\'s hooks for {tool} (warmenv.caches._children)."""\n',
+        _OURS.format(package=str(_WARMENV)),
+    ]
+    for entry in points:
         module, _, function = entry.hook.partition(":")
         value = name if entry.names_a_module else f"{name}:{function}"
         declared.append(f"[{entry.group}]\nwarmenv = {value}\n")
-        shim.append(
-            f"try:\n    from {module} import {function}\n"
-            "except ImportError:  # this Python has no warmenv: nothing is counted\n\n"
-            f"    def {function}() -> None:\n        pass\n"
-        )
-    (info / "entry_points.txt").write_text("\n".join(declared), encoding="utf-8")
-    (directory / f"{name}.py").write_text("\n".join(shim), encoding="utf-8")
-    path = [str(directory), *filter(None, environ.get("PYTHONPATH", "").split(os.pathsep))]
-    return {"PYTHONPATH": os.pathsep.join(path)}
+        fallback = f"    def {function}() -> None:\n        pass\n"
+        shim.append(_SHIM.format(module=module, name=function, fallback=fallback))
+    found = {}
+    for variable in chosen:
+        module, _, attribute = variable.hook.partition(":")
+        own, _, own_name = variable.fallback.partition(":")
+        fallback = f"    from {own} import {own_name} as {attribute}\n"
+        shim.append(_SHIM.format(module=module, name=attribute, fallback=fallback))
+        found[variable.name] = f"{name}:{attribute}"
+    info = f"{name}-0.dist-info"
+    directory = private_directory(
+        {
+            f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0\n",
+            f"{info}/entry_points.txt": "\n".join(declared),
+            f"{name}.py": "\n".join(shim),
+        }
+    )
+    before = environ.get("PYTHONPATH")
+    found["PYTHONPATH"] = str(directory) + (os.pathsep + before if before else "")
+    return found
+
+
+_OURS: Final = """import importlib.util as _util
+import os as _os
+
+_WARMENV = {package!r}  # the warmenv `warmenv run` runs from
+
+
+def _ours() -> bool:
+    try:
+        spec = _util.find_spec("warmenv")  # finds, runs nothing
+    except (ImportError, ValueError):
+        return False
+    origin = None if spec is None else spec.origin
+    return origin is not None and _os.path.dirname(_os.path.realpath(origin)) == _WARMENV
+
+
+_OURS = _ours()
+"""
+
+_SHIM: Final = """try:
+    if not _OURS:
+        raise ImportError("not the warmenv that warmenv run runs from")
+    from {module} import {name}
+except ImportError:  # this Python has no warmenv, or another one: nothing is counted
+{fallback}"""

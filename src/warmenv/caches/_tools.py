@@ -17,7 +17,7 @@ A tool module `warmenv run` can drive provides, beside its in-process `use()`:
   `trees()`, the tool's trees under this machine's facts (the parts its
   hook reports hits in), and the hook, as `ENTRY_POINTS` (`EntryPoint`s the
   tool loads from a distribution written for the command) or `COUNTING`
-  (variables naming a plug-in of the tool's own, unless the user set them).
+  (`Variable`s naming a class the tool loads, unless the user set them).
 
 The modules are found by listing the package, so a new tool is one new
 module; none of them imports its compiler at import time.
@@ -63,12 +63,11 @@ class Tool:
     def settings(self, cache_dir: Path) -> dict[str, str]:
         return dict(self.module.settings(cache_dir))
 
-    def counting(self, scratch: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    def counting(self, environ: Mapping[str, str]) -> dict[str, str]:
         """The variables under which the command's processes count this tool's hits."""
-        # A plug-in the user chose (their own TRITON_CACHE_MANAGER) is theirs to keep.
-        found = {k: v for k, v in getattr(self.module, "COUNTING", {}).items() if k not in environ}
         entry_points = getattr(self.module, "ENTRY_POINTS", ())
-        return found | hook_variables(scratch, self.name, entry_points, environ)
+        variables = getattr(self.module, "COUNTING", ())
+        return hook_variables(self.name, entry_points, variables, environ)
 
     async def record_served(self, env: Environment, served: Mapping[str, Mapping[str, int]]) -> int:
         """Count the command's hits per entry (by tree part) in `env`'s statistics."""

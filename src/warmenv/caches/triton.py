@@ -55,6 +55,7 @@ import attrs
 from warmenv import blocking
 from warmenv._facts import Facts
 from warmenv._fs import expand_home
+from warmenv.caches._children import Variable
 from warmenv.caches._paths import Writer, relative_parts
 from warmenv.caches._tree import CacheTree, CaptureReport, LeftOut, RestoreReport, refused_lines
 from warmenv.caches._tree import capture as _capture
@@ -97,7 +98,13 @@ _MAX_GROUP_BYTES: Final = 1024 * 1024
 REQUIRES: Final = "triton"
 """The package this tool's facts are read from: `warmenv run --cache triton` needs it here."""
 INSTALL_HINT: Final = "pip install 'warmenv[triton]' (or: pip install triton==3.8.0)"
-COUNTING: Final = {"TRITON_CACHE_MANAGER": "warmenv.caches._triton_plugin:CountingCacheManager"}
+COUNTING: Final = (
+    Variable(
+        "TRITON_CACHE_MANAGER",
+        "warmenv.caches._triton_plugin:CountingCacheManager",
+        fallback="triton.runtime.cache:FileCacheManager",
+    ),
+)
 """`warmenv run`'s hook in its command: Triton's file cache, noting what it finds."""
 
 

@@ -152,7 +152,7 @@ async def _restore_run_capture(
         counts = Path(scratch) / "counts.jsonl"
         variables[COUNTS_VARIABLE] = str(counts)
         for t in tools:  # the hooks that count the command's hits (caches/_children.py)
-            variables.update(await anyio.to_thread.run_sync(t.counting, Path(scratch), variables))
+            variables.update(await anyio.to_thread.run_sync(t.counting, variables))
         returncode = await _child(command, variables, phase, out)
         counted = await anyio.to_thread.run_sync(read_counts, counts)
     for name, found in counted.items():
