@@ -284,9 +284,8 @@ def test_a_torch_restore_pays_its_fixed_costs_once_not_per_tree(
     assert hops == {"thread": 3, "sqlite": 5}
 
 
-def test_a_torch_restore_never_follows_a_symlink_where_a_graph_directory_belongs(
-    tmp_path: Path,
-) -> None:
+def _restored_over_a_symlinked_fxgraph(tmp_path: Path) -> tuple[Any, Path]:
+    """A torch restore into a cache directory whose `fxgraph` is a symlink, and where it leads."""
     require("torch")
     import warmenv.caches.torch as torch_cache
 
@@ -300,9 +299,24 @@ def test_a_torch_restore_never_follows_a_symlink_where_a_graph_directory_belongs
             await torch_cache.capture(env, _inductor_dir(tmp_path / "source"))
             return await torch_cache.restore(env, target)
 
-    restored = anyio.run(main)
+    return anyio.run(main), outside
+
+
+def test_a_torch_restore_never_follows_a_symlink_where_a_graph_directory_belongs(
+    tmp_path: Path,
+) -> None:
+    restored, outside = _restored_over_a_symlinked_fxgraph(tmp_path)
 
     fxgraph, aotautograd = restored.graphs
     assert (restored.kernels.written, fxgraph.written, aotautograd.written) == (1, 0, 1)
     assert [("symlink" in r.reason) for r in fxgraph.refused] == [True]
     assert list(outside.iterdir()) == []
+
+
+def test_a_torch_restores_text_says_which_graph_entries_it_refused(tmp_path: Path) -> None:
+    restored, _ = _restored_over_a_symlinked_fxgraph(tmp_path)
+
+    text = str(restored)
+
+    assert "1 graph entries (1 refused)" in text
+    assert "- refused 'fxgraph/xy/fxykey/entry': a symlink is at 'fxgraph'" in text

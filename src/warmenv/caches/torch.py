@@ -57,7 +57,14 @@ from warmenv._facts import Facts
 from warmenv._fs import expand_home
 from warmenv.caches._children import EntryPoint
 from warmenv.caches._inprocess import EnvironmentChoice, HitLines, _Where, where
-from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport, record_hits, restore_trees
+from warmenv.caches._tree import (
+    CacheTree,
+    CaptureReport,
+    RestoreReport,
+    record_hits,
+    refused_lines,
+    restore_trees,
+)
 from warmenv.caches._tree import capture as _capture
 from warmenv.config import load_config
 from warmenv.environment import Environment, open_environment
@@ -158,7 +165,19 @@ class TorchRestoreReport:
 
     def __str__(self) -> str:
         graphs = sum(report.written for report in self.graphs)
-        return f"{self.kernels}; {graphs} graph entries; {self.artifacts} Mega-Cache entries"
+        # A graph entry's path is shown under its directory (`fxgraph/...`), as Inductor has it.
+        refused = tuple(
+            attrs.evolve(left, path=f"{report.target.name}/{left.path}")
+            for report in self.graphs
+            for left in report.refused
+        )
+        lines = [
+            f"{self.kernels}; {graphs} graph entries"
+            + (f" ({len(refused)} refused)" if refused else "")
+            + f"; {self.artifacts} Mega-Cache entries",
+            *refused_lines(refused),
+        ]
+        return "\n".join(lines)
 
 
 def _graph_trees(facts: Facts) -> tuple[CacheTree, ...]:
