@@ -62,7 +62,7 @@ RELIABILITY_RUNS: list[list[str]] = [
     ["tests/test_ownership.py", "tests/test_busy.py"],
     # The other classes of issue 22, each row counted by its regression tests: lying
     # HTTP servers and URLs, secrets in logs, staging across PID namespaces, settings
-    # and cache paths, schema tricks, signatures, a hostile Redis.
+    # and cache paths, schema tricks, signatures, index edits, a hostile Redis.
     [
         "tests/test_download_hostile.py",
         "tests/test_download_logs.py",
@@ -72,6 +72,7 @@ RELIABILITY_RUNS: list[list[str]] = [
         "tests/test_cache_paths.py",
         "tests/test_signing.py",
         "tests/test_bundle_schema_tricks.py",
+        "tests/test_bundle_index.py",
         "tests/test_remote_bounds.py",
     ],
     ["tests/test_store_flight.py", "tests/test_lease.py", "-k", "itself or renewed_forever"],

@@ -195,6 +195,8 @@ def _check_file(label: str, check_rows: bool, conn: sqlite3.Connection) -> _Chec
         )
         if unlike is not None:
             raise _not_a_bundle(label, unlike)
+        if not bundle_schema.meta_index_agrees(conn):
+            raise CorruptBundleError(f"{label}: its meta table's index does not match its rows")
     try:
         size = bundle_schema.manifest_size(conn, limit=MAX_MANIFEST_BYTES)
     except sqlite3.DataError:
@@ -237,6 +239,7 @@ def _check_rows(conn: sqlite3.Connection, label: str, format: int | None, indexe
         raise CorruptBundleError(
             f"{label}: its table holds {rows:,} rows but its index {indexed:,}"
         )
+    _integrity(conn, label)
     if _unique_entries(conn):
         return  # the index that holds every row holds no (namespace, key) twice
     twice = conn.execute(
@@ -244,6 +247,17 @@ def _check_rows(conn: sqlite3.Connection, label: str, format: int | None, indexe
     ).fetchone()
     if twice is not None:
         raise _duplicate(label, *twice)
+
+
+def _integrity(conn: sqlite3.Connection, label: str) -> None:
+    """Refuse a file SQLite's integrity check finds damaged: above all an index that
+    does not hold exactly its table's rows. Every read by key (a `get`, a page, the
+    namespace totals) goes through the entries' index, which the digest does not
+    cover (it is taken from the rows in rowid order): an index pairing a key with
+    another row's rowid would serve that key another key's value."""
+    problems = [row[0] for row in conn.execute("PRAGMA integrity_check(5)")]
+    if problems != ["ok"]:
+        raise CorruptBundleError(f"{label}: SQLite finds it damaged: {'; '.join(problems)}")
 
 
 def _unique_entries(conn: sqlite3.Connection) -> bool:
@@ -369,14 +383,15 @@ def _hash_entries(
     done so far after each slice (from 0), returns the digest."""
     columns = "namespace, key, value" + (", written_at, cost" if format == 2 else "")
     try:
-        sql = f"SELECT {columns} FROM entries ORDER BY rowid"
-        return (yield from _hash_in(sql, conn, label, format))
+        sql = f"SELECT {columns} FROM entries NOT INDEXED ORDER BY rowid"
+        digest = yield from _hash_in(sql, conn, label, format)
     except _NotInKeyOrder:
         pass
+    else:
+        _integrity(conn, label)  # every later read goes through the index
+        return digest
     # Reading in index order trusts the index to match the table: check that.
-    problems = [row[0] for row in conn.execute("PRAGMA integrity_check(5)")]
-    if problems != ["ok"]:
-        raise CorruptBundleError(f"{label}: SQLite finds it damaged: {'; '.join(problems)}")
+    _integrity(conn, label)
     try:
         sql = f"SELECT {columns} FROM entries ORDER BY namespace, key"
         return (yield from _hash_in(sql, conn, label, format))

@@ -86,6 +86,8 @@ def _manifest(conn: sqlite3.Connection, label: str) -> str | None:
         return None
     if bundle_schema.foreign_meta(conn) is not None:
         return None
+    if not bundle_schema.meta_index_agrees(conn):
+        return None  # damage: the full open names it
     try:
         size = bundle_schema.manifest_size(conn, limit=MAX_MANIFEST_BYTES)
     except sqlite3.DataError:

@@ -33,6 +33,7 @@ __all__ = [
     "first_view",
     "foreign_meta",
     "has_manifest",
+    "meta_index_agrees",
     "manifest_size",
     "newer_version",
     "read_only_uri",
@@ -169,6 +170,20 @@ def foreign_meta(conn: sqlite3.Connection) -> str | None:
     if row is None:
         return None
     return f"its meta table has a row {row[0]!r}, which no warmenv bundle has"
+
+
+def meta_index_agrees(conn: sqlite3.Connection) -> bool:
+    """Whether the index of `meta`'s key holds exactly its rows (the same keys, each
+    with its own row's rowid), compared with the table read without any index.
+
+    A `meta` value is read by key, through that index, which no digest covers:
+    one pairing `manifest` with another row's rowid would have the manifest read
+    from that row. Cheap: `foreign_meta` has passed, so `meta` holds two rows."""
+    rows = conn.execute("SELECT k, rowid FROM meta NOT INDEXED ORDER BY k").fetchall()
+    indexed = conn.execute(
+        "SELECT k, rowid FROM meta INDEXED BY sqlite_autoindex_meta_1 ORDER BY k"
+    ).fetchall()
+    return rows == indexed
 
 
 def first_view(conn: sqlite3.Connection) -> str | None:
