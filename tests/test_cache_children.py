@@ -22,7 +22,7 @@ import pytest
 import warmenv.caches.jax
 import warmenv.caches.torch
 import warmenv.caches.triton
-from warmenv.caches._children import hook_variables
+from warmenv.caches._children import hook_variables, new_counts, read_counts
 from warmenv.caches._paths import UnsafeTargetError
 
 
@@ -189,3 +189,49 @@ def test_tritons_manager_is_tritons_own_in_a_python_without_warmenv(tmp_path: Pa
         "found": True,
         "warmenv": False,
     }
+
+
+_COUNT_CHILD = textwrap.dedent(
+    """
+    from warmenv.caches._children import write_counts
+    write_counts("torch", 1, 0)
+    """
+)
+
+
+def _counted_into(path: Path) -> subprocess.CompletedProcess[str]:
+    """A process that outlived `warmenv run` writing its counts at exit to `path`."""
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run(
+        [sys.executable, "-c", _COUNT_CHILD],
+        env={**environ, "WARMENV_CACHE_COUNTS": str(path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_counts_are_never_written_through_a_symlink_left_where_the_file_was(
+    tmp_path: Path,
+) -> None:
+    # The run's directory is gone; whoever recreated it put a symlink at the counts' name.
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (tmp_path / "counts.jsonl").symlink_to(victim)
+    child = _counted_into(tmp_path / "counts.jsonl")
+    assert child.returncode == 0, child.stderr
+    assert victim.read_text() == "precious\n"
+
+
+def test_counts_are_never_written_to_a_file_the_run_did_not_make(tmp_path: Path) -> None:
+    child = _counted_into(tmp_path / "counts.jsonl")
+    assert child.returncode == 0, child.stderr
+    assert not (tmp_path / "counts.jsonl").exists()
+
+
+def test_counts_are_appended_to_the_file_the_run_made(tmp_path: Path) -> None:
+    counts = tmp_path / "counts.jsonl"
+    new_counts(counts)
+    _counted_into(counts)
+    _counted_into(counts)
+    assert read_counts(counts)["torch"].hits == 2

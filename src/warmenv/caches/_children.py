@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
@@ -49,6 +50,7 @@ __all__ = [
     "EntryPoint",
     "Variable",
     "hook_variables",
+    "new_counts",
     "read_counts",
     "write_counts",
 ]
@@ -58,6 +60,7 @@ log = logging.getLogger("warmenv.caches")
 COUNTS_VARIABLE: Final = "WARMENV_CACHE_COUNTS"
 """Names the file where a tool's hook in a child process appends its hit counts at exit."""
 _HOOKS: Final = "warmenv_run_hooks"
+_COUNTS_FLAGS: Final = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _WARMENV: Final = Path(os.path.realpath(__file__)).parent.parent  # this warmenv's package
 
 
@@ -65,6 +68,9 @@ def write_counts(
     tool: str, hits: int, misses: int, served: Mapping[str, Mapping[str, int]] | None = None
 ) -> None:
     """Append this process's counts for `tool` to the file `COUNTS_VARIABLE` names, if any.
+
+    The file is `warmenv run`'s (`new_counts`): one that is not there, not a
+    regular file or not this user's is left alone.
 
     `served`: hits per entry (relative path) per tree part (`files`, ...),
     where the tool says which entries it served.
@@ -74,11 +80,24 @@ def write_counts(
         return
     by_part = {part: dict(hits) for part, hits in (served or {}).items()}
     record = {"tool": tool, "hits": hits, "misses": misses, "served": by_part}
+    # A process that outlives `warmenv run` still names the file after it was removed, with
+    # its directory: never create it, follow a symlink, block on a FIFO, or write a file
+    # another user could have put there.
     try:
-        with open(path, "a", encoding="utf-8") as file:
-            file.write(json.dumps(record) + "\n")
+        fd = os.open(path, _COUNTS_FLAGS)
     except OSError:
         log.warning("could not write %s's cache counts to %s", tool, path)
+        return
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            log.warning("not writing %s's cache counts to %s: not this user's file", tool, path)
+            return
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    except OSError:
+        log.warning("could not write %s's cache counts to %s", tool, path)
+    finally:
+        os.close(fd)
 
 
 @attrs.define
@@ -89,6 +108,11 @@ class Counts:
     misses: int = 0
     served: dict[str, dict[str, int]] = attrs.Factory(dict)
     """Hits per entry (relative path), per tree part."""
+
+
+def new_counts(path: Path) -> None:
+    """Create the (empty) file the command's hooks append their counts to (`write_counts`)."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
 
 
 def read_counts(path: Path) -> dict[str, Counts]:

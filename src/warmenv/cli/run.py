@@ -35,7 +35,7 @@ import anyio
 import attrs
 
 from warmenv._fs import expand_home
-from warmenv.caches._children import COUNTS_VARIABLE, read_counts
+from warmenv.caches._children import COUNTS_VARIABLE, new_counts, read_counts
 from warmenv.caches._tools import Tool, available_tools, tool
 from warmenv.cli._environments import environment
 from warmenv.cli._errors import Failure, Stopped, UsageError
@@ -150,6 +150,7 @@ async def _restore_run_capture(
             _said(out, f"{t.name}: {note}")
     with tempfile.TemporaryDirectory(prefix="warmenv-run-") as scratch:
         counts = Path(scratch) / "counts.jsonl"
+        new_counts(counts)
         variables[COUNTS_VARIABLE] = str(counts)
         for t in tools:  # the hooks that count the command's hits (caches/_children.py)
             variables.update(await anyio.to_thread.run_sync(t.counting, variables))
