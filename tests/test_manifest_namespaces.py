@@ -12,11 +12,13 @@ downloaded first, as before.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import anyio
 import pytest
 
+from signed import rewrite_manifest
 from test_download import BundleServer, staging_left
 from test_download import server as server  # the fixture
 from test_import_version import (
@@ -39,6 +41,7 @@ from warmenv.bundle import (
     import_bundle,
     open_bundle,
     preflight,
+    warm_up,
 )
 from warmenv.bundle.manifest import DIGEST_PLACEHOLDER, LISTED_BYTES, BundleManifest, listing
 
@@ -219,3 +222,52 @@ def test_the_command_line_refuses_a_stale_sqlite_url_by_its_first_pages(
     assert all(s.range is not None for s in server.seen), server.seen
     assert sum(s.sent for s in server.seen) <= 64 << 10 < len(body) // 8
     assert not (root / "svc.db").exists()
+
+
+def _listing_no_namespace(bundle: Path) -> bytes:
+    """`bundle` (SQLite) with its manifest's list holding '' (no namespace can be ''),
+    as an attacker with the file writes it; its entries untouched."""
+    rewrite_manifest(
+        bundle, lambda document: document.update(namespaces=["", *document["namespaces"]])
+    )
+    return bundle.read_bytes()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("via", ["import_bundle", "preflight", "warm_up"])
+async def test_a_list_naming_no_namespace_is_a_corrupt_bundle_before_the_list_is_used(
+    server: BundleServer,
+    tmp_path: Path,
+    root: Path,
+    via: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bundle = await make_bundle(tmp_path / "old.bundle", [OLD, OLD_CONFIGS], "sqlite", 3)
+    url = server.put("/empty-name.bundle", _listing_no_namespace(bundle))
+    said = rf"{re.escape(url)}: namespace '' is not valid"
+    async with open_environment("svc", root=root) as env:
+        if via == "preflight":
+            with pytest.raises(CorruptBundleError, match=said):
+                await preflight(url, version="1.1")
+        elif via == "warm_up":
+            handle = warm_up(url, env, version="1.1")
+            await handle.wait()
+            assert isinstance(handle.error, CorruptBundleError), handle.error
+            assert re.match(said, str(handle.error))
+            assert [r.exc_info for r in caplog.records if r.exc_info] == []  # no traceback
+        else:
+            with pytest.raises(CorruptBundleError, match=said):
+                await import_bundle(url, env, version="1.1")
+        assert await held(env) == {}
+    assert staging_left(root) == []
+
+
+def test_the_command_line_says_a_list_naming_no_namespace_is_corrupt(
+    server: BundleServer, tmp_path: Path, root: Path
+) -> None:
+    bundle = anyio.run(make_bundle, tmp_path / "old.bundle", [OLD, OLD_CONFIGS], "sqlite", 3)
+    url = server.put("/empty-name.bundle", _listing_no_namespace(bundle))
+    done = warmenv("import", url, "--app-version", "1.1", "--env", "svc", "--root", str(root))
+    assert done.returncode == 1, done.stderr  # a bad bundle, not a usage error (2)
+    assert f"{url}: namespace '' is not valid" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -95,6 +95,18 @@ class Header:
     """Its namespaces' names, or None: not told up front (a SQLite bundle whose manifest
     lists none; its names are in its entries)."""
 
+    @classmethod
+    def told(cls, manifest: BundleManifest, names: Iterable[str] | None, label: str) -> Header:
+        """The header of the bundle `label`, each name it tells checked as every reader
+        checks a bundle's names (`check_namespace_names`): the list decides whether a
+        body is fetched (is the bundle stale?), so a name no namespace can be is a
+        `CorruptBundleError` naming the bundle, before the list is used."""
+        if names is None:
+            return cls(manifest, None)
+        told = tuple(names)
+        check_namespace_names(told, label)
+        return cls(manifest, told)
+
 
 class BundleFormat(enum.StrEnum):
     """The two bundle formats; `BundleFormat("flat")` works."""

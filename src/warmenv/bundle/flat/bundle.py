@@ -636,8 +636,9 @@ class FlatFormat(FileFormat[FlatBundle]):
             except UnicodeDecodeError:
                 raise InvalidManifestError(f"{label}: namespace {i} is not UTF-8") from None
             pos += size
+        header = Header.told(manifest, names, label)
         check_listed(manifest, names, label)
-        return Header(manifest, tuple(names))
+        return header
 
     def writer(
         self,

@@ -74,7 +74,7 @@ def read_header(data: bytes, label: str) -> Header | None:
         parsed = BundleManifest.from_json(manifest)
     except (InvalidManifestError, UnsupportedSchemaError) as exc:
         raise type(exc)(f"{label}: {exc}") from None
-    return Header(parsed, parsed.namespaces)
+    return Header.told(parsed, parsed.namespaces, label)
 
 
 def _manifest(conn: sqlite3.Connection, label: str) -> str | None:
