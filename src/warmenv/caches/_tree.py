@@ -55,7 +55,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final, final
 
@@ -104,6 +104,9 @@ class CacheTree:
     """Patterns of file names never captured (locks, logs, the tool's own temporaries)."""
     include: tuple[str, ...] = ()
     """Patterns of the only file names captured (none: all not excluded); directories all walked."""
+    cost: Callable[[bytes], float | None] | None = attrs.field(default=None, eq=False)
+    """What the tool records, in a captured file, that computing it took (seconds), or None:
+    stored as the entry's `cost`, so a hit on it saves that in the statistics."""
 
     def __attrs_post_init__(self) -> None:
         if not _TOOL.match(self.tool):
@@ -266,10 +269,10 @@ async def capture(
         batch.append((relative, length))
         size += length
         if size >= batch_bytes:
-            await _store_batch(storage, source, batch, counts, left_out)
+            await _store_batch(storage, tree, source, batch, counts, left_out)
             batch, size = [], 0
     if batch:
-        await _store_batch(storage, source, batch, counts, left_out)
+        await _store_batch(storage, tree, source, batch, counts, left_out)
     return CaptureReport(
         namespace=str(tree.namespace),
         source=source,
@@ -350,6 +353,7 @@ def _read(source: Path, batch: list[tuple[str, int]]) -> list[tuple[str, bytes |
 
 async def _store_batch(
     storage: Storage,
+    tree: CacheTree,
     source: Path,
     batch: list[tuple[str, int]],
     counts: _CaptureCounts,
@@ -366,8 +370,11 @@ async def _store_batch(
     new = [(key, value) for key, value in items.items() if key not in existing]
     counts.files += len(items)
     counts.bytes += sum(len(value) for value in items.values())
-    if new:
-        summary = await storage.insert_many(new)
+    by_cost: dict[float | None, list[tuple[bytes, bytes]]] = {}
+    for key, value in new:
+        by_cost.setdefault(None if tree.cost is None else tree.cost(value), []).append((key, value))
+    for cost, items_of_cost in by_cost.items():
+        summary = await storage.insert_many(items_of_cost, cost=cost)
         counts.stored += summary.stored
         counts.failed += summary.failed
         counts.unchanged += summary.conflict  # another writer stored it meanwhile
