@@ -16,6 +16,11 @@ once they are old). Files get mode 0644 and directories 0755 at most
 (the umask may remove more); a target directory, or a directory in it,
 that another user owns or can write is refused, because whoever can write
 there can swap what the compiler loads.
+
+A capture reads by the same rule (`swappable`, `open_tree`, `read_files`): a
+file it stores is restored as this machine's own, trusted even under
+`require_signature`, so it never follows a symlink inside the cache and never
+reads a file or directory another user owns or can write.
 """
 
 from __future__ import annotations
@@ -31,7 +36,16 @@ from typing import Final
 
 from warmenv._errors import WarmenvError
 
-__all__ = ["TEMPORARY_PREFIX", "UnsafeTargetError", "Writer", "relative_parts"]
+__all__ = [
+    "DIRECTORY_FLAGS",
+    "TEMPORARY_PREFIX",
+    "UnsafeTargetError",
+    "Writer",
+    "open_tree",
+    "read_files",
+    "relative_parts",
+    "swappable",
+]
 
 TEMPORARY_PREFIX: Final = ".warmenv-"
 _TEMPORARY_SUFFIX: Final = ".tmp"
@@ -41,7 +55,7 @@ _MAX_PATH: Final = 1024
 _MAX_PART: Final = 255
 _DEVICES: Final = re.compile(r"(CON|PRN|AUX|NUL|COM[0-9¹²³]|LPT[0-9¹²³]|CONIN\$|CONOUT\$)\Z", re.I)
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
-_DIRECTORY_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+DIRECTORY_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_MODE: Final = 0o644
 _DIRECTORY_MODE: Final = 0o755
@@ -95,20 +109,92 @@ def folded(parts: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(unicodedata.normalize("NFC", part).casefold() for part in parts)
 
 
+def swappable(st: os.stat_result) -> str | None:
+    """Why another user could swap what lies at a path of status `st` (it is theirs, or
+    they can write it), as a clause, or None: the one rule for the directories a restore
+    writes into and for what a capture reads (a file captured is restored as this
+    machine's own, trusted even under `require_signature`)."""
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"belongs to another user (uid {st.st_uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"can be written by other users (mode {stat.filemode(st.st_mode)})"
+    return None
+
+
 def check_directory(fd: int, where: Path) -> None:
     """Refuse a directory that someone other than this user (or root) owns or can write."""
     st = os.fstat(fd)
-    if st.st_uid not in (os.geteuid(), 0):
-        raise UnsafeTargetError(
-            f"'{where}' belongs to another user (uid {st.st_uid}), who could swap the files a "
-            "compiler loads from it; restore into a directory of your own"
-        )
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UnsafeTargetError(
-            f"'{where}' can be written by other users (mode {stat.filemode(st.st_mode)}), who "
-            f"could swap the files a compiler loads from it; run `chmod go-w '{where}'` or "
-            "restore elsewhere"
-        )
+    why = swappable(st)
+    if why is None:
+        return
+    advice = (
+        "restore into a directory of your own"
+        if st.st_uid not in (os.geteuid(), 0)
+        else f"run `chmod go-w '{where}'` or restore elsewhere"
+    )
+    raise UnsafeTargetError(
+        f"'{where}' {why}, who could swap the files a compiler loads from it; {advice}"
+    )
+
+
+def open_tree(root: Path, part: str) -> int | None:
+    """A descriptor of the tree's directory: `root` as the caller named it, then `part`
+    inside it without following a symlink (`OSError` ELOOP or ENOTDIR if it is one);
+    None if there is no such directory."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if not part:
+        return fd
+    try:
+        return os.open(part, DIRECTORY_FLAGS, dir_fd=fd)
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_files(
+    tree_at: tuple[Path, str], batch: list[tuple[str, int]]
+) -> list[tuple[str, bytes | None]]:
+    """The bytes of each file, or None where it is gone, or no longer passes the listing's
+    rules (a symlink on its path, a directory or the file another user's)."""
+    try:
+        top = open_tree(*tree_at)
+    except OSError:
+        top = None
+    if top is None:
+        return [(relative, None) for relative, _ in batch]
+    try:
+        return [(relative, _read_one(top, relative)) for relative, _ in batch]
+    finally:
+        os.close(top)
+
+
+def _read_one(top: int, relative: str) -> bytes | None:
+    *directories, name = relative.split("/")
+    opened: list[int] = []
+    try:
+        at = top
+        for directory in directories:
+            at = os.open(directory, DIRECTORY_FLAGS, dir_fd=at)
+            opened.append(at)
+            if swappable(os.fstat(at)) is not None:
+                return None
+        # Non-blocking: a FIFO put in place since the listing is refused, never waited on.
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=at)
+        opened.append(fd)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or swappable(st) is not None:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            return file.read()
+    except OSError:
+        return None  # removed (or replaced) since the listing
+    finally:
+        for fd in opened:
+            os.close(fd)
 
 
 def check_ancestors(target: Path) -> None:
@@ -151,7 +237,7 @@ class Writer:
         self.target = target
         check_ancestors(target)
         target.mkdir(mode=_DIRECTORY_MODE, parents=True, exist_ok=True)
-        fd = os.open(target, _DIRECTORY_FLAGS & ~os.O_NOFOLLOW)  # the caller named it
+        fd = os.open(target, DIRECTORY_FLAGS & ~os.O_NOFOLLOW)  # the caller named it
         try:
             check_directory(fd, target)
         except BaseException:
@@ -237,7 +323,7 @@ class Writer:
         else:
             made = True  # new, so empty: no killed restore left anything in it
         try:
-            fd = os.open(name, _DIRECTORY_FLAGS, dir_fd=parent)
+            fd = os.open(name, DIRECTORY_FLAGS, dir_fd=parent)
         except OSError:
             st = os.stat(name, dir_fd=parent, follow_symlinks=False)
             reason = f"{_kind(st.st_mode)} is at {where!r} where a directory belongs; left alone"

@@ -19,7 +19,10 @@ The API (used by `directory.py` and by each tool's module):
   children), which files are never captured and, if given, the only ones
   that are (fnmatch patterns on the file's name).
 - `await capture(env, tree, source) -> CaptureReport`: store every regular
-  file under `source` (symlinks and special files are left out, named);
+  file under `source` (symlinks and special files are left out, named, and
+  so is a file or directory another user owns or can write: restored, it
+  would be trusted as this machine's own; `_paths.swappable`, the rule a
+  restore applies to its target);
   a file whose bytes changed since the last capture replaces its entry.
 - `await restore(env, tree, target) -> RestoreReport`: write the
   namespace's files under `target`, never overwriting a file already there
@@ -53,7 +56,6 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-import stat
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
@@ -66,7 +68,15 @@ import attrs
 from warmenv._facts import PREFIX, Facts, captured_trees
 from warmenv._fs import expand_home
 from warmenv.bundle.signing import Trust, TrustLike, resolve_trust
-from warmenv.caches._paths import TEMPORARY_PREFIX, Writer, relative_parts
+from warmenv.caches._paths import (
+    DIRECTORY_FLAGS,
+    TEMPORARY_PREFIX,
+    Writer,
+    open_tree,
+    read_files,
+    relative_parts,
+    swappable,
+)
 from warmenv.environment import Environment
 from warmenv.persistence import BytesCodec, CacheMode, Failed, Namespace, Origin, Storage
 
@@ -255,13 +265,18 @@ async def capture(
     tree: CacheTree,
     source: str | Path,
     *,
+    part: str = "",
     batch_bytes: int = DEFAULT_BATCH_BYTES,
 ) -> CaptureReport:
-    """Store every regular file under `source` in `tree`'s namespace of `env`."""
+    """Store every regular file under `source` in `tree`'s namespace of `env`.
+
+    `part`: the subdirectory of `source` the tree is (torch's `fxgraph`), never
+    followed if it is a symlink; `source` itself is the caller's path, followed."""
     started = time.monotonic()
-    source = expand_home(source, "the cache directory")
+    root = expand_home(source, "the cache directory")
+    source = root / part if part else root
     storage = env.storage(tree.namespace)
-    files, left_out = await anyio.to_thread.run_sync(_listing, source, tree)
+    files, left_out = await anyio.to_thread.run_sync(_listing, root, part, tree)
     counts = _CaptureCounts()
     batch: list[tuple[str, int]] = []
     size = 0
@@ -269,10 +284,10 @@ async def capture(
         batch.append((relative, length))
         size += length
         if size >= batch_bytes:
-            await _store_batch(storage, tree, source, batch, counts, left_out)
+            await _store_batch(storage, tree, (root, part), batch, counts, left_out)
             batch, size = [], 0
     if batch:
-        await _store_batch(storage, tree, source, batch, counts, left_out)
+        await _store_batch(storage, tree, (root, part), batch, counts, left_out)
     return CaptureReport(
         namespace=str(tree.namespace),
         source=source,
@@ -297,69 +312,85 @@ class _CaptureCounts:
     bytes: int = 0
 
 
-def _listing(source: Path, tree: CacheTree) -> tuple[list[tuple[str, int]], list[LeftOut]]:
-    """Every regular file under `source` (relative path, size), and what was left out."""
+_SYMLINK: Final = "a symlink (only regular files are captured)"
+
+
+def _listing(root: Path, part: str, tree: CacheTree) -> tuple[list[tuple[str, int]], list[LeftOut]]:
+    """Every regular file of the tree (relative path, size), and what was left out.
+
+    Walked through directory descriptors opened without following a symlink, so
+    nothing outside the tree is read; a directory or file another user owns or can
+    write is left out, named (`swappable`): captured, it would be restored as this
+    machine's own."""
     files: list[tuple[str, int]] = []
     left_out: list[LeftOut] = []
-    if not source.is_dir():
+    try:
+        top = open_tree(root, part)
+    except OSError:  # ELOOP, ENOTDIR: `part` is a symlink or no directory
+        return files, [LeftOut(part, _SYMLINK)]
+    if top is None:
         return files, left_out
-    pending = [""]
+    pending = [("", top)]
     while pending:
-        relative = pending.pop()
-        with os.scandir(source / relative if relative else source) as entries:
-            for entry in entries:
-                path = f"{relative}/{entry.name}" if relative else entry.name
-                if tree.is_excluded(entry.name):
-                    continue
-                if not entry.is_dir(follow_symlinks=False) and not tree.is_included(entry.name):
-                    continue
-                if entry.is_symlink():
-                    left_out.append(LeftOut(path, "a symlink (only regular files are captured)"))
-                elif entry.is_dir(follow_symlinks=False):
-                    pending.append(path)
-                elif entry.is_file(follow_symlinks=False):
-                    why = relative_parts(path.encode("utf-8", "surrogateescape"))
-                    length = entry.stat(follow_symlinks=False).st_size
-                    if isinstance(why, str):
-                        left_out.append(LeftOut(path, why))
-                    elif length > MAX_FILE_BYTES:
-                        left_out.append(LeftOut(path, f"larger than {MAX_FILE_BYTES:,} bytes"))
-                    else:
-                        files.append((path, length))
-                else:
-                    left_out.append(LeftOut(path, "not a regular file"))
+        relative, fd = pending.pop()
+        try:
+            why = swappable(os.fstat(fd))
+            if why is not None:
+                left_out.append(LeftOut(relative or part or ".", f"a directory that {why}"))
+                continue
+            _list_directory(fd, relative, tree, files, left_out, pending)
+        finally:
+            os.close(fd)
     files.sort()
     return files, left_out
 
 
-def _read(source: Path, batch: list[tuple[str, int]]) -> list[tuple[str, bytes | None]]:
-    read: list[tuple[str, bytes | None]] = []
-    for relative, _ in batch:
-        try:
-            fd = os.open(source / relative, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            read.append((relative, None))  # removed (or replaced) since the listing
-            continue
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                read.append((relative, None))
+def _list_directory(
+    fd: int,
+    relative: str,
+    tree: CacheTree,
+    files: list[tuple[str, int]],
+    left_out: list[LeftOut],
+    pending: list[tuple[str, int]],
+) -> None:
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            path = f"{relative}/{entry.name}" if relative else entry.name
+            if tree.is_excluded(entry.name):
                 continue
-            with os.fdopen(fd, "rb", closefd=False) as file:
-                read.append((relative, file.read()))
-        finally:
-            os.close(fd)
-    return read
+            if not entry.is_dir(follow_symlinks=False) and not tree.is_included(entry.name):
+                continue
+            if entry.is_symlink():
+                left_out.append(LeftOut(path, _SYMLINK))
+            elif entry.is_dir(follow_symlinks=False):
+                try:
+                    pending.append((path, os.open(entry.name, DIRECTORY_FLAGS, dir_fd=fd)))
+                except OSError:  # replaced since the listing (by a symlink?)
+                    left_out.append(LeftOut(path, "changed while it was read"))
+            elif entry.is_file(follow_symlinks=False):
+                st = entry.stat(follow_symlinks=False)
+                why = relative_parts(path.encode("utf-8", "surrogateescape"))
+                if isinstance(why, str):
+                    left_out.append(LeftOut(path, why))
+                elif (owner := swappable(st)) is not None:
+                    left_out.append(LeftOut(path, f"a file that {owner}"))
+                elif st.st_size > MAX_FILE_BYTES:
+                    left_out.append(LeftOut(path, f"larger than {MAX_FILE_BYTES:,} bytes"))
+                else:
+                    files.append((path, st.st_size))
+            else:
+                left_out.append(LeftOut(path, "not a regular file"))
 
 
 async def _store_batch(
     storage: Storage,
     tree: CacheTree,
-    source: Path,
+    tree_at: tuple[Path, str],
     batch: list[tuple[str, int]],
     counts: _CaptureCounts,
     left_out: list[LeftOut],
 ) -> None:
-    read = await anyio.to_thread.run_sync(_read, source, batch)
+    read = await anyio.to_thread.run_sync(read_files, tree_at, batch)
     items: dict[bytes, bytes] = {}
     for relative, data in read:
         if data is None:

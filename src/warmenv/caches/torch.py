@@ -197,7 +197,8 @@ async def capture(
     facts = await anyio.to_thread.run_sync(Facts.here, *FACTS)
     source = Path(cache_dir)
     kernels = await _capture(env, tree(facts), source)
-    graphs = [await _capture(env, graph, source / graph.part) for graph in _graph_trees(facts)]
+    # A graph directory is Inductor's, inside the cache: never followed if it is a symlink.
+    graphs = [await _capture(env, graph, source, part=graph.part) for graph in _graph_trees(facts)]
     stored = 0
     if artifacts:
         key = hashlib.sha256(artifacts).hexdigest().encode()

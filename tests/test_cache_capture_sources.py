@@ -1,0 +1,111 @@
+"""A capture reads only what is this user's, inside the cache (attack review 2, finding 3).
+
+A file captured is restored as this machine's own: trusted even under
+`require_signature`. So a capture follows the restore's rule on the source
+tree: no symlink inside the cache is followed (torch's `fxgraph/` symlinked
+to `~/.ssh` was captured), and no directory or file another user owns or can
+write is read (a `nobody`-owned, world-writable subdirectory's planted `x.so`
+was captured, then restored under `require_signature`). Where ownership
+matters, the planted file is written by a child running as `nobody`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import run_python, unprivileged_user
+from warmenv import Environment
+from warmenv.caches import directory
+from warmenv.caches import torch as torch_cache
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(unprivileged_user() is None, reason="needs root to plant as nobody"),
+]
+
+TOOLS = ["directory", "torch"]
+
+
+async def _capture(env: Environment, tool: str, cache: Path) -> None:
+    if tool == "torch":
+        await torch_cache.capture(env, cache)
+    else:
+        await directory.capture(env, cache, tool="cupy", facts=("cpu",))
+
+
+async def _captured(env: Environment) -> dict[bytes, bytes]:
+    found: dict[bytes, bytes] = {}
+    for summary in await env.namespaces():
+        found.update([pair async for pair in env.storage(summary.namespace).scan()])
+    return found
+
+
+@pytest.fixture
+def cache() -> Iterator[Path]:
+    """A cache directory of this user's, in a directory `nobody` may enter (pytest's
+    own temporary directories are private to this user)."""
+    base = Path(tempfile.mkdtemp(prefix="warmenv-capture-"))
+    try:
+        os.chmod(base, 0o755)
+        made = base / "cache"
+        made.mkdir(mode=0o755)
+        (made / "mine.so").write_bytes(b"this user's own")
+        yield made
+    finally:
+        shutil.rmtree(base)
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+async def test_a_capture_reads_nothing_from_a_directory_another_user_can_write(
+    cache: Path, warm_env: Environment, tool: str
+) -> None:
+    planted = cache / "kern"
+    planted.mkdir()
+    os.chmod(planted, 0o777)
+    user = unprivileged_user()
+    child = run_python(
+        "import sys; open(sys.argv[1], 'wb').write(b'planted-by-nobody')",
+        str(planted / "x.so"),
+        user=user,
+    )
+    assert child.returncode == 0, child.stderr
+    assert (planted / "x.so").stat().st_uid != os.geteuid()  # the premise: another user's
+    await _capture(warm_env, tool, cache)
+    captured = await _captured(warm_env)
+    assert b"planted-by-nobody" not in captured.values()
+    assert b"this user's own" in captured.values()
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+async def test_a_capture_reads_no_file_another_user_owns(
+    cache: Path, warm_env: Environment, tool: str
+) -> None:
+    planted = cache / "theirs.so"
+    planted.write_bytes(b"owned-by-nobody")
+    shutil.chown(planted, "nobody")
+    await _capture(warm_env, tool, cache)
+    captured = await _captured(warm_env)
+    assert b"owned-by-nobody" not in captured.values()
+    assert b"this user's own" in captured.values()
+
+
+async def test_a_torch_capture_follows_no_symlinked_graph_directory(
+    cache: Path, warm_env: Environment, tmp_path: Path
+) -> None:
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "id_ed25519").write_bytes(b"PRIVATE KEY")
+    os.symlink(secret, cache / "fxgraph")
+    (cache / "aotautograd").mkdir()
+    os.symlink(secret / "id_ed25519", cache / "aotautograd" / "entry")
+    report = await torch_cache.capture(warm_env, cache)
+    captured = await _captured(warm_env)
+    assert b"PRIVATE KEY" not in captured.values()
+    assert b"this user's own" in captured.values()
+    assert "fxgraph" in [left.path for graphs in report.graphs for left in graphs.left_out]
