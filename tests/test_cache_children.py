@@ -13,7 +13,6 @@ import os
 import stat
 import subprocess
 import sys
-import sysconfig
 import textwrap
 from pathlib import Path
 
@@ -150,45 +149,6 @@ def test_hooks_under_a_directory_others_can_write_are_refused(
     monkeypatch.setenv("XDG_CACHE_HOME", str(shared / "cache"))
     with pytest.raises(UnsafeTargetError, match="other users can write"):
         hook_variables("torch", warmenv.caches.torch.ENTRY_POINTS, (), {})
-
-
-_TRITON_CHILD = textwrap.dedent(
-    """
-    import importlib, json, os, sys
-    module, _, name = os.environ["TRITON_CACHE_MANAGER"].partition(":")
-    manager = getattr(importlib.import_module(module), name)
-    cache = manager("k" * 32)
-    cache.put(b"kernel", "kernel.bin", binary=True)
-    print(json.dumps({
-        "class": manager.__module__ + "." + manager.__qualname__,
-        "found": cache.get_file("kernel.bin") is not None,
-        "warmenv": any(m == "warmenv" or m.startswith("warmenv.") for m in sys.modules),
-    }))
-    """
-)
-
-
-def test_tritons_manager_is_tritons_own_in_a_python_without_warmenv(tmp_path: Path) -> None:
-    variables = hook_variables("triton", (), warmenv.caches.triton.COUNTING, {})
-    # -I: no PYTHONPATH, no user site; the path holds the hooks and the site-packages with
-    # Triton, whose editable warmenv (a .pth file) is not read: this Python has no warmenv.
-    site = sysconfig.get_paths()["purelib"]
-    path = [variables["PYTHONPATH"], site]
-    code = f"import sys; sys.path[:0] = {path!r}\n{_TRITON_CHILD}"
-    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    child = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", code],
-        env={**environ, **variables, "TRITON_CACHE_DIR": str(tmp_path / "triton")},
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert child.returncode == 0, child.stderr
-    assert json.loads(child.stdout) == {
-        "class": "triton.runtime.cache.FileCacheManager",
-        "found": True,
-        "warmenv": False,
-    }
 
 
 _COUNT_CHILD = textwrap.dedent(

@@ -15,15 +15,23 @@ gone. Ours stores the index path-independent and rewrites it on restore.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
 from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
+import warmenv.caches.triton
 from compilers.machines import Machine, copy_tree, require, ship
 from warmenv import Origin, open_environment
 from warmenv.caches import Facts
+from warmenv.caches._children import hook_variables
 
 KERNELS = 3
 
@@ -334,3 +342,47 @@ def test_warmenv_run_counts_its_commands_triton_hits_in_warmenv_stats(
     # Each kernel found: its index, then every file it names, as the live form counts them.
     assert parts == {"files": files, "groups": warm["hits"]}, parts
     assert bundle == files + warm["hits"]
+
+
+_TRITON_CHILD = textwrap.dedent(
+    """
+    import importlib, json, os, sys
+    module, _, name = os.environ["TRITON_CACHE_MANAGER"].partition(":")
+    manager = getattr(importlib.import_module(module), name)
+    cache = manager("k" * 32)
+    cache.put(b"kernel", "kernel.bin", binary=True)
+    print(json.dumps({
+        "class": manager.__module__ + "." + manager.__qualname__,
+        "found": cache.get_file("kernel.bin") is not None,
+        "warmenv": any(m == "warmenv" or m.startswith("warmenv.") for m in sys.modules),
+    }))
+    """
+)
+
+
+def test_tritons_manager_is_tritons_own_in_a_python_without_warmenv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Triton itself is loaded in the child: this test lives with the compilers' tests.
+    require("triton")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))  # the hooks' directory
+    variables = hook_variables("triton", (), warmenv.caches.triton.COUNTING, {})
+    # -I: no PYTHONPATH, no user site; the path holds the hooks and the site-packages with
+    # Triton, whose editable warmenv (a .pth file) is not read: this Python has no warmenv.
+    site = sysconfig.get_paths()["purelib"]
+    path = [variables["PYTHONPATH"], site]
+    code = f"import sys; sys.path[:0] = {path!r}\n{_TRITON_CHILD}"
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    child = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code],
+        env={**environ, **variables, "TRITON_CACHE_DIR": str(tmp_path / "triton")},
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert child.returncode == 0, child.stderr
+    assert json.loads(child.stdout) == {
+        "class": "triton.runtime.cache.FileCacheManager",
+        "found": True,
+        "warmenv": False,
+    }
