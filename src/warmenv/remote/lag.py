@@ -57,11 +57,25 @@ class LoopClock:
     """Whether the ticker is idle (or not started): the next deadline wakes it."""
     _woken_at: float = attrs.field(init=False, default=0.0)
     """When the idle ticker was last asked to wake: its first tick is measured from then."""
+    _asked: float = attrs.field(init=False, default=0.0)
+    """When the ticker last asked to be woken (or the last call in flight ended)."""
+    _waited: float = attrs.field(init=False, default=0.0)
+    _since: float = attrs.field(init=False, default=0.0)
+    """When (on this clock) the bounded calls now in flight began to be in flight."""
 
     @property
     def lag(self) -> float:
         """The seconds our loop has been seen running late, in all (for statistics)."""
         return self._lag
+
+    @property
+    def waited(self) -> float:
+        """The seconds, on this clock, that at least one bounded call was in flight, in all.
+
+        What calls to the server cost this process: calls side by side count
+        once, and our loop's lateness not at all (for statistics).
+        """
+        return self._waited + (self.now() - self._since if self._due else 0.0)
 
     def now(self) -> float:
         """Monotonic seconds, less the loop's lateness seen so far."""
@@ -74,6 +88,8 @@ class LoopClock:
         Its `cancelled_caught` says whether the deadline fell due.
         """
         scope = anyio.CancelScope()
+        if not self._due:
+            self._since = self.now()
         self._due[scope] = self.now() + seconds
         if self._asleep:
             self._asleep = False
@@ -87,26 +103,35 @@ class LoopClock:
                 yield scope
         finally:
             del self._due[scope]
+            if not self._due:
+                # The loop's lateness since the last tick (unwinding a burst of calls
+                # the deadline cancelled, say) is ours, not the server's.
+                self._settle()
+                self._waited += self.now() - self._since
 
     async def _tick(self) -> None:
-        asked = self._woken_at
+        self._asked = self._woken_at
         while True:
             if not self._due:
                 # Idle: nothing to measure, and no wake-ups while nothing is in flight.
                 self._asleep = True
                 self._wake = anyio.Event()
                 await self._wake.wait()
-                asked = self._woken_at
+                self._asked = self._woken_at
             await anyio.sleep(TICK)
-            took = time.monotonic() - asked
-            if took >= 2 * TICK:
-                # Late by a tick or more: the loop was busy, as far as can be told, the
-                # whole time (an answer it could have read would have ended the call).
-                self._lag += took
-            elif took > TICK:
-                self._lag += took - TICK
+            self._settle()
             now = self.now()
             for scope, due in list(self._due.items()):
                 if now >= due:
                     scope.cancel()
-            asked = time.monotonic()
+
+    def _settle(self) -> None:
+        """Count our lateness since the ticker last asked to wake (or the last call ended)."""
+        took = time.monotonic() - self._asked
+        if took >= 2 * TICK:
+            # Late by a tick or more: the loop was busy, as far as can be told, the
+            # whole time (an answer it could have read would have ended the call).
+            self._lag += took
+        elif took > TICK:
+            self._lag += took - TICK
+        self._asked = time.monotonic()

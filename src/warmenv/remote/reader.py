@@ -28,7 +28,7 @@ from typing import Any, Final, final
 import anyio
 from anyio.abc import ByteStream
 
-__all__ = ["MAX_LINE", "MAX_UNREAD", "BoundedStream", "OverBound", "Unread"]
+__all__ = ["MAX_LINE", "MAX_UNREAD", "BoundedStream", "OverBound", "Unread", "over_bound"]
 
 MAX_LINE: Final = 64 * 1024
 """The longest header or simple line (a RESP3 type, a length, an error text) we keep."""
@@ -45,6 +45,15 @@ _ATTRIBUTE: Final = ord("|")
 
 class OverBound(Exception):
     """A server sent more than the tier reads; its text says what (a broken connection)."""
+
+
+def over_bound(error: BaseException | None) -> OverBound | None:
+    """The `OverBound` behind `error` (a group, or a cause), if a bound broke the connection."""
+    if isinstance(error, OverBound) or error is None:
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        return next(filter(None, map(over_bound, error.exceptions)), None)
+    return over_bound(error.__cause__ or error.__context__)
 
 
 @final

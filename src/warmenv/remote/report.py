@@ -54,6 +54,10 @@ class RemoteStatistics:
     """Lookups that found the back-fill queue full and waited for a flush."""
     backfill_failed: int = 0
     """Fetched values whose local write failed (they stay in Redis)."""
+    waited: float = 0.0
+    """Seconds this process had a call to Redis in flight, in the server's time: calls side
+    by side count once, and time our own busy loop ran late not at all (an outage costs
+    about `timeout`, whatever the machine's load, however many calls met it)."""
 
 
 @attrs.frozen

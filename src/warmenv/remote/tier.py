@@ -62,7 +62,7 @@ from warmenv.persistence.storage import wall_clock
 from warmenv.remote import wire
 from warmenv.remote.backfill import Backfill
 from warmenv.remote.lag import LoopClock
-from warmenv.remote.reader import OverBound, Unread
+from warmenv.remote.reader import Unread, over_bound
 from warmenv.remote.report import Ping, RemoteStatistics
 from warmenv.remote.settings import RemoteSettings, tls_context
 from warmenv.remote.wire import BadFrame, RemoteValue
@@ -250,6 +250,7 @@ class RemoteTier:
             backfill_pending=len(self.backfill),
             backfill_waits=self.backfill.waits,
             backfill_failed=self.backfill.failed,
+            waited=self._clock.waited,
         )
 
     def redis_key(self, namespace: str, key: bytes) -> bytes:
@@ -508,7 +509,7 @@ class RemoteTier:
                 # (`except*`: coredis's teardown may fail beside a cancellation,
                 # which must go on while its failure is dropped.)
                 log.debug("%s: the subscription ended (%r)", self.describe(), group.exceptions)
-                if not self._over_bound and (over := _over_bound(group)) is not None:
+                if not self._over_bound and (over := over_bound(group)) is not None:
                     self._over_bound = True
                     log.warning("%s: dropped the subscription: %s", self.describe(), over)
             finally:
@@ -689,12 +690,3 @@ class RemoteTier:
 
     def _count(self, name: str) -> None:
         self._counts[name] = self._counts.get(name, 0) + 1
-
-
-def _over_bound(error: BaseException | None) -> OverBound | None:
-    """The `OverBound` behind `error` (a group, or a cause), if a bound broke the connection."""
-    if isinstance(error, OverBound) or error is None:
-        return error
-    if isinstance(error, BaseExceptionGroup):
-        return next(filter(None, map(_over_bound, error.exceptions)), None)
-    return _over_bound(error.__cause__ or error.__context__)
