@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from compilers.machines import require
 from warmenv import open_environment
 from warmenv.bundle import export_bundle, import_bundle
 from warmenv.caches import jax as jax_cache
@@ -37,6 +38,7 @@ for name, seconds in ((sys.argv[2], 3), (sys.argv[3], 0)):
 
 @pytest.fixture(scope="module")
 def jax_entries(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    require("jax")  # JAX's own encoder writes the entries
     where = tmp_path_factory.mktemp("jax-cache")
     subprocess.run([sys.executable, "-c", _WRITE, str(where), SLOW, FAST], check=True, timeout=120)
     return where
