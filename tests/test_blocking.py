@@ -553,6 +553,18 @@ def test_an_environment_is_shared_by_threads_over_one_loop_thread(
     assert len(loop_threads()) == 1
 
 
+def test_a_store_of_a_closed_environment_raises_on_a_key_it_held(root: Path) -> None:
+    env = open_blocking("test", root=root).__enter__()
+    store: BlockingStore[str, int] = env.store(NS)
+    store.insert("m", 1)
+    assert store.get("m") == 1
+    env.close()
+    with pytest.raises(ClosedError, match="closed"):
+        store.get("m")
+    with pytest.raises(ClosedError, match="closed"):
+        store.get_or_compute("m", lambda: 2)
+
+
 def test_closing_closes_the_environment_and_keeps_what_was_written(root: Path) -> None:
     with open_blocking("test", root=root) as env:
         store: BlockingStore[str, int] = env.store(NS)

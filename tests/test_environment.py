@@ -85,6 +85,17 @@ async def test_a_closed_environment_raises_when_used(root: Path) -> None:
         await storage.get(b"k")
 
 
+async def test_a_store_of_a_closed_environment_raises_on_a_key_it_held(root: Path) -> None:
+    async with open_environment("e", root=root) as env:
+        store = await env.store(NS)
+        await store.insert("m", 1)
+        assert await store.get("m") == 1
+    with pytest.raises(ClosedError, match="closed"):
+        await store.get("m")
+    with pytest.raises(ClosedError, match="closed"):
+        await store.get_or_compute("m", anyio.sleep, 0)
+
+
 @pytest.mark.parametrize("bad", ["", "a/b", "..", "white space", "ü"])
 async def test_invalid_environment_names_raise_value_error(root: Path, bad: str) -> None:
     with pytest.raises(ValueError, match="invalid environment name"):

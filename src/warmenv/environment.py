@@ -19,6 +19,7 @@ import logging
 import os
 import sqlite3
 import warnings
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
@@ -44,6 +45,7 @@ from warmenv.config import (
     set_root,
 )
 from warmenv.persistence import statistics as _statistics
+from warmenv.persistence._held import Held
 from warmenv.persistence.arrivals import Arrivals
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.codec import Codec
@@ -110,6 +112,7 @@ class Environment:
         "_background",
         "_closed",
         "_db",
+        "_held",
         "_recorder",
         "_remote",
         "_task_group",
@@ -134,6 +137,7 @@ class Environment:
         self._db = db
         self._remote = remote
         self._closed = False
+        self._held: weakref.WeakSet[Held[Any, Any]] = weakref.WeakSet()  # its stores' memory
         self.max_bytes = check_max_bytes(max_bytes)
         """The size bound (keys plus values) enforced on `gc()` and on close, or None."""
         self._recorder = Recorder(self._write_statistics, enabled=statistics)
@@ -227,7 +231,7 @@ class Environment:
         """
         storage = self.storage(namespace)
         counters = self._recorder.counters(storage.namespace)
-        return await Store.open(
+        store = await Store.open(
             storage,
             codec,
             mode,
@@ -236,6 +240,8 @@ class Environment:
             hot_bytes=hot_bytes,
             ttl=ttl,
         )
+        self._held.add(store.held)  # emptied on close: a hit then misses, and raises
+        return store
 
     async def statistics(self) -> EnvironmentStatistics:
         """Every namespace's and imported bundle's counts, this process's unflushed ones too.
@@ -472,6 +478,8 @@ class Environment:
         # Closed first: a close refused (from another event loop) can be retried.
         await self._db.close()
         self._closed = True
+        for held in list(self._held):
+            held.close()
 
     async def _stop_background(self) -> None:
         """Cancel what `start_soon` runs and wait until it has ended (its cleanup included)."""

@@ -66,7 +66,9 @@ class Held(Generic[K, V]):
     """One store's values in memory, at most `limit` of them (least recently used leave)."""
 
     __slots__ = (
+        "__weakref__",
         "_changes",
+        "_closed",
         "_counters",
         "_describe",
         "_hits",
@@ -109,6 +111,7 @@ class Held(Generic[K, V]):
         # thread (`adopt`) is held only if none overlapped it.
         self._changes = 0
         self._lock = threading.Lock()
+        self._closed = False  # `close`: nothing is held any more
         self._counters = counters
         # The hit path's one statistics step: append the key served (None: not counted).
         # Memos (a str key of a JSON store, else the encoded key): encoded at drain.
@@ -312,6 +315,17 @@ class Held(Generic[K, V]):
             if self.dropped is not None:
                 self.dropped(memo)
 
+    def close(self) -> None:
+        """Hold nothing from now on: every lookup misses, so it reaches the closed storage.
+
+        Its environment calls this when it closes: the hit path then finds
+        nothing and falls to the miss path, which raises `ClosedError`. The
+        hit path itself checks nothing (it costs a hit nothing).
+        """
+        with self._lock:
+            self._closed = True
+        self.forget(None)
+
     def forget_undecodable(self, encoded: bytes | None) -> None:
         """The storage no longer holds `encoded`'s undecodable value (None: any; purged)."""
         if encoded is None:
@@ -326,6 +340,8 @@ class Held(Generic[K, V]):
 
     def _hold(self, encoded: bytes, held: Any) -> None:
         """`keep`, with the lock held."""
+        if self._closed:
+            return  # a read that ended after its environment closed
         self._undecodable.discard(encoded)
         memo = self.memo(encoded)
         self._values[memo] = held
