@@ -137,3 +137,25 @@ def test_plain_output_says_the_verifying_step_and_the_rate(
     last = next(line for line in reversed(lines) if line.startswith("importing big.bundle:"))
     assert last.startswith(f"importing big.bundle: {ENTRIES:,}/{ENTRIES:,} (100%), 2.")
     assert RATE.search(last)
+
+
+def test_the_verifying_step_counts_the_whole_bundle_when_one_version_is_imported(
+    tmp_path: Path,
+) -> None:
+    root, bundle = tmp_path / "both-root", tmp_path / "both.bundle"
+
+    async def fill() -> None:
+        async with open_environment("both", root=root, remote="") as env:
+            items = [(b"k%04d" % i, b"v" * 100) for i in range(1_000)]
+            await env.storage("app/1/kernels").insert_many(items)
+            await env.storage("app/2/kernels").insert(b"k", b"1")
+            await export_bundle(env, bundle, name="both", version="1")
+
+    anyio.run(fill)
+    completed = warmenv(
+        "import", str(bundle), "--app-version", "2", "--env", "plain", root=tmp_path / "r"
+    )
+    assert completed.returncode == 0, completed.stderr
+    checked = [line for line in completed.stdout.splitlines() if line.startswith("verifying ")]
+    # Every entry is hashed, the other version's too: the total is the whole bundle's.
+    assert re.match(r"verifying both\.bundle: ([\d.]+ KiB)/\1 \(100%\)", checked[-1]), checked

@@ -441,12 +441,14 @@ async def follow(
     started = event
     following: Event | None = None
     if verifying is not None:
-        # The import checks the digest before its first batch.
-        with out.checking(f"verifying {verifying}", started.total_bytes) as checked:
-            following = await anext(events, None)
-            while isinstance(following, Verifying):
-                checked.update(bytes=following.bytes_done)
-                following = await anext(events, None)
+        # The import checks the digest before its first batch: of the whole bundle, so
+        # the bar's total is the first Verifying's, not the namespaces selected (Started's).
+        following = await anext(events, None)
+        if isinstance(following, Verifying):
+            with out.checking(f"verifying {verifying}", following.total_bytes) as checked:
+                while isinstance(following, Verifying):
+                    checked.update(bytes=following.bytes_done)
+                    following = await anext(events, None)
     with out.transfer(label, started.total_entries, started.total_bytes) as bar:
 
         def show(event: Event) -> ImportReport | ExportReport | None:
