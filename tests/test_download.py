@@ -37,6 +37,7 @@ from warmenv.bundle import (
     ImportEvent,
     InvalidManifestError,
     NotABundleError,
+    StaleBundleError,
     export_bundle,
     import_bundle,
     importing,
@@ -529,3 +530,48 @@ def test_a_signal_mid_download_leaves_nothing_behind(
     assert process.returncode == status, err
     assert "Traceback" not in err
     assert not root.exists(), sorted(str(p) for p in root.rglob("*"))
+
+
+# --- a server that ignores Range -----------------------------------------------------
+
+
+@pytest.fixture
+async def huge_bundle(tmp_path: Path) -> Path:
+    """About 24 MiB of values: more than loopback's buffers take before the reader reads."""
+    out = tmp_path / "huge.bundle"
+    async with open_environment("huge", root=tmp_path / "huge-root") as env:
+        await env.storage("app/huge/1").insert_many(
+            (b"k%03d" % i, bytes([i]) * (100 << 10)) for i in range(240)
+        )
+        await export_bundle(env, out, name="huge", version="1", format="flat")
+    return out
+
+
+@pytest.mark.anyio
+async def test_a_stale_bundle_is_refused_from_the_head_of_a_response_that_ignored_range(
+    server: BundleServer, huge_bundle: Path, cold_env: Environment
+) -> None:
+    body = huge_bundle.read_bytes()
+    url = server.put("/huge.bundle", body)
+    server.honour_ranges = False
+    with pytest.raises(StaleBundleError):
+        await import_bundle(url, cold_env, version="2")
+    (only,) = server.seen
+    assert only.status == 200
+    assert only.sent < len(body)
+
+
+@pytest.mark.anyio
+async def test_a_response_that_ignored_range_is_read_on_as_the_body(
+    server: BundleServer, big_bundle: Path, cold_env: Environment, root: Path
+) -> None:
+    url = server.put("/big.bundle", big_bundle.read_bytes())
+    server.honour_ranges = False
+    report = await import_bundle(url, cold_env, version="big")
+    assert report.imported == 40
+    (only,) = server.seen
+    assert only.status == 200
+    assert (
+        len(await cold_env.storage("app/big/1").get_many([b"k%03d" % i for i in range(40)])) == 40
+    )
+    assert staging_left(root) == []

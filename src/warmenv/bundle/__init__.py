@@ -110,3 +110,5 @@ __all__ = [
     "preflight",
     "warm_up",
 ]
+
+del annotations  # the `from __future__` name: not a public one (dir(), completion)

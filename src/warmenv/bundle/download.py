@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import AsyncGenerator, Mapping
-from contextlib import aclosing
+from contextlib import AsyncExitStack, aclosing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, final
 
@@ -45,6 +45,7 @@ import attrs
 from warmenv._errors import WarmenvError
 from warmenv._url import bundle_url_problem, redact, redact_in
 from warmenv.bundle import _files
+from warmenv.bundle._http_headers import content_range, int_header, range_validator
 from warmenv.bundle._http_logs import redact_client_logs
 from warmenv.bundle.base import Header
 from warmenv.bundle.events import Downloading
@@ -56,7 +57,7 @@ from warmenv.bundle.sqlite.bundle import SqliteBundle
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["DownloadError", "DownloadOptions"]
+__all__ = ["DownloadError", "DownloadOptions", "Opened"]
 
 _FLUSH_BYTES = 1 << 20  # written to disk (and reported) at least every MiB...
 _FLUSH_SECONDS = 0.25  # ...or this often on a slow link
@@ -287,6 +288,39 @@ def _refused(label: str, exc: BaseException, url: str) -> DownloadError:
 
 
 @final
+class Opened:
+    """A whole body sent in answer to a preflight's `Range` request, read as far as its head.
+
+    The download reads on from it (the bytes already read first), so a server
+    that ignores ranges is asked once; `aclose()` drops it (a refused bundle's
+    body is never read further). Its deadline is the download's too.
+    """
+
+    def __init__(
+        self,
+        stack: AsyncExitStack,
+        client: httpx.AsyncClient,
+        response: httpx.Response,
+        body: _Body,
+        head: bytes,
+        deadline: _Deadline,
+    ) -> None:
+        self.client = client
+        self.response = response
+        self.body = body
+        self.head = head
+        self.deadline = deadline
+        self._stack = stack
+
+    async def aclose(self) -> None:
+        """Drop the rest of the body and the connection (idempotent)."""
+        with anyio.CancelScope(shield=True):
+            await self.body.stop()
+            await self.response.aclose()
+            await self._stack.aclose()
+
+
+@final
 class Download:
     """One bundle fetched into a private staging file, then opened as the private bundle.
 
@@ -296,7 +330,13 @@ class Download:
     `open()` succeeds, the staging directory is removed.
     """
 
-    def __init__(self, url: str, near: Path | None, options: DownloadOptions | None) -> None:
+    def __init__(
+        self,
+        url: str,
+        near: Path | None,
+        options: DownloadOptions | None,
+        opened: Opened | None = None,
+    ) -> None:
         self.url = url
         self.label = redact(url)
         _checked(url)
@@ -309,18 +349,27 @@ class Download:
         self._validator: tuple[str, str] | None = None  # (If-Range value, header it came from)
         self._started_at = 0.0
         self._deadline: _Deadline | None = None
+        self._opened = opened  # the first attempt's response, already begun (`read_head`)
 
     async def fetch(self) -> AsyncGenerator[Downloading, None]:
         """Stream the body to the staging file, yielding progress; resumes, retries, cleans up."""
         httpx = _httpx()
         self._started_at = time.perf_counter()
-        self._deadline = _Deadline(self.label, self._options)
+        opened = self._opened
+        self._deadline = _Deadline(self.label, self._options) if opened is None else opened.deadline
         try:
             directory = await anyio.to_thread.run_sync(_files.private_directory, self._near)
             self._path = directory / _STAGED_NAME
             self._fd = await anyio.to_thread.run_sync(_create, self._path)
             try:
-                async with _client(httpx, self.url, self._options) as client:
+                async with AsyncExitStack() as stack:
+                    if opened is None:
+                        client = await stack.enter_async_context(
+                            _client(httpx, self.url, self._options)
+                        )
+                    else:
+                        stack.push_async_callback(opened.aclose)
+                        client = opened.client
                     async with aclosing(self._attempts(httpx, client)) as events:
                         async for event in events:
                             yield event
@@ -347,8 +396,15 @@ class Download:
             await self.discard()
             raise
 
+    async def release(self) -> None:
+        """Drop the response handed over by `read_head`, if it was never read (idempotent)."""
+        opened, self._opened = self._opened, None
+        if opened is not None:
+            await opened.aclose()
+
     async def discard(self) -> None:
         """Remove the staging directory and whatever is in it (idempotent)."""
+        await self.release()
         path, self._path = self._path, None
         if path is not None:
             with anyio.CancelScope(shield=True):
@@ -391,8 +447,12 @@ class Download:
             headers["Range"] = f"bytes={self._done}-"
             headers["If-Range"] = self._validator[0]
         assert self._deadline is not None
-        request = client.build_request("GET", self.url, headers=headers)
-        response = await self._deadline.send(client, request)
+        opened, self._opened = self._opened, None
+        if opened is None:
+            request = client.build_request("GET", self.url, headers=headers)
+            response = await self._deadline.send(client, request)
+        else:
+            response = opened.response
         try:
             if response.status_code == 206 and resuming:
                 self._check_resumed(response)
@@ -416,7 +476,8 @@ class Download:
                     f"{encoding!r}; serve it as is (bundles are not compressed in transit)"
                 )
             yield self._event()
-            async for event in self._receive(response):
+            head, body = (b"", None) if opened is None else (opened.head, opened.body)
+            async for event in self._receive(response, body, head):
                 yield event
         finally:
             with anyio.CancelScope(shield=True):
@@ -428,9 +489,9 @@ class Download:
         """A whole body is coming: start the file over and note its size and validator."""
         if self._done:
             await self._restart()
-        self._total = _int_header(response, "content-length")
+        self._total = int_header(response.headers, "content-length")
         self._check_size(self._total)
-        self._validator = _validator(response)
+        self._validator = range_validator(response.headers)
 
     def _check_resumed(self, response: httpx.Response) -> None:
         assert self._validator is not None
@@ -438,7 +499,7 @@ class Download:
         if response.headers.get(header) not in (None, value):
             self._validator = None  # so the next attempt starts over
             raise _Retry("the file changed on the server while resuming")
-        start, total = _content_range(response.headers.get("content-range", ""))
+        start, total = content_range(response.headers.get("content-range", ""))
         if start != self._done or (self._total is not None and total != self._total):
             raise DownloadError(
                 f"{self.label}: the server resumed at the wrong place (asked for byte "
@@ -453,16 +514,20 @@ class Download:
                 f"{cap:,} bytes; raise DownloadOptions.max_bytes if it is expected"
             )
 
-    async def _receive(self, response: httpx.Response) -> AsyncGenerator[Downloading, None]:
+    async def _receive(
+        self, response: httpx.Response, body: _Body | None, head: bytes
+    ) -> AsyncGenerator[Downloading, None]:
+        """Write the body to the file: `head` (read already from `body`, if given) first."""
         assert self._fd is not None
         fd = self._fd
         limit = self._options.max_bytes if self._total is None else self._total
-        pending = bytearray()
+        pending = bytearray(head)
         flushed_at = time.monotonic()
         assert self._deadline is not None
-        body = _Body(response, self._deadline)
+        body = _Body(response, self._deadline) if body is None else body
+        chunk: bytes | None = b""
         try:
-            while (chunk := await body.next()) is not None:
+            while chunk is not None:
                 pending += chunk
                 if self._done + len(pending) > limit:
                     raise DownloadError(
@@ -480,6 +545,7 @@ class Download:
                     pending.clear()
                     flushed_at = now
                     yield self._event()
+                chunk = await body.next()
         finally:
             with anyio.CancelScope(shield=True):
                 await body.stop()
@@ -501,16 +567,21 @@ class Download:
         return Downloading(self._done, self._total, time.perf_counter() - self._started_at)
 
 
-async def read_header(url: str, options: DownloadOptions | None) -> Header | None:
+async def read_head(
+    url: str, options: DownloadOptions | None
+) -> tuple[Header | None, Opened | None]:
     """A bundle's manifest (and namespace names, where told up front), read by `Range`
-    from the file's start, before its body.
+    from the file's start, before its body; and the response to read on, if the server
+    sent the whole file instead (or `None`).
 
     Each further range asks only for the bytes after those already read, and
     only of the same file (`If-Range` on its validator; a server without one
-    gets one range at most). `None` when that is not possible (the server
-    ignores ranges, the file changed meanwhile, or what the format keeps up
-    front is not all within its `header_limit`): the caller downloads the
-    whole file instead.
+    gets one range at most). The header is `None` when that is not possible
+    (the file changed meanwhile, or what the format keeps up front is not all
+    within its `header_limit`): the caller downloads the whole file instead.
+    A server that ignores ranges answers the first with the whole file: its
+    head is read from that response, which is handed back open (`Opened`),
+    for the download to read on or for the caller to close.
     """
     httpx = _httpx()
     options = options or DownloadOptions()
@@ -520,37 +591,41 @@ async def read_header(url: str, options: DownloadOptions | None) -> Header | Non
     want = _HEAD_FIRST
     data = bytearray()
     validator: str | None = None
-    async with _client(httpx, url, options) as client:
+    async with AsyncExitStack() as stack:
+        client = await stack.enter_async_context(_client(httpx, url, options))
         while True:
             headers = {"Range": f"bytes={len(data)}-{want - 1}", "Accept-Encoding": "identity"}
             if validator is not None:
                 headers["If-Range"] = validator
             request = client.build_request("GET", url, headers=headers)
+            whole: Opened | None = None
             try:
                 response = await deadline.send(client, request)
+                body = _Body(response, deadline)
                 try:
                     if response.status_code == 200:
-                        return None  # ranges not honoured, or the file changed: read it all
+                        if data:
+                            return None, None  # the file changed: read it all
+                        # The client outlives this block: the download reads on with it.
+                        whole = Opened(stack.pop_all(), client, response, body, b"", deadline)
+                        return await _head_of_whole(whole, label)
                     if response.status_code != 206:
                         raise DownloadError(
                             f"{label}: the server answered {_describe_status(response)}; "
                             + ("check the URL" if response.status_code in (404, 410) else "retry")
                         )
-                    start, size = _content_range(response.headers.get("content-range", ""))
+                    start, size = content_range(response.headers.get("content-range", ""))
                     if start != len(data):
-                        return None  # not the range asked for: read it all
-                    body = _Body(response, deadline)
-                    try:
-                        while len(data) < want and (chunk := await body.next()) is not None:
-                            data += chunk  # a server sending more than asked is not read on
-                    finally:
-                        with anyio.CancelScope(shield=True):
-                            await body.stop()
-                    proof = _validator(response)
+                        return None, None  # not the range asked for: read it all
+                    while len(data) < want and (chunk := await body.next()) is not None:
+                        data += chunk  # a server sending more than asked is not read on
+                    proof = range_validator(response.headers)
                     validator = None if proof is None else proof[0]
                 finally:
-                    with anyio.CancelScope(shield=True):
-                        await response.aclose()
+                    if whole is None:
+                        with anyio.CancelScope(shield=True):
+                            await body.stop()
+                            await response.aclose()
             except httpx.TooManyRedirects as exc:
                 raise _too_many_redirects(label, exc) from None
             except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
@@ -563,60 +638,44 @@ async def read_header(url: str, options: DownloadOptions | None) -> Header | Non
                 ) from None
             found = sniff(bytes(data))
             if found is None or not found.header_in_front:
-                return None
+                return None, None
             # On a worker thread: reading a SQLite bundle's first pages is SQLite's work.
             parsed = await anyio.to_thread.run_sync(found.header, bytes(data[:want]), label)
             if parsed is not None:
-                return parsed
-            whole = len(data) < want or (size is not None and want >= size)
-            if whole or want >= found.header_limit or validator is None:
-                return None  # the whole file was given, or more is not worth it: read it all
+                return parsed, None
+            whole_file = len(data) < want or (size is not None and want >= size)
+            if whole_file or want >= found.header_limit or validator is None:
+                return None, None  # the whole file was given, or more is not worth it
             want = min(want * 4, found.header_limit)
 
 
-def _validator(response: httpx.Response) -> tuple[str, str] | None:
-    """What proves a later range is of the same file (the `If-Range` value, and the
-    header it came from): a strong ETag, else Last-Modified; None without either."""
-    etag = response.headers.get("etag")
-    if etag and not etag.startswith("W/"):
-        return str(etag), "etag"
-    modified = response.headers.get("last-modified")
-    return (str(modified), "last-modified") if modified else None
+async def _head_of_whole(whole: Opened, label: str) -> tuple[Header | None, Opened]:
+    """The header read from the start of a whole body, as far as its format keeps it
+    (`header_limit`); `whole` keeps what was read, and is handed back open (closed,
+    with its client, if reading fails)."""
+    data = bytearray()
+    want = _HEAD_FIRST
+    try:
+        while True:
+            while len(data) < want and (chunk := await whole.body.next()) is not None:
+                data += chunk
+            whole.head = bytes(data)
+            found = sniff(whole.head)
+            if found is None or not found.header_in_front:
+                return None, whole
+            parsed = await anyio.to_thread.run_sync(found.header, whole.head[:want], label)
+            if parsed is not None or len(data) < want or want >= found.header_limit:
+                return parsed, whole
+            want = min(want * 4, found.header_limit)
+    except BaseException:
+        await whole.aclose()
+        raise
 
 
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip()
     kind = type(exc).__name__
     return f"{kind}: {text}" if text and not isinstance(exc, _Retry) else (text or kind)
-
-
-def _int_header(response: httpx.Response, name: str) -> int | None:
-    value = response.headers.get(name)
-    if value is None:
-        return None
-    try:
-        number = int(value)
-    except ValueError:
-        return None
-    return number if number >= 0 else None
-
-
-def _content_range(value: str) -> tuple[int | None, int | None]:
-    """(first byte, complete length) of a `Content-Range: bytes a-b/n` header."""
-    unit, _, spec = value.strip().partition(" ")
-    if unit.lower() != "bytes":
-        return None, None
-    span, _, size = spec.partition("/")
-    first = span.split("-", 1)[0]
-    try:
-        start = int(first)
-    except ValueError:
-        return None, None
-    try:
-        total: int | None = int(size)
-    except ValueError:
-        total = None
-    return start, total
 
 
 def _create(path: Path) -> int:

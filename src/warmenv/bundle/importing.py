@@ -50,7 +50,7 @@ from warmenv._facts import is_captured_tree
 from warmenv._keys import PublicKey
 from warmenv._url import is_url, redact
 from warmenv.bundle.base import Bundle
-from warmenv.bundle.download import Download, read_header
+from warmenv.bundle.download import Download, read_head
 from warmenv.bundle.errors import CorruptBundleError
 from warmenv.bundle.events import (
     BundleFinished,
@@ -157,14 +157,21 @@ async def _importing(
         if version is not None or checked.checks:
             # The manifest comes first: refused by it, a bundle's body is never fetched (the
             # copy that is downloaded is checked again before anything is written).
-            header = await read_header(source, download)
-            if header is not None:
-                # The signature first: under a trust, only a signed list is believed.
-                check_signature(header.manifest, checked, redact(source))
-                if version is not None and header.namespaces is not None:
-                    refuse_stale(redact(source), list(header.namespaces), namespaces, version)
+            header, opened = await read_head(source, download)
+            try:
+                if header is not None:
+                    # The signature first: under a trust, only a signed list is believed.
+                    check_signature(header.manifest, checked, redact(source))
+                    if version is not None and header.namespaces is not None:
+                        refuse_stale(redact(source), list(header.namespaces), namespaces, version)
+            except BaseException:
+                if opened is not None:  # a server that ignored the range: its body not read on
+                    await opened.aclose()
+                raise
+        else:
+            opened = None
         progress = ImportProgress(
-            Download(source, near, download),
+            Download(source, near, download, opened),
             env,
             namespaces,
             version,
@@ -253,6 +260,8 @@ class ImportProgress(EventStreamBase[ImportEvent, ImportReport]):
 
     async def aclose(self) -> None:
         await super().aclose()
+        if isinstance(self._bundle, Download):
+            await self._bundle.release()  # if it never began
         if self._stopped_at is None:
             self._stopped_at = time.perf_counter()
 

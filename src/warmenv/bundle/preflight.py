@@ -41,7 +41,7 @@ from warmenv._facts import verdict as caches_verdict
 from warmenv._keys import PublicKey
 from warmenv._url import is_url, redact
 from warmenv.bundle.base import Bundle
-from warmenv.bundle.download import Download, DownloadOptions, read_header
+from warmenv.bundle.download import Download, DownloadOptions, read_head
 from warmenv.bundle.errors import SignatureError, StaleBundleError
 from warmenv.bundle.manifest import BundleManifest, EnvironmentInfo, this_machine
 from warmenv.bundle.open import open_any
@@ -137,11 +137,13 @@ async def _check_url(
     trust: Trust,
 ) -> Preflight:
     # A flat bundle's header names its namespaces but does not count their entries.
-    header = None if asked is not None else await read_header(url, options)
+    header, opened = (None, None) if asked is not None else await read_head(url, options)
     if header is not None and header.namespaces is not None:
+        if opened is not None:  # a server that ignored the range: its body is not read on
+            await opened.aclose()
         manifest, names = header.manifest, list(header.namespaces)
         return _signed(_verdict(manifest, names, version), manifest, trust, redact(url))
-    fetched = Download(url, None, options)
+    fetched = Download(url, None, options, opened)
     async with aclosing(fetched.fetch()) as steps:
         async for _ in steps:
             pass
