@@ -211,16 +211,21 @@ async def events_of(url: str, env: Environment, **kwargs: object) -> list[Import
         return [event async for event in progress]
 
 
+async def flat_bundle_of(tmp_path: Path, name: str, values: int) -> Path:
+    """A flat bundle of `values` values of 100 KiB, in namespace `app/<name>/1`."""
+    out = tmp_path / f"{name}.bundle"
+    async with open_environment(name, root=tmp_path / f"{name}-root") as env:
+        await env.storage(f"app/{name}/1").insert_many(
+            (b"k%03d" % i, bytes([i % 256]) * (100 << 10)) for i in range(values)
+        )
+        await export_bundle(env, out, name=name, version="1", format="flat")
+    return out
+
+
 @pytest.fixture
 async def big_bundle(root: Path, tmp_path: Path) -> Path:
     """About 4 MiB of values, so a download is reported on disk before it ends."""
-    out = tmp_path / "big.bundle"
-    async with open_environment("big", root=tmp_path / "big-root") as env:
-        await env.storage("app/big/1").insert_many(
-            (b"k%03d" % i, bytes([i]) * (100 << 10)) for i in range(40)
-        )
-        await export_bundle(env, out, name="big", version="1", format="flat")
-    return out
+    return await flat_bundle_of(tmp_path, "big", 40)
 
 
 # --- import by URL -----------------------------------------------------------------
@@ -538,13 +543,7 @@ def test_a_signal_mid_download_leaves_nothing_behind(
 @pytest.fixture
 async def huge_bundle(tmp_path: Path) -> Path:
     """About 24 MiB of values: more than loopback's buffers take before the reader reads."""
-    out = tmp_path / "huge.bundle"
-    async with open_environment("huge", root=tmp_path / "huge-root") as env:
-        await env.storage("app/huge/1").insert_many(
-            (b"k%03d" % i, bytes([i]) * (100 << 10)) for i in range(240)
-        )
-        await export_bundle(env, out, name="huge", version="1", format="flat")
-    return out
+    return await flat_bundle_of(tmp_path, "huge", 240)
 
 
 @pytest.mark.anyio
