@@ -80,6 +80,18 @@ async def test_an_explanation_reads_as_one_sentence_per_nearby_namespace(
     assert len(lines) == 5
 
 
+async def test_explain_suggests_first_the_namespace_of_the_version_and_path_swapped(
+    env: Environment,
+) -> None:
+    await fill(env, {"myapp/2.0/tuning": ["k"], "myapp/1.0/tuning": ["k"]})
+    lines = str(await env.explain("myapp/tuning/1.0")).splitlines()
+    assert lines[1] == (
+        "  - 'myapp/1.0/tuning': version and path swapped: did you mean 'myapp/1.0/tuning'?; "
+        "1 entry"
+    )
+    assert lines[2].startswith("  - 'myapp/2.0/tuning': version '2.0' instead of 'tuning'")
+
+
 async def test_explain_without_a_key_says_nothing_about_keys(env: Environment) -> None:
     await fill(env, LAYOUT)
     explanation = await env.explain("app/2/kernels")

@@ -107,6 +107,8 @@ class Explanation:
         """How `nearby` differs from the asked namespace: "version '1' instead of '2'"."""
         asked = Namespace.raw(self.namespace)
         there = Namespace.raw(nearby.namespace)
+        if _swapped(asked, there):
+            return f"version and path swapped: did you mean {nearby.namespace!r}?"
         return ", ".join(
             f"{segment} {getattr(there, segment)!r} instead of {getattr(asked, segment)!r}"
             for segment in nearby.differs
@@ -153,6 +155,11 @@ def differing(asked: Namespace, other: Namespace) -> tuple[str, ...] | None:
     return differs
 
 
+def _swapped(asked: Namespace, other: Namespace) -> bool:
+    """Whether `other` is `asked` with its version and path the other way round."""
+    return other.name == asked.name and other.version == asked.path and other.path == asked.version
+
+
 def stored_key(key: bytes | str | None) -> bytes | None:
     """The key to ask about: a `str` is what an application passes to a store of
     the default codec, so it is asked about as that store keeps it."""
@@ -186,11 +193,18 @@ def explain(
         # An empty namespace (a row something else wrote) is no namespace to parse.
         if not name or not entries or (head != asked.name and rest != asked_rest):
             continue
-        differs = differing(asked, Namespace.raw(name))
+        other = Namespace.raw(name)
+        differs = differing(asked, other)
         if differs is not None:
             # Fewest differing segments first; a version bump before a path or a
             # name change (the commonest cause); then the fuller namespace.
-            rank = (len(differs), max(_NEARNESS[s] for s in differs), -entries)
+            # First of all a version and path swapped: the namespace meant, written the
+            # wrong way round.
+            rank = (
+                (0, 0, -entries)
+                if _swapped(asked, other)
+                else (len(differs), max(_NEARNESS[s] for s in differs), -entries)
+            )
             candidates.append((rank, name, differs, entries))
     candidates.sort(key=lambda c: (c[0], c[1]))
     found: set[str] = set()
