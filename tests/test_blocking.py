@@ -553,6 +553,10 @@ def test_an_environment_is_shared_by_threads_over_one_loop_thread(
     assert len(loop_threads()) == 1
 
 
+def test_a_blocking_environment_reprs_as_what_it_describes(env: BlockingEnvironment) -> None:
+    assert repr(env) == f"<BlockingEnvironment: environment 'test' at {env.path}>"
+
+
 def test_a_store_of_a_closed_environment_raises_on_a_key_it_held(root: Path) -> None:
     env = open_blocking("test", root=root).__enter__()
     store: BlockingStore[str, int] = env.store(NS)

@@ -211,6 +211,9 @@ class BlockingEnvironment:
     def describe(self) -> str:
         return self._env.describe()
 
+    def __repr__(self) -> str:
+        return f"<BlockingEnvironment: {self._env.describe()}>"
+
     @overload
     def store(
         self,
