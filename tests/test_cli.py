@@ -296,6 +296,16 @@ def test_import_fills_an_environment(bundle: Path, tmp_path: Path) -> None:
     assert (again["imported"], again["skipped"]) == (0, TOTAL)
 
 
+def test_import_says_when_it_created_the_environment(bundle: Path, tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    first = warmenv("import", str(bundle), "--env", "typo", root=root)
+    assert first.returncode == 0, first.stderr
+    assert f"created environment 'typo' at {root / 'typo.db'}" in first.stdout
+    again = warmenv("import", str(bundle), "--env", "typo", root=root)
+    assert again.returncode == 0, again.stderr
+    assert "created" not in again.stdout
+
+
 def test_plain_output_shows_progress_lines_and_a_summary(bundle: Path, tmp_path: Path) -> None:
     completed = warmenv("import", str(bundle), "--env", "fresh", root=tmp_path / "r")
     assert completed.returncode == 0

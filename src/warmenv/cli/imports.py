@@ -164,6 +164,8 @@ async def _run(
         raise
     out.when_completed = f"but the import had completed into {target}"
     out.when_output_closed = None
+    if made.database is not None:  # filling a fresh machine; or a name mistyped: said
+        out.line(f"created {target}")
     out.line(
         f"imported {plural(report.imported, 'entry', 'entries')} ({size(report.bytes)}) "
         f"into {target}; "
