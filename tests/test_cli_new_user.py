@@ -159,7 +159,7 @@ def test_the_last_warm_ups_table_aligns_text_left_and_figures_right(tmp_path: Pa
     failed = [r for r in rows if " failed " in r]
     assert len(failed) == 2
     for row in failed:
-        assert row[starts["why"] :].startswith("FileNotFoundError"), row
+        assert row[starts["why"] :].startswith("BundleNotFoundError"), row
 
 
 # --- docs/cli.md ------------------------------------------------------------------

@@ -82,6 +82,7 @@ CONTRACT: dict[str, list[str]] = {
         "FlatBundle",
         "open_bundle",
         "BundleError",
+        "BundleNotFoundError",
         "NotABundleError",
         "InvalidManifestError",
         "UnsupportedSchemaError",
@@ -195,6 +196,21 @@ def test_every_contract_name_is_exported_from_its_module(module: str, name: str)
     imported = importlib.import_module(module)
     assert name in imported.__all__, f"{module}.__all__ lacks {name}"
     assert getattr(imported, name) is not None
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "warmenv",
+        "warmenv.blocking",
+        "warmenv.bundle",
+        "warmenv.persistence",
+        "warmenv.caches",
+        "warmenv.remote",
+    ],
+)
+def test_a_public_package_lists_no_name_of_its_future_import(module: str) -> None:
+    assert "annotations" not in dir(importlib.import_module(module))
 
 
 @pytest.mark.parametrize("name", TOP_LEVEL)

@@ -29,7 +29,9 @@ from warmenv import Environment, JsonCodec, Namespace, WarmenvError, open_enviro
 from warmenv.blocking import open_environment as open_blocking
 from warmenv.blocking import warm_up as blocking_warm_up
 from warmenv.bundle import (
+    BundleError,
     BundleFinished,
+    BundleNotFoundError,
     BundleProgress,
     CorruptBundleError,
     ImportEvent,
@@ -97,6 +99,40 @@ async def test_the_guides_service_serves_every_request_whatever_its_bundle(
         (record, *_) = (await env.statistics()).imports
     assert record.outcome is ImportOutcome.FAILED and record.source == str(bundle)
     assert record.error is not None and record.imported == 0
+
+
+async def test_a_warm_up_of_a_missing_bundle_fails_with_a_bundle_error_naming_the_file(
+    bundle_path: Path, root: Path
+) -> None:
+    bundle_path.unlink()
+    async with open_environment("svc", root=root) as env:
+        handle = warm_up(bundle_path, env)
+        await handle.wait()
+    assert isinstance(handle.error, BundleNotFoundError)
+    assert isinstance(handle.error, BundleError) and isinstance(handle.error, FileNotFoundError)
+    assert str(bundle_path) in str(handle.error)
+
+
+@pytest.mark.parametrize(
+    ("damage", "opened"),
+    [(corrupt, True), (truncate, False), (remove, False)],
+    ids=["corrupt", "truncate", "remove"],
+)
+async def test_a_failed_warm_up_reports_what_it_committed_once_its_bundle_opened(
+    damage: Any, opened: bool, tmp_path: Path
+) -> None:
+    guide = the_guides_service()
+    bundle = await guide.build_bundle(tmp_path)
+    damage(bundle)
+    async with open_environment("svc", root=tmp_path / "root") as env:
+        handle = warm_up(bundle, env)
+        await handle.wait()
+    assert handle.state is WarmUpState.FAILED
+    if opened:  # opened, then refused by its digest before any batch
+        assert handle.report is not None and handle.report.imported == 0
+        assert not handle.report.complete
+    else:  # it never opened: nothing to report
+        assert handle.report is None
 
 
 async def test_the_guides_service_imports_a_good_bundle(tmp_path: Path) -> None:

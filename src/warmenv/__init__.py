@@ -74,3 +74,5 @@ __all__ = [
     "open_environment",
     "set_root",
 ]
+
+del annotations  # the `from __future__` name: not a public one (dir(), completion)

@@ -41,3 +41,5 @@ __all__ = [
     "open_environment",
     "warm_up",
 ]
+
+del annotations  # the `from __future__` name: not a public one (dir(), completion)

@@ -13,6 +13,7 @@ from warmenv.bundle.base import Bundle
 from warmenv.bundle.download import DownloadError, DownloadOptions
 from warmenv.bundle.errors import (
     BundleError,
+    BundleNotFoundError,
     BundleTooLargeError,
     CorruptBundleError,
     InvalidManifestError,
@@ -62,6 +63,7 @@ __all__ = [
     "BundleFinished",
     "BundleFormat",
     "BundleManifest",
+    "BundleNotFoundError",
     "BundleProgress",
     "BundleStarted",
     "BundleTooLargeError",

@@ -35,7 +35,7 @@ import threading
 from pathlib import Path
 
 from warmenv._fs import kind_of, non_regular_kind
-from warmenv.bundle.errors import NotABundleError
+from warmenv.bundle.errors import BundleNotFoundError, NotABundleError
 
 __all__ = [
     "HEAD_SIZE",
@@ -65,14 +65,17 @@ def open_regular(path: Path) -> int:
     """A read-only descriptor of `path` if it is a regular file (symlinks followed).
 
     Opened non-blocking, so a FIFO cannot hang the open; anything but a
-    regular file raises `NotABundleError` at once.
+    regular file raises `NotABundleError` at once; no file, `BundleNotFoundError`.
     """
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     # Checked before opening too: a socket cannot be opened at all (ENXIO).
     kind = non_regular_kind(path)
     if kind is not None:
         raise NotABundleError(f"{path} is {kind}, not a bundle file")
-    fd = os.open(path, flags)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise BundleNotFoundError(f"{path}: no such file; check the bundle's path") from None
     try:
         kind = kind_of(os.fstat(fd).st_mode)
     except BaseException:

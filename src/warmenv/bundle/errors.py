@@ -11,6 +11,7 @@ from warmenv._errors import WarmenvError
 
 __all__ = [
     "BundleError",
+    "BundleNotFoundError",
     "BundleTooLargeError",
     "CorruptBundleError",
     "InvalidManifestError",
@@ -28,6 +29,10 @@ class BundleError(WarmenvError):
 
 class NotABundleError(BundleError):
     """The file is not a bundle at all: not a regular file, or of neither format."""
+
+
+class BundleNotFoundError(BundleError, FileNotFoundError):
+    """No file is at the bundle's path (a `FileNotFoundError` too, as it was before)."""
 
 
 class InvalidManifestError(BundleError):

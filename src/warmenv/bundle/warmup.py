@@ -265,7 +265,12 @@ class WarmUp:
     @property
     def report(self) -> ImportReport | None:
         """What it imported: the whole report once `FINISHED`; otherwise what the batches
-        committed so far (`complete=False`), or `None` before the bundle was opened."""
+        committed so far (`complete=False`), or `None` before the bundle was opened.
+
+        After a failure: `None` if the bundle never opened (missing, truncated, not a
+        bundle, a failed download, stale by its header); a report (`complete=False`,
+        0 imported if it failed before its first batch, as a corrupt one does at its
+        digest check) once it had."""
         return self._run.report()
 
     @property

@@ -46,3 +46,5 @@ __all__ = [
     "captured_trees",
     "restore",
 ]
+
+del annotations  # the `from __future__` name: not a public one (dir(), completion)

@@ -40,3 +40,5 @@ __all__ = [
     "Store",
     "Stored",
 ]
+
+del annotations  # the `from __future__` name: not a public one (dir(), completion)

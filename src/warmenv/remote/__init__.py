@@ -30,3 +30,5 @@ __all__ = [
     "RemoteValue",
     "remote_settings",
 ]
+
+del annotations  # the `from __future__` name: not a public one (dir(), completion)
