@@ -9,12 +9,15 @@ every run. Each child opens an environment, fills an EAGER store of 1,000
 keys, hits each once, then `await`s `--hits` hits between two calls of
 `time.thread_time()`; callgrind dumps its counts before each such call
 (`--dump-before=time_thread_time`), so the second dump is the loop alone.
-`--floor` times the benchmark's floor instead (`dict.get` in a coroutine).
+`--floor` times the benchmark's floor instead (`dict.get` in a coroutine; for
+`--backend blocking`, `warmenv.blocking`'s get on a plain thread, `dict.get`
+under a `threading.Lock`).
 
 Run (valgrind on PATH; `--tree` as often as there are trees to compare):
 
     python benchmarks/hit_instructions.py --tree <a tree> --tree <another> \\
-        [--backend asyncio --backend trio] [--shape str --shape bytes --shape dict]
+        [--backend asyncio --backend trio --backend blocking] \\
+        [--shape str --shape bytes --shape dict]
 """
 
 from __future__ import annotations
@@ -52,15 +55,26 @@ def child(backend: str, shape: str, hits: int, floor: bool) -> None:
     from warmenv import CacheMode, Namespace, open_environment
     from warmenv.persistence.codec import BytesCodec, JsonCodec
 
+    namespace = Namespace("bench", f"hits-{shape}", version="1")
+    codec: Any = BytesCodec() if shape == "bytes" else JsonCodec()
+
+    async def fill(root: str) -> None:
+        async with open_environment("hits", root=root) as env:
+            await env.storage(namespace).insert_many(
+                (codec.encode_key(key_of(shape, i)), codec.encode_value(value_of(shape, i)))
+                for i in range(KEYS)
+            )
+
+    if backend == "blocking":
+        with tempfile.TemporaryDirectory() as root:
+            anyio.run(fill, root)
+            blocking_hits(root, namespace, codec, shape, hits, floor)
+        return
+
     async def main() -> None:
         with tempfile.TemporaryDirectory() as root:
+            await fill(root)
             async with open_environment("hits", root=root) as env:
-                namespace = Namespace("bench", f"hits-{shape}", version="1")
-                codec: Any = BytesCodec() if shape == "bytes" else JsonCodec()
-                await env.storage(namespace).insert_many(
-                    (codec.encode_key(key_of(shape, i)), codec.encode_value(value_of(shape, i)))
-                    for i in range(KEYS)
-                )
                 store = await env.store(namespace, codec, mode=CacheMode.EAGER)
                 keys = [key_of(shape, i) for i in range(KEYS)]
                 plain = {key: value_of(shape, i) for i, key in enumerate(keys)}
@@ -78,6 +92,34 @@ def child(backend: str, shape: str, hits: int, floor: bool) -> None:
                 time.thread_time()  # and here: the loop alone
 
     anyio.run(main, backend=backend)
+
+
+def blocking_hits(
+    root: str, namespace: Any, codec: Any, shape: str, hits: int, floor: bool
+) -> None:
+    """The marked loop of `warmenv.blocking` hits on a plain thread (floor: a locked dict.get)."""
+    import threading
+
+    from warmenv import CacheMode, blocking
+
+    with blocking.open_environment("hits", root=root) as env:
+        store = env.store(namespace, codec, mode=CacheMode.EAGER)
+        keys = [key_of(shape, i) for i in range(KEYS)]
+        plain = {key: value_of(shape, i) for i, key in enumerate(keys)}
+        lock = threading.Lock()
+
+        def locked_get(key: Any) -> Any:
+            with lock:
+                return plain.get(key)
+
+        get = locked_get if floor else store.get
+        for key in keys:  # held, its hot set warm
+            get(key)
+        time.thread_time()  # callgrind dumps here: the set-up
+        for _ in range(hits // KEYS):
+            for key in keys:
+                get(key)
+        time.thread_time()  # and here: the loop alone
 
 
 def count(tree: Path, backend: str, shape: str, hits: int, floor: bool) -> float:
@@ -113,12 +155,19 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tree", type=Path, action="append", required=True)
-    parser.add_argument("--backend", action="append", choices=["asyncio", "trio"])
+    parser.add_argument(
+        "--backend",
+        action="append",
+        choices=["asyncio", "trio", "blocking"],
+        help="blocking: warmenv.blocking's get on a plain thread, its floor dict.get under a"
+        " threading.Lock",
+    )
     parser.add_argument("--shape", action="append", choices=["str", "bytes", "dict"])
     parser.add_argument("--hits", type=int, default=20_000)
     parser.add_argument("--floor", action="store_true", help="also count the dict.get floor")
     args = parser.parse_args()
-    print("| tree | backend | shape | instructions per Store.get hit | dict.get in a coroutine |")
+    floor_name = "floor (dict.get in a coroutine; blocking: under a threading.Lock)"
+    print(f"| tree | backend | shape | instructions per hit | {floor_name} |")
     print("|---|---|---|---:|---:|")
     for backend in args.backend or ["asyncio", "trio"]:
         for shape in args.shape or ["str"]:
