@@ -40,7 +40,8 @@ from warmenv.persistence import (
     Stored,
 )
 from warmenv.persistence.storage import EntryInfo, may_replace
-from warmenv.remote import RemoteError, RemoteSettings, RemoteStatistics, RemoteStorage
+from warmenv.remote import RemoteError, RemoteSettings, RemoteStatistics, RemoteStorage, RemoteTier
+from warmenv.remote.lag import TICK
 
 pytestmark = [
     pytest.mark.anyio,
@@ -245,25 +246,52 @@ anyio.run(main, backend={"trio"!r})
         assert [await store.get(f"k{i}") for i in range(5)] == [{"i": i} for i in range(5)]
 
 
-async def _calls_within(limit: float, env_root: Path, url: str, tag: str) -> None:
-    """Every call against a remote that does not answer returns within `limit`, served locally."""
+def _one_try(settings: RemoteSettings) -> float:
+    """The most one call that tries Redis may cost, in the server's time (`waited`).
+
+    Its timeout, and the tier's clock's grain (`warmenv.remote.lag`): a deadline
+    is looked at every TICK, so it is cancelled up to a TICK after it fell due,
+    and the call's unwinding is measured to a TICK.
+    """
+    return settings.timeout + 2 * TICK
+
+
+@contextlib.contextmanager
+def _each_try_costs_at_most_the_timeout(tier: RemoteTier) -> Iterator[None]:
+    """The calls of the block (one after another) cost the server's time of one timeout
+    per call that tried Redis, and nothing for those skipped while it backs off.
+
+    Counted in the server's time (`RemoteStatistics.waited`), not in wall time: a
+    starved CPU makes every call slower in wall time, and that is not what the
+    tier promises to bound. Against a Redis that does not answer, every try fails.
+    """
+    before = tier.statistics()
+    yield
+    after = tier.statistics()
+    tries = after.failures - before.failures
+    assert after.waited - before.waited <= tries * _one_try(tier.settings), (before, after)
+
+
+async def _each_call_costs_at_most_the_timeout(env_root: Path, url: str, tag: str) -> None:
+    """Every call against a remote that does not answer costs at most the timeout per try
+    of the server, and is served locally."""
     async with open_environment("fleet", root=env_root, remote=url) as env:
+        assert env.remote is not None
         store: Store[str, Any] = await env.store(NS)
         for i in range(10):
-            started = time.monotonic()
-            assert await store.get(f"{tag}-missing-{i}") is None
-            assert await store.get_or_compute(f"{tag}-{i}", compute, i) == i
-            assert await store.get(f"{tag}-{i}") == i
-            assert time.monotonic() - started < limit
-        assert env.remote is not None
+            with _each_try_costs_at_most_the_timeout(env.remote):
+                assert await store.get(f"{tag}-missing-{i}") is None
+                assert await store.get_or_compute(f"{tag}-{i}", compute, i) == i
+                assert await store.get(f"{tag}-{i}") == i
         stats = env.remote.statistics()
-        assert stats.outages == 1 and not stats.available
+        assert stats.outages == 1 and not stats.available and stats.failures >= 1
 
 
 STOPPED_CHECKED = (
-    "with Redis killed, each of 10 get_or_compute + get pairs returns within 1.5 s with the "
-    "local answer; one warning and one outage counted; after a restart (empty) the tier "
-    "publishes again and another host reads a value written after it"
+    "with Redis killed, each of 10 get_or_compute + get pairs returns the local answer and "
+    "costs at most one timeout of the server's time per try of Redis (RemoteStatistics.waited); "
+    "one warning and one outage counted; after a restart (empty) the tier publishes again and "
+    "another host reads a value written after it"
 )
 
 
@@ -274,7 +302,8 @@ async def stopped_mid_run(
     trials: int,
     row: Trials,
 ) -> float:
-    """Redis is killed under a host, then started again, `trials` times; the slowest call (s)."""
+    """Redis is killed under a host, then started again, `trials` times; the most a pair of
+    calls waited on Redis (in the server's time, s)."""
     slowest = 0.0
     for trial in range(trials):
         with row.trial():
@@ -285,16 +314,16 @@ async def stopped_mid_run(
                 await store.insert("before", 1)
                 await anyio.to_thread.run_sync(server.stop)
                 with caplog.at_level(logging.WARNING, logger="warmenv.remote"):
+                    assert a.remote is not None
                     for i in range(10):
-                        started = time.monotonic()
-                        assert await store.get_or_compute(f"during-{i}", compute, i) == i
-                        assert await store.get(f"missing-{i}") is None
-                        took = time.monotonic() - started
-                        assert took < 1.5
-                        slowest = max(slowest, took)
+                        before = a.remote.statistics().waited
+                        with _each_try_costs_at_most_the_timeout(a.remote):
+                            assert await store.get_or_compute(f"during-{i}", compute, i) == i
+                            assert await store.get(f"missing-{i}") is None
+                        slowest = max(slowest, a.remote.statistics().waited - before)
                 outage = [r for r in caplog.records if "unavailable" in r.message]
                 assert [r.levelno for r in outage] == [logging.WARNING]
-                assert a.remote is not None and a.remote.statistics().outages == 1
+                assert a.remote.statistics().outages == 1
                 await anyio.to_thread.run_sync(server.start)
                 # The tier retries after its backoff; poll (bounded) until it does.
                 with anyio.fail_after(10), caplog.at_level(logging.INFO, logger="warmenv.remote"):
@@ -328,7 +357,10 @@ async def test_long_redis_stopped_mid_run(
     scenario = f"Redis killed under a host, then restarted empty ({backend_label(anyio_backend)})"
     with reliability_row(scenario, STOPPED_CHECKED) as row:
         slowest = await stopped_mid_run(tmp_path, server, caplog, trials, row)
-        row.checked = f"{STOPPED_CHECKED} (slowest call during the outage {slowest:.2f} s)"
+        row.checked = (
+            f"{STOPPED_CHECKED} (the most a pair of calls waited on Redis during the outage:"
+            f" {slowest:.2f} s of the server's time)"
+        )
 
 
 async def test_a_redis_that_stops_answering_costs_each_call_at_most_the_timeout(
@@ -337,7 +369,7 @@ async def test_a_redis_that_stops_answering_costs_each_call_at_most_the_timeout(
     assert server.process is not None
     os.kill(server.process.pid, signal.SIGSTOP)
     try:
-        await _calls_within(1.5, tmp_path, server.url, "frozen")
+        await _each_call_costs_at_most_the_timeout(tmp_path, server.url, "frozen")
     finally:
         os.kill(server.process.pid, signal.SIGCONT)
 
@@ -362,16 +394,7 @@ async def test_a_redis_without_hello_is_one_outage_naming_it_and_the_local_tier_
 
 async def test_an_unreachable_redis_never_fails_the_open(tmp_path: Path) -> None:
     server = RedisServer()  # never started: nothing listens on its port
-    await _calls_within(1.5, tmp_path, server.url, "never")
-
-
-async def _burst_s(store: Store[str, Any], tag: str, count: int = 50) -> float:
-    """How long `count` concurrent cold `get_or_compute` calls take together."""
-    started = time.monotonic()
-    async with anyio.create_task_group() as tg:
-        for i in range(count):
-            tg.start_soon(store.get_or_compute, f"{tag}-{i}", compute, i)
-    return time.monotonic() - started
+    await _each_call_costs_at_most_the_timeout(tmp_path, server.url, "never")
 
 
 @pytest.mark.parametrize("where", ["refusing", "silent"])
@@ -384,16 +407,26 @@ async def test_a_cold_burst_against_an_unreachable_redis_costs_one_timeout(
         silent.listen(128)
         port = silent.getsockname()[1] if where == "silent" else free_port()
         settings = RemoteSettings(f"redis://127.0.0.1:{port}/0", timeout=0.25)
-        async with (
-            open_environment("fleet", root=tmp_path / "alone", remote="") as alone,
-            open_environment("fleet", root=tmp_path / "fleet", remote=settings) as env,
-        ):
-            local = await _burst_s(await alone.store(NS), where)
-            remote = await _burst_s(await env.store(NS), where)
-            assert env.remote is not None and env.remote.statistics().outages == 1
-    # Calls waiting on connections or on each other's timeouts would add up to
-    # several timeouts; side by side they cost one.
-    assert remote - local < 2 * settings.timeout, (remote, local)
+        async with open_environment("fleet", root=tmp_path, remote=settings) as env:
+            store: Store[str, Any] = await env.store(NS)
+            answers: dict[int, object] = {}
+
+            async def ask(i: int) -> None:
+                answers[i] = await store.get_or_compute(f"{where}-{i}", compute, i)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(50):
+                    tg.start_soon(ask, i)
+            assert env.remote is not None
+            stats = env.remote.statistics()
+    assert answers == {i: i for i in range(50)}  # each computed here
+    assert stats.outages == 1 and stats.failures >= 1
+    # In the server's time (`waited`), which a starved CPU does not stretch. Calls
+    # waiting on connections or on each other's timeouts would add up to several
+    # timeouts; side by side they cost one (two at most: the last began before the
+    # first had failed, after which calls are skipped), and each retry after a backoff
+    # (a burst that outlasts it, on a slow machine) costs one more.
+    assert stats.waited <= (2 + stats.retries) * _one_try(settings), stats
 
 
 @pytest.mark.parametrize("where", ["silent", "killed"])
@@ -960,10 +993,10 @@ async def test_a_purge_that_cannot_reach_redis_purges_here_and_says_so(
         os.kill(server.process.pid, signal.SIGSTOP)
         try:
             assert env.remote is not None
-            before = env.remote.statistics().waited
-            result = await store.purge_key("k")
-            # About one timeout of the server's time (`waited`, our loop's lateness not counted).
-            assert env.remote.statistics().waited - before < 2 * env.remote.settings.timeout
+            # One try, one timeout of the server's time (`waited`, our loop's lateness not counted).
+            with _each_try_costs_at_most_the_timeout(env.remote):
+                result = await store.purge_key("k")
+            assert env.remote.statistics().failures == 1
             assert await env.storage(NS).info(b'"k"') is None  # gone here
         finally:
             os.kill(server.process.pid, signal.SIGCONT)
@@ -992,10 +1025,13 @@ async def test_ping_says_how_fast_a_reachable_redis_answers(
 ) -> None:
     async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
         assert env.remote is not None
+        started = time.perf_counter()
         ping = await env.remote.ping()
+        took = time.perf_counter() - started
         assert env.remote.statistics().failures == 0
     assert ping.reachable and ping.reason is None
-    assert ping.seconds is not None and 0 < ping.seconds < 1.5
+    # The round trip it timed, within the call: not a default, nor another unit.
+    assert ping.seconds is not None and 0 < ping.seconds <= took
     assert str(ping).startswith(f"Redis at {redact(server.url)} answered in ")
 
 
@@ -1013,10 +1049,10 @@ async def test_ping_of_an_unreachable_redis_returns_within_the_timeout(
         try:
             async with open_environment("fleet", root=tmp_path, remote=url) as env:
                 assert env.remote is not None
-                started = time.monotonic()
-                ping = await env.remote.ping()
-                assert time.monotonic() - started < 1.5
-                assert env.remote.statistics().outages == 1
+                with _each_try_costs_at_most_the_timeout(env.remote):
+                    ping = await env.remote.ping()
+                stats = env.remote.statistics()
+                assert stats.outages == stats.failures == 1
         finally:
             if server.process is not None:
                 os.kill(server.process.pid, signal.SIGCONT)
@@ -1067,12 +1103,13 @@ def test_a_blocking_miss_against_a_frozen_redis_returns_within_the_timeout(
     assert server.process is not None
     with open_blocking("fleet", root=tmp_path, remote=server.url) as env:
         store = env.store(NS, mode=CacheMode.LAZY)
+        assert env.remote is not None
         os.kill(server.process.pid, signal.SIGSTOP)
         try:
-            started = time.monotonic()
-            assert store.get("missing") is None
-            assert store.get_or_compute("k", lambda: 7) == 7
-            assert time.monotonic() - started < 1.5
+            with _each_try_costs_at_most_the_timeout(env.remote):
+                assert store.get("missing") is None
+                assert store.get_or_compute("k", lambda: 7) == 7
         finally:
             os.kill(server.process.pid, signal.SIGCONT)
+        assert env.remote.statistics().outages == 1
         assert store.get("k") == 7

@@ -57,7 +57,11 @@ class RemoteStatistics:
     waited: float = 0.0
     """Seconds this process had a call to Redis in flight, in the server's time: calls side
     by side count once, and time our own busy loop ran late not at all (an outage costs
-    about `timeout`, whatever the machine's load, however many calls met it)."""
+    about one `timeout`, and one more per retry, whatever the machine's load, however
+    many calls met it)."""
+    retries: int = 0
+    """Calls that tried the remote again once a backoff after a failure was over: one at
+    a time, the others meanwhile `skipped`."""
 
 
 @attrs.frozen

@@ -239,6 +239,7 @@ class RemoteTier:
             rejected=c.get("rejected", 0),
             failures=c.get("failures", 0),
             skipped=c.get("skipped", 0),
+            retries=c.get("retries", 0),
             outages=c.get("outages", 0),
             available=self._delay == 0.0,
             leases=c.get("leases", 0),
@@ -582,6 +583,7 @@ class RemoteTier:
                 self._count("skipped")
                 raise _Down(f"not tried: backing off for {self._delay:g} s after a failure")
             retrying = self._retrying = True
+            self._count("retries")
         failure: BaseException | None = None
         at_work = _TIER_AT_WORK.set(self)  # for the connections opened meanwhile
         try:
