@@ -167,6 +167,27 @@ def test_a_signal_as_the_export_completes_exits_with_its_status_and_says_it_is_p
     assert verified.returncode == 0, verified.stderr
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_with_json_a_signal_as_the_export_completes_is_one_document_with_result_and_error(
+    warm_root: Path, tmp_path: Path, backend: str
+) -> None:
+    # stdout held the export's report and then a second document, the error's.
+    out = tmp_path / "late.bundle"
+    arguments = export_args(out, "--json", "--root", str(warm_root))
+    completed = subprocess.run(
+        [sys.executable, "-c", LATE_SIGNAL, "SIGTERM", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "WARMENV_CLI_BACKEND": backend},
+    )
+    assert completed.returncode == SIGNALS["SIGTERM"], completed.stderr
+    document = json.loads(completed.stdout)  # the whole of stdout, one document
+    assert document["exit"] == SIGNALS["SIGTERM"]
+    assert f"the export had completed: {out} is published" in document["error"]
+    assert document["entries"] == TOTAL and document["path"] == str(out)
+
+
 # --- 5. --name blank or with control characters -------------------------------------------
 
 

@@ -325,3 +325,24 @@ def test_a_stop_signal_after_the_loop_ends_says_the_export_completed(
     assert "export had completed" in completed.stderr
     assert "Traceback" not in completed.stderr
     assert out.is_file()
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_with_json_a_stop_signal_after_the_loop_ends_is_one_document(
+    warm_root: Path, tmp_path: Path, backend: str
+) -> None:
+    # stdout held the export's report, then the error's document after it.
+    out = tmp_path / "late.bundle"
+    arguments = ["export", str(out), "--name", "late", "--app-version", "1", "--env", "warm"]
+    arguments += ["--json", "--root", str(warm_root)]
+    completed = subprocess.run(
+        [sys.executable, "-c", _LATE_SIGNAL, str(int(signal.SIGTERM)), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "WARMENV_CLI_BACKEND": backend},
+    )
+    assert completed.returncode == 128 + signal.SIGTERM, completed.stderr
+    document = json.loads(completed.stdout)  # the whole of stdout, one document
+    assert document["exit"] == 128 + signal.SIGTERM and "export had completed" in document["error"]
+    assert document["entries"] == TOTAL and out.is_file()

@@ -80,7 +80,8 @@ class Machine:
         timeout: float = 300,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """`warmenv run --cache ... --json -- python COMMAND` here: the command's JSON line
-        (its first line of output) and `warmenv run`'s report (the rest)."""
+        (its first on standard output, which `--json` sends to standard error) and
+        `warmenv run`'s report (the whole of standard output)."""
         options = [option for tool in caches for option in ("--cache", tool)]
         completed = self.process(
             *(sys.executable, "-m", "warmenv", "run", *options, "--json"),
@@ -89,8 +90,8 @@ class Machine:
             timeout=timeout,
         )
         assert completed.returncode == 0, completed.stderr[-4000:]
-        app, _, rest = completed.stdout.partition("\n")
-        return json.loads(app), json.loads(rest)
+        app = next(line for line in completed.stderr.splitlines() if line.startswith("{"))
+        return json.loads(app), json.loads(completed.stdout)
 
     def process(
         self, *argv: str, env: dict[str, str] | None = None, timeout: float = 300

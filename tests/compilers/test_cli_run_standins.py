@@ -189,6 +189,42 @@ def test_options_after_the_double_dash_belong_to_the_command(tmp_path: Path) -> 
     assert "warmenv: jax: restored" in completed.stderr
 
 
+TALKER = textwrap.dedent(
+    """
+    import subprocess, sys
+    print("the command's own line", flush=True)
+    print("the command's error line", file=sys.stderr, flush=True)
+    subprocess.run([sys.executable, "-c", "print('a line of a process it started')"], check=True)
+    """
+)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_with_json_stdout_is_the_document_alone_and_the_command_prints_to_stderr(
+    tmp_path: Path, backend: str
+) -> None:
+    # warmenv run --json wrote the command's lines and then its document to stdout.
+    talker = tmp_path / "talker.py"
+    talker.write_text(TALKER, encoding="utf-8")
+    completed = _run(
+        tmp_path / "root",
+        sys.executable,
+        str(talker),
+        options=("--cache", "jax", "--json"),
+        environ={"WARMENV_CLI_BACKEND": backend},
+    )
+    assert completed.returncode == 0, completed.stderr
+    document = json.loads(completed.stdout)  # the whole of stdout, one document
+    assert document["command"] == [sys.executable, str(talker)] and document["exit"] == 0
+    assert "jax" in document["tools"]
+    for line in (
+        "the command's own line",
+        "the command's error line",
+        "a line of a process it started",
+    ):
+        assert line in completed.stderr.splitlines()
+
+
 _MIN_COMPILE_NOTE = (
     "warmenv: jax: compilations shorter than JAX's default minimum (1 s) are not cached, so "
     "not captured; set JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 for the command to capture "

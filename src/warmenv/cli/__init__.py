@@ -153,6 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             # line says what was done.
             out.when_interrupted = out.when_completed
             return conclude(out, Stopped(late[0]), debug)
+        try:
+            out.finish()  # the result, once nothing can end the command another way
+        except BaseException as exc:  # stdout closed (`warmenv ls --json | true`)
+            return conclude(out, exc, debug)
         return status
 
 

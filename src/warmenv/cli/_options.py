@@ -114,7 +114,11 @@ def shared_options(hidden: tuple[str, ...] = ()) -> argparse.ArgumentParser:
     parent.add_argument(
         "--root", metavar="DIR", type=Path, help=shown("where environments live", "--root")
     )
-    parent.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parent.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON document on standard output, and nothing else there",
+    )
     parent.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     parent.add_argument(
         "--remote",

@@ -10,7 +10,9 @@ each call site, means no new command can forget it.
 On a terminal with rich installed, tables and progress bars are rich's
 (the bar's columns are in `_progress`, imported only when one is drawn);
 elsewhere they are plain lines, and with `--json` or `--quiet` nothing but
-warnings, errors and the final result.
+warnings, errors and the final result. With `--json` standard output holds
+one JSON document and nothing else: the result, or the error (with the
+result, when there was one), written once as the command ends.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ class Output:
         self.subject: object = None  # the file the command works on, for errors without one
         self.subcommand: str | None = None  # named by a usage error's line
         self._held: list[str] | None = None
+        self._result: dict[str, Any] | None = None  # written by `finish` or `fail`
 
     @contextmanager
     def routing(self) -> Iterator[None]:
@@ -157,19 +160,35 @@ class Output:
         print(f"warmenv: warning: {clean(text)}", file=sys.stderr, flush=True)
 
     def fail(self, text: object, status: int, document: dict[str, Any] | None = None) -> None:
-        """The command's last word: one line on stderr, and a JSON object with `--json`
-        (holding the exact text, as all JSON output does: JSON escapes what the line must)."""
+        """The command's last word: one line on stderr, and with `--json` the one document,
+        its result if it had one (a command stopped once it had completed) with the error
+        (the exact text, as all JSON output holds: JSON escapes what the line must)."""
         print(f"warmenv: error: {clean(text)}", file=sys.stderr, flush=True)
+        result, self._result = self._result, None
         if self.json:
-            self.result({"error": str(text), "exit": status, **(document or {})})
+            self._write({**(result or {}), "error": str(text), "exit": status, **(document or {})})
 
     def result(self, document: dict[str, Any]) -> None:
-        """The final answer: JSON in --json mode; otherwise nothing (already shown)."""
-        if self.json:
-            # ensure_ascii (the default) writes every control character as \\u escape;
-            # a byte that was not UTF-8 (a lone surrogate) is written as \\xff text,
-            # as on the terminal: "\\udcff" would not decode to UTF-8.
-            print(jsonlib.dumps(_utf8_safe(as_json(document)), indent=2), flush=True)
+        """The final answer: JSON in --json mode; otherwise nothing (already shown).
+
+        Written when the command ends (`finish`), not here: with `--json`
+        standard output is one document, and a command that fails or is
+        stopped after its result was ready says so in that same document
+        (`fail`), not in a second one a parser would choke on.
+        """
+        self._result = document
+
+    def finish(self) -> None:
+        """The command ended well: write its result, if it has one, with `--json`."""
+        result, self._result = self._result, None
+        if self.json and result is not None:
+            self._write(result)
+
+    def _write(self, document: dict[str, Any]) -> None:
+        # ensure_ascii (the default) writes every control character as \\u escape;
+        # a byte that was not UTF-8 (a lone surrogate) is written as \\xff text,
+        # as on the terminal: "\\udcff" would not decode to UTF-8.
+        print(jsonlib.dumps(_utf8_safe(as_json(document)), indent=2), flush=True)
 
     def table(
         self, title: str, columns: list[str], rows: list[list[object]], empty: str = ""

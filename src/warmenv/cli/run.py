@@ -18,6 +18,11 @@ when they were not (sent with `kill`). A COMMAND ended by a signal is not
 captured: a compiler stopped mid-write (JAX writes its files in place) may
 have left a half-written file, which must not travel to other machines.
 Before and after COMMAND, a stop signal stops warmenv as for any command.
+
+With `--json` warmenv's standard output is its JSON document alone, as for
+every command, so COMMAND's standard output (and that of whatever it
+starts) is sent to warmenv's standard error: a script parses the one,
+the user still reads the other.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ _FORWARDED = tuple(
 _TYPED_AT_A_TERMINAL = frozenset(
     getattr(signal, name) for name in ("SIGINT", "SIGQUIT") if hasattr(signal, name)
 )
+_STDERR = 2  # the file descriptor, as a child inherits it
 _STOPPING = frozenset(
     getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
 )
@@ -61,7 +67,9 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         help="run a command with its compilers' caches restored before and captured after",
         description="Restore each --cache tool's compiler cache from the environment, run "
         "COMMAND with the tool pointed at it (its cache-miss trap fixed), then capture the "
-        "cache back. Signals are passed on to COMMAND; the exit status is COMMAND's. "
+        "cache back. Signals are passed on to COMMAND; the exit status is COMMAND's. With "
+        "--json, standard output holds warmenv's JSON document alone: COMMAND's standard "
+        "output goes to standard error. "
         f"Tools: {', '.join(available_tools())}.",
     )
     parser.add_argument(
@@ -154,7 +162,7 @@ async def _restore_run_capture(
         variables[COUNTS_VARIABLE] = str(counts)
         for t in tools:  # the hooks that count the command's hits (caches/_children.py)
             variables.update(await anyio.to_thread.run_sync(t.counting, variables))
-        returncode = await _child(command, variables, phase, out)
+        returncode = await _child(command, variables, phase, json=out.json)
         counted = await anyio.to_thread.run_sync(read_counts, counts)
     for name, found in counted.items():
         if name in document["tools"]:
@@ -183,10 +191,18 @@ async def _restore_run_capture(
     return status
 
 
-async def _child(command: list[str], variables: dict[str, str], phase: _Phase, out: Output) -> int:
+async def _child(
+    command: list[str], variables: dict[str, str], phase: _Phase, *, json: bool
+) -> int:
+    """Run COMMAND to its end; its exit status (-N if signal N ended it).
+
+    With `--json` its standard output is our standard error (file descriptor
+    2, inherited by whatever it starts): our standard output is the one
+    document a script parses, and the command's lines still reach the user.
+    """
     try:
         process = await anyio.open_process(
-            command, stdin=None, stdout=None, stderr=None, env=variables
+            command, stdin=None, stdout=_STDERR if json else None, stderr=None, env=variables
         )
     except FileNotFoundError:
         raise Failure(f"command not found: {command[0]!r}") from None
