@@ -557,6 +557,12 @@ def test_a_blocking_environment_reprs_as_what_it_describes(env: BlockingEnvironm
     assert repr(env) == f"<BlockingEnvironment: environment 'test' at {env.path}>"
 
 
+def test_a_closed_blocking_environment_says_so_in_its_repr(root: Path) -> None:
+    env = open_blocking("test", root=root).__enter__()
+    env.close()
+    assert repr(env) == f"<BlockingEnvironment: environment 'test' at {env.path}, closed>"
+
+
 def test_a_store_of_a_closed_environment_raises_on_a_key_it_held(root: Path) -> None:
     env = open_blocking("test", root=root).__enter__()
     store: BlockingStore[str, int] = env.store(NS)

@@ -85,6 +85,21 @@ async def test_a_closed_environment_raises_when_used(root: Path) -> None:
         await storage.get(b"k")
 
 
+async def test_an_environment_reprs_as_what_it_describes_and_whether_it_is_closed(
+    root: Path,
+) -> None:
+    async with open_environment("e", root=root) as env:
+        assert repr(env) == f"<Environment: environment 'e' at {root / 'e.db'}>"
+    assert repr(env) == f"<Environment: environment 'e' at {root / 'e.db'}, closed>"
+
+
+async def test_an_environment_in_memory_says_so_in_its_repr(root: Path) -> None:
+    (root / "e.db").mkdir(parents=True)  # a directory where the file would be: memory
+    with pytest.warns(WarmenvWarning):
+        async with open_environment("e", root=root) as env:
+            assert repr(env) == f"<Environment: environment 'e' at {root / 'e.db'} (in memory)>"
+
+
 async def test_a_store_of_a_closed_environment_raises_on_a_key_it_held(root: Path) -> None:
     async with open_environment("e", root=root) as env:
         store = await env.store(NS)

@@ -31,7 +31,8 @@ import anyio.abc
 import anyio.to_thread
 import attrs
 
-from warmenv._errors import ClosedError, WarmenvError, WarmenvWarning
+from warmenv._background import Background
+from warmenv._errors import ClosedError, WarmenvWarning
 from warmenv._fs import expand_home
 from warmenv.config import (
     Config,
@@ -115,7 +116,6 @@ class Environment:
         "_held",
         "_recorder",
         "_remote",
-        "_task_group",
         "_unrecorded",
         "max_bytes",
         "name",
@@ -141,8 +141,7 @@ class Environment:
         self.max_bytes = check_max_bytes(max_bytes)
         """The size bound (keys plus values) enforced on `gc()` and on close, or None."""
         self._recorder = Recorder(self._write_statistics, enabled=statistics)
-        self._task_group: anyio.abc.TaskGroup | None = None
-        self._background: set[_Background] = set()
+        self._background = Background()  # what start_soon runs, stopped on close
         self._unrecorded: list[ImportRecord] = []  # kept here where the file takes no write
 
     @property
@@ -284,31 +283,11 @@ class Environment:
         block or task group it runs in. `warmenv.bundle.warm_up` runs here.
         """
         self._check_open()
-        group = self._task_group if task_group is None else task_group
-        if group is None:
-            raise WarmenvError(
-                f"{self.describe()} has no task group of its own (it was not opened by "
-                "open_environment); pass task_group= (an entered anyio task group)"
-            )
-        task = _Background(anyio.CancelScope(), anyio.Event())
-        self._background.add(task)
-        label = name or getattr(fn, "__qualname__", repr(fn))
-
-        async def run() -> None:
-            try:
-                with task.scope:
-                    await fn(*args)
-            except Exception:
-                log.exception("background task %s of %s failed", label, self.describe())
-            finally:
-                self._background.discard(task)
-                task.done.set()
-
-        group.start_soon(run, name=label)
+        self._background.start_soon(self.describe(), fn, *args, name=name, task_group=task_group)
 
     def set_task_group(self, task_group: anyio.abc.TaskGroup) -> None:
         """Make `task_group` the one `start_soon` runs in by default (`open_environment` does)."""
-        self._task_group = task_group
+        self._background.task_group = task_group
 
     async def flush_statistics(self) -> bool:
         """Write the counts stores gathered so far (done every few seconds and on close).
@@ -467,7 +446,7 @@ class Environment:
         """
         if self._closed:
             return
-        await self._stop_background()
+        await self._background.stop()
         with anyio.CancelScope(shield=True):
             if self._remote is not None:  # fetched values queued for this file: written first
                 await self._remote.backfill.flush()
@@ -481,20 +460,14 @@ class Environment:
         for held in list(self._held):
             held.close()
 
-    async def _stop_background(self) -> None:
-        """Cancel what `start_soon` runs and wait until it has ended (its cleanup included)."""
-        self._task_group = None
-        for task in list(self._background):
-            task.scope.cancel()
-        with anyio.CancelScope(shield=True):
-            for task in list(self._background):
-                await task.done.wait()
-
     def describe(self) -> str:
         """The environment's name and file, and whether it is in memory or read-only."""
         mode = " (in memory)" if self.in_memory else " (read-only)" if self.read_only else ""
         shared = f", shared through {self._remote.describe()}" if self._remote else ""
         return f"environment {self.name!r} at {self.path}{mode}{shared}"
+
+    def __repr__(self) -> str:
+        return f"<Environment: {self.describe()}{', closed' if self._closed else ''}>"
 
     def _check_open(self) -> None:
         if self._closed:
@@ -680,14 +653,6 @@ async def _open(
     if db.degraded is not None and db.read_only:
         log.warning("%s opened read-only: reads are served, writes will fail", path)
     return _Opened(env_name, path, db, max_bytes)
-
-
-@attrs.frozen(eq=False)
-class _Background:
-    """A task `Environment.start_soon` runs: its cancel scope, and whether it has ended."""
-
-    scope: anyio.CancelScope
-    done: anyio.Event
 
 
 @attrs.frozen

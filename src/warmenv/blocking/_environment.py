@@ -212,7 +212,8 @@ class BlockingEnvironment:
         return self._env.describe()
 
     def __repr__(self) -> str:
-        return f"<BlockingEnvironment: {self._env.describe()}>"
+        closed = ", closed" if self._lifetime.closed else ""
+        return f"<BlockingEnvironment: {self._env.describe()}{closed}>"
 
     @overload
     def store(
