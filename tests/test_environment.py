@@ -4,9 +4,10 @@ import json
 import sqlite3
 import textwrap
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -28,7 +29,7 @@ from warmenv import (
     set_root,
 )
 from warmenv.environment import Degraded, Fallback
-from warmenv.persistence import Origin, SqliteStorage
+from warmenv.persistence import CacheMode, JsonCodec, Origin, SqliteStorage, Store
 from warmenv.persistence.sqlite.opening import APPLICATION_ID
 
 pytestmark = pytest.mark.anyio
@@ -109,6 +110,43 @@ async def test_a_store_of_a_closed_environment_raises_on_a_key_it_held(root: Pat
         await store.get("m")
     with pytest.raises(ClosedError, match="closed"):
         await store.get_or_compute("m", anyio.sleep, 0)
+
+
+_WAYS_TO_A_STORE: dict[str, Callable[[Environment], Awaitable[Store[Any, Any]]]] = {
+    "env.store": lambda env: env.store(NS),
+    "Store.open": lambda env: Store.open(env.storage(NS)),
+    "Store.open, lazy": lambda env: Store.open(env.storage(NS), mode=CacheMode.LAZY),
+    "Store.open over the database": lambda env: Store.open(env.database.storage(str(NS))),
+    "Store()": lambda env: _made(Store(env.storage(NS), JsonCodec(), CacheMode.LAZY)),
+}
+
+
+async def _made(store: Store[Any, Any]) -> Store[Any, Any]:
+    return store
+
+
+@pytest.mark.parametrize("way", _WAYS_TO_A_STORE)
+async def test_every_store_of_a_closed_environment_raises_on_a_key_it_held(
+    any_env: Environment, way: str
+) -> None:
+    # Store.open(env.storage(ns)) kept answering from memory after its environment closed.
+    store = await _WAYS_TO_A_STORE[way](any_env)
+    await store.insert("m", 1)
+    assert await store.get("m") == 1
+    await any_env.close()
+    with pytest.raises(ClosedError, match="closed"):
+        await store.get("m")
+    with pytest.raises(ClosedError, match="closed"):
+        await store.get_or_compute("m", anyio.sleep, 0)
+
+
+async def test_a_store_made_after_its_environment_closed_holds_nothing(root: Path) -> None:
+    async with open_environment("e", root=root) as env:
+        storage = env.storage(NS)
+        await storage.insert(b'"m"', b"1")
+    store = Store(storage, JsonCodec(), CacheMode.LAZY)
+    with pytest.raises(ClosedError, match="closed"):
+        await store.get("m")
 
 
 @pytest.mark.parametrize("bad", ["", "a/b", "..", "white space", "ü"])

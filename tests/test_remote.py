@@ -26,7 +26,7 @@ from coredis.retry import NoRetryPolicy
 from helpers import Trials, backend_label, reliability_row, run_python
 from redis_server import COREDIS_UNCLOSED_STREAMS, RedisServer, free_port, redis_server
 from test_blocking import TracingCodec
-from warmenv import Namespace, open_environment
+from warmenv import ClosedError, Namespace, open_environment
 from warmenv._url import check_redis_url, redact
 from warmenv.blocking import open_environment as open_blocking
 from warmenv.persistence import (
@@ -109,6 +109,20 @@ async def test_a_value_computed_on_one_host_is_a_hit_on_another(
         assert info is not None and info.origin is Origin.REMOTE
         assert b.remote is not None and b.remote.statistics().hits == 1
     assert calls == 1
+
+
+async def test_a_store_opened_over_a_shared_storage_holds_nothing_once_closed(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    # Store.open(env.storage(ns)) over the shared tier answered from memory after close.
+    async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
+        storage = env.storage(NS)
+        assert isinstance(storage, RemoteStorage)
+        store: Store[str, int] = await Store.open(storage)
+        await store.insert("m", 1)
+        assert await store.get("m") == 1
+    with pytest.raises(ClosedError, match="closed"):
+        await store.get("m")
 
 
 async def test_keys_are_prefixed_by_environment_and_namespace(

@@ -19,7 +19,6 @@ import logging
 import os
 import sqlite3
 import warnings
-import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
@@ -46,7 +45,6 @@ from warmenv.config import (
     set_root,
 )
 from warmenv.persistence import statistics as _statistics
-from warmenv.persistence._held import Held
 from warmenv.persistence.arrivals import Arrivals
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.codec import Codec
@@ -113,7 +111,6 @@ class Environment:
         "_background",
         "_closed",
         "_db",
-        "_held",
         "_recorder",
         "_remote",
         "_unrecorded",
@@ -137,7 +134,6 @@ class Environment:
         self._db = db
         self._remote = remote
         self._closed = False
-        self._held: weakref.WeakSet[Held[Any, Any]] = weakref.WeakSet()  # its stores' memory
         self.max_bytes = check_max_bytes(max_bytes)
         """The size bound (keys plus values) enforced on `gc()` and on close, or None."""
         self._recorder = Recorder(self._write_statistics, enabled=statistics)
@@ -230,7 +226,7 @@ class Environment:
         """
         storage = self.storage(namespace)
         counters = self._recorder.counters(storage.namespace)
-        store = await Store.open(
+        return await Store.open(
             storage,
             codec,
             mode,
@@ -239,8 +235,6 @@ class Environment:
             hot_bytes=hot_bytes,
             ttl=ttl,
         )
-        self._held.add(store.held)  # emptied on close: a hit then misses, and raises
-        return store
 
     async def statistics(self) -> EnvironmentStatistics:
         """Every namespace's and imported bundle's counts, this process's unflushed ones too.
@@ -456,9 +450,7 @@ class Environment:
                 await self.gc()
         # Closed first: a close refused (from another event loop) can be retried.
         await self._db.close()
-        self._closed = True
-        for held in list(self._held):
-            held.close()
+        self._closed = True  # its database emptied what its stores held (forget_on_close)
 
     def describe(self) -> str:
         """The environment's name and file, and whether it is in memory or read-only."""

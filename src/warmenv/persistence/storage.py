@@ -36,6 +36,7 @@ __all__ = [
     "Conflict",
     "EntryInfo",
     "Failed",
+    "HeldValues",
     "InsertItems",
     "InsertSummary",
     "Insertion",
@@ -248,6 +249,14 @@ def addressable(namespace: str, *, text: bool) -> bool:
 InsertItems: TypeAlias = Iterable[tuple[bytes, bytes]] | AsyncIterable[tuple[bytes, bytes]]
 
 
+class HeldValues(Protocol):
+    """What a store holds in memory, as a storage sees it: something to empty on close."""
+
+    def close(self) -> None:
+        """Hold nothing from now on (every lookup then reaches the storage)."""
+        ...
+
+
 class Storage(Protocol):
     """Byte keys to byte values in one namespace, under the insert rules above.
 
@@ -424,6 +433,18 @@ class Storage(Protocol):
         storage has no other namespaces to compare with (this default, for a
         storage of the application's own); a storage with a shared tier
         answers from its local one.
+        """
+        return None
+
+    def forget_on_close(self, held: HeldValues) -> None:
+        """Empty `held`, a store's values in memory, when this storage's environment closes.
+
+        A store of a closed environment answers nothing from memory: its hit
+        path checks nothing (a hit costs no check), so closing empties what
+        it holds and every lookup reaches the storage, which raises
+        `ClosedError`. Every `Store` registers here when it is made, however
+        it was made (`env.store`, `Store.open(env.storage(ns))`, over the
+        shared tier or not). This default: never (a storage that does not close).
         """
         return None
 

@@ -142,6 +142,7 @@ class Store(Generic[K, V]):
         self._epoch = 0
         self._memoized: str | None = None
         self._counters = counters
+        storage.forget_on_close(self._held)  # a closed environment's store holds nothing
         self._arrivals = storage.arrivals()  # imports that may answer a run (`unless_imported`)
         if self._arrivals is not None:
             self._arrivals.want(storage.namespace)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, final
 
 import anyio
 
+from warmenv._errors import ClosedError
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.storage import (
     DEFAULT_SCAN_BATCH,
@@ -43,6 +44,7 @@ from warmenv.persistence.storage import (
     Conflict,
     EntryInfo,
     Failed,
+    HeldValues,
     Insertion,
     InsertItems,
     InsertSummary,
@@ -106,13 +108,20 @@ class RemoteStorage(Storage):
         if queued is not None:
             return queued
         local: list[bytes | None] = [None]
+        closed: list[ClosedError] = []
 
         async def read_local() -> None:
-            local[0] = await self._local.get(key)
+            try:
+                local[0] = await self._local.get(key)
+            except ClosedError as error:  # raised as itself below, not in a group
+                closed.append(error)
+                tg.cancel_scope.cancel()
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(read_local)
             fetched = await self._tier.fetch(self._namespace, key)
+        if closed:
+            raise closed[0]
         if local[0] is not None:
             return local[0]
         return None if fetched is None else await self._record(key, fetched)
@@ -256,6 +265,9 @@ class RemoteStorage(Storage):
 
     def describe(self) -> str:
         return f"{self._local.describe()}, shared through {self._tier.describe()}"
+
+    def forget_on_close(self, held: HeldValues) -> None:
+        self._local.forget_on_close(held)
 
     def arrivals(self) -> Arrivals | None:
         return self._local.arrivals()

@@ -19,6 +19,7 @@ import os
 import secrets
 import sqlite3
 import warnings
+import weakref
 from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from functools import partial
 from pathlib import Path
@@ -47,6 +48,7 @@ from warmenv.persistence.statistics import (
 from warmenv.persistence.storage import (
     BundleRef,
     Failed,
+    HeldValues,
     InsertSummary,
     NamespaceSummary,
     Origin,
@@ -98,6 +100,8 @@ class SqliteDatabase:
 
     __slots__ = (
         "_bulk",
+        "_closed",
+        "_held",
         "_storage",
         "arrivals",
         "connection",
@@ -132,6 +136,8 @@ class SqliteDatabase:
         self._bulk = BulkCopies()
         self.arrivals = Arrivals()
         """The imports into this database, announced batch by batch (`persistence.arrivals`)."""
+        self._held: weakref.WeakSet[HeldValues] = weakref.WeakSet()  # its stores' memory
+        self._closed = False
 
     def storage(self, namespace: str) -> SqlStorage:
         """The storage of one namespace (its full string)."""
@@ -141,7 +147,18 @@ class SqliteDatabase:
         return await self.connection.run(fn)
 
     async def close(self) -> None:
+        """Close the connection, then empty what every store over it holds in memory."""
         await self.connection.close()
+        self._closed = True
+        for held in list(self._held):
+            held.close()
+
+    def forget_on_close(self, held: HeldValues) -> None:
+        """Empty `held` when this database closes (at once if it has): `Storage.forget_on_close`."""
+        if self._closed:
+            held.close()
+        else:
+            self._held.add(held)
 
     async def namespaces(self) -> list[NamespaceSummary]:
         try:

@@ -29,6 +29,7 @@ from warmenv.persistence.storage import (
     Conflict,
     EntryInfo,
     Failed,
+    HeldValues,
     Insertion,
     InsertItems,
     InsertSummary,
@@ -79,6 +80,7 @@ class Database(Protocol):
     @property
     def arrivals(self) -> Arrivals: ...
 
+    def forget_on_close(self, held: HeldValues) -> None: ...
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
     async def touch(self, namespace: str, keys: Iterable[bytes]) -> int: ...
     async def explain(self, namespace: str, key: bytes | None) -> Explanation: ...
@@ -276,6 +278,9 @@ class SqlStorage(Storage):
             log.warning("summary of %s failed: %s", self.describe(), exc)
             entries, size = 0, 0
         return NamespaceSummary(namespace=self._namespace, entries=entries, bytes=size)
+
+    def forget_on_close(self, held: HeldValues) -> None:
+        self._db.forget_on_close(held)
 
     def arrivals(self) -> Arrivals:
         return self._db.arrivals
