@@ -1,6 +1,7 @@
 """Bundle import and export next to a raw sqlite3 copy, in one run.
 
 Run: python benchmarks/bench_bundle.py [--entries 100000] [--rounds 5] [--large]
+                                       [--get-only | --export-only]
 Each row is the median of --rounds measurements, its baseline's too, taken in
 alternating order in the same rounds; the single figures go to stderr.
 --large also measures peak RSS growth importing and exporting a 1 GiB bundle
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -275,6 +277,56 @@ def flat_get_row(n: int, get: float, floor: float) -> Row:
     )
 
 
+async def medians(
+    measures: dict[str, Callable[[], Awaitable[float]]], rounds: int
+) -> dict[str, float]:
+    """Each measure's median over `rounds`, the measures in one order and then the reverse."""
+    runs: dict[str, list[float]] = {}
+    for i in range(rounds):
+        order = list(measures.items())
+        for name, measure in order if i % 2 == 0 else reversed(order):
+            # Each measure starts with nothing of the last one left to write back:
+            # a copy right after the raw copy's large commit waited several
+            # times as long for the disk as the same copy a moment later.
+            os.sync()
+            runs.setdefault(name, []).append(await measure())
+    for name, values in runs.items():
+        shown = ", ".join(f"{v:,.0f}" for v in values)
+        print(f"{name}: {shown} (median {statistics.median(values):,.0f})", file=sys.stderr)
+    return {name: statistics.median(values) for name, values in runs.items()}
+
+
+def export_rows(n: int, median: dict[str, float]) -> list[Row]:
+    """The two exports beside their floor, the same copy in raw sqlite3."""
+    unit, floor = "entries/s", median["export baseline"]
+    raw_export = "raw sqlite3 copy from the environment file"
+    return [
+        Row("export to SQLite", median["export sqlite"], unit, raw_export, floor, ">= 1.0x"),
+        Row("export to flat", median["export flat"], unit, raw_export, floor, ">= 1.0x"),
+    ]
+
+
+async def bench_export(root: Path, n: int, rounds: int) -> list[Row]:
+    """The export rows alone (`--export-only`): each export and its floor, in rounds."""
+    source = await make_source(root, n, 1024)
+
+    async def export_sqlite() -> float:
+        return in_child("export", source, root / "b.sqlite", "sqlite", n)
+
+    async def export_flat() -> float:
+        return in_child("export", source, root / "b.flat", "flat", n)
+
+    async def export_baseline() -> float:
+        return in_child("raw export", source, root, n)
+
+    measures = {
+        "export sqlite": export_sqlite,
+        "export flat": export_flat,
+        "export baseline": export_baseline,
+    }
+    return export_rows(n, await medians(measures, rounds))
+
+
 async def bench(root: Path, n: int, rounds: int) -> list[Row]:
     source = await make_source(root, n, 1024)
     sqlite_bundle = root / "b.sqlite"
@@ -292,7 +344,6 @@ async def bench(root: Path, n: int, rounds: int) -> list[Row]:
     # command would: in one long process the digest-checked import ran 20%
     # slower after the flat import than after the other import (the heap
     # the one before left behind), which no order of rounds evens out.
-    runs: dict[str, list[float]] = {}
     counter = itertools.count()
 
     async def export_sqlite() -> float:
@@ -341,21 +392,8 @@ async def bench(root: Path, n: int, rounds: int) -> list[Row]:
     # The bundles exist before any round reads them.
     await export_per_s(source, sqlite_bundle, "sqlite", n)
     await export_per_s(source, flat_bundle, "flat", n)
-    for i in range(rounds):
-        order = list(measures.items())
-        for name, measure in order if i % 2 == 0 else reversed(order):
-            # Each measure starts with nothing of the last one left to write back:
-            # a copy right after the raw copy's large commit waited several
-            # times as long for the disk as the same copy a moment later.
-            os.sync()
-            runs.setdefault(name, []).append(await measure())
-    for name, values in runs.items():
-        shown = ", ".join(f"{v:,.0f}" for v in values)
-        print(f"{name}: {shown} (median {statistics.median(values):,.0f})", file=sys.stderr)
-    median = {name: statistics.median(values) for name, values in runs.items()}
-    export_sqlite_m, export_flat_m = median["export sqlite"], median["export flat"]
+    median = await medians(measures, rounds)
     baseline_m = median["baseline"]
-    export_baseline_m = median["export baseline"]
     # The floor of a digest-checked import: the copy, after the digest pass it must
     # finish before its first commit (entries/s of the two one after the other).
     verified_floor = n / (n / baseline_m + median["digest pass"] / 1e3)
@@ -366,7 +404,6 @@ async def bench(root: Path, n: int, rounds: int) -> list[Row]:
     # The copy beside the import it is part of: the ratio is its share of that import's time.
     unit = "entries/s"
     raw = "raw sqlite3 ATTACH + INSERT OR IGNORE"
-    raw_export = "raw sqlite3 copy from the environment file"
     verified = "raw copy after the digest pass alone"
     return [
         Row("import SQLite bundle, verify=False", no_digest_m, unit, raw, baseline_m, ">= 0.98x"),
@@ -382,9 +419,8 @@ async def bench(root: Path, n: int, rounds: int) -> list[Row]:
             "",
         ),
         Row("import flat bundle, digest checked", flat_import_m, unit, raw, baseline_m, ""),
-        Row("export to SQLite", export_sqlite_m, unit, raw_export, export_baseline_m, ">= 1.0x"),
-        Row("export to flat", export_flat_m, unit, raw_export, export_baseline_m, ">= 1.0x"),
-        Row("export to SQLite", export_sqlite_m, unit, raw, baseline_m, ""),
+        *export_rows(n, median),
+        Row("export to SQLite", median["export sqlite"], unit, raw, baseline_m, ""),
         Row(
             "digest pass of the SQLite bundle",
             median["digest pass"],
@@ -430,6 +466,9 @@ def main() -> None:
     )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--get-only", action="store_true", help="the flat get row alone")
+    parser.add_argument(
+        "--export-only", action="store_true", help="the two export rows and their floor alone"
+    )
     args = parser.parse_args()
     if args.child:
         print(child(args.child[0], args.child[1:]))
@@ -437,6 +476,11 @@ def main() -> None:
     if args.get_only:
         with tempfile.TemporaryDirectory() as tmp:
             print_table("bench_bundle", anyio.run(bench_get, Path(tmp), args.entries))
+        return
+    if args.export_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = anyio.run(bench_export, Path(tmp), args.entries, args.rounds)
+        print_table("bench_bundle", rows)
         return
     with tempfile.TemporaryDirectory() as tmp:
         rows = anyio.run(bench, Path(tmp), args.entries, args.rounds)
