@@ -22,6 +22,7 @@ import warmenv.caches.jax
 import warmenv.caches.torch
 import warmenv.caches.triton
 from warmenv.caches._children import hook_variables, new_counts, read_counts
+from warmenv.caches._hookdir import HookHome
 from warmenv.caches._paths import UnsafeTargetError
 
 
@@ -53,8 +54,9 @@ LOAD = textwrap.dedent(
 
 def _load(cwd: Path, *python_options: str) -> dict[str, str]:
     variables: dict[str, str] = {}
-    for tool, module in (("torch", warmenv.caches.torch), ("jax", warmenv.caches.jax)):
-        variables.update(hook_variables(tool, module.ENTRY_POINTS, (), variables))
+    with HookHome() as home:
+        for tool, module in (("torch", warmenv.caches.torch), ("jax", warmenv.caches.jax)):
+            variables.update(hook_variables(tool, module.ENTRY_POINTS, (), variables, home))
     environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     child = subprocess.run(
         [sys.executable, *python_options, "-c", LOAD],
@@ -109,16 +111,17 @@ def test_a_warmenv_planted_in_the_commands_working_directory_is_never_imported(
 @pytest.mark.parametrize("before", ["/a::/b", "/a:", ":/a", "/a"])
 def test_the_commands_pythonpath_is_kept_exactly_after_the_hooks(before: str) -> None:
     # An empty entry is the working directory to Python: dropping it changes what imports.
-    variables = hook_variables(
-        "torch", warmenv.caches.torch.ENTRY_POINTS, (), {"PYTHONPATH": before}
-    )
+    with HookHome() as home:
+        variables = hook_variables(
+            "torch", warmenv.caches.torch.ENTRY_POINTS, (), {"PYTHONPATH": before}, home
+        )
     first, _, rest = variables["PYTHONPATH"].partition(os.pathsep)
     assert Path(first, "warmenv_run_hooks_torch.py").is_file()
     assert rest == before
 
 
 def test_the_hooks_directory_is_private_and_outlives_the_run(_private_home: Path) -> None:
-    variables = hook_variables("torch", warmenv.caches.torch.ENTRY_POINTS, (), {})
+    variables = _torch_hooks()
     directory = Path(variables["PYTHONPATH"])
     assert directory.is_relative_to(_private_home)
     for path in (directory, *directory.rglob("*")):
@@ -128,13 +131,13 @@ def test_the_hooks_directory_is_private_and_outlives_the_run(_private_home: Path
 
 
 def test_a_hooks_directory_that_was_changed_is_rewritten() -> None:
-    variables = hook_variables("torch", warmenv.caches.torch.ENTRY_POINTS, (), {})
+    variables = _torch_hooks()
     directory = Path(variables["PYTHONPATH"])
     shim = directory / "warmenv_run_hooks_torch.py"
     written = shim.read_text()
     shim.write_text("print('changed')\n")
     (directory / "extra.dist-info").mkdir()
-    again = hook_variables("torch", warmenv.caches.torch.ENTRY_POINTS, (), {})
+    again = _torch_hooks()
     assert again == variables
     assert shim.read_text() == written
     assert not (directory / "extra.dist-info").exists()
@@ -148,7 +151,12 @@ def test_hooks_under_a_directory_others_can_write_are_refused(
     shared.chmod(0o777)  # no sticky bit: anyone may rename what is in it
     monkeypatch.setenv("XDG_CACHE_HOME", str(shared / "cache"))
     with pytest.raises(UnsafeTargetError, match="other users can write"):
-        hook_variables("torch", warmenv.caches.torch.ENTRY_POINTS, (), {})
+        _torch_hooks()
+
+
+def _torch_hooks() -> dict[str, str]:
+    with HookHome() as home:
+        return hook_variables("torch", warmenv.caches.torch.ENTRY_POINTS, (), {}, home)
 
 
 _COUNT_CHILD = textwrap.dedent(

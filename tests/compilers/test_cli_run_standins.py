@@ -21,6 +21,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+import warmenv
 from compilers.machines import require
 from warmenv import open_environment
 from warmenv.bundle import export_bundle, import_bundle
@@ -223,6 +224,39 @@ def test_with_json_stdout_is_the_document_alone_and_the_command_prints_to_stderr
         "a line of a process it started",
     ):
         assert line in completed.stderr.splitlines()
+
+
+_OPEN_FILES = textwrap.dedent(
+    """
+    import json, os
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink("/proc/self/fd/" + fd))
+        except FileNotFoundError:  # the listing's own descriptor, closed since
+            pass
+    print(json.dumps({"open": links}))
+    """
+)
+
+
+def test_the_command_holds_its_hooks_lock_so_no_other_warmenv_removes_them(
+    tmp_path: Path,
+) -> None:
+    # A process the command leaves running keeps the hooks' directory in use.
+    script = tmp_path / "open_files.py"
+    script.write_text(_OPEN_FILES, encoding="utf-8")
+    completed = _run(
+        tmp_path / "root",
+        sys.executable,
+        str(script),
+        options=("--cache", "jax"),
+        environ={"XDG_CACHE_HOME": str(tmp_path / "cache")},
+    )
+    assert completed.returncode == 0, completed.stderr
+    lock = tmp_path / "cache" / "warmenv" / ".run-hooks" / warmenv.__version__ / ".lock"
+    opened = _first_json(completed.stdout)["open"]
+    assert isinstance(opened, list) and str(lock) in opened
 
 
 _MIN_COMPILE_NOTE = (

@@ -32,6 +32,7 @@ from compilers.machines import Machine, copy_tree, require, ship
 from warmenv import Origin, open_environment
 from warmenv.caches import Facts
 from warmenv.caches._children import hook_variables
+from warmenv.caches._hookdir import HookHome
 
 KERNELS = 3
 
@@ -366,7 +367,8 @@ def test_tritons_manager_is_tritons_own_in_a_python_without_warmenv(
     # Triton itself is loaded in the child: this test lives with the compilers' tests.
     require("triton")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))  # the hooks' directory
-    variables = hook_variables("triton", (), warmenv.caches.triton.COUNTING, {})
+    with HookHome() as home:
+        variables = hook_variables("triton", (), warmenv.caches.triton.COUNTING, {}, home)
     # -I: no PYTHONPATH, no user site; the path holds the hooks and the site-packages with
     # Triton, whose editable warmenv (a .pth file) is not read: this Python has no warmenv.
     site = sysconfig.get_paths()["purelib"]

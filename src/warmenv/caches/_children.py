@@ -42,7 +42,7 @@ from typing import Final
 
 import attrs
 
-from warmenv.caches._hookdir import private_directory
+from warmenv.caches._hookdir import HookHome
 
 __all__ = [
     "COUNTS_VARIABLE",
@@ -170,12 +170,13 @@ def hook_variables(
     entry_points: Iterable[EntryPoint],
     variables: Iterable[Variable],
     environ: Mapping[str, str],
+    home: HookHome,
 ) -> dict[str, str]:
     """The variables that let a child's `tool` load the hooks named, as `environ` becomes.
 
     The hooks are declared by a distribution (`warmenv_run_hooks_<tool>`:
     importlib.metadata keeps one distribution of a name) in a directory of
-    this user's that no other user can touch (`_hookdir`), which goes first
+    this user's that no other user can touch (in `home`), which goes first
     on `PYTHONPATH`, before what `environ` has there, kept exactly (an empty
     entry is the working directory). Each entry point or variable names an
     object of a module written there that imports warmenv's hook only from
@@ -209,7 +210,7 @@ def hook_variables(
         shim.append(_SHIM.format(module=module, name=attribute, fallback=fallback))
         found[variable.name] = f"{name}:{attribute}"
     info = f"{name}-0.dist-info"
-    directory = private_directory(
+    directory = home.directory(
         {
             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0\n",
             f"{info}/entry_points.txt": "\n".join(declared),

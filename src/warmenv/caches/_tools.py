@@ -39,6 +39,7 @@ import attrs
 
 import warmenv.caches
 from warmenv.caches._children import hook_variables
+from warmenv.caches._hookdir import HookHome
 from warmenv.caches._tree import record_hits
 from warmenv.environment import Environment
 
@@ -63,11 +64,12 @@ class Tool:
     def settings(self, cache_dir: Path) -> dict[str, str]:
         return dict(self.module.settings(cache_dir))
 
-    def counting(self, environ: Mapping[str, str]) -> dict[str, str]:
-        """The variables under which the command's processes count this tool's hits."""
+    def counting(self, environ: Mapping[str, str], home: HookHome) -> dict[str, str]:
+        """The variables under which the command's processes count this tool's hits
+        (its hooks written in `home`)."""
         entry_points = getattr(self.module, "ENTRY_POINTS", ())
         variables = getattr(self.module, "COUNTING", ())
-        return hook_variables(self.name, entry_points, variables, environ)
+        return hook_variables(self.name, entry_points, variables, environ, home)
 
     async def record_served(self, env: Environment, served: Mapping[str, Mapping[str, int]]) -> int:
         """Count the command's hits per entry (by tree part) in `env`'s statistics."""

@@ -41,6 +41,7 @@ import attrs
 
 from warmenv._fs import expand_home
 from warmenv.caches._children import COUNTS_VARIABLE, new_counts, read_counts
+from warmenv.caches._hookdir import HookHome
 from warmenv.caches._tools import Tool, available_tools, tool
 from warmenv.cli._environments import environment
 from warmenv.cli._errors import Failure, Stopped, UsageError
@@ -156,13 +157,14 @@ async def _restore_run_capture(
     for t in tools:
         for note in t.notes(variables):
             _said(out, f"{t.name}: {note}")
-    with tempfile.TemporaryDirectory(prefix="warmenv-run-") as scratch:
+    # The hooks' home is held while the command, or what it starts, may import from it.
+    with tempfile.TemporaryDirectory(prefix="warmenv-run-") as scratch, HookHome() as home:
         counts = Path(scratch) / "counts.jsonl"
         new_counts(counts)
         variables[COUNTS_VARIABLE] = str(counts)
         for t in tools:  # the hooks that count the command's hits (caches/_children.py)
-            variables.update(await anyio.to_thread.run_sync(t.counting, variables))
-        returncode = await _child(command, variables, phase, json=out.json)
+            variables.update(await anyio.to_thread.run_sync(t.counting, variables, home))
+        returncode = await _child(command, variables, phase, json=out.json, keep=home.held)
         counted = await anyio.to_thread.run_sync(read_counts, counts)
     for name, found in counted.items():
         if name in document["tools"]:
@@ -192,17 +194,28 @@ async def _restore_run_capture(
 
 
 async def _child(
-    command: list[str], variables: dict[str, str], phase: _Phase, *, json: bool
+    command: list[str],
+    variables: dict[str, str],
+    phase: _Phase,
+    *,
+    json: bool,
+    keep: tuple[int, ...],
 ) -> int:
     """Run COMMAND to its end; its exit status (-N if signal N ended it).
 
     With `--json` its standard output is our standard error (file descriptor
     2, inherited by whatever it starts): our standard output is the one
     document a script parses, and the command's lines still reach the user.
+    `keep`: descriptors it inherits (the hooks' lock: held while it lives).
     """
     try:
         process = await anyio.open_process(
-            command, stdin=None, stdout=_STDERR if json else None, stderr=None, env=variables
+            command,
+            stdin=None,
+            stdout=_STDERR if json else None,
+            stderr=None,
+            env=variables,
+            pass_fds=keep,
         )
     except FileNotFoundError:
         raise Failure(f"command not found: {command[0]!r}") from None
