@@ -21,6 +21,7 @@ import pytest
 import warmenv.caches.jax
 import warmenv.caches.torch
 import warmenv.caches.triton
+from helpers import run_python, unprivileged_user
 from warmenv.caches._children import hook_variables, new_counts, read_counts
 from warmenv.caches._hookdir import HookHome
 from warmenv.caches._paths import UnsafeTargetError
@@ -157,6 +158,32 @@ def test_hooks_under_a_directory_others_can_write_are_refused(
 def _torch_hooks() -> dict[str, str]:
     with HookHome() as home:
         return hook_variables("torch", warmenv.caches.torch.ENTRY_POINTS, (), {}, home)
+
+
+_COUNTING_CHILD = textwrap.dedent(
+    """
+    import json
+    from warmenv.caches._hookdir import HookHome
+    from warmenv.caches._tools import counting, tool
+    with HookHome() as home:
+        found = counting([tool("jax"), tool("torch")], {}, home)
+    print(json.dumps({"variables": found.variables, "unable": repr(found.unable)}))
+    """
+)
+
+
+def test_where_the_hooks_cannot_be_written_nothing_is_counted_and_it_says_why(
+    shared_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A user whose cache directory cannot be made (a read-only home): warmenv run failed.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(shared_tmp / "cache"))
+    shared_tmp.chmod(0o555)  # root's (as root, the child runs as nobody): no one else writes
+    child = run_python(_COUNTING_CHILD, user=unprivileged_user())
+    assert child.returncode == 0, child.stderr
+    found = json.loads(child.stdout)
+    assert found["variables"] == {}
+    assert found["unable"].startswith("PermissionError(13, 'Permission denied')")
+    assert not (shared_tmp / "cache").exists()
 
 
 _COUNT_CHILD = textwrap.dedent(

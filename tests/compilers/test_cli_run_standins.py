@@ -259,6 +259,58 @@ def test_the_command_holds_its_hooks_lock_so_no_other_warmenv_removes_them(
     assert isinstance(opened, list) and str(lock) in opened
 
 
+def test_under_a_directory_others_can_write_the_command_runs_uncounted_said_once(
+    tmp_path: Path,
+) -> None:
+    # warmenv run refused to run the command at all when its hooks had no safe home.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # no sticky bit: anyone may rename what is in it
+    root = tmp_path / "root"
+    completed = _run(
+        root,
+        sys.executable,
+        _script(tmp_path),
+        "0",
+        options=("--cache", "jax"),
+        environ={"XDG_CACHE_HOME": str(shared / "cache")},
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert _first_json(completed.stdout)["cache"] == str(root / "caches" / "jax")  # it ran
+    warnings = [line for line in completed.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1, completed.stderr
+    hooks = f"{shared}/cache/warmenv/.run-hooks/{warmenv.__version__}/"
+    assert warnings[0].startswith(
+        f"warmenv: warning: the command's cache hits are not counted: '{hooks}"
+    )
+    assert warnings[0].endswith(
+        f"' lies under '{shared}', which other users can write (mode drwxrwxrwx): they "
+        "could swap the files a compiler loads from it; run "
+        f"`chmod go-w '{shared}'` or point XDG_CACHE_HOME at a directory of your own"
+    )
+    assert list(shared.iterdir()) == []  # no hooks written there
+    assert "jax: captured 1 files" in completed.stderr
+
+
+def test_where_no_hooks_can_be_written_the_command_runs_uncounted(tmp_path: Path) -> None:
+    a_file = tmp_path / "cache"
+    a_file.write_text("not a directory\n")
+    completed = _run(
+        tmp_path / "root",
+        sys.executable,
+        _script(tmp_path),
+        "0",
+        options=("--cache", "jax", "--json"),
+        environ={"XDG_CACHE_HOME": str(a_file)},
+    )
+    assert completed.returncode == 0, completed.stderr
+    warnings = [line for line in completed.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1, completed.stderr
+    why = json.loads(completed.stdout)["uncounted"]
+    assert why.startswith(f"{a_file}/warmenv/") and why.endswith(": Not a directory")
+    assert warnings[0] == f"warmenv: warning: the command's cache hits are not counted: {why}"
+
+
 _MIN_COMPILE_NOTE = (
     "warmenv: jax: compilations shorter than JAX's default minimum (1 s) are not cached, so "
     "not captured; set JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 for the command to capture "

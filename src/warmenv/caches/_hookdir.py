@@ -59,6 +59,7 @@ _LOCK: Final = ".lock"
 _CACHED: Final = "__pycache__"  # the bytecode Python writes beside an imported module
 _OPEN: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 _ATTEMPTS: Final = 3
+_ELSEWHERE: Final = "point XDG_CACHE_HOME at a directory of your own"
 _VERSION: Final = re.compile(r"[0-9][0-9A-Za-z.+!_-]*")  # a name a version directory may have
 STALE_AFTER: Final = 7 * 24 * 3600.0
 """Seconds since a run last took another version's lock before its directory may go."""
@@ -92,7 +93,7 @@ class HookHome:
         digest = hashlib.sha256(json.dumps(sorted(files.items())).encode()).hexdigest()[:24]
         home = self.path
         final = home / digest
-        check_ancestors(final)
+        check_ancestors(final, elsewhere=_ELSEWHERE)
         if self._lock is None:
             self._lock = _lease(home)
             with contextlib.suppress(OSError):  # tidying never stops a run

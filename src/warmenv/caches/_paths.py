@@ -197,14 +197,17 @@ def _read_one(top: int, relative: str) -> bytes | None:
             os.close(fd)
 
 
-def check_ancestors(target: Path) -> None:
+def check_ancestors(
+    target: Path, *, elsewhere: str = "restore into a directory of your own"
+) -> None:
     """Refuse a target under a directory another user could rename it out of, or swap.
 
     Whoever can write a directory above the target can move the target away
     and put a directory of their own at its path after the restore, so the
     compiler loads their files. A directory with the sticky bit (`/tmp`) is
     safe: others cannot rename what they do not own there. Both the path as
-    given and the one its symlinks lead to are checked.
+    given and the one its symlinks lead to are checked. `elsewhere`: the fix
+    the message offers besides `chmod`.
     """
     given = Path(os.path.abspath(target))
     for directory in dict.fromkeys([*given.parents, *Path(os.path.realpath(target)).parents]):
@@ -215,14 +218,13 @@ def check_ancestors(target: Path) -> None:
         if st.st_uid not in (os.geteuid(), 0):
             raise UnsafeTargetError(
                 f"'{target}' lies under '{directory}', which belongs to another user (uid "
-                f"{st.st_uid}), who could swap the files a compiler loads from it; restore "
-                "into a directory of your own"
+                f"{st.st_uid}), who could swap the files a compiler loads from it; {elsewhere}"
             )
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
             raise UnsafeTargetError(
                 f"'{target}' lies under '{directory}', which other users can write (mode "
                 f"{stat.filemode(st.st_mode)}): they could swap the files a compiler loads "
-                f"from it; run `chmod go-w '{directory}'` or restore elsewhere"
+                f"from it; run `chmod go-w '{directory}'` or {elsewhere}"
             )
 
 

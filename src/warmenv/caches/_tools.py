@@ -29,7 +29,7 @@ import functools
 import importlib
 import importlib.util
 import pkgutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -40,10 +40,11 @@ import attrs
 import warmenv.caches
 from warmenv.caches._children import hook_variables
 from warmenv.caches._hookdir import HookHome
+from warmenv.caches._paths import UnsafeTargetError
 from warmenv.caches._tree import record_hits
 from warmenv.environment import Environment
 
-__all__ = ["Tool", "available_tools", "tool"]
+__all__ = ["Counting", "Tool", "available_tools", "counting", "tool"]
 
 _REQUIRED = ("restore", "capture", "settings", "CACHE_DIR_VARIABLE")
 
@@ -99,6 +100,33 @@ class Tool:
             f"--cache {self.name} needs {package} installed beside warmenv (its version decides "
             f"which entries can hit): {self.module.INSTALL_HINT}"
         )
+
+
+@attrs.frozen
+class Counting:
+    """The variables under which `warmenv run`'s command counts its hits, or why it cannot."""
+
+    variables: dict[str, str]
+    unable: UnsafeTargetError | OSError | None = None
+    """Why the hooks could not be kept (`variables` is then empty): the command runs
+    uncounted, rather than not at all."""
+
+
+def counting(tools: Sequence[Tool], environ: Mapping[str, str], home: HookHome) -> Counting:
+    """The variables that let the command's processes count the hits of `tools`, their
+    hooks written in `home`.
+
+    Counting is a report, not the job: where the hooks cannot be kept from
+    other users (a directory above the user cache that others can write) or
+    written at all (a read-only home), none is installed and `unable` says why.
+    """
+    found: dict[str, str] = {}
+    try:
+        for t in tools:
+            found.update(t.counting({**environ, **found}, home))
+    except (UnsafeTargetError, OSError) as error:
+        return Counting({}, error)
+    return Counting(found)
 
 
 @functools.cache

@@ -42,9 +42,9 @@ import attrs
 from warmenv._fs import expand_home
 from warmenv.caches._children import COUNTS_VARIABLE, new_counts, read_counts
 from warmenv.caches._hookdir import HookHome
-from warmenv.caches._tools import Tool, available_tools, tool
+from warmenv.caches._tools import Tool, available_tools, counting, tool
 from warmenv.cli._environments import environment
-from warmenv.cli._errors import Failure, Stopped, UsageError
+from warmenv.cli._errors import Failure, Stopped, UsageError, describe_error
 from warmenv.cli._output import Output
 
 _FORWARDED = tuple(
@@ -162,8 +162,12 @@ async def _restore_run_capture(
         counts = Path(scratch) / "counts.jsonl"
         new_counts(counts)
         variables[COUNTS_VARIABLE] = str(counts)
-        for t in tools:  # the hooks that count the command's hits (caches/_children.py)
-            variables.update(await anyio.to_thread.run_sync(t.counting, variables, home))
+        # The hooks that count the command's hits (caches/_children.py).
+        hooks = await anyio.to_thread.run_sync(counting, tools, variables, home)
+        if hooks.unable is not None:
+            document["uncounted"] = describe_error(hooks.unable)  # no hits or misses follow
+            out.warning(f"the command's cache hits are not counted: {document['uncounted']}")
+        variables.update(hooks.variables)
         returncode = await _child(command, variables, phase, json=out.json, keep=home.held)
         counted = await anyio.to_thread.run_sync(read_counts, counts)
     for name, found in counted.items():
