@@ -9,15 +9,29 @@ every run. Each child opens an environment, fills an EAGER store of 1,000
 keys, hits each once, then `await`s `--hits` hits between two calls of
 `time.thread_time()`; callgrind dumps its counts before each such call
 (`--dump-before=time_thread_time`), so the second dump is the loop alone.
+Only the looping thread's instructions are counted (`--separate-threads`):
+what other threads run meanwhile (warmenv.blocking's loop thread draining the
+hits' statistics, a timer) depends on how long the loop takes, so on the
+load, and would be counted with it otherwise (the blocking `str` row read
+4,267 and 5,130 instructions on the same tree, at load 8 and 20).
 `--floor` times the benchmark's floor instead (`dict.get` in a coroutine; for
 `--backend blocking`, `warmenv.blocking`'s get on a plain thread, `dict.get`
 under a `threading.Lock`).
+
+`--flat-get` counts `bench_bundle.py --get-only`'s row instead: `await
+bundle.get(namespace, key)` on a flat bundle of `--entries` 1 KiB values, keys
+in a shuffled cycle, from a coroutine as that benchmark calls it; its floor
+is the benchmark's too, a sqlite3 point lookup on one connection over the
+same rows. Most of that lookup's time is the kernel's page reads, which
+callgrind does not count: its instructions are a floor of the Python side,
+not of the time.
 
 Run (valgrind on PATH; `--tree` as often as there are trees to compare):
 
     python benchmarks/hit_instructions.py --tree <a tree> --tree <another> \\
         [--backend asyncio --backend trio --backend blocking] \\
-        [--shape str --shape bytes --shape dict]
+        [--shape str --shape bytes --shape dict] [--floor]
+    python benchmarks/hit_instructions.py --tree <a tree> --flat-get [--floor]
 """
 
 from __future__ import annotations
@@ -122,34 +136,94 @@ def blocking_hits(
         time.thread_time()  # and here: the loop alone
 
 
+def flat_gets(bundle: str, source: str, entries: int, gets: int, floor: bool) -> None:
+    """The marked loop of flat gets (floor: sqlite3 point lookups), as bench_bundle times it."""
+    import itertools
+    import random
+    import sqlite3
+
+    import anyio
+
+    from warmenv import Namespace
+    from warmenv.bundle import FlatBundle
+
+    namespace = Namespace("bench", "bundle", version="1")  # bench_bundle's
+    keys = [b"key-%08d" % i for i in range(entries)]  # bench_bundle's
+    random.Random(0).shuffle(keys)
+    next_key = itertools.cycle(keys).__next__
+    query = "SELECT value FROM entries WHERE namespace = ? AND key = ?"
+
+    async def main() -> None:
+        async with FlatBundle.open(bundle) as opened:
+            conn = sqlite3.connect(source)
+
+            async def flat_get() -> None:
+                await opened.get(namespace, next_key())
+
+            async def sqlite_get() -> None:
+                conn.execute(query, (namespace.full, next_key())).fetchone()
+
+            one = sqlite_get if floor else flat_get
+            for _ in range(KEYS):  # the code's paths warm
+                await one()
+            time.thread_time()  # callgrind dumps here: the set-up
+            for _ in range(gets):
+                await one()
+            time.thread_time()  # and here: the loop alone
+            conn.close()
+
+    anyio.run(main)
+
+
+def make_flat(root: Path, entries: int) -> tuple[Path, Path]:
+    """bench_bundle's rows: an environment file of `entries` 1 KiB values and its flat bundle."""
+    import anyio
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_bundle import export_per_s, make_source
+
+    source = anyio.run(make_source, root, entries, 1024)
+    bundle = root / "b.flat"
+    anyio.run(export_per_s, source, bundle, "flat", entries)
+    return bundle, source
+
+
 def count(tree: Path, backend: str, shape: str, hits: int, floor: bool) -> float:
     """Instructions per hit of the child's loop under callgrind, over `tree`'s src."""
+    args = [backend, shape, str(hits), "floor" if floor else "store"]
+    return callgrind(tree, args, hits // KEYS * KEYS)
+
+
+def callgrind(tree: Path, args: list[str], calls: int) -> float:
+    """Instructions per call of the loop the child given `args` runs, over `tree`'s src."""
     with tempfile.TemporaryDirectory() as out:
         dump = Path(out) / "callgrind.out"
         command = [
             "valgrind",
             "--tool=callgrind",
             "--dump-before=time_thread_time",
+            "--separate-threads=yes",
             f"--callgrind-out-file={dump}",
             sys.executable,
             __file__,
             CHILD,
-            backend,
-            shape,
-            str(hits),
-            "floor" if floor else "store",
+            *args,
         ]
         environ = {**os.environ, "PYTHONPATH": str(tree / "src")}
         subprocess.run(command, env=environ, check=True, capture_output=True)
-        # Parts: .1 the set-up (up to the first mark), .2 the loop.
-        for line in (Path(f"{dump}.2")).read_text().splitlines():
+        # Parts: .1 the set-up (up to the first mark), .2 the loop; -01: the main thread's.
+        for line in (Path(f"{dump}.2-01")).read_text().splitlines():
             if line.startswith("summary:"):
-                return int(line.split()[1]) / (hits // KEYS * KEYS)
+                return int(line.split()[1]) / calls
     raise RuntimeError(f"callgrind wrote no loop dump for {tree}")
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == CHILD:
+        if sys.argv[2] == "flat":
+            bundle, source, entries, gets, what = sys.argv[3:8]
+            flat_gets(bundle, source, int(entries), int(gets), what == "floor")
+            return
         backend, shape, hits, what = sys.argv[2:6]
         child(backend, shape, int(hits), what == "floor")
         return
@@ -165,7 +239,17 @@ def main() -> None:
     parser.add_argument("--shape", action="append", choices=["str", "bytes", "dict"])
     parser.add_argument("--hits", type=int, default=20_000)
     parser.add_argument("--floor", action="store_true", help="also count the dict.get floor")
+    parser.add_argument(
+        "--flat-get",
+        action="store_true",
+        help="count bench_bundle.py --get-only's flat get instead (its floor: a sqlite3 point"
+        " lookup on one connection over the same rows)",
+    )
+    parser.add_argument("--entries", type=int, default=100_000, help="--flat-get's bundle size")
     args = parser.parse_args()
+    if args.flat_get:
+        flat_main(args.tree, args.entries, args.hits, args.floor)
+        return
     floor_name = "floor (dict.get in a coroutine; blocking: under a threading.Lock)"
     print(f"| tree | backend | shape | instructions per hit | {floor_name} |")
     print("|---|---|---|---:|---:|")
@@ -176,6 +260,20 @@ def main() -> None:
                 floor = count(tree, backend, shape, args.hits, floor=True) if args.floor else None
                 shown = "" if floor is None else f"{floor:,.0f}"
                 print(f"| {tree} | {backend} | {shape} | {hit:,.0f} | {shown} |", flush=True)
+
+
+def flat_main(trees: list[Path], entries: int, gets: int, floor: bool) -> None:
+    """The `--flat-get` table: instructions per flat get of each tree (and the floor's)."""
+    print("| tree | flat get, instructions | sqlite3 point lookup, instructions |")
+    print("|---|---:|---:|")
+    with tempfile.TemporaryDirectory() as root:
+        bundle, source = make_flat(Path(root), entries)
+        args = ["flat", str(bundle), str(source), str(entries), str(gets)]
+        for tree in trees:
+            get = callgrind(tree, [*args, "get"], gets)
+            lookup = callgrind(tree, [*args, "floor"], gets) if floor else None
+            shown = "" if lookup is None else f"{lookup:,.0f}"
+            print(f"| {tree} | {get:,.0f} | {shown} |", flush=True)
 
 
 if __name__ == "__main__":
