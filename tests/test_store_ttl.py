@@ -185,10 +185,64 @@ def test_an_old_row_is_a_miss_for_the_blocking_face_reading_on_its_thread(root: 
         assert env.store(NS, mode=CacheMode.LAZY, ttl=HOUR).get("old") is None
 
 
-async def test_a_store_without_a_ttl_keeps_the_plain_hit_path(storage: Storage) -> None:
+async def test_a_store_without_a_ttl_keeps_the_plain_hit_path(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store: Store[str, int] = await Store.open(storage)
+    await store.insert("k", 1)
     assert store.ttl is None
-    assert store.hit_path == store.held.hit  # no deadline check on the hot path
+    assert store.hit_path == store.held.hit
+    reads: list[float] = []
+
+    def read() -> float:
+        reads.append(time.time())
+        return reads[-1]
+
+    monkeypatch.setattr(storage_module, "_clock", read)
+    assert await store.get("k") == 1
+    assert reads == []  # no deadline check on the hot path
+    timed: Store[str, int] = await Store.open(storage, ttl=HOUR)
+    assert await timed.get("k") == 1  # held now (EAGER), with its deadline
+    reads.clear()
+    assert await timed.get("k") == 1
+    assert len(reads) == 1  # a store with a ttl checks it on each hit
+
+
+@pytest.mark.parametrize("mode", list(CacheMode))
+async def test_every_kind_of_key_expires_by_the_same_rule(
+    storage: Storage, clock: Clock, mode: CacheMode
+) -> None:
+    # What a value is held under differs by key (a JSON store's str key as it is,
+    # any other key encoded, a memoized call's arguments as their encoding): the
+    # deadline is looked up under the same, for every one of them.
+    store: Store[Any, Any] = await Store.open(storage, mode=mode, ttl=HOUR)
+    calls: list[int] = []
+
+    @store.memoize
+    async def square(x: int) -> int:
+        calls.append(x)
+        return x * x
+
+    @store.memoize(key=lambda x: ("cube", x))
+    async def cube(x: int) -> int:
+        calls.append(x)
+        return x * x * x
+
+    keys: list[Any] = ["text", 7, ("a", 1), None]
+    for i, key in enumerate(keys):
+        await store.insert(key, i)
+    assert (await square(3), await cube(2)) == (9, 8)
+    clock.now += HOUR  # exactly ttl old: every one still a hit
+    assert [await store.get(key) for key in keys] == [0, 1, 2, 3]
+    assert (await square(3), await cube(2)) == (9, 8)
+    assert calls == [3, 2]
+
+    clock.now += 1
+    assert [await store.get(key, "expired") for key in keys] == ["expired"] * 4
+    assert (await square(3), await cube(2)) == (9, 8)
+    assert calls == [3, 2, 3, 2]  # recomputed, each once
+    assert (await square(3), await cube(2)) == (9, 8)
+    assert calls == [3, 2, 3, 2]
 
 
 @pytest.mark.parametrize(

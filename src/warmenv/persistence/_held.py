@@ -51,6 +51,9 @@ ABSENT: Final[Any] = object()
 Hit = Callable[..., Any]
 """`hit(key, encoded=False, found=ABSENT)`, see `_hit_path`."""
 
+Lookup = Callable[[Any, Any], Any]
+"""`lookup(memo, default)`: what is held under `memo` (its held form), else `default`."""
+
 # How a value is held (the hit path tells them apart by exact type):
 #   bytes      a mutable value as its codec bytes; each hit decodes a fresh copy
 #              (a BytesCodec's value, which is its own encoding: handed out as it is)
@@ -73,6 +76,7 @@ class Held(Generic[K, V]):
         "_describe",
         "_hits",
         "_lock",
+        "_looked_up",
         "_lru",
         "_undecodable",
         "_values",
@@ -118,6 +122,7 @@ class Held(Generic[K, V]):
         self._hits: list[bytes | str] | None = None if counters is None else counters.hits
         self.dropped: Callable[[bytes | str | None], None] | None = None
         """Told each memo whose value leaves memory (None: every one), if set (`_ttl`)."""
+        self._looked_up: Callable[[Lookup], Lookup] | None = None  # `look_up_through`
         self.hit: Hit = self._hit_path()
         """The hit path (see `_hit_path`), made once for this store."""
 
@@ -142,7 +147,9 @@ class Held(Generic[K, V]):
         is the call itself (its frame, its closure's cells), so the
         signature stays as short as its callers allow and the cells few.
         """
-        values_get = self._values.get
+        values_get: Lookup = self._values.get
+        if self._looked_up is not None:
+            values_get = self._looked_up(values_get)
         lru = self._lru
         move_to_end = None if lru is None else lru.move_to_end
         append = None if self._hits is None else self._hits.append
@@ -203,6 +210,17 @@ class Held(Generic[K, V]):
             return held
 
         return hit
+
+    def look_up_through(self, wrap: Callable[[Lookup], Lookup]) -> None:
+        """Have the hit path look values up through `wrap(lookup)` from now on.
+
+        `lookup` is the plain one (`Lookup`): a ttl's deadline check
+        (`Expiry`) wraps it, so that a hit runs it with the memo the hit path
+        computed, the one place a key's memo is made on a hit; a store
+        without a ttl looks up in the dict directly, as before.
+        """
+        self._looked_up = wrap
+        self.hit = self._hit_path()
 
     def serve(self, memo: bytes | str, held: Any) -> V:
         """The caller's own copy of `held` (read or computed just now), not counted."""

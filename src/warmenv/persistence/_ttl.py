@@ -13,13 +13,14 @@ to be fresh and is a miss (`Expiry.deadline`, the one place this is judged;
 the storage records such a time from elsewhere as unknown, never as the
 time it arrived).
 
-A store without a ttl never comes here: its hit path is `Held.hit` itself.
-A store with one binds `Expiry.fresh_hit` instead, which checks a deadline held
-beside each value (`written_at + ttl`, read from the storage in the one read
-of the value's row, `Storage.dated`, so a replace cannot pair one entry's
-value with another's time) before the shared hit path runs; a value past it
-is forgotten and the lookup goes to the storage, which judges its row the
-same way. A deadline lives exactly as long as its value is held: `Held`
+A store without a ttl never comes here: its hit path looks values up in a
+dict. A store with one has its hit path (`Held.hit`, still the one) look
+them up through `Expiry.fresh_lookup`, which checks a deadline held beside each
+value (`written_at + ttl`, read from the storage in the one read of the
+value's row, `Storage.dated`, so a replace cannot pair one entry's value
+with another's time) under the memo the hit path made; a value past it is
+forgotten and the lookup goes to the storage, which judges its row the same
+way. A deadline lives exactly as long as its value is held: `Held`
 tells the expiry of every value that leaves memory (evicted, invalidated,
 purged), so the deadlines are bounded by `max_entries` as the values are.
 """
@@ -33,7 +34,7 @@ from typing import Any, final
 
 from warmenv._errors import require_number
 from warmenv.persistence import carried
-from warmenv.persistence._held import ABSENT, Held
+from warmenv.persistence._held import Held, Lookup
 from warmenv.persistence.storage import Storage, wall_clock
 
 __all__ = ["Expiry", "check_dated", "check_ttl"]
@@ -84,26 +85,32 @@ class Expiry:
         # under the GIL, as the blocking face's threads read it too.
         self._deadlines: dict[bytes | str, float] = {}
         held.dropped = self.forget  # a value leaving memory takes its deadline along
+        held.look_up_through(self.fresh_lookup)
 
     def __len__(self) -> int:
         """How many deadlines are held: at most as many as the values (`max_entries`)."""
         return len(self._deadlines)
 
-    def fresh_hit(self, key: Any, encoded: bool = False, found: Any = ABSENT) -> Any:
-        """`Held.hit`, for a value whose deadline has not passed; else forgotten, `ABSENT`."""
-        held = self._held
-        if found is ABSENT:
-            memo: Any = (
-                key if encoded or (type(key) is str and held.json) else held.codec.encode_key(key)
-            )
-            deadline = self._deadlines.get(memo)
+    def fresh_lookup(self, lookup: Lookup) -> Lookup:
+        """`lookup`, for the hit path, answering only a value whose deadline has not passed.
+
+        A value past its deadline is forgotten on the way (with its deadline),
+        and so is not found; one without a deadline is not found either.
+        """
+        deadlines = self._deadlines
+        forget = self._held.forget
+
+        def fresh(memo: Any, default: Any) -> Any:
+            deadline = deadlines.get(memo)
             if deadline is None:
-                return ABSENT
+                return default
             if deadline < wall_clock():
-                self._deadlines.pop(memo, None)
-                held.forget(memo)
-                return ABSENT
-        return held.hit(key, encoded, found)
+                deadlines.pop(memo, None)
+                forget(memo)
+                return default
+            return lookup(memo, default)
+
+        return fresh
 
     def live(self, memo: bytes | str) -> bool:
         """Whether the value held under `memo` is still fresh."""

@@ -134,9 +134,9 @@ class Store(Generic[K, V]):
         self._storage = storage
         self._mode = mode
         self._held: Held[K, V] = Held(codec, max_entries, hot_bytes, counters, storage.describe)
-        # The hit path, bound once; with a ttl, its deadline check first (`_ttl`).
+        # With a ttl, the hit path looks values up through their deadlines (`_ttl`).
         self._expiry = None if seconds is None else Expiry(seconds, self._held)
-        self._hit = self._held.hit if self._expiry is None else self._expiry.fresh_hit
+        self._hit = self._held.hit  # the hit path, bound once (after the expiry's)
         self._reads: Flights[bytes, Any] = Flights()
         self._computes: Flights[bytes, tuple[Any, bool]] = Flights()
         self._epoch = 0
@@ -241,7 +241,7 @@ class Store(Generic[K, V]):
 
     @property
     def hit_path(self) -> Callable[..., Any]:
-        """The hit path (`Held.hit`, behind the ttl's check if any), for the synchronous face.
+        """The hit path (`Held.hit`, through the ttl's check if any), for the synchronous face.
 
         Callers load it into a local and call that (`hit = self._hit; hit(key)`):
         `self._hit(key)` compiles to a method load, which CPython 3.11 cannot
