@@ -597,6 +597,23 @@ async def test_a_flat_bundle_reads_from_bytes(warm_env: Environment, out_dir: Pa
     await bundle.aclose()
 
 
+@pytest.mark.parametrize("kind", [bytearray, memoryview])
+async def test_a_flat_bundle_over_another_buffer_reads_bytes(
+    warm_env: Environment, out_dir: Path, kind: type[bytearray | memoryview]
+) -> None:
+    bundle_path = out_dir / "flat.bundle"
+    await export_bundle(warm_env, bundle_path, name="flat", version="1", format=BundleFormat.FLAT)
+    bundle = FlatBundle.from_bytes(kind(bundle_path.read_bytes()))
+    value = await bundle.get(KERNELS, b"k010")
+    assert type(value) is bytes and value == b"kernel-10"
+    async for key, value, _, _ in bundle.scan_with_provenance(KERNELS):
+        assert type(key) is bytes and type(value) is bytes
+    assert await bundle.compute_digest() == bundle.manifest.digest
+    await bundle.aclose()
+    with pytest.raises(ValueError):
+        await bundle.get(KERNELS, b"k010")  # its view is released
+
+
 async def test_a_loop_of_lookups_in_a_cancelled_scope_ends(bundle_path: Path) -> None:
     # A flat lookup checks for cancellation only now and then (it never
     # waits); a loop of them must still end when its scope is cancelled.

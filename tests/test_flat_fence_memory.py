@@ -125,7 +125,7 @@ def _key(i: int) -> bytes:
 
 
 def _fence_bytes(bundle: FlatBundle) -> int:
-    return sum(len(key) for keys in bundle._fences for key in keys)
+    return sum(len(key) for _, _, keys in bundle._lookup.values() for key in keys)
 
 
 async def _all_found(bundle: FlatBundle, namespaces: int, count: int) -> None:
@@ -154,5 +154,5 @@ async def test_first_keys_over_the_budget_are_kept_and_found(
     # Each namespace's first key is a fence whatever the stride: 3 of them, 3,000 bytes.
     monkeypatch.setattr(flat, "_MAX_FENCE_BYTES", 2000)
     bundle = FlatBundle.from_bytes(await _skewed(tmp_path, 3, 40))
-    assert [len(keys) for keys in bundle._fences] == [1, 1, 1]
+    assert [len(keys) for _, _, keys in bundle._lookup.values()] == [1, 1, 1]
     await _all_found(bundle, 3, 40)

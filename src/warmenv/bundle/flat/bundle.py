@@ -2,14 +2,18 @@
 
 Everything is validated once, at open: every length is checked against the
 bytes that remain before anything is allocated for it, every offset against
-the data section, the index order entry by entry. After that a lookup is a
-binary search with no further checks: over the fence keys kept at open (a
-copy of one key in every `stride`), in C, then within the stride's block.
-The stride is the smallest power of two that keeps the fences under a budget
-of keys and of bytes (`_MAX_FENCES`, `_MAX_FENCE_BYTES`): a bundle of up to
-that many keys keeps every key, so its lookup is one `bisect` and one
-comparison, and a larger one keeps its memory bounded as the file grows.
-Long keys at fence positions double the stride again while they are read.
+the data section, the index order entry by entry. After that a lookup reads
+with no further checks, over the keys kept at open (a copy of one key in
+every `stride`, the fences). The stride is the smallest power of two that
+keeps the fences under a budget of keys and of bytes (`_MAX_FENCES`,
+`_MAX_FENCE_BYTES`): a bundle of up to that many keys keeps every key, and
+from a namespace's first get on, a dict of its keys to their index entries,
+so that a lookup is one hash lookup (a binary search of 100,000 keys made 17
+comparisons, a fifth of a get's instructions; the dict costs about 85 bytes
+a key, bounded by the same budget, and only a bundle read by key builds one).
+A larger bundle keeps its memory bounded as the file grows: a binary search
+over the fences, in C, then within the stride's block. Long keys at fence
+positions double the stride again while they are read.
 The keys and values claimed must fit the data section: ranges that overlap
 would make a file of a few MiB claim (and every pass copy) hundreds.
 What an entry carries needs no check at open: a value out of range is read
@@ -115,6 +119,19 @@ class _Reader:
 
 
 @final
+class _Copying:
+    """Bytes sliced out of a buffer whose own slices are not bytes (a bytearray, a view)."""
+
+    __slots__ = ("_view",)
+
+    def __init__(self, view: memoryview) -> None:
+        self._view = view
+
+    def __getitem__(self, where: slice) -> bytes:
+        return bytes(self._view[where])
+
+
+@final
 class FlatBundle(BundleReader, Bundle):
     """A flat bundle held in memory or mapped from a file, validated at open.
 
@@ -126,14 +143,14 @@ class FlatBundle(BundleReader, Bundle):
     format: ClassVar[BundleFormat] = BundleFormat.FLAT
     __slots__ = (
         "_base",
-        "_blob",
         "_carried_at",
         "_closer",
         "_count",
+        "_data",
         "_fd",
-        "_fences",
-        "_gets",
+        "_gets_left",
         "_index_at",
+        "_keyed",
         "_lookup",
         "_manifest",
         "_names",
@@ -158,12 +175,14 @@ class FlatBundle(BundleReader, Bundle):
         self._source = source
         self._closer = closer
         self._fd = fd  # the file as opened, for a private copy; None: nothing to copy
-        self._gets = 0  # lookups so far, for the cancellation check in get
+        self._gets_left = _CANCEL_EVERY  # lookups before get checks for cancellation
         self._words = array.array("I")  # the index, once parsed (a view of the blob)
-        # Slicing bytes or an mmap yields bytes in one step; anything else is
-        # read through a memoryview and copied per slice.
-        self._blob = blob if isinstance(blob, bytes | mmap.mmap) else None
         self._view = memoryview(blob).cast("B")
+        # What every read slices: bytes or an mmap yield bytes in one step, and
+        # anything else is read through the memoryview and copied per slice.
+        self._data: bytes | mmap.mmap | _Copying = (
+            blob if isinstance(blob, bytes | mmap.mmap) else _Copying(self._view)
+        )
         try:
             self._parse(self._view)
         except BaseException:
@@ -208,33 +227,52 @@ class FlatBundle(BundleReader, Bundle):
         # checks for cancellation once in _CANCEL_EVERY calls: anyio's check
         # costs about as much as the lookup itself. A loop of lookups in a
         # cancelled scope still ends within that many calls.
+        # Within the fence budget a get calls nothing of ours (the value's read
+        # is `_read` written out): each Python call costs about as much as a
+        # hash lookup (callgrind). Every offset and length read here was
+        # bounded by the data section at open (`_check_index`).
         if type(key) is not bytes:
             check_key(key)
-        self._gets += 1
-        if self._gets % _CANCEL_EVERY == 0:
+        left = self._gets_left - 1  # counted down: small ints are never allocated
+        if left:
+            self._gets_left = left
+        else:
+            self._gets_left = _CANCEL_EVERY
             await checkpoint_if_cancelled()
-        return self.get_nowait(namespace, key)
-
-    def get_nowait(self, namespace: Namespace | str, key: bytes) -> bytes | None:
-        """The value without yielding to the event loop (the lookup never blocks)."""
-        found = self._lookup.get(namespace if type(namespace) is str else str(namespace))
-        if found is None:
+        # `str(namespace)`, without calling Namespace.__str__ (from C) for a Namespace.
+        name = namespace.full if type(namespace) is Namespace else str(namespace)
+        keyed = self._keyed.get(name)
+        at = self._search(name, key) if keyed is None else keyed.get(key, -1)
+        if at < 0:
             return None
+        words = self._words  # `at`: the value's offset, then its length
+        v_off = self._base + words[at]
+        return self._data[v_off : v_off + words[at + 1]]
+
+    def _search(self, name: str, key: bytes) -> int:
+        """Where `key`'s value offset is in `_words` (its length follows), or -1.
+
+        Every key kept (a stride of 1): the namespace's keys are put in a dict to
+        their values' offsets here, at its first get, for `get` to look up from
+        then on (an import, which reads no key, never builds one). Else the
+        bisect over the namespace's fences, then the binary search of the
+        fence's block.
+        """
+        found = self._lookup.get(name)
+        if found is None:
+            return -1
         start, end, fences = found
-        words = self._words
-        stride = self._stride
-        if stride == 1:  # every key is a fence: the search is bisect's alone
-            lo = bisect.bisect_left(fences, key)
-            if lo == len(fences) or fences[lo] != key:
-                return None
-            at = (start + lo) * 5
-            v_off = words[at + 3]
-            return self._read(v_off, v_off + words[at + 4])
+        if self._stride == 1:
+            values_at = range(start * 5 + 3, end * 5 + 3, 5)
+            keyed = self._keyed[name] = dict(zip(fences, values_at, strict=True))
+            return keyed.get(key, -1)
         block = bisect.bisect_right(fences, key) - 1
         if block < 0:
-            return None
+            return -1
+        stride = self._stride
         lo = start + block * stride
         hi = min(lo + stride, end)
+        words = self._words
         read = self._read
         while lo < hi:
             mid = (lo + hi) >> 1
@@ -244,17 +282,15 @@ class FlatBundle(BundleReader, Bundle):
             if probe < key:
                 lo = mid + 1
             elif probe == key:
-                v_off = words[at + 3]
-                return read(v_off, v_off + words[at + 4])
+                return at + 3
             else:
                 hi = mid
-        return None
+        return -1
 
     def _read(self, start: int, end: int) -> bytes:
+        """The bytes of the data section from `start` to `end` (bounded at open)."""
         base = self._base
-        if self._blob is not None:
-            return self._blob[base + start : base + end]
-        return bytes(self._view[base + start : base + end])
+        return self._data[base + start : base + end]
 
     def scan(
         self, namespace: Namespace | str, batch_size: int = 1024
@@ -337,9 +373,7 @@ class FlatBundle(BundleReader, Bundle):
         at = self._carried_at
         assert at is not None
         key, value = self._entry(position)
-        if self._blob is not None:
-            return key, value, self._blob[at + 16 * position : at + 16 * position + 16]
-        return key, value, bytes(self._view[at + 16 * position : at + 16 * position + 16])
+        return key, value, self._data[at + 16 * position : at + 16 * position + 16]
 
     def _first_marks(self) -> list[int]:
         at = self._carried_at
@@ -353,7 +387,7 @@ class FlatBundle(BundleReader, Bundle):
         Dropped pages are read again from the page cache if they are needed.
         `marks` is the pass's own record of how far it has released.
         """
-        blob = self._blob
+        blob = self._data
         if not isinstance(blob, mmap.mmap) or position >= self._count:
             return
         index_upto = self._index_at + position * 20
@@ -392,7 +426,7 @@ class FlatBundle(BundleReader, Bundle):
         if isinstance(words, memoryview):
             words.release()
         self._view.release()
-        self._blob = None
+        self._data = _Copying(self._view)  # as released: a read raises ValueError
         if closer is not None:
             closer()
 
@@ -510,9 +544,10 @@ class FlatBundle(BundleReader, Bundle):
             previous_ns, previous_key = ns_id, key
         self._stride = stride
         self._ranges = [(a, b) for a, b in ranges]
-        self._fences = fences
-        # One dict lookup per get: a namespace's index range and its fence keys.
+        # A namespace's index range and its fence keys, for `_search`; with every key
+        # kept, its keys to where their value's offset is in the words, once it is read.
         self._lookup = {name: (*self._ranges[i], fences[i]) for i, name in enumerate(names)}
+        self._keyed: dict[str, dict[bytes, int]] = {}
         self._summaries = [
             NamespaceSummary(namespace=name, entries=counts[i], bytes=sizes[i])
             for i, name in enumerate(names)
