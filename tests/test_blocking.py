@@ -949,11 +949,18 @@ async def test_a_store_used_on_an_event_loop_thread_raises_even_for_a_hit(root: 
         store: BlockingStore[str, int] = await anyio.to_thread.run_sync(env.store, NS)
         await anyio.to_thread.run_sync(store.insert, "k", 1)
         assert await anyio.to_thread.run_sync(store.get, "k") == 1
+        double = store.memoize(lambda x: 2 * x)
+        by_key = store.memoize(key=lambda x: "k")(lambda x: 2 * x)
+        assert await anyio.to_thread.run_sync(double, 3) == 6  # held now: a hit next
+        assert await anyio.to_thread.run_sync(by_key, 0) == 1
 
         calls: list[Callable[[], object]] = [
             lambda: store.get("k"),
             lambda: store.get("missing"),
             lambda: store.get_or_compute("k", int),
+            lambda: store.get_many(["k"]),
+            lambda: double(3),
+            lambda: by_key(0),
             lambda: store.insert("j", 2),
             lambda: env.store(NS),
         ]

@@ -6,12 +6,13 @@ hit path both faces call), the same single-flight rules
 (`warmenv.persistence._flight`), the same computations on a miss
 (`Store.compute_held`), and nothing of the store's own beyond those. What it
 adds is only where things run. A hit is answered on the caller's thread, as
-cheap as a dict lookup: the one loop check (`event_loop_here`, the cheap first
-step of `waiting_refused`, which a thread running no loop never goes beyond)
-and the store's hit path (`Held.hit`). A miss reads the environment file on the caller's
-thread too, with a read-only connection of its own (WAL readers never wait
-for the writer); only what that cannot answer (a key the file does not hold,
-a shared tier, an environment in memory) crosses to the loop thread.
+cheap as a dict lookup: the one loop check (`event_loop_here`'s line, inlined:
+the cheap first step of `waiting_refused`, which a thread running no loop
+never goes beyond) and the store's hit path (`Held.hit`). A miss reads the
+environment file on the caller's thread too, with a read-only connection of
+its own (WAL readers never wait for the writer); only what that cannot
+answer (a key the file does not hold, a shared tier, an environment in
+memory) crosses to the loop thread.
 
 `get_or_compute` runs the computation on the caller's thread: it is the
 application's plain function, free to block, and running it on the loop
@@ -29,7 +30,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, ParamSpec, final, overload
 
-from warmenv._backend import event_loop_here
+from warmenv._backend import event_loop_here, running_asyncio_loop, sniffio_thread
 from warmenv.blocking._loop import (
     Ask,
     LoopThread,
@@ -113,7 +114,10 @@ class BlockingStore(Generic[K, V]):
 
         Only what the environment file cannot answer here goes to the loop thread.
         """
-        if event_loop_here() and waiting_refused():
+        # `event_loop_here()`, inlined (see there why)
+        if (
+            running_asyncio_loop() is not None or sniffio_thread.name is not None
+        ) and waiting_refused():
             raise refused("get()")
         hit = self._hit  # see `Store.hit_path`: loaded, then called
         value = hit(key)
@@ -166,7 +170,10 @@ class BlockingStore(Generic[K, V]):
         from another process, that value wins and is returned. `fn` asking
         for its own key raises `WarmenvError` (it would wait for itself).
         """
-        if event_loop_here() and waiting_refused():
+        # `event_loop_here()`, inlined (see there why)
+        if (
+            running_asyncio_loop() is not None or sniffio_thread.name is not None
+        ) and waiting_refused():
             raise refused("get_or_compute()")
         hit = self._hit  # see `Store.hit_path`: loaded, then called
         value = hit(key)
@@ -199,7 +206,10 @@ class BlockingStore(Generic[K, V]):
 
             @functools.wraps(fn)
             def memoized(*args: Any, **kwargs: Any) -> V:
-                if event_loop_here() and waiting_refused():
+                # `event_loop_here()`, inlined (see there why)
+                if (
+                    running_asyncio_loop() is not None or sniffio_thread.name is not None
+                ) and waiting_refused():
                     raise refused(f"{name}() (memoized)")
                 call = functools.partial(fn, *args, **kwargs)
                 if keys is None:
