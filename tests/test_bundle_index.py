@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import env_contents
+from conftest import KERNELS, env_contents, sample_entries
 from helpers import counted
+from test_bundle_rowids import _respaced
 from warmenv import Environment, Namespace, open_environment
 from warmenv.bundle import (
     BundleError,
@@ -31,6 +32,9 @@ from warmenv.bundle import (
     open_bundle,
     preflight,
 )
+from warmenv.bundle.open import open_snapshot
+from warmenv.bundle.sqlite import file as bundle_file
+from warmenv.persistence.namespace import matches_any
 
 pytestmark = pytest.mark.anyio
 
@@ -204,3 +208,148 @@ async def test_no_edit_of_an_index_byte_makes_a_reader_serve_a_wrong_pair(
                 continue
             assert served == ENTRIES, f"byte {at} ^ {flip:#x}"
             assert scanned == ENTRIES, f"byte {at} ^ {flip:#x}"
+
+
+# --- what reads the rows alone is not moved by the index ----------------------
+#
+# The bulk copy, the totals of an open and the digest pass read the table by
+# rowid, never through the index, so an index edited in any way changes nothing
+# an import writes: it is refused (an index pairing a key with another row, by
+# every reader) or ignored. Only a reader by key proves the whole index first.
+
+
+def unreadable_index(good: Path, out: Path) -> Path:
+    """`good` with the root page of its entries index zeroed: any read through it fails."""
+    offset, size = _index_page(good)
+    data = bytearray(good.read_bytes())
+    data[offset : offset + size] = bytes(size)
+    out.write_bytes(bytes(data))
+    return out
+
+
+def reorder_cells(good: Path, out: Path, first: int, second: int) -> Path:
+    """`good` with two cells of its index page swapped in the page's order: every entry
+    still names its own row, but the index no longer holds them in key order."""
+    offset, _ = _index_page(good)
+    data = bytearray(good.read_bytes())
+    a, b = offset + 8 + 2 * first, offset + 8 + 2 * second
+    data[a : a + 2], data[b : b + 2] = data[b : b + 2], data[a : a + 2]
+    out.write_bytes(bytes(data))
+    return out
+
+
+@pytest.fixture
+async def three_namespaces(warm_env: Environment, tmp_path: Path) -> Path:
+    """A SQLite bundle of `sample_entries()`: three namespaces, 151 entries."""
+    path = tmp_path / "three.bundle"
+    await export_bundle(warm_env, path, name="three", version="1", format="sqlite")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("prefixes", "first"),
+    [(None, str(KERNELS)), (["app/1"], str(KERNELS))],
+    ids=["every namespace", "a prefix"],
+)
+async def test_a_bulk_copy_reads_the_bundle_by_rowid_alone(
+    three_namespaces: Path,
+    cold_env: Environment,
+    tmp_path: Path,
+    prefixes: list[str] | None,
+    first: str,
+) -> None:
+    unreadable = unreadable_index(three_namespaces, tmp_path / "unreadable.bundle")
+    copier = cold_env.bulk_copy(unreadable, prefixes, 16, first=[first])
+    assert copier is not None
+    batches = [batch async for batch in copier]
+    assert [batch for batch in batches if batch.failed] == []
+    assert batches[0].last_namespace == first  # the namespaces-first pass ran
+    expected = {ns: items for ns, items in sample_entries().items() if matches_any(ns, prefixes)}
+    assert await env_contents(cold_env) == expected
+
+
+@pytest.mark.parametrize("rowids", ["dense", "10^11 apart"])
+async def test_a_bundle_opened_to_be_verified_counts_its_rows_without_its_index(
+    three_namespaces: Path, tmp_path: Path, rowids: str
+) -> None:
+    source = three_namespaces
+    if rowids != "dense":  # not in runs of rowids: the totals are grouped from the table
+        source = _respaced(three_namespaces, tmp_path / "sparse.bundle", ":r * 100000000000")
+    unreadable = unreadable_index(source, tmp_path / "unreadable.bundle")
+    async with open_snapshot(unreadable, near=tmp_path, verified=True) as bundle:
+        totals = [(s.namespace, s.entries, s.bytes) for s in await bundle.namespaces()]
+    expected = [
+        (ns, len(items), sum(len(k) + len(v) for k, v in items.items()))
+        for ns, items in sorted(sample_entries().items())
+    ]
+    assert totals == expected
+
+
+@pytest.fixture
+def out_of_order(signed: tuple[Path, PublicKey], tmp_path: Path) -> Path:
+    path = reorder_cells(signed[0], tmp_path / "out-of-order.bundle", 1, 2)
+    conn = sqlite3.connect(path)
+    try:  # the premise: through the index, k002 comes before k001; the rows are untouched
+        keys = conn.execute(
+            "SELECT key FROM entries WHERE namespace = ? ORDER BY key LIMIT 3", (str(NS),)
+        ).fetchall()
+        assert keys == [(b"k000",), (b"k002",), (b"k001",)]
+    finally:
+        conn.close()
+    return path
+
+
+@pytest.mark.parametrize("verify", [True, False], ids=["digest checked", "verify=False"])
+async def test_an_index_out_of_key_order_changes_nothing_a_bulk_import_writes(
+    out_of_order: Path, cold_env: Environment, verify: bool
+) -> None:
+    report = await import_bundle(out_of_order, cold_env, verify=verify)
+    assert report.imported == len(ENTRIES)
+    assert await env_contents(cold_env) == {str(NS): ENTRIES}
+
+
+@pytest.mark.parametrize("reader", ["get", "scan", "import with validate="])
+async def test_an_index_out_of_key_order_is_refused_before_a_read_by_key(
+    out_of_order: Path, cold_env: Environment, reader: str
+) -> None:
+    with pytest.raises(CorruptBundleError, match=r"out-of-order\.bundle: SQLite finds it damaged"):
+        if reader == "import with validate=":
+            await import_bundle(out_of_order, cold_env, verify=False, validate=lambda *_: True)
+        else:
+            async with open_bundle(out_of_order) as bundle:
+                if reader == "get":
+                    await bundle.get(NS, b"k001")
+                else:
+                    [pair async for pair in bundle.scan(NS)]
+    assert await env_contents(cold_env) == {}
+
+
+@pytest.mark.parametrize(
+    ("use", "checks"),
+    [("open, verify, get and scan", 1), ("bulk import, digest checked", 0)],
+)
+async def test_the_integrity_check_runs_once_for_readers_by_key_and_never_for_a_bulk_import(
+    signed: tuple[Path, PublicKey],
+    cold_env: Environment,
+    monkeypatch: pytest.MonkeyPatch,
+    use: str,
+    checks: int,
+) -> None:
+    # SQLite's full check reads every page and looks every row up in the index; the
+    # readers that read by rowid alone do not need it (it was a tenth of an import).
+    runs: list[str] = []
+    check = bundle_file._integrity
+
+    def counted_check(conn: sqlite3.Connection, label: str) -> None:
+        runs.append(label)
+        check(conn, label)
+
+    monkeypatch.setattr(bundle_file, "_integrity", counted_check)
+    if use == "bulk import, digest checked":
+        await import_bundle(signed[0], cold_env)
+    else:
+        async with open_bundle(signed[0]) as bundle:
+            await bundle.verify()
+            assert await bundle.get(NS, b"k001") == ENTRIES[b"k001"]
+            assert dict([pair async for pair in bundle.scan(NS)]) == ENTRIES
+    assert len(runs) == checks

@@ -91,3 +91,20 @@ async def test_a_batch_size_of_one_row_still_copies_every_sparse_row(tmp_path: P
         assert len(steps) == ENTRIES
         got = await env.storage(NS).get_many([b"k%06d" % i for i in (0, 1, ENTRIES - 1)])
         assert got == {b"k%06d" % i: b"v%d" % i for i in (0, 1, ENTRIES - 1)}
+
+
+@pytest.mark.parametrize("verify", [True, False], ids=["digest checked", "verify=False"])
+async def test_rows_from_the_lowest_rowid_on_import_whole(tmp_path: Path, verify: bool) -> None:
+    # The open reads each row beside the row of the rowid before it (`rowid - 1`), which
+    # for the lowest rowid SQLite has overflows (to a REAL): no row, not the row itself.
+    dense = await _dense_bundle(tmp_path)
+    lowest = _respaced(dense, tmp_path / "lowest.bundle", f":r - 2 - {(1 << 63) - 1}")
+    conn = sqlite3.connect(lowest)
+    try:
+        assert conn.execute("SELECT min(rowid) FROM entries").fetchone() == (-(1 << 63),)
+    finally:
+        conn.close()
+    assert await _batches(lowest, tmp_path, "lowest", verify=verify) == (
+        math.ceil(ENTRIES / BATCH),
+        ENTRIES,
+    )

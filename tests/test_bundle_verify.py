@@ -169,3 +169,46 @@ async def test_a_sqlite_bundle_with_a_key_twice_is_refused_and_imports_nothing(
     with pytest.raises(NotABundleError, match=not_ours):
         async with open_bundle(bundle):
             pass
+
+
+def with_key_twice(valid: Path, out: Path, *, adjacent: bool) -> Path:
+    """`valid` (exactly warmenv's tables) with a second row for `k005` of KERNELS, right
+    after the first (`adjacent`) or last of all, which its primary key's index holds out
+    of order (written as `k00Z`, then those 4 bytes rewritten in the file)."""
+    out.write_bytes(valid.read_bytes())
+    conn = sqlite3.connect(out)
+    try:
+        (at,) = conn.execute(
+            "SELECT rowid FROM entries WHERE namespace = ? AND key = ?", (str(KERNELS), b"k005")
+        ).fetchone()
+        if adjacent:  # make room after it, from the last row down
+            for (rowid,) in conn.execute(
+                "SELECT rowid FROM entries WHERE rowid > ? ORDER BY rowid DESC", (at,)
+            ).fetchall():
+                conn.execute("UPDATE entries SET rowid = rowid + 1 WHERE rowid = ?", (rowid,))
+        conn.execute(
+            "INSERT INTO entries (rowid, namespace, key, value, origin) VALUES (?, ?, ?, ?, 1)",
+            (at + 1 if adjacent else None, str(KERNELS), b"k00Z", b"not what k005 says"),
+        )
+        conn.commit()
+    finally:
+        conn.close()
+    data = out.read_bytes()
+    assert data.count(b"k00Z") == 2  # its row and its index entry
+    out.write_bytes(data.replace(b"k00Z", b"k005"))
+    return out
+
+
+@pytest.mark.parametrize("adjacent", [True, False], ids=["adjacent", "at the end"])
+async def test_a_key_twice_under_the_primary_key_is_refused_without_the_digest(
+    warm_env: Environment, cold_env: Environment, tmp_path: Path, adjacent: bool
+) -> None:
+    from warmenv.bundle import export_bundle
+
+    valid = tmp_path / "valid.bundle"
+    await export_bundle(warm_env, valid, name="dup", version="1", format="sqlite")
+    bundle = with_key_twice(valid, tmp_path / "twice.bundle", adjacent=adjacent)
+    twice = f"the key b'k005' of namespace '{KERNELS}' appears twice"
+    with pytest.raises(CorruptBundleError, match=twice):
+        await import_bundle(bundle, cold_env, verify=False)
+    assert await env_contents(cold_env) == {}

@@ -9,6 +9,15 @@ of warmenv's schema is `NotABundleError`; one that is but holds damage (a
 malformed page, a row of the wrong types, a key twice) `CorruptBundleError`;
 one of a newer format than this warmenv reads `UnsupportedSchemaError`; one
 whose manifest is over the limit `InvalidManifestError`, found by its size alone.
+
+The rows are read from the table itself (`NOT INDEXED`, in rowid order), never
+through the (namespace, key) index, but by the readers by key (`get`, a page):
+the digest vouches for the rows, not for the index, so whatever is read through
+the index is proven first. Every open (and a digest pass) proves that each index
+entry names its own row (`_Index.pair`, one join): a file whose index pairs a key
+with another row's value is refused by every reader. A reader by key also proves,
+once, that the index finds every row by its key (`_Index.prove`, SQLite's
+integrity check), since a miss there is an answer too.
 """
 
 from __future__ import annotations
@@ -57,7 +66,7 @@ def _not_a_bundle(label: str, why: str) -> NotABundleError:
 class BundleFile:
     """A SQLite file of the entries schema, opened read-only and checked (a bundle)."""
 
-    __slots__ = ("_connection", "format", "label", "manifest", "namespaces", "path")
+    __slots__ = ("_connection", "_index", "format", "label", "manifest", "namespaces", "path")
 
     def __init__(
         self,
@@ -75,15 +84,16 @@ class BundleFile:
         self.namespaces = checked.namespaces
         self.format = checked.format
         """The bundle format its columns are (1 or 2); None: an environment's columns."""
+        self._index = checked.index
 
     @classmethod
     async def open(cls, path: Path, label: str, *, check_rows: bool = True) -> BundleFile:
-        """Open read-only and check the schema and every row's types.
+        """Open read-only and check the schema, every row's types and the index's pairs.
 
         A manifest over `MAX_MANIFEST_BYTES` is refused by its size alone,
         before any of it is read into Python. `check_rows=False` leaves the
-        rows' types to `hash_entries`, which checks them as it reads: for a
-        file that is hashed before any use.
+        rows' types and the index's pairs to `hash_entries`, which checks them
+        as it reads: for a file that is hashed before any use.
         """
         # Immutable: the main file alone is read, exactly the bytes an import's
         # private copy holds (never a -wal file beside it), and nothing is created.
@@ -102,19 +112,23 @@ class BundleFile:
         return cls(connection, path, label, checked)
 
     async def get(self, namespace: str, key: bytes) -> bytes | None:
-        return await self._run(partial(schema.value_of, namespace, key))
+        return await self._by_key(partial(schema.value_of, namespace, key))
 
     async def page(
         self, namespace: str, after: bytes | None, limit: int
     ) -> list[tuple[bytes, bytes]]:
         """Up to `limit` entries of `namespace` after the key `after`, in key order."""
-        return await self._run(partial(_page, namespace, after, limit))
+        return await self._by_key(partial(_page, namespace, after, limit))
 
     async def page_carrying(
         self, namespace: str, after: bytes | None, limit: int
     ) -> list[CarryingEntry]:
         """As `page`, each entry with the written_at and cost it carries (believed, or None)."""
-        return await self._run(partial(_page_carrying, self.format, namespace, after, limit))
+        return await self._by_key(partial(_page_carrying, self.format, namespace, after, limit))
+
+    async def _by_key(self, read: Callable[[sqlite3.Connection], T]) -> T:
+        """`read`, which goes through the entries' index, once the index is proven."""
+        return await self._run(partial(self._index.read, read))
 
     async def hash_entries(self) -> AsyncGenerator[int | str, None]:
         """The content digest of every entry, in key order: the bytes of keys and values
@@ -126,12 +140,13 @@ class BundleFile:
         check and a read in index order, with a fresh digest (and the count
         of bytes done starts again from 0). A (namespace, key) that appears
         twice is damage either way: the digest would vouch for two values of
-        which an import keeps one.
+        which an import keeps one. So is an index pairing a key with another
+        row (`_Index.pair`, unless the open checked it already).
 
         Each slice (about `HASH_SLICE` bytes) is one hop to the worker, so a
         caller can show how far the pass is, and cancel it between slices.
         """
-        steps = await self._run(partial(_hash_entries, self.label, self.format))
+        steps = await self._run(partial(_hash_entries, self.label, self.format, self._index))
         try:
             while True:
                 step = await self._run(partial(_next_step, steps))
@@ -159,6 +174,64 @@ class _Checked:
     manifest: object
     namespaces: list[NamespaceSummary]
     format: int | None
+    index: _Index
+
+
+@final
+@attrs.define
+class _Index:
+    """The entries' (namespace, key) index of one open file, and what is proven of it.
+
+    `paired`: each index entry names its own row (the rowid of the row that
+    holds the entry's namespace and key), and there are as many entries as
+    rows, so no read through it pairs a key with another key's value.
+    `proven`: SQLite's integrity check passed, which also finds every row by
+    its key through the index: what a reader by key needs, for whom a miss is
+    an answer too. Used on the connection's worker thread alone, one call at a
+    time, so each proof runs once (one that failed runs, and fails, again).
+    """
+
+    label: str
+    paired: bool = False
+    proven: bool = False
+
+    def pair(self, conn: sqlite3.Connection) -> None:
+        """`CorruptBundleError` unless each index entry names its own row: one join of
+        the index, read alone, with the table by rowid (about a quarter of the
+        integrity check's instructions)."""
+        if self.paired:
+            return
+        (rows,) = conn.execute("SELECT count(*) FROM entries NOT INDEXED").fetchone()
+        (indexed,) = conn.execute(_INDEXED).fetchone()
+        (paired,) = conn.execute(_PAIRED).fetchone()
+        if not rows == indexed == paired:
+            raise CorruptBundleError(
+                f"{self.label}: its index does not match its rows ({rows:,} rows, "
+                f"{indexed:,} index entries, {paired:,} of them naming their own row)"
+            )
+        self.paired = True
+
+    def prove(self, conn: sqlite3.Connection) -> None:
+        """`CorruptBundleError` unless SQLite's integrity check passes (run once)."""
+        if not self.proven:
+            _integrity(conn, self.label)
+            self.proven = self.paired = True
+
+    def read(self, reader: Callable[[sqlite3.Connection], T], conn: sqlite3.Connection) -> T:
+        """`reader`'s answer, read through the index once the index is proven."""
+        self.prove(conn)
+        return reader(conn)
+
+
+# The primary key's index (`bundle_schema.unlike_ours` allows no other), read alone.
+_INDEXED = "SELECT count(*) FROM entries INDEXED BY sqlite_autoindex_entries_1"
+# Each index entry (namespace, key and rowid read from the index: a covering scan)
+# joined with the row of its rowid (read from the table) if that row holds the same.
+_PAIRED = (
+    "SELECT count(*) FROM entries AS i INDEXED BY sqlite_autoindex_entries_1 "
+    "JOIN entries AS t NOT INDEXED "
+    "ON t.rowid = i.rowid AND t.namespace IS i.namespace AND t.key IS i.key"
+)
 
 
 # The bundle format of each entries table warmenv reads; an environment's table
@@ -204,28 +277,23 @@ def _check_file(label: str, check_rows: bool, conn: sqlite3.Connection) -> _Chec
     if size is not None:
         check_manifest_size(size, label)
     manifest = schema.meta_value(conn, "manifest")
-    # The table itself is scanned for rows of the wrong types (a damaged file can hold
-    # rows its index lacks); the totals come through the index, which is far cheaper
-    # than grouping a table scan.
-    totals = schema.namespace_summaries(conn)
+    index = _Index(label)
     if check_rows:
-        _check_rows(conn, label, format, sum(s.entries for s in totals))
-    return _Checked(manifest, totals, format)
+        _check_types(conn, label, format)
+    # Read from the table, not through the index: nothing has proven the index yet.
+    totals = _totals(conn, label, repeats=check_rows)
+    if check_rows and format is not None:  # an environment's table is refused as one
+        index.pair(conn)
+    return _Checked(manifest, totals, format, index)
 
 
-def _check_rows(conn: sqlite3.Connection, label: str, format: int | None, indexed: int) -> None:
-    """Damage that reading the rows would meet: a row of the wrong types, a row the
-    index lacks (`indexed`: the rows the totals counted), a (namespace, key) twice.
-
-    A file that is hashed before use leaves this to the hash, which sees all of
-    it in the one pass it makes anyway; this is one table scan, for a file read
-    without a digest. A repeated key needs no scan of its own where the table
-    has a unique (namespace, key) index holding every row (the row counts
-    agree); a table without one is grouped by (namespace, key) to find it.
-    """
+def _check_types(conn: sqlite3.Connection, label: str, format: int | None) -> None:
+    """`CorruptBundleError` if a row has a value of the wrong type: one scan of the
+    table, for a file read without a digest (the digest pass checks every row's
+    types as it reads them, so a file hashed before use leaves this to it)."""
     typed = schema.well_typed() + (f" AND {carried.typed_sql()}" if format == 2 else "")
-    # The table itself (NOT INDEXED), in two scans: counting the rows that fail a
-    # condition takes SQLite about half the time of summing the condition over all.
+    # Counting the rows that fail the condition takes SQLite about half the time of
+    # summing the condition over all of them.
     (bad,) = conn.execute(
         f"SELECT count(*) FROM entries NOT INDEXED WHERE NOT ({typed})"
     ).fetchone()
@@ -234,45 +302,102 @@ def _check_rows(conn: sqlite3.Connection, label: str, format: int | None, indexe
         raise CorruptBundleError(
             f"{label}: {what} a namespace, key, value, written_at or cost of the wrong type"
         )
-    (rows,) = conn.execute("SELECT count(*) FROM entries NOT INDEXED").fetchone()
-    if rows != indexed:
-        raise CorruptBundleError(
-            f"{label}: its table holds {rows:,} rows but its index {indexed:,}"
-        )
-    _integrity(conn, label)
-    if _unique_entries(conn):
-        return  # the index that holds every row holds no (namespace, key) twice
-    twice = conn.execute(
-        "SELECT namespace, key FROM entries GROUP BY namespace, key HAVING count(*) > 1 LIMIT 1"
-    ).fetchone()
-    if twice is not None:
-        raise _duplicate(label, *twice)
+
+
+def _totals(conn: sqlite3.Connection, label: str, *, repeats: bool) -> list[NamespaceSummary]:
+    """Each namespace's entries and bytes, read from the table, in namespace order.
+
+    A bundle warmenv exported holds its rows in key order, one after the
+    other (rowids without gaps): each namespace is then one run of rowids
+    (`_runs`), whose totals are one range read of the table each. A file
+    made otherwise is grouped by namespace (SQLite sorts the namespaces and
+    sizes of every row). `repeats`: there, also look for a (namespace, key)
+    held twice, which the runs' check of key order rules out (a file read
+    without a digest; the digest pass finds it as it hashes).
+    """
+    runs = _runs(conn, label)
+    if runs is not None:
+        totals = []
+        for namespace, text, start, end in runs:
+            count, size = conn.execute(_RUN_TOTALS, (start, end)).fetchone()
+            totals.append(NamespaceSummary(namespace, int(count), int(size), text))
+        return totals
+    if repeats:
+        twice = conn.execute(
+            "SELECT namespace, key FROM entries NOT INDEXED "
+            "GROUP BY namespace, key HAVING count(*) > 1 LIMIT 1"
+        ).fetchone()
+        if twice is not None:
+            raise _duplicate(label, *twice)
+    rows = conn.execute(_GROUPED_TOTALS).fetchall()
+    return [NamespaceSummary(n, int(count), int(size), bool(text)) for n, count, size, text in rows]
+
+
+_MAX_RUNS = 4096  # namespaces in runs of rowids; a file of more is grouped instead
+_LAST_ROWID = (1 << 63) - 1
+_RUN_TOTALS = (
+    f"SELECT count(*), coalesce(sum({schema.ENTRY_BYTES}), 0) FROM entries NOT INDEXED "
+    "WHERE rowid BETWEEN ? AND ?"
+)
+# A co-routine hands the sorter each row's namespace and size alone (grouping the
+# table itself would sort every key and value with them).
+_GROUPED_TOTALS = (
+    "SELECT name, count(*), coalesce(sum(size), 0), text FROM ("
+    f"SELECT namespace AS raw, {schema.namespace_read()} AS name, "
+    f"{schema.text_read()} AS text, {schema.ENTRY_BYTES} AS size "
+    "FROM entries NOT INDEXED LIMIT -1"
+    ") GROUP BY raw ORDER BY raw"
+)
+# The rows where key order is not simply the next key of the same namespace: the
+# first row, a row after a gap in the rowids, a new namespace, a key not above the
+# one before (each row beside the row of the rowid before it, found by rowid).
+_BOUNDARIES = (
+    "SELECT a.rowid, b.rowid IS NULL, a.namespace IS NOT b.namespace, "
+    "b.namespace < a.namespace, b.key = a.key, a.namespace, a.key, "
+    f"{schema.namespace_read('a.namespace')}, {schema.text_read('a.namespace')} "
+    "FROM entries AS a NOT INDEXED LEFT JOIN entries AS b NOT INDEXED ON b.rowid = a.rowid - 1 "
+    "WHERE b.rowid IS NULL OR b.namespace IS NOT a.namespace OR b.key >= a.key "
+    "ORDER BY a.rowid LIMIT ?"
+)
+
+
+def _runs(conn: sqlite3.Connection, label: str) -> list[tuple[str, bool, int, int]] | None:
+    """Each namespace's run of rowids, as (namespace, is text, first, last rowid), if
+    the rows are in key order without gaps in their rowids; else None.
+
+    One read of the table, each row beside the one before it (by rowid), keeps
+    only the rows where a namespace starts or where order breaks; in key order
+    no (namespace, key) is held twice, and one that is raises here.
+    """
+    rows = conn.execute(_BOUNDARIES, (_MAX_RUNS + 1,)).fetchall()
+    if len(rows) > _MAX_RUNS:
+        return None
+    starts: list[tuple[str, bool, int]] = []
+    for rowid, first, new_namespace, forward, same_key, namespace, key, name, text in rows:
+        if first:
+            if starts:
+                return None  # a gap in the rowids: the row before it is elsewhere
+        elif not new_namespace:
+            if same_key:
+                raise _duplicate(label, namespace, key)
+            return None  # a key below the one before it
+        elif not forward:
+            return None  # a namespace below the one before it
+        starts.append((name, bool(text), int(rowid)))
+    ends = [start - 1 for _, _, start in starts[1:]] + [_LAST_ROWID] if starts else []
+    return [(name, text, start, end) for (name, text, start), end in zip(starts, ends, strict=True)]
 
 
 def _integrity(conn: sqlite3.Connection, label: str) -> None:
     """Refuse a file SQLite's integrity check finds damaged: above all an index that
-    does not hold exactly its table's rows. Every read by key (a `get`, a page, the
-    namespace totals) goes through the entries' index, which the digest does not
+    does not hold exactly its table's rows, each found by its key. Every read by key
+    (a `get`, a page) goes through the entries' index, which the digest does not
     cover (it is taken from the rows in rowid order): an index pairing a key with
-    another row's rowid would serve that key another key's value."""
+    another row's rowid would serve that key another key's value, one that lacks a
+    key would answer that the bundle does not hold it."""
     problems = [row[0] for row in conn.execute("PRAGMA integrity_check(5)")]
     if problems != ["ok"]:
         raise CorruptBundleError(f"{label}: SQLite finds it damaged: {'; '.join(problems)}")
-
-
-def _unique_entries(conn: sqlite3.Connection) -> bool:
-    """Whether the entries table has a unique index on exactly (namespace, key), as
-    every bundle export writes has (its primary key); a file made otherwise may not."""
-    indexes = conn.execute(
-        "SELECT name FROM pragma_index_list('entries') WHERE \"unique\" AND NOT partial"
-    )
-    for (name,) in indexes.fetchall():
-        columns = conn.execute(
-            "SELECT name FROM pragma_index_info(?) ORDER BY seqno", (name,)
-        ).fetchall()
-        if columns == [("namespace",), ("key",)]:
-            return True
-    return False
 
 
 def _page(
@@ -377,7 +502,7 @@ def _take(
 
 
 def _hash_entries(
-    label: str, format: int | None, conn: sqlite3.Connection
+    label: str, format: int | None, index: _Index, conn: sqlite3.Connection
 ) -> Generator[int, None, str]:
     """A hashing pass over `conn`, run a slice per `next` on its thread: yields the bytes
     done so far after each slice (from 0), returns the digest."""
@@ -388,10 +513,10 @@ def _hash_entries(
     except _NotInKeyOrder:
         pass
     else:
-        _integrity(conn, label)  # every later read goes through the index
+        index.pair(conn)  # a file verified is refused as one opened would be
         return digest
-    # Reading in index order trusts the index to match the table: check that.
-    _integrity(conn, label)
+    # Reading in index order trusts the index to match the table: prove it.
+    index.prove(conn)
     try:
         sql = f"SELECT {columns} FROM entries ORDER BY namespace, key"
         return (yield from _hash_in(sql, conn, label, format))

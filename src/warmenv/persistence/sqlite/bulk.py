@@ -7,6 +7,11 @@ module is the mechanism; whether an import copies in bulk or reads entry by
 entry is the import's decision (`warmenv.bundle.importing`). What cannot be
 copied in bulk (a flat bundle, a checked import) goes in by `insert_imported`,
 keeping what each entry carries as the copy keeps a bundle's columns.
+
+Every read of the source goes through its table by rowid (`NOT INDEXED`, as
+`AS b NOT INDEXED`), never through its (namespace, key) index: a bundle's
+digest vouches for its rows, not for its index, so what the copy imports is
+what the rows hold, whatever the index says (tests/test_bundle_index.py).
 """
 
 from __future__ import annotations
@@ -224,7 +229,7 @@ def _detach(alias: str, conn: sqlite3.Connection) -> None:
 
 def _first_rowid(alias: str, conn: sqlite3.Connection) -> int | None:
     """The source's first rowid (None: it is empty)."""
-    row = conn.execute(f"SELECT min(rowid) FROM {alias}.entries").fetchone()
+    row = conn.execute(f"SELECT min(b.rowid) FROM {alias}.entries AS b NOT INDEXED").fetchone()
     return None if row[0] is None else int(row[0])
 
 
@@ -258,7 +263,7 @@ def _parts(
         return [_Part(alias, clause, tuple(params), start)]
     wanted = f"b.namespace IN ({', '.join('?' * len(first))})"
     low, high, count = conn.execute(
-        f"SELECT min(b.rowid), max(b.rowid), count(*) FROM {alias}.entries AS b "
+        f"SELECT min(b.rowid), max(b.rowid), count(*) FROM {alias}.entries AS b NOT INDEXED "
         f"WHERE ({clause}) AND {wanted}",
         (*params, *first),
     ).fetchone()
@@ -267,7 +272,8 @@ def _parts(
     if low is None:
         return [_Part(alias, clause, tuple(params), start)]
     (run,) = conn.execute(
-        f"SELECT count(*) FROM {alias}.entries WHERE rowid BETWEEN ? AND ?", (low, high)
+        f"SELECT count(*) FROM {alias}.entries AS b NOT INDEXED WHERE b.rowid BETWEEN ? AND ?",
+        (low, high),
     ).fetchone()
     firsts = _Part(alias, f"({clause}) AND {wanted}", both, low, high)
     if run != count:
@@ -300,8 +306,8 @@ class _Span:
         the part's `stop`."""
         stop = _LAST_ROWID if part.stop is None else part.stop
         ends = conn.execute(
-            f"SELECT rowid FROM {part.alias}.entries WHERE rowid BETWEEN ? AND ? "
-            "ORDER BY rowid LIMIT 2 OFFSET ?",
+            f"SELECT b.rowid FROM {part.alias}.entries AS b NOT INDEXED "
+            "WHERE b.rowid BETWEEN ? AND ? ORDER BY b.rowid LIMIT 2 OFFSET ?",
             (start, stop, batch_size - 1),
         ).fetchall()
         if not ends:  # fewer rows than a batch are left: they are the last
@@ -323,7 +329,7 @@ def _seen(
 ) -> list[tuple[str, int, int]]:
     return schema.range_totals(
         conn,
-        table=f"{alias}.entries AS b",
+        table=f"{alias}.entries AS b NOT INDEXED",
         where=f"b.rowid BETWEEN ? AND ? AND {clause}",
         params=(start, end, *params),
     )
@@ -365,7 +371,7 @@ def _copy_batch(
     source = (
         f"SELECT b.namespace, b.key, b.value, {int(Origin.IMPORTED)}, "
         f"{provenance.written_at}, {provenance.cost}, ? "
-        f"FROM {alias}.entries AS b WHERE b.rowid BETWEEN ? AND ? AND {clause}"
+        f"FROM {alias}.entries AS b NOT INDEXED WHERE b.rowid BETWEEN ? AND ? AND {clause}"
     )
     sql = schema.UPSERT.format(table="main.entries", source=source)
     args = (provenance.bundle, start, end, *params)

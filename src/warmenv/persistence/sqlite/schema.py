@@ -25,6 +25,7 @@ from warmenv.persistence.storage import BundleRef, NamespaceSummary, may_replace
 
 __all__ = [
     "CARRIED_COLUMNS",
+    "ENTRY_BYTES",
     "ENTRY_COLUMNS",
     "ENVIRONMENT_COLUMNS",
     "ENVIRONMENT_VERSION",
@@ -334,7 +335,9 @@ def set_version(conn: sqlite3.Connection) -> None:
     )
 
 
-_TOTAL_BYTES = "coalesce(sum(length(key) + length(value)), 0)"  # keys plus values
+ENTRY_BYTES = "length(key) + length(value)"
+"""An entry's size as SQL: its key's bytes and its value's, the one measure of size."""
+_TOTAL_BYTES = f"coalesce(sum({ENTRY_BYTES}), 0)"
 
 
 def value_of(namespace: str, key: bytes, conn: sqlite3.Connection) -> bytes | None:
