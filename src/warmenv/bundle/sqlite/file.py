@@ -192,6 +192,8 @@ class _Index:
     """
 
     label: str
+    rows: int
+    """The table's rows (counted from the table, with the totals)."""
     paired: bool = False
     proven: bool = False
 
@@ -201,12 +203,11 @@ class _Index:
         integrity check's instructions)."""
         if self.paired:
             return
-        (rows,) = conn.execute("SELECT count(*) FROM entries NOT INDEXED").fetchone()
         (indexed,) = conn.execute(_INDEXED).fetchone()
         (paired,) = conn.execute(_PAIRED).fetchone()
-        if not rows == indexed == paired:
+        if not self.rows == indexed == paired:
             raise CorruptBundleError(
-                f"{self.label}: its index does not match its rows ({rows:,} rows, "
+                f"{self.label}: its index does not match its rows ({self.rows:,} rows, "
                 f"{indexed:,} index entries, {paired:,} of them naming their own row)"
             )
         self.paired = True
@@ -277,74 +278,75 @@ def _check_file(label: str, check_rows: bool, conn: sqlite3.Connection) -> _Chec
     if size is not None:
         check_manifest_size(size, label)
     manifest = schema.meta_value(conn, "manifest")
-    index = _Index(label)
-    if check_rows:
-        _check_types(conn, label, format)
+    # The rows' types are the digest pass's where one follows (it reads every row).
+    typed = schema.well_typed() + (f" AND {carried.typed_sql()}" if format == 2 else "")
     # Read from the table, not through the index: nothing has proven the index yet.
-    totals = _totals(conn, label, repeats=check_rows)
+    totals = _totals(conn, label, typed if check_rows else None)
+    index = _Index(label, sum(summary.entries for summary in totals))
     if check_rows and format is not None:  # an environment's table is refused as one
         index.pair(conn)
     return _Checked(manifest, totals, format, index)
 
 
-def _check_types(conn: sqlite3.Connection, label: str, format: int | None) -> None:
-    """`CorruptBundleError` if a row has a value of the wrong type: one scan of the
-    table, for a file read without a digest (the digest pass checks every row's
-    types as it reads them, so a file hashed before use leaves this to it)."""
-    typed = schema.well_typed() + (f" AND {carried.typed_sql()}" if format == 2 else "")
-    # Counting the rows that fail the condition takes SQLite about half the time of
-    # summing the condition over all of them.
-    (bad,) = conn.execute(
-        f"SELECT count(*) FROM entries NOT INDEXED WHERE NOT ({typed})"
-    ).fetchone()
-    if bad:
-        what = "1 row has" if bad == 1 else f"{int(bad):,} rows have"
-        raise CorruptBundleError(
-            f"{label}: {what} a namespace, key, value, written_at or cost of the wrong type"
-        )
-
-
-def _totals(conn: sqlite3.Connection, label: str, *, repeats: bool) -> list[NamespaceSummary]:
+def _totals(conn: sqlite3.Connection, label: str, typed: str | None) -> list[NamespaceSummary]:
     """Each namespace's entries and bytes, read from the table, in namespace order.
 
     A bundle warmenv exported holds its rows in key order, one after the
     other (rowids without gaps): each namespace is then one run of rowids
     (`_runs`), whose totals are one range read of the table each. A file
     made otherwise is grouped by namespace (SQLite sorts the namespaces and
-    sizes of every row). `repeats`: there, also look for a (namespace, key)
-    held twice, which the runs' check of key order rules out (a file read
-    without a digest; the digest pass finds it as it hashes).
+    sizes of every row).
+
+    `typed`: for a file read without a digest (the digest pass checks every
+    row as it reads it), the condition every row must meet, counted in the
+    same read as the totals (a read of the whole file fewer); where the rows
+    are not in runs, a (namespace, key) held twice is also looked for (the
+    runs' check of key order rules it out).
     """
+    wrong = "0" if typed is None else f"NOT ({typed})"  # a row of the wrong types, as SQL
+    totals: list[NamespaceSummary] = []
+    bad = 0
     runs = _runs(conn, label)
     if runs is not None:
-        totals = []
+        sql = _RUN_TOTALS.format(wrong=wrong)
         for namespace, text, start, end in runs:
-            count, size = conn.execute(_RUN_TOTALS, (start, end)).fetchone()
+            count, size, failing = conn.execute(sql, (start, end)).fetchone()
             totals.append(NamespaceSummary(namespace, int(count), int(size), text))
-        return totals
-    if repeats:
+            bad += failing
+    else:
+        for name, count, size, text, failing in conn.execute(_GROUPED_TOTALS.format(wrong=wrong)):
+            totals.append(NamespaceSummary(name, int(count), int(size), bool(text)))
+            bad += failing
+    if bad:
+        what = "1 row has" if bad == 1 else f"{int(bad):,} rows have"
+        raise CorruptBundleError(
+            f"{label}: {what} a namespace, key, value, written_at or cost of the wrong type"
+        )
+    if runs is None and typed is not None:
         twice = conn.execute(
             "SELECT namespace, key FROM entries NOT INDEXED "
             "GROUP BY namespace, key HAVING count(*) > 1 LIMIT 1"
         ).fetchone()
         if twice is not None:
             raise _duplicate(label, *twice)
-    rows = conn.execute(_GROUPED_TOTALS).fetchall()
-    return [NamespaceSummary(n, int(count), int(size), bool(text)) for n, count, size, text in rows]
+    return totals
 
 
 _MAX_RUNS = 4096  # namespaces in runs of rowids; a file of more is grouped instead
 _LAST_ROWID = (1 << 63) - 1
+# `wrong`: the condition of a row of the wrong types, its rows counted beside the
+# totals (`0` when none is looked for). Counting the rows a condition selects takes
+# SQLite about half the time of summing the condition over them all.
 _RUN_TOTALS = (
-    f"SELECT count(*), coalesce(sum({schema.ENTRY_BYTES}), 0) FROM entries NOT INDEXED "
-    "WHERE rowid BETWEEN ? AND ?"
+    f"SELECT count(*), coalesce(sum({schema.ENTRY_BYTES}), 0), "
+    "count(*) FILTER (WHERE {wrong}) FROM entries NOT INDEXED WHERE rowid BETWEEN ? AND ?"
 )
-# A co-routine hands the sorter each row's namespace and size alone (grouping the
-# table itself would sort every key and value with them).
+# A co-routine hands the sorter each row's namespace, size and whether its types are
+# wrong alone (grouping the table itself would sort every key and value with them).
 _GROUPED_TOTALS = (
-    "SELECT name, count(*), coalesce(sum(size), 0), text FROM ("
+    "SELECT name, count(*), coalesce(sum(size), 0), text, coalesce(sum(wrong), 0) FROM ("
     f"SELECT namespace AS raw, {schema.namespace_read()} AS name, "
-    f"{schema.text_read()} AS text, {schema.ENTRY_BYTES} AS size "
+    f"{schema.text_read()} AS text, {schema.ENTRY_BYTES} AS size, {{wrong}} AS wrong "
     "FROM entries NOT INDEXED LIMIT -1"
     ") GROUP BY raw ORDER BY raw"
 )
