@@ -2,8 +2,22 @@
 
 (bench_caches.py measures Triton and torch.compile.)
 
-Run: python benchmarks/bench_caches_cpu.py [--tool jax --tool numba] [--jax-steps 400] [--rounds 5]
+Run: python benchmarks/bench_caches_cpu.py [--tool jax --tool numba] [--size issue]
+[--jax-steps N] [--rounds 5]
 (`nox -s caches_demo` runs the JAX row alone: the README's one-command demo.)
+
+--size picks the workload (--jax-steps overrides its JAX steps):
+- default: the issue's workload as written, one jit of a 400-step unrolled
+  `lax.scan` (JAX); 5 `cache=True` functions, 8 compiled versions, two of
+  them `parallel=True` (Numba). On a quiet machine of today these compile
+  in under 5 s, so the start-up floor caps the warm/cold ratio.
+- issue: as long a cold start as the issue measured (JAX 31 s, Numba
+  15.6 s) on this machine when quiet. JAX: 2,600 unrolled steps (XLA's
+  compile took 6.0, 12.1, 27.5 and 45.6 s of CPU for 400, 800, 1,600 and
+  2,400 steps, on about 1.8 cores when quiet). Numba: the 5 functions
+  defined 14 times over, 70 functions and 112 compiled versions (16 s cold
+  here, 0.7 s warm). `--tool jax --size issue --rounds 1` takes about two
+  minutes on a quiet machine (three cold compiles), `--tool numba` one.
 
 Per tool, each run a fresh interpreter at its own "machine" (a directory at
 another absolute path), wall time from the process's start to its end:
@@ -41,9 +55,10 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import anyio
+import attrs
 
 import warmenv
 from warmenv import open_environment
@@ -71,7 +86,7 @@ JAX_APP = """
         jax.config.update("jax_compilation_cache_dir", cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
-    # The issue's workload: a 400-step unrolled loop, one jit, compile-bound.
+    # The issue's workload: a `steps`-step unrolled loop (400 in the issue), one jit, compile-bound.
     def f(x, w):
         def body(c, i):
             return jnp.tanh(c @ w + jnp.sin(c) * i), None
@@ -82,12 +97,17 @@ JAX_APP = """
     print(json.dumps(counts), flush=True)
 """
 
-NUMBA_KERNELS = """
+NUMBA_HEADER = """
     import numpy as np
     from numba import njit, prange
 
+    KERNELS = []
+"""
+
+# Defined once per copy (`_{k}` names); each copy is its own 5 functions, 8 versions.
+NUMBA_KERNELS = """
     @njit(cache=True, parallel=True)
-    def pairwise(a):
+    def pairwise_{k}(a):
         n = a.shape[0]
         out = np.empty((n, n))
         for i in prange(n):
@@ -100,14 +120,14 @@ NUMBA_KERNELS = """
         return out
 
     @njit(cache=True, parallel=True)
-    def scale(a, s):
+    def scale_{k}(a, s):
         out = np.empty_like(a)
         for i in prange(a.shape[0]):
             out[i] = a[i] * s
         return out
 
     @njit(cache=True)
-    def cumulative(a):
+    def cumulative_{k}(a):
         out = np.empty_like(a)
         total = a[0] * 0
         for i in range(a.shape[0]):
@@ -116,7 +136,7 @@ NUMBA_KERNELS = """
         return out
 
     @njit(cache=True)
-    def histogram(a, bins):
+    def histogram_{k}(a, bins):
         counts = np.zeros(bins, dtype=np.int64)
         low, high = a.min(), a.max()
         for x in a:
@@ -125,11 +145,13 @@ NUMBA_KERNELS = """
         return counts
 
     @njit(cache=True)
-    def smooth(a):
+    def smooth_{k}(a):
         out = np.empty_like(a)
         for i in range(a.shape[0]):
             out[i] = 0.5 * a[i] + 0.25 * (a[i - 1] + a[(i + 1) % a.shape[0]])
         return out
+
+    KERNELS.append((pairwise_{k}, scale_{k}, cumulative_{k}, histogram_{k}, smooth_{k}))
 """
 
 NUMBA_APP = """
@@ -142,15 +164,15 @@ NUMBA_APP = """
         os.environ["NUMBA_CACHE_DIR"] = cache
     import numpy as np
     import kernels
-    a = np.random.rand(64, 3)
-    kernels.pairwise(a)
-    for dtype in (np.float64, np.float32):
-        v = np.arange(100, dtype=dtype)
-        kernels.scale(v, dtype(2))
-        kernels.cumulative(v)
-        kernels.smooth(v)
-    kernels.histogram(np.random.rand(100), 10)
-    ds = (kernels.pairwise, kernels.scale, kernels.cumulative, kernels.histogram, kernels.smooth)
+    for pairwise, scale, cumulative, histogram, smooth in kernels.KERNELS:
+        pairwise(np.random.rand(64, 3))
+        for dtype in (np.float64, np.float32):
+            v = np.arange(100, dtype=dtype)
+            scale(v, dtype(2))
+            cumulative(v)
+            smooth(v)
+        histogram(np.random.rand(100), 10)
+    ds = [d for copy in kernels.KERNELS for d in copy]
     print(json.dumps({
         "hits": sum(sum(d.stats.cache_hits.values()) for d in ds),
         "misses": sum(sum(d.stats.cache_misses.values()) for d in ds),
@@ -158,25 +180,40 @@ NUMBA_APP = """
 """
 
 
-def machine(base: Path, name: str, tool: str, jax_steps: int) -> Path:
+@attrs.frozen
+class Workload:
+    """How much each tool compiles cold: JAX's unrolled steps, Numba's copies of its 5 functions."""
+
+    jax_steps: int
+    numba_copies: int
+
+
+SIZES: Final = {
+    "default": Workload(jax_steps=400, numba_copies=1),
+    "issue": Workload(jax_steps=2600, numba_copies=14),
+}
+
+
+def machine(base: Path, name: str, tool: str, workload: Workload) -> Path:
     home = base / name / "srv" / "app" if name == "a" else base / name / "home" / "ci" / "app"
     home.mkdir(parents=True)
     if tool == "jax":
         (home / "app.py").write_text(textwrap.dedent(JAX_APP))
     else:
-        (home / "kernels.py").write_text(textwrap.dedent(NUMBA_KERNELS))
+        copies = [NUMBA_KERNELS.format(k=k) for k in range(workload.numba_copies)]
+        (home / "kernels.py").write_text(textwrap.dedent(NUMBA_HEADER + "".join(copies)))
         (home / "app.py").write_text(textwrap.dedent(NUMBA_APP))
     return home
 
 
-def run(home: Path, mode: str, tool: str, jax_steps: int) -> tuple[float, dict[str, Any]]:
+def run(home: Path, mode: str, tool: str, workload: Workload) -> tuple[float, dict[str, Any]]:
     variables = {
         k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "NUMBA_", "WARMENV_"))
     }
     variables["WARMENV_ROOT"] = str(home / "root")
     argv = [sys.executable, "app.py", mode, str(home / "cache")]
     if tool == "jax":
-        argv.append(str(jax_steps))
+        argv.append(str(workload.jax_steps))
     started = time.perf_counter()
     completed = subprocess.run(
         argv, cwd=home, env=variables, capture_output=True, text=True, check=False
@@ -245,22 +282,30 @@ def restore_vs_copy(home: Path, tool: str, rounds: int, scratch: Path) -> tuple[
     return statistics.median(ours), statistics.median(floor), files
 
 
+def workload_of(args: argparse.Namespace) -> Workload:
+    workload: Workload = SIZES[args.size]
+    if args.jax_steps is not None:
+        workload = attrs.evolve(workload, jax_steps=args.jax_steps)
+    return workload
+
+
 def bench(tool: str, args: argparse.Namespace) -> dict[str, Any]:
+    workload = workload_of(args)
     with tempfile.TemporaryDirectory(prefix=f"bench-caches-{tool}-") as scratch_name:
         scratch = Path(scratch_name)
-        first = machine(scratch, "a", tool, args.jax_steps)
-        second = machine(scratch, "b", tool, args.jax_steps)
-        third = machine(scratch, "c", tool, args.jax_steps)
+        first = machine(scratch, "a", tool, workload)
+        second = machine(scratch, "b", tool, workload)
+        third = machine(scratch, "c", tool, workload)
         print(f"{tool}: cold run ...", file=sys.stderr, flush=True)
-        cold, cold_counts = run(first, "ours", tool, args.jax_steps)
+        cold, cold_counts = run(first, "ours", tool, workload)
         ship(first, second, scratch)
         print(f"{tool}: plain copy ...", file=sys.stderr, flush=True)
-        plain_cold, _ = run(third, "plain", tool, args.jax_steps)  # makes the copy's source
-        fourth = machine(scratch, "d", tool, args.jax_steps)
+        plain_cold, _ = run(third, "plain", tool, workload)  # makes the copy's source
+        fourth = machine(scratch, "d", tool, workload)
         shutil.copytree(third / "cache", fourth / "cache")
-        plain, plain_counts = run(fourth, "plain", tool, args.jax_steps)
+        plain, plain_counts = run(fourth, "plain", tool, workload)
         print(f"{tool}: warm run ...", file=sys.stderr, flush=True)
-        warm, warm_counts = run(second, "ours", tool, args.jax_steps)
+        warm, warm_counts = run(second, "ours", tool, workload)
         ours, floor, files = restore_vs_copy(second, tool, args.rounds, scratch)
         startup = floor_seconds(tool)
     return {
@@ -282,12 +327,18 @@ def bench(tool: str, args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tool", action="append", choices=["jax", "numba"])
-    parser.add_argument("--jax-steps", type=int, default=400)
+    parser.add_argument("--size", choices=sorted(SIZES), default="default")
+    parser.add_argument("--jax-steps", type=int, help="JAX's unrolled steps (default: the size's)")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     compileall.compile_dir(Path(warmenv.__file__).parent, quiet=1)
     rows = [bench(tool, args) for tool in args.tool or ["jax", "numba"]]
     print()
+    workload = workload_of(args)
+    print(
+        f"--size {args.size}: JAX {workload.jax_steps} unrolled steps, "
+        f"Numba {5 * workload.numba_copies} functions, {8 * workload.numba_copies} versions"
+    )
     columns = ["tool", "cold", "plain copy: wall, hits", "warm: wall, hits", "warm vs cold"]
     columns += ["start-up floor", "warm above the floor"]
     columns += ["restore", "cp -r", "restore vs cp -r"]
