@@ -23,7 +23,8 @@ itself, through its own plug-in mechanism, with no `sitecustomize` and no
 
 Every hook does nothing unless `COUNTS_VARIABLE` names a file; at exit it
 appends the tool's own counts to it (one JSON line per process: hits,
-misses, and the hits per captured entry, by tree part), and `warmenv run`
+misses, the misses left uncached, and the hits per captured entry, by
+tree part), and `warmenv run`
 adds them up after COMMAND ends (`read_counts`) and counts the hits of
 each entry in the environment's statistics, as `use()` does in-process.
 The hooks are warmenv's modules: a COMMAND whose Python has no warmenv is
@@ -65,7 +66,12 @@ _WARMENV: Final = Path(os.path.realpath(__file__)).parent.parent  # this warmenv
 
 
 def write_counts(
-    tool: str, hits: int, misses: int, served: Mapping[str, Mapping[str, int]] | None = None
+    tool: str,
+    hits: int,
+    misses: int,
+    served: Mapping[str, Mapping[str, int]] | None = None,
+    *,
+    uncached: int = 0,
 ) -> None:
     """Append this process's counts for `tool` to the file `COUNTS_VARIABLE` names, if any.
 
@@ -73,13 +79,20 @@ def write_counts(
     regular file or not this user's is left alone.
 
     `served`: hits per entry (relative path) per tree part (`files`, ...),
-    where the tool says which entries it served.
+    where the tool says which entries it served. `uncached`: misses the tool
+    compiled and did not write to its cache (where it says: JAX).
     """
     path = os.environ.get(COUNTS_VARIABLE)
     if not path:
         return
     by_part = {part: dict(hits) for part, hits in (served or {}).items()}
-    record = {"tool": tool, "hits": hits, "misses": misses, "served": by_part}
+    record = {
+        "tool": tool,
+        "hits": hits,
+        "misses": misses,
+        "uncached": uncached,
+        "served": by_part,
+    }
     # A process that outlives `warmenv run` still names the file after it was removed, with
     # its directory: never create it, follow a symlink, block on a FIFO, or write a file
     # another user could have put there.
@@ -108,6 +121,8 @@ class Counts:
     misses: int = 0
     served: dict[str, dict[str, int]] = attrs.Factory(dict)
     """Hits per entry (relative path), per tree part."""
+    uncached: int = 0
+    """Misses compiled and not written to the tool's cache (JAX's below its minimum)."""
 
 
 def new_counts(path: Path) -> None:
@@ -126,6 +141,7 @@ def read_counts(path: Path) -> dict[str, Counts]:
         try:
             record = json.loads(line)
             tool, hits, misses = str(record["tool"]), int(record["hits"]), int(record["misses"])
+            uncached = int(record.get("uncached", 0))
             served = {
                 str(part): {str(k): int(n) for k, n in dict(entries).items()}
                 for part, entries in dict(record.get("served", {})).items()
@@ -135,6 +151,7 @@ def read_counts(path: Path) -> dict[str, Counts]:
         counts = found.setdefault(tool, Counts())
         counts.hits += hits
         counts.misses += misses
+        counts.uncached += uncached
         for part, entries in served.items():
             mine = counts.served.setdefault(part, {})
             for key, n in entries.items():

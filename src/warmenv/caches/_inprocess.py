@@ -57,12 +57,12 @@ class _Where:
             return await restore(env, tree, target)
 
     async def capture(
-        self, tree: CacheTree, source: Path, served: Mapping[str, int]
+        self, tree: CacheTree, source: Path, served: Mapping[str, int], misses: int = 0
     ) -> CaptureReport:
         async with open_environment(self.name, root=self.root, file=self.file) as env:
             report = await capture(env, tree, source)
-            if served:
-                await record_hits(env, tree, served)
+            if served or misses:
+                await record_hits(env, tree, served, misses)
             return report
 
 
@@ -93,6 +93,7 @@ class Warmed:
     _counters: Callable[[], tuple[int, int, float]] = attrs.field(alias="counters")
     _served: Callable[[], dict[str, int]] | None = attrs.field(alias="served")
     _recorded: dict[str, int] = attrs.field(factory=dict, init=False)
+    _recorded_misses: int = attrs.field(default=0, init=False)
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
 
     @property
@@ -114,18 +115,22 @@ class Warmed:
         """Store the cache directory as it is now into the environment.
 
         The tool's hits per entry since the last capture, where it reports
-        them (Numba, JAX), are counted in the environment's statistics too.
+        them (Numba, JAX), and its misses since then are counted in the
+        environment's statistics too.
         """
         with self._lock:
             served = self._served() if self._served is not None else {}
             delta = {k: n - self._recorded.get(k, 0) for k, n in served.items()}
+            misses = self.misses
             report = block_on(
                 self._where.capture,
                 self._tree,
                 self.cache_dir,
                 {k: n for k, n in delta.items() if n > 0},
+                max(misses - self._recorded_misses, 0),
             )
             self._recorded = served
+            self._recorded_misses = misses
             return report
 
     def capture_at_exit(self) -> None:

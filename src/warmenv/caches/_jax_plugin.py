@@ -37,4 +37,4 @@ def initialize() -> None:
 
 def _write_counts() -> None:
     hits, misses, _ = _jax.hits()
-    write_counts("jax", hits, misses, {"files": _jax.served()})
+    write_counts("jax", hits, misses, {"files": _jax.served()}, uncached=_jax.uncached())

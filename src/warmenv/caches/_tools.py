@@ -7,17 +7,21 @@ A tool module `warmenv run` can drive provides, beside its in-process `use()`:
 - `settings(cache_dir) -> dict[str, str]`: the environment variables that
   point a process of the tool at `cache_dir` with its trap fixed;
 - `CACHE_DIR_VARIABLE`: the tool's own variable naming its cache directory;
-- optionally `notes(environ) -> list[str]`: what the user should know before
-  a process of the tool runs under those variables (each said once, a line);
+- optionally `notes(environ, uncached) -> list[str]`: what the user should
+  know after a process of the tool ran under those variables and left
+  `uncached` misses out of its cache, by its own counters (each said once,
+  a line);
 - optionally `REQUIRES` and `INSTALL_HINT`: the package the tool's facts are
   read from, and how to install it. `warmenv run` refuses a tool whose
   package is missing beside warmenv, in one line with the hint: its facts
   would say "not installed" and its cache would be filed where nothing hits;
 - optionally, how the command's hits are counted (`_children.py`):
   `trees()`, the tool's trees under this machine's facts (the parts its
-  hook reports hits in), and the hook, as `ENTRY_POINTS` (`EntryPoint`s the
-  tool loads from a distribution written for the command) or `COUNTING`
-  (`Variable`s naming a class the tool loads, unless the user set them).
+  hook reports hits in), the part whose namespace counts its misses
+  (`MISSES_PART`, `files` if not given), and the hook, as `ENTRY_POINTS`
+  (`EntryPoint`s the tool loads from a distribution written for the
+  command) or `COUNTING` (`Variable`s naming a class the tool loads, unless
+  the user set them).
 
 The modules are found by listing the package, so a new tool is one new
 module; none of them imports its compiler at import time.
@@ -72,20 +76,29 @@ class Tool:
         variables = getattr(self.module, "COUNTING", ())
         return hook_variables(self.name, entry_points, variables, environ, home)
 
-    async def record_served(self, env: Environment, served: Mapping[str, Mapping[str, int]]) -> int:
-        """Count the command's hits per entry (by tree part) in `env`'s statistics."""
+    async def record_served(
+        self, env: Environment, served: Mapping[str, Mapping[str, int]], misses: int = 0
+    ) -> int:
+        """Count the command's hits per entry (by tree part) and its misses in `env`'s statistics.
+
+        The misses go to the tree of the part the tool looks its entries up by
+        (`MISSES_PART`, else `files`).
+        """
         trees = getattr(self.module, "trees", None)
         chosen = () if trees is None else await anyio.to_thread.run_sync(trees)  # reads metadata
         known = {tree.part: tree for tree in chosen}
+        looked_up = str(getattr(self.module, "MISSES_PART", "files"))
         counted = 0
         for part, hits in served.items():
             if part in known and hits:
                 counted += await record_hits(env, known[part], hits)
+        if misses and looked_up in known:
+            await record_hits(env, known[looked_up], {}, misses)
         return counted
 
-    def notes(self, environ: Mapping[str, str]) -> list[str]:
+    def notes(self, environ: Mapping[str, str], uncached: int) -> list[str]:
         notes = getattr(self.module, "notes", None)
-        return [] if notes is None else list(notes(environ))
+        return [] if notes is None else list(notes(environ, uncached))
 
     @property
     def cache_dir_variable(self) -> str:

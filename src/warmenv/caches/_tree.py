@@ -37,10 +37,11 @@ The API (used by `directory.py` and by each tool's module):
   trees under one target (each in a directory of it, `""` the target
   itself) in one pass, in order, with the fixed costs (the target's
   checks, the trust, the namespaces, the worker-thread hops) paid once.
-- `await record_hits(env, tree, served)`: count a tool's own hits, per
-  entry it served (`{relative path: hits}`), as hits of those entries in
-  the environment's statistics (`warmenv stats`, per namespace, origin and
-  bundle), through an ordinary `Store` over the namespace.
+- `await record_hits(env, tree, served, misses)`: count a tool's own hits,
+  per entry it served (`{relative path: hits}`), as hits of those entries
+  in the environment's statistics (`warmenv stats`, per namespace, origin
+  and bundle), and its own misses as the namespace's, through an ordinary
+  `Store` over the namespace.
 - `captured_trees(namespaces)` (in `warmenv._facts`, a floor below
   `bundle`, so that preflight reads it without this package) reads (namespace, entries)
   pairs, an environment's or a bundle's, as `TreeCheck` values: per
@@ -235,17 +236,23 @@ class RestoreReport:
         return "\n".join(lines)
 
 
-async def record_hits(env: Environment, tree: CacheTree, served: Mapping[str, int]) -> int:
-    """Count `served` (a tool's hits per entry, by relative path) in `env`'s statistics.
+async def record_hits(
+    env: Environment, tree: CacheTree, served: Mapping[str, int], misses: int = 0
+) -> int:
+    """Count a tool's hits per entry (`served`, by relative path) and its `misses` in `env`.
 
     Each hit is a lookup of that entry through a `Store`, so it is counted as
     every store's hits are (by origin, and for the bundle it came from); an
-    entry the environment does not hold is not counted. Returns the hits
-    counted.
+    entry the environment does not hold is not counted. `misses`, lookups
+    the tool made in its cache and did not find (by its own counter, which
+    names no entry), are counted as the store counts a lookup that found
+    nothing, as misses of the tree's namespace. Returns the hits counted.
     """
     counted = 0
     store = await env.store(tree.namespace, BytesCodec(), CacheMode.LAZY)
     try:
+        for _ in range(misses):
+            store.held.missed()
         for relative, hits in served.items():
             for _ in range(hits):
                 if await store.get(relative.encode()) is None:

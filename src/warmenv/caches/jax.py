@@ -26,7 +26,11 @@ itself there.
     import warmenv.caches.jax
     warmenv.caches.jax.use()  # before the first jit; then use JAX as usual
 
-Hits: JAX's `jax.monitoring` events count hits and misses but name no
+Hits: JAX's `jax.monitoring` events count lookups (`compile_requests_use_cache`),
+hits and writes (which JAX names `cache_misses`: a compilation too quick
+to be cached, under `jax_persistent_cache_min_compile_time_secs`, is
+looked up, missed and not written, so it is counted in no such event);
+a miss is a lookup without a hit. The events name no
 entry, so the entries hit are read from JAX's own log line for each hit
 (`Persistent compilation cache hit for ... with key ...`, logger
 `jax._src.compiler`, at DEBUG): `served()`, counted per entry in
@@ -69,13 +73,15 @@ __all__ = [
     "settings",
     "tree",
     "trees",
+    "uncached",
     "use",
 ]
 
 FACTS: Final = ("jax", "jaxlib", "cpu")
 _EXCLUDE: Final = ("*-atime", ".lockfile", "*.lock")
 _HIT: Final = "/jax/compilation_cache/cache_hits"
-_MISS: Final = "/jax/compilation_cache/cache_misses"
+_REQUEST: Final = "/jax/compilation_cache/compile_requests_use_cache"
+_WRITE: Final = "/jax/compilation_cache/cache_misses"  # JAX records it as it writes an entry
 _SAVED: Final = "/jax/compilation_cache/compile_time_saved_sec"
 _HIT_LOGGER: Final = "jax._src.compiler"
 _HIT_LINE: Final = "Persistent compilation cache hit for '%s' with key %r"
@@ -154,18 +160,22 @@ def settings(cache_dir: str | Path, *, min_compile_seconds: float | None = None)
     return chosen
 
 
-def notes(environ: Mapping[str, str]) -> list[str]:
-    """What a user running a JAX process under `environ` should know (`warmenv run`).
+def notes(environ: Mapping[str, str], uncached: int) -> list[str]:
+    """What a user who ran a JAX process under `environ` should know (`warmenv run`).
 
     JAX caches only compilations that took at least its minimum (1 s unless
     `JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS` says otherwise), so a program
-    of fast compilations leaves nothing to capture, in silence.
+    of fast compilations leaves nothing to capture, in silence. Said only
+    when the process left `uncached` compilations out of the cache (`uncached()`).
     """
-    if MIN_COMPILE_VARIABLE in environ:
+    if not uncached:
         return []
+    minimum = environ.get(MIN_COMPILE_VARIABLE)
+    shown = "1 s, JAX's default" if minimum is None else f"{minimum} s"
     return [
-        "compilations shorter than JAX's default minimum (1 s) are not cached, so not "
-        f"captured; set {MIN_COMPILE_VARIABLE}=0 for the command to capture every one"
+        f"JAX left {uncached} compilation{'' if uncached == 1 else 's'} uncached, so not "
+        f"captured (shorter than its minimum compile time, {shown}, or using host callbacks); "
+        f"set {MIN_COMPILE_VARIABLE}=0 for the command to capture every one"
     ]
 
 
@@ -216,7 +226,7 @@ def use(
 # --- JAX's own counters -----------------------------------------------------------
 
 _lock = threading.Lock()
-_counts = {"hits": 0, "misses": 0}
+_counts = {"requests": 0, "hits": 0, "writes": 0}
 _saved = [0.0]
 _served: dict[str, int] = {}
 _listening = [False]
@@ -225,10 +235,21 @@ _listening = [False]
 def hits() -> tuple[int, int, float]:
     """This process's compilation-cache hits, misses and compile seconds saved, by JAX's events.
 
-    Counted from the first `configure`/`use`; `(0, 0, 0.0)` before.
+    A miss is a lookup JAX made that did not hit, cached since or not (see
+    `uncached()`). Counted from the first `configure`/`use`; `(0, 0, 0.0)` before.
     """
     with _lock:
-        return _counts["hits"], _counts["misses"], _saved[0]
+        return _counts["hits"], _counts["requests"] - _counts["hits"], _saved[0]
+
+
+def uncached() -> int:
+    """This process's compilations JAX looked up, missed and did not write to its cache.
+
+    Those that took less than JAX's minimum compile time, among others: they
+    are compiled again by every process, and `notes` says so.
+    """
+    with _lock:
+        return max(_counts["requests"] - _counts["hits"] - _counts["writes"], 0)
 
 
 def served() -> dict[str, int]:
@@ -248,10 +269,14 @@ def _on_hit_key(key: str) -> None:
         _served[entry] = _served.get(entry, 0) + 1
 
 
+_COUNTED: Final = {_REQUEST: "requests", _HIT: "hits", _WRITE: "writes"}
+
+
 def _on_event(event: str, **_: Any) -> None:
-    if event in (_HIT, _MISS):
+    counted = _COUNTED.get(event)
+    if counted is not None:
         with _lock:
-            _counts["hits" if event == _HIT else "misses"] += 1
+            _counts[counted] += 1
 
 
 def _on_duration(event: str, duration: float, **_: Any) -> None:

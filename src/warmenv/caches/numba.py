@@ -155,10 +155,19 @@ def _index_key(py_func: Any) -> str:
 
 
 def _dispatchers() -> list[Any]:
+    """This process's Numba functions that cache (`cache=True`), the ones the cache serves.
+
+    The rest (Numba's own internal functions among them) never look in the
+    cache, yet Numba counts each of their compilations as a cache miss.
+    """
     if "numba" not in sys.modules:
         return []
     dispatcher = importlib.import_module("numba.core.dispatcher").Dispatcher
-    return [candidate for candidate in gc.get_objects() if isinstance(candidate, dispatcher)]
+    return [
+        candidate
+        for candidate in gc.get_objects()
+        if isinstance(candidate, dispatcher) and candidate.stats.cache_path is not None
+    ]
 
 
 def served() -> dict[str, int]:
@@ -173,7 +182,7 @@ def served() -> dict[str, int]:
 
 
 def hits() -> tuple[int, int, float]:
-    """Cache hits and misses of every Numba function in this process (`dispatcher.stats`).
+    """Cache hits and misses of every cached Numba function in this process (`dispatcher.stats`).
 
     Numba does not report the compile time a hit saved: the third value is 0.0.
     """

@@ -108,6 +108,8 @@ ENTRY_POINTS: Final = (EntryPoint("torch.backends", "warmenv.caches._torch_plugi
 """`warmenv run`'s hook in its command: `import torch` loads it (`caches/_children.py`)."""
 _KERNELS: Final = ("*.so",)
 _GRAPHS: Final = ("fxgraph", "aotautograd")
+MISSES_PART: Final = "fxgraph"
+"""Inductor's misses are graphs looked up and compiled: counted in the graph entries' namespace."""
 _HIT_LOGGER: Final = "torch._inductor.codecache"
 _HIT_LINE: Final = "fx graph cache hit for key %s"
 
@@ -247,6 +249,7 @@ class TorchWarmed:
     _present: frozenset[str] = attrs.field(alias="present")
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     _recorded: dict[str, dict[str, int]] = attrs.field(factory=dict, init=False)
+    _recorded_misses: int = attrs.field(default=0, init=False)
 
     @property
     def hits(self) -> int:
@@ -263,7 +266,7 @@ class TorchWarmed:
 
         The graph entries and kernels this process was served since the last
         capture (`served()`) are counted as hits in the environment's
-        statistics too.
+        statistics too, and Inductor's graph misses since then as misses.
         """
         saved = _import_torch().compiler.save_cache_artifacts()
         new = None
@@ -275,8 +278,17 @@ class TorchWarmed:
                 part: {k: n - self._recorded.get(part, {}).get(k, 0) for k, n in hits.items()}
                 for part, hits in served.items()
             }
-            report = block_on(_capture_in, self._where, self.cache_dir, new, delta)
+            misses = self.misses
+            report = block_on(
+                _capture_in,
+                self._where,
+                self.cache_dir,
+                new,
+                delta,
+                max(misses - self._recorded_misses, 0),
+            )
             self._recorded = served
+            self._recorded_misses = misses
             return report
 
     def capture_at_exit(self) -> None:
@@ -296,6 +308,7 @@ async def _capture_in(
     cache_dir: Path,
     artifacts: bytes | None,
     served: dict[str, dict[str, int]],
+    misses: int = 0,
 ) -> TorchCaptureReport:
     async with open_environment(chosen.name, root=chosen.root, file=chosen.file) as env:
         report = await capture(env, cache_dir, artifacts)
@@ -304,6 +317,8 @@ async def _capture_in(
         for part, hits in served.items():
             if part in trees and any(n > 0 for n in hits.values()):
                 await record_hits(env, trees[part], {k: n for k, n in hits.items() if n > 0})
+        if misses:
+            await record_hits(env, trees[MISSES_PART], {}, misses)
         return report
 
 

@@ -120,6 +120,10 @@ def _trees(chosen: Facts | None = None) -> tuple[CacheTree, CacheTree]:
     return files, groups
 
 
+MISSES_PART: Final = "groups"
+"""Triton looks each kernel up by its index: its misses are counted in the indexes' namespace."""
+
+
 def trees() -> tuple[CacheTree, ...]:
     """The kernels' files and indexes trees, for `warmenv run`'s counting of its command."""
     return _trees()

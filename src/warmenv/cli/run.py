@@ -154,9 +154,6 @@ async def _restore_run_capture(
     variables = dict(os.environ)
     for t in tools:
         variables.update(t.settings(directories[t.name]))
-    for t in tools:
-        for note in t.notes(variables):
-            _said(out, f"{t.name}: {note}")
     # The hooks' home is held while the command, or what it starts, may import from it.
     with tempfile.TemporaryDirectory(prefix="warmenv-run-") as scratch, HookHome() as home:
         counts = Path(scratch) / "counts.jsonl"
@@ -170,10 +167,14 @@ async def _restore_run_capture(
         variables.update(hooks.variables)
         returncode = await _child(command, variables, phase, json=out.json, keep=home.held)
         counted = await anyio.to_thread.run_sync(read_counts, counts)
-    for name, found in counted.items():
-        if name in document["tools"]:
-            document["tools"][name].update(hits=found.hits, misses=found.misses)
-            _said(out, f"{name}: {found.hits} cache hits, {found.misses} misses (its own counters)")
+    for t in tools:
+        found = counted.get(t.name)
+        if found is not None:
+            document["tools"][t.name].update(hits=found.hits, misses=found.misses)
+            counters = f"{found.hits} cache hits, {found.misses} misses (its own counters)"
+            _said(out, f"{t.name}: {counters}")
+            for note in t.notes(variables, found.uncached):
+                _said(out, f"{t.name}: {note}")
     status = returncode if returncode >= 0 else 128 - returncode
     document["exit"] = status
     if returncode < 0:
@@ -190,7 +191,8 @@ async def _restore_run_capture(
                     captured = await t.capture(env, directories[t.name])
                     _said(out, f"{t.name}: {captured}")
                     if t.name in counted:
-                        await t.record_served(env, counted[t.name].served)
+                        found = counted[t.name]
+                        await t.record_served(env, found.served, found.misses)
                     document["tools"][t.name]["captured"] = _as_json(captured)
         _raise_if_stopped(phase)
     out.result(document)
