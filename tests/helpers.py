@@ -52,9 +52,9 @@ def unprivileged_user() -> str | None:
 
 
 def run_python(
-    code: str, *args: str, user: str | None = None, timeout: float = 120
+    code: str, *args: str, user: str | None = None, timeout: float = 120, cwd: str = "/"
 ) -> subprocess.CompletedProcess[str]:
-    """Run `code` in a fresh interpreter (as `user`), seeing the same packages as we do.
+    """Run `code` in a fresh interpreter (as `user`, in `cwd`), seeing the same packages as we do.
 
     A child running as another `user` cannot be trusted to read our checkout
     or our virtualenv: a clone inside a directory only its owner may enter
@@ -81,7 +81,7 @@ def run_python(
         capture_output=True,
         text=True,
         timeout=timeout,
-        cwd="/",
+        cwd=cwd,
     )
 
 

@@ -621,3 +621,26 @@ def test_a_cli_backend_that_is_not_installed_is_one_line_naming_the_variable(
         assert completed.returncode == 2, completed.stderr
         assert completed.stderr.count("\n") == 1, completed.stderr
         assert f"WARMENV_CLI_BACKEND={backend!r} needs {backend}" in completed.stderr
+
+
+@pytest.mark.parametrize("command", [["ls"], ["ls", "e"], ["stats"], ["explain", "app/k/1"]])
+@pytest.mark.parametrize("mode", [0o700, 0o711, 0o744], ids=oct)
+def test_a_root_the_user_cannot_read_is_said_so_never_empty(
+    shared_tmp: Path, mode: int, command: list[str]
+) -> None:
+    # 0700: not even searchable; 0711: searchable, not listable; 0744: listable, not searchable.
+    # Never "no environments" (nor "it holds no environments"): it holds `e`, unseen.
+    root = shared_tmp / "root"
+    root.mkdir()
+
+    async def fill() -> None:
+        async with open_environment("e", root=root):
+            pass
+
+    anyio.run(fill)
+    root.chmod(mode)
+    child = run_python(CLI, *command, "--root", str(root), user=unprivileged_user())
+    line = assert_one_error_line(child, 1)
+    assert str(root) in line
+    assert "cannot read" in line or "cannot be read" in line
+    assert "no environments" not in line and "holds no" not in line

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from warmenv._errors import WarmenvError
 
-__all__ = ["NoSuchHomeError", "expand_home", "kind_of", "non_regular_kind"]
+__all__ = ["NoSuchHomeError", "expand_home", "is_missing", "kind_of", "non_regular_kind"]
 
 
 class NoSuchHomeError(WarmenvError, ValueError):
@@ -67,3 +67,20 @@ def non_regular_kind(path: Path) -> str | None:
             return "a symlink to a missing file"
         return None
     return kind_of(mode)
+
+
+def is_missing(path: Path) -> bool:
+    """Whether nothing is at `path` (not even a dangling symlink), as the system says it.
+
+    Not when it cannot tell: below a directory this process may not search,
+    `os.path.lexists` and `Path.exists` say "missing" or raise, and a file
+    that cannot be looked at is one that cannot be used, never one that is
+    not there ("no environment" would send the user the wrong way).
+    """
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False
+    return False

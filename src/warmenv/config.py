@@ -173,12 +173,18 @@ def load_config(start: Path | None = None) -> Config:
 
 
 def _find_settings(start: Path) -> tuple[Path, Mapping[str, Any]] | None:
+    """The nearest settings file at or above `start`, and its warmenv table.
+
+    A directory this process may not search (a working directory under
+    another user's home, kept across `sudo -u`) holds no file it could read:
+    it is passed over, as one without settings, rather than failing every open.
+    """
     for directory in (start, *start.parents):
         candidate = directory / "warmenv.toml"
-        if candidate.is_file():
+        if os.path.isfile(candidate):
             return candidate, _read_toml(candidate)
         candidate = directory / "pyproject.toml"
-        if candidate.is_file():
+        if os.path.isfile(candidate):
             table = _read_toml(candidate).get("tool", {})
             section = table.get("warmenv") if isinstance(table, dict) else None
             if section is not None:
@@ -216,7 +222,7 @@ def _root(value: object, where: str, key: str | None, base: Path, start: Path) -
         return user_root()
     if value == "project":
         for directory in (start, *start.parents):
-            if (directory / "pyproject.toml").is_file():
+            if os.path.isfile(directory / "pyproject.toml"):
                 return directory / ".warmenv"
         raise ConfigError(
             f'{label} is "project" but no pyproject.toml exists above {start}; use a path instead'

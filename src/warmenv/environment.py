@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import sqlite3
 import warnings
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -32,7 +31,7 @@ import attrs
 
 from warmenv._background import Background
 from warmenv._errors import ClosedError, WarmenvWarning
-from warmenv._fs import expand_home
+from warmenv._fs import expand_home, is_missing
 from warmenv.config import (
     Config,
     activate,
@@ -614,7 +613,7 @@ async def _open(
     config: Config | None = None,
 ) -> _Opened:
     env_name, path = _locate(name, root, file)
-    if not create and not await anyio.to_thread.run_sync(os.path.lexists, path):
+    if not create and await anyio.to_thread.run_sync(is_missing, path):
         raise FileNotFoundError(
             errno.ENOENT, f"no environment {env_name!r} (no file {path})", str(path)
         )

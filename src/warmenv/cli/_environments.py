@@ -11,6 +11,8 @@ and the reason in terms of the file on disk), never from a look of its own.
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -113,16 +115,40 @@ async def _reach(tier: RemoteTier) -> None:
 
 
 def environment_files(root: Path) -> list[Path]:
-    """The environments under `root`: its `<name>.db` files, sorted (`OSError` if unreadable)."""
-    return sorted(p for p in root.glob("*.db") if p.is_file())
+    """The environments under `root`: its `<name>.db` files, sorted; none if it is missing.
+
+    `OSError` where `root` or a file in it cannot be looked at: a directory
+    that cannot be read holds environments this process cannot see, which is
+    not "no environments" (`Path.glob` passes over it in silence).
+    """
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        if not name.endswith(".db"):
+            continue
+        try:
+            mode = os.stat(root / name).st_mode
+        except FileNotFoundError:
+            continue  # a dangling symlink, or removed since the listing
+        if stat.S_ISREG(mode):
+            found.append(root / name)
+    return found
+
+
+def unreadable(exc: OSError, where: Path) -> Failure:
+    """The one line of a directory (or a file in it) that cannot be read."""
+    return Failure(f"cannot read {exc.filename or where}: {exc.strerror or exc}")
 
 
 async def _no_environment(path: Path) -> str:
-    def existing() -> list[str]:
+    def existing() -> list[str] | str:
         try:
             return [p.stem for p in environment_files(path.parent)]
-        except OSError:
-            return []
+        except OSError as exc:
+            return str(exc.strerror or exc)
 
     if await anyio.to_thread.run_sync(path.parent.exists):
         if not await anyio.to_thread.run_sync(path.parent.is_dir):
@@ -130,7 +156,10 @@ async def _no_environment(path: Path) -> str:
     else:
         return f"no environment {path.stem!r}: {path.parent} does not exist"
     names = await anyio.to_thread.run_sync(existing)
-    there = f"environments there: {', '.join(names)}" if names else "it holds no environments"
+    if isinstance(names, str):
+        there = f"its listing cannot be read: {names}"
+    else:
+        there = f"environments there: {', '.join(names)}" if names else "it holds no environments"
     return f"no environment {path.stem!r} in {path.parent} ({there})"
 
 

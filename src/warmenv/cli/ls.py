@@ -10,15 +10,16 @@ the environments of the root are listed, and `ls` says there is no default one.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
 
 from warmenv._errors import WarmenvError
-from warmenv._fs import expand_home
+from warmenv._fs import expand_home, is_missing
 from warmenv._text import clean
-from warmenv.cli._environments import environment, environment_files
+from warmenv.cli._environments import environment, environment_files, unreadable
 from warmenv.cli._errors import UsageError
 from warmenv.cli._format import as_json, namespace_label, plural, size
 from warmenv.cli._options import complete_environment
@@ -47,17 +48,24 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
 
 
 def _listing(root: Path) -> list[tuple[Path, int]]:
-    return [(f, f.stat().st_size) for f in environment_files(root)]
+    """The environment files of `root` and their sizes; a `Failure` if it cannot be read."""
+    try:
+        return [(f, f.stat().st_size) for f in environment_files(root)]
+    except OSError as exc:
+        raise unreadable(exc, root) from None
 
 
 def _absent_default(root_option: Path | None) -> tuple[str, Path] | None:
-    """The default environment's name and root, if the root exists but not the environment."""
+    """The default environment's name and root, if the root exists but not the environment.
+
+    Where it cannot tell (a root it may not search), opening it says why.
+    """
     try:
         default_name, default_root = active()
     except WarmenvError:
         return None  # opening it says what is wrong
     root = expand_home(root_option or default_root)
-    if root.is_dir() and not (root / f"{default_name}.db").exists():
+    if os.path.isdir(root) and is_missing(root / f"{default_name}.db"):
         return default_name, root
     return None
 

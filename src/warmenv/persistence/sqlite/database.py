@@ -18,6 +18,7 @@ import logging
 import os
 import secrets
 import sqlite3
+import stat
 import warnings
 import weakref
 from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
@@ -499,29 +500,53 @@ async def _open_readonly(
 def why_unusable(path: Path, error: BaseException) -> str:
     """Why the database at `path` could not be opened at all (`error`), as `Degraded.reason`.
 
-    Said in terms of the file system where it tells: the nearest existing
-    directory above the file is not one, or may not be written where the file
-    is missing; the path is a FIFO, a directory, a device; the file may not be
-    read. Else what the operating system or SQLite said. File-system calls:
-    async code calls it on a worker thread.
+    Said in terms of the file system where it tells: the first directory on
+    the way that is not one or may not be searched, the directory a missing
+    file (or missing directories) would be created in that may not be
+    written; the path is a FIFO, a directory, a device; the file may not be
+    read. Else what the operating system or SQLite said. Never raises: it
+    runs where the open already failed, to explain the fallback, so every
+    look at the file system here is one that answers even when denied.
+    File-system calls: async code calls it on a worker thread.
     """
-    ancestor = path.parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        return f"{ancestor} is not a directory"
+    obstacle = _obstacle_above(path)
+    if obstacle is not None:
+        return obstacle
     kind = non_regular_kind(path)
     if kind is not None:
         return f"{path} is {kind}, not a database file"
-    if not path.exists():
-        if not _may_create_in(ancestor):
-            return f"{ancestor} is not writable by this process"
+    if not os.path.lexists(path):
+        if not _may_create_in(path.parent):
+            return f"{path.parent} is not writable by this process"
     elif not os.access(path, os.R_OK):
         return f"{path} is not readable by this process"
     if isinstance(error, OSError) and error.strerror:
         where = f": {error.filename}" if error.filename else ""
         return f"{error.strerror}{where}"
     return str(error)
+
+
+def _obstacle_above(path: Path) -> str | None:
+    """The first directory on the way down to `path` that stops it, said as a reason.
+
+    Walked from the top, so the directory named is the one to fix: not a
+    directory, not searchable (so nothing below it can even be looked at),
+    or, where the rest of the way is missing, the last one there that may
+    not be written (so the rest cannot be created).
+    """
+    for directory in reversed(path.parents):
+        try:
+            mode = os.stat(directory).st_mode
+        except FileNotFoundError:
+            above = directory.parent
+            return None if _may_create_in(above) else f"{above} is not writable by this process"
+        except OSError as exc:  # a symlink loop, a name too long, an I/O error
+            return f"{directory}: {exc.strerror}"
+        if not stat.S_ISDIR(mode):
+            return f"{directory} is not a directory"
+        if not os.access(directory, os.X_OK):
+            return f"{directory} is not searchable by this process"
+    return None
 
 
 def _may_create_in(directory: Path) -> bool:
