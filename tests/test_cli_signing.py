@@ -192,6 +192,20 @@ def test_export_with_a_key_others_can_read_is_refused_and_writes_nothing(
     assert not (tmp_path / "b").exists()
 
 
+def test_export_signed_with_the_public_key_says_so_not_chmod(
+    warm_root: Path, tmp_path: Path, keys: dict[str, Path]
+) -> None:
+    public = keys["ci"].with_name("ci.pub")  # mode 0644, as keygen writes it
+    completed = warmenv(
+        "export", str(tmp_path / "b"), "--name", "n", "--app-version", "1", "--env", "warm",
+        "--sign", str(public), root=warm_root,
+    )  # fmt: skip
+    assert completed.returncode == 1
+    assert f"{public} holds a public key" in completed.stderr
+    assert "chmod" not in completed.stderr
+    assert not (tmp_path / "b").exists()
+
+
 _KEYGEN_WITHOUT_CRYPTOGRAPHY = """
 import sys
 sys.modules["cryptography"] = None  # as if it were not installed

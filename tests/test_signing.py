@@ -124,6 +124,49 @@ def test_a_private_key_other_users_can_read_is_refused_with_the_fix(
         SigningKey.load(keys["ci"])
 
 
+_NOT_PRIVATE_KEYS = {
+    "warmenv-public-key": ("ed25519:" + "A" * 43 + "\n", "holds a public key"),
+    "file-of-trusted-keys": ("# ci\n\ned25519:" + "A" * 43 + "\n", "holds a public key"),
+    "pem-public-key": (
+        "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEA\n-----END PUBLIC KEY-----\n",
+        "holds a public key",
+    ),
+    "openssh-public-key": ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5 me@host\n", "holds a public key"),
+    "not-a-key": ("hello\n", "not a PEM private key"),
+    "too-big": ("x" * 70_000, "not a private key file"),
+}
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o600], ids=oct)
+@pytest.mark.parametrize("case", _NOT_PRIVATE_KEYS)
+def test_what_a_key_file_is_is_said_before_its_mode(tmp_path: Path, case: str, mode: int) -> None:
+    # A chmod would not make the file sign: the mode is advice for a private key only.
+    text, why = _NOT_PRIVATE_KEYS[case]
+    path = tmp_path / "key"
+    path.write_text(text)
+    path.chmod(mode)
+    with pytest.raises(KeyFileError, match=why) as raised:
+        SigningKey.load(path)
+    assert "chmod" not in str(raised.value)
+
+
+def test_an_encrypted_private_key_is_said_so_before_its_mode(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    pem = ed25519.Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"secret"),
+    )
+    path = tmp_path / "key"
+    path.write_bytes(pem)
+    path.chmod(0o644)
+    with pytest.raises(KeyFileError, match="encrypted") as raised:
+        SigningKey.load(path)
+    assert "chmod" not in str(raised.value)
+
+
 @pytest.mark.parametrize(
     ("text", "why"),
     [
@@ -148,8 +191,6 @@ async def test_signing_with_a_public_key_or_a_missing_file_exports_nothing(
             "cannot open the private key",
         ),
     ):
-        if wrong.name == "ci.pub":
-            wrong.chmod(0o600)
         with pytest.raises(KeyFileError, match=why):
             await export_signed(warm_env, out_dir / "b", "sqlite", wrong)
     assert list(out_dir.iterdir()) == []

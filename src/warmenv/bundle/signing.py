@@ -109,7 +109,9 @@ class SigningKey:
         """The private key in the PEM file `path` (as `generate_key` writes it).
 
         A file that other users may read or write is refused, as ssh refuses
-        one: whoever can read it can sign as you.
+        one: whoever can read it can sign as you. What the file is comes
+        first (not a regular file, a public key, not a key at all): advice to
+        chmod a file that could never sign would send the user the wrong way.
         """
         path = Path(path)
         try:
@@ -120,16 +122,17 @@ class SigningKey:
             mode = os.fstat(fd).st_mode
             if (kind := kind_of(mode)) is not None:
                 raise KeyFileError(f"{path} is {kind}, not a private key file")
-            if mode & 0o077:
-                raise KeyFileError(
-                    f"{path}: the private key may be read or written by other users "
-                    f"(mode {stat.S_IMODE(mode):04o}); make it yours alone: chmod 600 {path}"
-                )
             with os.fdopen(os.dup(fd), "rb") as handle:
                 data = handle.read(_MAX_KEY_FILE + 1)
         finally:
             os.close(fd)
-        return cls(_parse_private(data, path), path)
+        key = _parse_private(data, path)
+        if mode & 0o077:
+            raise KeyFileError(
+                f"{path}: the private key may be read or written by other users "
+                f"(mode {stat.S_IMODE(mode):04o}); make it yours alone: chmod 600 {path}"
+            )
+        return cls(key, path)
 
     def placeholder(self, manifest: BundleManifest) -> BundleManifest:
         """`manifest` with a signature of the final length that holds nothing (for a
@@ -146,12 +149,20 @@ class SigningKey:
         )
 
 
+# How the first line (past comments) of a public key file starts: ours (`warmenv
+# keygen`'s .pub, a file of trusted keys), a PEM public key, an OpenSSH one
+# (`ssh-ed25519 AAAA...`, as in `id_ed25519.pub`).
+_PUBLIC_KEY_STARTS = (KEY_PREFIX.encode(), b"-----BEGIN PUBLIC KEY-----", b"ssh-")
+
+
 def _parse_private(data: bytes, path: Path) -> Any:
     ed25519 = _ed25519()
     serialization = _serialization()
     if len(data) > _MAX_KEY_FILE:
         raise KeyFileError(f"{path}: over {_MAX_KEY_FILE:,} bytes, not a private key file")
-    if data.lstrip().startswith(KEY_PREFIX.encode()):
+    lines = (line.strip() for line in data.splitlines())
+    first = next((line for line in lines if line and not line.startswith(b"#")), b"")
+    if first.startswith(_PUBLIC_KEY_STARTS):
         raise KeyFileError(
             f"{path} holds a public key; sign with the private key (the file without .pub)"
         )
