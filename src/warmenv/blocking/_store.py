@@ -38,7 +38,7 @@ from warmenv.blocking._loop import (
     refused,
     waiting_refused,
 )
-from warmenv.persistence._flight import Flights, waits_for_itself
+from warmenv.persistence._flight import Flights, plain, refuse_async, waits_for_itself
 from warmenv.persistence._held import ABSENT, Held
 from warmenv.persistence.storage import Failed, Insertion, Purged
 from warmenv.persistence.store import CacheMode, CallKeys, Store, claim_memoized
@@ -198,6 +198,7 @@ class BlockingStore(Generic[K, V]):
         """
 
         def decorate(fn: Callable[..., V]) -> Callable[..., V]:
+            refuse_async(fn)
             name = getattr(fn, "__qualname__", repr(fn))
             keys = None
             if key is None:
@@ -263,6 +264,7 @@ class BlockingStore(Generic[K, V]):
         self, memo: bytes | str, encoded: bytes, fn: Callable[..., V], args: tuple[Any, ...]
     ) -> V:
         """A key not in memory: read here, else through the store, one run for all threads."""
+        refuse_async(fn)  # before anything runs: its coroutine would never be awaited
         held = self._held
         mine: list[V] = []  # what this thread's own run hands it
 
@@ -304,7 +306,7 @@ class BlockingStore(Generic[K, V]):
         and the store times it (`cost`) and counts it as for an async `fn`.
         An interruption here cancels the store's call (its lease released).
         """
-        call = functools.partial(fn, *args)
+        call = functools.partial(plain, fn, args)
 
         async def through(ask: Ask[V]) -> tuple[Any, bool]:
             return await self._store.compute_held(memo, encoded, ask, (call,))

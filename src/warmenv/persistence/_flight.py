@@ -15,11 +15,17 @@ and live here, with one driver for tasks (`run`) and one for threads
   cancellation that is not its own;
 - a run knows who runs it (a task, a thread): an asker that is that runner,
   asking again from inside its own run, would wait for itself forever, and
-  is told so instead.
+  is told so instead;
+- what a run runs is what its face takes: the async store awaits what `fn`
+  returns (`awaited`), `warmenv.blocking` takes a plain function's value
+  (`refuse_async`, `plain`); the other kind is refused in one line saying
+  which face takes it.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
 from collections.abc import Awaitable, Callable, Hashable
 from types import TracebackType
@@ -32,10 +38,70 @@ from warmenv._errors import WarmenvError
 from warmenv.persistence._held import ABSENT
 from warmenv.persistence.arrivals import Arrivals
 
-__all__ = ["Flights", "unless_imported", "waits_for_itself"]
+__all__ = ["Flights", "awaited", "plain", "refuse_async", "unless_imported", "waits_for_itself"]
 
 KT = TypeVar("KT", bound=Hashable)
 T = TypeVar("T")
+
+
+def _name(fn: Callable[..., object]) -> str:
+    while isinstance(fn, functools.partial):  # get_or_compute's own, around fn and kwargs
+        fn = fn.func
+    return f"{getattr(fn, '__qualname__', None) or repr(fn)}()"
+
+
+def awaited(fn: Callable[..., Awaitable[T]], args: tuple[Any, ...]) -> Awaitable[T]:
+    """`fn(*args)` for the async store to await; `TypeError` at once if it is no awaitable.
+
+    A plain function is told only once it has returned, as trio's
+    `start_soon` tells one: a function returning a coroutine (a lambda or
+    `partial` around an async function) is as good as an `async def` and
+    looks the same until called. The error says what to do, where Python
+    would say "object dict can't be used in 'await' expression"; nothing is
+    stored.
+    """
+    result = fn(*args)
+    if not inspect.isawaitable(result):
+        raise TypeError(
+            f"{_name(fn)} returned {type(result).__name__}, not an awaitable: the async "
+            "store awaits what fn returns; make it an async def, or use warmenv.blocking, "
+            "whose store runs plain functions"
+        )
+    return result
+
+
+def refuse_async(fn: Callable[..., object]) -> None:
+    """`TypeError` for an async function given to `warmenv.blocking`, before it runs.
+
+    Its coroutine would never be awaited: the value stored would be the
+    coroutine object, which no codec takes.
+    """
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 (an object whose __call__ is async)
+    ):
+        raise TypeError(
+            f"{_name(fn)} is an async function: warmenv.blocking's store runs plain "
+            "functions; await it through the async store (`await store.get_or_compute(...)`), "
+            "or pass a plain function"
+        )
+
+
+def plain(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    """`fn(*args)` for `warmenv.blocking`; `TypeError` if it returned an awaitable.
+
+    What `refuse_async` cannot see before the call (a plain function
+    returning a coroutine); the coroutine is closed, never left unawaited.
+    """
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()
+        raise TypeError(
+            f"{_name(fn)} returned {type(result).__name__}, an awaitable: warmenv.blocking's "
+            "store stores what fn returns; await it through the async store "
+            "(`await store.get_or_compute(...)`), or return the value itself"
+        )
+    return result
 
 
 def waits_for_itself(fn: object, storage: Describes, key: object) -> WarmenvError:
@@ -214,7 +280,7 @@ async def unless_imported(
     try:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(watch, tasks.cancel_scope, seen)
-            value = await fn(*args)
+            value = await awaited(fn, args)
             tasks.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):

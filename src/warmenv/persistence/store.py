@@ -49,7 +49,7 @@ from typing import (
 import anyio
 
 from warmenv._backend import native_task
-from warmenv.persistence._flight import Flights, unless_imported, waits_for_itself
+from warmenv.persistence._flight import Flights, awaited, unless_imported, waits_for_itself
 from warmenv.persistence._held import ABSENT, Held
 from warmenv.persistence._ttl import Expiry, check_dated, check_ttl
 from warmenv.persistence.codec import Codec, JsonCodec, canonical_arguments
@@ -601,7 +601,7 @@ class Store(Generic[K, V]):
                 if was_imported:
                     return value, True
             else:
-                value = await fn(*args)
+                value = await awaited(fn, args)
             cost = time.perf_counter() - start
             if self._counters is not None:
                 self._counters.computed(cost)
