@@ -1,9 +1,14 @@
 from __future__ import annotations
 
+import sys
+from types import FrameType
+from typing import Any
+
 import anyio
 import pytest
 from anyio import WouldBlock, wait_all_tasks_blocked
 
+from warmenv._backend import native_task
 from warmenv.sync import (
     CapacityLimiter,
     Condition,
@@ -29,6 +34,38 @@ def test_the_basic_primitives_are_anyios_own() -> None:
         anyio.Condition,
         anyio.CapacityLimiter,
     )
+
+
+async def test_the_native_task_is_found_without_raising_on_every_backend() -> None:
+    """`native_task` asks the backend running here; it never tries one and catches its refusal
+    (each `get_or_compute` miss and each RLock acquire asks it: a raise is a cost)."""
+    raised: list[type[BaseException]] = []
+
+    def trace(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "exception":
+            raised.append(arg[0])
+        return trace
+
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        task = native_task()
+    finally:
+        sys.settrace(previous)
+    assert raised == []
+    others: list[object] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: _append_native_task(others))
+    assert task is native_task() and others and others[0] is not task
+
+
+async def _append_native_task(into: list[object]) -> None:
+    into.append(native_task())
+
+
+def test_the_native_task_outside_any_event_loop_is_an_error() -> None:
+    with pytest.raises(RuntimeError, match="inside an asyncio or trio task"):
+        native_task()
 
 
 async def test_rlock_is_reentrant_for_its_owner() -> None:

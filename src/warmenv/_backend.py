@@ -74,17 +74,18 @@ def current_backend() -> Backend:
 
 
 def native_task() -> object:
-    """The running asyncio.Task or trio Task; `RuntimeError` outside a task."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
-    if task is not None:
-        return task
-    trio = sys.modules.get("trio")
-    if trio is not None:
-        try:
-            return trio.lowlevel.current_task()
-        except RuntimeError:
-            pass
+    """The running asyncio.Task or trio Task; `RuntimeError` outside a task.
+
+    Asked of the backend that runs on this thread (as `current_backend`
+    does), never by trying asyncio and catching its refusal: on trio that
+    was an exception raised and caught on every `get_or_compute` miss and
+    every `RLock` acquire.
+    """
+    loop = _get_running_loop()
+    if loop is not None:
+        task = asyncio.current_task(loop)
+        if task is not None:
+            return task
+    elif _sniffio_thread.name == "trio":
+        return sys.modules["trio"].lowlevel.current_task()
     raise RuntimeError("this must be called from inside an asyncio or trio task")
