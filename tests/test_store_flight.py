@@ -9,6 +9,7 @@ from anyio import wait_all_tasks_blocked
 
 from helpers import counted
 from warmenv import CacheMode, Environment, Namespace, Store, WarmenvError
+from warmenv.persistence._flight import Flights
 
 pytestmark = pytest.mark.anyio
 
@@ -256,3 +257,34 @@ async def test_another_task_asking_for_a_key_being_computed_waits_for_it(
 
 async def _one() -> int:
     return 1
+
+
+async def test_a_run_nobody_waits_for_makes_no_event_and_a_waiter_is_still_woken() -> None:
+    """The event a run's end sets is made by its first waiter: most runs (a read, a remote
+    hit) have none, and making one is most of what an uncontended run costs."""
+    flights: Flights[str, int] = Flights()
+    seen: list[object] = []
+    gate = anyio.Event()
+
+    async def alone() -> int:
+        seen.append(flights._flights["alone"].done)
+        return 1
+
+    async def waited_for() -> int:
+        await gate.wait()
+        return 2
+
+    assert await flights.run("alone", alone) == 1
+    assert seen == [None]
+    answers: list[int] = []
+
+    async def ask() -> None:
+        answers.append(await flights.run("waited", waited_for))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ask)
+        tg.start_soon(ask)
+        await wait_all_tasks_blocked()
+        assert flights._flights["waited"].done is not None  # made by the waiter
+        gate.set()
+    assert answers == [2, 2] and len(flights) == 0

@@ -118,10 +118,15 @@ class Describes(Protocol):
 
 @attrs.define(eq=False)
 class _Flight:
-    """One run for one key: who runs it, and how it ended."""
+    """One run for one key: who runs it, and how it ended.
+
+    `done` is made by the first waiter, under the flights' lock (`Flights._join`):
+    most runs (a read, a remote hit) have none, and an event made per run
+    would cost each of them its making (anyio's asks which backend runs).
+    """
 
     owner: object
-    done: anyio.Event | threading.Event
+    done: anyio.Event | threading.Event | None = None
     outcome: Any = None
     error: Exception | None = None
     traceback: TracebackType | None = None
@@ -167,12 +172,12 @@ class Flights(Generic[KT, T]):
         running `key`'s run, `itself()` is raised rather than waited for.
         """
         while True:
-            flight, leading = self._join(key, owner, anyio.Event, itself)
-            if leading:
+            flight, done = self._join(key, owner, anyio.Event, itself)
+            if done is None:
                 with _Landing(self._flights, self._lock, key, flight):
                     flight.outcome = await fn()
                 return flight.outcome  # type: ignore[no-any-return]
-            await flight.done.wait()  # type: ignore[misc]
+            await done.wait()  # type: ignore[misc]
             if not flight.abandoned:
                 return flight.result()  # type: ignore[no-any-return]
 
@@ -186,12 +191,12 @@ class Flights(Generic[KT, T]):
     ) -> T:
         """`fn()` once for every thread asking for `key` while it runs; as `run`."""
         while True:
-            flight, leading = self._join(key, owner, threading.Event, itself)
-            if leading:
+            flight, done = self._join(key, owner, threading.Event, itself)
+            if done is None:
                 with _Landing(self._flights, self._lock, key, flight):
                     flight.outcome = fn()
                 return flight.outcome  # type: ignore[no-any-return]
-            flight.done.wait()
+            done.wait()
             if not flight.abandoned:
                 return flight.result()  # type: ignore[no-any-return]
 
@@ -201,20 +206,27 @@ class Flights(Generic[KT, T]):
         owner: object,
         event: Callable[[], anyio.Event | threading.Event],
         itself: Callable[[], Exception] | None,
-    ) -> tuple[_Flight, bool]:
-        """The run in progress for `key` (and False), or a new one this asker leads (True)."""
+    ) -> tuple[_Flight, anyio.Event | threading.Event | None]:
+        """The run in progress for `key` and the event its end sets, or a new run this
+        asker leads (and None).
+
+        The event is made by the run's first waiter, under the lock under which
+        the leader takes the run out before setting it (`_Landing`): none is missed.
+        """
         with self._lock:
             flight = self._flights.get(key)
             if flight is None:
-                flight = self._flights[key] = _Flight(owner, event())
-                return flight, True
-        if owner is not None and flight.owner is owner:
-            if itself is not None:
-                raise itself()
-            raise WarmenvError(
-                "a run asked for its own key while computing it; it would wait for itself"
-            )
-        return flight, False
+                flight = self._flights[key] = _Flight(owner)
+                return flight, None
+            if owner is None or flight.owner is not owner:
+                if flight.done is None:
+                    flight.done = event()
+                return flight, flight.done
+        if itself is not None:
+            raise itself()
+        raise WarmenvError(
+            "a run asked for its own key while computing it; it would wait for itself"
+        )
 
 
 @final
@@ -246,7 +258,9 @@ class _Landing:
         with self._lock:
             if self._flights.get(self._key) is flight:
                 del self._flights[self._key]
-        flight.done.set()
+            done = flight.done  # no waiter can join once it is out: read under the lock
+        if done is not None:
+            done.set()
 
 
 async def unless_imported(
