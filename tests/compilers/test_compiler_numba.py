@@ -110,3 +110,30 @@ def test_a_plain_copy_of_a_numba_cache_misses(machines: tuple[Machine, Machine])
     copied = second.run("python", _app(second), "plain", str(second.cache))
     # Numba looks in `<parent>_<sha1(the source's absolute directory)>`: another one here.
     assert (copied["hits"], copied["misses"]) == (0, 6), copied
+
+
+COUNTED_WALKS = """
+    import gc, json, sys
+    import warmenv.caches.numba
+    warmed = warmenv.caches.numba.use(cache_dir=sys.argv[1], capture_at_exit=False)
+    import numpy as np
+    import kernels
+
+    kernels.dot(np.arange(10.0), np.arange(10.0))
+    walks = []
+    every_object = gc.get_objects
+    gc.get_objects = lambda *args: walks.append(1) or every_object(*args)
+    captured = warmed.capture()
+    print(json.dumps({"walks": len(walks), "stored": captured.stored}))
+"""
+
+
+def test_a_capture_walks_the_process_objects_once(machines: tuple[Machine, Machine]) -> None:
+    # Numba's counts are found by walking every object of the process (tens of ms in a
+    # large one): hits per entry and misses come from one walk, not one walk each.
+    require("numba")
+    first, _ = machines
+    first.write("kernels.py", KERNELS)
+    script = first.write("walks.py", COUNTED_WALKS)
+    found = first.run("python", str(script), str(first.cache))
+    assert found == {"walks": 1, "stored": 2}, found

@@ -38,12 +38,29 @@ from warmenv.caches._tree import (
 from warmenv.environment import open_environment
 from warmenv.future import block_on
 
-__all__ = ["EnvironmentChoice", "HitLines", "Warmed", "where"]
+__all__ = ["EnvironmentChoice", "HitLines", "Tally", "Warmed", "where"]
 
 log = logging.getLogger("warmenv.caches")
 
 EnvironmentChoice = BlockingEnvironment | str | None
 """An open blocking environment (its file is used), an environment's name, or the default."""
+
+
+@final
+@attrs.frozen
+class Tally:
+    """A tool's own counts in this process, read together in one pass.
+
+    One pass because reading them can cost: Numba's are found by walking
+    every object of the process, which a capture would otherwise do twice.
+    """
+
+    hits: int
+    misses: int
+    saved_seconds: float = 0.0
+    """Compile seconds the tool reports its hits saved (0.0 if it does not say)."""
+    served: Mapping[str, int] = attrs.field(factory=dict)
+    """Hits per captured entry, where the tool names the entry it served."""
 
 
 @attrs.frozen
@@ -90,8 +107,7 @@ class Warmed:
     """What the restore at start-up wrote."""
     _tree: CacheTree = attrs.field(alias="tree")
     _where: _Where = attrs.field(alias="where")
-    _counters: Callable[[], tuple[int, int, float]] = attrs.field(alias="counters")
-    _served: Callable[[], dict[str, int]] | None = attrs.field(alias="served")
+    _tally: Callable[[], Tally] = attrs.field(alias="tally")
     _recorded: dict[str, int] = attrs.field(factory=dict, init=False)
     _recorded_misses: int = attrs.field(default=0, init=False)
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
@@ -99,17 +115,17 @@ class Warmed:
     @property
     def hits(self) -> int:
         """Compilations the tool served from its cache so far, by its own counter."""
-        return self._counters()[0]
+        return self._tally().hits
 
     @property
     def misses(self) -> int:
         """Compilations the tool looked up in its cache and did not find, by its own counter."""
-        return self._counters()[1]
+        return self._tally().misses
 
     @property
     def saved_seconds(self) -> float:
         """Compile seconds the tool reports its hits saved (0.0 if it does not say)."""
-        return self._counters()[2]
+        return self._tally().saved_seconds
 
     def capture(self) -> CaptureReport:
         """Store the cache directory as it is now into the environment.
@@ -119,9 +135,9 @@ class Warmed:
         environment's statistics too.
         """
         with self._lock:
-            served = self._served() if self._served is not None else {}
+            tally = self._tally()  # once: Numba's walks every object of the process
+            served, misses = dict(tally.served), tally.misses
             delta = {k: n - self._recorded.get(k, 0) for k, n in served.items()}
-            misses = self.misses
             report = block_on(
                 self._where.capture,
                 self._tree,
@@ -151,17 +167,14 @@ def restored(
     cache_dir: Path,
     env: EnvironmentChoice,
     root: str | Path | None,
-    counters: Callable[[], tuple[int, int, float]],
-    served: Callable[[], dict[str, int]] | None = None,
+    tally: Callable[[], Tally],
 ) -> Warmed:
     """Restore `tree` into `cache_dir` now and return the handle `use()` gives back."""
     chosen = where(env, root)
     report = block_on(chosen.restore, tree, cache_dir)
     for skipped in report.skipped:
         log.info("skipped %s: %s", skipped.namespace, "; ".join(skipped.reasons))
-    return Warmed(
-        tool, cache_dir, report, tree=tree, where=chosen, counters=counters, served=served
-    )
+    return Warmed(tool, cache_dir, report, tree=tree, where=chosen, tally=tally)
 
 
 # --- hits named by a tool's own log line -------------------------------------------

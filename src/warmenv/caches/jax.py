@@ -52,7 +52,7 @@ from typing import Any, Final
 from warmenv._facts import Facts
 from warmenv._fs import expand_home
 from warmenv.caches._children import EntryPoint
-from warmenv.caches._inprocess import EnvironmentChoice, HitLines, Warmed, restored
+from warmenv.caches._inprocess import EnvironmentChoice, HitLines, Tally, Warmed, restored
 from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport
 from warmenv.caches._tree import capture as _capture
 from warmenv.caches._tree import restore as _restore
@@ -216,7 +216,7 @@ def use(
     directory = Path(cache_dir) if cache_dir is not None else default_cache_dir(root)
     directory = expand_home(directory, "cache_dir")
     _import_jax()  # fail before the restore, with the install hint
-    warmed = restored("jax", tree(), directory, env, root, hits, served)
+    warmed = restored("jax", tree(), directory, env, root, tally)
     configure(directory, min_compile_seconds=min_compile_seconds)
     if capture_at_exit:
         warmed.capture_at_exit()
@@ -256,6 +256,12 @@ def served() -> dict[str, int]:
     """This process's hits per captured entry (`<key>-cache`), from JAX's log line for each hit."""
     with _lock:
         return dict(_served)
+
+
+def tally() -> Tally:
+    """`hits()` and `served()` together (for warmenv's hooks)."""
+    hit, missed, saved = hits()
+    return Tally(hit, missed, saved, served())
 
 
 def listen() -> None:

@@ -36,7 +36,7 @@ from typing import Any, Final
 
 from warmenv._facts import Facts
 from warmenv._fs import expand_home
-from warmenv.caches._inprocess import EnvironmentChoice, Warmed, restored
+from warmenv.caches._inprocess import EnvironmentChoice, Tally, Warmed, restored
 from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport
 from warmenv.caches._tree import capture as _capture
 from warmenv.caches._tree import restore as _restore
@@ -128,7 +128,7 @@ def use(
     directory = Path(cache_dir) if cache_dir is not None else default_cache_dir(root)
     directory = expand_home(directory, "cache_dir")
     _import_numba()
-    warmed = restored("numba", tree(), directory, env, root, hits, served)
+    warmed = restored("numba", tree(), directory, env, root, tally)
     configure(directory)
     if capture_at_exit:
         warmed.capture_at_exit()
@@ -172,13 +172,7 @@ def _dispatchers() -> list[Any]:
 
 def served() -> dict[str, int]:
     """Hits per captured entry (each function's index file), by Numba's `dispatcher.stats`."""
-    found: dict[str, int] = {}
-    for dispatcher in _dispatchers():
-        count = sum(dispatcher.stats.cache_hits.values())
-        if count:
-            key = _index_key(dispatcher.py_func)
-            found[key] = found.get(key, 0) + count
-    return found
+    return dict(tally().served)
 
 
 def hits() -> tuple[int, int, float]:
@@ -186,12 +180,23 @@ def hits() -> tuple[int, int, float]:
 
     Numba does not report the compile time a hit saved: the third value is 0.0.
     """
+    counted = tally()
+    return counted.hits, counted.misses, 0.0
+
+
+def tally() -> Tally:
+    """`hits()` and `served()` in one walk over the process's objects (for warmenv's hooks)."""
     found_hits = found_misses = 0
+    found: dict[str, int] = {}
     for dispatcher in _dispatchers():
         stats = dispatcher.stats
-        found_hits += sum(stats.cache_hits.values())
+        count = sum(stats.cache_hits.values())
+        found_hits += count
         found_misses += sum(stats.cache_misses.values())
-    return found_hits, found_misses, 0.0
+        if count:
+            key = _index_key(dispatcher.py_func)
+            found[key] = found.get(key, 0) + count
+    return Tally(found_hits, found_misses, served=found)
 
 
 def _import_numba() -> Any:
