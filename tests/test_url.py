@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from warmenv import WarmenvError
-from warmenv._url import check_redis_url, is_http_url, redact
+from warmenv._url import check_redis_url, is_http_url, redact, redact_in, redact_urls_in
 from warmenv.remote import RemoteError
 
 SECRET = "s3cret-Pa55word"
@@ -66,6 +66,53 @@ def test_every_query_value_is_hidden_and_the_names_stay(url: str, shown: str) ->
 def test_a_query_item_without_a_value_is_hidden_as_it_may_be_a_token(url: str) -> None:
     assert SECRET not in redact(url)
     assert redact(url).endswith("?***")
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (
+            f"https://cdn.example/b;token={SECRET}/x.bundle",
+            "https://cdn.example/b;token=***/x.bundle",
+        ),
+        (f"https://cdn.example/b;{SECRET}/x.bundle", "https://cdn.example/b;***/x.bundle"),
+        (
+            f"https://cdn.example/a;v=1;sig={SECRET}/b;k={SECRET}?q={SECRET}",
+            "https://cdn.example/a;v=***;sig=***/b;k=***?q=***",
+        ),
+        (f"redis://cache/0;password={SECRET}", "redis://cache/0;password=***"),
+    ],
+)
+def test_every_path_parameter_is_hidden_as_a_query_item_is(url: str, shown: str) -> None:
+    """Servers read `;name=value` in a path segment as they read a query (a token, a session)."""
+    assert redact(url) == shown
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"https://u:{SECRET}@cdn.example/a.bundle",
+        f"https://cdn.example/b;token={SECRET}/x.bundle",
+        f"https://cdn.example/a.bundle?sig={SECRET}",
+        f"redis://:{SECRET}@cache:6379/0?password={SECRET}",
+    ],
+)
+def test_a_client_s_message_quoting_its_url_whole_or_in_pieces_shows_no_secret(url: str) -> None:
+    # As httpx and coredis word theirs: the URL whole, quoted, or a piece taken for a port.
+    for message in (
+        f"Error connecting to {url}: Connection refused.",
+        f"Invalid URL {url!r}; see the documentation",
+        f"Invalid port: '{SECRET}'",
+        f"redirected to https://other.example/c;sig=0ther-T0ken/y and then {url}",
+    ):
+        shown = redact_in(message, url)
+        assert SECRET not in shown and "0ther-T0ken" not in shown, shown
+    assert redact_in(f"Error connecting to {url}: refused.", url).endswith(": refused.")
+
+
+def test_a_path_parameter_in_free_text_hides_the_rest_of_the_text() -> None:
+    text = f"GET https://cdn.example/b;token={SECRET}/x.bundle 200 OK"
+    assert redact_urls_in(text) == "GET https://cdn.example/b;***"
 
 
 @pytest.mark.parametrize(
@@ -136,4 +183,12 @@ def test_a_url_that_names_no_redis_server_is_a_remote_error_naming_the_setting(
     with pytest.raises(RemoteError, match=f"^the key 'remote'.*{said}") as raised:
         check_redis_url(url, "the key 'remote'")
     assert isinstance(raised.value, WarmenvError)
+    assert SECRET not in str(raised.value)
+
+
+def test_a_malformed_database_number_is_named_with_its_path_parameters_hidden() -> None:
+    with pytest.raises(
+        RemoteError, match="malformed database number '0;token=\\*\\*\\*'"
+    ) as raised:
+        check_redis_url(f"redis://cache/0;token={SECRET}")
     assert SECRET not in str(raised.value)

@@ -2,7 +2,8 @@
 
 Both kinds carry credentials (a password or a token in the user information,
 a password or a signature in the query), and both end up in logs, errors,
-reprs and `--json` output. So there is one `redact`, with one rule for every
+reprs and `--json` output (a token may sit in a path parameter too:
+`https://host/b;token=...`). So there is one `redact`, with one rule for every
 URL: what could be a credential is `***`, whatever the scheme, because a rule
 per kind drifts (one hid the query, the other only `?password=`; one kept a
 password the parser had cut off at a `#`). The checks that say whether a
@@ -42,6 +43,8 @@ def redact(url: str, *, parsed: bool = False) -> str:
       for a password alone (`redis://:PASSWORD@host`).
     - Every query value (`?password=`, a signed URL's signature), and a query
       item without `=`, which may be a token itself; the names stay.
+    - Every path parameter's value the same way (`/b;token=***/x.bundle`):
+      servers read credentials from them as from a query.
     - The fragment is dropped.
     - An `@` after the host part, as a password holding `#`, `/` or `?` leaves
       (the parser ends the host part there: `redis://:pa#ss@host`): all
@@ -66,7 +69,16 @@ def redact(url: str, *, parsed: bool = False) -> str:
         tail = url.rpartition("@")[2]
         return redact(f"{parts.scheme}://***@{tail}" if parts.scheme else f"//***@{tail}")
     query = "&".join(_redact_item(item) for item in parts.query.split("&")) if parts.query else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    path = "/".join(_redact_params(segment) for segment in parts.path.split("/"))
+    return urlunsplit((parts.scheme, netloc, path, query, ""))
+
+
+def _redact_params(segment: str) -> str:
+    """A path segment with its `;` parameters redacted as query items are."""
+    name, semicolon, params = segment.partition(";")
+    if not semicolon:
+        return segment
+    return f"{name};" + ";".join(_redact_item(item) for item in params.split(";"))
 
 
 def _redact_item(item: str) -> str:
@@ -77,15 +89,26 @@ def _redact_item(item: str) -> str:
 
 
 def redact_in(text: str, url: str) -> str:
-    """`text` (a library's message about `url`) with `url` and its credentials redacted.
+    """`text` (a client's message about `url`) fit to print: every secret of every URL hidden.
 
-    A client's message may quote the URL, or a piece of it it could not
-    parse (a password taken for a port); every such piece is hidden.
+    httpx's and coredis's exceptions may quote `url` whole (shown as `redact`
+    shows it), or a piece of it they could not parse (a password taken for a
+    port): every piece `redact` would hide is `***` wherever it stands. A URL
+    the message names that is not `url` (a redirect's target) gets the
+    conservative rule of `redact_urls_in`, which may hide the message's rest.
     """
-    text = text.replace(url, redact(url))
-    for secret in _secrets(url):
-        text = text.replace(secret, "***")
-    return text
+    pieces = text.split(url)
+    shown = []
+    for number, piece in enumerate(pieces):
+        for secret in _secrets(url):
+            piece = piece.replace(secret, "***")
+        clean, cut = redact_urls_cut(piece)
+        shown.append(clean)
+        if cut:  # the rest may be that URL's query still
+            break
+        if number < len(pieces) - 1:
+            shown.append(redact(url))
+    return "".join(shown)
 
 
 # A URL written inside other text: a scheme, then its token, up to a space.
@@ -101,8 +124,8 @@ def redact_urls_in(text: str) -> str:
     or a fragment, so ending the URL at any of them let the rest of a
     signature through. So the rule is conservative, not `redact`'s: the user
     information (all before the last `@` of the token, or before the first
-    `?` or `#`) is `***`, and from the first `?` or `#` after the host to the
-    end of the text all is `***`;
+    `?` or `#`) is `***`, and from the first `?`, `#` or `;` (a path
+    parameter) after the host to the end of the text all is `***`;
     the scheme, host and path stay, what a reader debugs. Where the URL is
     known (a structured log record's argument), use `redact` on it instead.
     """
@@ -130,8 +153,8 @@ def redact_urls_cut(text: str) -> tuple[str, bool]:
     else:
         head = text[:start]
     rest = text[start:]
-    cut = re.search(r"[?#]|\s", rest)
-    if cut is not None and cut.group() in "?#":
+    cut = re.search(r"[?#;]|\s", rest)
+    if cut is not None and cut.group() in "?#;":
         return f"{head}{rest[: cut.start()]}{cut.group()}***", True
     end = cut.start() if cut is not None else len(rest)
     tail, tail_cut = redact_urls_cut(rest[end:])
@@ -142,9 +165,10 @@ def _secrets(url: str) -> list[str]:
     """What `redact` would hide in `url`, as given (longest first)."""
     head, at, _ = url.rpartition("@")
     pieces = [head.partition("://")[2]] if at else []
-    pieces += [p for p in re.split(r"[:@/?#&=]", pieces[0]) if p] if pieces else []
+    pieces += [p for p in re.split(r"[:@/?#&=;]", pieces[0]) if p] if pieces else []
     query = url.partition("?")[2].partition("#")[0]
-    for item in query.split("&") if query else ():
+    params = re.findall(r";([^;/?#]*)", url)  # wherever they stand: more hidden is no harm
+    for item in [*params, *(query.split("&") if query else ())]:
         name, equals, value = item.partition("=")
         pieces.append(value if equals else name)
     fragment = url.partition("#")[2]
@@ -233,7 +257,8 @@ def check_redis_url(url: object, where: str = "remote") -> str:
     if parts.path not in ("", "/") and not _DATABASE.fullmatch(parts.path):
         # coredis would take a path it cannot read as database 0: another fleet's data.
         raise RemoteError(
-            f"{where}: {redact(url)!r} has a malformed database number {parts.path[1:]!r};"
+            f"{where}: {redact(url)!r} has a malformed database number"
+            f" {urlsplit(redact(url)).path[1:]!r};"
             " the path is a database number, e.g. /0 (none means 0)"
         )
     return url

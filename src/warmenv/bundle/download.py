@@ -275,16 +275,16 @@ def _checked(url: str) -> str:
     return url
 
 
-def _too_many_redirects(label: str, exc: BaseException) -> DownloadError:
+def _too_many_redirects(label: str, exc: BaseException, url: str) -> DownloadError:
     return DownloadError(
-        f"{label}: the server redirected too many times (a redirect loop?: {_reason(exc)}); "
-        "check the URL"
+        f"{label}: the server redirected too many times (a redirect loop?: "
+        f"{_reason(exc, url)}); check the URL"
     )
 
 
 def _refused(label: str, exc: BaseException, url: str) -> DownloadError:
     """A failure no retry can mend (an unsupported protocol, a malformed URL on the way)."""
-    return DownloadError(f"{label}: {redact_in(_reason(exc), url)}; check the URL")
+    return DownloadError(f"{label}: {_reason(exc, url)}; check the URL")
 
 
 @final
@@ -422,7 +422,7 @@ class Download:
                         yield event
                 return
             except httpx.TooManyRedirects as exc:
-                raise _too_many_redirects(self.label, exc) from None
+                raise _too_many_redirects(self.label, exc, self.url) from None
             except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
                 raise _refused(self.label, exc, self.url) from None
             except (httpx.TransportError, _Retry) as exc:
@@ -430,7 +430,8 @@ class Download:
                 if failures > self._options.retries:
                     raise DownloadError(
                         f"{self.label}: the download failed after {failures} attempts "
-                        f"({_reason(exc)}); check the server and the network, then retry"
+                        f"({_reason(exc, self.url)}); check the server and the network, "
+                        "then retry"
                     ) from None
                 if self._validator is None and self._done:
                     await self._restart()  # nothing proves the rest would match: start over
@@ -627,14 +628,14 @@ async def read_head(
                             await body.stop()
                             await response.aclose()
             except httpx.TooManyRedirects as exc:
-                raise _too_many_redirects(label, exc) from None
+                raise _too_many_redirects(label, exc, url) from None
             except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
                 raise _refused(label, exc, url) from None
             except _Retry as exc:
-                raise DownloadError(f"{label}: {_reason(exc)}; check the server") from None
+                raise DownloadError(f"{label}: {_reason(exc, url)}; check the server") from None
             except httpx.TransportError as exc:
                 raise DownloadError(
-                    f"{label}: {_reason(exc)}; check the URL and the network"
+                    f"{label}: {_reason(exc, url)}; check the URL and the network"
                 ) from None
             found = sniff(bytes(data))
             if found is None or not found.header_in_front:
@@ -672,8 +673,9 @@ async def _head_of_whole(whole: Opened, label: str) -> tuple[Header | None, Open
         raise
 
 
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip()
+def _reason(exc: BaseException, url: str) -> str:
+    """`exc` in a few words: a client's message may quote `url`, so it is redacted."""
+    text = " ".join(redact_in(str(exc), url).split())
     kind = type(exc).__name__
     return f"{kind}: {text}" if text and not isinstance(exc, _Retry) else (text or kind)
 

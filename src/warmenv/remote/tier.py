@@ -57,7 +57,7 @@ import attrs
 
 from warmenv._errors import RemoteError
 from warmenv._text import clean
-from warmenv._url import redact
+from warmenv._url import redact, redact_in
 from warmenv.persistence.storage import wall_clock
 from warmenv.remote import wire
 from warmenv.remote.backfill import Backfill
@@ -635,8 +635,8 @@ class RemoteTier:
             # coredis says only "Unable to establish a connection"; the cause says
             # why (an untrusted certificate, a refused port).
             reason += f" ({type(cause).__name__}: {cause})"
-        # A message may quote the URL: its credentials stay hidden there too.
-        reason = reason.replace(self.settings.url, redact(self.settings.url))
+        # A message may quote the URL, or a piece of it: its credentials stay hidden there too.
+        reason = redact_in(reason, self.settings.url)
         reason = clean(reason)  # a server's own words: no escape sequence reaches a log
         if first and misconfigured:
             if not probe:
