@@ -19,6 +19,7 @@ from helpers import one_trial
 from redis_server import RedisServer, tolerating_coredis_streams
 from test_cli import terminal, warmenv
 from warmenv import open_environment
+from warmenv.caches import directory
 from warmenv.cli._format import per_second
 from warmenv.cli._output import ProgressBar
 from warmenv.cli._progress import EntriesColumn, EntriesRateColumn
@@ -521,12 +522,13 @@ def test_stats_of_one_hit_one_miss_and_one_namespace_says_them_in_the_singular(
     page = tmp_path / "one.html"
     completed = run("stats", "--env", "one", "--html", str(page), root=root, loop=loop)
     assert completed.returncode == 0, completed.stderr
+    # The value was inserted, so it recorded no cost: what its hit saved is not known.
     assert (
-        "1 hit, 1 miss (hit rate 50.0%); the hit saved 0.000 s of computation in 1 namespace"
-        in completed.stdout
+        "1 hit, 1 miss (hit rate 50.0%); what the hit saved is unknown (no cost recorded) "
+        "in 1 namespace" in completed.stdout
     )
     text = page.read_text()
-    assert "<p>1 hit, 1 miss; the hit saved 0.000 s of computation.</p>" in text
+    assert "<p>1 hit, 1 miss; what the hit saved is unknown (no cost recorded).</p>" in text
     assert ">1 hit</text>" in text and "local 1 hit</title>" in text
     assert not ONE_PLURAL.search(completed.stdout) and not ONE_PLURAL.search(text)
 
@@ -589,3 +591,24 @@ def test_no_line_of_a_table_ends_in_spaces_plain_or_on_a_terminal(counted_root: 
     for text in (plain.stdout, shown.decode("utf-8")):
         padded = [line for line in text.replace("\r", "").splitlines() if line.endswith(" ")]
         assert padded == [], text
+
+
+async def _directory_cache(root: Path, source: Path) -> None:
+    source.mkdir()
+    (source / "kernel.bin").write_bytes(b"compiled")
+    async with open_environment("dirs", root=root) as env:
+        await directory.capture(env, source, tool="cupy", facts=("python",))
+
+
+def test_stats_shows_a_directory_form_cache_as_not_counted(tmp_path: Path) -> None:
+    # The generic directory form has no counters: its 0 hits would read as a cache never hit.
+    root = tmp_path / "root"
+    anyio.run(_directory_cache, root, tmp_path / "cupy")
+    found = document(run("stats", "--env", "dirs", "--json", root=root, loop="asyncio"))
+    (namespace,) = found["namespaces"]
+    assert namespace["namespace"].startswith("caches.cupy/")
+    assert (namespace["counted"], namespace["saved_seconds"]) == (False, None)
+    completed = run("stats", "--env", "dirs", root=root, loop="asyncio")
+    assert completed.returncode == 0, completed.stderr
+    [row] = [line for line in completed.stdout.splitlines() if "caches.cupy/" in line]
+    assert row.count("not counted") == 6, row  # hits, local, imported, misses, hit rate, saved

@@ -42,13 +42,14 @@ import anyio.to_thread
 import attrs
 
 import warmenv.caches
+from warmenv._facts import PREFIX, is_captured_tree
 from warmenv.caches._children import hook_variables
 from warmenv.caches._hookdir import HookHome
 from warmenv.caches._paths import UnsafeTargetError
 from warmenv.caches._tree import record_hits
 from warmenv.environment import Environment
 
-__all__ = ["Counting", "Tool", "available_tools", "counting", "tool"]
+__all__ = ["Counting", "Tool", "available_tools", "counting", "counts_lookups", "tool"]
 
 _REQUIRED = ("restore", "capture", "settings", "CACHE_DIR_VARIABLE")
 
@@ -160,3 +161,21 @@ def tool(name: str) -> Tool:
     if name not in available_tools():
         raise LookupError(f"unknown cache tool {name!r}: use one of {', '.join(available_tools())}")
     return Tool(name, importlib.import_module(f"warmenv.caches.{name}"))
+
+
+@functools.cache
+def _counting_tools() -> frozenset[str]:
+    return frozenset(name for name in available_tools() if hasattr(tool(name).module, "hits"))
+
+
+def counts_lookups(namespace: str) -> bool:
+    """Whether the hits and misses of `namespace` are counted (`warmenv stats`).
+
+    Every store counts its own; a compiler cache's are counted from its
+    tool's own counters, so only for the tools warmenv reads them from
+    (those with `hits()`): a tree captured with the generic directory form
+    (`warmenv.caches.directory`, any other tool) has no counters.
+    """
+    if not is_captured_tree(namespace):
+        return True
+    return namespace.removeprefix(PREFIX).partition("/")[0] in _counting_tools()

@@ -23,6 +23,24 @@ def plural(count: int, word: str, many: str | None = None) -> str:
     return f"{count:,} {many or word + 's'}"
 
 
+def saved(seconds: str, value: float, *, known: bool) -> str:
+    """What hits saved, never a number that is not known: `seconds` (the value
+    written as seconds) when every entry hit recorded its cost, "at least" it
+    when only some did, "unknown" when none did (or none saved any time)."""
+    if known:
+        return seconds
+    return f"at least {seconds}" if value > 0 else "unknown"
+
+
+def saved_clause(hits: int, seconds: str, value: float, *, known: bool) -> str:
+    """ "the hits saved 3.0 s of computation", as `saved` says it, for a summary line."""
+    these = "the hit" if hits == 1 else "the hits"
+    said = saved(seconds, value, known=known)
+    if said == "unknown":
+        return f"what {these} saved is unknown (no cost recorded)"
+    return f"{these} saved {said} of computation"
+
+
 def namespace_label(namespace: str, *, text: bool) -> str:
     """A namespace as people see it: one stored as another SQLite type than text
     (something else wrote it: `NamespaceSummary.text` is False) is marked `(not text)`.

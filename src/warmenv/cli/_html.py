@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from warmenv._text import clean
-from warmenv.cli._format import namespace_label, plural
+from warmenv.cli._format import namespace_label, plural, saved_clause
 from warmenv.persistence.statistics import EnvironmentStatistics
 from warmenv.persistence.storage import Origin
 
@@ -102,8 +102,13 @@ def page(environment: str, stats: EnvironmentStatistics, origins: Sequence[Origi
     sections = [
         f"<h1>warmenv statistics: {name}</h1>",
         f"<p>{plural(stats.hits, 'hit')}, {plural(stats.misses, 'miss', 'misses')}; "
-        f"the {'hit' if stats.hits == 1 else 'hits'} saved "
-        f"{stats.saved_seconds:,.3f} s of computation.</p>",
+        + saved_clause(
+            stats.hits,
+            f"{stats.saved_seconds:,.3f} s",
+            stats.saved_seconds,
+            known=stats.saved_known,
+        )
+        + ".</p>",
         "<h2>Hits by origin, per namespace</h2>",
         "<p>"
         + " ".join(

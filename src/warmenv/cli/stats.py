@@ -4,11 +4,14 @@ Per namespace: entries and size, hits (by the origin of the entry served:
 computed here, imported from a bundle, or fetched from the fleet's shared
 tier, a column shown where there are such hits or a remote), misses, computations and the
 seconds they took, and the seconds the hits saved (each hit entry's recorded
-cost); per imported bundle: its entries still here, their hits and the time
-they saved; and how the last warm-ups (`warm_up`) ended, failures with
-their reason. Counts come from every process that used the environment (stores
-flush them every few seconds and on close). It only reads; `--html FILE`
-also writes a small self-contained page with bar charts.
+cost; where an entry hit recorded none, "at least" what the others saved, or
+"unknown", and null in `--json`: never a number that is not known); per
+imported bundle: its entries still here, their hits and the time they saved;
+and how the last warm-ups (`warm_up`) ended, failures with their reason. A
+compiler cache captured with the generic directory form has no counters: its
+lookups are shown as "not counted". Counts come from every process that used
+the environment (stores flush them every few seconds and on close). It only
+reads; `--html FILE` also writes a small self-contained page with bar charts.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from typing import Any
 
 import anyio.to_thread
 
+from warmenv.caches._tools import counts_lookups
 from warmenv.cli import _html
 from warmenv.cli._environments import environment
 from warmenv.cli._errors import Failure
-from warmenv.cli._format import namespace_label, plural, size
+from warmenv.cli._format import namespace_label, plural, saved, saved_clause, size
 from warmenv.cli._options import no_match, text_argument
 from warmenv.cli._output import Output
 from warmenv.persistence.namespace import matches_any
@@ -91,17 +95,20 @@ def short_digest(digest: str) -> str:
 
 
 def namespace_json(n: NamespaceStatistics) -> dict[str, Any]:
+    counted = counts_lookups(n.namespace)
     return {
         "namespace": n.namespace,
         "text": n.text,
         "entries": n.entries,
         "bytes": n.bytes,
+        "counted": counted,
         "hits": n.hits,
         "misses": n.misses,
         "hits_by_origin": {str(o): h for o, h in n.hits_by_origin.items()},
         "computes": n.computes,
         "compute_seconds": n.compute_seconds,
-        "saved_seconds": n.saved_seconds,
+        "saved_seconds": n.saved_seconds if counted and not n.hit_without_cost else None,
+        "hit_without_cost": n.hit_without_cost,
     }
 
 
@@ -113,17 +120,39 @@ def bundle_json(b: BundleStatistics) -> dict[str, Any]:
         "imported": b.entries,
         "distinct_hits": b.distinct_hits,
         "hits": b.hits,
-        "saved_seconds": b.saved_seconds,
+        "saved_seconds": b.saved_seconds if not b.hit_without_cost else None,
+        "hit_without_cost": b.hit_without_cost,
         "figure": bundle_figure(b),
     }
 
 
 def bundle_figure(b: BundleStatistics) -> str:
     """Did the bundle pay off, in one line: what it brought, how much of it served, the time."""
-    return (
-        f"imported {b.entries:,}, hit {b.distinct_hits:,} distinct, "
-        f"saved {seconds(b.saved_seconds)}"
-    )
+    said = saved(seconds(b.saved_seconds), b.saved_seconds, known=not b.hit_without_cost)
+    return f"imported {b.entries:,}, hit {b.distinct_hits:,} distinct, saved {said}"
+
+
+NOT_COUNTED = "not counted"
+"""A namespace of a compiler cache whose tool has no counters (the generic directory form)."""
+
+
+def lookups_row(n: NamespaceStatistics, origins: list[Origin]) -> list[str]:
+    """A namespace's hits (and by origin), misses, hit rate, computations and time saved."""
+    if not counts_lookups(n.namespace):
+        return [NOT_COUNTED] * (len(origins) + 3) + [
+            f"{n.computes:,}",
+            seconds(n.compute_seconds),
+            NOT_COUNTED,
+        ]
+    return [
+        f"{n.hits:,}",
+        *(f"{n.hits_by_origin.get(origin, 0):,}" for origin in origins),
+        f"{n.misses:,}",
+        hit_rate(n.hits, n.misses),
+        f"{n.computes:,}",
+        seconds(n.compute_seconds),
+        saved(seconds(n.saved_seconds), n.saved_seconds, known=not n.hit_without_cost),
+    ]
 
 
 def import_json(record: ImportRecord) -> dict[str, Any]:
@@ -176,13 +205,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
                 namespace_label(n.namespace, text=n.text),
                 f"{n.entries:,}",
                 size(n.bytes),
-                f"{n.hits:,}",
-                *(f"{n.hits_by_origin.get(origin, 0):,}" for origin in origins),
-                f"{n.misses:,}",
-                hit_rate(n.hits, n.misses),
-                f"{n.computes:,}",
-                seconds(n.compute_seconds),
-                seconds(n.saved_seconds),
+                *lookups_row(n, origins),
             ]
             for n in namespaces
         ],
@@ -198,7 +221,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
                 f"{b.entries:,}",
                 f"{b.distinct_hits:,}",
                 f"{b.hits:,}",
-                seconds(b.saved_seconds),
+                saved(seconds(b.saved_seconds), b.saved_seconds, known=not b.hit_without_cost),
             ]
             for b in stats.bundles
         ],
@@ -225,10 +248,12 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         )
     hits, misses = shown.hits, shown.misses
     if namespaces:
+        said = saved_clause(
+            hits, seconds(shown.saved_seconds), shown.saved_seconds, known=shown.saved_known
+        )
         out.line(
             f"{plural(hits, 'hit')}, {plural(misses, 'miss', 'misses')} "
-            f"(hit rate {hit_rate(hits, misses)}); the {'hit' if hits == 1 else 'hits'} saved "
-            f"{seconds(shown.saved_seconds)} of computation in "
+            f"(hit rate {hit_rate(hits, misses)}); {said} in "
             f"{plural(len(namespaces), 'namespace')}"
         )
     if args.html is not None:
@@ -240,7 +265,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
             "environment": env.name,
             "hits": hits,
             "misses": misses,
-            "saved_seconds": shown.saved_seconds,
+            "saved_seconds": shown.saved_seconds if shown.saved_known else None,
             "namespaces": [namespace_json(n) for n in namespaces],
             "bundles": [bundle_json(b) for b in stats.bundles],
             "imports": [import_json(r) for r in stats.imports],

@@ -100,6 +100,10 @@ class NamespaceStatistics:
     """Whether the namespace is stored as text, as every store writes it (see
     `NamespaceSummary.text`): False for rows something else wrote under a
     namespace of another SQLite type, whose content `namespace` holds as text."""
+    hit_without_cost: int = 0
+    """How many of its entries were hit (by any process) and have no recorded
+    `cost` (inserted, or a compiler that records no compile time): what their
+    hits saved is not known, and `saved_seconds` leaves it out."""
 
 
 @attrs.frozen
@@ -116,6 +120,8 @@ class BundleStatistics:
     """Their recorded `cost`, once per entry per process that hit it."""
     distinct_hits: int = 0
     """How many of `entries` were hit at least once (by any process)."""
+    hit_without_cost: int = 0
+    """How many of those have no recorded `cost`: `saved_seconds` leaves their hits out."""
 
 
 class ImportOutcome(enum.Enum):
@@ -175,6 +181,11 @@ class EnvironmentStatistics:
     @property
     def saved_seconds(self) -> float:
         return sum(n.saved_seconds for n in self.namespaces)
+
+    @property
+    def saved_known(self) -> bool:
+        """Whether every entry hit has a recorded cost, so `saved_seconds` is all they saved."""
+        return not any(n.hit_without_cost for n in self.namespaces)
 
 
 class Pending(NamedTuple):
@@ -488,18 +499,21 @@ def assemble(
     totals: list[NamespaceSummary],
     counters: dict[Name, tuple[int, int, float]],
     origins: dict[tuple[Name, int], tuple[int, float]],
-    bundles: list[tuple[int, str, str, int, int]],
+    bundles: list[tuple[int, str, str, int, int, int]],
     bundle_hits: dict[int, tuple[int, float]],
     pending: Batch,
     resolved: Resolved,
+    without_cost: dict[Name, int] | None = None,
 ) -> EnvironmentStatistics:
     """Stored counts plus this process's pending ones, as the public value classes.
 
     `totals`: what each namespace holds; `counters`: namespace -> (misses,
     computes, compute seconds); `origins`: (namespace, origin) -> (hits,
-    saved); `bundles`: (id, name, digest, entries still imported, of them hit). Pending and
-    resolved counts are a store's, so of text namespaces.
+    saved); `bundles`: (id, name, digest, entries still imported, of them hit, of
+    those without a cost); `without_cost`: namespace -> its entries hit without a
+    cost. Pending and resolved counts are a store's, so of text namespaces.
     """
+    unpriced = without_cost or {}
     counts = dict(counters)
     for p in pending:
         misses, computes, seconds = counts.get((p.namespace, True), (0, 0, 0.0))
@@ -518,7 +532,7 @@ def assemble(
         per_bundle[ident] = (old_hits + hits, old_saved + saved)
 
     sizes = {(s.namespace, s.text): (s.entries, s.bytes) for s in totals}
-    names = sorted(set(sizes) | set(counts) | {name for name, _ in by_origin})
+    names = sorted(set(sizes) | set(counts) | {name for name, _ in by_origin} | set(unpriced))
     hit_origins: dict[Name, dict[Origin, tuple[int, float]]] = {}
     for (name, origin), value in by_origin.items():
         hit_origins.setdefault(name, {})[_origin(origin)] = value
@@ -539,6 +553,7 @@ def assemble(
                 compute_seconds=seconds,
                 saved_seconds=sum(s for _, s in origin_counts.values()),
                 text=name[1],
+                hit_without_cost=unpriced.get(name, 0),
             )
         )
     bundle_list = [
@@ -549,8 +564,9 @@ def assemble(
             hits=per_bundle.get(ident, (0, 0.0))[0],
             saved_seconds=per_bundle.get(ident, (0, 0.0))[1],
             distinct_hits=hit,
+            hit_without_cost=hit_without_cost,
         )
-        for ident, name, digest, entries, hit in bundles
+        for ident, name, digest, entries, hit, hit_without_cost in bundles
     ]
     return EnvironmentStatistics(namespaces=namespaces, bundles=bundle_list)
 

@@ -49,6 +49,7 @@ __all__ = [
     "meta_value",
     "namespace_read",
     "namespace_summaries",
+    "summaries_hit_without_cost",
     "namespace_totals",
     "prefix_sql",
     "range_totals",
@@ -385,6 +386,23 @@ def namespace_summaries(
     return [
         NamespaceSummary(namespace=namespace, entries=int(count), bytes=int(size), text=bool(text))
         for namespace, count, size, text in rows
+    ]
+
+
+def summaries_hit_without_cost(conn: sqlite3.Connection) -> list[tuple[NamespaceSummary, int]]:
+    """`namespace_summaries` of an environment (version 2), each with how many of its
+    entries were hit (they have a recency) and have no recorded cost, in the same scan."""
+    rows = conn.execute(
+        f"SELECT {namespace_read()}, count(*), {_TOTAL_BYTES}, {text_read()}, "
+        "count(iif(cost IS NULL, last_hit, NULL)) "
+        "FROM entries GROUP BY namespace ORDER BY namespace"
+    )
+    return [
+        (
+            NamespaceSummary(namespace=namespace, entries=int(n), bytes=int(size), text=bool(text)),
+            int(unpriced),
+        )
+        for namespace, n, size, text, unpriced in rows
     ]
 
 

@@ -220,11 +220,19 @@ def read(pending: Batch, version: int, conn: sqlite3.Connection) -> EnvironmentS
 def _statistics_read(
     pending: Batch, version: int, conn: sqlite3.Connection
 ) -> EnvironmentStatistics:
-    totals = schema.namespace_summaries(conn)
+    without_cost: dict[Name, int] = {}
+    if version >= 2:
+        # An entry hit at least once has a recency (imports write none: see flush); one
+        # hit without a recorded cost makes what its namespace's hits saved not known.
+        counted = schema.summaries_hit_without_cost(conn)
+        totals = [summary for summary, _ in counted]
+        without_cost = {(t.namespace, t.text): n for t, n in counted if n}
+    else:
+        totals = schema.namespace_summaries(conn)
     tables = schema.table_names(conn) if version >= 2 else set()
     counters: dict[Name, tuple[int, int, float]] = {}
     origins: dict[tuple[Name, int], tuple[int, float]] = {}
-    bundles: list[tuple[int, str, str, int, int]] = []
+    bundles: list[tuple[int, str, str, int, int, int]] = []
     bundle_hits: dict[int, tuple[int, float]] = {}
     if schema.STATISTICS_TABLES <= tables:
         for namespace, text, origin, hits, saved, misses, computes, seconds in conn.execute(
@@ -241,11 +249,11 @@ def _statistics_read(
         ):
             bundle_hits[int(bundle)] = (int(hits), float(saved))
     if "bundles" in tables:
-        # An entry hit at least once has a recency (imports write none: see flush).
         bundles = [
-            (int(ident), str(name), str(digest), int(entries), int(hit or 0))
-            for ident, name, digest, entries, hit in conn.execute(
-                "SELECT b.id, b.name, b.digest, count(e.rowid), count(e.last_hit) "
+            (int(ident), str(name), str(digest), int(entries), int(hit or 0), int(unpriced or 0))
+            for ident, name, digest, entries, hit, unpriced in conn.execute(
+                "SELECT b.id, b.name, b.digest, count(e.rowid), count(e.last_hit), "
+                "count(iif(e.cost IS NULL, e.last_hit, NULL)) "
                 "FROM bundles AS b LEFT JOIN entries AS e ON e.bundle = b.id AND e.origin = ? "
                 "GROUP BY b.id ORDER BY b.name, b.id",
                 (int(Origin.IMPORTED),),
@@ -260,7 +268,9 @@ def _statistics_read(
             },
             by_bundle={},
         )
-    assembled = assemble(totals, counters, origins, bundles, bundle_hits, pending, resolved)
+    assembled = assemble(
+        totals, counters, origins, bundles, bundle_hits, pending, resolved, without_cost
+    )
     if schema.IMPORTS_TABLE not in tables:
         return assembled
     return attrs.evolve(assembled, imports=_imports(conn))
