@@ -6,17 +6,21 @@ real child processes for the crash.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import sqlite3
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
+import sniffio
 
 from helpers import run_python
 from redis_server import COREDIS_UNCLOSED_STREAMS, RedisServer
-from warmenv import Namespace, open_environment
+from warmenv import CacheMode, Namespace, open_environment
 from warmenv.persistence import BytesCodec, Origin
 from warmenv.remote import RemoteSettings, RemoteStorage
 
@@ -187,3 +191,60 @@ async def test_closing_the_environment_itself_writes_every_fetched_value_first(
         assert backfill.failed == 0
         path = env.path
     assert _local_rows(path) == {key: int(Origin.REMOTE) for key in keys}
+
+
+@contextmanager
+def spawned_tasks() -> Iterator[list[object]]:
+    """Every task spawned on the running event loop while the block runs.
+
+    trio's instruments see each spawn; asyncio (and uvloop) make every task
+    through the loop's task factory, which is wrapped for the block.
+    """
+    spawned: list[object] = []
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        class Spawns(trio.abc.Instrument):
+            def task_spawned(self, task: trio.lowlevel.Task) -> None:
+                spawned.append(task)
+
+        instrument = Spawns()
+        trio.lowlevel.add_instrument(instrument)
+        try:
+            yield spawned
+        finally:
+            trio.lowlevel.remove_instrument(instrument)
+        return
+    loop = asyncio.get_running_loop()
+    previous = loop.get_task_factory()
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
+        if previous is None:
+            task: Any = asyncio.Task(coro, loop=loop, **kwargs)
+        else:
+            task = previous(loop, coro, **kwargs)
+        spawned.append(task)
+        return task
+
+    loop.set_task_factory(factory)
+    try:
+        yield spawned
+    finally:
+        loop.set_task_factory(previous)
+
+
+async def test_a_remote_hit_spawns_no_task(tmp_path: Path, server: RedisServer) -> None:
+    """A local miss and a Redis hit (the local read begun beside the Redis one, as an
+    EAGER store asks), the local copy queued: all on the caller's task."""
+    keys = [b"k%04d" % i for i in range(60)]
+    await _publish(tmp_path / "a", server.url, keys)
+    async with open_environment("fleet", root=tmp_path / "b", remote=server.url) as env:
+        store = await env.store(NS, BytesCodec(), mode=CacheMode.EAGER)
+        for key in keys[:10]:  # the connections, the subscription, the tier's ticker
+            assert await store.get_or_compute(key, never) == b"v-" + key
+        with spawned_tasks() as spawned:
+            for key in keys[10:]:
+                assert await store.get_or_compute(key, never) == b"v-" + key
+        assert env.remote is not None and env.remote.statistics().hits == len(keys)
+    assert spawned == []
+

@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from warmenv import _sqlite, open_environment
+from warmenv import ClosedError, _sqlite, open_environment
 from warmenv.bundle import export_bundle, open_bundle
 from warmenv.persistence import Insertion, Stored
 from warmenv.persistence.memory import MemoryStorage
@@ -101,3 +101,71 @@ async def test_a_connection_that_fails_to_open_leaves_no_worker_thread(tmp_path:
     with pytest.raises(sqlite3.OperationalError):
         await _sqlite.connect(f"{(tmp_path / 'absent.db').as_uri()}?mode=ro", uri=True)
     assert not _workers() - before
+
+
+async def test_a_started_function_runs_while_the_caller_awaits_something_else(
+    tmp_path: Path,
+) -> None:
+    """`start` gives the function to the worker at once; its answer is awaited later."""
+    connection = await _sqlite.connect(str(tmp_path / "t.db"))
+    ran = threading.Event()
+
+    def read(conn: sqlite3.Connection) -> str:
+        ran.set()
+        return threading.current_thread().name
+
+    try:
+        pending = connection.start(read)
+        await anyio.to_thread.run_sync(ran.wait)  # ran before anyone awaited its answer
+        assert await pending.result() == "warmenv-sqlite"
+    finally:
+        await connection.close()
+
+
+async def test_a_started_function_s_exception_is_raised_by_its_result(tmp_path: Path) -> None:
+    connection = await _sqlite.connect(str(tmp_path / "t.db"))
+    try:
+        pending = connection.start(lambda conn: conn.execute("SELECT * FROM missing"))
+        with pytest.raises(sqlite3.OperationalError, match="no such table"):
+            await pending.result()
+    finally:
+        await connection.close()
+
+
+async def test_a_started_function_whose_answer_is_never_awaited_still_runs_whole(
+    tmp_path: Path,
+) -> None:
+    """A caller cancelled before it awaits the answer: dropped, the failure too, and no
+    warning (warnings are errors here), while the function still runs to its end."""
+    connection = await _sqlite.connect(str(tmp_path / "t.db"))
+    try:
+        await connection.run(lambda conn: conn.execute("CREATE TABLE t (x)"))
+        connection.start(lambda conn: conn.execute("INSERT INTO t VALUES (1)"))
+        connection.start(lambda conn: conn.execute("SELECT * FROM missing"))
+        with anyio.CancelScope() as scope:
+            pending = connection.start(lambda conn: conn.execute("INSERT INTO t VALUES (2)"))
+            scope.cancel()
+            await pending.result()  # cancelled: the answer is never taken
+        rows = await connection.run(lambda conn: conn.execute("SELECT x FROM t").fetchall())
+        assert rows == [(1,), (2,)]
+    finally:
+        await connection.close()
+
+
+async def test_starting_on_a_closed_connection_raises_at_once(tmp_path: Path) -> None:
+    connection = await _sqlite.connect(str(tmp_path / "t.db"))
+    await connection.close()
+    with pytest.raises(ClosedError):
+        connection.start(_thread_name)
+
+
+async def test_a_database_in_memory_runs_a_started_function_at_once() -> None:
+    connection, _ = _sqlite.open_memory(lambda conn: None)
+    pending = connection.start(lambda conn: conn.execute("SELECT 7").fetchone()[0])
+    failing = connection.start(lambda conn: conn.execute("SELECT * FROM missing"))
+    assert await pending.result() == 7
+    with pytest.raises(sqlite3.OperationalError):
+        await failing.result()
+    await connection.close()
+    with pytest.raises(ClosedError):
+        connection.start(_thread_name)

@@ -4,7 +4,9 @@ Everything above this package is written once. Below it, each connection
 has a dedicated worker thread (`_worker`), whose results reach an asyncio
 task through its loop's `call_soon_threadsafe` and a trio task through
 trio's token. A connection offers one operation, `run(fn)`: call `fn` with the
-sqlite3 connection on the worker thread, in one hop. A transaction is one
+sqlite3 connection on the worker thread, in one hop (or `start(fn)`: the same
+hop begun at once and its answer awaited later, so that a caller can await
+something else meanwhile without a task of its own). A transaction is one
 such function, BEGIN to COMMIT, so a caller cancelled mid-way can never
 leave it open: the worker finishes it (or rolls it back) on its own. A
 caller that is not on an event loop may read with `run_here(fn)` instead,
@@ -33,13 +35,34 @@ import anyio
 from warmenv._backend import current_backend
 from warmenv._sqlite._loop import database_label
 
-__all__ = ["Connection", "connect", "open_file", "open_image", "open_memory", "open_with"]
+__all__ = [
+    "Connection",
+    "Pending",
+    "connect",
+    "open_file",
+    "open_image",
+    "open_memory",
+    "open_with",
+]
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 BUSY_TIMEOUT_SECONDS = 30.0
 FILE_BUSY_TIMEOUT_SECONDS = 5.0
 """`open_file`'s wait for a lock: SQLite's default, as its callers always had."""
+
+
+class Pending(Protocol[T_co]):
+    """A function `Connection.start` gave the worker: its result, once awaited."""
+
+    async def result(self) -> T_co:
+        """The function's return value, or the exception it raised; waits until it ran.
+
+        No checkpoint when it has run already (the caller awaited something
+        else meanwhile, which was one).
+        """
+        ...
 
 
 class Connection(Protocol):
@@ -50,6 +73,17 @@ class Connection(Protocol):
 
         `WarmenvError` if called from another event loop than the one that
         opened the connection.
+        """
+        ...
+
+    def start(self, fn: Callable[[sqlite3.Connection], T]) -> Pending[T]:
+        """Give `fn(connection)` to the worker thread now; `await pending.result()` later.
+
+        `run` in two halves, for a caller with another wait to overlap with this
+        one (a local read while Redis is asked) and no task to spend on it. A
+        result never awaited (its caller was cancelled meanwhile) is dropped,
+        an exception included; `fn` still runs whole. The loop check and
+        `ClosedError` are `run`'s, raised here.
         """
         ...
 

@@ -18,7 +18,7 @@ import asyncio
 import sqlite3
 from collections.abc import Callable
 from functools import partial
-from typing import Any, TypeVar, final
+from typing import Any, Generic, TypeVar, final
 
 import anyio
 
@@ -66,6 +66,26 @@ class AsyncioConnection:
         self._check_loop()
         return await self._call(partial(fn, raw))
 
+    def start(self, fn: Callable[[sqlite3.Connection], T]) -> _Started[T]:
+        raw = self._raw
+        if raw is None:
+            raise ClosedError("this SQLite connection is closed; open the environment again")
+        self._check_loop()
+        loop = self._loop
+        future: asyncio.Future[tuple[T | None, BaseException | None]] = loop.create_future()
+
+        def job() -> None:
+            # Delivered as a result, an exception too: a future whose exception
+            # nobody retrieves (a caller cancelled meanwhile) is logged by asyncio.
+            try:
+                answer: tuple[T | None, BaseException | None] = (fn(raw), None)
+            except BaseException as exc:
+                answer = (None, exc)
+            _deliver(loop, future, _set_result, answer)
+
+        self._jobs.put(job)
+        return _Started(future)
+
     def run_here(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return self._readers.run(fn)
 
@@ -107,6 +127,22 @@ class AsyncioConnection:
 
         self._jobs.put(job)
         return await future
+
+
+@final
+class _Started(Generic[T]):
+    """`AsyncioConnection.start`'s `Pending`: the future its job answers."""
+
+    __slots__ = ("_future",)
+
+    def __init__(self, future: asyncio.Future[tuple[T | None, BaseException | None]]) -> None:
+        self._future = future
+
+    async def result(self) -> T:
+        value, error = await self._future
+        if error is not None:
+            raise error
+        return value  # type: ignore[return-value]
 
 
 def _deliver(

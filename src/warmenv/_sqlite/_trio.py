@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from functools import partial
-from typing import Any, TypeVar, final
+from typing import Any, Generic, TypeVar, final
 
 import anyio
 import outcome
@@ -68,6 +68,29 @@ class TrioConnection:
             raise self._foreign()
         return await self._call(partial(fn, raw), token)
 
+    def start(self, fn: Callable[[sqlite3.Connection], T]) -> _Started[T]:
+        raw = self._raw
+        if raw is None:
+            raise ClosedError("this SQLite connection is closed; open the environment again")
+        try:
+            token = trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            raise self._foreign() from None
+        if token is not self._token:
+            raise self._foreign()
+        started: _Started[T] = _Started()
+        thunk = partial(fn, raw)
+
+        def job() -> None:
+            answer = outcome.capture(thunk)
+            try:
+                token.run_sync_soon(started.deliver, answer)
+            except trio.RunFinishedError:
+                pass
+
+        self._jobs.put(job)
+        return started
+
     def run_here(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return self._readers.run(fn)
 
@@ -118,3 +141,32 @@ class TrioConnection:
         self._jobs.put(job)
         value: T = await trio.lowlevel.wait_task_rescheduled(abort)
         return value
+
+
+@final
+class _Started(Generic[T]):
+    """`TrioConnection.start`'s `Pending`: the job's outcome, and the task waiting for it."""
+
+    __slots__ = ("_outcome", "_task")
+
+    def __init__(self) -> None:
+        self._outcome: outcome.Outcome[T] | None = None
+        self._task: trio.lowlevel.Task | None = None
+
+    def deliver(self, answer: outcome.Outcome[T]) -> None:
+        """On the trio thread: keep the outcome, and wake the task waiting for it, if any."""
+        self._outcome = answer
+        task, self._task = self._task, None
+        if task is not None:
+            trio.lowlevel.reschedule(task)
+
+    async def result(self) -> T:
+        if self._outcome is None:
+            self._task = trio.lowlevel.current_task()
+
+            def abort(_: Any) -> trio.lowlevel.Abort:
+                self._task = None
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            await trio.lowlevel.wait_task_rescheduled(abort)
+        return self._outcome.unwrap()  # type: ignore[union-attr]

@@ -42,6 +42,7 @@ __all__ = [
     "Insertion",
     "NamespaceSummary",
     "Origin",
+    "PendingGet",
     "Purged",
     "Storage",
     "Stored",
@@ -257,6 +258,25 @@ class HeldValues(Protocol):
         ...
 
 
+class PendingGet(Protocol):
+    """A read `Storage.start_get` began: `get`'s answer, once awaited."""
+
+    async def result(self) -> bytes | None:
+        """The value, or `None` (a miss, or a read that failed), as `get` answers."""
+        ...
+
+
+@attrs.frozen
+class _GetWhenAwaited:
+    """`Storage.start_get`'s default: nothing begun, `get` when the answer is asked for."""
+
+    storage: Storage
+    key: bytes
+
+    async def result(self) -> bytes | None:
+        return await self.storage.get(self.key)
+
+
 class Storage(Protocol):
     """Byte keys to byte values in one namespace, under the insert rules above.
 
@@ -286,6 +306,17 @@ class Storage(Protocol):
         read rather than after it (`RemoteStorage`). This default is `get`.
         """
         return await self.get(key)
+
+    def start_get(self, key: bytes) -> PendingGet:
+        """`get` in two halves: begun now, its answer `await`ed later (`.result()`).
+
+        For a caller with another wait to overlap with this read, and no task
+        to spend on it: `RemoteStorage` asks Redis while a SQLite storage's
+        worker reads (`warmenv._sqlite`'s `Connection.start`). An answer never
+        awaited is dropped. This default begins nothing: the read is `get`,
+        run when its answer is awaited.
+        """
+        return _GetWhenAwaited(self, key)
 
     def get_blocking(self, key: bytes) -> bytes | None:
         """The value under `key` read on the calling thread, a thread with no event loop.

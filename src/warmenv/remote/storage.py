@@ -34,9 +34,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, final
 
-import anyio
-
-from warmenv._errors import ClosedError
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.storage import (
     DEFAULT_SCAN_BATCH,
@@ -103,27 +100,20 @@ class RemoteStorage(Storage):
         return await self._backfill(key)
 
     async def get_expecting_miss(self, key: bytes) -> bytes | None:
-        """`get`, asking Redis beside the local read rather than after it (see the module)."""
+        """`get`, asking Redis beside the local read rather than after it (see the module).
+
+        The local read is begun on the local storage's worker (`start_get`)
+        and Redis is asked meanwhile, on the caller's task: a remote hit
+        spawns no task.
+        """
         queued = self._tier.backfill.pending(self._namespace, check_key(key))
         if queued is not None:
             return queued
-        local: list[bytes | None] = [None]
-        closed: list[ClosedError] = []
-
-        async def read_local() -> None:
-            try:
-                local[0] = await self._local.get(key)
-            except ClosedError as error:  # raised as itself below, not in a group
-                closed.append(error)
-                tg.cancel_scope.cancel()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(read_local)
-            fetched = await self._tier.fetch(self._namespace, key)
-        if closed:
-            raise closed[0]
-        if local[0] is not None:
-            return local[0]
+        local = self._local.start_get(key)
+        fetched = await self._tier.fetch(self._namespace, key)
+        value = await local.result()
+        if value is not None:
+            return value
         return None if fetched is None else await self._record(key, fetched)
 
     def get_blocking(self, key: bytes) -> bytes | None:

@@ -86,6 +86,29 @@ class Database(Protocol):
     async def explain(self, namespace: str, key: bytes | None) -> Explanation: ...
 
 
+def _read_failed(storage: Storage, exc: sqlite3.Error) -> None:
+    """A read of `storage` that failed: logged, and a miss (`get`, `start_get`)."""
+    log.warning("read of %s failed, treated as a miss: %s", storage.describe(), exc)
+
+
+@final
+class _Reading:
+    """`SqlStorage.start_get`'s `PendingGet`: the worker's read, a failure a miss as in `get`."""
+
+    __slots__ = ("_read", "_storage")
+
+    def __init__(self, storage: SqlStorage, read: _sqlite.Pending[bytes | None]) -> None:
+        self._storage = storage
+        self._read = read
+
+    async def result(self) -> bytes | None:
+        try:
+            return await self._read.result()
+        except sqlite3.Error as exc:
+            _read_failed(self._storage, exc)
+            return None
+
+
 class SqlStorage(Storage):
     """One namespace of an environment's database, in a file or in memory.
 
@@ -109,8 +132,13 @@ class SqlStorage(Storage):
         try:
             return await self._db.run(partial(schema.value_of, self._namespace, key))
         except sqlite3.Error as exc:
-            log.warning("read of %s failed, treated as a miss: %s", self.describe(), exc)
+            _read_failed(self, exc)
             return None
+
+    def start_get(self, key: bytes) -> _Reading:
+        check_key(key)
+        read = self._db.connection.start(partial(schema.value_of, self._namespace, key))
+        return _Reading(self, read)
 
     async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
         wanted = [check_key(k) for k in keys]
