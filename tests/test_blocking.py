@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import Counter
@@ -561,6 +562,26 @@ def test_a_closed_blocking_environment_says_so_in_its_repr(root: Path) -> None:
     env = open_blocking("test", root=root).__enter__()
     env.close()
     assert repr(env) == f"<BlockingEnvironment: environment 'test' at {env.path}, closed>"
+
+
+def test_a_blocking_store_reprs_as_its_namespace_and_what_closed_it_refuses_names_it(
+    root: Path,
+) -> None:
+    env = open_blocking("test", root=root).__enter__()
+    store: BlockingStore[str, int] = env.store(NS)
+    where = f"SQLite {env.path} [{NS}]"
+    assert repr(store) == f"<BlockingStore: {where}>"
+    env.close()
+    assert repr(store) == f"<BlockingStore: {where}, closed>"
+    said = f"environment 'test' at {env.path} is closed; open it again to use it"
+    closed = f"^{re.escape(said)}$"
+    for use in (
+        lambda: store.get("k"),
+        lambda: store.get_or_compute("k", lambda: 1),
+        lambda: store.insert("k", 1),
+    ):
+        with pytest.raises(ClosedError, match=closed):
+            use()
 
 
 def test_a_store_of_a_closed_environment_raises_on_a_key_it_held(root: Path) -> None:

@@ -113,3 +113,20 @@ def test_open_environment_takes_opens_parameters_and_refuses_a_wrong_one_at_the_
         warmenv.blocking.open_environment("e", rooot=root)  # type: ignore[call-arg]
     with warmenv.blocking.open_environment("e", root=root, max_bytes=1 << 20) as env:
         assert env.name == "e"
+
+
+def test_a_plain_with_of_the_async_open_environment_says_what_to_write(root: Path) -> None:
+    with pytest.raises(TypeError) as raised:
+        with warmenv.open_environment("e", root=root):  # type: ignore[attr-defined]
+            pass
+    assert "write `async with open_environment(...) as env:`" in str(raised.value)
+    assert "warmenv.blocking.open_environment(...)" in str(raised.value)
+    assert not root.exists()  # nothing was opened
+
+
+@pytest.mark.anyio
+async def test_an_async_with_of_a_blocking_environment_says_what_to_write(root: Path) -> None:
+    with pytest.raises(TypeError, match=r"write `with warmenv\.blocking\.open_environment"):
+        async with open_blocking("e", root=root):  # type: ignore[attr-defined]
+            pass
+    assert not root.exists()

@@ -206,7 +206,7 @@ def test_an_invalid_name_says_the_one_rule_wherever_it_is_checked(tmp_path: Path
     with pytest.raises(ValueError) as raised:
         activate("a\udcffb")
     assert str(raised.value) == f"invalid environment name 'a\\xffb': {rule}"
-    with pytest.raises(ValueError, match=re.escape("invalid environment name 7: ")):
+    with pytest.raises(TypeError, match=re.escape("an environment name is a str, got int 7")):
         check_name(7)
     (tmp_path / "warmenv.toml").write_text('environment = ".."\n')
     with pytest.raises(ConfigError) as refused:

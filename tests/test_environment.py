@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import textwrap
 import warnings
@@ -13,6 +14,7 @@ import anyio
 import pytest
 
 import warmenv
+import warmenv.blocking
 from helpers import json_lines, run_python, unprivileged_user
 from warmenv import (
     ClosedError,
@@ -101,6 +103,36 @@ async def test_an_environment_in_memory_says_so_in_its_repr(root: Path) -> None:
             assert repr(env) == f"<Environment: environment 'e' at {root / 'e.db'} (in memory)>"
 
 
+async def test_stores_and_storages_repr_as_their_namespace_in_their_environment(
+    root: Path,
+) -> None:
+    where = f"SQLite {root / 'e.db'} [{NS}]"
+    async with open_environment("e", root=root) as env:
+        store = await env.store(NS)
+        assert repr(store) == f"<Store: {where}>"
+        assert repr(env.storage(NS)) == f"<SqliteStorage: {where}>"
+    assert repr(store) == f"<Store: {where}, closed>"
+    assert repr(MemoryStorage(NS)) == f"<MemoryStorage: memory [{NS}]>"
+
+
+async def test_what_a_closed_environment_refuses_names_the_environment(root: Path) -> None:
+    async with open_environment("e", root=root) as env:
+        store = await env.store(NS)
+        storage = env.storage(NS)
+    said = f"environment 'e' at {root / 'e.db'} is closed; open it again to use it"
+    closed = f"^{re.escape(said)}$"
+    for use in (
+        lambda: store.get("k"),
+        lambda: store.insert("k", 1),
+        lambda: store.purge_key("k"),
+        lambda: storage.get(b"k"),
+        lambda: storage.insert(b"k", b"v"),
+        lambda: storage.summary(),
+    ):
+        with pytest.raises(ClosedError, match=closed):
+            await use()
+
+
 async def test_a_store_of_a_closed_environment_raises_on_a_key_it_held(root: Path) -> None:
     async with open_environment("e", root=root) as env:
         store = await env.store(NS)
@@ -154,6 +186,25 @@ async def test_invalid_environment_names_raise_value_error(root: Path, bad: str)
     with pytest.raises(ValueError, match="invalid environment name"):
         async with open_environment(bad, root=root):
             pass
+
+
+@pytest.mark.parametrize(
+    ("arguments", "said"),
+    [
+        ({"name": 123}, "an environment name is a str, got int 123"),
+        ({"name": b"e"}, "an environment name is a str, got bytes b'e'"),
+        ({"name": "e", "root": 123}, "root must be a str or a path, got int 123"),
+        ({"name": "e", "file": 123}, "file must be a str or a path, got int 123"),
+    ],
+)
+async def test_an_argument_of_the_wrong_type_is_a_type_error_naming_it(
+    arguments: dict[str, Any], said: str
+) -> None:
+    with pytest.raises(TypeError, match=f"^{re.escape(said)}$"):
+        async with open_environment(**arguments):
+            pass
+    with pytest.raises(TypeError, match=f"^{re.escape(said)}$"):
+        await anyio.to_thread.run_sync(partial(warmenv.blocking.open, **arguments))
 
 
 async def test_file_opens_an_explicit_database(tmp_path: Path) -> None:

@@ -26,8 +26,13 @@ def expand_home(path: str | os.PathLike[str], where: str = "") -> Path:
 
     `Path.expanduser` raises a bare `RuntimeError` for a user this machine
     does not know (`~nosuchuser/x`); this names the path, `where` it was
-    given (a setting, an argument, a variable) and the fix.
+    given (a setting, an argument, a variable) and the fix. A `path` that is
+    no path (`root=123`) is a `TypeError` naming `where` too.
     """
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(
+            f"{where or 'a path'} must be a str or a path, got {type(path).__name__} {path!r}"
+        )
     try:
         return Path(path).expanduser()
     except RuntimeError:

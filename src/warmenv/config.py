@@ -93,12 +93,15 @@ def is_valid_name(name: object) -> bool:
 
 
 def check_name(name: object) -> str:
-    """`name` if it may name an environment, else `ValueError` saying what may.
+    """`name` if it may name an environment, else `ValueError` saying what may
+    (`TypeError` for one that is not a `str` at all: `open_environment(123)`).
 
     The name is shown as the command line shows text from outside
     (`warmenv._text.clean`: a byte that was not UTF-8 as `\\xff`), so the
     library and the command say the same thing.
     """
+    if not isinstance(name, str):
+        raise TypeError(f"an environment name is a str, got {type(name).__name__} {name!r}")
     if not is_valid_name(name):
         shown = f"'{clean(name)}'" if isinstance(name, str) else repr(name)
         raise ValueError(f"invalid environment name {shown}: {_NAME_RULE}")
@@ -390,7 +393,7 @@ def set_root(path: str | Path) -> None:
     """Make `path` the directory `open_environment()` looks in by default."""
     global _active_root
     with _defaults_lock:
-        _active_root = expand_home(path)
+        _active_root = expand_home(path, "set_root's path")
 
 
 def active() -> tuple[str, Path]:

@@ -31,6 +31,7 @@ import attrs
 
 from warmenv._background import Background
 from warmenv._errors import ClosedError, WarmenvWarning
+from warmenv._faces import async_only
 from warmenv._fs import expand_home, is_missing
 from warmenv.config import (
     Config,
@@ -131,6 +132,7 @@ class Environment:
         self.name = name
         self.path = path
         self._db = db
+        db.label = f"environment {name!r} at {path}"  # what its closed storages say
         self._remote = remote
         self._closed = False
         self.max_bytes = check_max_bytes(max_bytes)
@@ -455,7 +457,7 @@ class Environment:
         """The environment's name and file, and whether it is in memory or read-only."""
         mode = " (in memory)" if self.in_memory else " (read-only)" if self.read_only else ""
         shared = f", shared through {self._remote.describe()}" if self._remote else ""
-        return f"environment {self.name!r} at {self.path}{mode}{shared}"
+        return f"{self._db.label}{mode}{shared}"
 
     def __repr__(self) -> str:
         return f"<Environment: {self.describe()}{', closed' if self._closed else ''}>"
@@ -471,6 +473,7 @@ class Environment:
         await self.close()
 
 
+@async_only
 @asynccontextmanager
 async def open_environment(
     name: str | None = None,
@@ -587,7 +590,7 @@ async def open_environment(
 def _locate(name: str | None, root: str | Path | None, file: str | Path | None) -> tuple[str, Path]:
     """The environment's name and database path, and its directory created."""
     if file is not None:
-        path = expand_home(file)
+        path = expand_home(file, "file")
         env_name = check_name(name) if name is not None else path.stem
     else:
         if name is not None:
@@ -596,7 +599,7 @@ def _locate(name: str | None, root: str | Path | None, file: str | Path | None) 
             default_name, default_root = active()
             name = default_name if name is None else name
             root = default_root if root is None else root
-        path = expand_home(root) / f"{name}.db"
+        path = expand_home(root, "root") / f"{name}.db"
         env_name = name
     return env_name, path
 

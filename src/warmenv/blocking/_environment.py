@@ -21,6 +21,7 @@ from typing import Any, ParamSpec, final, overload
 import attrs
 
 from warmenv._errors import ClosedError
+from warmenv._faces import SyncOnly
 from warmenv.blocking._loop import Held, LoopThread, refuse_event_loop_thread, shared_loop
 from warmenv.blocking._store import BlockingStore
 from warmenv.environment import Degraded, Environment
@@ -111,7 +112,7 @@ def open_environment(*args: Any, **kwargs: Any) -> _Opening:
 
 
 @final
-class _Opening:
+class _Opening(SyncOnly):
     """What `open_environment` returns: opens on `__enter__`, closes on `__exit__`."""
 
     __slots__ = ("_env", "_open")
@@ -132,7 +133,7 @@ class _Opening:
 
 
 @final
-class BlockingEnvironment:
+class BlockingEnvironment(SyncOnly):
     """An open environment for synchronous code; see `warmenv.Environment`.
 
     A context manager closing it at the end of the block; `close()` closes it

@@ -41,7 +41,7 @@ from warmenv.blocking._loop import (
 from warmenv.persistence._flight import Flights, plain, refuse_async, waits_for_itself
 from warmenv.persistence._held import ABSENT, Held
 from warmenv.persistence.storage import Failed, Insertion, Purged
-from warmenv.persistence.store import CacheMode, CallKeys, Store, claim_memoized
+from warmenv.persistence.store import CacheMode, CallKeys, Store, claim_memoized, describe_store
 
 __all__ = ["BlockingStore"]
 
@@ -80,6 +80,9 @@ class BlockingStore(Generic[K, V]):
     def store(self) -> Store[K, V]:
         """The async store underneath (usable only on the loop thread)."""
         return self._store
+
+    def __repr__(self) -> str:
+        return describe_store(self, self._store.storage, self._held)
 
     @property
     def mode(self) -> CacheMode:

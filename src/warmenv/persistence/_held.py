@@ -333,6 +333,11 @@ class Held(Generic[K, V]):
             if self.dropped is not None:
                 self.dropped(memo)
 
+    @property
+    def closed(self) -> bool:
+        """Whether its environment closed (`close`): it holds nothing any more."""
+        return self._closed
+
     def close(self) -> None:
         """Hold nothing from now on: every lookup misses, so it reaches the closed storage.
 

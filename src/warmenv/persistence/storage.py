@@ -455,6 +455,10 @@ class Storage(Protocol):
         """Where this storage keeps its entries, for messages and logs."""
         ...
 
+    def __repr__(self) -> str:
+        """`<SqliteStorage: SQLite /srv/envs/prod.db [app/1/k]>`: its class and `describe()`."""
+        return f"<{type(self).__name__}: {self.describe()}>"
+
     async def explain(self, key: bytes | None = None) -> Explanation | None:
         """Why a lookup of `key` (of anything, for `None`) in this namespace may miss.
 

@@ -219,6 +219,9 @@ class Store(Generic[K, V]):
         """The storage under this store."""
         return self._storage
 
+    def __repr__(self) -> str:
+        return describe_store(self, self._storage, self._held)
+
     @property
     def mode(self) -> CacheMode:
         """When this store reads its storage."""
@@ -655,6 +658,13 @@ class Store(Generic[K, V]):
             return self._held.remember(encoded, existing)
         data, deadline = await self._dated(encoded)  # the kept row's value with its own time
         return ABSENT if data is None else self._remember(encoded, data, deadline)
+
+
+def describe_store(store: object, storage: Storage, held: Held[Any, Any]) -> str:
+    """A store's repr, either face's: `<Store: SQLite /srv/envs/prod.db [app/1/k]>`,
+    and `, closed` once its environment closed."""
+    closed = ", closed" if held.closed else ""
+    return f"<{type(store).__name__}: {storage.describe()}{closed}>"
 
 
 def claim_memoized(memoized: str | None, name: str, storage: Storage) -> str:

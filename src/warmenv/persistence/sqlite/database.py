@@ -31,7 +31,7 @@ import anyio.to_thread
 import attrs
 
 from warmenv import _sqlite
-from warmenv._errors import WarmenvError, WarmenvWarning
+from warmenv._errors import ClosedError, WarmenvError, WarmenvWarning
 from warmenv._fs import non_regular_kind
 from warmenv.persistence.arrivals import Arrivals
 from warmenv.persistence.carried import CarryingEntry
@@ -108,6 +108,7 @@ class SqliteDatabase:
         "connection",
         "degraded",
         "in_memory",
+        "label",
         "path",
         "read_only",
         "version",
@@ -139,13 +140,31 @@ class SqliteDatabase:
         """The imports into this database, announced batch by batch (`persistence.arrivals`)."""
         self._held: weakref.WeakSet[HeldValues] = weakref.WeakSet()  # its stores' memory
         self._closed = False
+        self.label = "the database in memory" if in_memory else f"the environment at {path}"
+        """How errors name it: its environment (`Environment` says which), else its file."""
 
     def storage(self, namespace: str) -> SqlStorage:
         """The storage of one namespace (its full string)."""
         return self._storage(self, namespace)
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        return await self.connection.run(fn)
+        try:
+            return await self.connection.run(fn)
+        except ClosedError as exc:
+            raise self._closed_error(exc) from None
+
+    def run_here(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """`fn` on the calling thread (`Connection.run_here`)."""
+        try:
+            return self.connection.run_here(fn)
+        except ClosedError as exc:
+            raise self._closed_error(exc) from None
+
+    def _closed_error(self, exc: ClosedError) -> ClosedError:
+        """`exc` (the connection's, which knows no environment) naming this one."""
+        if self._closed:
+            return ClosedError(f"{self.label} is closed; open it again to use it")
+        return ClosedError(f"{self.label}: {exc}")  # a fork's copy, say: the connection says
 
     async def close(self) -> None:
         """Close the connection, then empty what every store over it holds in memory."""

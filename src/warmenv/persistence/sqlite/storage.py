@@ -82,6 +82,7 @@ class Database(Protocol):
 
     def forget_on_close(self, held: HeldValues) -> None: ...
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+    def run_here(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
     async def touch(self, namespace: str, keys: Iterable[bytes]) -> int: ...
     async def explain(self, namespace: str, key: bytes | None) -> Explanation: ...
 
@@ -331,7 +332,7 @@ class SqliteStorage(SqlStorage):
     def get_blocking(self, key: bytes) -> bytes | None:
         check_key(key)
         try:
-            return self._db.connection.run_here(partial(schema.value_of, self._namespace, key))
+            return self._db.run_here(partial(schema.value_of, self._namespace, key))
         except sqlite3.Error:
             return None  # `get` reads again, and logs if it fails too
 
