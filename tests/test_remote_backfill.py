@@ -247,4 +247,3 @@ async def test_a_remote_hit_spawns_no_task(tmp_path: Path, server: RedisServer) 
                 assert await store.get_or_compute(key, never) == b"v-" + key
         assert env.remote is not None and env.remote.statistics().hits == len(keys)
     assert spawned == []
-
