@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -27,6 +29,7 @@ import attrs
 import pytest
 
 from conftest import env_contents, sample_entries
+from redis_server import self_signed_certificate
 from warmenv import Environment, WarmenvError, open_environment
 from warmenv.bundle import (
     BundleStarted,
@@ -85,7 +88,13 @@ class BundleServer(ThreadingHTTPServer):
         self.stall_after: int | None = None  # the next body waits for `release` there
         self.release = threading.Event()
         self.stalled = threading.Event()
+        self.statuses: list[int] = []  # answered, in turn, before any file is served
+        self.connections = 0  # accepted, whatever was said on them (a TLS handshake too)
         self._versions = 0
+
+    def verify_request(self, request: object, client_address: object) -> bool:
+        self.connections += 1  # on the serving thread, once per accepted connection
+        return True
 
     def put(self, path: str, body: bytes) -> str:
         self._versions += 1
@@ -114,6 +123,12 @@ class _Handler(BaseHTTPRequestHandler):
         seen = Seen(self.path.split("?", 1)[0], self.headers["Range"], self.headers["If-Range"])
         server.seen.append(seen)
         served = server.files.get(seen.path)
+        if server.statuses:
+            seen.status = server.statuses.pop(0)
+            self.send_response(seen.status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if served is None:
             seen.status = 404
             self.send_response(404)
@@ -406,6 +421,77 @@ async def test_a_connection_that_keeps_dropping_fails_after_bounded_retries(
     with pytest.raises(DownloadError, match="failed after 3 attempts"):
         await import_bundle(url, cold_env, download=DownloadOptions(retries=2))
     assert len(server.seen) == 3
+    assert staging_left(root) == []
+
+
+@pytest.mark.anyio
+async def test_a_transient_server_error_is_retried(
+    server: BundleServer, bundle_path: Path, cold_env: Environment, root: Path
+) -> None:
+    url = server.put("/warm.bundle", bundle_path.read_bytes())
+    server.statuses = [503, 502]
+    await import_bundle(url, cold_env, download=DownloadOptions(retries=2))
+    assert [seen.status for seen in server.seen] == [503, 502, 200]
+    assert await cold_env.namespaces() != []
+
+
+@pytest.mark.anyio
+async def test_https_to_a_plain_http_server_fails_at_once_suggesting_http(
+    server: BundleServer, cold_env: Environment, root: Path
+) -> None:
+    # The TLS handshake is answered in plain text: the same on every try.
+    url = server.put("/warm.bundle", b"never read").replace("http://", "https://")
+    with pytest.raises(DownloadError) as imported:
+        await import_bundle(url, cold_env, download=DownloadOptions(retries=5))
+    assert server.connections == 1
+    with pytest.raises(DownloadError) as checked:
+        await preflight(url, download=DownloadOptions(retries=5))
+    assert server.connections == 2
+    for error in (imported.value, checked.value):
+        message = str(error)
+        assert "TLS handshake failed" in message and "use http:// instead of https://" in message
+        assert "\n" not in message and "attempts" not in message
+    assert staging_left(root) == []
+
+
+@pytest.mark.anyio
+async def test_a_host_name_that_does_not_exist_fails_at_once(
+    cold_env: Environment, root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = "http://bundles.invalid/warm.bundle"  # RFC 2606: never resolves
+    with caplog.at_level(logging.DEBUG, logger="httpcore"):
+        with pytest.raises(DownloadError) as caught:
+            await import_bundle(url, cold_env, download=DownloadOptions(retries=5))
+    # httpcore says each connection attempt it starts; one, not six.
+    started = [r for r in caplog.records if r.getMessage().startswith("connect_tcp.started")]
+    assert len(started) == 1, [r.getMessage() for r in caplog.records]
+    message = str(caught.value)
+    assert message.startswith("http://bundles.invalid/warm.bundle: the host name could not be")
+    assert "check the host in the URL" in message and "attempts" not in message
+    assert staging_left(root) == []
+
+
+@pytest.mark.anyio
+async def test_an_untrusted_certificate_fails_at_once(
+    server: BundleServer,
+    cold_env: Environment,
+    root: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    made = self_signed_certificate(tmp_path / "tls")  # its CA is no one's trust
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(made.cert, made.key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    url = server.put("/warm.bundle", b"never read").replace("http://", "https://")
+    with caplog.at_level(logging.DEBUG, logger="httpcore"):
+        with pytest.raises(DownloadError) as caught:
+            await import_bundle(url, cold_env, download=DownloadOptions(retries=5))
+    started = [r for r in caplog.records if r.getMessage().startswith("connect_tcp.started")]
+    assert len(started) == 1
+    message = str(caught.value)
+    assert "TLS certificate was refused" in message and "attempts" not in message
+    assert "certificate verify failed" in message, message
     assert staging_left(root) == []
 
 

@@ -123,6 +123,30 @@ async def test_a_failed_download_and_preflight_print_no_secret(
     assert records and [line for line in records if SECRET in line] == []
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("refusal", ["tls", "dns"])
+async def test_a_connection_refused_for_good_prints_no_secret(
+    form: str,
+    refusal: str,
+    server: BundleServer,  # noqa: F811
+    cold_env: Environment,
+    records: list[str],
+) -> None:
+    """https:// to a plain HTTP server (a TLS handshake refused); a host that does not exist."""
+    url, _ = _url(form, server)
+    if refusal == "dns":
+        url = url.replace(f"127.0.0.1:{server.server_address[1]}", "bundles.invalid")
+    else:
+        url = url.replace("http://", "https://")
+    with pytest.raises(DownloadError) as caught:
+        async with importing(url, cold_env) as progress:
+            async for _ in progress:
+                pass
+    said = str(caught.value)
+    assert ("TLS handshake" if refusal == "tls" else "could not be resolved") in said
+    assert SECRET not in said and [line for line in records if SECRET in line] == []
+
+
 def test_the_command_line_prints_no_secret_in_json_errors_or_on_a_terminal(
     form: str,
     server: BundleServer,  # noqa: F811

@@ -11,18 +11,20 @@ A dropped connection resumes where it stopped with an HTTP `Range` request,
 but only while the server's validator (a strong ETag, else Last-Modified)
 is unchanged, through `If-Range`: a file replaced on the server meanwhile is
 fetched again from its start rather than spliced from two versions.
-Retries are bounded, the body is capped (a `Content-Length` over the cap is
-refused before a byte is read, and a body that outgrows its announced
-length or the cap is cut off), and every wait is bounded from outside: each
-read by the timeout, a response's head by the timeout too (an endless run of
-`100 Continue`, or headers sent a byte at a time, would pass every read's),
-the body by a minimum rate, and the whole download, retries and all, by an
-overall deadline. What httpx and httpcore log about a download is
-redacted (`warmenv.bundle._http_logs`). A redirect is followed to another origin (scheme, host,
-port) without the caller's headers, unless the caller allows them there. A
-that fails, is cancelled or is interrupted removes its staging directory;
-one whose process was killed is removed by the next import beside the same
-environment (the directory names the process).
+Retries are bounded (and a failure no retry can mend, a refused TLS
+handshake or an unknown host, is not retried: `warmenv.bundle._http_errors`),
+the body is capped (a `Content-Length` over the cap is refused before a byte
+is read, and a body that outgrows its announced length or the cap is cut
+off), and every wait is bounded from outside: each read by the timeout, a
+response's head by the timeout too (an endless run of `100 Continue`, or
+headers sent a byte at a time, would pass every read's), the body by a
+minimum rate, and the whole download, retries and all, by an overall
+deadline. What httpx and httpcore log about a download is redacted
+(`warmenv.bundle._http_logs`). A redirect is followed to another origin
+(scheme, host, port) without the caller's headers, unless the caller allows
+them there. A download that fails, is cancelled or is interrupted removes
+its staging directory; one whose process was killed is removed by the next
+import beside the same environment (the directory names the process).
 
 httpx is the client: it runs on anyio, so one code path serves asyncio,
 uvloop and trio. It is an optional dependency (`warmenv[http]`), imported
@@ -45,6 +47,7 @@ import attrs
 from warmenv._errors import WarmenvError
 from warmenv._url import bundle_url_problem, redact, redact_in
 from warmenv.bundle import _files
+from warmenv.bundle._http_errors import lasting
 from warmenv.bundle._http_headers import content_range, int_header, range_validator
 from warmenv.bundle._http_logs import redact_client_logs
 from warmenv.bundle.base import Header
@@ -287,6 +290,13 @@ def _refused(label: str, exc: BaseException, url: str) -> DownloadError:
     return DownloadError(f"{label}: {_reason(exc, url)}; check the URL")
 
 
+def _lasting(label: str, exc: BaseException, url: str) -> DownloadError | None:
+    """The error for a failure no retry can mend (`_http_errors`), else `None`: retry."""
+    if (found := lasting(exc)) is None:
+        return None
+    return DownloadError(f"{label}: {found.what} ({_reason(found.cause, url)}); {found.fix}")
+
+
 @final
 class Opened:
     """A whole body sent in answer to a preflight's `Range` request, read as far as its head.
@@ -426,6 +436,8 @@ class Download:
             except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
                 raise _refused(self.label, exc, self.url) from None
             except (httpx.TransportError, _Retry) as exc:
+                if (error := _lasting(self.label, exc, self.url)) is not None:
+                    raise error from None
                 failures += 1
                 if failures > self._options.retries:
                     raise DownloadError(
@@ -462,13 +474,9 @@ class Download:
             elif response.status_code in _RETRY_STATUSES:
                 raise _Retry(f"the server answered {_describe_status(response)}")
             else:
+                hint = "check the URL" if response.status_code in (404, 410) else "nothing was kept"
                 raise DownloadError(
-                    f"{self.label}: the server answered {_describe_status(response)}; "
-                    + (
-                        "check the URL"
-                        if response.status_code in (404, 410)
-                        else "nothing was kept"
-                    )
+                    f"{self.label}: the server answered {_describe_status(response)}; {hint}"
                 )
             encoding = response.headers.get("content-encoding", "identity").lower()
             if encoding != "identity":
@@ -634,7 +642,7 @@ async def read_head(
             except _Retry as exc:
                 raise DownloadError(f"{label}: {_reason(exc, url)}; check the server") from None
             except httpx.TransportError as exc:
-                raise DownloadError(
+                raise _lasting(label, exc, url) or DownloadError(
                     f"{label}: {_reason(exc, url)}; check the URL and the network"
                 ) from None
             found = sniff(bytes(data))
