@@ -23,6 +23,7 @@ from redis_server import COREDIS_UNCLOSED_STREAMS, RedisServer
 from warmenv import CacheMode, Namespace, open_environment
 from warmenv.persistence import BytesCodec, Origin
 from warmenv.remote import RemoteSettings, RemoteStorage
+from warmenv.remote.backfill import Backfill
 
 pytestmark = [pytest.mark.anyio, *COREDIS_UNCLOSED_STREAMS]
 
@@ -247,3 +248,47 @@ async def test_a_remote_hit_spawns_no_task(tmp_path: Path, server: RedisServer) 
                 assert await store.get_or_compute(key, never) == b"v-" + key
         assert env.remote is not None and env.remote.statistics().hits == len(keys)
     assert spawned == []
+
+
+async def test_a_cancelled_environment_block_still_writes_every_fetched_value(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    """The block is cancelled with values queued: its close writes them all first."""
+    keys = [b"k%04d" % i for i in range(100)]
+    with anyio.CancelScope() as scope:
+        async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
+            storage = env.storage(NS)
+            assert isinstance(storage, RemoteStorage) and env.remote is not None
+            backfill = env.remote.backfill
+            for key in keys:
+                await backfill.put(storage.local, key, (key, b"v-" + key, None, None))
+            assert len(backfill) == len(keys)  # all still queued as the cancellation comes
+            path = env.path
+            scope.cancel()
+            await anyio.sleep_forever()
+    assert scope.cancelled_caught and backfill.failed == 0 and len(backfill) == 0
+    assert _local_rows(path) == {key: int(Origin.REMOTE) for key in keys}
+
+
+async def test_a_flush_that_finds_its_lock_free_takes_it_without_yielding(
+    tmp_path: Path, server: RedisServer
+) -> None:
+    """The flush is shielded: a checkpoint taking its lock could only yield, per batch."""
+    async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
+        storage = env.storage(NS)
+        assert isinstance(storage, RemoteStorage)
+        backfill = Backfill(8)  # a queue of the test's own: no flusher takes its lock meanwhile
+        others_ran: list[bool] = []
+
+        async def other() -> None:
+            others_ran.append(True)
+
+        async with anyio.create_task_group() as tg:
+            await backfill.put(storage.local, b"k", (b"k", b"v-k", None, None))
+            tg.start_soon(other)
+            await backfill.flush()  # takes the free lock, then writes (that yields)
+            assert others_ran == [True]
+            tg.start_soon(other)
+            await backfill.flush()  # nothing queued: the free lock taken and given back
+            assert others_ran == [True]
+        assert await storage.get(b"k") == b"v-k"
