@@ -28,6 +28,7 @@ from helpers import json_lines, run_python, unprivileged_user
 from warmenv import Environment, open_environment
 from warmenv.bundle import export_bundle, import_bundle, preflight
 from warmenv.caches import CacheTree, Facts, UnsafeTargetError, captured_trees, directory
+from warmenv.caches._inprocess import where
 
 pytestmark = pytest.mark.anyio
 
@@ -82,6 +83,55 @@ def test_importing_warmenv_or_a_cache_module_imports_no_compiler(module: str) ->
         )
     )
     assert json_lines(child) == [[]]
+
+
+# What a warm start imports: the compiler's cache restored and captured, nothing else.
+# The CLI's, the Redis tier's, the download's and the signer's libraries, and the
+# rooms of warmenv a compiler hook never calls (the blocking face, a bundle's import,
+# export and download), cost each process that warms a compiler their import.
+NOT_ON_THE_WARM_PATH = (
+    "rich",
+    "argcomplete",
+    "httpx",
+    "coredis",
+    "cryptography",
+    "warmenv.cli",
+    "warmenv.blocking",
+    "warmenv.bundle.importing",
+    "warmenv.bundle.exporting",
+    "warmenv.bundle.download",
+)
+
+
+@pytest.mark.parametrize("tool", ["jax", "numba"])
+def test_a_warm_start_imports_only_what_it_uses(tool: str, tmp_path: Path) -> None:
+    # A tool's module, then the restore and the capture its use() makes (on the generic
+    # tree: no compiler is installed here), each in a fresh process, on a real root.
+    child = run_python(
+        textwrap.dedent(
+            f"""
+            import json, sys, importlib
+            importlib.import_module("warmenv.caches.{tool}")
+            imported = [sorted(m for m in {NOT_ON_THE_WARM_PATH!r} if m in sys.modules)]
+            from warmenv.caches import directory
+            from warmenv.caches._inprocess import Tally, restored
+            warmed = restored(
+                "demo", directory.tree("demo", ("attrs", "cpu")), sys.argv[1] + "/cache",
+                "default", sys.argv[1] + "/root", lambda: Tally(0, 0),
+            )
+            warmed.capture()
+            imported.append(sorted(m for m in {NOT_ON_THE_WARM_PATH!r} if m in sys.modules))
+            print(json.dumps(imported))
+            """
+        ),
+        str(tmp_path),
+    )
+    assert json_lines(child) == [[[], []]]
+
+
+def test_use_refuses_an_environment_of_another_kind_in_one_line() -> None:
+    with pytest.raises(TypeError, match=r"^env must be an environment's name, .* not int$"):
+        where(3, None)  # type: ignore[arg-type]
 
 
 # --- capture and restore ---------------------------------------------------------------

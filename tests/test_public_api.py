@@ -9,11 +9,13 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import inspect
+import textwrap
 from collections.abc import Callable
 
 import pytest
 
 import warmenv
+from helpers import json_lines, run_python
 
 # Module -> the public names API.md places there (0.1 and the 0.2 additions built so far).
 CONTRACT: dict[str, list[str]] = {
@@ -443,3 +445,21 @@ def test_the_blocking_warm_up_handle_has_what_the_async_one_has() -> None:
         assert [p.annotation for p in mine.parameters.values()] == [
             p.annotation for p in their.parameters.values()
         ], f"BlockingWarmUp.{name}{mine}"
+
+
+def test_a_bundle_function_named_like_its_module_is_the_function() -> None:
+    # warmenv.bundle imports its names at first use; importing the submodule
+    # `warmenv.bundle.importing` first must not leave the module where the function was.
+    child = run_python(
+        textwrap.dedent(
+            """
+            import json
+            import warmenv.bundle.exporting, warmenv.bundle.importing, warmenv.bundle.preflight
+            from warmenv import bundle
+            from warmenv.bundle import importing
+            found = [bundle.importing, bundle.exporting, bundle.preflight, importing]
+            print(json.dumps([type(f).__name__ for f in found]))
+            """
+        )
+    )
+    assert json_lines(child) == [["function"] * 4]

@@ -22,11 +22,10 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import final
+from typing import TYPE_CHECKING, TypeAlias, final
 
 import attrs
 
-from warmenv.blocking import BlockingEnvironment
 from warmenv.caches._tree import (
     CacheTree,
     CaptureReport,
@@ -38,11 +37,14 @@ from warmenv.caches._tree import (
 from warmenv.environment import open_environment
 from warmenv.future import block_on
 
+if TYPE_CHECKING:
+    from warmenv.blocking import BlockingEnvironment
+
 __all__ = ["EnvironmentChoice", "HitLines", "Tally", "Warmed", "where"]
 
 log = logging.getLogger("warmenv.caches")
 
-EnvironmentChoice = BlockingEnvironment | str | None
+EnvironmentChoice: TypeAlias = "BlockingEnvironment | str | None"
 """An open blocking environment (its file is used), an environment's name, or the default."""
 
 
@@ -85,6 +87,11 @@ class _Where:
 
 def where(env: EnvironmentChoice, root: str | Path | None) -> _Where:
     """Which environment the in-process hooks open, from what `use()` was given."""
+    if env is None or isinstance(env, str):
+        return _Where(env, None if root is None else Path(root), None)
+    # Imported here: a process given an environment's name never needs the blocking face.
+    from warmenv.blocking import BlockingEnvironment
+
     if isinstance(env, BlockingEnvironment):
         if env.in_memory:
             raise ValueError(
@@ -92,7 +99,10 @@ def where(env: EnvironmentChoice, root: str | Path | None) -> _Where:
                 "reopen; give an environment on disk (or its name)"
             )
         return _Where(None, None, env.path)
-    return _Where(env, None if root is None else Path(root), None)
+    raise TypeError(
+        f"env must be an environment's name, an open warmenv.blocking environment or None, "
+        f"not {type(env).__name__}"
+    )
 
 
 @final
