@@ -3,9 +3,11 @@
 A miss is a compilation the tool looked up in its cache and did not find:
 Numba's `dispatcher.stats.cache_misses` of the functions that cache (its
 own internal functions, compiled without a cache, are never looked up),
-JAX's lookups (`compile_requests_use_cache`) without a hit. They are counted
-as misses of the tool's namespace, as hits are counted as its hits, by
-`use()` and by `warmenv run`; and `warmenv run` says that JAX left
+JAX's lookups (`compile_requests_use_cache`) without a hit, Triton's kernel
+lookups its cache manager did not find (counted in `.../groups`, where
+Triton looks a kernel up), Inductor's `fxgraph_cache_miss` (in
+`.../fxgraph`). They are counted as misses of the tool's namespace, as hits
+are counted as its hits, by `use()` and by `warmenv run`; and `warmenv run` says that JAX left
 compilations uncached (below its minimum compile time) only when it did.
 """
 
@@ -20,6 +22,10 @@ import anyio
 
 from compilers.machines import Machine, require, ship
 from compilers.test_compiler_numba import KERNELS
+from compilers.test_compiler_torch import APP as TORCH_APP
+from compilers.test_compiler_torch import VARIABLES as TORCH_VARIABLES
+from compilers.test_compiler_triton import KERNELS as TRITON_KERNELS
+from compilers.test_compiler_triton import WORKLOAD as TRITON_APP
 from warmenv import open_environment
 
 NUMBA_APP = """
@@ -65,13 +71,17 @@ JAX_APP = """
 _NOTE = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 for the command to capture every one"
 
 
-def _misses(machine: Machine, tool: str) -> tuple[int, int]:
-    """The tool's namespace's misses and hits, as `warmenv stats` shows them."""
+def _misses(machine: Machine, tool: str, part: str = "files") -> tuple[int, int]:
+    """The misses and hits of the tool's namespace of `part`, as `warmenv stats` shows them."""
 
     async def main() -> tuple[int, int]:
         async with open_environment("default", root=machine.root) as env:
             found = await env.statistics()
-        [namespace] = [n for n in found.namespaces if n.namespace.startswith(f"caches.{tool}/")]
+        [namespace] = [
+            n
+            for n in found.namespaces
+            if n.namespace.startswith(f"caches.{tool}/") and n.namespace.endswith(f"/{part}")
+        ]
         return namespace.misses, namespace.hits
 
     return anyio.run(main)
@@ -142,3 +152,26 @@ def test_warmenv_run_says_jax_left_compilations_uncached_when_it_did(
     # Every compilation cached: nothing to say.
     _, said = _jax_run(second, {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"})
     assert "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in said, said
+
+
+def test_warmenv_run_counts_the_commands_triton_misses_in_warmenv_stats(
+    machines: tuple[Machine, Machine],
+) -> None:
+    require("triton")
+    first, _ = machines
+    first.write("kernels.py", TRITON_APP)
+    app, report = first.warmenv_run(("triton",), "kernels.py", "plain")
+    assert (app["hits"], app["misses"]) == (0, TRITON_KERNELS), app
+    assert report["tools"]["triton"]["misses"] == TRITON_KERNELS
+    assert _misses(first, "triton", "groups") == (TRITON_KERNELS, 0)
+
+
+def test_torchs_graph_misses_are_counted_in_warmenv_stats(
+    machines: tuple[Machine, Machine],
+) -> None:
+    require("torch")
+    first, _ = machines
+    variables = {**TORCH_VARIABLES, "TORCHINDUCTOR_CACHE_DIR": str(first.cache)}
+    app = first.run("python", str(first.write("app.py", TORCH_APP)), "ours", env=variables)
+    assert (app["hits"], app["misses"]) == (0, 1), app
+    assert _misses(first, "torch", "fxgraph") == (1, 0)
