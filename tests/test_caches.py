@@ -220,6 +220,17 @@ async def test_entries_captured_under_other_facts_are_skipped_with_the_reason(
     assert "skipped caches.demo/" in str(report)
 
 
+async def test_reports_count_one_file_in_the_singular(env: Environment, tmp_path: Path) -> None:
+    captured = await warmenv.caches.capture(env, TREE, _cache(tmp_path / "one", {"a": b"x"}))
+    assert str(captured).startswith("captured 1 file (1 byte) from ")
+    restored = await warmenv.caches.restore(env, TREE, tmp_path / "two")
+    assert str(restored).startswith("restored 1 file (1 byte) from ")
+    other = CacheTree("demo", Facts.of([("attrs", "0.9"), ("cpu", "x86_64-000000000000")]))
+    await warmenv.caches.capture(env, other, _cache(tmp_path / "three", {"b": b"y"}))
+    skipped = await warmenv.caches.restore(env, TREE, tmp_path / "four")
+    assert f"- skipped {other.namespace} (1 entry): " in str(skipped)
+
+
 def test_captured_trees_say_per_tree_whether_it_can_hit_here() -> None:
     here = directory.tree("demo", ("python",)).namespace
     there = CacheTree("demo", Facts.of([("python", "cpython2.7")])).namespace

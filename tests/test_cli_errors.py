@@ -644,3 +644,30 @@ def test_a_root_the_user_cannot_read_is_said_so_never_empty(
     assert str(root) in line
     assert "cannot read" in line or "cannot be read" in line
     assert "no environments" not in line and "holds no" not in line
+
+
+@pytest.mark.parametrize(
+    ("program", "status", "said"),
+    [
+        ("no-such-command-here", 127, "command not found: 'no-such-command-here' (not on PATH)"),
+        ("./no-such-file", 127, "command not found: './no-such-file' (no such file)"),
+        ("./plain.txt", 126, "command cannot be run: './plain.txt' (not executable)"),
+        ("./a-directory", 126, "command cannot be run: './a-directory' (a directory)"),
+    ],
+)
+@pytest.mark.parametrize("tool", ["jax", "numba"])
+def test_run_with_a_command_that_cannot_start_exits_as_a_shell_does(
+    tmp_path: Path, program: str, status: int, said: str, tool: str
+) -> None:
+    # Said before anything is restored (and before the tool is asked for: installed or not).
+    (tmp_path / "plain.txt").write_text("echo hi\n")
+    (tmp_path / "a-directory").mkdir()
+    root = tmp_path / "root"
+    completed = subprocess.run(
+        [sys.executable, "-m", "warmenv", "run", "--root", str(root), "--cache", tool, "--",
+         program],
+        capture_output=True, text=True, cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    line = assert_one_error_line(completed, status)
+    assert line == f"warmenv: error: {said}\n"
+    assert not root.exists()

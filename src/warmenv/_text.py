@@ -11,13 +11,16 @@ Python carries a byte that was not UTF-8 (in a file name, an argument,
 text SQLite read with `surrogateescape`) as a lone surrogate, and a JSON
 escape such as `"\\ud800"` decodes to one; neither can be written into a
 manifest, a database or a bundle.
+
+And counts written for people (`plural`): "1 entry" but "2 entries", in
+every command's lines and in the reports the library's `str()` gives.
 """
 
 from __future__ import annotations
 
 import unicodedata
 
-__all__ = ["clean", "has_control_characters", "is_utf8", "utf8_safe"]
+__all__ = ["clean", "has_control_characters", "is_utf8", "plural", "utf8_safe"]
 
 # Control characters (C0, DEL, C1), invisible format characters (bidi overrides,
 # zero-width joiners), line and paragraph separators, and lone surrogates (a
@@ -77,3 +80,10 @@ def _escape(ch: str) -> str:
     if code <= 0xFFFF:
         return f"\\u{code:04x}"
     return f"\\U{code:08x}"
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """`count` and `word`, in the plural unless it is one: "1 namespace", "2 entries"."""
+    if count == 1:
+        return f"1 {word}"
+    return f"{count:,} {many or word + 's'}"

@@ -27,6 +27,7 @@ from compilers.test_compiler_torch import VARIABLES as TORCH_VARIABLES
 from compilers.test_compiler_triton import KERNELS as TRITON_KERNELS
 from compilers.test_compiler_triton import WORKLOAD as TRITON_APP
 from warmenv import open_environment
+from warmenv._text import plural
 
 NUMBA_APP = """
     import json, sys
@@ -135,7 +136,8 @@ def test_warmenv_run_counts_the_commands_jax_misses_in_warmenv_stats(
     first, _ = machines
     app, said = _jax_run(first, {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"})
     assert app["misses"] >= 1
-    assert f"jax: 0 cache hits, {app['misses']} misses (its own counters)" in said, said
+    misses = plural(app["misses"], "miss", "misses")
+    assert f"jax: 0 cache hits, {misses} (its own counters)" in said, said
     assert _misses(first, "jax") == (app["misses"], 0)
 
 

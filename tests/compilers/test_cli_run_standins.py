@@ -98,7 +98,7 @@ def test_run_passes_the_exit_status_through_and_captures_after(tmp_path: Path) -
     seen = _first_json(completed.stdout)
     assert seen["xla_caches"] == "none"  # the trap fixed for the child
     assert seen["cache"] == str(root / "caches" / "jax")
-    assert "jax: captured 1 files" in completed.stderr and ": 1 new," in completed.stderr
+    assert "jax: captured 1 file (" in completed.stderr and ": 1 new," in completed.stderr
 
     async def files() -> list[bytes]:
         async with open_environment("default", root=root) as env:
@@ -147,7 +147,7 @@ def test_run_passes_a_signal_on_to_the_command_and_its_status_back(
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 40 + signal.SIGTERM, err  # the child's own handler's status
-    assert "jax: captured 1 files" in err  # it ended by itself: captured
+    assert "jax: captured 1 file (" in err  # it ended by itself: captured
 
 
 def test_a_command_ended_by_a_signal_is_not_captured(tmp_path: Path) -> None:
@@ -172,7 +172,7 @@ def test_run_without_a_command_is_bad_usage(tmp_path: Path) -> None:
 
 def test_a_command_that_does_not_exist_fails_in_one_line(tmp_path: Path) -> None:
     completed = _run(tmp_path / "root", "no-such-command-here", options=("--cache", "jax"))
-    assert completed.returncode == 1
+    assert completed.returncode == 127  # as a shell says it
     assert "command not found: 'no-such-command-here'" in completed.stderr
 
 
@@ -289,7 +289,7 @@ def test_under_a_directory_others_can_write_the_command_runs_uncounted_said_once
         f"`chmod go-w '{shared}'` or point XDG_CACHE_HOME at a directory of your own"
     )
     assert list(shared.iterdir()) == []  # no hooks written there
-    assert "jax: captured 1 files" in completed.stderr
+    assert "jax: captured 1 file (" in completed.stderr
 
 
 def test_where_no_hooks_can_be_written_the_command_runs_uncounted(tmp_path: Path) -> None:
@@ -351,6 +351,14 @@ def test_run_counts_the_refused_entries_it_does_not_list(tmp_path: Path) -> None
     completed = _run(root, sys.executable, _script(tmp_path), "0", options=("--cache", "jax"))
     assert completed.returncode == 0, completed.stderr
     lines = completed.stderr.splitlines()
-    assert "restored 1 files" in completed.stderr and ", 25 refused" in completed.stderr
+    assert "restored 1 file (" in completed.stderr and ", 25 refused" in completed.stderr
     assert sum(line.startswith("- refused '../escaped-") for line in lines) == 10
     assert "- and 15 more refused" in lines, completed.stderr
+
+
+def test_run_counts_one_miss_in_the_singular(tmp_path: Path) -> None:
+    # One real jit (under a second: left uncached by JAX's minimum compile time).
+    program = "import jax; print(jax.jit(lambda x: x + 1)(1.0))"
+    completed = _run(tmp_path / "root", sys.executable, "-c", program, options=("--cache", "jax"))
+    assert completed.returncode == 0, completed.stderr
+    assert "jax: 0 cache hits, 1 miss (its own counters)" in completed.stderr

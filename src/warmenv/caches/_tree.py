@@ -68,6 +68,7 @@ import attrs
 
 from warmenv._facts import PREFIX, Facts, captured_trees
 from warmenv._fs import expand_home
+from warmenv._text import plural
 from warmenv.bundle.signing import Trust, TrustLike, resolve_trust
 from warmenv.caches._paths import (
     DIRECTORY_FLAGS,
@@ -195,7 +196,8 @@ class CaptureReport:
 
     def __str__(self) -> str:
         return (
-            f"captured {self.files} files ({self.bytes:,} bytes) from '{self.source}' into "
+            f"captured {plural(self.files, 'file')} ({plural(self.bytes, 'byte')}) from "
+            f"'{self.source}' into "
             f"{self.namespace}: {self.stored} new, {self.replaced} changed, "
             f"{self.unchanged} unchanged"
             + (f", {self.failed} failed" if self.failed else "")
@@ -222,7 +224,8 @@ class RestoreReport:
 
     def __str__(self) -> str:
         lines = [
-            f"restored {self.written} files ({self.bytes:,} bytes) from {self.namespace} into "
+            f"restored {plural(self.written, 'file')} ({plural(self.bytes, 'byte')}) from "
+            f"{self.namespace} into "
             f"'{self.target}'"
             + (f", {self.kept} already there" if self.kept else "")
             + (f", {len(self.refused)} refused" if self.refused else "")
@@ -230,7 +233,7 @@ class RestoreReport:
         lines += refused_lines(self.refused)
         for skipped in self.skipped:
             lines.append(
-                f"- skipped {skipped.namespace} ({skipped.entries} entries): "
+                f"- skipped {skipped.namespace} ({plural(skipped.entries, 'entry', 'entries')}): "
                 + "; ".join(skipped.reasons)
             )
         return "\n".join(lines)

@@ -49,11 +49,19 @@ def usage_line(prog: str, message: str) -> str:
 
 
 class Failure(Exception):
-    """The operation failed (exit status 1); `document` joins the `--json` error."""
+    """The operation failed (exit status 1, or `status`); `document` joins the `--json` error.
 
-    def __init__(self, message: str, document: dict[str, Any] | None = None) -> None:
+    `status` other than 1 only where a convention users script against says
+    it: `warmenv run`'s COMMAND not found (127) or not runnable (126), as a
+    shell says them.
+    """
+
+    def __init__(
+        self, message: str, document: dict[str, Any] | None = None, *, status: int = 1
+    ) -> None:
         super().__init__(message)
         self.document = document or {}
+        self.status = status
 
 
 class Stopped(BaseException):
@@ -132,7 +140,7 @@ def conclude(out: Output, exc: BaseException, debug: bool) -> int:
         if not leaf.located and out.subcommand:
             message = usage_line(f"warmenv {out.subcommand}", message)
     elif isinstance(leaf, Failure):
-        status, message, document = 1, str(leaf), leaf.document
+        status, message, document = leaf.status, str(leaf), leaf.document
     elif isinstance(leaf, WarmenvError | OSError | sqlite3.Error | UnicodeError):
         status, message = 1, describe_error(leaf, out.subject)
     else:

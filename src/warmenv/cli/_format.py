@@ -1,8 +1,9 @@
 """How numbers and values are written for people and for JSON: counts, sizes, rates.
 
 One spelling for each, shared by every command, the progress display and
-the `stats --html` page: "1 entry" but "2 entries", sizes in binary units
-("2.1 KiB"), rates as "3,100 entries/s".
+the `stats --html` page: sizes in binary units ("2.1 KiB"), rates as "3,100
+entries/s"; counts ("1 entry" but "2 entries") are `warmenv._text.plural`,
+which the compiler caches' reports use too.
 """
 
 from __future__ import annotations
@@ -14,13 +15,6 @@ from typing import Any
 import attrs
 
 from warmenv._keys import PublicKey
-
-
-def plural(count: int, word: str, many: str | None = None) -> str:
-    """`count` and `word`, in the plural unless it is one: "1 namespace", "2 entries"."""
-    if count == 1:
-        return f"1 {word}"
-    return f"{count:,} {many or word + 's'}"
 
 
 def saved(seconds: str, value: float, *, known: bool) -> str:

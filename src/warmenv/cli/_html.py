@@ -11,8 +11,8 @@ import html
 from collections.abc import Sequence
 from pathlib import Path
 
-from warmenv._text import clean
-from warmenv.cli._format import namespace_label, plural, saved_clause
+from warmenv._text import clean, plural
+from warmenv.cli._format import namespace_label, saved_clause
 from warmenv.persistence.statistics import EnvironmentStatistics
 from warmenv.persistence.storage import Origin
 

@@ -23,7 +23,8 @@ from rich.progress import (
 from rich.progress import Progress as RichProgress
 from rich.text import Text
 
-from warmenv.cli._format import per_second, plural, size
+from warmenv._text import plural
+from warmenv.cli._format import per_second, size
 
 
 class EntriesColumn(ProgressColumn):

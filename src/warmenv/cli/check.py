@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from warmenv._text import plural
 from warmenv.bundle import preflight
 from warmenv.cli._errors import Failure, UsageError
-from warmenv.cli._format import as_json, plural
+from warmenv.cli._format import as_json
 from warmenv.cli._options import (
     add_trust_option,
     bundle_source,

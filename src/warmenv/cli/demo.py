@@ -24,11 +24,12 @@ from typing import Any
 
 import anyio
 
+from warmenv._text import plural
 from warmenv.bundle import export_bundle, importing, open_bundle, preflight
 from warmenv.bundle.manifest import this_machine
 from warmenv.channel import unbounded
 from warmenv.cli._errors import UsageError
-from warmenv.cli._format import as_json, plural, size
+from warmenv.cli._format import as_json, size
 from warmenv.cli._output import Output, follow
 from warmenv.environment import Environment, open_environment
 from warmenv.persistence import CacheMode, Namespace, Store

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from warmenv._facts import is_captured_tree
-from warmenv._text import clean, has_control_characters
+from warmenv._text import clean, has_control_characters, plural
 from warmenv.bundle import BundleFormat, ExportReport, Started, exporting
 from warmenv.bundle.base import FORMAT_VERSIONS
 from warmenv.bundle.preflight import of_version
 from warmenv.cli._environments import environment
 from warmenv.cli._errors import Failure, UsageError
-from warmenv.cli._format import as_json, plural, size
+from warmenv.cli._format import as_json, size
 from warmenv.cli._options import (
     add_namespace_option,
     namespace_prefixes,

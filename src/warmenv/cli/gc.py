@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from warmenv._text import plural
 from warmenv.cli._environments import environment
 from warmenv.cli._errors import Failure, UsageError
-from warmenv.cli._format import plural, size
+from warmenv.cli._format import size
 from warmenv.cli._output import Output
 from warmenv.config import parse_size
 from warmenv.persistence.storage import Failed
@@ -100,7 +101,8 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         )
         if isinstance(result, Failed):
             raise Failure(f"gc of {env.describe()} failed: {result.reason}; nothing evicted")
-        out.when_interrupted = f"but the gc had completed: {result.count:,} entries evicted"
+        evicted = plural(result.count, "entry", "entries")
+        out.when_interrupted = f"but the gc had completed: {evicted} evicted"
         after = await env.namespaces()
     entries, held = sum(s.entries for s in after), sum(s.bytes for s in after)
     freed = sum(s.bytes for s in before) - held

@@ -25,7 +25,7 @@ import attrs
 
 from warmenv._errors import WarmenvError
 from warmenv._fs import expand_home
-from warmenv._text import clean
+from warmenv._text import clean, plural
 from warmenv.bundle import (
     Downloading,
     ImportProgress,
@@ -40,7 +40,7 @@ from warmenv.bundle.open import open_snapshot, read_names
 from warmenv.bundle.options import check_share
 from warmenv.cli._environments import environment
 from warmenv.cli._errors import Failure, UsageError
-from warmenv.cli._format import as_json, plural, size
+from warmenv.cli._format import as_json, size
 from warmenv.cli._options import (
     add_namespace_option,
     add_trust_option,
@@ -183,7 +183,8 @@ async def _run(
         )
     if report.failed:
         raise Failure(
-            f"{report.failed:,} entries could not be stored in {target}; run the import "
+            f"{plural(report.failed, 'entry', 'entries')} could not be stored in {target}; "
+            "run the import "
             "again once the cause (above, or a full disk) is fixed",
             as_json(report),
         )

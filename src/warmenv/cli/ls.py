@@ -18,10 +18,10 @@ import anyio.to_thread
 
 from warmenv._errors import WarmenvError
 from warmenv._fs import expand_home, is_missing
-from warmenv._text import clean
+from warmenv._text import clean, plural
 from warmenv.cli._environments import environment, environment_files, unreadable
 from warmenv.cli._errors import UsageError
-from warmenv.cli._format import as_json, namespace_label, plural, size
+from warmenv.cli._format import as_json, namespace_label, size
 from warmenv.cli._options import complete_environment
 from warmenv.cli._output import Output
 from warmenv.environment import active

@@ -15,9 +15,10 @@ import signal
 import sys
 from typing import Any
 
+from warmenv._text import plural
 from warmenv.cli._environments import environment
 from warmenv.cli._errors import Failure, Stopped, UsageError
-from warmenv.cli._format import as_json, namespace_label, plural
+from warmenv.cli._format import as_json, namespace_label
 from warmenv.cli._options import add_namespace_option, namespace_prefixes, no_match, text_argument
 from warmenv.cli._output import Output, ask
 from warmenv.persistence.namespace import matches_any

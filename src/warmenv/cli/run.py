@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -40,6 +41,7 @@ import anyio
 import attrs
 
 from warmenv._fs import expand_home
+from warmenv._text import plural
 from warmenv.caches._children import COUNTS_VARIABLE, new_counts, read_counts
 from warmenv.caches._hookdir import HookHome
 from warmenv.caches._tools import Tool, available_tools, counting, tool
@@ -117,6 +119,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         raise UsageError(
             "name the command to run after '--', e.g. warmenv run --cache jax -- python train.py"
         )
+    await anyio.to_thread.run_sync(_runnable, command[0])
     try:
         tools = [tool(name) for name in dict.fromkeys(args.caches)]
     except LookupError as error:
@@ -171,7 +174,8 @@ async def _restore_run_capture(
         found = counted.get(t.name)
         if found is not None:
             document["tools"][t.name].update(hits=found.hits, misses=found.misses)
-            counters = f"{found.hits} cache hits, {found.misses} misses (its own counters)"
+            hits = plural(found.hits, "cache hit")
+            counters = f"{hits}, {plural(found.misses, 'miss', 'misses')} (its own counters)"
             _said(out, f"{t.name}: {counters}")
             for note in t.notes(variables, found.uncached):
                 _said(out, f"{t.name}: {note}")
@@ -199,6 +203,24 @@ async def _restore_run_capture(
     return status
 
 
+def _runnable(program: str) -> None:
+    """Refuse COMMAND as a shell would, before anything is restored: a `Failure` of exit
+    status 127 where it is not found (not on PATH, no such file), 126 where it is there
+    but cannot be run (a directory, no execute permission)."""
+    if os.sep not in program:
+        if shutil.which(program) is None:
+            raise Failure(f"command not found: {program!r} (not on PATH)", status=127)
+        return
+    if not os.path.exists(program):
+        raise Failure(f"command not found: {program!r} (no such file)", status=127)
+    if os.path.isdir(program) or not os.access(program, os.X_OK):
+        raise _cannot_run(program, "a directory" if os.path.isdir(program) else "not executable")
+
+
+def _cannot_run(program: str, why: str | None) -> Failure:
+    return Failure(f"command cannot be run: {program!r} ({why})", status=126)
+
+
 async def _child(
     command: list[str],
     variables: dict[str, str],
@@ -223,10 +245,10 @@ async def _child(
             env=variables,
             pass_fds=keep,
         )
-    except FileNotFoundError:
-        raise Failure(f"command not found: {command[0]!r}") from None
-    except PermissionError:
-        raise Failure(f"command cannot be run (permission denied): {command[0]!r}") from None
+    except FileNotFoundError:  # gone since `_runnable` looked
+        raise Failure(f"command not found: {command[0]!r}", status=127) from None
+    except OSError as exc:  # permission denied, an exec format error
+        raise _cannot_run(command[0], exc.strerror) from None
     phase.child = process
     try:
         with anyio.CancelScope(shield=True):  # the child decides when it ends

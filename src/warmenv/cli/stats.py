@@ -23,11 +23,12 @@ from typing import Any
 
 import anyio.to_thread
 
+from warmenv._text import plural
 from warmenv.caches._tools import counts_lookups
 from warmenv.cli import _html
 from warmenv.cli._environments import environment
 from warmenv.cli._errors import Failure
-from warmenv.cli._format import namespace_label, plural, saved, saved_clause, size
+from warmenv.cli._format import namespace_label, saved, saved_clause, size
 from warmenv.cli._options import no_match, text_argument
 from warmenv.cli._output import Output
 from warmenv.persistence.namespace import matches_any

@@ -9,11 +9,11 @@ from typing import Any
 import anyio.to_thread
 
 from warmenv._keys import PublicKey
+from warmenv._text import plural
 from warmenv.bundle import CorruptBundleError
 from warmenv.bundle.base import Bundle
 from warmenv.bundle.manifest import BundleManifest
 from warmenv.bundle.signing import TrustLike, check_signature, resolve_trust
-from warmenv.cli._format import plural
 from warmenv.cli._options import add_trust_option, bundle_source, source_label, trust_keys
 from warmenv.cli._output import Output
 from warmenv.cli._sources import opened
