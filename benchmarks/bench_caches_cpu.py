@@ -6,18 +6,22 @@ Run: python benchmarks/bench_caches_cpu.py [--tool jax --tool numba] [--size iss
 [--jax-steps N] [--rounds 5]
 (`nox -s caches_demo` runs the JAX row alone: the README's one-command demo.)
 
---size picks the workload (--jax-steps overrides its JAX steps):
+--size picks the workload (--jax-steps overrides its JAX steps per jit):
 - default: the issue's workload as written, one jit of a 400-step unrolled
   `lax.scan` (JAX); 5 `cache=True` functions, 8 compiled versions, two of
   them `parallel=True` (Numba). On a quiet machine of today these compile
   in under 5 s, so the start-up floor caps the warm/cold ratio.
 - issue: as long a cold start as the issue measured (JAX 31 s, Numba
-  15.6 s) on this machine when quiet. JAX: 2,600 unrolled steps (XLA's
-  compile took 6.0, 12.1, 27.5 and 45.6 s of CPU for 400, 800, 1,600 and
-  2,400 steps, on about 1.8 cores when quiet). Numba: the 5 functions
-  defined 14 times over, 70 functions and 112 compiled versions (16 s cold
-  here, 0.7 s warm). `--tool jax --size issue --rounds 1` takes about two
-  minutes on a quiet machine (three cold compiles), `--tool numba` one.
+  15.6 s) on this machine when quiet. JAX: 5 jits of 700 unrolled steps,
+  each its own computation: one jit of more steps does not do, as JAX
+  0.10.2 crashes (SIGSEGV, a thread's stack overflowing in
+  libjax_common.so) loading such an executable from its cache at 1,600
+  steps (800 load). XLA's compile took 6.0, 12.1, 27.5 and 45.6 s of CPU
+  for one jit of 400, 800, 1,600 and 2,400 steps, on about 1.8 cores when
+  quiet. Numba: the 5 functions defined 14 times over, 70 functions and
+  112 compiled versions (16.0 s cold, 0.7 s warm). `--tool jax --size
+  issue --rounds 1` takes about two minutes on a quiet machine (three cold
+  starts), `--tool numba` one.
 
 Per tool, each run a fresh interpreter at its own "machine" (a directory at
 another absolute path), wall time from the process's start to its end:
@@ -74,7 +78,7 @@ from warmenv.caches import restore
 
 JAX_APP = """
     import json, sys, time
-    mode, cache, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    mode, cache, steps, jits = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     import jax, jax.numpy as jnp
     from jax import monitoring
     counts = {"hits": 0, "misses": 0}
@@ -93,14 +97,17 @@ JAX_APP = """
         jax.config.update("jax_compilation_cache_dir", cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
-    # The issue's workload: a `steps`-step unrolled loop (400 in the issue), one jit, compile-bound.
-    def f(x, w):
-        def body(c, i):
-            return jnp.tanh(c @ w + jnp.sin(c) * i), None
-        c, _ = jax.lax.scan(body, x, jnp.arange(steps, dtype=jnp.float32), unroll=steps)
-        return c
+    # The issue's workload: a `steps`-step unrolled loop (400 in the issue), one jit,
+    # compile-bound; `jits` of them, each its own computation (a constant k added).
+    for k in range(jits):
+        def f(x, w, k=k):
+            def body(c, i):
+                step = jnp.tanh(c @ w + jnp.sin(c) * i)
+                return (step + k if k else step), None
+            c, _ = jax.lax.scan(body, x, jnp.arange(steps, dtype=jnp.float32), unroll=steps)
+            return c
 
-    jax.jit(f)(jnp.ones((8, 32)), jnp.ones((32, 32))).block_until_ready()
+        jax.jit(f)(jnp.ones((8, 32)), jnp.ones((32, 32))).block_until_ready()
     print(json.dumps(counts), flush=True)
 """
 
@@ -189,15 +196,17 @@ NUMBA_APP = """
 
 @attrs.frozen
 class Workload:
-    """How much each tool compiles cold: JAX's unrolled steps, Numba's copies of its 5 functions."""
+    """How much each tool compiles cold: JAX's jits of unrolled steps, Numba's copies of its 5
+    functions."""
 
     jax_steps: int
+    jax_jits: int
     numba_copies: int
 
 
 SIZES: Final = {
-    "default": Workload(jax_steps=400, numba_copies=1),
-    "issue": Workload(jax_steps=2600, numba_copies=14),
+    "default": Workload(jax_steps=400, jax_jits=1, numba_copies=1),
+    "issue": Workload(jax_steps=700, jax_jits=5, numba_copies=14),
 }
 
 
@@ -230,7 +239,7 @@ def run(home: Path, mode: str, tool: str, workload: Workload) -> Run:
     variables["WARMENV_ROOT"] = str(home / "root")
     argv = [sys.executable, "app.py", mode, str(home / "cache")]
     if tool == "jax":
-        argv.append(str(workload.jax_steps))
+        argv += [str(workload.jax_steps), str(workload.jax_jits)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     completed = subprocess.run(
@@ -239,7 +248,9 @@ def run(home: Path, mode: str, tool: str, workload: Workload) -> Run:
     elapsed = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if completed.returncode != 0:
-        raise SystemExit(f"{tool} {mode} run failed:\n{completed.stderr[-3000:]}")
+        raise SystemExit(
+            f"{tool} {mode} run failed (exit {completed.returncode}):\n{completed.stderr[-3000:]}"
+        )
     counts = json.loads(completed.stdout.strip().splitlines()[-1])
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     return Run(elapsed, cpu, counts["hits"], counts["misses"])
@@ -376,7 +387,8 @@ def main() -> None:
     print()
     workload = workload_of(args)
     print(
-        f"--size {args.size}: JAX {workload.jax_steps} unrolled steps, "
+        f"--size {args.size}: JAX {workload.jax_jits} jit(s) of {workload.jax_steps} unrolled "
+        "steps, "
         f"Numba {5 * workload.numba_copies} functions, {8 * workload.numba_copies} versions"
     )
     columns = ["tool", "cold", "plain copy: wall, hits", "warm: wall, hits", "warm vs cold"]
