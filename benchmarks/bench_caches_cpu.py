@@ -12,13 +12,15 @@ Run: python benchmarks/bench_caches_cpu.py [--tool jax --tool numba] [--size iss
   them `parallel=True` (Numba). On a quiet machine of today these compile
   in under 5 s, so the start-up floor caps the warm/cold ratio.
 - issue: as long a cold start as the issue measured (JAX 31 s, Numba
-  15.6 s) on this machine when quiet. JAX: 5 jits of 700 unrolled steps,
+  15.6 s) on this machine when quiet. JAX: 5 jits of 600 unrolled steps,
   each its own computation: one jit of more steps does not do, as JAX
   0.10.2 crashes (SIGSEGV, a thread's stack overflowing in
   libjax_common.so) loading such an executable from its cache at 1,600
   steps (800 load). XLA's compile took 6.0, 12.1, 27.5 and 45.6 s of CPU
-  for one jit of 400, 800, 1,600 and 2,400 steps, on about 1.8 cores when
-  quiet. Numba: the 5 functions defined 14 times over, 70 functions and
+  for one jit of 400, 800, 1,600 and 2,400 steps, about 65 s for 5 jits
+  of 700, on about 1.8 cores when quiet (so 5 of 600: about 55 s of CPU,
+  near 31 s on a quiet machine).
+  Numba: the 5 functions defined 14 times over, 70 functions and
   112 compiled versions (16.0 s cold, 0.7 s warm). `--tool jax --size
   issue --rounds 1` takes about two minutes on a quiet machine (three cold
   starts), `--tool numba` one.
@@ -206,7 +208,7 @@ class Workload:
 
 SIZES: Final = {
     "default": Workload(jax_steps=400, jax_jits=1, numba_copies=1),
-    "issue": Workload(jax_steps=700, jax_jits=5, numba_copies=14),
+    "issue": Workload(jax_steps=600, jax_jits=5, numba_copies=14),
 }
 
 
