@@ -6,6 +6,14 @@ application can tell "warmenv refused this" from a bug with one `except`.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import warnings
+from contextvars import ContextVar
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
 
 class WarmenvError(Exception):
     """Base class of every error warmenv raises on purpose."""
@@ -13,6 +21,47 @@ class WarmenvError(Exception):
 
 class WarmenvWarning(UserWarning):
     """Something degraded but kept working (an environment fell back to memory, say)."""
+
+
+_OURS = (str(Path(__file__).parent), contextlib.__file__)
+
+Where = tuple[str, int, dict[str, Any]]
+"""A line of the caller's code: its file, its number and its module's globals."""
+
+CALLER: ContextVar[Where | None] = ContextVar("warmenv_caller", default=None)
+"""The line a blocking call came from, for what runs on warmenv.blocking's loop thread
+(set by its crossing: no frame of the caller's is on that thread's stack)."""
+
+
+def caller(frame: FrameType | None) -> Where | None:
+    """The first line out from `frame` that is neither warmenv's nor contextlib's
+    (whose `async with` machinery sits between a user's block and ours)."""
+    while frame is not None and frame.f_code.co_filename.startswith(_OURS):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    return frame.f_code.co_filename, frame.f_lineno, frame.f_globals
+
+
+def warn(message: str) -> None:
+    """Emit `message` as a `WarmenvWarning` attributed to the caller's line, never ours.
+
+    The one home of the rule, so no warning needs a hand-counted `stacklevel`,
+    which breaks with every added wrapper and cannot reach across threads.
+    """
+    where = CALLER.get() or caller(inspect.currentframe())
+    if where is None:  # called from no code of anyone's (a loop's callback): ours
+        warnings.warn(message, WarmenvWarning, stacklevel=2)
+        return
+    filename, lineno, module_globals = where
+    warnings.warn_explicit(
+        message,
+        WarmenvWarning,
+        filename,
+        lineno,
+        module=module_globals.get("__name__", "<string>"),
+        registry=module_globals.setdefault("__warningregistry__", {}),
+    )
 
 
 class ClosedError(WarmenvError, RuntimeError):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import errno
 import logging
 import sqlite3
-import warnings
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
@@ -30,7 +29,7 @@ import anyio.to_thread
 import attrs
 
 from warmenv._background import Background
-from warmenv._errors import ClosedError, WarmenvWarning
+from warmenv._errors import ClosedError, warn
 from warmenv._faces import async_only
 from warmenv._fs import expand_home, is_missing
 from warmenv.config import (
@@ -637,11 +636,9 @@ async def _open(
         )
     except (OSError, sqlite3.Error) as exc:
         reason = await anyio.to_thread.run_sync(why_unusable, path, exc)
-        warnings.warn(
+        warn(
             f"environment {env_name!r}: cannot use {path} ({reason}); "
-            "keeping its entries in memory for this process only",
-            WarmenvWarning,
-            stacklevel=4,
+            "keeping its entries in memory for this process only"
         )
         db = memory_database(Degraded(Fallback.MEMORY, reason))
     if db.degraded is not None and db.read_only:

@@ -29,7 +29,7 @@ import anyio
 import attrs
 
 from warmenv._backend import event_loop_here
-from warmenv._errors import ClosedError, WarmenvError
+from warmenv._errors import CALLER, ClosedError, WarmenvError, caller
 
 __all__ = [
     "Ask",
@@ -142,11 +142,15 @@ class _Trip:
             self._tasks.append(task)
             task.add_done_callback(lambda _: self._mail.put(_DONE))
 
+        # The task runs in a copy of this thread's context: what it warns names our caller.
+        token = CALLER.set(CALLER.get() or caller(inspect.currentframe()))
         try:
             loop.call_soon_threadsafe(start)
         except RuntimeError:
             coroutine.close()
             raise ClosedError("warmenv.blocking's event-loop thread has stopped") from None
+        finally:
+            CALLER.reset(token)
 
     # --- in the task ---
 

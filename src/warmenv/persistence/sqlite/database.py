@@ -19,7 +19,6 @@ import os
 import secrets
 import sqlite3
 import stat
-import warnings
 import weakref
 from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from functools import partial
@@ -31,7 +30,7 @@ import anyio.to_thread
 import attrs
 
 from warmenv import _sqlite
-from warmenv._errors import ClosedError, WarmenvError, WarmenvWarning
+from warmenv._errors import ClosedError, WarmenvError, warn
 from warmenv._fs import non_regular_kind
 from warmenv.persistence.arrivals import Arrivals
 from warmenv.persistence.carried import CarryingEntry
@@ -437,12 +436,10 @@ async def _open_writable(path: Path, lock_timeout: float) -> SqliteDatabase:
             why += f" (its directory {path.parent} is not writable by this process)"
     else:
         if prepared.rebuilt_from is not None:
-            warnings.warn(
+            warn(
                 f"{path}: schema version {prepared.rebuilt_from} is not one this warmenv "
                 f"reads (1 or {schema.ENVIRONMENT_VERSION}); its entries were dropped and "
-                "the table rebuilt",
-                WarmenvWarning,
-                stacklevel=4,
+                "the table rebuilt"
             )
         if prepared.upgraded_from is not None:
             log.info(
