@@ -26,17 +26,23 @@ broken connection is noticed at once, as before.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Final, final
+from typing import TYPE_CHECKING, Final, TypeAlias, final
 
 import anyio
 import attrs
 
+from warmenv._backend import sniffio_thread
+
 if TYPE_CHECKING:
+    from types import TracebackType
+
+    import trio
     from anyio.abc import TaskGroup
 
-__all__ = ["TICK", "LoopClock"]
+__all__ = ["TICK", "LoopClock", "Scope"]
+
+Scope: TypeAlias = "anyio.CancelScope | trio.CancelScope"
+"""A deadline's scope: `cancel()` it; `cancelled_caught` says whether it fell due."""
 
 TICK: Final = 0.005
 """How often the ticker asks to be woken while a bounded call is in flight (seconds)."""
@@ -50,7 +56,7 @@ class LoopClock:
     _tasks: TaskGroup
     """Where the ticker runs (started by the first bounded call)."""
     _lag: float = attrs.field(init=False, default=0.0)
-    _due: dict[anyio.CancelScope, float] = attrs.field(init=False, factory=dict)
+    _due: dict[Scope, float] = attrs.field(init=False, factory=dict)
     _wake: anyio.Event = attrs.field(init=False, factory=anyio.Event)
     _ticking: bool = attrs.field(init=False, default=False)
     _asleep: bool = attrs.field(init=False, default=True)
@@ -81,33 +87,36 @@ class LoopClock:
         """Monotonic seconds, less the loop's lateness seen so far."""
         return time.monotonic() - self._lag
 
-    @contextmanager
-    def deadline(self, seconds: float) -> Iterator[anyio.CancelScope]:
+    def deadline(self, seconds: float) -> _Deadline:
         """A scope cancelled once the server has had `seconds` (see the module docstring).
 
         Its `cancelled_caught` says whether the deadline fell due.
         """
-        scope = anyio.CancelScope()
+        return _Deadline(self, seconds)
+
+    def begin(self, scope: Scope, seconds: float) -> None:
+        """`scope` is in flight, due in `seconds` (entered by `deadline`'s context)."""
+        now = time.monotonic() - self._lag
         if not self._due:
-            self._since = self.now()
-        self._due[scope] = self.now() + seconds
+            self._since = now
+        self._due[scope] = now + seconds
         if self._asleep:
+            # The ticker waits on `_wake` only once it has said it is asleep.
             self._asleep = False
             self._woken_at = time.monotonic()
+            self._wake.set()
         if not self._ticking:
             self._ticking = True
             self._tasks.start_soon(self._tick)
-        self._wake.set()
-        try:
-            with scope:
-                yield scope
-        finally:
-            del self._due[scope]
-            if not self._due:
-                # The loop's lateness since the last tick (unwinding a burst of calls
-                # the deadline cancelled, say) is ours, not the server's.
-                self._settle()
-                self._waited += self.now() - self._since
+
+    def end(self, scope: Scope) -> None:
+        """`scope` is over (left by `deadline`'s context)."""
+        del self._due[scope]
+        if not self._due:
+            # The loop's lateness since the last tick (unwinding a burst of calls
+            # the deadline cancelled, say) is ours, not the server's.
+            self._settle()
+            self._waited += self.now() - self._since
 
     async def _tick(self) -> None:
         self._asked = self._woken_at
@@ -135,3 +144,42 @@ class LoopClock:
         elif took > TICK:
             self._lag += took - TICK
         self._asked = time.monotonic()
+
+
+@final
+class _Deadline:
+    """`LoopClock.deadline`'s scope: a class, as a generator's context costs a remote hit
+    as much again as the clock's own work (benchmarks/remote_instructions.py)."""
+
+    __slots__ = ("_clock", "_scope", "_seconds")
+
+    def __init__(self, clock: LoopClock, seconds: float) -> None:
+        self._clock = clock
+        self._seconds = seconds
+        # Under trio, trio's own scope: anyio's wraps it, at a quarter more per remote hit.
+        self._scope: Scope
+        if sniffio_thread.name == "trio":
+            import trio
+
+            self._scope = trio.CancelScope()
+        else:
+            self._scope = anyio.CancelScope()
+
+    def __enter__(self) -> Scope:
+        self._clock.begin(self._scope, self._seconds)
+        try:
+            return self._scope.__enter__()
+        except BaseException:
+            self._clock.end(self._scope)
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        try:
+            return self._scope.__exit__(exc_type, exc, traceback)
+        finally:
+            self._clock.end(self._scope)

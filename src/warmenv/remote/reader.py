@@ -41,6 +41,8 @@ _PAIRS: Final = frozenset(b"%|")  # map, attribute: twice that many
 _SIMPLE: Final = frozenset(b"+-:_,#(")
 _PUSH: Final = ord(">")
 _ATTRIBUTE: Final = ord("|")
+_ARRAY: Final = ord("*")
+_STRING: Final = ord("$")
 
 
 class OverBound(Exception):
@@ -118,7 +120,7 @@ class BoundedStream(ByteStream):
             return ready
 
     async def send(self, item: bytes) -> None:
-        self._sent.follow(item)
+        self._sent.follow_commands(item)
         await self._stream.send(item)
 
     async def send_eof(self) -> None:
@@ -178,6 +180,40 @@ class _Frames:
                 if self._header(line):
                     whole = pos
         return whole
+
+    def follow_commands(self, data: bytes) -> None:
+        """Count the commands in `data` we send, stepping from length to length.
+
+        coredis sends whole commands, each an array of bulk strings: their
+        lengths say where each ends, with no need to copy and read every line
+        as `follow` does (a third of a remote hit's reading, at 5 lines a
+        GETRANGE). Anything else (a command cut short, another type) is
+        followed by `follow`, from where the frames stand.
+        """
+        if self._line or self._skip or self._open:
+            self.follow(data)
+            return
+        pos, end, commands = 0, len(data), 0
+        try:
+            while pos < end:
+                newline = data.index(b"\r\n", pos)
+                if data[pos] != _ARRAY:
+                    raise ValueError
+                elements = int(data[pos + 1 : newline])
+                pos = newline + 2
+                for _ in range(elements):
+                    newline = data.index(b"\r\n", pos)
+                    if data[pos] != _STRING:
+                        raise ValueError
+                    length = int(data[pos + 1 : newline])
+                    pos = newline + 4 + length
+                    if length < 0 or data[pos - 2 : pos] != b"\r\n":
+                        raise ValueError
+                commands += 1
+        except (ValueError, IndexError):
+            self.follow(data)
+            return
+        self.frames += commands
 
     def _grow(self, size: int) -> None:
         self._size += size
