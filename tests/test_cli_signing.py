@@ -8,6 +8,8 @@ environment file, no directory, no staging left behind.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ from test_cli import TOTAL, warmenv
 from test_download import BundleServer
 from warmenv import open_environment
 from warmenv.bundle import export_bundle, generate_key
+from warmenv.bundle.signing import SigningKey
 
 
 @pytest.fixture
@@ -203,6 +206,38 @@ def test_export_signed_with_the_public_key_says_so_not_chmod(
     assert completed.returncode == 1
     assert f"{public} holds a public key" in completed.stderr
     assert "chmod" not in completed.stderr
+    assert not (tmp_path / "b").exists()
+
+
+def test_export_signs_with_an_openssh_ed25519_key(warm_root: Path, tmp_path: Path) -> None:
+    # The review's case: `ssh-keygen -t ed25519 -N '' -f sk` is an Ed25519 key; it signs.
+    assert shutil.which("ssh-keygen"), "install ssh-keygen: apt-get install openssh-client"
+    sk = tmp_path / "sk"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(sk)], check=True)
+    completed = warmenv(
+        "export", str(tmp_path / "b"), "--name", "n", "--app-version", "1", "--env", "warm",
+        "--sign", str(sk), root=warm_root,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    signer = str(SigningKey.load(sk).public_key)
+    verified = warmenv("verify", str(tmp_path / "b"), "--trust", signer, root=warm_root)
+    assert verified.returncode == 0, verified.stderr
+    assert signer in verified.stdout
+
+
+def test_export_signed_with_a_file_of_trusted_keys_says_it_holds_public_keys(
+    warm_root: Path, tmp_path: Path, keys: dict[str, Path]
+) -> None:
+    trusted = tmp_path / "trusted"  # not named .pub: there is no private key beside it
+    trusted.write_text(f"# ci\n{keys['ci'].with_name('ci.pub').read_text()}")
+    completed = warmenv(
+        "export", str(tmp_path / "b"), "--name", "n", "--app-version", "1", "--env", "warm",
+        "--sign", str(trusted), root=warm_root,
+    )  # fmt: skip
+    assert completed.returncode == 1
+    assert f"{trusted} holds public keys" in completed.stderr
+    assert "sign with the private key that `warmenv keygen` made" in completed.stderr
+    assert "without .pub" not in completed.stderr
     assert not (tmp_path / "b").exists()
 
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sqlite3
 import stat
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -124,15 +126,19 @@ def test_a_private_key_other_users_can_read_is_refused_with_the_fix(
         SigningKey.load(keys["ci"])
 
 
+# Named `key`, not `key.pub`: no private key beside it to point to.
+_PUBLIC_KEYS = (
+    "holds public keys .*, not a private key; sign with the private key that `warmenv keygen` made"
+)
 _NOT_PRIVATE_KEYS = {
-    "warmenv-public-key": ("ed25519:" + "A" * 43 + "\n", "holds a public key"),
-    "file-of-trusted-keys": ("# ci\n\ned25519:" + "A" * 43 + "\n", "holds a public key"),
+    "warmenv-public-key": ("ed25519:" + "A" * 43 + "\n", _PUBLIC_KEYS),
+    "file-of-trusted-keys": ("# ci\n\ned25519:" + "A" * 43 + "\n", _PUBLIC_KEYS),
     "pem-public-key": (
         "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEA\n-----END PUBLIC KEY-----\n",
-        "holds a public key",
+        _PUBLIC_KEYS,
     ),
-    "openssh-public-key": ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5 me@host\n", "holds a public key"),
-    "not-a-key": ("hello\n", "not a PEM private key"),
+    "openssh-public-key": ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5 me@host\n", _PUBLIC_KEYS),
+    "not-a-key": ("hello\n", r"not a private key \(neither PEM nor OpenSSH\)"),
     "too-big": ("x" * 70_000, "not a private key file"),
 }
 
@@ -148,6 +154,13 @@ def test_what_a_key_file_is_is_said_before_its_mode(tmp_path: Path, case: str, m
     with pytest.raises(KeyFileError, match=why) as raised:
         SigningKey.load(path)
     assert "chmod" not in str(raised.value)
+    assert "without .pub" not in str(raised.value)
+    _no_class_names(str(raised.value))
+
+
+def _no_class_names(message: str) -> None:
+    """A user reads words, not cryptography's classes ("(ValueError)", "RSAPrivateKey")."""
+    assert not re.search(r"Error\b|Exception|Algorithm|PrivateKey|PublicKey", message), message
 
 
 def test_an_encrypted_private_key_is_said_so_before_its_mode(tmp_path: Path) -> None:
@@ -165,6 +178,59 @@ def test_an_encrypted_private_key_is_said_so_before_its_mode(tmp_path: Path) -> 
     with pytest.raises(KeyFileError, match="encrypted") as raised:
         SigningKey.load(path)
     assert "chmod" not in str(raised.value)
+
+
+def test_an_encrypted_openssh_key_is_said_so(tmp_path: Path) -> None:
+    # Made by ssh-keygen itself: cryptography writes encrypted OpenSSH keys only with bcrypt.
+    assert shutil.which("ssh-keygen"), "install ssh-keygen: apt-get install openssh-client"
+    path = tmp_path / "id_ed25519"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "secret", "-f", str(path)], check=True
+    )
+    with pytest.raises(KeyFileError, match="the private key is encrypted") as raised:
+        SigningKey.load(path)
+    _no_class_names(str(raised.value))
+
+
+def test_an_unencrypted_openssh_ed25519_key_signs(tmp_path: Path) -> None:
+    # `ssh-keygen -t ed25519 -N ''` writes this: the same Ed25519 key in OpenSSH's wrapping.
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    path = tmp_path / "id_ed25519"
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+    assert SigningKey.load(path).public_key == SigningKey(key).public_key
+
+
+@pytest.mark.parametrize(
+    ("wrapping", "words"), [("PKCS8", "an RSA key"), ("OpenSSH", "an RSA key")]
+)
+def test_a_private_key_of_another_algorithm_is_named_in_words(
+    tmp_path: Path, wrapping: str, words: str
+) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    path = tmp_path / "key"
+    path.write_bytes(
+        rsa.generate_private_key(public_exponent=65537, key_size=1024).private_bytes(
+            serialization.Encoding.PEM,
+            getattr(serialization.PrivateFormat, wrapping),
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+    with pytest.raises(KeyFileError, match=f"holds {words}, not an Ed25519 key") as raised:
+        SigningKey.load(path)
+    _no_class_names(str(raised.value))
 
 
 @pytest.mark.parametrize(
@@ -185,7 +251,10 @@ async def test_signing_with_a_public_key_or_a_missing_file_exports_nothing(
     warm_env: Environment, keys: dict[str, Path], out_dir: Path
 ) -> None:
     for wrong, why in (
-        (keys["ci"].with_name("ci.pub"), "holds a public key"),
+        (
+            keys["ci"].with_name("ci.pub"),
+            re.escape(f"holds a public key; sign with the private key ({keys['ci']}, without"),
+        ),
         (
             out_dir / "nope",
             "cannot open the private key",

@@ -106,7 +106,8 @@ class SigningKey:
 
     @classmethod
     def load(cls, path: str | Path) -> SigningKey:
-        """The private key in the PEM file `path` (as `generate_key` writes it).
+        """The Ed25519 private key in the file `path`: PEM (as `generate_key` writes
+        it) or unencrypted OpenSSH (`ssh-keygen -t ed25519 -N ''`).
 
         A file that other users may read or write is refused, as ssh refuses
         one: whoever can read it can sign as you. What the file is comes
@@ -155,35 +156,70 @@ class SigningKey:
 _PUBLIC_KEY_STARTS = (KEY_PREFIX.encode(), b"-----BEGIN PUBLIC KEY-----", b"ssh-")
 
 
+_OPENSSH_PRIVATE = b"-----BEGIN OPENSSH PRIVATE KEY-----"
+
+
 def _parse_private(data: bytes, path: Path) -> Any:
+    """The Ed25519 private key in `data`: PEM (as `warmenv keygen` writes it) or
+    OpenSSH (`ssh-keygen -t ed25519 -N ''`), the same key in another wrapping.
+    Anything else is said in words (what the file holds), never as a class name."""
     ed25519 = _ed25519()
     serialization = _serialization()
+    from cryptography.exceptions import UnsupportedAlgorithm
+
     if len(data) > _MAX_KEY_FILE:
         raise KeyFileError(f"{path}: over {_MAX_KEY_FILE:,} bytes, not a private key file")
     lines = (line.strip() for line in data.splitlines())
     first = next((line for line in lines if line and not line.startswith(b"#")), b"")
     if first.startswith(_PUBLIC_KEY_STARTS):
-        raise KeyFileError(
-            f"{path} holds a public key; sign with the private key (the file without .pub)"
-        )
+        raise KeyFileError(_holds_public_keys(path))
+    openssh = first.startswith(_OPENSSH_PRIVATE)
+    load = serialization.load_ssh_private_key if openssh else serialization.load_pem_private_key
     try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except TypeError:
+        key = load(data, password=None)
+    except TypeError:  # cryptography's word for "encrypted, and no password given"
         raise KeyFileError(
             f"{path}: the private key is encrypted, which warmenv does not read; keep it "
             "unencrypted with mode 600, or in your CI's secret store"
         ) from None
-    except Exception as exc:  # ValueError, or cryptography's UnsupportedAlgorithm
+    except UnsupportedAlgorithm:
         raise KeyFileError(
-            f"{path} is not a PEM private key ({type(exc).__name__}); make one with "
-            "`warmenv keygen`"
+            f"{path} holds a private key of a kind warmenv does not sign with; make an "
+            "Ed25519 one with `warmenv keygen`"
+        ) from None
+    except Exception:  # ValueError, or whatever else a garbled file makes it raise
+        raise KeyFileError(
+            f"{path} is not a private key (neither PEM nor OpenSSH); make one with `warmenv keygen`"
         ) from None
     if not isinstance(key, ed25519.Ed25519PrivateKey):
         raise KeyFileError(
-            f"{path} holds a {type(key).__name__}, not an Ed25519 key; make one with "
-            "`warmenv keygen`"
+            f"{path} holds {_kind_of_key(key)}, not an Ed25519 key; make one with `warmenv keygen`"
         )
     return key
+
+
+def _holds_public_keys(path: Path) -> str:
+    """What to say of a file of public keys given as the private key: a `.pub` has
+    its private key beside it; a file of trusted keys has none to point to."""
+    if path.suffix == ".pub":
+        private = path.with_suffix("")
+        return f"{path} holds a public key; sign with the private key ({private}, without .pub)"
+    return (
+        f"{path} holds public keys (as a file of trusted keys does), not a private key; "
+        "sign with the private key that `warmenv keygen` made"
+    )
+
+
+def _kind_of_key(key: object) -> str:
+    """`key`'s algorithm in words ("an RSA key"), for a user who gave the wrong key."""
+    from cryptography.hazmat.primitives.asymmetric import ec, ed448, rsa
+
+    kinds = (
+        (rsa.RSAPrivateKey, "an RSA key"),
+        (ec.EllipticCurvePrivateKey, "an ECDSA key"),
+        (ed448.Ed448PrivateKey, "an Ed448 key"),
+    )
+    return next((words for kind, words in kinds if isinstance(key, kind)), "a key of another kind")
 
 
 def generate_key(path: str | Path) -> PublicKey:
