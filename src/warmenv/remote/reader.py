@@ -115,6 +115,8 @@ class BoundedStream(ByteStream):
             if whole < 0:
                 self._partial += data
                 continue
+            if whole == len(data) and not self._partial:
+                return data  # the common case (a reply in one read): nothing to copy
             ready = bytes(self._partial) + data[:whole]
             self._partial[:] = data[whole:]
             return ready
