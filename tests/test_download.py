@@ -85,6 +85,7 @@ class BundleServer(ThreadingHTTPServer):
         self.drop_after: int | None = None  # the next full body stops after this many bytes
         self.drops_left = 0
         self.on_drop: Callable[[], None] | None = None
+        self.garble = False  # a drop first writes a TLS record no key decrypts
         self.stall_after: int | None = None  # the next body waits for `release` there
         self.release = threading.Event()
         self.stalled = threading.Event()
@@ -168,6 +169,8 @@ class _Handler(BaseHTTPRequestHandler):
         if cut is not None:
             server.drops_left -= 1
             self._send(seen, part[:cut])
+            if server.garble:  # on the bare socket, below the TLS layer: a corrupt record
+                os.write(self.connection.fileno(), b"\x17\x03\x03\x00\x20" + b"\xaa" * 32)
             self.connection.shutdown(socket.SHUT_RDWR)
             self.close_connection = True
             if server.on_drop is not None:
@@ -492,6 +495,56 @@ async def test_an_untrusted_certificate_fails_at_once(
     message = str(caught.value)
     assert "TLS certificate was refused" in message and "attempts" not in message
     assert "certificate verify failed" in message, message
+    assert staging_left(root) == []
+
+
+def _serve_tls(server: BundleServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`server` made an HTTPS server, its self-signed certificate trusted (`SSL_CERT_FILE`)."""
+    made = self_signed_certificate(tmp_path / "tls")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(made.cert, made.key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    monkeypatch.setenv("SSL_CERT_FILE", str(made.cert))
+
+
+@pytest.mark.anyio
+async def test_a_corrupt_tls_record_mid_body_is_resumed(
+    server: BundleServer,
+    big_bundle: Path,
+    cold_env: Environment,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The handshake passed and bytes came: what breaks now is the connection, not the set-up.
+    _serve_tls(server, tmp_path, monkeypatch)
+    url = server.put("/big.bundle", big_bundle.read_bytes()).replace("http://", "https://")
+    server.drop_after, server.drops_left, server.garble = 1 << 20, 1, True
+    report = await import_bundle(url, cold_env, download=DownloadOptions(retries=2))
+    whole = [seen for seen in server.seen if seen.range is None or seen.status == 200]
+    assert [(seen.status, seen.sent) for seen in whole] == [(200, 1 << 20)]
+    assert server.seen[-1].range == f"bytes={1 << 20}-" and server.seen[-1].status == 206
+    assert report.imported == 40
+
+
+@pytest.mark.anyio
+async def test_corrupt_tls_records_mid_body_fail_after_the_retries_naming_the_reason(
+    server: BundleServer,
+    big_bundle: Path,
+    cold_env: Environment,
+    root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _serve_tls(server, tmp_path, monkeypatch)
+    url = server.put("/big.bundle", big_bundle.read_bytes()).replace("http://", "https://")
+    server.honour_ranges = False  # every retry starts over, and is garbled again
+    server.drop_after, server.drops_left, server.garble = 1 << 20, 10, True
+    with pytest.raises(DownloadError) as caught:
+        await import_bundle(url, cold_env, download=DownloadOptions(retries=2))
+    assert [(seen.status, seen.sent) for seen in server.seen] == [(200, 1 << 20)] * 3
+    message = str(caught.value)
+    assert "failed after 3 attempts" in message and "handshake" not in message, message
+    assert "SSLError" in message and "[SSL" in message, message
     assert staging_left(root) == []
 
 

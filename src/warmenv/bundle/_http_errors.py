@@ -9,17 +9,21 @@ HTTP port, a certificate that is not trusted) and a host name the resolver
 says does not exist. Those are read here from the exception's chain, where
 httpcore keeps the `ssl.SSLError` or `socket.gaierror` it wrapped (on asyncio
 directly, on trio under `trio.BrokenResourceError`, whose own text is empty).
+Only a failure to connect (`httpx.ConnectError`, the handshake included) may
+be lasting: a TLS error once the response has begun (a corrupt record, an
+alert) broke that connection only, and is retried like any dropped one.
 """
 
 from __future__ import annotations
 
 import socket
 import ssl
+from collections.abc import Iterator
 from typing import Final, final
 
 import attrs
 
-__all__ = ["Lasting", "lasting"]
+__all__ = ["Lasting", "lasting", "tls_error"]
 
 # What OpenSSL says when the server answers a TLS handshake in plain text (an HTTP server).
 _PLAIN_TEXT_REASONS: Final = frozenset({"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE"})
@@ -35,12 +39,21 @@ class Lasting:
     fix: str
 
 
-def lasting(exc: BaseException) -> Lasting | None:
-    """What in `exc`'s chain no retry can mend; `None` if nothing does (retry it)."""
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and what it was raised from or during, in turn (httpcore suppresses the
+    context it wraps, so suppressed contexts are followed too)."""
     cause: BaseException | None = exc
     seen: set[int] = set()
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
+        yield cause
+        cause = cause.__cause__ or cause.__context__
+
+
+def lasting(exc: BaseException) -> Lasting | None:
+    """What in the chain of `exc`, a failure to connect, no retry can mend; `None` if
+    nothing does (retry it)."""
+    for cause in _chain(exc):
         if isinstance(cause, ssl.SSLCertVerificationError):
             fix = "check the URL's host and the server's certificate"
             return Lasting("the server's TLS certificate was refused", cause, fix)
@@ -59,5 +72,10 @@ def lasting(exc: BaseException) -> Lasting | None:
             return Lasting(
                 "the host name could not be resolved", cause, "check the host in the URL"
             )
-        cause = cause.__cause__ or cause.__context__
     return None
+
+
+def tls_error(exc: BaseException) -> ssl.SSLError | None:
+    """The TLS error that `exc` was raised from, if any: what to print (on trio, httpx's
+    `ReadError` over it says nothing itself)."""
+    return next((cause for cause in _chain(exc) if isinstance(cause, ssl.SSLError)), None)

@@ -34,6 +34,7 @@ only when a URL is given.
 from __future__ import annotations
 
 import os
+import ssl
 import time
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import AsyncExitStack, aclosing
@@ -47,7 +48,7 @@ import attrs
 from warmenv._errors import WarmenvError
 from warmenv._url import bundle_url_problem, redact, redact_in
 from warmenv.bundle import _files
-from warmenv.bundle._http_errors import lasting
+from warmenv.bundle._http_errors import lasting, tls_error
 from warmenv.bundle._http_headers import content_range, int_header, range_validator
 from warmenv.bundle._http_logs import redact_client_logs
 from warmenv.bundle.base import Header
@@ -193,7 +194,10 @@ class _Body:
                 scope.cancel()
             else:
                 scope.deadline = self._deadline.at
-            chunk = await anext(self._chunks, None)
+            try:
+                chunk = await anext(self._chunks, None)
+            except ssl.SSLError as exc:  # httpcore wraps it on trio, not through anyio's TLS
+                raise _Retry("the connection broke") from exc  # mid-body: retried
         if scope.cancelled_caught:
             if self._stopping:
                 return None
@@ -278,21 +282,19 @@ def _checked(url: str) -> str:
     return url
 
 
-def _too_many_redirects(label: str, exc: BaseException, url: str) -> DownloadError:
-    return DownloadError(
-        f"{label}: the server redirected too many times (a redirect loop?: "
-        f"{_reason(exc, url)}); check the URL"
-    )
-
-
 def _refused(label: str, exc: BaseException, url: str) -> DownloadError:
-    """A failure no retry can mend (an unsupported protocol, a malformed URL on the way)."""
+    """A failure no retry can mend: a redirect loop, an unsupported protocol, a bad URL."""
+    if isinstance(exc, _httpx().TooManyRedirects):
+        return DownloadError(
+            f"{label}: the server redirected too many times (a redirect loop?: "
+            f"{_reason(exc, url)}); check the URL"
+        )
     return DownloadError(f"{label}: {_reason(exc, url)}; check the URL")
 
 
 def _lasting(label: str, exc: BaseException, url: str) -> DownloadError | None:
-    """The error for a failure no retry can mend (`_http_errors`), else `None`: retry."""
-    if (found := lasting(exc)) is None:
+    """The error for a failure to connect no retry can mend (`_http_errors`), else `None`."""
+    if not isinstance(exc, _httpx().ConnectError) or (found := lasting(exc)) is None:
         return None
     return DownloadError(f"{label}: {found.what} ({_reason(found.cause, url)}); {found.fix}")
 
@@ -431,11 +433,9 @@ class Download:
                     async for event in events:
                         yield event
                 return
-            except httpx.TooManyRedirects as exc:
-                raise _too_many_redirects(self.label, exc, self.url) from None
-            except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            except (httpx.TooManyRedirects, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
                 raise _refused(self.label, exc, self.url) from None
-            except (httpx.TransportError, _Retry) as exc:
+            except (httpx.TransportError, ssl.SSLError, _Retry) as exc:
                 if (error := _lasting(self.label, exc, self.url)) is not None:
                     raise error from None
                 failures += 1
@@ -635,13 +635,11 @@ async def read_head(
                         with anyio.CancelScope(shield=True):
                             await body.stop()
                             await response.aclose()
-            except httpx.TooManyRedirects as exc:
-                raise _too_many_redirects(label, exc, url) from None
-            except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            except (httpx.TooManyRedirects, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
                 raise _refused(label, exc, url) from None
             except _Retry as exc:
                 raise DownloadError(f"{label}: {_reason(exc, url)}; check the server") from None
-            except httpx.TransportError as exc:
+            except (httpx.TransportError, ssl.SSLError) as exc:
                 raise _lasting(label, exc, url) or DownloadError(
                     f"{label}: {_reason(exc, url)}; check the URL and the network"
                 ) from None
@@ -683,6 +681,7 @@ async def _head_of_whole(whole: Opened, label: str) -> tuple[Header | None, Open
 
 def _reason(exc: BaseException, url: str) -> str:
     """`exc` in a few words: a client's message may quote `url`, so it is redacted."""
+    exc = tls_error(exc) or exc
     text = " ".join(redact_in(str(exc), url).split())
     kind = type(exc).__name__
     return f"{kind}: {text}" if text and not isinstance(exc, _Retry) else (text or kind)
