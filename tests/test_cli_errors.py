@@ -671,3 +671,21 @@ def test_run_with_a_command_that_cannot_start_exits_as_a_shell_does(
     line = assert_one_error_line(completed, status)
     assert line == f"warmenv: error: {said}\n"
     assert not root.exists()
+
+
+@pytest.mark.parametrize(
+    ("mode", "denied"),
+    [(0o700, "not readable or searchable"), (0o744, "not searchable")],
+    ids=["0700", "0744"],
+)
+def test_ls_of_a_root_it_may_not_read_says_the_root_not_an_environment(
+    shared_tmp: Path, mode: int, denied: str
+) -> None:
+    # The listing was asked for: the root is what is in the way, not `default` in it.
+    root = shared_tmp / "locked"
+    _fill(root)
+    (root / "warm.db").rename(root / "default.db")
+    root.chmod(mode)
+    child = run_python(CLI, "--root", str(root), "ls", user=unprivileged_user())
+    line = assert_one_error_line(child, 1)
+    assert line == f"warmenv: error: cannot read {root}: {denied} by this process\n"

@@ -139,8 +139,24 @@ def environment_files(root: Path) -> list[Path]:
 
 
 def unreadable(exc: OSError, where: Path) -> Failure:
-    """The one line of a directory (or a file in it) that cannot be read."""
+    """The one line of a directory `where` (or a file in it) that cannot be read.
+
+    A directory this process may not list or enter (so not read a file in it)
+    is said so ("not readable or searchable"), the mode bits to fix, where
+    "Permission denied" leaves the user to guess which.
+    """
+    if isinstance(exc, NotADirectoryError):  # `where`, or a file on the way to it
+        top_down = reversed([where, *where.parents])
+        blocker = next((p for p in top_down if p.exists() and not p.is_dir()), where)
+        return Failure(f"cannot read {where}: {blocker} is not a directory")
+    if isinstance(exc, PermissionError) and os.path.isdir(where):
+        denied = [word for word, bit in _DIRECTORY_ACCESS if not os.access(where, bit)]
+        if denied:
+            return Failure(f"cannot read {where}: not {' or '.join(denied)} by this process")
     return Failure(f"cannot read {exc.filename or where}: {exc.strerror or exc}")
+
+
+_DIRECTORY_ACCESS = (("readable", os.R_OK), ("searchable", os.X_OK))
 
 
 async def _no_environment(path: Path) -> str:

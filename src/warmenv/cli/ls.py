@@ -47,6 +47,11 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
     parser.set_defaults(run=run)
 
 
+def _absent(path: Path) -> bool:
+    """Whether the environment file `path` is not there, in a root that is."""
+    return os.path.isdir(path.parent) and is_missing(path)
+
+
 def _listing(root: Path) -> list[tuple[Path, int]]:
     """The environment files of `root` and their sizes; a `Failure` if it cannot be read."""
     try:
@@ -55,19 +60,14 @@ def _listing(root: Path) -> list[tuple[Path, int]]:
         raise unreadable(exc, root) from None
 
 
-def _absent_default(root_option: Path | None) -> tuple[str, Path] | None:
-    """The default environment's name and root, if the root exists but not the environment.
-
-    Where it cannot tell (a root it may not search), opening it says why.
-    """
+def _default_root(root_option: Path | None) -> tuple[str, Path] | None:
+    """The default environment's name and root (None where the settings are wrong:
+    opening it says what is wrong)."""
     try:
         default_name, default_root = active()
     except WarmenvError:
-        return None  # opening it says what is wrong
-    root = expand_home(root_option or default_root)
-    if os.path.isdir(root) and is_missing(root / f"{default_name}.db"):
-        return default_name, root
-    return None
+        return None
+    return default_name, expand_home(root_option or default_root)
 
 
 async def run(args: argparse.Namespace, out: Output) -> int:
@@ -81,19 +81,25 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     name: str | None = None
     namespaces: list[NamespaceSummary] | None = None
     root: Path | None = None
-    if args.env is None:
-        found = await anyio.to_thread.run_sync(_absent_default, args.root)
-        if found is not None:
-            name, root = found
+    listing: list[tuple[Path, int]] | None = None
+    default = (
+        None if args.env is not None else await anyio.to_thread.run_sync(_default_root, args.root)
+    )
+    if default is not None:
+        # The listing is what was asked for: a root that cannot be read is said
+        # as itself, not as the default environment in it that could not be opened.
+        default_name, root = default
+        listing = await anyio.to_thread.run_sync(_listing, root)
+        if await anyio.to_thread.run_sync(_absent, root / f"{default_name}.db"):
+            name = default_name
     if name is None:
         async with environment(args, out) as env:
             root = env.path.parent
-            listing = await anyio.to_thread.run_sync(_listing, root)
+            if listing is None:
+                listing = await anyio.to_thread.run_sync(_listing, root)
             namespaces = await env.namespaces()
             name = env.name
-    else:
-        assert root is not None
-        listing = await anyio.to_thread.run_sync(_listing, root)
+    assert root is not None and listing is not None
     out.table(
         f"environments in {root}",
         ["environment", "file size"],
