@@ -90,6 +90,7 @@ class BundleServer(ThreadingHTTPServer):
         self.release = threading.Event()
         self.stalled = threading.Event()
         self.statuses: list[int] = []  # answered, in turn, before any file is served
+        self.redirect_to: str | None = None  # where every GET is redirected
         self.connections = 0  # accepted, whatever was said on them (a TLS handshake too)
         self._versions = 0
 
@@ -124,6 +125,13 @@ class _Handler(BaseHTTPRequestHandler):
         seen = Seen(self.path.split("?", 1)[0], self.headers["Range"], self.headers["If-Range"])
         server.seen.append(seen)
         served = server.files.get(seen.path)
+        if server.redirect_to is not None:
+            seen.status = 302
+            self.send_response(302)
+            self.send_header("Location", server.redirect_to)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if server.statuses:
             seen.status = server.statuses.pop(0)
             self.send_response(seen.status)
@@ -454,6 +462,21 @@ async def test_https_to_a_plain_http_server_fails_at_once_suggesting_http(
         message = str(error)
         assert "TLS handshake failed" in message and "use http:// instead of https://" in message
         assert "\n" not in message and "attempts" not in message
+    assert staging_left(root) == []
+
+
+@pytest.mark.anyio
+async def test_a_redirect_to_https_on_a_plain_http_port_blames_the_redirect(
+    server: BundleServer, cold_env: Environment, root: Path
+) -> None:
+    url = server.put("/warm.bundle", b"never read")
+    server.redirect_to = url.replace("http://", "https://")  # the same plain HTTP port
+    with pytest.raises(DownloadError) as caught:
+        await import_bundle(url, cold_env, download=DownloadOptions(retries=5))
+    assert server.connections == 2  # the redirect, then one handshake answered in plain text
+    message = str(caught.value)
+    assert "where a redirect's target used https://" in message, message
+    assert "instead of https://" not in message and "attempts" not in message
     assert staging_left(root) == []
 
 

@@ -16,6 +16,7 @@ bound when they were counted too, and they are no part of a download.
 from __future__ import annotations
 
 import json
+import logging
 import select
 import socket
 import subprocess
@@ -386,6 +387,80 @@ async def test_a_caller_may_allow_its_headers_across_origins(
             with pytest.raises(DownloadError, match="404"):
                 await import_bundle(first.url(), env, download=options)
         assert headers_of(there.requests[-1])["x-api-key"] == SECRET
+
+
+# --- what no retry mends, and what the server says that is not printed ----------------
+
+
+@pytest.mark.anyio
+async def test_a_redirect_to_a_malformed_location_fails_at_once_without_quoting_it(
+    hostile: Callable[[Behaviour], HostileServer], tmp_path: Path
+) -> None:
+    server = hostile(redirect_to_target)
+    server.target = f"http://127.0.0.1:{SECRET}B/x"  # a port that is no number
+    async with open_environment("e", root=tmp_path) as env:
+        with pytest.raises(DownloadError) as caught:
+            await import_bundle(server.url(), env, download=DownloadOptions(retries=5))
+    assert len(server.requests) == 1
+    message = str(caught.value)
+    assert "redirected to an invalid Location" in message and SECRET not in message, message
+
+
+def not_found_saying_a_secret(conn: socket.socket, head: bytes, server: HostileServer) -> None:
+    conn.sendall(
+        f"HTTP/1.1 404 Not Found /n404;tok={SECRET}?sig={SECRET}2\r\n".encode()
+        + b"Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+
+
+@pytest.mark.anyio
+async def test_the_server_s_own_reason_phrase_is_never_printed_nor_logged(
+    hostile: Callable[[Behaviour], HostileServer],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = hostile(not_found_saying_a_secret)
+    with (
+        caplog.at_level(logging.DEBUG, logger="httpx"),
+        caplog.at_level(logging.DEBUG, logger="httpcore"),
+    ):
+        async with open_environment("e", root=tmp_path) as env:
+            with pytest.raises(DownloadError) as caught:
+                await import_bundle(server.url(), env)
+    message = str(caught.value)
+    assert "the server answered 404 Not Found; check the URL" in message, message
+    assert SECRET not in message
+    logged = [record.getMessage() for record in caplog.records]
+    assert any("404 Not Found" in line for line in logged), logged
+    assert not [line for line in logged if SECRET in line]
+
+
+def cut_short(conn: socket.socket, head: bytes, server: HostileServer) -> None:
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nConnection: close\r\n\r\nabc")
+
+
+@pytest.mark.anyio
+async def test_no_retries_says_one_attempt(
+    hostile: Callable[[Behaviour], HostileServer], tmp_path: Path
+) -> None:
+    server = hostile(cut_short)
+    async with open_environment("e", root=tmp_path) as env:
+        with pytest.raises(DownloadError, match=r"failed after 1 attempt \("):
+            await import_bundle(server.url(), env, download=DownloadOptions(retries=0))
+    assert len(server.requests) >= 1
+
+
+@pytest.mark.anyio
+async def test_a_malformed_proxy_url_is_refused_in_one_line_without_its_secrets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HTTP_PROXY", f"http://puser:PROXY/{SECRET}@127.0.0.1:1")
+    async with open_environment("e", root=tmp_path) as env:
+        with pytest.raises(DownloadError) as caught:
+            await import_bundle("http://example.invalid/b", env)
+    message = str(caught.value)
+    assert "the proxy URL in HTTP_PROXY, HTTPS_PROXY or ALL_PROXY is invalid" in message
+    assert SECRET not in message and "PROXY'" not in message and "puser" not in message
 
 
 # --- malformed and foreign URLs ------------------------------------------------------

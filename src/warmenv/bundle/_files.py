@@ -40,10 +40,12 @@ from warmenv.bundle.errors import BundleNotFoundError, NotABundleError
 __all__ = [
     "HEAD_SIZE",
     "copy_to_private",
+    "create_private",
     "fsync_dir",
     "new_staging",
     "open_regular",
     "private_directory",
+    "pwrite_all",
     "read_head",
     "release",
     "remove_private",
@@ -332,3 +334,17 @@ def fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def create_private(path: Path) -> int:
+    """A new file at `path` (never one already there), for its owner only."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+
+
+def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """All of `data` written at `offset` (`os.pwrite` may write less than asked)."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written

@@ -50,9 +50,9 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         cause = cause.__cause__ or cause.__context__
 
 
-def lasting(exc: BaseException) -> Lasting | None:
-    """What in the chain of `exc`, a failure to connect, no retry can mend; `None` if
-    nothing does (retry it)."""
+def lasting(exc: BaseException, url: str) -> Lasting | None:
+    """What in the chain of `exc`, a failure to connect to `url` or where it redirected,
+    no retry can mend; `None` if nothing does (retry it)."""
     for cause in _chain(exc):
         if isinstance(cause, ssl.SSLCertVerificationError):
             fix = "check the URL's host and the server's certificate"
@@ -61,12 +61,15 @@ def lasting(exc: BaseException) -> Lasting | None:
         if isinstance(cause, ssl.SSLError) and not isinstance(
             cause, ssl.SSLEOFError | ssl.SSLZeroReturnError
         ):
-            fix = (
-                "the server answered in plain text: if it serves plain HTTP, use http:// "
-                "instead of https://"
-                if cause.reason in _PLAIN_TEXT_REASONS
-                else "check the server's TLS set-up"
-            )
+            fix = "check the server's TLS set-up"
+            if cause.reason in _PLAIN_TEXT_REASONS:
+                fix = (
+                    "the server answered in plain text: if it serves plain HTTP, use http:// "
+                    "instead of https://"
+                    if url.lower().startswith("https:")
+                    else "the server answered in plain text where a redirect's target used "
+                    "https://; check the server's redirects"
+                )
             return Lasting("the TLS handshake failed", cause, fix)
         if isinstance(cause, socket.gaierror) and cause.errno != socket.EAI_AGAIN:
             return Lasting(

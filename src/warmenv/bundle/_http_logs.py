@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import logging
 import re
+from http import HTTPStatus
 from typing import Final
 
 from warmenv._url import redact, redact_urls_cut
 
-__all__ = ["redact_client_logs"]
+__all__ = ["redact_client_logs", "status_line"]
 
 _LIBRARIES: Final = ("httpx", "httpcore")
 # Response headers whose values say nothing secret, kept in httpcore's DEBUG lines.
@@ -52,6 +53,8 @@ _PLAIN: Final = frozenset(
     }
 )
 _LOCATIONS: Final = frozenset({"location", "content-location"})
+# A response's status as httpcore logs it: (b'HTTP/1.1', 404, b'the server's own phrase', ...
+_STATUS: Final = re.compile(r"""(\(b'HTTP/[0-9.]+', ([0-9]+), b)(['"])(?:\\.|(?!\3).)*\3""")
 # A header as httpcore logs it: a tuple of two bytes reprs, (b'Name', b'value').
 _HEADER: Final = re.compile(r"""\(b(['"])([^'"\\]*)\1, b(['"])((?:\\.|(?!\3).)*)\3\)""")
 
@@ -65,6 +68,11 @@ def _header(found: re.Match[str]) -> str:
     return f"(b{found.group(1)}{name}{found.group(1)}, b{found.group(3)}{value}{found.group(3)})"
 
 
+def _standard_phrase(found: re.Match[str]) -> str:
+    phrase = status_line(int(found[2])).partition(" ")[2]
+    return f"{found[1]}{found[3]}{phrase}{found[3]}"
+
+
 def redacted(text: str) -> str:
     """A client's log line with its URLs redacted and its unknown header values hidden.
 
@@ -73,6 +81,9 @@ def redacted(text: str) -> str:
     redacted by `redact_urls_in`'s conservative rule, and once a query or a
     fragment in it is cut, the rest of the line goes with it.
     """
+    text = _STATUS.sub(
+        lambda s: f"{s[1]}{s[3]}{status_line(int(s[2])).partition(' ')[2]}{s[3]}", text
+    )
     pieces, done = [], 0
     for found in [*_HEADER.finditer(text), None]:
         end = len(text) if found is None else found.start()
@@ -100,14 +111,23 @@ def _request_args(record: logging.LogRecord) -> tuple[object, ...] | None:
     args = record.args
     if record.msg != _REQUEST_LINE or not isinstance(args, tuple) or len(args) != 5:
         return None
-    method, url, version, status, reason = args
+    method, url, version, status, _ = args
     return (
         redacted(str(method)),
         redact(str(url), parsed=not isinstance(url, str)),  # an httpx.URL: parsed
         redacted(str(version)),
         status,
-        redacted(str(reason)),
+        status_line(status).partition(" ")[2],  # the server's own phrase may say anything
     )
+
+
+def status_line(code: object) -> str:
+    """A status and its standard phrase ("404 Not Found"), never the server's own phrase,
+    which may carry anything (a path, a token)."""
+    try:
+        return f"{code} {HTTPStatus(code).phrase}"  # type: ignore[arg-type]
+    except ValueError:
+        return str(code)
 
 
 class _Redacting(logging.Filter):

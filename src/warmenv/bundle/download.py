@@ -46,11 +46,12 @@ import anyio.to_thread
 import attrs
 
 from warmenv._errors import WarmenvError
+from warmenv._text import plural
 from warmenv._url import bundle_url_problem, redact, redact_in
 from warmenv.bundle import _files
 from warmenv.bundle._http_errors import lasting, tls_error
 from warmenv.bundle._http_headers import content_range, int_header, range_validator
-from warmenv.bundle._http_logs import redact_client_logs
+from warmenv.bundle._http_logs import redact_client_logs, status_line
 from warmenv.bundle.base import Header
 from warmenv.bundle.events import Downloading
 from warmenv.bundle.flat.bundle import FlatBundle
@@ -230,19 +231,20 @@ class _Body:
             pass
 
 
-def _describe_status(response: httpx.Response) -> str:
-    return f"{response.status_code} {response.reason_phrase}".strip()
-
-
 def _client(lib: Any, url: str, options: DownloadOptions) -> httpx.AsyncClient:
     """The client for one download: the caller's headers go only to the origin of `url`."""
     guard = [] if options.cross_origin_headers else [_origin_guard(lib, url, options)]
-    client: httpx.AsyncClient = lib.AsyncClient(
-        timeout=lib.Timeout(options.timeout),
-        follow_redirects=True,
-        headers=dict(options.headers),
-        event_hooks={"request": guard},
-    )
+    try:
+        client: httpx.AsyncClient = lib.AsyncClient(
+            timeout=lib.Timeout(options.timeout),
+            follow_redirects=True,
+            headers=dict(options.headers),
+            event_hooks={"request": guard},
+        )
+    except lib.InvalidURL:  # the one URL parsed here is a proxy's: not quoted, it holds secrets
+        raise DownloadError(
+            f"{redact(url)}: the proxy URL in HTTP_PROXY, HTTPS_PROXY or ALL_PROXY is invalid"
+        ) from None
     # After the client is made: its transport imports httpcore, whose loggers it makes.
     redact_client_logs()  # httpx's INFO line names the URL as sent, credentials and all
     return client
@@ -293,8 +295,14 @@ def _refused(label: str, exc: BaseException, url: str) -> DownloadError:
 
 
 def _lasting(label: str, exc: BaseException, url: str) -> DownloadError | None:
-    """The error for a failure to connect no retry can mend (`_http_errors`), else `None`."""
-    if not isinstance(exc, _httpx().ConnectError) or (found := lasting(exc)) is None:
+    """The error for a failure no retry can mend (`_http_errors`), else `None`: a redirect
+    to a malformed Location (not quoted: it may hold a secret), or a failure to connect."""
+    httpx = _httpx()
+    if isinstance(exc, httpx.RemoteProtocolError) and isinstance(exc.__context__, httpx.InvalidURL):
+        return DownloadError(
+            f"{label}: the server redirected to an invalid Location; check the URL"
+        )
+    if not isinstance(exc, httpx.ConnectError) or (found := lasting(exc, url)) is None:
         return None
     return DownloadError(f"{label}: {found.what} ({_reason(found.cause, url)}); {found.fix}")
 
@@ -372,7 +380,7 @@ class Download:
         try:
             directory = await anyio.to_thread.run_sync(_files.private_directory, self._near)
             self._path = directory / _STAGED_NAME
-            self._fd = await anyio.to_thread.run_sync(_create, self._path)
+            self._fd = await anyio.to_thread.run_sync(_files.create_private, self._path)
             try:
                 async with AsyncExitStack() as stack:
                     if opened is None:
@@ -441,7 +449,7 @@ class Download:
                 failures += 1
                 if failures > self._options.retries:
                     raise DownloadError(
-                        f"{self.label}: the download failed after {failures} attempts "
+                        f"{self.label}: the download failed after {plural(failures, 'attempt')} "
                         f"({_reason(exc, self.url)}); check the server and the network, "
                         "then retry"
                     ) from None
@@ -472,11 +480,11 @@ class Download:
             elif response.status_code == 200:
                 await self._begin(response)
             elif response.status_code in _RETRY_STATUSES:
-                raise _Retry(f"the server answered {_describe_status(response)}")
+                raise _Retry(f"the server answered {status_line(response.status_code)}")
             else:
                 hint = "check the URL" if response.status_code in (404, 410) else "nothing was kept"
                 raise DownloadError(
-                    f"{self.label}: the server answered {_describe_status(response)}; {hint}"
+                    f"{self.label}: the server answered {status_line(response.status_code)}; {hint}"
                 )
             encoding = response.headers.get("content-encoding", "identity").lower()
             if encoding != "identity":
@@ -564,7 +572,7 @@ class Download:
         yield self._event()
 
     async def _write(self, fd: int, data: bytearray) -> None:
-        await anyio.to_thread.run_sync(_pwrite_all, fd, bytes(data), self._done)
+        await anyio.to_thread.run_sync(_files.pwrite_all, fd, bytes(data), self._done)
         self._done += len(data)
 
     async def _restart(self) -> None:
@@ -620,7 +628,7 @@ async def read_head(
                         return await _head_of_whole(whole, label)
                     if response.status_code != 206:
                         raise DownloadError(
-                            f"{label}: the server answered {_describe_status(response)}; "
+                            f"{label}: the server answered {status_line(response.status_code)}; "
                             + ("check the URL" if response.status_code in (404, 410) else "retry")
                         )
                     start, size = content_range(response.headers.get("content-range", ""))
@@ -685,15 +693,3 @@ def _reason(exc: BaseException, url: str) -> str:
     text = " ".join(redact_in(str(exc), url).split())
     kind = type(exc).__name__
     return f"{kind}: {text}" if text and not isinstance(exc, _Retry) else (text or kind)
-
-
-def _create(path: Path) -> int:
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-
-
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view = view[written:]
-        offset += written
