@@ -157,6 +157,10 @@ def redact_urls_cut(text: str) -> tuple[str, bool]:
     if cut is not None and cut.group() in "?#;":
         return f"{head}{rest[: cut.start()]}{cut.group()}***", True
     end = cut.start() if cut is not None else len(rest)
+    if end == 0 and max(ats) >= 0:
+        # User information and no host after it: a password with a space in it as
+        # likely as a URL that ends there, so what follows may still be the secret's.
+        return f"{head}***", True
     tail, tail_cut = redact_urls_cut(rest[end:])
     return f"{head}{rest[:end]}{tail}", tail_cut
 
