@@ -23,7 +23,6 @@ import pytest
 from hostile import entries_digest
 from warmenv import Environment, open_environment
 from warmenv.bundle import export_bundle, open_bundle
-from warmenv.bundle.manifest import BackgroundDigest
 from warmenv.persistence import carried
 
 pytestmark = pytest.mark.anyio
@@ -91,21 +90,3 @@ async def test_an_export_digest_is_the_documented_digest_of_what_it_wrote(
     assert report.manifest.digest == entries_digest(held, format_version)
     async with open_bundle(out) as bundle:
         assert await bundle.compute_digest() == report.manifest.digest
-
-
-def test_a_failure_framing_on_the_digest_thread_reaches_the_caller() -> None:
-    """A row the digest's thread cannot frame fails the digest where the caller asks for
-    it, and every batch after it is refused at once: none waits for a thread that no
-    longer takes batches, though more are handed over than its queue holds."""
-    digest = BackgroundDigest(2)
-    good = [("app/1/a", b"k", b"v", None, None)]
-    digest.add_rows([("app/1/\udc80", b"k", b"v", None, None)])  # no UTF-8 for a lone surrogate
-    refused = 0
-    for _ in range(16):
-        try:
-            digest.add_rows(good)
-        except UnicodeEncodeError:
-            refused += 1
-    with pytest.raises(UnicodeEncodeError):
-        digest.value()
-    assert refused > 0

@@ -40,12 +40,16 @@ __all__ = [
     "CarriedRow",
     "FileFormat",
     "Header",
+    "PackedRow",
     "StagingCopier",
     "StagingWriter",
 ]
 
 CarriedRow = tuple[str, bytes, bytes, float | None, float | None]
 """(namespace, key, value, written_at, cost): an entry export writes, and what it carries."""
+PackedRow = tuple[str, bytes, bytes, bytes]
+"""(namespace, key, value, carried bytes): the same entry as the digest takes it
+(the 16 bytes of `carried.pack`, or none in format 1)."""
 
 DigestProgress = Callable[[Verifying], None]
 """Called with how far a digest is, between its steps, on the caller's event loop."""
@@ -410,9 +414,9 @@ class FileFormat(abc.ABC, Generic[B_co]):
 class StagingWriter(Protocol):
     """A bundle being written to its staging file, for export."""
 
-    def add(self, rows: list[CarriedRow]) -> None:
-        """Append a batch of entries in key order (the digest's thread reads the same
-        rows meanwhile: the list is not changed)."""
+    def add(self, rows: list[CarriedRow], packed: list[PackedRow]) -> None:
+        """Append a batch of entries in key order (`packed`: the same with their carried
+        bytes packed, which a format may write instead)."""
         ...
 
     def finish(self, manifest: BundleManifest) -> None:

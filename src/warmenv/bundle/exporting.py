@@ -31,7 +31,7 @@ left behind are removed by the next export to the same `out`.
 from __future__ import annotations
 
 import contextlib
-import operator
+import itertools
 import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
@@ -49,6 +49,7 @@ from warmenv.bundle.base import (
     FORMAT_VERSIONS,
     BundleFormat,
     CarriedRow,
+    PackedRow,
     StagingCopier,
     StagingWriter,
 )
@@ -290,7 +291,7 @@ class _ExportJob:
         # inside SQLite); the digest is then taken from the rows as written.
         self._copier: StagingCopier | None = None
         self._sources_reader: ExportSources | None = None
-        self._batches: Iterator[list[CarriedRow]] = iter(())
+        self._rows: Iterator[CarriedRow] = iter(())
         self._digest = BackgroundDigest(format_version)
         self._sources = sources
         self._prefixes = prefixes
@@ -332,6 +333,7 @@ class _ExportJob:
                     reader = self._sources_reader = ExportSources(sources, self._prefixes)
                     self.skipped = reader.skipped
                     self.totals = reader.totals()
+                    self._rows = reader.rows()
                 self._list_namespaces()
                 self._output = self.format.writer(
                     self._new_staging(),
@@ -344,8 +346,6 @@ class _ExportJob:
             self.total_bytes = sum(b for _, b in self.totals.values())
             per_entry = max(1, self.total_bytes // max(1, self.total_entries))
             self._step_rows = min(_STEP_ROWS, max(1, _STEP_BYTES // per_entry))
-            if self._sources_reader is not None:
-                self._batches = self._sources_reader.batches(self._step_rows)
         except BaseException:
             self.abandon()
             raise
@@ -368,20 +368,20 @@ class _ExportJob:
 
     def step(self) -> str | None:
         """Write one batch; the last namespace written, or `None` when all are."""
+        packed: list[PackedRow] | None = None  # what a writer stores: rows carried packed
         if self._copier is not None:
             batch = self._copier.copy_step(self._step_rows)  # the rows as written
         else:
             with reading(self._sources_named):
-                batch = next(self._batches, [])
+                batch = list(itertools.islice(self._rows, self._step_rows))
+            packed = []
         if not batch:
             return None
-        # Framed and hashed on the digest's thread, while this one writes the batch (or,
-        # copying inside SQLite, goes on to the next).
-        self._digest.add_rows(batch)
-        if self._copier is None:
+        # One pass frames the batch for the digest, counts its bytes and packs it.
+        self.bytes_done += self._digest.add_rows(batch, packed)
+        if packed is not None:
             assert self._output is not None
-            self._output.add(batch)
-        self.bytes_done += _bytes_of(batch)
+            self._output.add(batch, packed)
         self.done += len(batch)
         return batch[-1][0]
 
@@ -423,14 +423,6 @@ class _ExportJob:
         if self._sources_reader is not None:
             self._sources_reader.close()
             self._sources_reader = None
-
-
-def _bytes_of(rows: list[CarriedRow]) -> int:
-    """The bytes of the rows' keys and values (counted in C: no Python per row)."""
-    return sum(map(len, map(_KEY, rows))) + sum(map(len, map(_VALUE, rows)))
-
-
-_KEY, _VALUE = operator.itemgetter(1), operator.itemgetter(2)
 
 
 def _size(path: Path) -> int:

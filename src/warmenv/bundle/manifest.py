@@ -32,17 +32,14 @@ import queue
 import struct
 import sys
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
 
 import attrs
 
 from warmenv._text import is_utf8
 from warmenv.bundle.errors import InvalidManifestError, UnsupportedSchemaError
 from warmenv.persistence.carried import pack as _pack_carried
-
-if TYPE_CHECKING:
-    from warmenv.persistence.sqlite.export import ExportRow
 
 __all__ = [
     "DIGEST_ALGORITHM",
@@ -396,6 +393,11 @@ class Digest:
         return _DIGEST_PREFIX + self._hash.hexdigest()
 
 
+def _carrying_nothing(written_at: float | None, cost: float | None) -> bytes:
+    """What an entry carries into a format-1 digest or file: nothing."""
+    return b""
+
+
 U64 = struct.Struct("<Q").pack
 """A length as the digest frames it: 8 bytes, little-endian."""
 _U64 = U64
@@ -407,19 +409,14 @@ class BackgroundDigest:
     hashlib lets go of the GIL while it hashes a large buffer, so hashing one
     batch overlaps reading and writing the next; on two cores that hides most
     of the hashing. At most a few batches wait, so memory stays bounded.
-    Export hands it rows as it read them (`add_rows`), and they are framed on
-    that thread too: the framing is Python, but the export's thread is then
-    copying the next batch inside SQLite, which lets go of the GIL as well.
     """
 
     def __init__(self, format: int = 1) -> None:
         self._digest = Digest(format)
         self.format = format
         self._prefixes: dict[str, bytes] = {}
-        # Framed bytes, or rows to frame (`add_rows`) on the thread.
-        self._batches: queue.Queue[bytes | Sequence[ExportRow] | None] = queue.Queue(maxsize=4)
+        self._batches: queue.Queue[bytes | None] = queue.Queue(maxsize=4)
         self._thread: threading.Thread | None = None  # started by the first batch
-        self._failed: BaseException | None = None  # what the thread raised, for `value`
 
     def add(self, entries: Iterable[tuple[str, bytes, bytes]]) -> None:
         """Hash `(namespace, key, value)` entries, in the order of the digest (format 1)."""
@@ -429,7 +426,7 @@ class BackgroundDigest:
         for namespace, key, value in entries:
             prefix = prefixes.get(namespace) or new_prefix(namespace)
             parts += (prefix, _U64(len(key)), key, _U64(len(value)), value)
-        self._put(b"".join(parts))
+        self._put(parts)
 
     def add_carrying(self, entries: Iterable[tuple[str, bytes, bytes, bytes]]) -> None:
         """Hash `(namespace, key, value, carried)` entries, `carried` their 16 bytes (format 2)."""
@@ -439,31 +436,34 @@ class BackgroundDigest:
         for namespace, key, value, carried in entries:
             prefix = prefixes.get(namespace) or new_prefix(namespace)
             parts += (prefix, _U64(len(key)), key, _U64(len(value)), value, carried)
-        self._put(b"".join(parts))
+        self._put(parts)
 
-    def add_rows(self, rows: Sequence[ExportRow]) -> None:
+    def add_rows(
+        self,
+        rows: Iterable[tuple[str, bytes, bytes, float | None, float | None]],
+        packed: list[tuple[str, bytes, bytes, bytes]] | None = None,
+    ) -> int:
         """Hash entries as export reads them, `(namespace, key, value, written_at, cost)`
-        in the order of the digest, what they carry packed (`carried.pack`) in format 2
-        and left out in format 1. They are framed on the digest's thread, later: the
-        caller hands the rows over and does not change them."""
-        self._put(rows)
-
-    def _frame(self, rows: Sequence[ExportRow]) -> bytes:
-        """`add_rows`'s entries framed as `Digest.update` frames them. (One loop: per
-        entry, this is most of the Python an export runs.)"""
+        in the order of the digest, what they carry packed (`carried.pack`) in format 2 and
+        left out in format 1; the bytes of their keys and values. `packed`, if given,
+        receives each entry as a writer stores it: `(namespace, key, value, carried)`, the
+        carried bytes empty in format 1. (One loop for all of it: per entry, this is most
+        of the Python an export runs.)"""
         parts: list[bytes] = []
         prefixes, new_prefix, u64 = self._prefixes, self._new_prefix, _U64
-        if self.format == 2:
-            pack = _pack_carried
-            for namespace, key, value, written_at, cost in rows:
-                prefix = prefixes.get(namespace) or new_prefix(namespace)
-                carried = pack(written_at, cost)
-                parts += (prefix, u64(len(key)), key, u64(len(value)), value, carried)
-        else:
-            for namespace, key, value, _, _ in rows:
-                prefix = prefixes.get(namespace) or new_prefix(namespace)
-                parts += (prefix, u64(len(key)), key, u64(len(value)), value)
-        return b"".join(parts)
+        pack = _pack_carried if self.format == 2 else _carrying_nothing
+        size = 0
+        keep = packed.append if packed is not None else None
+        for namespace, key, value, written_at, cost in rows:
+            prefix = prefixes.get(namespace) or new_prefix(namespace)
+            key_size, value_size = len(key), len(value)
+            carrying = pack(written_at, cost)
+            parts += (prefix, u64(key_size), key, u64(value_size), value, carrying)
+            size += key_size + value_size
+            if keep is not None:
+                keep((namespace, key, value, carrying))
+        self._put(parts)
+        return size
 
     def prefix(self, namespace: str) -> bytes:
         """How a namespace is framed in the digest (its length as 8 bytes, then its UTF-8)."""
@@ -472,26 +472,22 @@ class BackgroundDigest:
     def add_framed(self, parts: list[bytes]) -> None:
         """Hash entries a reader framed itself, as `Digest.update` frames them (each
         namespace as `prefix` gives it, each length as `U64`), in the digest's order."""
-        self._put(b"".join(parts))
+        self._put(parts)
 
     def _new_prefix(self, namespace: str) -> bytes:
         raw = namespace.encode("utf-8")
         prefix = self._prefixes[namespace] = _U64(len(raw)) + raw
         return prefix
 
-    def _put(self, batch: bytes | Sequence[ExportRow]) -> None:
-        if self._failed is not None:
-            raise self._failed
+    def _put(self, parts: list[bytes]) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._hash, name="warmenv-digest", daemon=True)
             self._thread.start()
-        self._batches.put(batch)
+        self._batches.put(b"".join(parts))
 
     def value(self) -> str:
-        """The digest of everything added; ends the thread (raising what it raised)."""
+        """The digest of everything added; ends the thread."""
         self.close()
-        if self._failed is not None:
-            raise self._failed
         return self._digest.value()
 
     def close(self) -> None:
@@ -504,9 +500,4 @@ class BackgroundDigest:
     def _hash(self) -> None:
         update = self._digest.update_framed
         while (batch := self._batches.get()) is not None:
-            if self._failed is not None:
-                continue  # taken off the queue all the same, so no `_put` waits forever
-            try:
-                update(batch if isinstance(batch, bytes) else self._frame(batch))
-            except BaseException as exc:  # re-raised on the caller's thread
-                self._failed = exc
+            update(batch)

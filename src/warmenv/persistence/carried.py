@@ -13,8 +13,6 @@ with the 16 bytes a flat bundle and the content digest hold per entry.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
-from itertools import chain
 from typing import TypeAlias
 
 __all__ = [
@@ -29,7 +27,6 @@ __all__ = [
     "believed_columns_sql",
     "believed_sql",
     "pack",
-    "pack_many",
     "typed_sql",
     "unpack",
 ]
@@ -136,20 +133,6 @@ def typed_sql(alias: str = "") -> str:
 def pack(written_at: float | None, cost: float | None) -> bytes:
     """The 16 bytes an entry carries: f64 written_at, f64 cost, unknown as `UNKNOWN`."""
     return _PAIR_PACK(_NAN if written_at is None else written_at, _NAN if cost is None else cost)
-
-
-_NONE_AS_NAN: dict[float | None, float] = {None: _NAN}  # `.get(x, x)`: `pack`'s rule, in C
-
-
-def pack_many(written_at: Sequence[float | None], cost: Sequence[float | None]) -> bytes:
-    """`pack` of each pair (`written_at[i]`, `cost[i]`), one after the other.
-
-    The same 16 bytes an entry, in one call for a batch: a flat bundle's
-    carried section is written from it, without a Python call per entry.
-    """
-    unknown = _NONE_AS_NAN.get
-    pairs = zip(map(unknown, written_at, written_at), map(unknown, cost, cost), strict=True)
-    return struct.pack(f"<{2 * len(written_at)}d", *chain.from_iterable(pairs))
 
 
 def unpack(raw: bytes | memoryview) -> tuple[float | None, float | None]:

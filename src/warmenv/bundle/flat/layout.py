@@ -9,7 +9,6 @@ made here and read the same way by both.
 
 from __future__ import annotations
 
-import functools
 import struct
 from typing import Final
 
@@ -23,7 +22,6 @@ __all__ = [
     "MAX_U32",
     "U32",
     "check_format_version",
-    "entries_struct",
 ]
 
 FLAT_MAGIC = b"WARMENV\x01"
@@ -32,8 +30,7 @@ FORMAT_VERSION = 2
 CARRIED_SIZE: Final = {1: 0, 2: 16}
 """Bytes each entry carries, per format version."""
 U32: Final = struct.Struct("<I")
-_ENTRY_FIELDS = "IIIII"
-ENTRY: Final = struct.Struct("<" + _ENTRY_FIELDS)
+ENTRY: Final = struct.Struct("<IIIII")
 """An index entry: namespace id, key offset, key length, value offset, value length."""
 MAX_U32: Final = 0xFFFFFFFF
 
@@ -45,9 +42,3 @@ def check_format_version(version: int, source: str) -> None:
             f"{source}: flat format version {version} is not supported "
             f"(this warmenv reads versions 1 to {FORMAT_VERSION}); upgrade warmenv"
         )
-
-
-@functools.lru_cache(maxsize=4)  # export's batches are all of one count but the last
-def entries_struct(count: int) -> struct.Struct:
-    """`count` index entries one after the other (`ENTRY` each), packed in one call."""
-    return struct.Struct("<" + _ENTRY_FIELDS * count)

@@ -1,4 +1,4 @@
-"""The flat bundle's writer: the file export fills, batch by batch, in sorted order.
+"""The flat bundle's writer: the file export fills, entry by entry, in sorted order.
 
 The shape (namespaces, entries, bytes) is known before the first entry, so
 the header and every position are fixed up front: the index, the carried
@@ -12,25 +12,22 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
-from itertools import accumulate, chain
-from operator import add
+from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO, final
 
-from warmenv.bundle.base import CarriedRow
+from warmenv.bundle.base import CarriedRow, PackedRow
 from warmenv.bundle.errors import BundleTooLargeError
 from warmenv.bundle.flat.layout import (
     CARRIED_SIZE,
+    ENTRY,
     FLAT_MAGIC,
     FORMAT_VERSION,
     MAX_U32,
     U32,
     check_format_version,
-    entries_struct,
 )
 from warmenv.bundle.manifest import BundleManifest
-from warmenv.persistence.carried import pack_many
 
 __all__ = ["FlatStaging", "FlatWriter"]
 
@@ -63,8 +60,8 @@ class FlatStaging:
             self.close()
             raise
 
-    def add(self, rows: list[CarriedRow]) -> None:
-        self._writer.add_rows(rows)
+    def add(self, rows: list[CarriedRow], packed: list[PackedRow]) -> None:
+        self._writer.add_many(packed)
 
     def finish(self, manifest: BundleManifest) -> None:
         self._writer.finish(manifest)
@@ -95,15 +92,20 @@ class FlatWriter:
 
     __slots__ = (
         "_carried_at",
+        "_carried_buffer",
         "_carries",
         "_data_at",
+        "_data_buffer",
         "_data_pos",
         "_file",
         "_index_at",
+        "_index_buffer",
         "_manifest_at",
         "_manifest_size",
         "_ns_ids",
     )
+
+    _FLUSH_AT = 1 << 20
 
     def __init__(
         self,
@@ -142,48 +144,46 @@ class FlatWriter:
         self._data_at = self._carried_at + entries * carried_size
         self._carries = carried_size > 0
         self._data_pos = 0
+        self._index_buffer = bytearray()
+        self._carried_buffer = bytearray()
+        self._data_buffer = bytearray()
         self._ns_ids = {name: i for i, name in enumerate(namespaces)}
 
-    def add_rows(self, rows: Sequence[CarriedRow]) -> None:
-        """Append entries (in sorted order) with what each carries (`carried.pack`),
-        which format 1 has no place for and leaves out.
+    def add_many(self, entries: Iterable[tuple[str, bytes, bytes, bytes]]) -> None:
+        """Append entries (in sorted order), each with its 16 carried bytes
+        (`carried.pack`), which format 1 has no place for and leaves out."""
+        index, carried, data = self._index_buffer, self._carried_buffer, self._data_buffer
+        ids, pack, carries, flush_at = self._ns_ids, ENTRY.pack, self._carries, self._FLUSH_AT
+        # Where the next key goes in the data section; `_flush` empties the buffers in
+        # place, so this stays `_data_pos` plus what they hold.
+        at = self._data_pos + len(data)
+        for namespace, key, value, carrying in entries:
+            key_size, value_size = len(key), len(value)
+            index += pack(ids[namespace], at, key_size, at + key_size, value_size)
+            if carries:
+                carried += carrying
+            data += key
+            data += value
+            at += key_size + value_size
+            if len(data) >= flush_at:
+                self._flush()
 
-        A batch is written section by section, each packed in one call (the
-        index entries by `entries_struct`, the carried bytes by
-        `carried.pack_many`, the keys and values joined), so no Python runs
-        per entry: this was most of a flat export's time.
-        """
-        if not rows:
-            return
-        namespaces, keys, values, written_at, cost = zip(*rows, strict=True)
-        key_sizes = list(map(len, keys))
-        value_sizes = list(map(len, values))
-        # Where each key goes in the data section: the running sum of the sizes before it.
-        key_at = list(accumulate(map(add, key_sizes, value_sizes), initial=self._data_pos))
-        data_end = key_at.pop()
-        fields = zip(
-            map(self._ns_ids.__getitem__, namespaces),
-            key_at,
-            key_sizes,
-            map(add, key_at, key_sizes),
-            value_sizes,
-            strict=True,
-        )
-        index = entries_struct(len(rows)).pack(*chain.from_iterable(fields))
+    def _flush(self) -> None:
         fd = self._file.fileno()
-        _pwrite_all(fd, index, self._index_at)
-        self._index_at += len(index)
-        if self._carries:
-            carried = pack_many(written_at, cost)
-            _pwrite_all(fd, carried, self._carried_at)
-            self._carried_at += len(carried)
-        data = b"".join(chain.from_iterable(zip(keys, values, strict=True)))
-        _pwrite_all(fd, data, self._data_at + self._data_pos)
-        self._data_pos = data_end
+        _pwrite_all(fd, self._index_buffer, self._index_at)
+        _pwrite_all(fd, self._carried_buffer, self._carried_at)
+        _pwrite_all(fd, self._data_buffer, self._data_at + self._data_pos)
+        self._index_at += len(self._index_buffer)
+        self._carried_at += len(self._carried_buffer)
+        self._data_pos += len(self._data_buffer)
+        self._index_buffer.clear()
+        self._carried_buffer.clear()
+        self._data_buffer.clear()
 
     def finish(self, manifest: BundleManifest) -> None:
-        """Write the final manifest (its digest and signature filled in) over the one
-        written first, which had placeholders of the same length."""
+        """Write what is buffered and the final manifest (its digest and signature filled
+        in) over the one written first, which had placeholders of the same length."""
+        self._flush()
         manifest_json = manifest.to_json()
         if len(manifest_json) != self._manifest_size:
             raise ValueError("the final manifest differs in length from its placeholder")

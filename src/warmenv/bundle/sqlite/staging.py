@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import final
 
 from warmenv import _sqlite
-from warmenv.bundle.base import CarriedRow
+from warmenv.bundle.base import CarriedRow, PackedRow
 from warmenv.bundle.manifest import BundleManifest
 from warmenv.bundle.sqlite import schema as bundle_schema
 from warmenv.bundle.sqlite.sources import reading
@@ -123,9 +123,9 @@ class StagingFile:
         with _writing(self.path):
             self._connection().execute("BEGIN")
 
-    def add(self, rows: list[CarriedRow]) -> None:
+    def add(self, rows: list[CarriedRow], packed: list[PackedRow]) -> None:
         """Append entries (already in key order) as IMPORTED, with what they carry
-        (in format 2; format 1 has no place for it)."""
+        (in format 2; format 1 has no place for it). `packed` is not needed."""
         with _writing(self.path):
             if self._carrying:
                 self._connection().executemany(

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-import itertools
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,39 +111,27 @@ class ExportSources:
             totals[namespace] = (entries + 1, size + len(key) + int(value_len))
         return totals
 
-    def batches(self, size: int) -> Iterator[list[ExportRow]]:
-        """Every entry in (namespace, key) order, with what it carries (believed, or None),
-        `size` entries a list (the last may hold fewer)."""
-        if len(self._conns) == 1:  # one sorted source has nothing to merge: SQLite's lists
-            cursor = self._select(self._conns[0], self._carried[0], carrying=True)
-            while batch := cursor.fetchmany(size):
-                yield batch
-            return
-        rows = self._merged(carrying=True)
-        while batch := list(itertools.islice(rows, size)):
-            yield batch
-
-    def _select(
-        self, conn: sqlite3.Connection, carried_sql: str, *, carrying: bool
-    ) -> sqlite3.Cursor:
-        """A cursor over one source's rows (namespace, key, then the value and what it
-        carries, or the value's length), in order."""
-        columns = f"value, {carried_sql}" if carrying else "length(value)"
-        return conn.execute(
-            f"SELECT namespace, key, {columns} FROM entries WHERE {self._where} "
-            "ORDER BY namespace, key",
-            self._params,
-        )
+    def rows(self) -> Iterator[ExportRow]:
+        """Every entry in (namespace, key) order, with what it carries (believed, or None)."""
+        return self._merged(carrying=True)
 
     def _merged(self, *, carrying: bool) -> Iterator[Any]:
-        """Rows of every source merged in order, the first source winning on a repeat."""
+        """Rows (namespace, key, then the value and what it carries, or the value's length)."""
 
         def rows(conn: sqlite3.Connection, carried_sql: str) -> Iterator[Any]:
-            cursor = self._select(conn, carried_sql, carrying=carrying)
+            columns = f"value, {carried_sql}" if carrying else "length(value)"
+            cursor = conn.execute(
+                f"SELECT namespace, key, {columns} FROM entries WHERE {self._where} "
+                "ORDER BY namespace, key",
+                self._params,
+            )
             while batch := cursor.fetchmany(_BATCH):
                 yield from batch
 
         sources = [rows(conn, sql) for conn, sql in zip(self._conns, self._carried, strict=True)]
+        if len(sources) == 1:  # one sorted source has nothing to merge or deduplicate
+            yield from sources[0]
+            return
         previous: tuple[object, object] | None = None
         for row in heapq.merge(*sources, key=lambda r: (r[0], r[1])):
             if previous is not None and (row[0], row[1]) == previous:
