@@ -197,3 +197,28 @@ async def any_env(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         async with open_environment("any", root=blocker / "sub") as env:
             assert env.in_memory
             yield env
+
+
+import logging  # noqa: E402
+
+
+@pytest.fixture
+def records() -> Iterator[list[str]]:
+    """Every record logged anywhere at DEBUG, as a handler formats it."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(self.format(record))
+
+    handler = Keep(logging.DEBUG)
+    handler.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        yield lines
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)

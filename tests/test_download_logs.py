@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import re
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -55,28 +55,6 @@ def _redirects(routes: dict[str, str]) -> Behaviour:
         )
 
     return behaviour
-
-
-@pytest.fixture
-def records() -> Iterator[list[str]]:
-    """Every record logged anywhere at DEBUG, as a handler formats it."""
-    lines: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(self.format(record))
-
-    handler = Keep(logging.DEBUG)
-    handler.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
-    root = logging.getLogger()
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG)
-    try:
-        yield lines
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
 
 
 def _leaks(lines: list[str]) -> list[str]:

@@ -11,8 +11,6 @@ the command line's output (`--json`, an error line, a terminal's progress bar).
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,28 +49,6 @@ def _url(form: str, httpd: BundleServer, *, missing: bool = False) -> tuple[str,
     if missing:
         url, path = url.replace(".bundle", "-gone.bundle"), path.replace(".bundle", "-gone.bundle")
     return url, path
-
-
-@pytest.fixture
-def records() -> Iterator[list[str]]:
-    """Every record logged anywhere at DEBUG, as a handler formats it."""
-    lines: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(self.format(record))
-
-    handler = Keep(logging.DEBUG)
-    handler.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
-    root = logging.getLogger()
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG)
-    try:
-        yield lines
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
 
 
 async def _served(form: str, httpd: BundleServer, warm_env: Environment, out: Path) -> str:
