@@ -81,11 +81,18 @@ async def remote_hits_us(root: Path, url: str, ks: list[bytes]) -> float:
         return elapsed / len(timed) * 1e6
 
 
-async def raw_get_and_insert_us(root: Path, url: str, rkeys: list[bytes], ks: list[bytes]) -> float:
-    """Per key: a raw coredis GET plus a raw sqlite3 INSERT (the floor of a remote hit)."""
+async def raw_get_and_insert_us(
+    root: Path, url: str, rkeys: list[bytes], ks: list[bytes], *, on_worker: bool = False
+) -> float:
+    """Per key: a raw coredis GET plus a raw sqlite3 INSERT (the floor of a remote hit).
+
+    `on_worker`: the INSERT on a worker thread (`anyio.to_thread.run_sync`), as a
+    library that never blocks its caller's loop must write: the GET, the INSERT and
+    one thread hop, the least such a remote hit does.
+    """
     async with open_environment("bench", root=root, remote="") as env:
         path = env.path  # an environment-shaped file, its schema made by warmenv
-    conn = sqlite3.connect(path, isolation_level=None)
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     insert = (
@@ -95,15 +102,24 @@ async def raw_get_and_insert_us(root: Path, url: str, rkeys: list[bytes], ks: li
     namespace = NS.full
     try:
         async with coredis.Redis.from_url(url, decode_responses=False) as client:
+            write = conn.execute
+            if on_worker:
+
+                async def write_on_worker(sql: str, row: tuple[object, ...]) -> None:
+                    await anyio.to_thread.run_sync(conn.execute, sql, row)
+
             for rkey, key in zip(rkeys[:UNTIMED], ks[:UNTIMED], strict=True):
                 value = await client.get(rkey)
                 assert value is not None
-                conn.execute(insert, (namespace, key, value, time.time()))
+                write(insert, (namespace, key, value, time.time()))
             start = time.perf_counter()
             for rkey, key in zip(rkeys[UNTIMED:], ks[UNTIMED:], strict=True):
                 value = await client.get(rkey)
                 assert value is not None
-                conn.execute(insert, (namespace, key, value, time.time()))
+                if on_worker:
+                    await write_on_worker(insert, (namespace, key, value, time.time()))
+                else:
+                    write(insert, (namespace, key, value, time.time()))
             elapsed = time.perf_counter() - start
     finally:
         conn.close()
@@ -297,6 +313,7 @@ async def measure(url: str, n: int, size: int) -> list[Row]:
     tmp = Path(tempfile.mkdtemp(prefix="bench-remote-"))
     remote_runs: list[float] = []
     raw_runs: list[float] = []
+    worker_runs: list[float] = []
     for trial in range(3):
         tag = f"t{trial}"
         ks = keys(n + UNTIMED, tag)
@@ -312,11 +329,19 @@ async def measure(url: str, n: int, size: int) -> list[Row]:
         else:
             remote_runs.append(await remote_hits_us(remote_root, url, ks))
             raw_runs.append(await raw_get_and_insert_us(raw_root, url, rkeys, ks))
-        print(f"remote hit run {trial}: {remote_runs[-1]:.1f} us, floor {raw_runs[-1]:.1f} us")
+        worker_runs.append(
+            await raw_get_and_insert_us(tmp / f"worker-{tag}", url, rkeys, ks, on_worker=True)
+        )
+        print(
+            f"remote hit run {trial}: {remote_runs[-1]:.1f} us, floor {raw_runs[-1]:.1f} us,"
+            f" with the INSERT on a worker thread {worker_runs[-1]:.1f} us"
+        )
     # The median run by its ratio: the ratio is what a noisy machine keeps.
     ratios = [r / f for r, f in zip(remote_runs, raw_runs, strict=True)]
     middle = ratios.index(statistics.median(ratios))
     remote_best, raw_best = remote_runs[middle], raw_runs[middle]
+    worker_ratios = [r / w for r, w in zip(remote_runs, worker_runs, strict=True)]
+    worker_middle = worker_ratios.index(statistics.median(worker_ratios))
 
     hot = keys(200, "hot")
     async with (
@@ -353,6 +378,14 @@ async def measure(url: str, n: int, size: int) -> list[Row]:
             "raw coredis GET + raw sqlite3 INSERT",
             raw_best,
             "<= 1.3x",
+        ),
+        Row(
+            f"remote hit: get_or_compute, local miss, Redis hit, backfill ({n:,} keys)",
+            remote_runs[worker_middle],
+            "us",
+            "raw coredis GET + raw sqlite3 INSERT on a worker thread (the loop never blocked)",
+            worker_runs[worker_middle],
+            "",
         ),
         Row(
             "local hit, storage.get, with a remote",
