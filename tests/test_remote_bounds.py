@@ -5,11 +5,15 @@ just enough RESP3: HELLO, then what the case sends). The host is a child
 process, whose peak RSS is the measure: a 2 GiB bulk reply announced and
 streamed, a 4 GiB pub/sub message, and a flood of small messages each leave
 it within a few MiB of where it started, and each is an outage of that
-connection, warned about, not a crash.
+connection, warned about, not a crash. A reply's shape is bounded too: one
+nested millions deep, or of millions of elements, is refused within the
+tier's timeout (the parsing it would cost is no server time the tier's clock
+forgives, nor a `RecursionError`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -18,10 +22,16 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+import anyio
 import pytest
 
 from helpers import counted
+from redis_server import tolerating_coredis_streams
+from warmenv import Namespace, open_environment
+from warmenv.remote import RemoteSettings
+from warmenv.remote.reader import MAX_DEPTH, MAX_ELEMENTS
 
 CHILD = """
 import resource, sys
@@ -58,6 +68,13 @@ _HOSTILE_REDIS = (
     "the host's memory grows under 64 MiB; the reply is one outage warned once, the "
     "subscription dropped (warned at most once)",
 )
+
+
+# Replies of a hostile shape, each within the size bound or past it (the bound to reach).
+_SHAPED = {
+    "nested": lambda: b"*1\r\n" * 5_000_000 + b":1\r\n",  # 20 MB, 5 million deep
+    "elements": lambda: b"*2000000\r\n" + b":1\r\n" * 2_000_000,  # 8 MB, 2 million integers
+}
 
 
 def _bulk(data: bytes) -> bytes:
@@ -112,6 +129,10 @@ class _Hostile:
             conn.sendall(HELLO)
         elif name == b"PING":
             conn.sendall(b"+PONG\r\n")
+        elif name == b"GETRANGE" and self.case in _SHAPED:
+            self._attacking = True
+            conn.settimeout(2.0)
+            conn.sendall(_SHAPED[self.case]())
         elif name == b"GETRANGE" and self.case != "reply":
             conn.sendall(b"$0\r\n\r\n")  # a miss: the tier then subscribes
         elif name == b"GETRANGE":
@@ -192,3 +213,29 @@ def test_a_hostile_redis_cannot_grow_the_host_s_memory(case: str, tmp_path: obje
         assert "announced" in logged
     else:
         assert logged.count("dropped the subscription") <= 1, logged
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", list(_SHAPED))
+@tolerating_coredis_streams
+async def test_a_reply_of_a_hostile_shape_fails_within_the_timeout(
+    case: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Unbounded, the nested reply took 1.2 to 1.6 s of a 0.5 s timeout to fail (2.8 s
+    # under load), the elements as long: the tier's clock counts our own parsing as
+    # our loop running late. Refused at its header, the call ends at once.
+    timeout = 0.5
+    with _hostile(case) as server, caplog.at_level(logging.WARNING, logger="warmenv"):
+        settings = RemoteSettings(f"redis://127.0.0.1:{server.port}/0", timeout=timeout)
+        async with open_environment("fleet", root=tmp_path, remote=settings) as env:
+            storage = env.storage(Namespace("app", "kernels", version="1"))
+            started = anyio.current_time()
+            assert await storage.get(b"k") is None
+            took = anyio.current_time() - started
+    warned = [r.getMessage() for r in caplog.records if "is unavailable" in r.getMessage()]
+    refusal = {
+        "nested": f"nested more than {MAX_DEPTH} deep",
+        "elements": f"{MAX_ELEMENTS} elements",
+    }
+    assert took < 2 * timeout, took
+    assert len(warned) == 1 and refusal[case] in warned[0], warned

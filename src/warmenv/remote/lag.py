@@ -21,6 +21,11 @@ was ready to read its answer, however long that took in wall time.
 The price: on a starved loop an outage (a server that does not answer) is
 noticed later in wall time, by the factor the loop is starved; a refused or
 broken connection is noticed at once, as before.
+
+Our own parsing of an answer is lateness too, as far as this clock can tell, so
+what a server can make us parse is bounded where replies are read
+(`reader.BoundedStream`: size, nesting and elements): a hostile reply stretches
+a deadline by at most the parsing of one bounded reply.
 """
 
 from __future__ import annotations

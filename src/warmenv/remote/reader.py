@@ -7,7 +7,12 @@ flood of small ones would grow our memory without end. So the tier's
 connections read through `BoundedStream`, which follows the RESP3 framing as
 the bytes pass (headers only: a bulk string's body is counted, not copied)
 and refuses a frame whose announced or actual size is over the bound, before
-coredis allocates for it, and what coredis would queue unasked: a connection
+coredis allocates for it; a frame nested deeper than `MAX_DEPTH` or holding
+more than `MAX_ELEMENTS` elements, which no command of ours gets and which
+would cost coredis's recursive parser (and ours) CPU time by the element (a
+20 MB reply of one-element arrays nested 5 million deep took 2.8 s of a 0.5 s
+timeout, as the tier's clock counts our own busy loop as no server time, then
+a `RecursionError`); and what coredis would queue unasked: a connection
 may only answer the commands sent on it, and only a subscription's connection
 may carry pub/sub messages. A refusal breaks that connection, as a server
 that stops answering would: the tier calls it an outage and warns once. On the
@@ -28,12 +33,26 @@ from typing import Any, Final, final
 import anyio
 from anyio.abc import ByteStream
 
-__all__ = ["MAX_LINE", "MAX_UNREAD", "BoundedStream", "OverBound", "Unread", "over_bound"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_ELEMENTS",
+    "MAX_LINE",
+    "MAX_UNREAD",
+    "BoundedStream",
+    "OverBound",
+    "Unread",
+    "over_bound",
+]
 
 MAX_LINE: Final = 64 * 1024
 """The longest header or simple line (a RESP3 type, a length, an error text) we keep."""
 MAX_UNREAD: Final = 64
 """Pub/sub messages read but not yet handled, past which the socket is left unread."""
+MAX_DEPTH: Final = 8
+"""The deepest nesting of aggregates a reply or message may have (HELLO's is 4: a map,
+its module list, a module's map, its arguments)."""
+MAX_ELEMENTS: Final = 4096
+"""The most elements a reply or message may hold in all its aggregates (ours hold tens)."""
 
 _BULK: Final = frozenset(b"$=!")  # bulk string, verbatim string, bulk error: a body follows
 _AGGREGATE: Final = frozenset(b"*~>")  # array, set, push: that many elements follow
@@ -146,6 +165,7 @@ class _Frames:
         self._skip = 0  # bytes of a bulk body (and its CRLF) still to pass
         self._open: list[int] = []  # elements still due in each open aggregate
         self._size = 0  # bytes of the frame under way
+        self._elements = 0  # elements announced by the frame under way's aggregates
         self._push = False  # whether the frame under way is a push (a pub/sub message)
         self.frames = 0
         self.pushes = 0
@@ -248,6 +268,13 @@ class _Frames:
             raise OverBound(f"not RESP3: {line[:40]!r}")
         if length <= 0:
             return self._element()
+        if self._max_frame is not None:
+            # Bounded before the frame is parsed: the parsers' time grows by the element.
+            if len(self._open) >= MAX_DEPTH:
+                raise OverBound(f"a reply or message nested more than {MAX_DEPTH} deep")
+            self._elements += length
+            if self._elements > MAX_ELEMENTS:
+                raise OverBound(f"a reply or message of more than {MAX_ELEMENTS} elements")
         self._open.append(length)
         return False
 
@@ -258,7 +285,7 @@ class _Frames:
             if self._open[-1]:
                 return False
             self._open.pop()
-        self._size = 0
+        self._size = self._elements = 0
         self.frames += 1
         self.pushes += self._push
         return True
