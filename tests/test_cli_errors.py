@@ -25,6 +25,7 @@ from conftest import KERNELS
 from helpers import one_trial, run_python, unprivileged_user
 from test_cli import TOTAL, run_raw, warmenv
 from test_config import _UNREADABLE_SETTINGS
+from test_redirected_roots import _planted
 from warmenv import open_environment
 
 # The fixtures these tests share with test_cli.py.
@@ -320,7 +321,7 @@ def _read_only_file_in_a_writable_directory(shared_tmp: Path) -> Path:
     root = shared_tmp / "writable"
     _fill(root)
     (root / "warm.db").chmod(0o444)
-    root.chmod(0o777)
+    root.chmod(0o1777)  # sticky: a root others may write without the bit is refused
     return root
 
 
@@ -583,7 +584,7 @@ def test_a_read_only_environment_whose_wal_cannot_be_read_says_why_in_one_senten
     _fill(source)
     root = shared_tmp / "root"
     root.mkdir()
-    root.chmod(0o777)  # writable: SQLite could create a -shm here, so it is refused
+    root.chmod(0o1777)  # writable (sticky): SQLite could create a -shm here, so refused
     with sqlite3.connect(source / "warm.db") as writer:
         writer.execute("PRAGMA wal_autocheckpoint=0")
         writer.execute("UPDATE entries SET value = x'00'")
@@ -689,3 +690,18 @@ def test_ls_of_a_root_it_may_not_read_says_the_root_not_an_environment(
     child = run_python(CLI, "--root", str(root), "ls", user=unprivileged_user())
     line = assert_one_error_line(child, 1)
     assert line == f"warmenv: error: cannot read {root}: {denied} by this process\n"
+
+
+def test_import_through_another_users_symlink_fails_in_one_line_and_creates_nothing(
+    bundle: Path, shared_tmp: Path
+) -> None:
+    # `nobody` plants `sub -> victimdir` in a sticky directory of theirs; root runs
+    # the command: it would have created `warm.db` in root's own directory.
+    link, victim = _planted(shared_tmp)
+    completed = warmenv("import", str(bundle), "--env", "warm", root=link)
+    line = assert_one_error_line(completed, 1)
+    assert line.startswith(
+        f"warmenv: error: cannot write environment 'warm': {link} is a symlink of another "
+        "user's (uid "
+    ), line
+    assert list(victim.iterdir()) == []

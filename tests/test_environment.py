@@ -421,7 +421,7 @@ async def test_a_read_only_file_in_a_writable_directory_is_read_and_left_alone(
     async with open_environment("ro", root=root) as env:
         await env.storage(NS).insert(b"k", b"v")
     (root / "ro.db").chmod(0o444)
-    root.chmod(0o777)
+    root.chmod(0o1777)  # sticky: a root others may write without the bit is refused
     child = run_python(_READ_ONLY_CHILD, str(root), backend_name, user=unprivileged_user())
     [report] = json_lines(child)
     assert isinstance(report, dict)
@@ -449,8 +449,8 @@ async def test_a_reader_that_may_not_write_sees_commits_still_in_a_writers_wal(
     shared_tmp: Path, backend_name: str
 ) -> None:
     root = shared_tmp / "live"
-    root.mkdir(mode=0o777)
-    root.chmod(0o777)
+    root.mkdir(mode=0o1777)
+    root.chmod(0o1777)
     async with open_environment("live", root=root) as env:
         (root / "live.db").chmod(0o444)  # the writer (root) still writes; the reader may not
         await env.storage(NS).insert(b"late", b"committed")  # in the -wal, not checkpointed

@@ -171,7 +171,7 @@ async def test_a_working_directory_it_may_not_search_does_not_stop_the_open(
     locked = _closed(shared_tmp / "home")
     writable = shared_tmp / "envs"
     writable.mkdir()
-    writable.chmod(0o777)
+    writable.chmod(0o1777)  # as /tmp: others may write, not rename what is not theirs
     kwargs = json.dumps({"root": str(writable)})
     child = run_python(
         _ASYNC_CHILD, kwargs, backend_name, user=unprivileged_user(), cwd=str(locked)

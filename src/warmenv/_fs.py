@@ -1,8 +1,17 @@
-"""What kind of file a path names, for refusing anything but regular files.
+"""What kind of file a path names, for refusing anything but regular files,
+and whether another user could redirect or swap what lies at a path.
 
 Opening a FIFO blocks until a writer appears and reading a device never
 ends, so every file warmenv opens by path (environment databases, bundles,
 export sources and targets) is checked to be a regular file first.
+
+A path another user can bend is not ours to write through: a symlink of
+theirs on the way can point at anything (root would create a file inside its
+own directory at their say), and a directory they may write without the
+sticky bit lets them rename what is in it and put a symlink in its place.
+`open_to_others` is that one rule for directories (the compiler caches'
+targets and the environment roots); `why_redirectable` applies it, and the
+symlink rule, to every step of a path as the system resolves it.
 """
 
 from __future__ import annotations
@@ -13,7 +22,17 @@ from pathlib import Path
 
 from warmenv._errors import WarmenvError
 
-__all__ = ["NoSuchHomeError", "expand_home", "is_missing", "kind_of", "non_regular_kind"]
+__all__ = [
+    "NoSuchHomeError",
+    "expand_home",
+    "is_missing",
+    "kind_of",
+    "non_regular_kind",
+    "open_to_others",
+    "why_redirectable",
+]
+
+_MAX_SYMLINKS = 40  # as Linux's path resolution
 
 
 class NoSuchHomeError(WarmenvError, ValueError):
@@ -89,3 +108,51 @@ def is_missing(path: Path) -> bool:
     except OSError:
         return False
     return False
+
+
+def open_to_others(st: os.stat_result) -> bool:
+    """Whether a directory of status `st` lets other users rename what is in it: written
+    by its group or by anyone, without the sticky bit (`/tmp` has it, so it is safe)."""
+    return bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)) and not st.st_mode & stat.S_ISVTX
+
+
+def why_redirectable(path: Path) -> str | None:
+    """Why another user could redirect a file created or opened at `path`, or None.
+
+    Walks `path` as the system resolves it, following each symlink to where
+    it points: a symlink owned by someone other than this user or root, or a
+    directory open to others (`open_to_others`), on the way is the reason,
+    named. Missing steps end the walk (what is created there is ours).
+    Checked by path, before the open: it closes a planted symlink, not a
+    race with another user renaming things while the file is opened.
+    File-system calls: async code calls it on a worker thread.
+    """
+    pending = list(Path(os.getcwd(), path).parts)
+    at = Path(pending.pop(0))
+    hops = 0
+    while True:
+        try:
+            st = os.lstat(at)
+        except OSError:  # missing, or not for us to look at: the open says why
+            return None
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in (os.geteuid(), 0):
+                return (
+                    f"{at} is a symlink of another user's (uid {st.st_uid}), "
+                    "who could point it anywhere"
+                )
+            hops += 1
+            if hops > _MAX_SYMLINKS:
+                return None  # a loop: the open fails and says so
+            target = Path(os.readlink(at))
+            pending[:0] = target.parts[1:] if target.is_absolute() else target.parts
+            at = Path(target.anchor) if target.is_absolute() else at.parent
+        elif stat.S_ISDIR(st.st_mode) and open_to_others(st):
+            return (
+                f"{at} can be written by other users without the sticky bit (mode "
+                f"{stat.filemode(st.st_mode)}), who could swap what is in it"
+            )
+        if not pending:
+            return None
+        part = pending.pop(0)
+        at = at.parent if part == ".." else at / part

@@ -31,7 +31,7 @@ import attrs
 from warmenv._background import Background
 from warmenv._errors import ClosedError, warn
 from warmenv._faces import async_only
-from warmenv._fs import expand_home, is_missing
+from warmenv._fs import expand_home, is_missing, why_redirectable
 from warmenv.config import (
     Config,
     activate,
@@ -628,14 +628,21 @@ async def _open(
             max_bytes = config.max_bytes
         if lock_timeout is None:
             lock_timeout = config.lock_timeout
-    try:
-        if create:
-            await anyio.to_thread.run_sync(partial(path.parent.mkdir, parents=True, exist_ok=True))
-        db = await open_database(
-            path, create=create, read_only=read_only, lock_timeout=lock_timeout
-        )
-    except (OSError, sqlite3.Error) as exc:
-        reason = await anyio.to_thread.run_sync(why_unusable, path, exc)
+    # Before anything is created: a directory made through another user's
+    # symlink is as much theirs to aim as the file (`why_redirectable`).
+    reason = await anyio.to_thread.run_sync(why_redirectable, path)
+    if reason is None:
+        try:
+            if create:
+                await anyio.to_thread.run_sync(
+                    partial(path.parent.mkdir, parents=True, exist_ok=True)
+                )
+            db = await open_database(
+                path, create=create, read_only=read_only, lock_timeout=lock_timeout
+            )
+        except (OSError, sqlite3.Error) as exc:
+            reason = await anyio.to_thread.run_sync(why_unusable, path, exc)
+    if reason is not None:
         warn(
             f"environment {env_name!r}: cannot use {path} ({reason}); "
             "keeping its entries in memory for this process only"

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Final
 
 from warmenv._errors import WarmenvError
+from warmenv._fs import open_to_others
 
 __all__ = [
     "DIRECTORY_FLAGS",
@@ -220,7 +221,7 @@ def check_ancestors(
                 f"'{target}' lies under '{directory}', which belongs to another user (uid "
                 f"{st.st_uid}), who could swap the files a compiler loads from it; {elsewhere}"
             )
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        if open_to_others(st):
             raise UnsafeTargetError(
                 f"'{target}' lies under '{directory}', which other users can write (mode "
                 f"{stat.filemode(st.st_mode)}): they could swap the files a compiler loads "
