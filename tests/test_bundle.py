@@ -434,7 +434,7 @@ async def test_a_bundle_in_a_read_only_directory_imports_completely(
         shipped.chmod(0o555)
         target = shared_tmp / "target"
         target.mkdir()
-        target.chmod(0o777)
+        target.chmod(0o1777)  # sticky: a root others may write without the bit is refused
         child = run_python(
             _IMPORT_CHILD, str(out), str(target), backend_name, user=unprivileged_user()
         )
