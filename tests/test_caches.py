@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import pkgutil
+import pwd
 import signal
 import stat
 import subprocess
@@ -404,6 +405,26 @@ async def test_a_symlinked_target_into_a_directory_other_users_can_write_is_refu
     with pytest.raises(UnsafeTargetError, match="chmod go-w"):
         await warmenv.caches.restore(env, TREE, tmp_path / "cache")
     assert list((shared / "cache").iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["target", "ancestor"])
+async def test_a_target_through_another_user_s_symlink_is_refused(
+    env: Environment, tmp_path: Path, where: str
+) -> None:
+    """A symlink another user owns on the way to the target (the target itself or a
+    directory above it) could be pointed at their own directory after the restore:
+    refused, nothing written where it points now."""
+    nobody = pwd.getpwnam("nobody")
+    real = tmp_path / "real"
+    (real / "cache").mkdir(parents=True)
+    link = tmp_path / "link"
+    link.symlink_to(real / "cache" if where == "target" else real)
+    os.lchown(link, nobody.pw_uid, nobody.pw_gid)
+    target = link if where == "target" else link / "cache"
+    await env.storage(TREE.namespace).insert_many([(b"k/one", b"1")])
+    with pytest.raises(UnsafeTargetError, match="symlink of another user's"):
+        await warmenv.caches.restore(env, TREE, target)
+    assert list((real / "cache").iterdir()) == []
 
 
 _AS_ANOTHER_USER = textwrap.dedent(

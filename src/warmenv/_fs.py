@@ -116,7 +116,7 @@ def open_to_others(st: os.stat_result) -> bool:
     return bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)) and not st.st_mode & stat.S_ISVTX
 
 
-def why_redirectable(path: Path) -> str | None:
+def why_redirectable(path: Path, *, directories: bool = True) -> str | None:
     """Why another user could redirect a file created or opened at `path`, or None.
 
     Walks `path` as the system resolves it, following each symlink to where
@@ -125,6 +125,8 @@ def why_redirectable(path: Path) -> str | None:
     named. Missing steps end the walk (what is created there is ours).
     Checked by path, before the open: it closes a planted symlink, not a
     race with another user renaming things while the file is opened.
+    `directories=False`: symlinks alone (for a caller with its own rule for
+    directories, the caches' `check_ancestors`).
     File-system calls: async code calls it on a worker thread.
     """
     pending = list(Path(os.getcwd(), path).parts)
@@ -147,7 +149,7 @@ def why_redirectable(path: Path) -> str | None:
             target = Path(os.readlink(at))
             pending[:0] = target.parts[1:] if target.is_absolute() else target.parts
             at = Path(target.anchor) if target.is_absolute() else at.parent
-        elif stat.S_ISDIR(st.st_mode) and open_to_others(st):
+        elif directories and stat.S_ISDIR(st.st_mode) and open_to_others(st):
             return (
                 f"{at} can be written by other users without the sticky bit (mode "
                 f"{stat.filemode(st.st_mode)}), who could swap what is in it"

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Final
 
 from warmenv._errors import WarmenvError
-from warmenv._fs import open_to_others
+from warmenv._fs import open_to_others, why_redirectable
 
 __all__ = [
     "DIRECTORY_FLAGS",
@@ -227,6 +227,11 @@ def check_ancestors(
                 f"{stat.filemode(st.st_mode)}): they could swap the files a compiler loads "
                 f"from it; run `chmod go-w '{directory}'` or {elsewhere}"
             )
+    # A symlink on the way that another user owns: they could point it at a directory
+    # of theirs after the restore, and the compiler would load their files.
+    redirect = why_redirectable(given, directories=False)
+    if redirect is not None:
+        raise UnsafeTargetError(f"'{target}' is refused: {redirect}; {elsewhere}")
 
 
 class Writer:
