@@ -407,7 +407,7 @@ async def test_a_symlinked_target_into_a_directory_other_users_can_write_is_refu
     assert list((shared / "cache").iterdir()) == []
 
 
-@pytest.mark.parametrize("where", ["target", "ancestor"])
+@pytest.mark.parametrize("where", ["target", "ancestor", "dotdot"])
 async def test_a_target_through_another_user_s_symlink_is_refused(
     env: Environment, tmp_path: Path, where: str
 ) -> None:
@@ -418,9 +418,13 @@ async def test_a_target_through_another_user_s_symlink_is_refused(
     real = tmp_path / "real"
     (real / "cache").mkdir(parents=True)
     link = tmp_path / "link"
-    link.symlink_to(real / "cache" if where == "target" else real)
+    (real / "sub").mkdir()
+    aimed = {"target": real / "cache", "ancestor": real, "dotdot": real / "sub"}[where]
+    link.symlink_to(aimed)
     os.lchown(link, nobody.pw_uid, nobody.pw_gid)
-    target = link if where == "target" else link / "cache"
+    # dotdot: `link/../cache` is real/cache to the system (`..` after following the
+    # link), and tmp_path/cache to a path read as text.
+    target = {"target": link, "ancestor": link / "cache", "dotdot": link / ".." / "cache"}[where]
     await env.storage(TREE.namespace).insert_many([(b"k/one", b"1")])
     with pytest.raises(UnsafeTargetError, match="symlink of another user's"):
         await warmenv.caches.restore(env, TREE, target)

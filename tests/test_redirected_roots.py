@@ -159,3 +159,18 @@ async def test_the_default_root_opens_on_disk(
         async with open_environment() as env:
             assert not env.in_memory
             assert env.path.is_relative_to(tmp_path / "home")
+
+
+def test_a_dotdot_after_a_missing_step_does_not_end_the_check(shared_tmp: Path) -> None:
+    """`mine/missing/../../shared/sub`: the system climbs out of the missing step (which
+    `mkdir(parents=True)` then creates) and goes on through `nobody`'s symlink, so the
+    check goes on too; a missing step with no `..` after it still ends it."""
+    from warmenv._fs import why_redirectable
+
+    link, victim = _planted(shared_tmp)
+    (shared_tmp / "mine").mkdir()
+    bent = shared_tmp / "mine" / "missing" / ".." / ".." / "shared" / "sub" / "prod3.db"
+    reason = why_redirectable(bent)
+    assert reason is not None and reason.startswith(f"{link} is a symlink of another user's")
+    assert why_redirectable(shared_tmp / "mine" / "missing" / "deeper" / "prod3.db") is None
+    assert list(victim.iterdir()) == []

@@ -122,7 +122,8 @@ def why_redirectable(path: Path, *, directories: bool = True) -> str | None:
     Walks `path` as the system resolves it, following each symlink to where
     it points: a symlink owned by someone other than this user or root, or a
     directory open to others (`open_to_others`), on the way is the reason,
-    named. Missing steps end the walk (what is created there is ours).
+    named. A missing step ends the walk (what is created there is ours)
+    unless a `..` after it climbs back out, which the walk follows by name.
     Checked by path, before the open: it closes a planted symlink, not a
     race with another user renaming things while the file is opened.
     `directories=False`: symlinks alone (for a caller with its own rule for
@@ -134,10 +135,16 @@ def why_redirectable(path: Path, *, directories: bool = True) -> str | None:
     hops = 0
     while True:
         try:
-            st = os.lstat(at)
-        except OSError:  # missing, or not for us to look at: the open says why
+            st: os.stat_result | None = os.lstat(at)
+        except FileNotFoundError:
+            if ".." not in pending:
+                return None  # what is created below a missing step is ours
+            st = None  # but a `..` climbs back out of it: go on, by name
+        except OSError:  # not for us to look at: the open says why
             return None
-        if stat.S_ISLNK(st.st_mode):
+        if st is None:
+            pass
+        elif stat.S_ISLNK(st.st_mode):
             if st.st_uid not in (os.geteuid(), 0):
                 return (
                     f"{at} is a symlink of another user's (uid {st.st_uid}), "

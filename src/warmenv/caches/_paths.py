@@ -229,7 +229,8 @@ def check_ancestors(
             )
     # A symlink on the way that another user owns: they could point it at a directory
     # of theirs after the restore, and the compiler would load their files.
-    redirect = why_redirectable(given, directories=False)
+    # As given, not `abspath`'s: a `..` after a symlink climbs from where it points.
+    redirect = why_redirectable(Path(os.getcwd(), target), directories=False)
     if redirect is not None:
         raise UnsafeTargetError(f"'{target}' is refused: {redirect}; {elsewhere}")
 
