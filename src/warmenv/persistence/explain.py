@@ -35,6 +35,7 @@ from typing import Final
 
 import attrs
 
+from warmenv._text import plural
 from warmenv.persistence.codec import JsonCodec
 from warmenv.persistence.namespace import Namespace
 
@@ -100,7 +101,7 @@ class Explanation:
         lines = [f"{head}; nearest namespaces here:"]
         lines += [f"  {self._describe(n)}" for n in self.nearby[:_SHOWN]]
         if len(self.nearby) > _SHOWN:
-            lines.append(f"  and {_plural(len(self.nearby) - _SHOWN, 'more namespace')}")
+            lines.append(f"  and {plural(len(self.nearby) - _SHOWN, 'more namespace')}")
         return "\n".join(lines)
 
     def differences(self, nearby: Nearby) -> str:
@@ -123,14 +124,8 @@ class Explanation:
         )
 
 
-def _plural(count: int, word: str) -> str:
-    return f"{count:,} {word}" + ("" if count == 1 else "s")
-
-
 def _entries(count: int) -> str:
-    if count == 0:
-        return "no entries"
-    return f"{count:,} entry" if count == 1 else f"{count:,} entries"
+    return "no entries" if count == 0 else plural(count, "entry", "entries")
 
 
 def _key(key: bytes) -> str:
