@@ -59,25 +59,14 @@ class TrioConnection:
         raw = self._raw
         if raw is None:
             raise ClosedError("this SQLite connection is closed; open the environment again")
-        # The token _call needs anyway, fetched here: the loop check costs one `is`.
-        try:
-            token = trio.lowlevel.current_trio_token()
-        except RuntimeError:  # not in a trio run: asyncio, or no loop in this thread
-            raise self._foreign() from None
-        if token is not self._token:
-            raise self._foreign()
+        token = self._token_here()
         return await self._call(partial(fn, raw), token)
 
     def start(self, fn: Callable[[sqlite3.Connection], T]) -> _Started[T]:
         raw = self._raw
         if raw is None:
             raise ClosedError("this SQLite connection is closed; open the environment again")
-        try:
-            token = trio.lowlevel.current_trio_token()
-        except RuntimeError:
-            raise self._foreign() from None
-        if token is not self._token:
-            raise self._foreign()
+        token = self._token_here()
         started: _Started[T] = _Started()
         thunk = partial(fn, raw)
 
@@ -98,12 +87,7 @@ class TrioConnection:
         raw = self._raw
         if raw is None:
             return
-        try:
-            token = trio.lowlevel.current_trio_token()
-        except RuntimeError:
-            raise self._foreign() from None
-        if token is not self._token:
-            raise self._foreign()
+        token = self._token_here()
         self._raw = None
         self._readers.close()
         with anyio.CancelScope(shield=True):
@@ -111,6 +95,19 @@ class TrioConnection:
                 await self._call(raw.close, token)
             finally:
                 await _worker.ended(self._worker)
+
+    def _token_here(self) -> trio.lowlevel.TrioToken:
+        """This connection's trio token, if this thread runs its trio run; else why not.
+
+        The token `_call` needs anyway, fetched once: the loop check costs one `is`.
+        """
+        try:
+            token = trio.lowlevel.current_trio_token()
+        except RuntimeError:  # not in a trio run: asyncio, or no loop in this thread
+            raise self._foreign() from None
+        if token is not self._token:
+            raise self._foreign()
+        return token
 
     def _foreign(self) -> WarmenvError:
         return foreign_loop_error(self._database, self._opened_on)
