@@ -79,17 +79,28 @@ from warmenv.bundle import export_bundle, import_bundle
 from warmenv.caches import restore
 
 JAX_APP = """
-    import json, sys, time
+    import time
+    started = time.time()
+    import json, sys
     mode, cache, steps, jits = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    clock = time.perf_counter()
     import jax, jax.numpy as jnp
     from jax import monitoring
+    phases = {"import": time.perf_counter() - clock}
     counts = {"hits": 0, "misses": 0}
     def on_event(event, **_):
         if event == "/jax/compilation_cache/cache_hits":
             counts["hits"] += 1
         elif event == "/jax/compilation_cache/cache_misses":
             counts["misses"] += 1
+    # JAX's own timers: tracing, lowering to MLIR, the backend's compile (on a hit: the
+    # cache key, the read and the executable's load; the load alone is the retrieval).
+    durations = {}
+    def on_duration(event, seconds, **_):
+        durations[event] = durations.get(event, 0.0) + seconds
     monitoring.register_event_listener(on_event)
+    monitoring.register_event_duration_secs_listener(on_duration)
+    clock = time.perf_counter()
     # Every compilation is cached (JAX's default skips those under 1 s, which on a
     # loaded machine makes the set cached differ from run to run).
     if mode == "ours":
@@ -98,9 +109,11 @@ JAX_APP = """
     else:
         jax.config.update("jax_compilation_cache_dir", cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    phases["setup"] = time.perf_counter() - clock
 
     # The issue's workload: a `steps`-step unrolled loop (400 in the issue), one jit,
     # compile-bound; `jits` of them, each its own computation (a constant k added).
+    calls = 0.0
     for k in range(jits):
         def f(x, w, k=k):
             def body(c, i):
@@ -109,8 +122,17 @@ JAX_APP = """
             c, _ = jax.lax.scan(body, x, jnp.arange(steps, dtype=jnp.float32), unroll=steps)
             return c
 
-        jax.jit(f)(jnp.ones((8, 32)), jnp.ones((32, 32))).block_until_ready()
-    print(json.dumps(counts), flush=True)
+        clock = time.perf_counter()
+        x, w = jax.block_until_ready((jnp.ones((8, 32)), jnp.ones((32, 32))))
+        phases["arguments"] = phases.get("arguments", 0.0) + time.perf_counter() - clock
+        before = dict(durations)
+        clock = time.perf_counter()
+        jax.jit(f)(x, w).block_until_ready()
+        calls += time.perf_counter() - clock
+        for event, seconds in durations.items():
+            phases[event] = phases.get(event, 0.0) + seconds - before.get(event, 0.0)
+    phases["calls"] = calls
+    print(json.dumps({**counts, "started": started, "phases": phases}), flush=True)
 """
 
 NUMBA_HEADER = """
@@ -209,6 +231,7 @@ class Workload:
 SIZES: Final = {
     "default": Workload(jax_steps=400, jax_jits=1, numba_copies=1),
     "issue": Workload(jax_steps=600, jax_jits=5, numba_copies=14),
+    "one-jit": Workload(jax_steps=800, jax_jits=1, numba_copies=14),
 }
 
 
@@ -225,13 +248,56 @@ def machine(base: Path, name: str, tool: str, workload: Workload) -> Path:
 
 
 @attrs.frozen
+class Phases:
+    """Where a JAX process's wall time went, in seconds, by its own clock and JAX's timers.
+
+    `setup`: the cache's configuration (warmenv's: its import and `use()`,
+    the restore); `arguments`: the arrays passed (small jits of their own);
+    `load` is JAX's `cache_retrieval_time_sec` (reading an entry and loading
+    its executable); `compile` the rest of the backend's compile (the cache
+    key, and on a miss XLA's compile); `run` the rest of the jitted calls
+    (dispatch, the first execution); `exit` what is left of the wall time
+    (warmenv's capture at exit, the interpreter's teardown).
+    """
+
+    python: float
+    import_jax: float
+    setup: float
+    arguments: float
+    trace: float
+    lower: float
+    load: float
+    compile: float
+    run: float
+    exit: float
+
+    @classmethod
+    def of(cls, report: dict[str, Any], launched: float, wall: float) -> Phases:
+        times = report["phases"]
+        jit = "/jax/core/compile/"
+        trace = times.get(jit + "jaxpr_trace_duration", 0.0)
+        lower = times.get(jit + "jaxpr_to_mlir_module_duration", 0.0)
+        backend = times.get(jit + "backend_compile_duration", 0.0)
+        load = times.get("/jax/compilation_cache/cache_retrieval_time_sec", 0.0)
+        python = report["started"] - launched
+        run = times["calls"] - trace - lower - backend
+        inside = python + times["import"] + times["setup"] + times["arguments"] + times["calls"]
+        return cls(
+            python, times["import"], times["setup"], times["arguments"], trace, lower, load,
+            backend - load, run, wall - inside,
+        )  # fmt: skip
+
+
+@attrs.frozen
 class Run:
-    """One process of the app: its wall time, its CPU time (user + system) and its cache counts."""
+    """One process of the app: its wall time, its CPU time (user + system) and its cache counts;
+    for JAX, its phases."""
 
     wall: float
     cpu: float
     hits: int
     misses: int
+    phases: Phases | None = None
 
 
 def run(home: Path, mode: str, tool: str, workload: Workload) -> Run:
@@ -243,6 +309,7 @@ def run(home: Path, mode: str, tool: str, workload: Workload) -> Run:
     if tool == "jax":
         argv += [str(workload.jax_steps), str(workload.jax_jits)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    launched = time.time()  # the child's clock too: its start-up is `started` - `launched`
     started = time.perf_counter()
     completed = subprocess.run(
         argv, cwd=home, env=variables, capture_output=True, text=True, check=False
@@ -255,7 +322,8 @@ def run(home: Path, mode: str, tool: str, workload: Workload) -> Run:
         )
     counts = json.loads(completed.stdout.strip().splitlines()[-1])
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    return Run(elapsed, cpu, counts["hits"], counts["misses"])
+    phases = Phases.of(counts, launched, elapsed) if "phases" in counts else None
+    return Run(elapsed, cpu, counts["hits"], counts["misses"], phases)
 
 
 def warm_runs(ours: Path, own: Path, tool: str, workload: Workload, rounds: int) -> list[Run]:
@@ -274,10 +342,22 @@ def warm_runs(ours: Path, own: Path, tool: str, workload: Workload, rounds: int)
 
 
 def median_run(runs: list[Run]) -> Run:
-    """Medians of wall and CPU; the counts of the run with the most misses (they should agree)."""
+    """Medians of wall, CPU and each phase; the counts of the run with the most misses (they
+    should agree)."""
     worst = max(runs, key=lambda r: r.misses)
     wall = statistics.median(r.wall for r in runs)
-    return attrs.evolve(worst, wall=wall, cpu=statistics.median(r.cpu for r in runs))
+    phases = [r.phases for r in runs if r.phases is not None]
+    median_phases = None
+    if phases:
+        median_phases = Phases(
+            *(
+                statistics.median(getattr(p, field.name) for p in phases)
+                for field in attrs.fields(Phases)
+            )
+        )
+    return attrs.evolve(
+        worst, wall=wall, cpu=statistics.median(r.cpu for r in runs), phases=median_phases
+    )
 
 
 FLOOR = {
@@ -353,6 +433,7 @@ def bench(tool: str, args: argparse.Namespace) -> dict[str, Any]:
         second = machine(scratch, "b", tool, workload)
         third = machine(scratch, "c", tool, workload)
         print(f"{tool}: cold run ...", file=sys.stderr, flush=True)
+        load_before = os.getloadavg()[0]
         cold = run(first, "ours", tool, workload)
         ship(first, second, scratch)
         print(f"{tool}: plain copy ...", file=sys.stderr, flush=True)
@@ -365,6 +446,7 @@ def bench(tool: str, args: argparse.Namespace) -> dict[str, Any]:
         ours, floor, files = restore_vs_copy(second, tool, args.rounds, scratch)
         startup = floor_seconds(tool)
     return {
+        "load": (load_before, os.getloadavg()[0]),
         "startup": startup,
         "tool": tool,
         "cold": cold,
@@ -416,6 +498,33 @@ def main() -> None:
             f"{r['restore'] / r['cp']:.2f}x",
         ]
         print("| " + " | ".join(cells) + " |")
+    for r in rows:
+        if r["cold"].phases is not None:
+            print_phases(r)
+
+
+def print_phases(row: dict[str, Any]) -> None:
+    """The JAX processes phase by phase: cold, warmenv's warm and JAX's own warm (medians)."""
+    print()
+    print(f"JAX, phase by phase (s; load average {row['load'][0]:.1f} to {row['load'][1]:.1f}):")
+    names = [field.name for field in attrs.fields(Phases)]
+    print("| run | wall | CPU | " + " | ".join(names) + " |")
+    print("| --- " * (3 + len(names)) + "|")
+    labelled = [
+        ("cold", row["cold"]),
+        ("warm, warmenv", row["warm"]),
+        ("warm, JAX's own", row["own"]),
+    ]
+    for label, one in labelled:
+        assert one.phases is not None
+        times = [getattr(one.phases, name) for name in names]
+        cells = [label, f"{one.wall:.2f}", f"{one.cpu:.2f}", *(f"{t:.2f}" for t in times)]
+        print("| " + " | ".join(cells) + " |")
+    cold, own = row["cold"], row["own"]
+    print(
+        f"cold vs JAX's own warm: {cold.wall / own.wall:.1f}x in wall time, "
+        f"{cold.cpu / own.cpu:.1f}x in CPU time"
+    )
 
 
 if __name__ == "__main__":
