@@ -2,7 +2,7 @@
 
 (bench_caches.py measures Triton and torch.compile.)
 
-Run: python benchmarks/bench_caches_cpu.py [--tool jax --tool numba] [--size issue]
+Run: python benchmarks/bench_caches_cpu.py [--tool jax --tool numba] [--size issue|one-jit]
 [--jax-steps N] [--rounds 5]
 (`nox -s caches_demo` runs the JAX row alone: the README's one-command demo.)
 
@@ -24,6 +24,26 @@ Run: python benchmarks/bench_caches_cpu.py [--tool jax --tool numba] [--size iss
   112 compiled versions (16.0 s cold, 0.7 s warm). `--tool jax --size
   issue --rounds 1` takes about two minutes on a quiet machine (three cold
   starts), `--tool numba` one.
+- one-jit: the issue's shape (one jit, as in the issue's table) at a cold
+  start near the issue's: one jit of an 800-step unrolled `lax.scan`, the
+  same app and body (4 executables: the jit and 3 small ones making its
+  arguments). It is here to answer whether one jit gets to 10x where
+  `issue`'s 5 do not (docs/benchmarks.md, "What a warm JAX start consists
+  of"): 800 is the most of the sizes tried that JAX 0.10.2 loads back from
+  its own cache (1,000 and 1,200 crash it, SIGSEGV in LLVM's ORC JIT link
+  recursing on an XLA worker thread). Cold about 28 to 34 s of CPU on this
+  machine at load 3 to 8; JAX's own warm start about 3 s of CPU, of which
+  lowering the 800 steps, loading the executable (XLA:CPU rebuilds its
+  thunk graph from the serialized module) and the first run (YNNPACK
+  builds its runtime for each fused dot) are 2 to 3.5 ms a step. Numba as
+  `issue`.
+
+With JAX, the table is followed by the cold and warm processes phase by
+phase (medians), from the app's own clock and JAX's monitoring timers:
+Python's start, `import jax`, the cache's set-up (warmenv's import and
+restore), the arguments, tracing, lowering, the executable's load from the
+cache (`cache_retrieval_time_sec`), the rest of the backend's compile, the
+rest of the call (dispatch, first run), and the exit, with the load average.
 
 Per tool, each run a fresh interpreter at its own "machine" (a directory at
 another absolute path), wall time from the process's start to its end:
