@@ -31,7 +31,7 @@ Run: python benchmarks/bench_caches_cpu.py [--tool jax --tool numba] [--size iss
   `issue`'s 5 do not (docs/benchmarks.md, "What a warm JAX start consists
   of"): 800 is the most of the sizes tried that JAX 0.10.2 loads back from
   its own cache (1,000 and 1,200 crash it, SIGSEGV in LLVM's ORC JIT link
-  recursing on an XLA worker thread). Cold about 28 to 34 s of CPU on this
+  recursing on a worker thread). Cold about 28 to 34 s of CPU on this
   machine at load 3 to 8; JAX's own warm start about 3 s of CPU, of which
   lowering the 800 steps, loading the executable (XLA:CPU rebuilds its
   thunk graph from the serialized module) and the first run (YNNPACK
