@@ -20,7 +20,20 @@ was ready to read its answer, however long that took in wall time.
 
 The price: on a starved loop an outage (a server that does not answer) is
 noticed later in wall time, by the factor the loop is starved; a refused or
-broken connection is noticed at once, as before.
+broken connection is noticed at once, as before. A loop late at every tick
+would never let the server's time run, so each deadline also has a backstop
+in the loop's own time (`wire.backstop`, far past the timeout): the one bound
+of a call, as coredis's own timers are switched off for the tier's calls
+(two per call cost a remote hit a twentieth of its instructions,
+`benchmarks/remote_instructions.py`).
+
+A deadline that falls due cancels the call the way its event loop cancels
+natively, once: on trio a cancel scope's `cancel()`; on asyncio the call's
+task's `cancel()`, undone by `uncancel()` when the call unwinds (as
+`asyncio.timeout` does), because an anyio cancel scope per call cost a
+remote hit as much again as the rest of the deadline. A cancellation the
+deadline did not make (a caller's scope, a caller's `task.cancel()`) goes on
+through it untouched, and the deadline's own is never seen past it.
 
 Our own parsing of an answer is lateness too, as far as this clock can tell, so
 what a server can make us parse is bounded where replies are read
@@ -30,8 +43,10 @@ a deadline by at most the parsing of one bounded reply.
 
 from __future__ import annotations
 
+import asyncio
+import math
 import time
-from typing import TYPE_CHECKING, Final, TypeAlias, final
+from typing import TYPE_CHECKING, Final, final
 
 import anyio
 import attrs
@@ -44,13 +59,18 @@ if TYPE_CHECKING:
     import trio
     from anyio.abc import TaskGroup
 
-__all__ = ["TICK", "LoopClock", "Scope"]
-
-Scope: TypeAlias = "anyio.CancelScope | trio.CancelScope"
-"""A deadline's scope: `cancel()` it; `cancelled_caught` says whether it fell due."""
+__all__ = ["TICK", "Deadline", "LoopClock"]
 
 TICK: Final = 0.005
 """How often the ticker asks to be woken while a bounded call is in flight (seconds)."""
+
+
+def _trio_scope() -> type[trio.CancelScope] | None:
+    if sniffio_thread.name != "trio":
+        return None
+    import trio
+
+    return trio.CancelScope
 
 
 @final
@@ -61,7 +81,8 @@ class LoopClock:
     _tasks: TaskGroup
     """Where the ticker runs (started by the first bounded call)."""
     _lag: float = attrs.field(init=False, default=0.0)
-    _due: dict[Scope, float] = attrs.field(init=False, factory=dict)
+    _due: set[Deadline] = attrs.field(init=False, factory=set)
+    """The deadlines of the calls in flight."""
     _wake: anyio.Event = attrs.field(init=False, factory=anyio.Event)
     _ticking: bool = attrs.field(init=False, default=False)
     _asleep: bool = attrs.field(init=False, default=True)
@@ -73,6 +94,8 @@ class LoopClock:
     _waited: float = attrs.field(init=False, default=0.0)
     _since: float = attrs.field(init=False, default=0.0)
     """When (on this clock) the bounded calls now in flight began to be in flight."""
+    _trio_scope: type[trio.CancelScope] | None = attrs.field(init=False, factory=_trio_scope)
+    """trio's cancel scope under trio, else None (picked once: a tier's loop stays)."""
 
     @property
     def lag(self) -> float:
@@ -92,31 +115,38 @@ class LoopClock:
         """Monotonic seconds, less the loop's lateness seen so far."""
         return time.monotonic() - self._lag
 
-    def deadline(self, seconds: float) -> _Deadline:
-        """A scope cancelled once the server has had `seconds` (see the module docstring).
+    def deadline(self, seconds: float, backstop: float = math.inf) -> Deadline:
+        """A deadline for the call of its `with` block: once the server has had `seconds`
+        (see the module docstring), or once `backstop` seconds have passed on the loop's
+        own clock, the call is cancelled, and the block's exit swallows that cancellation.
 
-        Its `cancelled_caught` says whether the deadline fell due.
+        Its `fell_due` says whether it did.
         """
-        return _Deadline(self, seconds)
+        if self._trio_scope is not None:
+            return _TrioDeadline(self, seconds, backstop, self._trio_scope())
+        return _AsyncioDeadline(self, seconds, backstop)
 
-    def begin(self, scope: Scope, seconds: float) -> None:
-        """`scope` is in flight, due in `seconds` (entered by `deadline`'s context)."""
-        now = time.monotonic() - self._lag
+    def begin(self, deadline: Deadline) -> None:
+        """`deadline` is in flight (entered by its `with`)."""
+        wall = time.monotonic()
+        now = wall - self._lag
         if not self._due:
             self._since = now
-        self._due[scope] = now + seconds
+        deadline.due = now + deadline.seconds
+        deadline.backstop_due = wall + deadline.backstop
+        self._due.add(deadline)
         if self._asleep:
             # The ticker waits on `_wake` only once it has said it is asleep.
             self._asleep = False
-            self._woken_at = time.monotonic()
+            self._woken_at = wall
             self._wake.set()
         if not self._ticking:
             self._ticking = True
             self._tasks.start_soon(self._tick)
 
-    def end(self, scope: Scope) -> None:
-        """`scope` is over (left by `deadline`'s context)."""
-        del self._due[scope]
+    def end(self, deadline: Deadline) -> None:
+        """`deadline` is over (left by its `with`)."""
+        self._due.remove(deadline)
         if not self._due:
             # The loop's lateness since the last tick (unwinding a burst of calls
             # the deadline cancelled, say) is ours, not the server's.
@@ -134,10 +164,11 @@ class LoopClock:
                 self._asked = self._woken_at
             await anyio.sleep(TICK)
             self._settle()
-            now = self.now()
-            for scope, due in list(self._due.items()):
-                if now >= due:
-                    scope.cancel()
+            wall = time.monotonic()
+            now = wall - self._lag
+            for deadline in list(self._due):
+                if not deadline.fell_due and (now >= deadline.due or wall >= deadline.backstop_due):
+                    deadline.fall_due()
 
     def _settle(self) -> None:
         """Count our lateness since the ticker last asked to wake (or the last call ended)."""
@@ -151,32 +182,107 @@ class LoopClock:
         self._asked = time.monotonic()
 
 
-@final
-class _Deadline:
-    """`LoopClock.deadline`'s scope: a class, as a generator's context costs a remote hit
-    as much again as the clock's own work (benchmarks/remote_instructions.py)."""
+class Deadline:
+    """`LoopClock.deadline`'s context, one class per event loop: a class, as a generator's
+    context costs a remote hit as much again as the clock's own work
+    (benchmarks/remote_instructions.py)."""
 
-    __slots__ = ("_clock", "_scope", "_seconds")
+    __slots__ = ("_clock", "backstop", "backstop_due", "due", "fell_due", "seconds")
 
-    def __init__(self, clock: LoopClock, seconds: float) -> None:
+    def __init__(self, clock: LoopClock, seconds: float, backstop: float) -> None:
         self._clock = clock
-        self._seconds = seconds
-        # Under trio, trio's own scope: anyio's wraps it, at a quarter more per remote hit.
-        self._scope: Scope
-        if sniffio_thread.name == "trio":
-            import trio
+        self.seconds = seconds
+        """The server's time the call may take."""
+        self.backstop = backstop
+        """The loop's own time the call may take, however late the loop runs."""
+        self.due = self.backstop_due = math.inf
+        """When it falls due on the clock (`LoopClock.now`), and on the loop's own
+        (`time.monotonic`): set once entered."""
+        self.fell_due = False
+        """Whether it fell due while the call was in flight (and cancelled the call)."""
 
-            self._scope = trio.CancelScope()
-        else:
-            self._scope = anyio.CancelScope()
+    def fall_due(self) -> None:
+        """Cancel the call (the ticker's, once)."""
+        raise NotImplementedError
 
-    def __enter__(self) -> Scope:
-        self._clock.begin(self._scope, self._seconds)
+    def __enter__(self) -> Deadline:
+        raise NotImplementedError
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        raise NotImplementedError
+
+
+@final
+class _AsyncioDeadline(Deadline):
+    """The call's task is cancelled natively, and uncancelled as `asyncio.timeout` does.
+
+    Cancelling the task, not an anyio scope, is safe only because nothing
+    between the deadline and the awaits of a call shields (coredis's calls
+    hold no shielded scope): a native cancellation goes through anyio's
+    unshielded scopes untouched, and the cancel scopes of callers count and
+    undo only their own requests (`Task.cancelling`).
+    """
+
+    __slots__ = ("_cancelling", "_task")
+
+    def __enter__(self) -> Deadline:
+        task = asyncio.current_task()
+        assert task is not None, "a remote call runs in a task"
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._clock.begin(self)
+        return self
+
+    def fall_due(self) -> None:
+        self.fell_due = True
+        self._task.cancel("warmenv: the remote call's deadline fell due")
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        self._clock.end(self)
+        # Ours only if no one else asked to cancel the task meanwhile: a caller's
+        # request that came with ours (or after it) is the caller's to see.
+        return (
+            self.fell_due
+            and self._task.uncancel() <= self._cancelling
+            and exc_type is not None
+            and issubclass(exc_type, asyncio.CancelledError)
+        )
+
+
+@final
+class _TrioDeadline(Deadline):
+    """The call runs in a trio cancel scope (anyio's wraps it, at a quarter more per hit)."""
+
+    __slots__ = ("_scope",)
+
+    def __init__(
+        self, clock: LoopClock, seconds: float, backstop: float, scope: trio.CancelScope
+    ) -> None:
+        super().__init__(clock, seconds, backstop)
+        self._scope = scope
+
+    def __enter__(self) -> Deadline:
+        self._clock.begin(self)
         try:
-            return self._scope.__enter__()
+            self._scope.__enter__()
         except BaseException:
-            self._clock.end(self._scope)
+            self._clock.end(self)
             raise
+        return self
+
+    def fall_due(self) -> None:
+        self.fell_due = True
+        self._scope.cancel()
 
     def __exit__(
         self,
@@ -187,4 +293,4 @@ class _Deadline:
         try:
             return self._scope.__exit__(exc_type, exc, traceback)
         finally:
-            self._clock.end(self._scope)
+            self._clock.end(self)

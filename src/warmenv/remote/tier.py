@@ -156,6 +156,8 @@ class RemoteTier:
     _prefix: bytes = attrs.field(init=False)
     _channel: bytes = attrs.field(init=False)
     _clock: LoopClock = attrs.field(init=False)
+    _backstop: float = attrs.field(init=False)
+    """The bound of a call on the loop's own clock (`wire.backstop`; see `lag`)."""
     _retry_at: float = attrs.field(init=False, default=0.0)
     _delay: float = attrs.field(init=False, default=0.0)
     # Whether a call is trying the server after a backoff (the others wait for its outcome).
@@ -177,6 +179,7 @@ class RemoteTier:
         self._prefix = f"warmenv:{self.environment}:".encode()
         self._channel = self._prefix + b"landed"
         self._clock = LoopClock(self._tasks)
+        self._backstop = wire.backstop(self.settings)
         self.backfill = Backfill(self.settings.max_backfill)
 
     @classmethod
@@ -487,7 +490,7 @@ class RemoteTier:
                 # A client of its own: the pool multiplexes commands over its
                 # connections, and one that is subscribed must carry nothing else.
                 async with (
-                    wire.client(self.settings, 1, self._tls, unread) as client,
+                    wire.client(self.settings, 1, self._tls, unread, timers=True) as client,
                     client.pubsub(
                         channels=[self._channel],
                         ignore_subscribe_messages=True,
@@ -587,7 +590,7 @@ class RemoteTier:
         failure: BaseException | None = None
         at_work = _TIER_AT_WORK.set(self)  # for the connections opened meanwhile
         try:
-            with self._clock.deadline(self.settings.timeout):
+            with self._clock.deadline(self.settings.timeout, self._backstop):
                 try:
                     result = await operation()
                 except self._refused as exc:
@@ -623,7 +626,7 @@ class RemoteTier:
         backoff = self.settings.backoff
         self._delay = min(FIRST_RETRY_DELAY if first else self._delay * 2, backoff)
         self._retry_at = time.monotonic() + self._delay
-        # coredis's own timers (a backstop, `wire.client`) raise TimeoutError.
+        # coredis's own timers (connecting, the subscription: `wire.client`) raise TimeoutError.
         self._unanswered = failure is None or isinstance(failure, TimeoutError)
         reason = (
             f"no answer within {self.settings.timeout} s"

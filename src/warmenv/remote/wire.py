@@ -173,10 +173,19 @@ def client(
     connections: int,
     tls: ssl.SSLContext | None,
     unread: Unread | None = None,
+    *,
+    timers: bool = False,
 ) -> coredis.Redis[bytes]:
     """A client that fails fast (the tier does the retrying) with a pool of `connections`;
     `tls`: the context `tls_context` made for a rediss:// URL; `unread`: the count of a
     subscription's messages (only its connection may carry them).
+
+    Connecting is bounded by coredis's timer at `backstop`; a command and a wait
+    for a pooled connection are not (`timers=False`): the tier's clock bounds
+    each of its calls, backstop included (`lag.LoopClock.deadline`), and
+    coredis's two timers per command cost a remote hit a twentieth of its
+    instructions. `timers=True` keeps them (a subscription, which no deadline
+    of the tier's bounds).
 
     Its connections read through `reader.BoundedStream`: no reply or message over what
     the tier reads (a value at the cap, framed) is kept, nor any that no one asked for.
@@ -200,8 +209,8 @@ def client(
         # coredis's timers run on the loop's clock, which a busy host makes late: they
         # are a backstop only, far past the tier's own bound (`lag.LoopClock`).
         connect_timeout=backstop(settings),
-        timeout=backstop(settings),
-        stream_timeout=backstop(settings),
+        timeout=backstop(settings) if timers else None,
+        stream_timeout=backstop(settings) if timers else None,
     )
     pool.connection_class = Bounded
     return coredis.Redis(
