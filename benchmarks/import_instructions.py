@@ -1,0 +1,116 @@
+"""Machine instructions per entry of a SQLite bundle's import, thread by thread (callgrind).
+
+`bench_bundle.py` times the imports beside their floor (the raw sqlite3 ATTACH
+and INSERT OR IGNORE ... SELECT) in wall-clock time, which a loaded machine
+moves by 2x between runs. Callgrind counts the instructions of each thread
+instead (`--separate-threads=yes`): the main thread (the event loop), the
+bundle's connection (the open's checks, the digest pass), the environment's
+(the bulk copy) and the digest's own. What it cannot count is the kernel's
+work: the private copy (`copy_file_range`) and its removal, reading and
+writing pages, the fsyncs; compare those in wall-clock time.
+
+The bundle (`--entries` entries of 1 KiB, as `bench_bundle.py` makes it) is
+made once, outside callgrind; each child then runs one import (verify=False or
+digest-checked) or the raw copy, or nothing (whose main thread, the cost of
+starting, is taken off the others').
+
+Run (valgrind on PATH; `--tree` as often as there are trees to compare):
+
+    python benchmarks/import_instructions.py --tree <a tree> --tree <another> [--entries 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CHILD = "--child"
+WHAT = ("floor", "verify=False", "digest checked")
+
+
+def child(what: str, bundle: Path, entries: int) -> None:
+    """The process callgrind runs: one import of `bundle`, the raw copy, or nothing."""
+    import anyio
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import bench_bundle
+
+    with tempfile.TemporaryDirectory(dir=bundle.parent) as tmp:
+        if what == "floor":
+            bench_bundle.raw_copy_per_s(bundle, Path(tmp), entries)
+        elif what in WHAT:
+            verify = what == "digest checked"
+            anyio.run(bench_bundle.import_per_s, bundle, Path(tmp), "i", entries, verify)
+        else:
+            anyio.run(anyio.sleep, 0)
+
+
+def count(tree: Path, what: str, bundle: Path, entries: int) -> list[int]:
+    """Instructions of each thread of a child over `tree`'s src, the main thread first."""
+    with tempfile.TemporaryDirectory() as out:
+        dump = Path(out) / "callgrind.out"
+        command = [
+            "valgrind",
+            "--tool=callgrind",
+            "--separate-threads=yes",
+            f"--callgrind-out-file={dump}",
+            sys.executable,
+            __file__,
+            CHILD,
+            what,
+            str(bundle),
+            str(entries),
+        ]
+        environ = {**os.environ, "PYTHONPATH": str(tree / "src"), "PYTHONHASHSEED": "0"}
+        subprocess.run(command, env=environ, check=True, capture_output=True)
+        counts = []
+        for part in sorted(Path(out).glob("callgrind.out-*")):  # -01 the main thread
+            for line in part.read_text().splitlines():
+                if line.startswith(("summary:", "totals:")):
+                    counts.append(int(line.split()[1]))
+                    break
+        if not counts:
+            raise RuntimeError(f"callgrind wrote no counts for {tree}")
+        return counts
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == CHILD:
+        child(sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tree", type=Path, action="append", required=True)
+    parser.add_argument("--entries", type=int, default=10_000)
+    args = parser.parse_args()
+    import anyio
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import bench_bundle
+
+    n = args.entries
+    print("| tree | run | all threads | busiest thread | each thread, main first |")
+    print("|---|---|---:|---:|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        source = anyio.run(bench_bundle.make_source, root, n, 1024)
+        bundle = root / "b.sqlite"
+        anyio.run(bench_bundle.export_per_s, source, bundle, "sqlite", n)
+        for tree in args.tree:
+            start = count(tree, "nothing", bundle, n)[0]
+            for what in WHAT if tree == args.tree[0] else WHAT[1:]:
+                counts = count(tree, what, bundle, n)
+                counts[0] -= start  # the run's own work on the main thread
+                each = [c / n for c in counts]
+                shown = ", ".join(f"{c:,.0f}" for c in each)
+                print(
+                    f"| {tree} | {what} | {sum(each):,.0f} | {max(each):,.0f} | {shown} |",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
