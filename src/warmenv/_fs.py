@@ -3,7 +3,9 @@ and whether another user could redirect or swap what lies at a path.
 
 Opening a FIFO blocks until a writer appears and reading a device never
 ends, so every file warmenv opens by path (environment databases, bundles,
-export sources and targets) is checked to be a regular file first.
+export sources and targets) is checked to be a regular file first, and a
+file found in a directory (a compiler's cache, a staging area) is opened
+by `open_found`: never through a symlink, never waiting, checked once open.
 
 A path another user can bend is not ours to write through: a symlink of
 theirs on the way can point at anything (root would create a file inside its
@@ -16,9 +18,11 @@ symlink rule, to every step of a path as the system resolves it.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
+from typing import Final
 
 from warmenv._errors import WarmenvError
 
@@ -28,6 +32,7 @@ __all__ = [
     "is_missing",
     "kind_of",
     "non_regular_kind",
+    "open_found",
     "open_to_others",
     "why_redirectable",
 ]
@@ -91,6 +96,38 @@ def non_regular_kind(path: Path) -> str | None:
             return "a symlink to a missing file"
         return None
     return kind_of(mode)
+
+
+FOUND_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+"""How a file found in a directory is opened to be read (`open_found`)."""
+
+
+def open_found(name: str | os.PathLike[str], *, dir_fd: int | None = None) -> int | str:
+    """A read-only descriptor of the regular file `name` (in `dir_fd`), or why not, one line.
+
+    For a file found in a directory that the user, or another process, can
+    change between the listing and the open: the last step is never a
+    symlink followed, the open never waits (a FIFO), and what was opened is
+    a regular file (`fstat`) before a byte of it is read. `OSError` for the
+    rest (gone since the listing, not allowed).
+    """
+    try:
+        fd = os.open(name, FOUND_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symlink, not a regular file"
+        if exc.errno == errno.ENXIO:  # a socket cannot be opened at all
+            return "a socket, not a regular file"
+        raise
+    try:
+        kind = kind_of(os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    if kind is not None:
+        os.close(fd)
+        return f"{kind}, not a regular file"
+    return fd
 
 
 def is_missing(path: Path) -> bool:

@@ -34,7 +34,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from warmenv._fs import kind_of, non_regular_kind
+from warmenv._fs import kind_of, non_regular_kind, open_found
 from warmenv.bundle.errors import BundleNotFoundError, NotABundleError
 
 __all__ = [
@@ -180,13 +180,15 @@ def remove_stale_directories(directory: Path) -> None:
             continue
         named = found.name[len(SNAPSHOT_PREFIX) :]
         try:
-            fd = os.open(found / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = open_found(found / LOCK_NAME)
         except FileNotFoundError:
             if not _named_process_alive(named):  # made before the locks: its id is all
                 shutil.rmtree(found, ignore_errors=True)
             continue
         except OSError:
             continue  # unreadable: not ours to judge
+        if isinstance(fd, str):
+            continue  # no lock warmenv makes (a FIFO, a symlink): not ours to judge
         try:
             if not _in_use(fd, named):
                 shutil.rmtree(found, ignore_errors=True)
@@ -275,9 +277,11 @@ def remove_stale(directory: Path, *, prefix: str, suffix: str) -> None:
         if found.is_symlink() or not found.is_file():
             continue  # not a staging file warmenv makes: not ours to judge
         try:
-            fd = os.open(found, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = open_found(found)
         except OSError:
             continue  # gone, or unreadable: not ours to judge
+        if isinstance(fd, str):
+            continue  # no staging file warmenv makes, since the listing: not ours to judge
         try:
             if not _in_use(fd, found.name[len(prefix) :]):
                 with contextlib.suppress(FileNotFoundError):

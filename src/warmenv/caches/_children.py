@@ -43,6 +43,7 @@ from typing import Final
 
 import attrs
 
+from warmenv._fs import open_found
 from warmenv.caches._hookdir import HookHome
 
 __all__ = [
@@ -133,8 +134,15 @@ def new_counts(path: Path) -> None:
 def read_counts(path: Path) -> dict[str, Counts]:
     """Each tool's hits, misses and hits per entry, summed over the processes that wrote `path`."""
     found: dict[str, Counts] = {}
+    # The command may have put anything at the name (`new_counts` made it a file): what
+    # is there now is read only if it is a regular file, and never waited on.
     try:
-        text = path.read_text(encoding="utf-8")
+        fd = open_found(path)
+        if isinstance(fd, str):
+            log.warning("not reading the command's cache counts from %s: it is %s", path, fd)
+            return found
+        with os.fdopen(fd, "rb") as file:
+            text = file.read().decode("utf-8", "replace")
     except OSError:
         return found
     for line in text.splitlines():

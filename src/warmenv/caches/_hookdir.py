@@ -47,6 +47,7 @@ from typing import Final, final
 
 import attrs
 
+from warmenv._fs import open_found
 from warmenv._version import __version__
 from warmenv.caches._paths import TEMPORARY_PREFIX, UnsafeTargetError, check_ancestors
 from warmenv.caches._paths import check_directory as check_private
@@ -130,7 +131,7 @@ def _lease(home: Path) -> int:
         directory = os.open(home, _OPEN | os.O_DIRECTORY)
         try:
             check_private(directory, home)
-            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
             lock = os.open(_LOCK, flags, 0o600, dir_fd=directory)
             try:
                 check_private(lock, home / _LOCK)
@@ -171,11 +172,14 @@ def _remove_if_stale(parent: int, name: str) -> None:
     try:
         _check_ours(directory, name)
         try:
-            lock = os.open(_LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+            flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            lock = os.open(_LOCK, flags, dir_fd=directory)
         except FileNotFoundError:
             return  # made before the locks: nothing tells whether a process uses it
         try:
             _check_ours(lock, _LOCK)
+            if not stat.S_ISREG(os.fstat(lock).st_mode):
+                return  # no lock a run makes: not ours to judge
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
@@ -259,13 +263,16 @@ def _holds(directory: Path, files: Mapping[str, str]) -> bool:
 
 def _read(path: Path, text: str | None) -> str:
     """The text of the file at `path` (a directory: `text` is None), if it is private."""
-    fd = os.open(path, _OPEN if text is not None else _OPEN | os.O_DIRECTORY)
+    if text is None:
+        fd = os.open(path, _OPEN | os.O_DIRECTORY)
+    elif isinstance(found := open_found(path), str):
+        raise UnsafeTargetError(f"'{path}' is {found}")
+    else:
+        fd = found
     try:
         check_private(fd, path)
         if text is None:
             return ""
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UnsafeTargetError(f"'{path}' is not a file")
         with os.fdopen(os.dup(fd), "rb") as file:
             return file.read().decode("utf-8")
     finally:

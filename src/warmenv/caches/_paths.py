@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Final
 
 from warmenv._errors import WarmenvError
-from warmenv._fs import open_to_others, why_redirectable
+from warmenv._fs import open_found, open_to_others, why_redirectable
 
 __all__ = [
     "DIRECTORY_FLAGS",
@@ -158,22 +158,25 @@ def open_tree(root: Path, part: str) -> int | None:
 
 def read_files(
     tree_at: tuple[Path, str], batch: list[tuple[str, int]]
-) -> list[tuple[str, bytes | None]]:
-    """The bytes of each file, or None where it is gone, or no longer passes the listing's
-    rules (a symlink on its path, a directory or the file another user's)."""
+) -> list[tuple[str, bytes | str]]:
+    """The bytes of each file, or why not, one line: it is gone, or no longer passes the
+    listing's rules (a symlink on its path, not a regular file, or another user's)."""
     try:
         top = open_tree(*tree_at)
     except OSError:
         top = None
     if top is None:
-        return [(relative, None) for relative, _ in batch]
+        return [(relative, GONE) for relative, _ in batch]
     try:
         return [(relative, _read_one(top, relative)) for relative, _ in batch]
     finally:
         os.close(top)
 
 
-def _read_one(top: int, relative: str) -> bytes | None:
+GONE: Final = "it went away while being captured"
+
+
+def _read_one(top: int, relative: str) -> bytes | str:
     *directories, name = relative.split("/")
     opened: list[int] = []
     try:
@@ -181,18 +184,20 @@ def _read_one(top: int, relative: str) -> bytes | None:
         for directory in directories:
             at = os.open(directory, DIRECTORY_FLAGS, dir_fd=at)
             opened.append(at)
-            if swappable(os.fstat(at)) is not None:
-                return None
-        # Non-blocking: a FIFO put in place since the listing is refused, never waited on.
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=at)
+            if (why := swappable(os.fstat(at))) is not None:
+                return f"a directory on its path {why}"
+        # What lies at the name now counts, not what the listing saw: a FIFO put in
+        # place since is refused, never waited on.
+        fd = open_found(name, dir_fd=at)
+        if isinstance(fd, str):
+            return fd
         opened.append(fd)
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or swappable(st) is not None:
-            return None
+        if (why := swappable(os.fstat(fd))) is not None:
+            return f"a file that {why}"
         with os.fdopen(fd, "rb", closefd=False) as file:
             return file.read()
     except OSError:
-        return None  # removed (or replaced) since the listing
+        return GONE  # removed (or a directory replaced) since the listing
     finally:
         for fd in opened:
             os.close(fd)

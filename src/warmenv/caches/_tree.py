@@ -403,8 +403,8 @@ async def _store_batch(
     read = await anyio.to_thread.run_sync(read_files, tree_at, batch)
     items: dict[bytes, bytes] = {}
     for relative, data in read:
-        if data is None:
-            left_out.append(LeftOut(relative, "it went away while being captured"))
+        if isinstance(data, str):
+            left_out.append(LeftOut(relative, data))
         else:
             items[relative.encode()] = data
     existing = await storage.get_many(items)

@@ -54,9 +54,9 @@ import attrs
 
 from warmenv import blocking
 from warmenv._facts import Facts
-from warmenv._fs import expand_home
+from warmenv._fs import expand_home, open_found
 from warmenv.caches._children import Variable
-from warmenv.caches._paths import Writer, relative_parts
+from warmenv.caches._paths import DIRECTORY_FLAGS, Writer, relative_parts
 from warmenv.caches._tree import CacheTree, CaptureReport, LeftOut, RestoreReport, refused_lines
 from warmenv.caches._tree import capture as _capture
 from warmenv.caches._tree import restore as _restore
@@ -415,39 +415,54 @@ def _where(path: str | Path | None) -> Path:
 
 
 def _read_groups(source: Path) -> tuple[dict[bytes, bytes], list[LeftOut]]:
-    """Every index under `source`, as Triton's remote manager writes it (file names only)."""
+    """Every index under `source`, as Triton's remote manager writes it (file names only).
+
+    Walked through directory descriptors (a kernel's directory swapped for a
+    symlink is not followed), each index opened by `open_found` whatever the
+    listing said of it: what lies at its name when it is read is what counts
+    (a FIFO put there since would block the capture forever)."""
     groups: dict[bytes, bytes] = {}
     left_out: list[LeftOut] = []
-    if not source.is_dir():
+    try:
+        top = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:  # no directory: no indexes
         return groups, left_out
-    for kernel in sorted(os.scandir(source), key=lambda entry: entry.name):
-        if not kernel.is_dir(follow_symlinks=False):
-            continue
-        for entry in sorted(os.scandir(kernel.path), key=lambda entry: entry.name):
-            if not entry.name.startswith(GROUP_PREFIX):
+    try:
+        for kernel in sorted(os.listdir(top)):
+            try:
+                at = os.open(kernel, DIRECTORY_FLAGS, dir_fd=top)
+            except OSError:  # not a directory (or a symlink to one): no kernel's
                 continue
-            relative = f"{kernel.name}/{entry.name}"
-            if not entry.is_file(follow_symlinks=False):
-                left_out.append(LeftOut(relative, "not a regular file"))
-                continue
-            names = _group_names(_read_small(entry.path), Path(kernel.path))
-            if isinstance(names, str):
-                left_out.append(LeftOut(relative, names))
-            else:
-                groups[relative.encode()] = _group_bytes(names)
+            try:
+                for name in sorted(os.listdir(at)):
+                    if name.startswith(GROUP_PREFIX):
+                        data = _read_small(name, at)
+                        names = _group_names(data, source / kernel)
+                        if isinstance(names, str):
+                            left_out.append(LeftOut(f"{kernel}/{name}", names))
+                        else:
+                            groups[f"{kernel}/{name}".encode()] = _group_bytes(names)
+            finally:
+                os.close(at)
+    finally:
+        os.close(top)
     return groups, left_out
 
 
-def _read_small(path: str) -> bytes | None:
+def _read_small(name: str, at: int) -> bytes | str | None:
+    """The index's first bytes (one more than an index may hold), why it is not read, or
+    None if it is gone."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_found(name, dir_fd=at)
     except OSError:
         return None
+    if isinstance(fd, str):
+        return fd
     with os.fdopen(fd, "rb") as file:
         return file.read(_MAX_GROUP_BYTES + 1)
 
 
-def _group_names(data: bytes | None, kernel: Path | None) -> list[str] | str:
+def _group_names(data: bytes | str | None, kernel: Path | None) -> list[str] | str:
     """The file names an index lists, or why it is refused.
 
     Triton's file cache writes `{"child_paths": {name: absolute path}}`, its
@@ -456,6 +471,8 @@ def _group_names(data: bytes | None, kernel: Path | None) -> list[str] | str:
     """
     if data is None:
         return "it went away while being captured"
+    if isinstance(data, str):
+        return data
     if len(data) > _MAX_GROUP_BYTES:
         return f"it is larger than {_MAX_GROUP_BYTES:,} bytes"
     try:
