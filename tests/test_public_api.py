@@ -11,6 +11,7 @@ import importlib.metadata
 import inspect
 import textwrap
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -463,3 +464,37 @@ def test_a_bundle_function_named_like_its_module_is_the_function() -> None:
         )
     )
     assert json_lines(child) == [["function"] * 4]
+
+
+def test_import_warmenv_and_a_local_environment_import_nothing_of_the_shared_tier(
+    tmp_path: Path,
+) -> None:
+    # The Redis tier's room (its wire, coredis) is imported where a tier is configured:
+    # a process without one (every compiler hook, most library users) never pays for it.
+    child = run_python(
+        textwrap.dedent(
+            """
+            import json, sys
+            import anyio
+            import warmenv, warmenv.environment, warmenv.blocking
+
+            def shared_tier():
+                return sorted(m for m in sys.modules if m.startswith(("warmenv.remote", "coredis")))
+
+            imported = [shared_tier()]
+
+            async def main():
+                async with warmenv.open_environment("e", root=sys.argv[1], remote=""):
+                    pass
+
+            anyio.run(main)
+            imported.append(shared_tier())
+            from warmenv import RemoteSettings
+            import warmenv.remote
+            imported.append(RemoteSettings is warmenv.remote.RemoteSettings)
+            print(json.dumps(imported))
+            """
+        ),
+        str(tmp_path),
+    )
+    assert json_lines(child) == [[[], [], True]]

@@ -5,6 +5,8 @@ Public names only; each lives in the module named after its concept.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from warmenv._errors import ClosedError, WarmenvError, WarmenvWarning
 from warmenv._version import __version__
 from warmenv.config import Config, ConfigError, load_config
@@ -37,7 +39,9 @@ from warmenv.persistence import (
     Store,
     Stored,
 )
-from warmenv.remote import RemoteSettings
+
+if TYPE_CHECKING:
+    from warmenv.remote import RemoteSettings
 
 __all__ = [
     "MISSING",
@@ -75,4 +79,21 @@ __all__ = [
     "set_root",
 ]
 
-del annotations  # the `from __future__` name: not a public one (dir(), completion)
+
+def __getattr__(name: str) -> object:
+    # `RemoteSettings` is the shared tier's: its room (`warmenv.remote`, coredis behind
+    # it) is imported at its first use, not by every `import warmenv`.
+    if name == "RemoteSettings":
+        from warmenv.remote import RemoteSettings
+
+        globals()[name] = RemoteSettings  # once: the next lookup finds it
+        return RemoteSettings
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public names, `RemoteSettings` imported yet or not, and the submodules so far."""
+    return sorted(set(globals()) | set(__all__))
+
+
+del annotations, TYPE_CHECKING  # not public names (dir(), completion)

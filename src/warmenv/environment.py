@@ -22,7 +22,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar, TypeVarTuple, final, overload
+from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple, final, overload
 
 import anyio.abc
 import anyio.to_thread
@@ -76,8 +76,11 @@ from warmenv.persistence.storage import (
     Storage,
 )
 from warmenv.persistence.store import DEFAULT_HOT_BYTES, CacheMode, Store
-from warmenv.remote import RemoteSettings, RemoteStorage, RemoteTier, remote_settings
 from warmenv.stream import apply_config, policy_chosen
+
+if TYPE_CHECKING:
+    # The shared tier's room (its wire, coredis) is imported only where a tier is configured.
+    from warmenv.remote import RemoteSettings, RemoteTier
 
 __all__ = [
     "Degraded",
@@ -180,7 +183,11 @@ class Environment:
         """The storage of one namespace (a `Namespace`, or a full string verbatim)."""
         self._check_open()
         local = self._local_storage(Namespace.coerce(namespace))
-        return local if self._remote is None else RemoteStorage(local, self._remote)
+        if self._remote is None:
+            return local
+        from warmenv.remote.storage import RemoteStorage  # in sys.modules since the tier's open
+
+        return RemoteStorage(local, self._remote)
 
     def _local_storage(self, namespace: Namespace) -> SqlStorage:
         """This machine's storage of `namespace` (what a shared tier sits in front of)."""
@@ -472,6 +479,16 @@ class Environment:
         await self.close()
 
 
+def _remote_settings(remote: str | RemoteSettings) -> RemoteSettings | None:
+    """The shared tier `remote` names, or None for `""` (no tier). The tier's room
+    (`warmenv.remote`, coredis behind it) is imported only when there is one."""
+    if isinstance(remote, str) and not remote:
+        return None
+    from warmenv.remote import remote_settings
+
+    return remote_settings(remote)
+
+
 @async_only
 @asynccontextmanager
 async def open_environment(
@@ -510,8 +527,11 @@ async def open_environment(
     """
     check_max_bytes(max_bytes)
     check_lock_timeout(lock_timeout)
-    config = None if remote is not None else await anyio.to_thread.run_sync(load_config)
-    settings = remote_settings(remote if config is None else config.remote or "")
+    config = None
+    if remote is None:
+        config = await anyio.to_thread.run_sync(load_config)
+        remote = config.remote or ""
+    settings = _remote_settings(remote)
     opened = await _open(
         name,
         root,
@@ -538,6 +558,8 @@ async def open_environment(
     try:
         shared = None
         if settings is not None:
+            from warmenv.remote import RemoteTier
+
             shared = await tier.enter_async_context(RemoteTier.connect(settings, opened.name))
         env = Environment(
             opened.name,

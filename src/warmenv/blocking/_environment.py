@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, ParamSpec, final, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, final, overload
 
 import attrs
 
@@ -33,7 +33,9 @@ from warmenv.persistence.namespace import Namespace
 from warmenv.persistence.statistics import EnvironmentStatistics
 from warmenv.persistence.storage import Failed, NamespaceSummary, Purged
 from warmenv.persistence.store import CacheMode, Store
-from warmenv.remote import RemoteTier
+
+if TYPE_CHECKING:
+    from warmenv.remote import RemoteTier
 
 __all__ = ["BlockingEnvironment", "open", "open_environment"]
 
