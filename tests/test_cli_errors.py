@@ -692,6 +692,25 @@ def test_ls_of_a_root_it_may_not_read_says_the_root_not_an_environment(
     assert line == f"warmenv: error: cannot read {root}: {denied} by this process\n"
 
 
+@pytest.mark.parametrize("named", [["--env", "warm"], ["warm"]], ids=["--env", "NAME"])
+@pytest.mark.parametrize(
+    ("mode", "denied"),
+    [(0o700, "not readable or searchable"), (0o711, "not readable"), (0o744, "not searchable")],
+    ids=["0700", "0711", "0744"],
+)
+def test_ls_of_an_environment_in_a_root_it_may_not_read_names_the_root_and_the_access_lacking(
+    shared_tmp: Path, mode: int, denied: str, named: list[str]
+) -> None:
+    # As `ls` alone says it: the root, and which access this process lacks, never
+    # "cannot read environment 'warm'" with the access it found missing first.
+    root = shared_tmp / "locked"
+    _fill(root)
+    root.chmod(mode)
+    child = run_python(CLI, "--root", str(root), "ls", *named, user=unprivileged_user())
+    line = assert_one_error_line(child, 1)
+    assert line == f"warmenv: error: cannot read {root}: {denied} by this process\n"
+
+
 def test_import_through_another_users_symlink_fails_in_one_line_and_creates_nothing(
     bundle: Path, shared_tmp: Path
 ) -> None:

@@ -36,6 +36,15 @@ if TYPE_CHECKING:
     from warmenv.cli._output import Output
 
 
+def check_env_option(args: argparse.Namespace) -> None:
+    """A `UsageError` if `--env` is given and is no environment's name."""
+    if args.env is not None:
+        try:
+            check_name(args.env)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+
 @asynccontextmanager
 async def environment(
     args: argparse.Namespace, out: Output, *, create: bool = False, write: bool = False
@@ -50,11 +59,7 @@ async def environment(
     An environment that fell back to memory is refused always (it is not the
     file the user asked about), a read-only one when `write` is asked for.
     """
-    if args.env is not None:
-        try:
-            check_name(args.env)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+    check_env_option(args)
     async with AsyncExitStack() as stack:
         with out.holding() as notes:
             try:

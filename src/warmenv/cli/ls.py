@@ -19,7 +19,12 @@ import anyio.to_thread
 from warmenv._errors import WarmenvError
 from warmenv._fs import expand_home, is_missing
 from warmenv._text import clean, plural
-from warmenv.cli._environments import environment, environment_files, unreadable
+from warmenv.cli._environments import (
+    check_env_option,
+    environment,
+    environment_files,
+    unreadable,
+)
 from warmenv.cli._errors import UsageError
 from warmenv.cli._format import as_json, namespace_label, size
 from warmenv.cli._options import complete_environment
@@ -82,15 +87,17 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     namespaces: list[NamespaceSummary] | None = None
     root: Path | None = None
     listing: list[tuple[Path, int]] | None = None
-    default = (
-        None if args.env is not None else await anyio.to_thread.run_sync(_default_root, args.root)
-    )
+    check_env_option(args)
+    default = await anyio.to_thread.run_sync(_default_root, args.root)
     if default is not None:
-        # The listing is what was asked for: a root that cannot be read is said
-        # as itself, not as the default environment in it that could not be opened.
+        # The listing is shown first, whichever environment is named: a root that
+        # cannot be read is said as itself (its path, and the access this process
+        # lacks), as `ls` says it, not as an environment in it that could not be opened.
         default_name, root = default
         listing = await anyio.to_thread.run_sync(_listing, root)
-        if await anyio.to_thread.run_sync(_absent, root / f"{default_name}.db"):
+        if args.env is None and await anyio.to_thread.run_sync(
+            _absent, root / f"{default_name}.db"
+        ):
             name = default_name
     if name is None:
         async with environment(args, out) as env:
