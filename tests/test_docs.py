@@ -31,6 +31,17 @@ def test_the_docs_have_examples() -> None:
     assert len(EXAMPLES) >= 8
 
 
+def test_every_code_fence_is_a_line_of_its_own() -> None:
+    """A fence with text after it never closes: the rest of the page renders as code."""
+    bad = [
+        f"{page.name}:{number}: {line.strip()}"
+        for page in PAGES
+        for number, line in enumerate(page.read_text().splitlines(), 1)
+        if line.lstrip().startswith("```") and not re.fullmatch(r"\s*```[\w-]*", line)
+    ]
+    assert not bad, bad
+
+
 @pytest.mark.parametrize("code", EXAMPLES)
 def test_example_runs(code: str, tmp_path: Path) -> None:
     completed = subprocess.run(
