@@ -270,3 +270,25 @@ def test_export_for_a_version_no_namespace_carries_warns_and_still_writes(
     assert "--app-version 1 " in line + " ", line
     matching = warmenv(*args, "--app-version", "1", root=root)
     assert (matching.returncode, matching.stderr) == (0, "")
+
+
+# --- a fresh machine: the root no environment has made yet -------------------------
+
+
+def test_ls_on_a_fresh_machine_lists_nothing_and_succeeds(tmp_path: Path) -> None:
+    root = tmp_path / "not-yet"
+    completed = warmenv("ls", root=root)
+    assert completed.returncode == 0, completed.stderr
+    assert f"no environments in {root}" in completed.stdout
+    assert not root.exists()  # ls only reads
+
+
+@pytest.mark.parametrize("command", [["stats"], ["explain", "app/1/k", "key"]])
+def test_a_command_on_a_fresh_machine_says_how_an_environment_is_made(
+    tmp_path: Path, command: list[str]
+) -> None:
+    root = tmp_path / "not-yet"
+    line = assert_one_error_line(warmenv(*command, root=root), 1)
+    assert f"no environment 'default': {root} does not exist yet" in line
+    assert "open_environment()" in line and "warmenv import BUNDLE" in line
+    assert not root.exists()

@@ -175,13 +175,20 @@ async def _no_environment(path: Path) -> str:
         if not await anyio.to_thread.run_sync(path.parent.is_dir):
             return f"no environment {path.stem!r}: {path.parent} is not a directory"
     else:
-        return f"no environment {path.stem!r}: {path.parent} does not exist"
+        return f"no environment {path.stem!r}: {path.parent} does not exist yet; {_MADE_BY}"
     names = await anyio.to_thread.run_sync(existing)
     if isinstance(names, str):
         there = f"its listing cannot be read: {names}"
     else:
         there = f"environments there: {', '.join(names)}" if names else "it holds no environments"
-    return f"no environment {path.stem!r} in {path.parent} ({there})"
+    if names:
+        return f"no environment {path.stem!r} in {path.parent} ({there})"
+    return f"no environment {path.stem!r} in {path.parent} ({there}); {_MADE_BY}"
+
+
+_MADE_BY = (
+    "an environment is made by open_environment() in an application or `warmenv import BUNDLE`"
+)
 
 
 def _not_ours(exc: NotAnEnvironmentError) -> str:

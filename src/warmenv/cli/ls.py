@@ -53,7 +53,10 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
 
 
 def _absent(path: Path) -> bool:
-    """Whether the environment file `path` is not there, in a root that is."""
+    """Whether the environment file `path` is not there, in a root that is or that no
+    environment has made yet (a fresh machine's first `ls` lists nothing, no error)."""
+    if not os.path.lexists(path.parent):
+        return True
     return os.path.isdir(path.parent) and is_missing(path)
 
 
