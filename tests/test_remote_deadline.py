@@ -273,3 +273,46 @@ async def test_a_task_cancelled_during_a_call_is_cancelled(
     with pytest.raises(asyncio.CancelledError):
         await call
     assert tier.statistics().failures == 0
+
+
+@pytest.mark.parametrize("first", ["caller", "deadline"])
+async def test_a_caller_s_cancel_and_the_deadline_in_one_tick_never_leak_past_the_caller_s_scope(
+    first: str,
+) -> None:
+    """The two cancellations land in the same loop pass while the call waits at a bare
+    checkpoint (the attacker review's HIGH: ours, made second, replaced anyio's message,
+    and anyio's scope let the `CancelledError` through to kill the caller's task)."""
+    from warmenv.remote.lag import Deadline, LoopClock
+
+    parked = anyio.Event()
+    deadline: list[Deadline] = []
+    after_the_call: list[str] = []
+
+    async def call(clock: LoopClock) -> None:
+        with clock.deadline(60) as due:
+            deadline.append(due)
+            parked.set()
+            while True:
+                await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as tasks:
+        clock = LoopClock(tasks)
+        with anyio.CancelScope() as caller:
+
+            async def cancel_both() -> None:
+                await parked.wait()
+                if first == "caller":
+                    caller.cancel()
+                    deadline[0].fall_due()
+                else:
+                    deadline[0].fall_due()
+                    caller.cancel()
+
+            tasks.start_soon(cancel_both)
+            await call(clock)
+            await anyio.lowlevel.checkpoint()
+            after_the_call.append("a checkpoint inside the cancelled scope went on")
+        assert caller.cancelled_caught
+        assert not after_the_call
+        _no_cancellation_left()
+        tasks.cancel_scope.cancel()  # the clock's ticker

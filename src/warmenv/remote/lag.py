@@ -239,6 +239,11 @@ class _AsyncioDeadline(Deadline):
         return self
 
     def fall_due(self) -> None:
+        if self._task.cancelling() > self._cancelling:
+            # Someone else asked first (a caller's scope, in the same loop pass): theirs
+            # goes on. A second `cancel()` would replace their message with ours, and
+            # anyio's scope lets through a `CancelledError` it cannot call its own.
+            return
         self.fell_due = True
         self._task.cancel("warmenv: the remote call's deadline fell due")
 
