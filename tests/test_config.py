@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import pytest
 from helpers import one_trial
 from redis_server import RedisServer, tolerating_coredis_streams
 from warmenv import Namespace, WarmenvError, open_environment
-from warmenv.config import Config, ConfigError, load_config, user_root
+from warmenv.config import Config, ConfigError, _find_settings, load_config, user_root
 from warmenv.remote import RemoteError
 from warmenv.stream import StreamPolicy
 
@@ -74,6 +75,29 @@ def test_project_root_is_dot_warmenv_beside_the_nearest_pyproject(tmp_path: Path
     sub = tmp_path / "src"
     sub.mkdir()
     assert load_config(sub).root == tmp_path.resolve() / ".warmenv"
+
+
+def test_a_settings_file_read_before_is_read_again_once_rewritten(tmp_path: Path) -> None:
+    settings = tmp_path / "warmenv.toml"
+    settings.write_text('environment = "aaaa"\n')
+    settled = settings.stat().st_mtime_ns - 10_000_000_000  # old enough to be kept
+    os.utime(settings, ns=(settled, settled))
+    assert load_config(tmp_path).environment == "aaaa"
+    assert load_config(tmp_path).environment == "aaaa"  # the kept table, as read
+    settings.write_text('environment = "bbbb"\n')  # the same size, and the same times
+    os.utime(settings, ns=(settled, settled))
+    assert load_config(tmp_path).environment == "bbbb"
+
+
+def test_a_kept_settings_table_is_never_changed_by_its_reader(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text("[tool.warmenv]\ntrusted_keys = []\n")
+    settled = (tmp_path / "pyproject.toml").stat().st_mtime_ns - 10_000_000_000
+    os.utime(tmp_path / "pyproject.toml", ns=(settled, settled))
+    found = _find_settings(tmp_path)
+    assert found is not None
+    found[1]["trusted_keys"].append("changed")
+    again = _find_settings(tmp_path)
+    assert again is not None and again[1] == {"trusted_keys": []}
 
 
 def test_variables_win_over_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

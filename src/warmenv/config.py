@@ -13,11 +13,13 @@ cache ends up somewhere nobody looks.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import threading
+import time
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -185,25 +187,71 @@ def _find_settings(start: Path) -> tuple[Path, Mapping[str, Any]] | None:
     for directory in (start, *start.parents):
         candidate = directory / "warmenv.toml"
         if os.path.isfile(candidate):
-            return candidate, _read_toml(candidate)
+            whole = _table_of(candidate, _whole)
+            return candidate, {} if whole is None else whole
         candidate = directory / "pyproject.toml"
         if os.path.isfile(candidate):
-            table = _read_toml(candidate).get("tool", {})
-            section = table.get("warmenv") if isinstance(table, dict) else None
+            section = _table_of(candidate, _tool_warmenv)
             if section is not None:
-                if not isinstance(section, dict):
-                    raise ConfigError(f"{candidate}: [tool.warmenv] must be a table")
                 return candidate, section
     return None
+
+
+def _whole(document: dict[str, Any], file: Path) -> dict[str, Any]:
+    return document
+
+
+def _tool_warmenv(document: dict[str, Any], file: Path) -> dict[str, Any] | None:
+    table = document.get("tool", {})
+    section = table.get("warmenv") if isinstance(table, dict) else None
+    if section is not None and not isinstance(section, dict):
+        raise ConfigError(f"{file}: [tool.warmenv] must be a table")
+    return section
+
+
+# The warmenv table of each settings file read, by the file's identity when read: a
+# restore reads the configuration (its trust) as `open_environment` did a moment
+# before, and parsing a project's pyproject.toml again took a millisecond, most
+# of a small restore. A file whose identity changed is read again; one changed
+# less than `_SETTLED_NS` before it was read is never kept, since a rewrite in the
+# same tick of the file system's clock, at the same size, would keep its identity.
+_SETTLED_NS = 2_000_000_000
+_tables: dict[Path, tuple[tuple[int, ...], dict[str, Any] | None]] = {}
+_tables_lock = threading.Lock()
+
+
+def _table_of(
+    file: Path, pick: Callable[[dict[str, Any], Path], dict[str, Any] | None]
+) -> dict[str, Any] | None:
+    """`pick(document)` of the TOML `file`, a copy of the one kept if the file is unchanged."""
+    try:
+        st = os.stat(file)
+    except OSError:
+        st = None
+    with _tables_lock:
+        kept = _tables.get(file)
+    if st is not None and kept is not None and kept[0] == _identity(st):
+        return copy.deepcopy(kept[1])
+    document, st = _read_toml(file)
+    table = pick(document, file)
+    if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > _SETTLED_NS:
+        with _tables_lock:
+            _tables[file] = (_identity(st), copy.deepcopy(table))
+    return table
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 _BOMS = (b"\xff\xfe", b"\xfe\xff")
 
 
-def _read_toml(file: Path) -> dict[str, Any]:
+def _read_toml(file: Path) -> tuple[dict[str, Any], os.stat_result]:
+    """The document, and the status of the file it was read from."""
     try:
         with file.open("rb") as handle:
-            return tomllib.load(handle)
+            return tomllib.load(handle), os.fstat(handle.fileno())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{file}: not valid TOML ({exc}); fix or remove the file") from exc
     except UnicodeDecodeError as exc:
