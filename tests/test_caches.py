@@ -13,11 +13,13 @@ import importlib.metadata
 import os
 import pkgutil
 import pwd
+import random
 import signal
 import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from warmenv import Environment, open_environment
 from warmenv.bundle import export_bundle, import_bundle, preflight
 from warmenv.caches import CacheTree, Facts, UnsafeTargetError, captured_trees, directory
 from warmenv.caches._inprocess import where
+from warmenv.caches._paths import Writer, checked_parts, relative_parts
 
 pytestmark = pytest.mark.anyio
 
@@ -586,6 +589,152 @@ async def test_index_files_come_after_every_other_file(env: Environment, tmp_pat
         patch.setattr(os, "rename", recording)
         await warmenv.caches.restore(env, tree, tmp_path / "t")
     assert order == ["b.bin", "c.bin", "__grp__a.json"]
+
+
+# --- the restore's one hop, and what it exposes ----------------------------------------
+
+
+async def test_a_small_restore_is_one_hop_to_the_sqlite_thread_and_no_other(
+    env: Environment, tmp_path: Path
+) -> None:
+    await env.storage(TREE.namespace).insert_many([(k.encode(), v) for k, v in SAMPLE.items()])
+    database = type(env.database)
+    hops: list[str] = []
+    run, to_thread = database.run, anyio.to_thread.run_sync
+
+    async def counted_run(self: object, fn: object) -> object:
+        hops.append("sqlite")
+        return await run(self, fn)  # type: ignore[arg-type]
+
+    async def counted_thread(fn: object, *args: object, **kwargs: object) -> object:
+        hops.append("worker")
+        return await to_thread(fn, *args, **kwargs)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(database, "run", counted_run)
+        patch.setattr(anyio.to_thread, "run_sync", counted_thread)
+        report = await warmenv.caches.restore(env, TREE, tmp_path / "t")
+    assert report.written == 3
+    assert hops == ["sqlite"]
+
+
+async def test_restored_files_are_written_off_the_event_loop_thread(
+    any_env: Environment, tmp_path: Path
+) -> None:
+    await any_env.storage(TREE.namespace).insert_many([(k.encode(), v) for k, v in SAMPLE.items()])
+    threads: set[int] = set()
+    real = os.rename
+
+    def recording(src: object, dst: str, **kwargs: object) -> None:
+        threads.add(threading.get_ident())
+        real(src, dst, **kwargs)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "rename", recording)
+        report = await warmenv.caches.restore(any_env, TREE, tmp_path / "t")
+    assert report.written == 3
+    assert threads and threading.get_ident() not in threads
+
+
+async def test_a_directory_swapped_for_a_symlink_between_two_files_is_never_followed(
+    env: Environment, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = tmp_path / "target"
+    await env.storage(TREE.namespace).insert_many([(b"k/1.bin", b"one"), (b"k/2.bin", b"two")])
+    real = os.rename
+
+    def swapping(src: object, dst: str, **kwargs: object) -> None:
+        real(src, dst, **kwargs)  # type: ignore[arg-type]
+        if dst == "1.bin":  # between the two files: k moved away, a symlink in its place
+            real(target / "k", target / "moved")
+            (target / "k").symlink_to(outside)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "rename", swapping)
+        report = await warmenv.caches.restore(env, TREE, target)
+    assert report.written == 2
+    assert list(outside.iterdir()) == []
+    assert _files(target / "moved") == {"1.bin": b"one", "2.bin": b"two"}
+
+
+async def test_a_symlink_put_at_a_files_name_after_the_listing_is_replaced_never_followed(
+    env: Environment, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = tmp_path / "target"
+    await env.storage(TREE.namespace).insert_many([(b"k/1.bin", b"one")])
+    real = os.rename
+
+    def planting(src: object, dst: str, **kwargs: object) -> None:
+        (target / "k" / dst).symlink_to(outside / "victim")
+        real(src, dst, **kwargs)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "rename", planting)
+        report = await warmenv.caches.restore(env, TREE, target)
+    assert report.written == 1
+    assert list(outside.iterdir()) == []
+    assert not (target / "k" / "1.bin").is_symlink()
+    assert (target / "k" / "1.bin").read_bytes() == b"one"
+
+
+async def test_a_directory_put_at_a_files_name_after_the_listing_is_left_alone(
+    env: Environment, tmp_path: Path
+) -> None:
+    target = tmp_path / "target"
+    await env.storage(TREE.namespace).insert_many([(b"k/1.bin", b"one"), (b"k/2.bin", b"two")])
+    real = os.rename
+
+    def planting(src: object, dst: str, **kwargs: object) -> None:
+        if dst == "1.bin":
+            (target / "k" / dst).mkdir()
+        real(src, dst, **kwargs)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "rename", planting)
+        report = await warmenv.caches.restore(env, TREE, target)
+    assert report.written == 1
+    [refused] = report.refused
+    assert refused.path == "k/1.bin" and "a directory is already at" in refused.reason
+    assert sorted(p.name for p in (target / "k").iterdir()) == ["1.bin", "2.bin"]
+    assert (target / "k" / "1.bin").is_dir()
+
+
+async def test_an_index_is_rewritten_on_restore_once_its_files_are_there(
+    env: Environment, tmp_path: Path
+) -> None:
+    def rewrite(writer: Writer, parts: tuple[str, ...], value: bytes) -> bytes | str:
+        if writer.mode_at((*parts[:-1], "a.bin")) is None:
+            return "its file is not there"
+        return value + b" at " + str(writer.target).encode()
+
+    tree = CacheTree("demo", Facts.of([("demo", "1")]), index=("*.idx",), rewrite=rewrite)
+    await env.storage(tree.namespace).insert_many(
+        [(b"k/a.bin", b"a"), (b"k/all.idx", b"index"), (b"lone/all.idx", b"index")]
+    )
+    target = tmp_path / "t"
+    report = await warmenv.caches.restore(env, tree, target)
+    assert (report.written, [(r.path, r.reason) for r in report.refused]) == (
+        2,
+        [("lone/all.idx", "its file is not there")],
+    )
+    assert (target / "k" / "all.idx").read_bytes() == f"index at {target}".encode()
+    assert not (target / "lone").exists()
+
+
+def test_a_plain_key_passes_the_same_rules_by_the_short_way() -> None:
+    pieces = ["a", "Z9", "_", "-", "+", ".", "..", " ", ":", "\\", "/", "//", "con", "NUL", "com1",
+              "\u00e9", "\x00", ".warmenv-", "x" * 250, "C:"]  # fmt: skip
+    rng = random.Random(20)
+    keys = [b""] + [
+        "".join(rng.choice(pieces) for _ in range(rng.randint(1, 6))).encode() for _ in range(5000)
+    ]
+    keys += [b"a/" * 31 + b"b", b"a/" * 32 + b"b", b"a" * 255, b"a" * 256, b"con.txt/x"]
+    for key in keys:
+        assert relative_parts(key) == checked_parts(key, key.decode()), key
 
 
 # --- preflight: warmenv check knows compilers ----------------------------------------

@@ -12,7 +12,11 @@ Each file is written under a temporary name in its final directory and
 renamed into place once complete: a process killed mid-restore leaves at
 most a `.warmenv-*.tmp` file, which no compiler reads, never a half file
 under a name a compiler looks up (the next restore removes such leftovers
-once they are old). Files get mode 0644 and directories 0755 at most
+once they are old). The rename after the write is what a killed process
+needs; nothing is `fsync`ed, so a power loss is not covered (docs/caches.md
+says so). Whether a name is taken is read from its directory's listing, made
+once per directory (none for a directory this restore made), not asked per
+file. Files get mode 0644 and directories 0755 at most
 (the umask may remove more); a target directory, or a directory in it,
 that another user owns or can write is refused, because whoever can write
 there can swap what the compiler loads.
@@ -66,17 +70,36 @@ class UnsafeTargetError(WarmenvError):
     """A restore target another user could write into (they could swap what a compiler loads)."""
 
 
+# A key whose every name is plain (letters, digits, `_`, `+`, `-` and inner dots, not
+# starting with a dot, 1-255 bytes) passes every rule of `relative_parts` but the
+# depth and the device names: one match instead of a dozen checks per name.
+_PLAIN_NAME: Final = r"[A-Za-z0-9_+-](?:[A-Za-z0-9_.+-]{0,253}[A-Za-z0-9_+-])?"
+_PLAIN: Final = re.compile(rf"(?:{_PLAIN_NAME}/){{0,{_MAX_PARTS - 1}}}{_PLAIN_NAME}\Z")
+# `_DEVICES` for a plain key: a name that is a device name up to its first dot.
+_PLAIN_DEVICE: Final = re.compile(
+    r"(?:\A|/)(?:CON|PRN|AUX|NUL|COM[0-9]|LPT[0-9]|CONIN\$|CONOUT\$)(?:[./]|\Z)", re.I
+)
+_DRIVE: Final = re.compile(r"[A-Za-z]:")
+
+
 def relative_parts(key: bytes) -> tuple[str, ...] | str:
     """The path components a bundle key names, or the reason it is refused."""
     try:
         text = key.decode("utf-8")
     except UnicodeDecodeError:
         return "its path is not UTF-8"
+    if len(key) <= _MAX_PATH and _PLAIN.match(text) and not _PLAIN_DEVICE.search(text):
+        return tuple(text.split("/"))
+    return checked_parts(key, text)
+
+
+def checked_parts(key: bytes, text: str) -> tuple[str, ...] | str:
+    """`relative_parts` the long way, rule by rule (`text` is `key` decoded)."""
     if not text:
         return "its path is empty"
     if len(key) > _MAX_PATH:
         return f"its path is longer than {_MAX_PATH} bytes"
-    if text.startswith("/") or re.match(r"[A-Za-z]:", text):
+    if text.startswith("/") or _DRIVE.match(text):
         return "its path is absolute"
     if "\\" in text:
         return "its path holds a backslash"
@@ -107,7 +130,12 @@ def relative_parts(key: bytes) -> tuple[str, ...] | str:
 
 def folded(parts: tuple[str, ...]) -> tuple[str, ...]:
     """The path as a case-insensitive, normalising file system sees it."""
-    return tuple(unicodedata.normalize("NFC", part).casefold() for part in parts)
+    return tuple(_fold(part) for part in parts)
+
+
+def _fold(part: str) -> str:
+    # ASCII is its own NFC form, and its case folding is `lower`: the same, cheaper.
+    return part.lower() if part.isascii() else unicodedata.normalize("NFC", part).casefold()
 
 
 def swappable(st: os.stat_result) -> str | None:
@@ -245,6 +273,13 @@ class Writer:
 
     Not thread-safe: one restore drives it, from one worker thread at a time.
     `close()` releases the directory descriptors it holds.
+
+    Each directory is opened once (by descriptor, relative to its parent's,
+    never following a symlink) and, unless this restore made it, listed once:
+    a file is looked up in that listing, not asked of the file system, and
+    written as a temporary name renamed into place (4 system calls). A name
+    that appears after the listing (another process of this user writing the
+    same cache) may be replaced, whole, by the restored file.
     """
 
     def __init__(self, target: Path) -> None:
@@ -258,11 +293,12 @@ class Writer:
             os.close(fd)
             raise
         self._fds: dict[tuple[str, ...], int] = {(): fd}
+        self._names: dict[int, set[str]] = {fd: _listed(fd)}
         self._refused: dict[tuple[str, ...], str] = {}
         self._seen: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._claimed: set[tuple[str, ...]] = set()
         self._token = secrets.token_hex(8)
         self._written = 0
-        _remove_stale(fd)
 
     @property
     def is_open(self) -> bool:
@@ -272,17 +308,23 @@ class Writer:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        self._names.clear()
 
     def claim(self, parts: tuple[str, ...]) -> str | None:
         """Reserve a path for this restore; the reason if it is a case-folding twin of another."""
-        for depth in range(1, len(parts) + 1):
+        folds: list[str] = []
+        for depth, part in enumerate(parts, 1):
+            folds.append(_fold(part))
             prefix = parts[:depth]
-            spelled = self._seen.setdefault(folded(prefix), prefix)
+            if prefix in self._claimed:  # a directory of an earlier file, spelled the same
+                continue
+            spelled = self._seen.setdefault(tuple(folds), prefix)
             if spelled != prefix:
                 return (
                     f"it differs only in case or Unicode form from {'/'.join(spelled)!r} "
                     "(one file on a case-insensitive file system)"
                 )
+            self._claimed.add(prefix)
         return None
 
     def write(self, parts: tuple[str, ...], data: bytes) -> bool | str:
@@ -295,14 +337,9 @@ class Writer:
         if isinstance(directory, str):
             return directory
         name = parts[-1]
-        try:
-            st = os.stat(name, dir_fd=directory, follow_symlinks=False)
-        except FileNotFoundError:
-            pass
-        else:
-            if stat.S_ISREG(st.st_mode):
-                return False
-            return f"{_kind(st.st_mode)} is already at {'/'.join(parts)!r}; left alone"
+        names = self._names[directory]
+        if name in names:
+            return self._already(directory, parts)
         self._written += 1  # with the token, unique: O_EXCL refuses a clash all the same
         temporary = f"{TEMPORARY_PREFIX}{self._token}-{self._written}{_TEMPORARY_SUFFIX}"
         fd = os.open(temporary, _FILE_FLAGS, _FILE_MODE, dir_fd=directory)
@@ -315,8 +352,41 @@ class Writer:
             os.unlink(temporary, dir_fd=directory)
             raise
         os.close(fd)
-        os.rename(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
+        try:
+            os.rename(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
+        except OSError:  # a directory put at the name since the listing
+            os.unlink(temporary, dir_fd=directory)
+            return self._already(directory, parts)
+        names.add(name)
         return True
+
+    def mode_at(self, parts: tuple[str, ...]) -> int | None:
+        """The mode of what is at `parts` (a symlink's own), None if nothing is: looked up
+        through the directories' descriptors, none made, no symlink followed."""
+        directory = self._fds.get(parts[:-1])
+        opened: list[int] = []
+        try:
+            if directory is None:  # a directory this restore wrote nothing into
+                directory = self._fds[()]
+                for name in parts[:-1]:
+                    directory = os.open(name, DIRECTORY_FLAGS, dir_fd=directory)
+                    opened.append(directory)
+            return os.stat(parts[-1], dir_fd=directory, follow_symlinks=False).st_mode
+        except OSError:
+            return None
+        finally:
+            for fd in opened:
+                os.close(fd)
+
+    def _already(self, directory: int, parts: tuple[str, ...]) -> bool | str:
+        """False if a regular file is at `parts` (kept), else why nothing is written there."""
+        try:
+            st = os.stat(parts[-1], dir_fd=directory, follow_symlinks=False)
+        except FileNotFoundError:
+            return "it went away while it was being written; left alone"
+        if stat.S_ISREG(st.st_mode):
+            return False
+        return f"{_kind(st.st_mode)} is already at {'/'.join(parts)!r}; left alone"
 
     def _directory(self, parts: tuple[str, ...]) -> int | str:
         found = self._fds.get(parts)
@@ -336,6 +406,7 @@ class Writer:
             made = False
         else:
             made = True  # new, so empty: no killed restore left anything in it
+            self._names[parent].add(name)
         try:
             fd = os.open(name, DIRECTORY_FLAGS, dir_fd=parent)
         except OSError:
@@ -350,17 +421,24 @@ class Writer:
             self._refused[parts] = str(error)
             return str(error)
         self._fds[parts] = fd
-        if not made:
-            _remove_stale(fd)
+        self._names[fd] = set() if made else _listed(fd)
         return fd
 
 
-def _remove_stale(directory: int) -> None:
-    """Remove temporary files a killed restore left (old enough not to be another's)."""
+def _listed(directory: int) -> set[str]:
+    """The names in `directory`, once temporary files a killed restore left there (old
+    enough not to be another's) are removed."""
+    names = set(os.listdir(directory))
+    stale = [n for n in names if n.startswith(TEMPORARY_PREFIX) and n.endswith(_TEMPORARY_SUFFIX)]
+    if stale:
+        _remove_stale(directory, stale)
+    return names
+
+
+def _remove_stale(directory: int, names: list[str]) -> None:
+    """Remove the temporary files `names` a killed restore left (old enough not to be another's)."""
     now = time.time()
-    for name in os.listdir(directory):
-        if not (name.startswith(TEMPORARY_PREFIX) and name.endswith(_TEMPORARY_SUFFIX)):
-            continue
+    for name in names:
         try:
             st = os.stat(name, dir_fd=directory, follow_symlinks=False)
             if stat.S_ISREG(st.st_mode) and now - st.st_mtime > _STALE_SECONDS:

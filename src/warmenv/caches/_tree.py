@@ -47,18 +47,23 @@ The API (used by `directory.py` and by each tool's module):
   pairs, an environment's or a bundle's, as `TreeCheck` values: per
   captured tree, whether it can hit on this machine and why not.
 
-Both functions run file work on worker threads and keep memory bounded by
-batches (`batch_bytes`), so a large cache never blocks the event loop or
-sits in memory whole.
+Neither blocks the event loop or holds a large cache in memory whole: a
+capture reads files on worker threads in batches (`batch_bytes`); a restore
+reads the rows and writes the files in one function on the environment's
+SQLite thread, one hop per `batch_bytes` (one for a small cache), each
+value written as it is read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import logging
 import os
 import re
+import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Final, final
 
@@ -69,7 +74,7 @@ import attrs
 from warmenv._facts import PREFIX, Facts, captured_trees
 from warmenv._fs import expand_home
 from warmenv._text import plural
-from warmenv.bundle.signing import Trust, TrustLike, resolve_trust
+from warmenv.bundle.signing import TrustLike, resolve_trust
 from warmenv.caches._paths import (
     DIRECTORY_FLAGS,
     TEMPORARY_PREFIX,
@@ -80,7 +85,17 @@ from warmenv.caches._paths import (
     swappable,
 )
 from warmenv.environment import Environment
-from warmenv.persistence import BytesCodec, CacheMode, Failed, Namespace, Origin, Storage
+from warmenv.persistence import (
+    BytesCodec,
+    CacheMode,
+    Failed,
+    Namespace,
+    Origin,
+    Storage,
+)
+from warmenv.persistence.sqlite import schema, statistics
+from warmenv.persistence.sqlite.database import SqliteDatabase
+from warmenv.persistence.storage import EntryInfo
 
 __all__ = [
     "CacheTree",
@@ -119,6 +134,13 @@ class CacheTree:
     cost: Callable[[bytes], float | None] | None = attrs.field(default=None, eq=False)
     """What the tool records, in a captured file, that computing it took (seconds), or None:
     stored as the entry's `cost`, so a hit on it saves that in the statistics."""
+    rewrite: Callable[[Writer, tuple[str, ...], bytes], bytes | str] | None = attrs.field(
+        default=None, eq=False
+    )
+    """What an index file becomes on restore, or None (as captured): given the writer
+    (its target; `Writer.mode_at` says what is at a path it names) and the
+    index's path under the target, its bytes, or why it is refused. Triton's
+    indexes name their files by absolute path on this machine."""
 
     def __attrs_post_init__(self) -> None:
         if not _TOOL.match(self.tool):
@@ -469,22 +491,55 @@ async def restore_trees(
     pass means the fixed costs are paid once, not per tree: the target and
     its ancestors checked once (a tree's directory is then a directory in
     the target, never a symlink followed), the trust and the environment's
-    namespaces read once, and the files written in as few worker-thread
-    hops as `batch_bytes` allows (one for a small cache): on a loaded
-    machine each hop costs more than writing a small file.
+    namespaces read once.
+
+    One hop: the configuration's trust, the target's checks, the rows and
+    the files are read and written in one function on the environment's
+    SQLite thread, a batch of `batch_bytes` at a time (one hop for a small
+    cache; each hop costs more than writing a small file, most of all on a
+    loaded machine). Meanwhile the environment's other calls wait, at most
+    a batch. An environment in memory reads its rows on the caller's thread
+    (`_sqlite._memory`), so there the files are written on a worker thread of
+    their own, never on the event loop's.
     """
     started = time.monotonic()
     into = expand_home(target, "the cache directory")
-    prefixes = [_prefix(directory) for _, directory in trees]
-    checked, writer = await anyio.to_thread.run_sync(_prepare, trust, into)
+    jobs = [_Job(tree, _prefix(directory)) for tree, directory in trees]
+    if env.remote is not None:  # values fetched from Redis reach the local rows first
+        await env.remote.backfill.settle()
+    restoring = _Restoring(env.database, into, jobs, trust, batch_bytes)
+    finished = False
     try:
-        return await _restore_into(
-            env, into, trees, prefixes, writer, checked, batch_bytes, started
-        )
+        while not restoring.done:
+            if env.in_memory:
+                if restoring.writer is None:
+                    await anyio.to_thread.run_sync(restoring.prepare)
+                entries = await env.database.run(restoring.read_all)
+                await anyio.to_thread.run_sync(restoring.write, entries)
+            else:
+                await env.database.run(restoring.step)
+        finished = True
     finally:
-        if writer.is_open:  # it failed or was cancelled before the last step
+        if not finished:  # failed or cancelled: the descriptors, after any hop in flight
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(writer.close)
+                if env.in_memory:
+                    await anyio.to_thread.run_sync(restoring.close)
+                else:
+                    await env.database.run(restoring.close_on)
+    elapsed = time.monotonic() - started
+    return tuple(
+        RestoreReport(
+            namespace=str(job.tree.namespace),
+            target=into.joinpath(*job.prefix),
+            written=job.counts.written,
+            kept=job.counts.kept,
+            bytes=job.counts.bytes,
+            refused=tuple(job.counts.refused),
+            skipped=_skipped(job.tree, restoring.held),
+            elapsed=elapsed,
+        )
+        for job in jobs
+    )
 
 
 def _prefix(directory: str) -> tuple[str, ...]:
@@ -494,10 +549,6 @@ def _prefix(directory: str) -> tuple[str, ...]:
     if isinstance(parts, str):
         raise ValueError(f"a tree's directory {directory!r} is refused: {parts}")
     return parts
-
-
-def _prepare(trust: TrustLike, target: Path) -> tuple[Trust, Writer]:
-    return resolve_trust(trust), Writer(target)
 
 
 @attrs.define
@@ -518,56 +569,153 @@ class _Job:
     deferred: list[tuple[tuple[str, ...], bytes]] = attrs.Factory(list)
 
 
-# A step of the writing, in order: a batch of a tree's entries, or (None) its indexes.
-_Step = tuple[_Job, list[tuple[bytes, bytes]] | None]
+# An entry to write, in order: a tree's file, or (key None) the sign that its last
+# file was read, so its indexes come now.
+_Entry = tuple[_Job, bytes | None, bytes]
+
+log = logging.getLogger("warmenv.caches")
 
 
-async def _restore_into(
-    env: Environment,
-    target: Path,
-    trees: Sequence[tuple[CacheTree, str]],
-    prefixes: list[tuple[str, ...]],
-    writer: Writer,
-    checked: Trust,
-    batch_bytes: int,
-    started: float,
-) -> tuple[RestoreReport, ...]:
-    signed: set[str] | None = None  # the digests of bundles whose code may be written
-    if checked.require_signature:
-        keys = {str(key) for key in checked.keys}
-        signed = {d for d, key in (await env.bundle_signers()).items() if key in keys}
-    # Checked against the facts this restore was asked for, never recomputed: reading
-    # a tool's version from its metadata costs milliseconds a fact, which made a
-    # restore of a few small files several times slower than copying them.
-    held = [(s.namespace, s.entries) for s in await env.namespaces()]
-    jobs = [_Job(tree, prefix) for (tree, _), prefix in zip(trees, prefixes, strict=True)]
-    steps: list[_Step] = []
-    size = 0
-    for job in jobs:
-        storage = env.storage(job.tree.namespace)
-        entries = storage.scan() if signed is None else _signed_only(storage, signed, job.counts)
-        async for batch in _batches(entries, batch_bytes):
-            steps.append((job, batch))
-            size += sum(len(key) + len(value) for key, value in batch)
-            if size >= batch_bytes:
-                await anyio.to_thread.run_sync(_write_steps, writer, steps)
-                steps, size = [], 0
-        steps.append((job, None))
-    await anyio.to_thread.run_sync(_write_steps_and_close, writer, steps)
-    elapsed = time.monotonic() - started
-    return tuple(
-        RestoreReport(
-            namespace=str(job.tree.namespace),
-            target=target.joinpath(*job.prefix),
-            written=job.counts.written,
-            kept=job.counts.kept,
-            bytes=job.counts.bytes,
-            refused=tuple(job.counts.refused),
-            skipped=_skipped(job.tree, held),
-            elapsed=elapsed,
-        )
-        for job in jobs
-    )
+@attrs.define
+class _Restoring:
+    """One `restore_trees`, hop by hop: where its reading stands, and its writer.
+
+    Driven from one thread at a time (the environment's SQLite thread, or a
+    worker thread and the caller's for an environment in memory), in order.
+    """
+
+    database: SqliteDatabase
+    target: Path
+    jobs: list[_Job]
+    trust: TrustLike
+    batch_bytes: int
+    writer: Writer | None = None
+    signed: set[str] | None = None
+    """The digests of the bundles whose files may be written (`require_signature`), or None."""
+    held: list[tuple[str, int]] = attrs.Factory(list)
+    """The namespaces of the trees' tools, with their entries: what `skipped` is made of."""
+    at: int = 0
+    """The job being read."""
+    after: bytes | None = None
+    """The key its reading continues after."""
+    keys: set[str] | None = attrs.field(default=None, init=False)
+    """The trusted keys, when a signature is required."""
+    began: bool = attrs.field(default=False, init=False)
+
+    @property
+    def done(self) -> bool:
+        return self.at == len(self.jobs)
+
+    def step(self, conn: sqlite3.Connection) -> None:
+        """A hop on the SQLite thread: read the next `batch_bytes` and write them as they
+        are read, one entry in memory at a time (the first hop prepares too)."""
+        try:
+            if self.writer is None:
+                self.prepare()
+            with contextlib.closing(self.read(conn)) as entries:
+                self.write(entries)
+        except BaseException:
+            self.close()
+            raise
+
+    def read_all(self, conn: sqlite3.Connection) -> list[_Entry]:
+        """The next `batch_bytes` of entries, held (an environment in memory's hop)."""
+        return list(self.read(conn))
+
+    def prepare(self) -> None:
+        """The trust (the configuration's, a file) and the target's checks."""
+        checked = resolve_trust(self.trust)
+        if checked.require_signature:
+            self.keys = {str(key) for key in checked.keys}
+        self.writer = Writer(self.target)
+
+    def read(self, conn: sqlite3.Connection) -> Generator[_Entry, None, None]:
+        """The next entries, in order, up to `batch_bytes`; the first hop reads the signers
+        and the namespaces too. Close it: its statement is open until then."""
+        if not self.began:
+            self.began = True
+            self._read_first(conn)
+        size = 0
+        while not self.done:
+            job = self.jobs[self.at]
+            storage = self.database.storage(str(job.tree.namespace))
+            if self.signed is None:
+                rows = storage.entries_on(conn, self.after)
+            else:
+                rows = self._signed_only(storage.entries_with_info_on(conn, self.after), job)
+            with contextlib.closing(rows):
+                try:
+                    for key, value in rows:
+                        self.after = key
+                        yield job, key, value
+                        size += len(key) + len(value)
+                        if size >= self.batch_bytes:
+                            return
+                except sqlite3.Error as exc:
+                    log.warning("reading %s failed, restored in part: %s", storage.describe(), exc)
+            yield job, None, b""
+            self.at += 1
+            self.after = None
+
+    def _read_first(self, conn: sqlite3.Connection) -> None:
+        if self.keys is not None:
+            try:
+                signers = schema.bundle_signers(conn)
+            except sqlite3.Error as exc:
+                log.warning("reading the bundle signers of %s failed: %s", self.database.path, exc)
+                signers = {}
+            self.signed = {d for d, key in signers.items() if key in self.keys}
+        # Checked against the facts this restore was asked for, never recomputed: reading
+        # a tool's version from its metadata costs milliseconds a fact, which made a
+        # restore of a few small files several times slower than copying them.
+        for tool in dict.fromkeys(job.tree.tool for job in self.jobs):
+            try:
+                summaries = statistics.namespaces(conn, under=PREFIX + tool)
+            except sqlite3.Error as exc:
+                log.warning("listing namespaces of %s failed: %s", self.database.path, exc)
+                continue
+            self.held += [(summary.namespace, summary.entries) for summary in summaries]
+
+    def _signed_only(
+        self, rows: Generator[tuple[bytes, bytes, EntryInfo], None, None], job: _Job
+    ) -> Generator[tuple[bytes, bytes], None, None]:
+        """The entries captured here or imported from a bundle of `signed`; the others
+        are counted as refused. Each value is judged by the provenance read with it, in
+        the same query: read apart, an import between the two reads would have an
+        unsigned value written under a signed one's provenance."""
+        assert self.signed is not None
+        with contextlib.closing(rows):
+            for key, value, info in rows:
+                if info.origin is Origin.LOCAL or (
+                    info.origin is Origin.IMPORTED
+                    and info.bundle is not None
+                    and info.bundle.digest in self.signed
+                ):
+                    yield key, value
+                else:
+                    refused = LeftOut(key.decode("utf-8", "backslashreplace"), _UNSIGNED)
+                    job.counts.refused.append(refused)
+
+    def write(self, entries: Iterable[_Entry]) -> None:
+        """Write the entries in order, each tree's indexes after its last file; close the
+        writer after the last tree."""
+        assert self.writer is not None
+        for job, key, value in entries:
+            if key is None:
+                for parts, deferred in job.deferred:
+                    _write_index(self.writer, job, parts, deferred)
+                job.deferred.clear()
+            else:
+                _place(self.writer, job, key, value)
+        if self.done:
+            self.close()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+    def close_on(self, conn: sqlite3.Connection) -> None:
+        self.close()
 
 
 def _skipped(tree: CacheTree, held: list[tuple[str, int]]) -> tuple[Skipped, ...]:
@@ -590,77 +738,36 @@ _UNSIGNED = (
 )
 
 
-async def _signed_only(
-    storage: Storage, signed: set[str], counts: _RestoreCounts
-) -> AsyncIterator[tuple[bytes, bytes]]:
-    """The entries captured here or imported from a bundle of `signed`; the others
-    are counted as refused. Each value is judged by the provenance read with it, in
-    the same query: read apart, an import between the two reads would have an
-    unsigned value written under a signed one's provenance."""
-    async for key, value, info in storage.scan_with_info():
-        if info.origin is Origin.LOCAL or (
-            info.origin is Origin.IMPORTED
-            and info.bundle is not None
-            and info.bundle.digest in signed
-        ):
-            yield key, value
-        else:
-            counts.refused.append(LeftOut(key.decode("utf-8", "backslashreplace"), _UNSIGNED))
-
-
 def _same_tree(full: str, namespace: Namespace) -> bool:
     other = Namespace.raw(full)
     return (other.name, other.path) == (namespace.name, namespace.path)
 
 
-async def _batches(
-    entries: AsyncIterator[tuple[bytes, bytes]], batch_bytes: int
-) -> AsyncIterator[list[tuple[bytes, bytes]]]:
-    batch: list[tuple[bytes, bytes]] = []
-    size = 0
-    async for key, value in entries:
-        batch.append((key, value))
-        size += len(key) + len(value)
-        if size >= batch_bytes:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
+def _place(writer: Writer, job: _Job, key: bytes, value: bytes) -> None:
+    """Write an entry's file, or keep it back if it is an index, to be written after every
+    other of its tree."""
+    parts = relative_parts(key)
+    if isinstance(parts, str):
+        job.counts.refused.append(LeftOut(key.decode("utf-8", "backslashreplace"), parts))
+        return
+    twin = writer.claim(job.prefix + parts)
+    if twin is not None:
+        job.counts.refused.append(LeftOut(key.decode("utf-8", "backslashreplace"), twin))
+    elif job.tree.is_index(parts):
+        job.deferred.append((parts, value))
+    else:
+        _write_one(writer, job, parts, value)
 
 
-def _write_steps(writer: Writer, steps: list[_Step]) -> None:
-    """Write each step in order: a batch's files (its indexes kept back), or a tree's indexes."""
-    for job, batch in steps:
-        if batch is not None:
-            _place(writer, job, batch)
-            continue
-        for parts, value in job.deferred:
-            _write_one(writer, job, parts, value)
-        job.deferred.clear()
-
-
-def _write_steps_and_close(writer: Writer, steps: list[_Step]) -> None:
-    try:
-        _write_steps(writer, steps)
-    finally:
-        writer.close()
-
-
-def _place(writer: Writer, job: _Job, batch: list[tuple[bytes, bytes]]) -> None:
-    """Write a batch's files; keep its index files back, to be written after every other."""
-    for key, value in batch:
-        parts = relative_parts(key)
-        shown = key.decode("utf-8", "backslashreplace")
-        if isinstance(parts, str):
-            job.counts.refused.append(LeftOut(shown, parts))
-            continue
-        twin = writer.claim(job.prefix + parts)
-        if twin is not None:
-            job.counts.refused.append(LeftOut(shown, twin))
-        elif job.tree.is_index(parts):
-            job.deferred.append((parts, value))
-        else:
-            _write_one(writer, job, parts, value)
+def _write_index(writer: Writer, job: _Job, parts: tuple[str, ...], value: bytes) -> None:
+    rewrite = job.tree.rewrite
+    if rewrite is not None:
+        rewritten = rewrite(writer, job.prefix + parts, value)
+        if isinstance(rewritten, str):
+            job.counts.refused.append(LeftOut("/".join(parts), rewritten))
+            return
+        value = rewritten
+    _write_one(writer, job, parts, value)
 
 
 def _write_one(writer: Writer, job: _Job, parts: tuple[str, ...], value: bytes) -> None:

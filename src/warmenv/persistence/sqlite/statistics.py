@@ -37,10 +37,19 @@ from warmenv.persistence.storage import NamespaceSummary, Origin, addressable
 __all__ = ["explain_miss", "flush", "namespaces", "read", "record_import"]
 
 
-def namespaces(conn: sqlite3.Connection) -> list[NamespaceSummary]:
-    """Every namespace's summary, one not UTF-8 text (or not text at all) included."""
+def namespaces(conn: sqlite3.Connection, under: str | None = None) -> list[NamespaceSummary]:
+    """Every namespace's summary, one not UTF-8 text (or not text at all) included.
+
+    `under`: only the namespaces of that name (their first segment), stored as
+    text, read by a range of the primary key rather than the whole table.
+    """
     with schema.foreign_text(conn):
-        return schema.namespace_summaries(conn)
+        if under is None:
+            return schema.namespace_summaries(conn)
+        # '0' is the character after '/': the range holds exactly `under/...`.
+        return schema.namespace_summaries(
+            conn, where="namespace >= ? AND namespace < ?", params=(f"{under}/", f"{under}0")
+        )
 
 
 # A slice of a batch goes into SQLite as two temporary tables: a row per namespace (its

@@ -10,9 +10,17 @@ leave a transaction open. A failure of SQLite is the protocol's answer
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Generator,
+    Iterable,
+    Iterator,
+)
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, final
@@ -287,6 +295,29 @@ class SqlStorage(Storage):
                 return
             after = last
 
+    def entries_on(
+        self, conn: sqlite3.Connection, after: bytes | None = None
+    ) -> Generator[tuple[bytes, bytes], None, None]:
+        """The entries after the key `after` (None: from the first) in key order, as
+        `scan`, read on `conn` one at a time.
+
+        For a function already on the connection's thread (given to `Database.run`)
+        that acts on each entry as it is read, with one value in memory at a time
+        rather than a page; `sqlite3.Error` is its to handle. `conn` must be a
+        connection to this storage's database. The statement stays open until the
+        generator is exhausted or closed: close it before the function returns.
+        """
+        return _entries(self._namespace, after, conn)
+
+    def entries_with_info_on(
+        self, conn: sqlite3.Connection, after: bytes | None = None
+    ) -> Generator[tuple[bytes, bytes, EntryInfo], None, None]:
+        """`entries_on` of `scan_with_info`: each value with its provenance, the same query."""
+        rows = _entries_with_info(self._namespace, after, self._db.version, conn)
+        with contextlib.closing(rows):
+            for key, value, origin, written_at, cost, name, digest in rows:
+                yield key, value, _entry_info(origin, written_at, cost, name, digest)
+
     async def purge(self) -> Purged | Failed:
         try:
             return Purged(await self._db.run(partial(_purge, self._namespace, None)))
@@ -501,27 +532,58 @@ def _page(
 _Row = tuple[bytes, bytes, int, float | None, float | None, str | None, str | None]
 
 
+def _with_info_sql(after: bytes | None, version: int) -> str:
+    where = "e.namespace = ?" + ("" if after is None else " AND e.key > ?")
+    if version < 2:  # a version-1 file read as it is: only the origin is known
+        return (
+            "SELECT e.key, e.value, e.origin, NULL, NULL, NULL, NULL FROM entries AS e "
+            f"WHERE {where} ORDER BY e.key"
+        )
+    return (
+        "SELECT e.key, e.value, e.origin, e.written_at, e.cost, b.name, b.digest "
+        "FROM entries AS e LEFT JOIN bundles AS b ON b.id = e.bundle AND e.origin = "
+        f"{int(Origin.IMPORTED)} WHERE {where} ORDER BY e.key"
+    )
+
+
 def _page_with_info(
     namespace: str, after: bytes | None, limit: int, version: int, conn: sqlite3.Connection
 ) -> tuple[list[_Row], bytes | None]:
     """One page of a keyset scan, each value with its provenance from the same query
     (see `Storage.scan_with_info`), and the key to continue after (`None`: the end)."""
-    where = "e.namespace = ?" + ("" if after is None else " AND e.key > ?")
     params = (namespace,) if after is None else (namespace, after)
-    if version < 2:  # a version-1 file read as it is: only the origin is known
-        sql = (
-            "SELECT e.key, e.value, e.origin, NULL, NULL, NULL, NULL FROM entries AS e "
-            f"WHERE {where} ORDER BY e.key LIMIT ?"
-        )
-    else:
-        sql = (
-            "SELECT e.key, e.value, e.origin, e.written_at, e.cost, b.name, b.digest "
-            "FROM entries AS e LEFT JOIN bundles AS b ON b.id = e.bundle AND e.origin = "
-            f"{int(Origin.IMPORTED)} WHERE {where} ORDER BY e.key LIMIT ?"
-        )
-    raw = conn.execute(sql, (*params, limit)).fetchall()
+    raw = conn.execute(_with_info_sql(after, version) + " LIMIT ?", (*params, limit)).fetchall()
     rows = [row for row in raw if isinstance(row[0], bytes) and isinstance(row[1], bytes)]
     return rows, (raw[-1][0] if len(raw) == limit else None)
+
+
+def _entries(
+    namespace: str, after: bytes | None, conn: sqlite3.Connection
+) -> Generator[tuple[bytes, bytes], None, None]:
+    """`_page`'s rows without pages: one statement, read a row at a time."""
+    where = "namespace = ?" + ("" if after is None else " AND key > ?")
+    params = (namespace,) if after is None else (namespace, after)
+    cursor = conn.execute(f"SELECT key, value FROM entries WHERE {where} ORDER BY key", params)
+    try:
+        for key, value in cursor:
+            if isinstance(key, bytes) and isinstance(value, bytes):
+                yield key, value
+    finally:
+        cursor.close()
+
+
+def _entries_with_info(
+    namespace: str, after: bytes | None, version: int, conn: sqlite3.Connection
+) -> Generator[_Row, None, None]:
+    """`_page_with_info`'s rows without pages: one statement, read a row at a time."""
+    params = (namespace,) if after is None else (namespace, after)
+    cursor = conn.execute(_with_info_sql(after, version), params)
+    try:
+        for row in cursor:
+            if isinstance(row[0], bytes) and isinstance(row[1], bytes):
+                yield row
+    finally:
+        cursor.close()
 
 
 def _entry_info(
