@@ -57,9 +57,15 @@ from warmenv._facts import Facts
 from warmenv._fs import expand_home, open_found
 from warmenv.caches._children import Variable
 from warmenv.caches._paths import DIRECTORY_FLAGS, Writer, relative_parts
-from warmenv.caches._tree import CacheTree, CaptureReport, LeftOut, RestoreReport, refused_lines
+from warmenv.caches._tree import (
+    CacheTree,
+    CaptureReport,
+    LeftOut,
+    RestoreReport,
+    refused_lines,
+    restore_trees,
+)
 from warmenv.caches._tree import capture as _capture
-from warmenv.caches._tree import restore as _restore
 from warmenv.config import load_config
 from warmenv.environment import Environment
 from warmenv.persistence import BytesCodec, CacheMode
@@ -508,57 +514,32 @@ async def restore(env: Environment, target: str | Path | None = None) -> TritonR
     """Write the kernels captured under this machine's facts into `target` (default: `cache_dir()`).
 
     Each index is rewritten to name its files under `target` and written
-    only once they are all there, after every file.
+    only once they are all there, after every file: the files and the
+    indexes are two trees of one pass (`restore_trees`).
     """
-    target = await anyio.to_thread.run_sync(_where, target)
-    files, groups_tree = await anyio.to_thread.run_sync(_trees)
-    restored = await _restore(env, files, target)
-    groups = [item async for item in env.storage(groups_tree.namespace).scan()]
-    counts = await anyio.to_thread.run_sync(_write_groups, target, groups)
-    return TritonRestoreReport(restored, counts.written, counts.kept, tuple(counts.refused))
+    target, (files, groups) = await anyio.to_thread.run_sync(_where_and_trees, target)
+    indexes = attrs.evolve(groups, index=("*",), rewrite=_restored_group)
+    restored, grouped = await restore_trees(env, target, [(files, ""), (indexes, "")])
+    return TritonRestoreReport(restored, grouped.written, grouped.kept, grouped.refused)
 
 
-@attrs.define
-class _GroupCounts:
-    written: int = 0
-    kept: int = 0
-    refused: list[LeftOut] = attrs.Factory(list)
+def _where_and_trees(target: str | Path | None) -> tuple[Path, tuple[CacheTree, CacheTree]]:
+    return _where(target), _trees()
 
 
-def _write_groups(target: Path, groups: list[tuple[bytes, bytes]]) -> _GroupCounts:
-    counts = _GroupCounts()
-    writer = Writer(target)
-    try:
-        for key, value in groups:
-            shown = key.decode("utf-8", "backslashreplace")
-            written = _write_group(writer, target, key, value)
-            if isinstance(written, str):
-                counts.refused.append(LeftOut(shown, written))
-            elif written:
-                counts.written += 1
-            else:
-                counts.kept += 1
-    finally:
-        writer.close()
-    return counts
-
-
-def _write_group(writer: Writer, target: Path, key: bytes, value: bytes) -> bool | str:
-    parts = relative_parts(key)
-    if isinstance(parts, str):
-        return parts
+def _restored_group(writer: Writer, parts: tuple[str, ...], value: bytes) -> bytes | str:
+    """An index as Triton's file cache reads it: its files by absolute path under the
+    target, every one of them there; or why it is refused."""
     if len(parts) != 2 or not parts[1].startswith(GROUP_PREFIX):
         return "it is not a kernel's index (<key>/__grp__<name>)"
     names = _group_names(value, None)
     if isinstance(names, str):
         return names
-    kernel = target / parts[0]
     for name in names:
-        try:
-            st = os.stat(kernel / name, follow_symlinks=False)
-        except OSError:
+        mode = writer.mode_at((parts[0], name))
+        if mode is None:
             return f"its file {name!r} is not in the cache"
-        if not stat.S_ISREG(st.st_mode):
+        if not stat.S_ISREG(mode):
             return f"its file {name!r} is not a regular file"
-    index = {"child_paths": {name: str(kernel / name) for name in names}}
-    return writer.write(parts, json.dumps(index).encode())
+    kernel = writer.target / parts[0]
+    return json.dumps({"child_paths": {name: str(kernel / name) for name in names}}).encode()
