@@ -1,0 +1,115 @@
+"""A compiler-cache restore beside `cp -r` of the same files, without a compiler.
+
+Run: python benchmarks/bench_restore.py [--files 182] [--size 4096] [--directories 14]
+[--rounds 30] [--json]
+
+A tree of `--files` files of `--size` bytes spread over `--directories`
+directories (Numba's issue-size cache: 182 files in 14 directories) is
+captured through the directory form (`warmenv.caches.directory`) into a
+fresh environment; then, in one process with the environment open,
+`await restore(env, tree, target)` into an empty directory is alternated
+with `subprocess.run(["cp", "-r", source, copy])` of the same files (so
+the floor includes cp's spawn, as bench_caches*.py's rows do), and the
+medians of `--rounds` each are printed, with their ratio (issue 20's
+target: <= 1.5x), wall time and CPU time (user + system: ours the process's
+during the restore, every thread's; cp's the child's, from `getrusage`).
+CPU time moves less with the machine's load than wall time does; neither
+side's includes the other's waiting for the disk.
+
+To compare two versions of warmenv side by side, run this script
+alternately under each (`PYTHONPATH=<other checkout>/src`): the ratios are
+what to compare, as the machine's load moves both rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+
+import warmenv
+from warmenv import open_environment
+from warmenv.caches import directory
+from warmenv.caches._tree import restore
+
+
+def build(source: Path, files: int, size: int, directories: int) -> None:
+    for i in range(files):
+        folder = source / f"d{i % directories:02d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"f{i:05d}.bin").write_bytes(i.to_bytes(4, "big") * (size // 4))
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def bench(args: argparse.Namespace, scratch: Path) -> dict[str, float]:
+    source = scratch / "source"
+    build(source, args.files, args.size, args.directories)
+    tree = directory.tree("bench", ("python",))
+    ours: list[float] = []
+    floor: list[float] = []
+    ours_cpu: list[float] = []
+    floor_cpu: list[float] = []
+    async with open_environment("default", root=scratch / "root") as env:
+        await directory.capture(env, source, tool="bench", facts=("python",))
+        await restore(env, tree, scratch / "warm-up")
+        for i in range(args.rounds):
+            target = scratch / f"ours-{i}"
+            started, cpu = time.perf_counter(), time.process_time()
+            report = await restore(env, tree, target)
+            ours.append(time.perf_counter() - started)
+            ours_cpu.append(time.process_time() - cpu)
+            assert report.written == args.files, report
+            copy = scratch / f"copy-{i}"
+            started, cpu = time.perf_counter(), _children_cpu()
+            subprocess.run(["cp", "-r", str(source), str(copy)], check=True)
+            floor.append(time.perf_counter() - started)
+            floor_cpu.append(_children_cpu() - cpu)
+            shutil.rmtree(target)
+            shutil.rmtree(copy)
+    return {
+        "restore": statistics.median(ours),
+        "cp": statistics.median(floor),
+        "restore_cpu": statistics.median(ours_cpu),
+        "cp_cpu": statistics.median(floor_cpu),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", type=int, default=182)
+    parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--directories", type=int, default=14)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--backend", default="asyncio")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--scratch", help="the directory to work in (default: the system's temp)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-restore-", dir=args.scratch) as scratch:
+        result = anyio.run(bench, args, Path(scratch), backend=args.backend)
+    result["ratio"] = result["restore"] / result["cp"]
+    result["cpu_ratio"] = result["restore_cpu"] / result["cp_cpu"]
+    if args.json:
+        print(json.dumps({"warmenv": str(Path(warmenv.__file__).parent), **result}))
+        return
+    print(
+        f"{args.files} files of {args.size:,} bytes in {args.directories} directories: "
+        f"restore {result['restore'] * 1e3:.2f} ms, cp -r {result['cp'] * 1e3:.2f} ms, "
+        f"{result['ratio']:.2f}x; CPU (user + system) {result['restore_cpu'] * 1e3:.2f} ms vs "
+        f"{result['cp_cpu'] * 1e3:.2f} ms, {result['cpu_ratio']:.2f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()
