@@ -62,7 +62,11 @@ another absolute path), wall time from the process's start to its end:
 - restore vs cp -r: the files of the warm run's restore written into an
   empty directory by `warmenv.caches.restore`, and the same files copied
   with `cp -r` from a directory holding them (the floor), alternating, the
-  median of --rounds each.
+  median of --rounds each; wall time, and CPU time (user + system: the
+  restore's in this process, every thread's; cp's from `getrusage` of the
+  child), which moves less with the machine's load. cp's row includes its
+  own process start (fork, exec), ours neither Python's start nor the
+  environment's open: the row favours us by that much.
 - start-up floor: a process that only imports the tool and
   `warmenv.caches.<tool>` and exits (median of 3): what no cache can save.
 warmenv itself is byte-compiled first (`compileall`), as a wheel is when pip
@@ -408,34 +412,49 @@ def ship(first: Path, second: Path, scratch: Path) -> None:
     anyio.run(main)
 
 
-def restore_vs_copy(home: Path, tool: str, rounds: int, scratch: Path) -> tuple[float, float, int]:
-    """Median seconds of our restore and of `cp -r` of the same files, and the file count."""
+def restore_vs_copy(home: Path, tool: str, rounds: int, scratch: Path) -> dict[str, float]:
+    """Medians of our restore and of `cp -r` of the same files, wall and CPU, and the
+    file count."""
     module = __import__(f"warmenv.caches.{tool}", fromlist=["tree"])
     tree = module.tree()
     ours: list[float] = []
+    ours_cpu: list[float] = []
     floor: list[float] = []
-    files = 0
+    floor_cpu: list[float] = []
 
     async def restore_once(target: Path) -> int:
         async with open_environment("default", root=home / "root") as env:
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             report = await restore(env, tree, target)
             ours.append(time.perf_counter() - started)
+            ours_cpu.append(time.process_time() - cpu)
             return report.written
+
+    def children_cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
 
     source = scratch / "restored-once"
     files = anyio.run(restore_once, source)
     ours.clear()
+    ours_cpu.clear()
     for i in range(rounds):
         target = scratch / f"ours-{i}"
         anyio.run(restore_once, target)
         copy = scratch / f"copy-{i}"
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), children_cpu()
         subprocess.run(["cp", "-r", str(source), str(copy)], check=True)
         floor.append(time.perf_counter() - started)
+        floor_cpu.append(children_cpu() - cpu)
         shutil.rmtree(target)
         shutil.rmtree(copy)
-    return statistics.median(ours), statistics.median(floor), files
+    return {
+        "restore": statistics.median(ours),
+        "cp": statistics.median(floor),
+        "restore_cpu": statistics.median(ours_cpu),
+        "cp_cpu": statistics.median(floor_cpu),
+        "files": files,
+    }
 
 
 def workload_of(args: argparse.Namespace) -> Workload:
@@ -463,7 +482,7 @@ def bench(tool: str, args: argparse.Namespace) -> dict[str, Any]:
         plain = run(fourth, "plain", tool, workload)
         print(f"{tool}: warm runs ...", file=sys.stderr, flush=True)
         warm, own = warm_runs(second, third, tool, workload, args.rounds)
-        ours, floor, files = restore_vs_copy(second, tool, args.rounds, scratch)
+        copied = restore_vs_copy(second, tool, args.rounds, scratch)
         startup = floor_seconds(tool)
     return {
         "load": (load_before, os.getloadavg()[0]),
@@ -473,9 +492,7 @@ def bench(tool: str, args: argparse.Namespace) -> dict[str, Any]:
         "plain": plain,
         "warm": warm,
         "own": own,
-        "restore": ours,
-        "cp": floor,
-        "files": files,
+        **copied,
     }
 
 
@@ -498,7 +515,7 @@ def main() -> None:
     columns = ["tool", "cold", "plain copy: wall, hits", "warm: wall, hits", "warm vs cold"]
     columns += ["the tool's own warm, in place", "warmenv's cost: wall, CPU"]
     columns += ["start-up floor", "warm above the floor"]
-    columns += ["restore", "cp -r", "restore vs cp -r"]
+    columns += ["restore", "cp -r", "restore vs cp -r", "CPU: restore, cp -r, ratio"]
     print("| " + " | ".join(columns) + " |")
     print("| " + " | ".join("---" for _ in columns) + " |")
     for r in rows:
@@ -516,6 +533,8 @@ def main() -> None:
             f"{r['restore'] * 1000:.1f} ms ({r['files']} files)",
             f"{r['cp'] * 1000:.1f} ms",
             f"{r['restore'] / r['cp']:.2f}x",
+            f"{r['restore_cpu'] * 1000:.1f} ms, {r['cp_cpu'] * 1000:.1f} ms, "
+            f"{r['restore_cpu'] / r['cp_cpu']:.2f}x",
         ]
         print("| " + " | ".join(cells) + " |")
     for r in rows:
