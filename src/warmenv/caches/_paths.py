@@ -29,6 +29,7 @@ reads a file or directory another user owns or can write.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -354,9 +355,12 @@ class Writer:
         os.close(fd)
         try:
             os.rename(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
-        except OSError:  # a directory put at the name since the listing
-            os.unlink(temporary, dir_fd=directory)
-            return self._already(directory, parts)
+        except BaseException as error:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary, dir_fd=directory)
+            if isinstance(error, IsADirectoryError):  # one put at the name since the listing
+                return self._already(directory, parts)
+            raise
         names.add(name)
         return True
 
