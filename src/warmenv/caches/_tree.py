@@ -510,7 +510,7 @@ async def restore_trees(
     restoring = _Restoring(env.database, into, jobs, trust, batch_bytes)
     finished = False
     try:
-        while not restoring.done:
+        while True:  # at least once: the target is checked (and made) with no tree too
             if env.in_memory:
                 if restoring.writer is None:
                     await anyio.to_thread.run_sync(restoring.prepare)
@@ -518,6 +518,8 @@ async def restore_trees(
                 await anyio.to_thread.run_sync(restoring.write, entries)
             else:
                 await env.database.run(restoring.step)
+            if restoring.done:
+                break
         finished = True
     finally:
         if not finished:  # failed or cancelled: the descriptors, after any hop in flight
