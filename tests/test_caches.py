@@ -33,6 +33,7 @@ from warmenv.bundle import export_bundle, import_bundle, preflight
 from warmenv.caches import CacheTree, Facts, UnsafeTargetError, captured_trees, directory
 from warmenv.caches._inprocess import where
 from warmenv.caches._paths import Writer, checked_parts, relative_parts
+from warmenv.caches._tree import restore_trees
 
 pytestmark = pytest.mark.anyio
 
@@ -616,6 +617,35 @@ async def test_a_small_restore_is_one_hop_to_the_sqlite_thread_and_no_other(
         report = await warmenv.caches.restore(env, TREE, tmp_path / "t")
     assert report.written == 3
     assert hops == ["sqlite"]
+
+
+async def test_several_trees_restore_in_one_pass_each_under_its_directory(
+    env: Environment, tmp_path: Path
+) -> None:
+    kernels = CacheTree("demo", Facts.of([("demo", "1")]), part="kernels", index=("*.idx",))
+    graphs = CacheTree("demo", Facts.of([("demo", "1")]), part="graphs")
+    await env.storage(kernels.namespace).insert_many([(b"a.idx", b"i"), (b"k/a.so", b"so")])
+    await env.storage(graphs.namespace).insert_many([(b"g1", b"one"), (b"x/g2", b"two")])
+    order: list[str] = []
+    real = os.rename
+
+    def recording(src: object, dst: str, **kwargs: object) -> None:
+        order.append(dst)
+        real(src, dst, **kwargs)  # type: ignore[arg-type]
+
+    target = tmp_path / "t"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "rename", recording)
+        first, second = await restore_trees(env, target, [(kernels, ""), (graphs, "fxgraph")])
+    assert order == ["a.so", "a.idx", "g1", "g2"]  # a tree's index before the next tree
+    assert (first.written, second.written) == (2, 2)
+    assert (first.target, second.target) == (target, target / "fxgraph")
+    assert _files(target) == {
+        "a.idx": b"i",
+        "k/a.so": b"so",
+        "fxgraph/g1": b"one",
+        "fxgraph/x/g2": b"two",
+    }
 
 
 async def test_restored_files_are_written_off_the_event_loop_thread(
