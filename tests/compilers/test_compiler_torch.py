@@ -279,9 +279,10 @@ def test_a_torch_restore_pays_its_fixed_costs_once_not_per_tree(
 
     assert [restored.kernels.written, *(graph.written for graph in restored.graphs)] == [1, 1, 1]
     # Each hop wakes a thread (a wake-up under load costs more than writing a small file):
-    # the facts, the target's checks, the writing; the namespaces, a scan per tree and
-    # the Mega-Cache's count. Restored one tree after the other it was 10 and 7.
-    assert hops == {"thread": 3, "sqlite": 5}
+    # the facts; the one pass on SQLite's thread (the trust, the target's checks, the
+    # namespaces, every tree's rows and files) and the Mega-Cache's count. Restored one
+    # tree after the other it was 10 and 7; one pass with a hop per step, 3 and 5.
+    assert hops == {"thread": 1, "sqlite": 2}
 
 
 def _restored_over_a_symlinked_fxgraph(tmp_path: Path) -> tuple[Any, Path]:
