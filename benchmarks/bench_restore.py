@@ -38,7 +38,7 @@ import anyio
 import warmenv
 from warmenv import open_environment
 from warmenv.caches import directory
-from warmenv.caches._tree import restore
+from warmenv.caches._restore import restore
 
 
 def build(source: Path, files: int, size: int, directories: int) -> None:

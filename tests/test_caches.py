@@ -33,7 +33,7 @@ from warmenv.bundle import export_bundle, import_bundle, preflight
 from warmenv.caches import CacheTree, Facts, UnsafeTargetError, captured_trees, directory
 from warmenv.caches._inprocess import where
 from warmenv.caches._paths import Writer, checked_parts, relative_parts
-from warmenv.caches._tree import restore_trees
+from warmenv.caches._restore import restore_trees
 
 pytestmark = pytest.mark.anyio
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from warmenv._facts import Facts, TreeCheck, captured_trees
 from warmenv.caches._paths import UnsafeTargetError
+from warmenv.caches._restore import restore
 from warmenv.caches._tree import (
     CacheTree,
     CaptureReport,
@@ -30,7 +31,6 @@ from warmenv.caches._tree import (
     RestoreReport,
     Skipped,
     capture,
-    restore,
 )
 
 __all__ = [

@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, TypeAlias, final
 
 import attrs
 
+from warmenv.caches._restore import restore
 from warmenv.caches._tree import (
     CacheTree,
     CaptureReport,
     RestoreReport,
     capture,
     record_hits,
-    restore,
 )
 from warmenv.environment import open_environment
 from warmenv.future import block_on

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from warmenv._facts import Facts
+from warmenv.caches._restore import restore as _restore
 from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport
 from warmenv.caches._tree import capture as _capture
-from warmenv.caches._tree import restore as _restore
 from warmenv.environment import Environment
 
 __all__ = ["capture", "restore", "tree"]

@@ -37,9 +37,9 @@ from typing import Any, Final
 from warmenv._facts import Facts
 from warmenv._fs import expand_home
 from warmenv.caches._inprocess import EnvironmentChoice, Tally, Warmed, restored
+from warmenv.caches._restore import restore as _restore
 from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport
 from warmenv.caches._tree import capture as _capture
-from warmenv.caches._tree import restore as _restore
 from warmenv.config import load_config
 from warmenv.environment import Environment
 

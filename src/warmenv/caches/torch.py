@@ -57,13 +57,13 @@ from warmenv._facts import Facts
 from warmenv._fs import expand_home
 from warmenv.caches._children import EntryPoint
 from warmenv.caches._inprocess import EnvironmentChoice, HitLines, _Where, where
+from warmenv.caches._restore import restore_trees
 from warmenv.caches._tree import (
     CacheTree,
     CaptureReport,
     RestoreReport,
     record_hits,
     refused_lines,
-    restore_trees,
 )
 from warmenv.caches._tree import capture as _capture
 from warmenv.config import load_config

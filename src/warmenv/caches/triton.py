@@ -57,13 +57,13 @@ from warmenv._facts import Facts
 from warmenv._fs import expand_home, open_found
 from warmenv.caches._children import Variable
 from warmenv.caches._paths import DIRECTORY_FLAGS, Writer, relative_parts
+from warmenv.caches._restore import restore_trees
 from warmenv.caches._tree import (
     CacheTree,
     CaptureReport,
     LeftOut,
     RestoreReport,
     refused_lines,
-    restore_trees,
 )
 from warmenv.caches._tree import capture as _capture
 from warmenv.config import load_config
