@@ -178,6 +178,7 @@ def bench(session: nox.Session) -> None:
         "bench_explain.py",
         "bench_download.py",
         "bench_remote.py",
+        "bench_restore.py",  # a compiler-cache restore beside cp -r, no compiler needed
         "bench_import_vs_0_1.py",  # 0.1's reader from the clone's history: a full clone
     )
     if session.posargs[:1] and session.posargs[0] in CACHE_BENCHMARKS:
