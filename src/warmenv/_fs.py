@@ -27,6 +27,7 @@ from typing import Final
 from warmenv._errors import WarmenvError
 
 __all__ = [
+    "close_unless_regular",
     "NoSuchHomeError",
     "expand_home",
     "is_missing",
@@ -119,6 +120,12 @@ def open_found(name: str | os.PathLike[str], *, dir_fd: int | None = None) -> in
         if exc.errno == errno.ENXIO:  # a socket cannot be opened at all
             return "a socket, not a regular file"
         raise
+    kind = close_unless_regular(fd)
+    return fd if kind is None else f"{kind}, not a regular file"
+
+
+def close_unless_regular(fd: int) -> str | None:
+    """None if the open `fd` is a regular file; else `fd` is closed and what it is said."""
     try:
         kind = kind_of(os.fstat(fd).st_mode)
     except BaseException:
@@ -126,8 +133,7 @@ def open_found(name: str | os.PathLike[str], *, dir_fd: int | None = None) -> in
         raise
     if kind is not None:
         os.close(fd)
-        return f"{kind}, not a regular file"
-    return fd
+    return kind
 
 
 def is_missing(path: Path) -> bool:

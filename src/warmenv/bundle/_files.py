@@ -34,7 +34,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from warmenv._fs import kind_of, non_regular_kind, open_found
+from warmenv._fs import close_unless_regular, non_regular_kind, open_found
 from warmenv.bundle.errors import BundleNotFoundError, NotABundleError
 
 __all__ = [
@@ -78,13 +78,8 @@ def open_regular(path: Path) -> int:
         fd = os.open(path, flags)
     except FileNotFoundError:
         raise BundleNotFoundError(f"{path}: no such file; check the bundle's path") from None
-    try:
-        kind = kind_of(os.fstat(fd).st_mode)
-    except BaseException:
-        os.close(fd)
-        raise
+    kind = close_unless_regular(fd)
     if kind is not None:
-        os.close(fd)
         raise NotABundleError(f"{path} is {kind}, not a bundle file")
     return fd
 
