@@ -498,3 +498,32 @@ def test_import_warmenv_and_a_local_environment_import_nothing_of_the_shared_tie
         str(tmp_path),
     )
     assert json_lines(child) == [[[], [], True]]
+
+
+def test_a_command_on_an_environment_without_a_tier_imports_nothing_of_it(tmp_path: Path) -> None:
+    # `warmenv run` wraps a pod's entrypoint and `warmenv ls/stats` are run by hand: without a
+    # configured remote, none of them pays for the Redis tier's room (its wire, coredis).
+    child = run_python(
+        textwrap.dedent(
+            """
+            import contextlib, io, json, sys
+            import anyio
+            import warmenv
+            from warmenv.cli import main
+
+            async def made():
+                async with warmenv.open_environment("e", root=sys.argv[1], remote=""):
+                    pass
+
+            anyio.run(made)
+            codes = []
+            for command in (["ls"], ["stats", "--env", "e"]):
+                with contextlib.redirect_stdout(io.StringIO()):
+                    codes.append(main([*command, "--root", sys.argv[1]]))
+            tier = sorted(m for m in sys.modules if m.startswith(("warmenv.remote", "coredis")))
+            print(json.dumps([codes, tier]))
+            """
+        ),
+        str(tmp_path),
+    )
+    assert json_lines(child) == [[[0, 0], []]]

@@ -30,10 +30,10 @@ from warmenv.environment import (
     NotAnEnvironmentError,
     open_environment,
 )
-from warmenv.remote import RemoteTier
 
 if TYPE_CHECKING:
     from warmenv.cli._output import Output
+    from warmenv.remote import RemoteTier
 
 
 def check_env_option(args: argparse.Namespace) -> None:
