@@ -210,25 +210,75 @@ def test_an_unencrypted_openssh_ed25519_key_signs(tmp_path: Path) -> None:
     assert SigningKey.load(path).public_key == SigningKey(key).public_key
 
 
+def _private_key(kind: str) -> Any:
+    """A private key of `kind`, the least costly of its algorithm to make."""
+    from cryptography.hazmat.primitives.asymmetric import dh, dsa, ec, ed448, rsa, x448, x25519
+
+    makers = {
+        "rsa": lambda: rsa.generate_private_key(public_exponent=65537, key_size=1024),
+        "ecdsa": lambda: ec.generate_private_key(ec.SECP256R1()),
+        "ed448": ed448.Ed448PrivateKey.generate,
+        "dsa": lambda: dsa.generate_private_key(key_size=1024),
+        "x25519": x25519.X25519PrivateKey.generate,
+        "x448": x448.X448PrivateKey.generate,
+        # RFC 3526's 2048-bit group: generating parameters would take seconds.
+        "dh": lambda: dh.DHParameterNumbers(_RFC3526_2048, 2).parameters().generate_private_key(),
+    }
+    return makers[kind]()
+
+
+_RFC3526_2048 = int(
+    "FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A0879"
+    "8E3404DDEF9519B3CD3A431B302B0A6DF25F14374FE1356D6D51C245E485B576625E7EC6F44C42E9A637ED6B"
+    "0BFF5CB6F406B7EDEE386BFB5A899FA5AE9F24117C4B1FE649286651ECE45B3DC2007CB8A163BF0598DA4836"
+    "1C55D39A69163FA8FD24CF5F83655D23DCA3AD961C62F356208552BB9ED529077096966D670C354E4ABC9804"
+    "F1746C08CA18217C32905E462E36CE3BE39E772C180E86039B2783A2EC07A28FB5C55DF06F4C52C9DE2BCBF6"
+    "955817183995497CEA956AE515D2261898FA051015728E5A8AACAA68FFFFFFFFFFFFFFFF",
+    16,
+)
+
+
+# Making and loading such a key warns (cryptography deprecates DSA and finite-field DH).
+_DEPRECATED_BY_CRYPTOGRAPHY = pytest.mark.filterwarnings(
+    "ignore:.*is deprecated:cryptography.utils.CryptographyDeprecationWarning"
+)
+
+
 @pytest.mark.parametrize(
-    ("wrapping", "words"), [("PKCS8", "an RSA key"), ("OpenSSH", "an RSA key")]
+    ("kind", "wrapping", "words"),
+    [
+        ("rsa", "PKCS8", "an RSA key"),
+        ("rsa", "OpenSSH", "an RSA key"),
+        ("ecdsa", "PKCS8", "an ECDSA key"),
+        ("ed448", "PKCS8", "an Ed448 key"),
+        pytest.param("dsa", "PKCS8", "a DSA key", marks=_DEPRECATED_BY_CRYPTOGRAPHY),
+        ("x25519", "PKCS8", "an X25519 key (for key exchange, not signing)"),
+        ("x448", "PKCS8", "an X448 key (for key exchange, not signing)"),
+        pytest.param(
+            "dh",
+            "PKCS8",
+            "a Diffie-Hellman key (for key exchange, not signing)",
+            marks=_DEPRECATED_BY_CRYPTOGRAPHY,
+        ),
+    ],
 )
 def test_a_private_key_of_another_algorithm_is_named_in_words(
-    tmp_path: Path, wrapping: str, words: str
+    tmp_path: Path, kind: str, wrapping: str, words: str
 ) -> None:
     from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
 
     path = tmp_path / "key"
     path.write_bytes(
-        rsa.generate_private_key(public_exponent=65537, key_size=1024).private_bytes(
+        _private_key(kind).private_bytes(
             serialization.Encoding.PEM,
             getattr(serialization.PrivateFormat, wrapping),
             serialization.NoEncryption(),
         )
     )
     path.chmod(0o600)
-    with pytest.raises(KeyFileError, match=f"holds {words}, not an Ed25519 key") as raised:
+    with pytest.raises(
+        KeyFileError, match=re.escape(f"holds {words}, not an Ed25519 key")
+    ) as raised:
         SigningKey.load(path)
     _no_class_names(str(raised.value))
 

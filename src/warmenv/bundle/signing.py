@@ -212,14 +212,23 @@ def _holds_public_keys(path: Path) -> str:
 
 def _kind_of_key(key: object) -> str:
     """`key`'s algorithm in words ("an RSA key"), for a user who gave the wrong key."""
-    from cryptography.hazmat.primitives.asymmetric import ec, ed448, rsa
+    from cryptography.hazmat.primitives.asymmetric import ec, ed448, rsa, x448, x25519
 
     kinds = (
         (rsa.RSAPrivateKey, "an RSA key"),
         (ec.EllipticCurvePrivateKey, "an ECDSA key"),
         (ed448.Ed448PrivateKey, "an Ed448 key"),
+        (x25519.X25519PrivateKey, "an X25519 key (for key exchange, not signing)"),
+        (x448.X448PrivateKey, "an X448 key (for key exchange, not signing)"),
     )
-    return next((words for kind, words in kinds if isinstance(key, kind)), "a key of another kind")
+    found = next((words for kind, words in kinds if isinstance(key, kind)), None)
+    # DSA and finite-field Diffie-Hellman by name: cryptography deprecates their modules,
+    # and touching them would warn a user who gave such a key a second time.
+    deprecated = {
+        "DSAPrivateKey": "a DSA key",
+        "DHPrivateKey": "a Diffie-Hellman key (for key exchange, not signing)",
+    }
+    return found or deprecated.get(type(key).__name__, "a key of another kind")
 
 
 def generate_key(path: str | Path) -> PublicKey:
