@@ -1,12 +1,15 @@
-"""Shared helpers for the benchmark scripts: timing loops and ratio tables."""
+"""Shared helpers for the benchmark scripts: timing loops, the `cp -r` floor and ratio tables."""
 
 from __future__ import annotations
 
 import platform
+import resource
 import sqlite3
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import attrs
 
@@ -41,6 +44,28 @@ class Row:
     @property
     def ratio(self) -> float:
         return self.value / self.baseline if self.baseline else float("nan")
+
+
+@attrs.frozen
+class Timing:
+    """One run's wall time and CPU time (user + system), in seconds."""
+
+    wall: float
+    cpu: float
+
+
+def children_cpu() -> float:
+    """User + system seconds of the child processes this process has waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def cp_r(source: Path, target: Path) -> Timing:
+    """`cp -r source target`, the floor of every restore row: its wall time with cp's
+    spawn, and cp's own CPU (from `getrusage`, so none of this process's threads)."""
+    started, cpu = time.perf_counter(), children_cpu()
+    subprocess.run(["cp", "-r", str(source), str(target)], check=True)
+    return Timing(time.perf_counter() - started, children_cpu() - cpu)
 
 
 def machine() -> str:

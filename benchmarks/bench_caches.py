@@ -32,7 +32,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).parent))
 import warmenv
-from _report import Row, print_table
+from _report import Row, cp_r, print_table
 from warmenv import open_environment
 from warmenv.bundle import export_bundle, import_bundle
 
@@ -184,12 +183,6 @@ async def _ship(source: Machine, target: Machine, bundle: Path) -> None:
         await import_bundle(bundle, env)
 
 
-def _cp(source: Path, target: Path) -> float:
-    started = time.perf_counter()
-    subprocess.run(["cp", "-r", str(source), str(target)], check=True)
-    return time.perf_counter() - started
-
-
 RESTORE = """
 import importlib, json, sys, time
 from pathlib import Path
@@ -219,7 +212,7 @@ def _restore_beside_cp(tool: str, root: Path, base: Path, rounds: int = 5) -> Ro
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         restores.append(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
-        copies.append(_cp(target, base / f"{tool}-cp-{i}"))
+        copies.append(cp_r(target, base / f"{tool}-cp-{i}").wall)
     files = [p for p in (base / f"{tool}-restored-0").rglob("*") if p.is_file()]
     size = sum(p.stat().st_size for p in files)
     return Row(f"restore ({len(files)} files, {size:,} bytes; median of {rounds}, fresh "

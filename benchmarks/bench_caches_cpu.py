@@ -98,6 +98,7 @@ import anyio
 import attrs
 
 import warmenv
+from _report import cp_r
 from warmenv import open_environment
 from warmenv.bundle import export_bundle, import_bundle
 from warmenv.caches import restore
@@ -430,10 +431,6 @@ def restore_vs_copy(home: Path, tool: str, rounds: int, scratch: Path) -> dict[s
             ours_cpu.append(time.process_time() - cpu)
             return report.written
 
-    def children_cpu() -> float:
-        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return usage.ru_utime + usage.ru_stime
-
     source = scratch / "restored-once"
     files = anyio.run(restore_once, source)
     ours.clear()
@@ -442,10 +439,9 @@ def restore_vs_copy(home: Path, tool: str, rounds: int, scratch: Path) -> dict[s
         target = scratch / f"ours-{i}"
         anyio.run(restore_once, target)
         copy = scratch / f"copy-{i}"
-        started, cpu = time.perf_counter(), children_cpu()
-        subprocess.run(["cp", "-r", str(source), str(copy)], check=True)
-        floor.append(time.perf_counter() - started)
-        floor_cpu.append(children_cpu() - cpu)
+        copied = cp_r(source, copy)
+        floor.append(copied.wall)
+        floor_cpu.append(copied.cpu)
         shutil.rmtree(target)
         shutil.rmtree(copy)
     return {

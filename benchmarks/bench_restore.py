@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +34,7 @@ from pathlib import Path
 import anyio
 
 import warmenv
+from _report import cp_r
 from warmenv import open_environment
 from warmenv.caches import directory
 from warmenv.caches._restore import restore
@@ -46,11 +45,6 @@ def build(source: Path, files: int, size: int, directories: int) -> None:
         folder = source / f"d{i % directories:02d}"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"f{i:05d}.bin").write_bytes(i.to_bytes(4, "big") * (size // 4))
-
-
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 async def bench(args: argparse.Namespace, scratch: Path) -> dict[str, float]:
@@ -72,11 +66,10 @@ async def bench(args: argparse.Namespace, scratch: Path) -> dict[str, float]:
             ours_cpu.append(time.process_time() - cpu)
             assert report.written == args.files, report
             copy = scratch / f"copy-{i}"
-            started, cpu = time.perf_counter(), _children_cpu()
             # Blocking on purpose: nothing else runs, and the copy is timed alone.
-            subprocess.run(["cp", "-r", str(source), str(copy)], check=True)  # noqa: ASYNC221
-            floor.append(time.perf_counter() - started)
-            floor_cpu.append(_children_cpu() - cpu)
+            copied = cp_r(source, copy)
+            floor.append(copied.wall)
+            floor_cpu.append(copied.cpu)
             shutil.rmtree(target)
             shutil.rmtree(copy)
     return {
