@@ -1,14 +1,17 @@
-"""Shared helpers for the benchmark scripts: timing loops, the `cp -r` floor and ratio tables."""
+"""Shared helpers for the benchmark scripts: timing loops, the `cp -r` floor, ratio tables,
+and the callgrind runner of the `*_instructions.py` scripts."""
 
 from __future__ import annotations
 
+import os
 import platform
 import resource
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import attrs
@@ -96,3 +99,76 @@ def print_table(title: str, rows: list[Row]) -> None:
             f"| {row.name} | {row.value:,.2f} {row.unit} | {row.baseline_name} | "
             f"{row.baseline:,.2f} {row.unit} | {row.ratio:.2f}x | {row.target} |"
         )
+
+
+CHILD = "--child"
+"""The first argument of an `*_instructions.py` script run as callgrind's child."""
+
+
+@attrs.frozen
+class Counted:
+    """What callgrind counted in one child run."""
+
+    threads: tuple[int, ...]
+    """Machine instructions of each thread, the main thread first."""
+    stdout: str
+    """What the child printed."""
+
+
+def callgrind(
+    script: str, tree: Path, args: Sequence[str], *, loop: bool = False, hash_seed: str | None = "0"
+) -> Counted:
+    """Run `python script --child *args` under callgrind over `tree`'s src, each thread
+    counted apart (`--separate-threads=yes`).
+
+    A whole run by default: every thread's instructions from start to exit. With
+    `loop`, the child marks its timed loop with two calls of `time.thread_time()`,
+    before which callgrind dumps its counts (`--dump-before=time_thread_time`), and
+    only the main thread's between the two marks is counted (the part a mark dumps
+    is that of the thread that reached it). `hash_seed` is PYTHONHASHSEED (None: the
+    interpreter's random one), fixed so that dicts and sets are laid out alike on
+    every run.
+    """
+    with tempfile.TemporaryDirectory() as out:
+        dump = Path(out) / "callgrind.out"
+        command = [
+            "valgrind",
+            "--tool=callgrind",
+            *(["--dump-before=time_thread_time"] if loop else []),
+            "--separate-threads=yes",
+            f"--callgrind-out-file={dump}",
+            sys.executable,
+            script,
+            CHILD,
+            *args,
+        ]
+        environ = {**os.environ, "PYTHONPATH": str(tree / "src")}
+        if hash_seed is not None:
+            environ["PYTHONHASHSEED"] = hash_seed
+        ran = subprocess.run(command, env=environ, check=True, capture_output=True, text=True)
+        # Whole runs: callgrind.out-01 the main thread, -02... the others. Loops: parts
+        # .1 the set-up (up to the first mark), .2 the loop; -01 the main thread's.
+        parts = [Path(f"{dump}.2-01")] if loop else sorted(Path(out).glob("callgrind.out-*"))
+        threads = tuple(total for part in parts if (total := _total(part)) is not None)
+    if not threads:
+        raise RuntimeError(f"callgrind wrote no counts for {tree} ({script} {' '.join(args)})")
+    return Counted(threads, ran.stdout)
+
+
+def _total(part: Path) -> int | None:
+    """The instructions a callgrind dump file counts, or None if it has none (or is absent)."""
+    if not part.is_file():
+        return None
+    for line in part.read_text().splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    return None
+
+
+def thread_row(tree: Path, what: str, counted: Counted, start: int, n: int) -> str:
+    """A table row of a whole run's instructions per item (`n` items): all threads, the
+    busiest, each thread's (main first), with `start` (the main thread of a child that
+    does nothing: the interpreter's start and the imports) taken off the main thread."""
+    each = [c / n for c in (counted.threads[0] - start, *counted.threads[1:])]
+    shown = ", ".join(f"{c:,.0f}" for c in each)
+    return f"| {tree} | {what} | {sum(each):,.0f} | {max(each):,.0f} | {shown} |"

@@ -21,13 +21,12 @@ Run (valgrind on PATH; `--tree` as often as there are trees to compare):
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-CHILD = "--child"
+from _report import CHILD, Counted, callgrind, thread_row
+
 WHAT = ("sqlite", "flat", "floor")
 
 
@@ -51,33 +50,9 @@ def child(what: str, source: Path, entries: int) -> None:
             anyio.run(export)
 
 
-def count(tree: Path, what: str, source: Path, entries: int) -> list[int]:
+def count(tree: Path, what: str, source: Path, entries: int) -> Counted:
     """Instructions of each thread of a child over `tree`'s src, the main thread first."""
-    with tempfile.TemporaryDirectory() as out:
-        dump = Path(out) / "callgrind.out"
-        command = [
-            "valgrind",
-            "--tool=callgrind",
-            "--separate-threads=yes",
-            f"--callgrind-out-file={dump}",
-            sys.executable,
-            __file__,
-            CHILD,
-            what,
-            str(source),
-            str(entries),
-        ]
-        environ = {**os.environ, "PYTHONPATH": str(tree / "src"), "PYTHONHASHSEED": "0"}
-        subprocess.run(command, env=environ, check=True, capture_output=True)
-        counts = []
-        for part in sorted(Path(out).glob("callgrind.out-*")):  # -01 the main thread
-            for line in part.read_text().splitlines():
-                if line.startswith(("summary:", "totals:")):
-                    counts.append(int(line.split()[1]))
-                    break
-        if not counts:
-            raise RuntimeError(f"callgrind wrote no counts for {tree}")
-        return counts
+    return callgrind(__file__, tree, [what, str(source), str(entries)])
 
 
 def main() -> None:
@@ -99,16 +74,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         source = anyio.run(bench_bundle.make_source, Path(tmp), n, 1024)
         for tree in args.tree:
-            start = count(tree, "nothing", source, n)[0]
+            start = count(tree, "nothing", source, n).threads[0]
             for what in WHAT if tree == args.tree[0] else WHAT[:2]:
-                counts = count(tree, what, source, n)
-                counts[0] -= start  # the export's own work on the main thread
-                each = [c / n for c in counts]
-                shown = ", ".join(f"{c:,.0f}" for c in each)
-                print(
-                    f"| {tree} | {what} | {sum(each):,.0f} | {max(each):,.0f} | {shown} |",
-                    flush=True,
-                )
+                print(thread_row(tree, what, count(tree, what, source, n), start, n), flush=True)
 
 
 if __name__ == "__main__":

@@ -37,15 +37,14 @@ Run (valgrind on PATH; `--tree` as often as there are trees to compare):
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-CHILD = "--child"
+from _report import CHILD, callgrind
+
 KEYS = 1000
 
 
@@ -191,31 +190,12 @@ def make_flat(root: Path, entries: int) -> tuple[Path, Path]:
 def count(tree: Path, backend: str, shape: str, hits: int, floor: bool) -> float:
     """Instructions per hit of the child's loop under callgrind, over `tree`'s src."""
     args = [backend, shape, str(hits), "floor" if floor else "store"]
-    return callgrind(tree, args, hits // KEYS * KEYS)
+    return callgrind_loop(tree, args, hits // KEYS * KEYS)
 
 
-def callgrind(tree: Path, args: list[str], calls: int) -> float:
+def callgrind_loop(tree: Path, args: list[str], calls: int) -> float:
     """Instructions per call of the loop the child given `args` runs, over `tree`'s src."""
-    with tempfile.TemporaryDirectory() as out:
-        dump = Path(out) / "callgrind.out"
-        command = [
-            "valgrind",
-            "--tool=callgrind",
-            "--dump-before=time_thread_time",
-            "--separate-threads=yes",
-            f"--callgrind-out-file={dump}",
-            sys.executable,
-            __file__,
-            CHILD,
-            *args,
-        ]
-        environ = {**os.environ, "PYTHONPATH": str(tree / "src")}
-        subprocess.run(command, env=environ, check=True, capture_output=True)
-        # Parts: .1 the set-up (up to the first mark), .2 the loop; -01: the main thread's.
-        for line in (Path(f"{dump}.2-01")).read_text().splitlines():
-            if line.startswith("summary:"):
-                return int(line.split()[1]) / calls
-    raise RuntimeError(f"callgrind wrote no loop dump for {tree}")
+    return callgrind(__file__, tree, args, loop=True, hash_seed=None).threads[0] / calls
 
 
 def main() -> None:
@@ -270,8 +250,8 @@ def flat_main(trees: list[Path], entries: int, gets: int, floor: bool) -> None:
         bundle, source = make_flat(Path(root), entries)
         args = ["flat", str(bundle), str(source), str(entries), str(gets)]
         for tree in trees:
-            get = callgrind(tree, [*args, "get"], gets)
-            lookup = callgrind(tree, [*args, "floor"], gets) if floor else None
+            get = callgrind_loop(tree, [*args, "get"], gets)
+            lookup = callgrind_loop(tree, [*args, "floor"], gets) if floor else None
             shown = "" if lookup is None else f"{lookup:,.0f}"
             print(f"| {tree} | {get:,.0f} | {shown} |", flush=True)
 

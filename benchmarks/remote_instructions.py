@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-CHILD = "--child"
+from _report import CHILD, callgrind
+
 UNTIMED = 20
 SIZE = 256
 SLOWDOWN = 50.0
@@ -122,30 +122,9 @@ def count(
 ) -> tuple[float, str]:
     """Instructions per hit of the child's timed loop over `tree`'s src, the loop's thread,
     and the microseconds a hit took under callgrind (warmenv's; the floor prints none)."""
-    with tempfile.TemporaryDirectory() as out:
-        dump = Path(out) / "callgrind.out"
-        command = [
-            "valgrind",
-            "--tool=callgrind",
-            "--dump-before=time_thread_time",
-            "--separate-threads=yes",
-            f"--callgrind-out-file={dump}",
-            sys.executable,
-            __file__,
-            CHILD,
-            backend,
-            url,
-            str(keys),
-            "floor" if floor else "warmenv",
-            str(slowdown),
-        ]
-        environ = {**os.environ, "PYTHONPATH": str(tree / "src"), "PYTHONHASHSEED": "0"}
-        ran = subprocess.run(command, env=environ, check=True, capture_output=True, text=True)
-        # Parts: .1 the set-up (up to the first mark), .2 the loop; -01: the main thread's.
-        for line in Path(f"{dump}.2-01").read_text().splitlines():
-            if line.startswith("summary:"):
-                return int(line.split()[1]) / keys, ran.stdout.strip()
-    raise RuntimeError(f"callgrind wrote no loop dump for {tree}")
+    args = [backend, url, str(keys), "floor" if floor else "warmenv", str(slowdown)]
+    counted = callgrind(__file__, tree, args, loop=True)
+    return counted.threads[0] / keys, counted.stdout.strip()
 
 
 def main() -> None:
