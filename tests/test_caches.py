@@ -21,6 +21,8 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -305,6 +307,33 @@ HOSTILE = {
 }
 
 
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    """A directory beside the target, which no restore may write into."""
+    path = tmp_path / "outside"
+    path.mkdir()
+    return path
+
+
+@contextmanager
+def _on_rename(hook: Callable[[str], object], *, after: bool = False) -> Iterator[None]:
+    """Within the block every `os.rename` (a restored file's last step, `dst` its name in
+    its directory) calls `hook(dst)` before renaming, or after it with `after`: a test
+    records the order or the thread, or changes the target between two files."""
+    real = os.rename
+
+    def hooked(src: object, dst: str, **kwargs: object) -> None:
+        if not after:
+            hook(dst)
+        real(src, dst, **kwargs)  # type: ignore[arg-type]
+        if after:
+            hook(dst)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "rename", hooked)
+        yield
+
+
 async def test_no_hostile_path_leaves_the_target(env: Environment, tmp_path: Path) -> None:
     storage = env.storage(TREE.namespace)
     await storage.insert_many([(key, b"payload") for key in HOSTILE] + [(b"fine/ok", b"ok")])
@@ -345,10 +374,8 @@ async def test_case_folding_twins_are_refused_after_the_first(
 
 
 async def test_a_symlink_already_in_the_target_is_never_followed(
-    env: Environment, tmp_path: Path
+    env: Environment, tmp_path: Path, outside: Path
 ) -> None:
-    outside = tmp_path / "outside"
-    outside.mkdir()
     target = tmp_path / "target"
     target.mkdir()
     (target / "linked").symlink_to(outside)  # a directory symlink in the way
@@ -580,14 +607,7 @@ async def test_index_files_come_after_every_other_file(env: Environment, tmp_pat
         [(b"k/__grp__a.json", b"{}"), (b"k/b.bin", b"b"), (b"z/c.bin", b"c")]
     )
     order: list[str] = []
-    real = os.rename
-
-    def recording(src: object, dst: str, **kwargs: object) -> None:
-        order.append(dst)
-        real(src, dst, **kwargs)  # type: ignore[arg-type]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(os, "rename", recording)
+    with _on_rename(order.append):
         await warmenv.caches.restore(env, tree, tmp_path / "t")
     assert order == ["b.bin", "c.bin", "__grp__a.json"]
 
@@ -627,15 +647,8 @@ async def test_several_trees_restore_in_one_pass_each_under_its_directory(
     await env.storage(kernels.namespace).insert_many([(b"a.idx", b"i"), (b"k/a.so", b"so")])
     await env.storage(graphs.namespace).insert_many([(b"g1", b"one"), (b"x/g2", b"two")])
     order: list[str] = []
-    real = os.rename
-
-    def recording(src: object, dst: str, **kwargs: object) -> None:
-        order.append(dst)
-        real(src, dst, **kwargs)  # type: ignore[arg-type]
-
     target = tmp_path / "t"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(os, "rename", recording)
+    with _on_rename(order.append):
         first, second = await restore_trees(env, target, [(kernels, ""), (graphs, "fxgraph")])
     assert order == ["a.so", "a.idx", "g1", "g2"]  # a tree's index before the next tree
     assert (first.written, second.written) == (2, 2)
@@ -653,36 +666,25 @@ async def test_restored_files_are_written_off_the_event_loop_thread(
 ) -> None:
     await any_env.storage(TREE.namespace).insert_many([(k.encode(), v) for k, v in SAMPLE.items()])
     threads: set[int] = set()
-    real = os.rename
-
-    def recording(src: object, dst: str, **kwargs: object) -> None:
-        threads.add(threading.get_ident())
-        real(src, dst, **kwargs)  # type: ignore[arg-type]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(os, "rename", recording)
+    with _on_rename(lambda dst: threads.add(threading.get_ident())):
         report = await warmenv.caches.restore(any_env, TREE, tmp_path / "t")
     assert report.written == 3
     assert threads and threading.get_ident() not in threads
 
 
 async def test_a_directory_swapped_for_a_symlink_between_two_files_is_never_followed(
-    env: Environment, tmp_path: Path
+    env: Environment, tmp_path: Path, outside: Path
 ) -> None:
-    outside = tmp_path / "outside"
-    outside.mkdir()
     target = tmp_path / "target"
     await env.storage(TREE.namespace).insert_many([(b"k/1.bin", b"one"), (b"k/2.bin", b"two")])
-    real = os.rename
+    real = os.rename  # the swap's own move, not hooked
 
-    def swapping(src: object, dst: str, **kwargs: object) -> None:
-        real(src, dst, **kwargs)  # type: ignore[arg-type]
+    def swapping(dst: str) -> None:
         if dst == "1.bin":  # between the two files: k moved away, a symlink in its place
             real(target / "k", target / "moved")
             (target / "k").symlink_to(outside)
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(os, "rename", swapping)
+    with _on_rename(swapping, after=True):
         report = await warmenv.caches.restore(env, TREE, target)
     assert report.written == 2
     assert list(outside.iterdir()) == []
@@ -690,20 +692,15 @@ async def test_a_directory_swapped_for_a_symlink_between_two_files_is_never_foll
 
 
 async def test_a_symlink_put_at_a_files_name_after_the_listing_is_replaced_never_followed(
-    env: Environment, tmp_path: Path
+    env: Environment, tmp_path: Path, outside: Path
 ) -> None:
-    outside = tmp_path / "outside"
-    outside.mkdir()
     target = tmp_path / "target"
     await env.storage(TREE.namespace).insert_many([(b"k/1.bin", b"one")])
-    real = os.rename
 
-    def planting(src: object, dst: str, **kwargs: object) -> None:
+    def planting(dst: str) -> None:
         (target / "k" / dst).symlink_to(outside / "victim")
-        real(src, dst, **kwargs)  # type: ignore[arg-type]
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(os, "rename", planting)
+    with _on_rename(planting):
         report = await warmenv.caches.restore(env, TREE, target)
     assert report.written == 1
     assert list(outside.iterdir()) == []
@@ -716,15 +713,12 @@ async def test_a_directory_put_at_a_files_name_after_the_listing_is_left_alone(
 ) -> None:
     target = tmp_path / "target"
     await env.storage(TREE.namespace).insert_many([(b"k/1.bin", b"one"), (b"k/2.bin", b"two")])
-    real = os.rename
 
-    def planting(src: object, dst: str, **kwargs: object) -> None:
+    def planting(dst: str) -> None:
         if dst == "1.bin":
             (target / "k" / dst).mkdir()
-        real(src, dst, **kwargs)  # type: ignore[arg-type]
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(os, "rename", planting)
+    with _on_rename(planting):
         report = await warmenv.caches.restore(env, TREE, target)
     assert report.written == 1
     [refused] = report.refused
