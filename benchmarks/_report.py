@@ -7,11 +7,13 @@ import os
 import platform
 import resource
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
@@ -69,6 +71,35 @@ def cp_r(source: Path, target: Path) -> Timing:
     started, cpu = time.perf_counter(), children_cpu()
     subprocess.run(["cp", "-r", str(source), str(target)], check=True)
     return Timing(time.perf_counter() - started, children_cpu() - cpu)
+
+
+@attrs.define
+class RestoreBesideCp:
+    """Rounds of a restore, each beside `cp -r` of the same files (its floor), and
+    their medians: wall time and CPU time, ours every thread of this process's
+    during the restore, cp's its own."""
+
+    ours: list[Timing] = attrs.field(factory=list)
+    floor: list[Timing] = attrs.field(factory=list)
+
+    @contextmanager
+    def restoring(self) -> Iterator[None]:
+        """Times the block, the restore, as one of ours."""
+        started, cpu = time.perf_counter(), time.process_time()
+        yield
+        self.ours.append(Timing(time.perf_counter() - started, time.process_time() - cpu))
+
+    def copy(self, source: Path, target: Path) -> None:
+        """One round of the floor: `cp -r source target`, blocking (nothing else runs)."""
+        self.floor.append(cp_r(source, target))
+
+    def medians(self) -> dict[str, float]:
+        return {
+            "restore": statistics.median(t.wall for t in self.ours),
+            "cp": statistics.median(t.wall for t in self.floor),
+            "restore_cpu": statistics.median(t.cpu for t in self.ours),
+            "cp_cpu": statistics.median(t.cpu for t in self.floor),
+        }
 
 
 def machine() -> str:

@@ -98,7 +98,7 @@ import anyio
 import attrs
 
 import warmenv
-from _report import cp_r
+from _report import RestoreBesideCp
 from warmenv import open_environment
 from warmenv.bundle import export_bundle, import_bundle
 from warmenv.caches import restore
@@ -418,39 +418,25 @@ def restore_vs_copy(home: Path, tool: str, rounds: int, scratch: Path) -> dict[s
     file count."""
     module = __import__(f"warmenv.caches.{tool}", fromlist=["tree"])
     tree = module.tree()
-    ours: list[float] = []
-    ours_cpu: list[float] = []
-    floor: list[float] = []
-    floor_cpu: list[float] = []
+    timed = RestoreBesideCp()
 
     async def restore_once(target: Path) -> int:
         async with open_environment("default", root=home / "root") as env:
-            started, cpu = time.perf_counter(), time.process_time()
-            report = await restore(env, tree, target)
-            ours.append(time.perf_counter() - started)
-            ours_cpu.append(time.process_time() - cpu)
+            with timed.restoring():
+                report = await restore(env, tree, target)
             return report.written
 
     source = scratch / "restored-once"
     files = anyio.run(restore_once, source)
-    ours.clear()
-    ours_cpu.clear()
+    timed.ours.clear()
     for i in range(rounds):
         target = scratch / f"ours-{i}"
         anyio.run(restore_once, target)
         copy = scratch / f"copy-{i}"
-        copied = cp_r(source, copy)
-        floor.append(copied.wall)
-        floor_cpu.append(copied.cpu)
+        timed.copy(source, copy)
         shutil.rmtree(target)
         shutil.rmtree(copy)
-    return {
-        "restore": statistics.median(ours),
-        "cp": statistics.median(floor),
-        "restore_cpu": statistics.median(ours_cpu),
-        "cp_cpu": statistics.median(floor_cpu),
-        "files": files,
-    }
+    return {**timed.medians(), "files": files}
 
 
 def workload_of(args: argparse.Namespace) -> Workload:

@@ -26,15 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import anyio
 
 import warmenv
-from _report import cp_r
+from _report import RestoreBesideCp
 from warmenv import open_environment
 from warmenv.caches import directory
 from warmenv.caches._restore import restore
@@ -51,33 +49,21 @@ async def bench(args: argparse.Namespace, scratch: Path) -> dict[str, float]:
     source = scratch / "source"
     build(source, args.files, args.size, args.directories)
     tree = directory.tree("bench", ("python",))
-    ours: list[float] = []
-    floor: list[float] = []
-    ours_cpu: list[float] = []
-    floor_cpu: list[float] = []
+    rounds = RestoreBesideCp()
     async with open_environment("default", root=scratch / "root") as env:
         await directory.capture(env, source, tool="bench", facts=("python",))
         await restore(env, tree, scratch / "warm-up")
         for i in range(args.rounds):
             target = scratch / f"ours-{i}"
-            started, cpu = time.perf_counter(), time.process_time()
-            report = await restore(env, tree, target)
-            ours.append(time.perf_counter() - started)
-            ours_cpu.append(time.process_time() - cpu)
+            with rounds.restoring():
+                report = await restore(env, tree, target)
             assert report.written == args.files, report
             copy = scratch / f"copy-{i}"
             # Blocking on purpose: nothing else runs, and the copy is timed alone.
-            copied = cp_r(source, copy)
-            floor.append(copied.wall)
-            floor_cpu.append(copied.cpu)
+            rounds.copy(source, copy)
             shutil.rmtree(target)
             shutil.rmtree(copy)
-    return {
-        "restore": statistics.median(ours),
-        "cp": statistics.median(floor),
-        "restore_cpu": statistics.median(ours_cpu),
-        "cp_cpu": statistics.median(floor_cpu),
-    }
+    return rounds.medians()
 
 
 def main() -> None:
