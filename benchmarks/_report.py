@@ -3,6 +3,7 @@ and the callgrind runner of the `*_instructions.py` scripts."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import resource
@@ -196,10 +197,47 @@ def _total(part: Path) -> int | None:
     return None
 
 
-def thread_row(tree: Path, what: str, counted: Counted, start: int, n: int) -> str:
-    """A table row of a whole run's instructions per item (`n` items): all threads, the
-    busiest, each thread's (main first), with `start` (the main thread of a child that
-    does nothing: the interpreter's start and the imports) taken off the main thread."""
+def whole_runs(
+    doc: str | None,
+    script: str,
+    child: Callable[[str, Path, int], None],
+    make: Callable[[Path, int], Path],
+    runs: Sequence[str],
+    columns: tuple[str, str],
+) -> None:
+    """The command line of a script that counts whole runs per entry, thread by thread.
+
+    As callgrind's child (`--child RUN PATH ENTRIES`) it calls `child(run, path,
+    entries)`. Otherwise it parses `--tree` (as often as there are trees) and
+    `--entries`, makes the input once outside callgrind (`make(directory, entries)`,
+    in a temporary directory) and prints a table: per tree, each of `runs` per entry,
+    with the main thread of a child that does nothing (`nothing`: the interpreter's
+    start and the imports) taken off the run's. The `floor` run (raw sqlite3, no
+    warmenv code) is counted over the first tree only.
+    """
+    if len(sys.argv) > 1 and sys.argv[1] == CHILD:
+        child(sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]))
+        return
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
+    parser.add_argument("--tree", type=Path, action="append", required=True)
+    parser.add_argument("--entries", type=int, default=10_000)
+    args = parser.parse_args()
+    n = args.entries
+    print(f"| tree | {columns[0]} | all threads | busiest thread | {columns[1]} |")
+    print("|---|---|---:|---:|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        made = make(Path(tmp), n)
+        for tree in args.tree:
+            start = callgrind(script, tree, ["nothing", str(made), str(n)]).threads[0]
+            for run in runs:
+                if run != "floor" or tree == args.tree[0]:
+                    counted = callgrind(script, tree, [run, str(made), str(n)])
+                    print(_thread_row(tree, run, counted, start, n), flush=True)
+
+
+def _thread_row(tree: Path, run: str, counted: Counted, start: int, n: int) -> str:
+    """A row of a whole run's instructions per entry: all threads, the busiest, each
+    thread's (main first), `start` taken off the main thread."""
     each = [c / n for c in (counted.threads[0] - start, *counted.threads[1:])]
     shown = ", ".join(f"{c:,.0f}" for c in each)
-    return f"| {tree} | {what} | {sum(each):,.0f} | {max(each):,.0f} | {shown} |"
+    return f"| {tree} | {run} | {sum(each):,.0f} | {max(each):,.0f} | {shown} |"

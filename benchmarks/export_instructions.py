@@ -20,12 +20,11 @@ Run (valgrind on PATH; `--tree` as often as there are trees to compare):
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
 
-from _report import CHILD, Counted, callgrind, thread_row
+from _report import whole_runs
 
 WHAT = ("sqlite", "flat", "floor")
 
@@ -50,33 +49,19 @@ def child(what: str, source: Path, entries: int) -> None:
             anyio.run(export)
 
 
-def count(tree: Path, what: str, source: Path, entries: int) -> Counted:
-    """Instructions of each thread of a child over `tree`'s src, the main thread first."""
-    return callgrind(__file__, tree, [what, str(source), str(entries)])
-
-
-def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == CHILD:
-        child(sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]))
-        return
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tree", type=Path, action="append", required=True)
-    parser.add_argument("--entries", type=int, default=10_000)
-    args = parser.parse_args()
+def make_source(root: Path, entries: int) -> Path:
+    """The environment every child exports: `entries` 1 KiB values, as bench_bundle.py
+    makes it."""
     import anyio
 
     sys.path.insert(0, str(Path(__file__).parent))
     import bench_bundle
 
-    n = args.entries
-    print("| tree | export | all threads | busiest thread | main, worker, digest |")
-    print("|---|---|---:|---:|---|")
-    with tempfile.TemporaryDirectory() as tmp:
-        source = anyio.run(bench_bundle.make_source, Path(tmp), n, 1024)
-        for tree in args.tree:
-            start = count(tree, "nothing", source, n).threads[0]
-            for what in WHAT if tree == args.tree[0] else WHAT[:2]:
-                print(thread_row(tree, what, count(tree, what, source, n), start, n), flush=True)
+    return anyio.run(bench_bundle.make_source, root, entries, 1024)
+
+
+def main() -> None:
+    whole_runs(__doc__, __file__, child, make_source, WHAT, ("export", "main, worker, digest"))
 
 
 if __name__ == "__main__":

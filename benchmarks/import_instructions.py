@@ -21,12 +21,11 @@ Run (valgrind on PATH; `--tree` as often as there are trees to compare):
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
 
-from _report import CHILD, Counted, callgrind, thread_row
+from _report import whole_runs
 
 WHAT = ("floor", "verify=False", "digest checked")
 
@@ -48,36 +47,21 @@ def child(what: str, bundle: Path, entries: int) -> None:
             anyio.run(anyio.sleep, 0)
 
 
-def count(tree: Path, what: str, bundle: Path, entries: int) -> Counted:
-    """Instructions of each thread of a child over `tree`'s src, the main thread first."""
-    return callgrind(__file__, tree, [what, str(bundle), str(entries)])
-
-
-def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == CHILD:
-        child(sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]))
-        return
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tree", type=Path, action="append", required=True)
-    parser.add_argument("--entries", type=int, default=10_000)
-    args = parser.parse_args()
+def make_bundle(root: Path, entries: int) -> Path:
+    """The bundle every child imports: `entries` 1 KiB values, as bench_bundle.py makes it."""
     import anyio
 
     sys.path.insert(0, str(Path(__file__).parent))
     import bench_bundle
 
-    n = args.entries
-    print("| tree | run | all threads | busiest thread | each thread, main first |")
-    print("|---|---|---:|---:|---|")
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        source = anyio.run(bench_bundle.make_source, root, n, 1024)
-        bundle = root / "b.sqlite"
-        anyio.run(bench_bundle.export_per_s, source, bundle, "sqlite", n)
-        for tree in args.tree:
-            start = count(tree, "nothing", bundle, n).threads[0]
-            for what in WHAT if tree == args.tree[0] else WHAT[1:]:
-                print(thread_row(tree, what, count(tree, what, bundle, n), start, n), flush=True)
+    source = anyio.run(bench_bundle.make_source, root, entries, 1024)
+    bundle = root / "b.sqlite"
+    anyio.run(bench_bundle.export_per_s, source, bundle, "sqlite", entries)
+    return bundle
+
+
+def main() -> None:
+    whole_runs(__doc__, __file__, child, make_bundle, WHAT, ("run", "each thread, main first"))
 
 
 if __name__ == "__main__":
