@@ -214,7 +214,7 @@ def _private_key(kind: str) -> Any:
     """A private key of `kind`, the least costly of its algorithm to make."""
     from cryptography.hazmat.primitives.asymmetric import dh, dsa, ec, ed448, rsa, x448, x25519
 
-    makers = {
+    makers: dict[str, Callable[[], Any]] = {
         "rsa": lambda: rsa.generate_private_key(public_exponent=65537, key_size=1024),
         "ecdsa": lambda: ec.generate_private_key(ec.SECP256R1()),
         "ed448": ed448.Ed448PrivateKey.generate,
