@@ -696,12 +696,15 @@ async def test_a_symlink_put_at_a_files_name_after_the_listing_is_replaced_never
 ) -> None:
     target = tmp_path / "target"
     await env.storage(TREE.namespace).insert_many([(b"k/1.bin", b"one")])
+    planted: list[str] = []
 
     def planting(dst: str) -> None:
         (target / "k" / dst).symlink_to(outside / "victim")
+        planted.append(dst)
 
     with _on_rename(planting):
         report = await warmenv.caches.restore(env, TREE, target)
+    assert planted == ["1.bin"]  # the symlink was there when the file took its name
     assert report.written == 1
     assert list(outside.iterdir()) == []
     assert not (target / "k" / "1.bin").is_symlink()
