@@ -251,6 +251,36 @@ def test_utf8_is_checked_by_one_function() -> None:
     _one_home(_where(_defines("is_utf8")), "warmenv._text", "is_utf8()")
 
 
+def _reads_unbounded(node: ast.AST) -> bool:
+    """A read with no bound: `x.read()` or `read(-1)`, `read_bytes()`, `json.load(f)` or
+    `tomllib.load(f)` (they read the whole file), `Path.read_text(...)`."""
+    if not isinstance(node, ast.Call) or not isinstance(func := node.func, ast.Attribute):
+        return False
+    whole = func.attr == "read" and (
+        not node.args
+        or (
+            isinstance(arg := node.args[0], ast.UnaryOp | ast.Constant)
+            and ast.literal_eval(arg) in (-1, None)
+        )
+    )
+    module = func.value.id if isinstance(func.value, ast.Name) else ""
+    return (
+        whole
+        or func.attr == "read_bytes"
+        or (func.attr == "read_text" and not node.args)  # a Distribution's takes a name
+        or (func.attr == "load" and module in ("json", "tomllib", "pickle"))
+    )
+
+
+def test_every_file_read_is_bounded_by_one_helper() -> None:
+    # A counts file, a compiler's cache, a settings file found walking up: someone else
+    # sets their size, so each is read through `_fs.read_bounded` (issue: the attacker
+    # review's finding 1). The kernel's own files (/proc/cpuinfo) are the exception.
+    found = _where(_reads_unbounded)
+    assert found == {"warmenv._facts": 1}, f"an unbounded read in {found}: use read_bounded"
+    _one_home(_where(_defines("read_bounded")), "warmenv._fs", "read_bounded()")
+
+
 def test_eviction_is_written_once() -> None:
     found: dict[str, int] = {}
     for name in ("_evict_to", "evict_to", "_keep_versions", "keep_versions"):

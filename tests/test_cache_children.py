@@ -9,6 +9,7 @@ compilers' own tests (tests/compilers/) count real hits through them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 import subprocess
@@ -18,12 +19,13 @@ from pathlib import Path
 
 import pytest
 
+import warmenv.caches._children
 import warmenv.caches.jax
 import warmenv.caches.torch
 import warmenv.caches.triton
 from helpers import run_python, unprivileged_user
-from warmenv.caches._children import hook_variables, new_counts, read_counts
-from warmenv.caches._hookdir import HookHome
+from warmenv.caches._children import MAX_COUNTS_BYTES, hook_variables, new_counts, read_counts
+from warmenv.caches._hookdir import MAX_HOOK_BYTES, HookHome, _read
 from warmenv.caches._paths import UnsafeTargetError
 
 
@@ -163,7 +165,7 @@ def _torch_hooks() -> dict[str, str]:
 _COUNTING_CHILD = textwrap.dedent(
     """
     import json
-    from warmenv.caches._hookdir import HookHome
+    from warmenv.caches._hookdir import MAX_HOOK_BYTES, HookHome, _read
     from warmenv.caches._tools import counting, tool
     with HookHome() as home:
         found = counting([tool("jax"), tool("torch")], {}, home)
@@ -230,3 +232,54 @@ def test_counts_are_appended_to_the_file_the_run_made(tmp_path: Path) -> None:
     _counted_into(counts)
     _counted_into(counts)
     assert read_counts(counts)["torch"].hits == 2
+
+
+def test_a_counts_file_the_command_made_huge_is_read_up_to_the_cap_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    counts = tmp_path / "counts.jsonl"
+    new_counts(counts)
+    _counted_into(counts)
+    # The command grew the file past the cap (sparse: no disk is filled).
+    os.truncate(counts, MAX_COUNTS_BYTES + (1 << 20))
+    with caplog.at_level(logging.WARNING, logger="warmenv.caches"):
+        found = read_counts(counts)
+    assert found["torch"].hits == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        f"{counts} holds {MAX_COUNTS_BYTES + (1 << 20):,} bytes, over the "
+        f"{MAX_COUNTS_BYTES:,} bytes warmenv reads of it; the command's cache counts are "
+        "from the part read"
+    ]
+
+
+def test_a_count_line_the_cap_cuts_short_is_not_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    counts = tmp_path / "counts.jsonl"
+    new_counts(counts)
+    _counted_into(counts)
+    first = counts.stat().st_size
+    _counted_into(counts)
+    monkeypatch.setattr(warmenv.caches._children, "MAX_COUNTS_BYTES", first + 20)
+    with caplog.at_level(logging.WARNING, logger="warmenv.caches"):
+        assert read_counts(counts)["torch"].hits == 1
+    assert f"over the {first + 20:,} bytes" in caplog.text
+
+
+def test_a_hook_file_grown_past_the_cap_is_not_read_whole_and_is_made_again(
+    tmp_path: Path,
+) -> None:
+    files = {"hook.py": "x\n"}
+    with HookHome() as home:
+        made = home.directory(files)
+    os.truncate(made / "hook.py", 1 << 30)  # sparse: no disk is filled
+    with pytest.raises(UnsafeTargetError) as refused:
+        _read(made / "hook.py", "")
+    assert str(refused.value) == (
+        f"{made / 'hook.py'} holds {1 << 30:,} bytes, over the {MAX_HOOK_BYTES:,} bytes "
+        "warmenv reads of it"
+    )
+    with HookHome() as home:
+        assert home.directory(files) == made
+    assert (made / "hook.py").read_text() == "x\n"

@@ -24,6 +24,7 @@ from typing import TypeVar
 import pytest
 
 import warmenv.caches
+import warmenv.caches._paths
 from warmenv import Environment
 from warmenv.bundle import _files
 from warmenv.caches import CacheTree, Facts, triton
@@ -103,6 +104,33 @@ async def test_a_triton_capture_skips_a_fifo_and_a_symlink_to_a_device_and_names
     assert "not a regular file" in left_files["fifo/fifo.bin"]
     assert "symlink" in left_files["zero/zero.so"]
     assert str(report).endswith("1 kernel indexes, 2 left out")
+
+
+async def test_a_triton_index_grown_past_its_cap_is_left_out_named_unread(
+    env: Environment, tmp_path: Path
+) -> None:
+    source = tmp_path / "triton"
+    _kernel(source, "good")
+    big = _kernel(source, "big")
+    os.truncate(big / "__grp__big.json", 1 << 30)  # sparse: no disk is filled
+    report = await triton.capture(env, source)
+    assert report.groups == 1  # good's
+    assert [(left.path, left.reason) for left in report.left_out] == [
+        ("big/__grp__big.json", "it is larger than 1,048,576 bytes")
+    ]
+
+
+def test_a_cache_file_grown_past_the_cap_since_the_listing_is_read_no_further(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "small.bin").write_bytes(b"s" * 1000)
+    (tmp_path / "grown.bin").write_bytes(b"g" * 1025)
+    monkeypatch.setattr(warmenv.caches._paths, "MAX_FILE_BYTES", 1024)
+    read = warmenv.caches._paths.read_files((tmp_path, ""), [("grown.bin", 10), ("small.bin", 10)])
+    assert read == [
+        ("grown.bin", "larger than 1,024 bytes (it grew since the listing)"),
+        ("small.bin", b"s" * 1000),
+    ]
 
 
 def test_a_triton_index_swapped_for_a_fifo_after_the_listing_is_refused_not_waited_on(

@@ -9,7 +9,15 @@ import pytest
 from helpers import one_trial
 from redis_server import RedisServer, tolerating_coredis_streams
 from warmenv import Namespace, WarmenvError, open_environment
-from warmenv.config import Config, ConfigError, _find_settings, load_config, user_root
+from warmenv.config import (
+    MAX_SETTINGS_BYTES,
+    Config,
+    ConfigError,
+    _find_settings,
+    _read_toml,
+    load_config,
+    user_root,
+)
 from warmenv.remote import RemoteError
 from warmenv.stream import StreamPolicy
 
@@ -114,6 +122,26 @@ def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
     bad.write_text("root = \n")
     with pytest.raises(ConfigError, match=re.escape(str(bad))):
         load_config(tmp_path)
+
+
+def test_a_settings_file_over_the_cap_is_refused_naming_it_unread(tmp_path: Path) -> None:
+    huge = tmp_path / "pyproject.toml"
+    huge.write_text('[tool.warmenv]\nroot = "x"\n')
+    os.truncate(huge, 1 << 30)  # sparse: anyone's file found walking up, made huge
+    with pytest.raises(ConfigError) as refused:
+        load_config(tmp_path)
+    assert str(refused.value) == (
+        f"{huge} holds {1 << 30:,} bytes, over the {MAX_SETTINGS_BYTES:,} bytes warmenv reads "
+        "of it: not a settings file; fix or remove it"
+    )
+
+
+def test_a_fifo_put_where_a_settings_file_was_found_is_refused_not_waited_on(
+    tmp_path: Path,
+) -> None:
+    os.mkfifo(tmp_path / "warmenv.toml")
+    with pytest.raises(ConfigError, match=r"warmenv\.toml: a FIFO, not a settings file"):
+        _read_toml(tmp_path / "warmenv.toml")
 
 
 def test_an_unknown_key_is_named(tmp_path: Path) -> None:

@@ -770,6 +770,30 @@ def test_trusted_keys_are_read_from_the_file_as_keys_or_key_files(
     assert Trust.from_config(config) == Trust((ci, mallory), require_signature=True)
 
 
+def test_a_file_of_trusted_keys_over_the_cap_is_refused_naming_it_unread(
+    tmp_path: Path,
+) -> None:
+    huge = tmp_path / "keys.pub"
+    huge.write_text("ed25519:" + "A" * 43 + "\n")
+    os.truncate(huge, 1 << 30)  # sparse: no disk is filled
+    (tmp_path / "warmenv.toml").write_text('trusted_keys = ["keys.pub"]\n')
+    with pytest.raises(
+        ConfigError,
+        match=r"keys\.pub holds 1,073,741,824 bytes, over the "
+        r"65,536 bytes warmenv reads of it: not a file of public keys",
+    ):
+        load_config(tmp_path)
+
+
+def test_a_fifo_named_as_a_file_of_trusted_keys_is_refused_not_waited_on(
+    tmp_path: Path,
+) -> None:
+    os.mkfifo(tmp_path / "keys.pub")
+    (tmp_path / "warmenv.toml").write_text('trusted_keys = ["keys.pub"]\n')
+    with pytest.raises(ConfigError, match=r"keys\.pub is a FIFO, not a file of public keys"):
+        load_config(tmp_path)
+
+
 def test_the_trust_variables_win_over_the_file(
     tmp_path: Path, keys: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

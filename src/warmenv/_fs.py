@@ -14,6 +14,12 @@ sticky bit lets them rename what is in it and put a symlink in its place.
 `open_to_others` is that one rule for directories (the compiler caches'
 targets and the environment roots); `why_redirectable` applies it, and the
 symlink rule, to every step of a path as the system resolves it.
+
+A file someone else writes (a child process's counts, a compiler's cache, a
+settings file found walking up from the working directory) can be made as
+large as its writer likes: every such file is read through `read_bounded`,
+never more than a limit its reader sets, so no byte is allocated before it
+is bounded.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ import errno
 import os
 import stat
 from pathlib import Path
-from typing import Final
+from typing import Final, final
+
+import attrs
 
 from warmenv._errors import WarmenvError
 
@@ -35,10 +43,12 @@ __all__ = [
     "non_regular_kind",
     "open_found",
     "open_to_others",
+    "read_bounded",
     "why_redirectable",
 ]
 
 _MAX_SYMLINKS = 40  # as Linux's path resolution
+_CHUNK = 1 << 20
 
 
 class NoSuchHomeError(WarmenvError, ValueError):
@@ -134,6 +144,43 @@ def close_unless_regular(fd: int) -> str | None:
     if kind is not None:
         os.close(fd)
     return kind
+
+
+@final
+@attrs.frozen
+class Bounded:
+    """What `read_bounded` read: at most its limit of bytes, and why it stopped short."""
+
+    data: bytes
+    over: str | None
+    """One line naming the file and the limit if it held more than was read, else None."""
+
+
+def read_bounded(fd: int, limit: int, what: str | os.PathLike[str]) -> Bounded:
+    """At most `limit` bytes of the open file `fd`, from where it stands.
+
+    `what` names the file in the one-line `over` message when it holds more
+    (its size from one `fstat`, or what it grew to while being read). The
+    bytes are read in chunks of at most a mebibyte, so a file that lies about
+    its size, or grows, never makes more than `limit` bytes be allocated.
+    """
+    size = os.fstat(fd).st_size
+    chunks: list[bytes] = []
+    left = limit + 1  # one byte more says whether there was more
+    while left > 0:
+        chunk = os.read(fd, min(left, _CHUNK))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    data = b"".join(chunks)
+    if len(data) <= limit:
+        return Bounded(data, None)
+    held = f"{size:,} bytes" if size > limit else "more than that"
+    return Bounded(
+        data[:limit],
+        f"{os.fspath(what)} holds {held}, over the {limit:,} bytes warmenv reads of it",
+    )
 
 
 def is_missing(path: Path) -> bool:

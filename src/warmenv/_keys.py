@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 from pathlib import Path
 from typing import Final, final
 
 import attrs
 
 from warmenv._errors import WarmenvError
+from warmenv._fs import close_unless_regular, read_bounded
 
 __all__ = ["KEY_PREFIX", "KeyFileError", "PublicKey", "b64decode", "b64encode", "read_key_file"]
 
@@ -93,14 +95,19 @@ def _shown(text: str) -> str:
 def read_key_file(path: Path) -> tuple[PublicKey, ...]:
     """The keys in the file `path`, one a line; `KeyFileError` names the file and line."""
     try:
-        with path.open("rb") as handle:
-            data = handle.read(_MAX_KEY_FILE + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO: never waited on
+        if (kind := close_unless_regular(fd)) is not None:
+            raise KeyFileError(f"{path} is {kind}, not a file of public keys")
+        try:
+            read = read_bounded(fd, _MAX_KEY_FILE, path)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise KeyFileError(f"{path}: cannot read the key file ({exc.strerror})") from None
-    if len(data) > _MAX_KEY_FILE:
-        raise KeyFileError(f"{path}: over {_MAX_KEY_FILE:,} bytes, not a file of public keys")
+    if read.over is not None:
+        raise KeyFileError(f"{read.over}: not a file of public keys")
     try:
-        text = data.decode("utf-8")
+        text = read.data.decode("utf-8")
     except UnicodeDecodeError:
         raise KeyFileError(
             f"{path}: not text, so not a file of public keys (a private key? pass its .pub)"

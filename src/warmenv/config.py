@@ -28,7 +28,7 @@ import attrs
 import platformdirs
 
 from warmenv._errors import RemoteError, WarmenvError
-from warmenv._fs import NoSuchHomeError, expand_home
+from warmenv._fs import NoSuchHomeError, close_unless_regular, expand_home, read_bounded
 from warmenv._keys import KEY_PREFIX, KeyFileError, PublicKey, read_key_file
 from warmenv._text import clean
 from warmenv._url import check_redis_url, redact
@@ -245,13 +245,26 @@ def _identity(st: os.stat_result) -> tuple[int, ...]:
 
 
 _BOMS = (b"\xff\xfe", b"\xfe\xff")
+MAX_SETTINGS_BYTES = 4 << 20
+"""The most of a settings file read: one is found by walking up from the working directory,
+so it may be anyone's (a shared /tmp), and a pyproject.toml is tens of kilobytes."""
 
 
 def _read_toml(file: Path) -> tuple[dict[str, Any], os.stat_result]:
     """The document, and the status of the file it was read from."""
     try:
-        with file.open("rb") as handle:
-            return tomllib.load(handle), os.fstat(handle.fileno())
+        # Never waited on: a FIFO put at the name since it was found is refused.
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        if (kind := close_unless_regular(fd)) is not None:
+            raise ConfigError(f"{file}: {kind}, not a settings file; remove it")
+        try:
+            st = os.fstat(fd)
+            read = read_bounded(fd, MAX_SETTINGS_BYTES, file)
+        finally:
+            os.close(fd)
+        if read.over is not None:
+            raise ConfigError(f"{read.over}: not a settings file; fix or remove it")
+        return tomllib.loads(read.data.decode("utf-8")), st
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{file}: not valid TOML ({exc}); fix or remove the file") from exc
     except UnicodeDecodeError as exc:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias, final
 import attrs
 
 from warmenv._errors import WarmenvError
-from warmenv._fs import kind_of
+from warmenv._fs import kind_of, read_bounded
 from warmenv._keys import KEY_PREFIX, KeyFileError, PublicKey, b64decode, b64encode
 from warmenv.bundle.errors import SignatureError
 from warmenv.bundle.manifest import SIGNATURE_ALGORITHM, BundleManifest, Signature
@@ -123,11 +123,12 @@ class SigningKey:
             mode = os.fstat(fd).st_mode
             if (kind := kind_of(mode)) is not None:
                 raise KeyFileError(f"{path} is {kind}, not a private key file")
-            with os.fdopen(os.dup(fd), "rb") as handle:
-                data = handle.read(_MAX_KEY_FILE + 1)
+            read = read_bounded(fd, _MAX_KEY_FILE, path)
         finally:
             os.close(fd)
-        key = _parse_private(data, path)
+        if read.over is not None:
+            raise KeyFileError(f"{read.over}: not a private key file")
+        key = _parse_private(read.data, path)
         if mode & 0o077:
             raise KeyFileError(
                 f"{path}: the private key may be read or written by other users "
@@ -167,8 +168,6 @@ def _parse_private(data: bytes, path: Path) -> Any:
     serialization = _serialization()
     from cryptography.exceptions import UnsupportedAlgorithm
 
-    if len(data) > _MAX_KEY_FILE:
-        raise KeyFileError(f"{path}: over {_MAX_KEY_FILE:,} bytes, not a private key file")
     lines = (line.strip() for line in data.splitlines())
     first = next((line for line in lines if line and not line.startswith(b"#")), b"")
     if first.startswith(_PUBLIC_KEY_STARTS):

@@ -43,7 +43,7 @@ from typing import Final
 
 import attrs
 
-from warmenv._fs import open_found
+from warmenv._fs import open_found, read_bounded
 from warmenv.caches._hookdir import HookHome
 
 __all__ = [
@@ -64,6 +64,9 @@ COUNTS_VARIABLE: Final = "WARMENV_CACHE_COUNTS"
 _HOOKS: Final = "warmenv_run_hooks"
 _COUNTS_FLAGS: Final = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _WARMENV: Final = Path(os.path.realpath(__file__)).parent.parent  # this warmenv's package
+MAX_COUNTS_BYTES = 16 << 20
+"""The most of the counts file `read_counts` reads: the command writes it, so it may make
+it any size; one process's line is a few hundred bytes, a few per entry it served."""
 
 
 def write_counts(
@@ -141,11 +144,17 @@ def read_counts(path: Path) -> dict[str, Counts]:
         if isinstance(fd, str):
             log.warning("not reading the command's cache counts from %s: it is %s", path, fd)
             return found
-        with os.fdopen(fd, "rb") as file:
-            text = file.read().decode("utf-8", "replace")
+        try:
+            read = read_bounded(fd, MAX_COUNTS_BYTES, path)
+        finally:
+            os.close(fd)
     except OSError:
         return found
-    for line in text.splitlines():
+    data = read.data
+    if read.over is not None:
+        log.warning("%s; the command's cache counts are from the part read", read.over)
+        data = data[: data.rfind(b"\n") + 1]  # a line cut short is no count
+    for line in data.decode("utf-8", "replace").splitlines():
         try:
             record = json.loads(line)
             tool, hits, misses = str(record["tool"]), int(record["hits"]), int(record["misses"])

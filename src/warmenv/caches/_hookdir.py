@@ -47,13 +47,13 @@ from typing import Final, final
 
 import attrs
 
-from warmenv._fs import open_found
+from warmenv._fs import open_found, read_bounded
 from warmenv._version import __version__
 from warmenv.caches._paths import TEMPORARY_PREFIX, UnsafeTargetError, check_ancestors
 from warmenv.caches._paths import check_directory as check_private
 from warmenv.config import user_root
 
-__all__ = ["STALE_AFTER", "HookHome"]
+__all__ = ["MAX_HOOK_BYTES", "STALE_AFTER", "HookHome"]
 
 _HOME: Final = ".run-hooks"
 _LOCK: Final = ".lock"
@@ -62,6 +62,9 @@ _OPEN: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 _ATTEMPTS: Final = 3
 _ELSEWHERE: Final = "point XDG_CACHE_HOME at a directory of your own"
 _VERSION: Final = re.compile(r"[0-9][0-9A-Za-z.+!_-]*")  # a name a version directory may have
+MAX_HOOK_BYTES = 1 << 16
+"""The most of a file in a hooks directory `_holds` reads: warmenv's are a few kilobytes,
+and one larger is not one of them (the directory is made again)."""
 STALE_AFTER: Final = 7 * 24 * 3600.0
 """Seconds since a run last took another version's lock before its directory may go."""
 
@@ -273,8 +276,10 @@ def _read(path: Path, text: str | None) -> str:
         check_private(fd, path)
         if text is None:
             return ""
-        with os.fdopen(os.dup(fd), "rb") as file:
-            return file.read().decode("utf-8")
+        read = read_bounded(fd, MAX_HOOK_BYTES, path)
+        if read.over is not None:
+            raise UnsafeTargetError(read.over)
+        return read.data.decode("utf-8")
     finally:
         os.close(fd)
 

@@ -40,10 +40,11 @@ from pathlib import Path
 from typing import Final
 
 from warmenv._errors import WarmenvError
-from warmenv._fs import open_found, open_to_others, why_redirectable
+from warmenv._fs import open_found, open_to_others, read_bounded, why_redirectable
 
 __all__ = [
     "DIRECTORY_FLAGS",
+    "MAX_FILE_BYTES",
     "TEMPORARY_PREFIX",
     "UnsafeTargetError",
     "Writer",
@@ -54,6 +55,9 @@ __all__ = [
 ]
 
 TEMPORARY_PREFIX: Final = ".warmenv-"
+MAX_FILE_BYTES: Final = 512 * 1024 * 1024
+"""The largest file a capture stores: larger at the listing is left out, and one that grew
+past it since is read no further than this."""
 _TEMPORARY_SUFFIX: Final = ".tmp"
 _STALE_SECONDS: Final = 600.0
 _MAX_PARTS: Final = 32
@@ -223,8 +227,10 @@ def _read_one(top: int, relative: str) -> bytes | str:
         opened.append(fd)
         if (why := swappable(os.fstat(fd))) is not None:
             return f"a file that {why}"
-        with os.fdopen(fd, "rb", closefd=False) as file:
-            return file.read()
+        read = read_bounded(fd, MAX_FILE_BYTES, relative)
+        if read.over is not None:
+            return f"larger than {MAX_FILE_BYTES:,} bytes (it grew since the listing)"
+        return read.data
     except OSError:
         return GONE  # removed (or a directory replaced) since the listing
     finally:

@@ -73,6 +73,7 @@ from warmenv._fs import expand_home
 from warmenv._text import plural
 from warmenv.caches._paths import (
     DIRECTORY_FLAGS,
+    MAX_FILE_BYTES,
     TEMPORARY_PREFIX,
     Writer,
     open_tree,
@@ -100,7 +101,6 @@ __all__ = [
 ]
 
 DEFAULT_BATCH_BYTES: Final = 16 * 1024 * 1024
-MAX_FILE_BYTES: Final = 512 * 1024 * 1024
 _TOOL = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}\Z")
 
 

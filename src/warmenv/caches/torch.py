@@ -41,6 +41,7 @@ pickles: a bundle of them is code (docs/caches.md, the trust model).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import importlib
 import logging
@@ -446,20 +447,20 @@ def served_here(cache_dir: str | Path, present: frozenset[str]) -> dict[str, dic
         if names:
             graphs[f"{key[1:3]}/{key}/{names[0]}"] = count
     kernels: dict[str, int] = {}
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            lines = maps.read().splitlines()
-    except OSError:
-        lines = []
     prefix = f"{base}{os.sep}"
-    for line in lines:
-        fields = line.split(maxsplit=5)
-        if len(fields) < 6:
-            continue  # an anonymous mapping
-        path = fields[5].strip()
-        relative = path.removeprefix(prefix)
-        if path.startswith(prefix) and relative in present:
-            kernels[relative] = 1
+    # Line by line: the kernel writes the map, one line per mapping, as many as the process has.
+    with (
+        contextlib.suppress(OSError),
+        open("/proc/self/maps", encoding="utf-8", errors="replace") as maps,
+    ):
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) < 6:
+                continue  # an anonymous mapping
+            path = fields[5].strip()
+            relative = path.removeprefix(prefix)
+            if path.startswith(prefix) and relative in present:
+                kernels[relative] = 1
     return {"fxgraph": graphs, "kernels": kernels}
 
 

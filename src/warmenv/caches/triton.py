@@ -54,7 +54,7 @@ import attrs
 
 from warmenv import blocking
 from warmenv._facts import Facts
-from warmenv._fs import expand_home, open_found
+from warmenv._fs import expand_home, open_found, read_bounded
 from warmenv.caches._children import Variable
 from warmenv.caches._paths import DIRECTORY_FLAGS, Writer, relative_parts
 from warmenv.caches._restore import restore_trees
@@ -456,16 +456,18 @@ def _read_groups(source: Path) -> tuple[dict[bytes, bytes], list[LeftOut]]:
 
 
 def _read_small(name: str, at: int) -> bytes | str | None:
-    """The index's first bytes (one more than an index may hold), why it is not read, or
-    None if it is gone."""
+    """The index's bytes, why it is not read, or None if it is gone."""
     try:
         fd = open_found(name, dir_fd=at)
     except OSError:
         return None
     if isinstance(fd, str):
         return fd
-    with os.fdopen(fd, "rb") as file:
-        return file.read(_MAX_GROUP_BYTES + 1)
+    try:
+        read = read_bounded(fd, _MAX_GROUP_BYTES, name)
+    finally:
+        os.close(fd)
+    return _too_large() if read.over is not None else read.data
 
 
 def _group_names(data: bytes | str | None, kernel: Path | None) -> list[str] | str:
@@ -480,7 +482,7 @@ def _group_names(data: bytes | str | None, kernel: Path | None) -> list[str] | s
     if isinstance(data, str):
         return data
     if len(data) > _MAX_GROUP_BYTES:
-        return f"it is larger than {_MAX_GROUP_BYTES:,} bytes"
+        return _too_large()
     try:
         parsed = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError):
@@ -497,6 +499,10 @@ def _group_names(data: bytes | str | None, kernel: Path | None) -> list[str] | s
         if not isinstance(name, str) or not _plain_name(name):
             return f"it names {name!r}, which is not a plain file name"
     return sorted(children)
+
+
+def _too_large() -> str:
+    return f"it is larger than {_MAX_GROUP_BYTES:,} bytes"
 
 
 def _plain_name(name: str) -> bool:
