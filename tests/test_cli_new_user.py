@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from pathlib import Path
 
@@ -292,3 +293,77 @@ def test_a_command_on_a_fresh_machine_says_how_an_environment_is_made(
     assert f"no environment 'default': {root} does not exist yet" in line
     assert "open_environment()" in line and "warmenv import BUNDLE" in line
     assert not root.exists()
+
+
+# --- a root that is a symlink to a missing path -------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["ls"],
+        ["ls", "--env", "svc"],
+        ["stats"],
+        ["explain", "app/1/k", "key"],
+        ["purge", "--yes"],
+        ["gc"],
+        ["vacuum"],
+        ["export", "{out}", "--name", "x", "--app-version", "1"],
+        ["import", "{bundle}"],
+    ],
+    ids=lambda command: "-".join(c for c in command if not c.startswith(("{", "-"))),
+)
+@pytest.mark.parametrize("below", [False, True], ids=["the-root", "a-directory-above-it"])
+def test_a_root_through_a_symlink_to_a_missing_path_is_said_so_naming_both(
+    root: Path, tmp_path: Path, command: list[str], below: bool
+) -> None:
+    bundle = tmp_path / "b.bundle"
+
+    async def make() -> None:
+        async with open_environment("svc", root=root) as env:
+            await export_bundle([env], bundle, name="b", version="1")
+
+    anyio.run(make)
+    link, target = tmp_path / "link", tmp_path / "gone"
+    link.symlink_to(target)
+    given = link / "sub" if below else link
+    args = [c.format(out=tmp_path / "out.bundle", bundle=bundle) for c in command]
+    line = assert_one_error_line(warmenv(*args, root=given), 1)
+    assert f"{link} is a symlink to a missing path ({target})" in line, line
+    assert "does not exist" not in line and "not writable" not in line, line
+    assert not os.path.lexists(target)  # nothing made through it
+
+
+def test_an_export_source_or_target_through_a_symlink_to_a_missing_path_names_both(
+    root: Path, tmp_path: Path
+) -> None:
+    link, target = tmp_path / "link", tmp_path / "gone"
+    link.symlink_to(target)
+    source = assert_one_error_line(
+        warmenv(
+            "export",
+            str(tmp_path / "o.bundle"),
+            "--name",
+            "x",
+            "--app-version",
+            "1",
+            str(link / "svc.db"),
+            root=root,
+        ),
+        1,
+    )
+    assert f"{link} is a symlink to a missing path ({target})" in source, source
+    out = assert_one_error_line(
+        warmenv(
+            "export",
+            str(link / "o.bundle"),
+            "--name",
+            "x",
+            "--app-version",
+            "1",
+            str(root),
+            root=root,
+        ),
+        1,
+    )
+    assert f"{link} is a symlink to a missing path ({target})" in out, out

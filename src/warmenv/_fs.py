@@ -40,6 +40,7 @@ __all__ = [
     "expand_home",
     "is_missing",
     "kind_of",
+    "missing_link",
     "non_regular_kind",
     "open_found",
     "open_to_others",
@@ -104,9 +105,37 @@ def non_regular_kind(path: Path) -> str | None:
         mode = os.stat(path).st_mode
     except OSError:
         if os.path.islink(path):
-            return "a symlink to a missing file"
+            return _to_missing(path)
         return None
     return kind_of(mode)
+
+
+def missing_link(path: Path) -> str | None:
+    """Where `path`, or a directory on the way to it, is a symlink to a missing path:
+    that step said as a clause naming both (`/srv/root is a symlink to a missing path
+    (/mnt/gone)`); None if no step is. The one wording for a dangling symlink, where
+    "does not exist" would send the user to create what the symlink already names.
+
+    Walked from the top: the first step that cannot be followed is the one to fix.
+    File-system calls: async code calls it on a worker thread.
+    """
+    path = Path(os.path.abspath(path))
+    for step in (*reversed(path.parents), path):
+        try:
+            os.stat(step)
+        except FileNotFoundError:
+            return f"{step} is {_to_missing(step)}" if os.path.islink(step) else None
+        except OSError:  # not a directory, not searchable: another reason, said elsewhere
+            return None
+    return None
+
+
+def _to_missing(link: Path) -> str:
+    try:
+        target = os.readlink(link)
+    except OSError:  # replaced since it was looked at
+        return "a symlink to a missing path"
+    return f"a symlink to a missing path ({os.path.normpath(os.path.join(link.parent, target))})"
 
 
 FOUND_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

@@ -43,7 +43,7 @@ import anyio
 import anyio.to_thread
 import attrs
 
-from warmenv._fs import expand_home, non_regular_kind
+from warmenv._fs import expand_home, missing_link, non_regular_kind
 from warmenv.bundle import _files, formats
 from warmenv.bundle.base import (
     FORMAT_VERSIONS,
@@ -211,6 +211,8 @@ def _source_paths(sources: list[Source]) -> list[Path]:
             paths.append(path)
         elif (kind := non_regular_kind(path)) is not None:
             raise InvalidSourceError(f"{path} is {kind}, not an environment database")
+        elif (dangling := missing_link(path)) is not None:
+            raise InvalidSourceError(f"{dangling}; name an environment, file or root")
         else:
             raise InvalidSourceError(f"{path} does not exist; name an environment, file or root")
     if not paths:
@@ -436,6 +438,8 @@ def _check_out(out: Path) -> None:
     """`out` may be replaced only if it is absent or already a warmenv bundle."""
     if not out.exists() and not out.is_symlink():
         if not out.parent.is_dir():
+            if (dangling := missing_link(out.parent)) is not None:
+                raise FileNotFoundError(f"{dangling}; fix the symlink, or create the directory")
             raise FileNotFoundError(f"{out.parent} does not exist; create it first")
         return
     try:

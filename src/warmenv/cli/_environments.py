@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.to_thread
 
+from warmenv._fs import missing_link
 from warmenv.cli._errors import Failure, UsageError
 from warmenv.config import check_name
 from warmenv.environment import (
@@ -171,6 +172,11 @@ async def _no_environment(path: Path) -> str:
         except OSError as exc:
             return str(exc.strerror or exc)
 
+    if (dangling := await anyio.to_thread.run_sync(missing_link, path.parent)) is not None:
+        return (
+            f"no environment {path.stem!r}: {dangling}; fix the symlink, or create the "
+            "directory it names"
+        )
     if await anyio.to_thread.run_sync(path.parent.exists):
         if not await anyio.to_thread.run_sync(path.parent.is_dir):
             return f"no environment {path.stem!r}: {path.parent} is not a directory"

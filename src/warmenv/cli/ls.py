@@ -17,7 +17,7 @@ from typing import Any
 import anyio.to_thread
 
 from warmenv._errors import WarmenvError
-from warmenv._fs import expand_home, is_missing
+from warmenv._fs import expand_home, is_missing, missing_link
 from warmenv._text import clean, plural
 from warmenv.cli._environments import (
     check_env_option,
@@ -54,9 +54,10 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
 
 def _absent(path: Path) -> bool:
     """Whether the environment file `path` is not there, in a root that is or that no
-    environment has made yet (a fresh machine's first `ls` lists nothing, no error)."""
+    environment has made yet (a fresh machine's first `ls` lists nothing, no error).
+    A root under a symlink to a missing path is no fresh machine's: opening says so."""
     if not os.path.lexists(path.parent):
-        return True
+        return missing_link(path.parent) is None
     return os.path.isdir(path.parent) and is_missing(path)
 
 

@@ -31,7 +31,7 @@ import attrs
 
 from warmenv import _sqlite
 from warmenv._errors import ClosedError, WarmenvError, warn
-from warmenv._fs import non_regular_kind
+from warmenv._fs import missing_link, non_regular_kind
 from warmenv.persistence.arrivals import Arrivals
 from warmenv.persistence.carried import CarryingEntry
 from warmenv.persistence.explain import Explanation, explain
@@ -554,6 +554,8 @@ def _obstacle_above(path: Path) -> str | None:
         try:
             mode = os.stat(directory).st_mode
         except FileNotFoundError:
+            if (dangling := missing_link(directory)) is not None:
+                return dangling  # nothing can be created through it
             above = directory.parent
             return None if _may_create_in(above) else f"{above} is not writable by this process"
         except OSError as exc:  # a symlink loop, a name too long, an I/O error
