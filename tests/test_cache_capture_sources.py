@@ -11,6 +11,7 @@ matters, the planted file is written by a child running as `nobody`.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -21,7 +22,7 @@ import pytest
 
 from helpers import run_python, unprivileged_user
 from warmenv import Environment
-from warmenv.caches import directory
+from warmenv.caches import directory, triton
 from warmenv.caches import torch as torch_cache
 
 pytestmark = pytest.mark.anyio
@@ -111,3 +112,49 @@ async def test_a_torch_capture_follows_no_symlinked_graph_directory(
     assert b"PRIVATE KEY" not in captured.values()
     assert b"this user's own" in captured.values()
     assert "fxgraph" in [left.path for graphs in report.graphs for left in graphs.left_out]
+
+
+def _index(kernel: Path) -> str:
+    return json.dumps({"child_paths": {"k.bin": str(kernel / "k.bin")}})
+
+
+async def test_a_triton_capture_reads_no_index_in_a_kernel_directory_another_user_can_write(
+    cache: Path, warm_env: Environment
+) -> None:
+    kernel = cache / "k"
+    kernel.mkdir()
+    os.chmod(kernel, 0o777)
+    user = unprivileged_user()
+    child = run_python(
+        "import sys; open(sys.argv[1], 'w').write(sys.argv[2])",
+        str(kernel / "__grp__k.json"),
+        _index(kernel),
+        user=user,
+    )
+    assert child.returncode == 0, child.stderr
+    report = await triton.capture(warm_env, cache)
+    assert report.groups == 0
+    assert [(left.path, left.reason) for left in report.left_out] == [
+        ("k", "a directory that can be written by other users (mode drwxrwxrwx)")
+    ]
+    assert not any(key.endswith(b"__grp__k.json") for key in await _captured(warm_env))
+
+
+async def test_a_triton_capture_reads_no_index_another_user_owns(
+    cache: Path, warm_env: Environment
+) -> None:
+    kernel = cache / "k"
+    kernel.mkdir(mode=0o755)
+    (kernel / "k.bin").write_bytes(b"this user's kernel")
+    index = kernel / "__grp__k.json"
+    index.write_text(_index(kernel))
+    if unprivileged_user() is not None:  # as root (CI): the index is given to another user
+        shutil.chown(index, "nobody")
+        why = f"a file that belongs to another user (uid {index.stat().st_uid})"
+    else:  # no other user to give it to: an index any user may write, refused by the same rule
+        index.chmod(0o666)
+        why = "a file that can be written by other users (mode -rw-rw-rw-)"
+    report = await triton.capture(warm_env, cache)
+    assert report.groups == 0
+    assert [(left.path, left.reason) for left in report.left_out] == [("k/__grp__k.json", why)]
+    assert not any(key.endswith(b"__grp__k.json") for key in await _captured(warm_env))

@@ -48,6 +48,7 @@ __all__ = [
     "TEMPORARY_PREFIX",
     "UnsafeTargetError",
     "Writer",
+    "open_owned",
     "open_tree",
     "read_files",
     "relative_parts",
@@ -155,6 +156,25 @@ def swappable(st: os.stat_result) -> str | None:
     return None
 
 
+def open_owned(name: str, *, dir_fd: int) -> int | str:
+    """A read-only descriptor of the regular file `name` in `dir_fd`, or why not, one line:
+    `open_found`'s rules (no symlink, no waiting, a regular file), then `swappable`'s on
+    what was opened. Every reader of a file in a cache opens it here; `OSError` for the
+    rest (gone since the listing)."""
+    fd = open_found(name, dir_fd=dir_fd)
+    if isinstance(fd, str):
+        return fd
+    try:
+        why = swappable(os.fstat(fd))
+    except BaseException:
+        os.close(fd)
+        raise
+    if why is not None:
+        os.close(fd)
+        return f"a file that {why}"
+    return fd
+
+
 def check_directory(fd: int, where: Path) -> None:
     """Refuse a directory that someone other than this user (or root) owns or can write."""
     st = os.fstat(fd)
@@ -221,12 +241,10 @@ def _read_one(top: int, relative: str) -> bytes | str:
                 return f"a directory on its path {why}"
         # What lies at the name now counts, not what the listing saw: a FIFO put in
         # place since is refused, never waited on.
-        fd = open_found(name, dir_fd=at)
+        fd = open_owned(name, dir_fd=at)
         if isinstance(fd, str):
             return fd
         opened.append(fd)
-        if (why := swappable(os.fstat(fd))) is not None:
-            return f"a file that {why}"
         read = read_bounded(fd, MAX_FILE_BYTES, relative)
         if read.over is not None:
             return f"larger than {MAX_FILE_BYTES:,} bytes (it grew since the listing)"

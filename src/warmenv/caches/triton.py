@@ -54,9 +54,15 @@ import attrs
 
 from warmenv import blocking
 from warmenv._facts import Facts
-from warmenv._fs import expand_home, open_found, read_bounded
+from warmenv._fs import expand_home, read_bounded
 from warmenv.caches._children import Variable
-from warmenv.caches._paths import DIRECTORY_FLAGS, Writer, relative_parts
+from warmenv.caches._paths import (
+    DIRECTORY_FLAGS,
+    Writer,
+    open_owned,
+    relative_parts,
+    swappable,
+)
 from warmenv.caches._restore import restore_trees
 from warmenv.caches._tree import (
     CacheTree,
@@ -424,9 +430,12 @@ def _read_groups(source: Path) -> tuple[dict[bytes, bytes], list[LeftOut]]:
     """Every index under `source`, as Triton's remote manager writes it (file names only).
 
     Walked through directory descriptors (a kernel's directory swapped for a
-    symlink is not followed), each index opened by `open_found` whatever the
+    symlink is not followed), each index opened by `open_owned` whatever the
     listing said of it: what lies at its name when it is read is what counts
-    (a FIFO put there since would block the capture forever)."""
+    (a FIFO put there since would block the capture forever). An index, or a
+    kernel's directory, that another user owns or can write is left out,
+    named, by the rule the files' capture follows (`swappable`): its names
+    would be restored as this machine's own."""
     groups: dict[bytes, bytes] = {}
     left_out: list[LeftOut] = []
     try:
@@ -434,12 +443,17 @@ def _read_groups(source: Path) -> tuple[dict[bytes, bytes], list[LeftOut]]:
     except OSError:  # no directory: no indexes
         return groups, left_out
     try:
+        if (why := swappable(os.fstat(top))) is not None:
+            return groups, [LeftOut(".", f"a directory that {why}")]
         for kernel in sorted(os.listdir(top)):
             try:
                 at = os.open(kernel, DIRECTORY_FLAGS, dir_fd=top)
             except OSError:  # not a directory (or a symlink to one): no kernel's
                 continue
             try:
+                if (why := swappable(os.fstat(at))) is not None:
+                    left_out.append(LeftOut(kernel, f"a directory that {why}"))
+                    continue
                 for name in sorted(os.listdir(at)):
                     if name.startswith(GROUP_PREFIX):
                         data = _read_small(name, at)
@@ -458,7 +472,7 @@ def _read_groups(source: Path) -> tuple[dict[bytes, bytes], list[LeftOut]]:
 def _read_small(name: str, at: int) -> bytes | str | None:
     """The index's bytes, why it is not read, or None if it is gone."""
     try:
-        fd = open_found(name, dir_fd=at)
+        fd = open_owned(name, dir_fd=at)
     except OSError:
         return None
     if isinstance(fd, str):
