@@ -24,7 +24,7 @@ import pytest
 
 from test_cli import run_raw, terminal
 from warmenv import open_environment
-from warmenv._text import clean
+from warmenv._text import brief, clean
 from warmenv.bundle import export_bundle
 
 CONTROLS = [chr(c) for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)]]
@@ -279,3 +279,13 @@ def test_error_lines_on_a_terminal_escape_control_characters(
     text = assert_nothing_raw(output, terminal_output=True)
     assert status == 1
     assert "tampered\\x1b[2J.bundle" in text
+
+
+def test_brief_cuts_outside_text_to_its_limit_and_says_how_much_more() -> None:
+    assert brief("x" * 1000) == "x" * 200 + "... (800 more characters)"
+    assert brief("short \x1b[2J") == "short \\x1b[2J"
+
+
+def test_brief_never_cuts_an_escape_in_half() -> None:
+    cut = brief("\x1b" * 100, limit=10)
+    assert cut == "\\x1b\\x1b... (98 more characters)"

@@ -92,6 +92,7 @@ class BundleServer(ThreadingHTTPServer):
         self.statuses: list[int] = []  # answered, in turn, before any file is served
         self.redirect_to: str | None = None  # where every GET is redirected
         self.connections = 0  # accepted, whatever was said on them (a TLS handshake too)
+        self.headers: dict[str, str] = {}  # sent with every file served
         self._versions = 0
 
     def verify_request(self, request: object, client_address: object) -> bool:
@@ -166,6 +167,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Accept-Ranges", "bytes")
         self.send_header("ETag", served.etag)
         self.send_header("Last-Modified", served.modified)
+        for name, value in server.headers.items():
+            self.send_header(name, value)
         if server.send_length:
             self.send_header("Content-Length", str(len(part)))
         else:
@@ -736,3 +739,17 @@ async def test_a_response_that_ignored_range_is_read_on_as_the_body(
         len(await cold_env.storage("app/big/1").get_many([b"k%03d" % i for i in range(40)])) == 40
     )
     assert staging_left(root) == []
+
+
+@pytest.mark.anyio
+async def test_a_server_s_header_quoted_in_a_download_error_is_cut_short_and_escaped(
+    server: BundleServer, bundle_path: Path, env: Environment
+) -> None:
+    server.headers["Content-Encoding"] = "\x1b[2J" + "x" * 8000
+    url = server.put("/b.bundle", bundle_path.read_bytes())
+    with pytest.raises(DownloadError) as failed:
+        await import_bundle(url, env)
+    message = str(failed.value)
+    assert "content-encoding '\\x1b[2jxxx" in message, message  # lowered, as compared
+    assert "... (7,807 more characters)'; serve it as is" in message, message
+    assert len(message) < 600 and "\x1b" not in message, message

@@ -524,6 +524,26 @@ async def test_a_server_s_error_text_reaches_the_log_escaped(
     assert not [m for m in ours if "\x1b" in m or "\x07" in m], ours
 
 
+async def test_a_server_s_long_error_text_reaches_the_log_cut_to_one_short_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An error reply may be 64 KiB (the reader's line bound): a warning quoting it whole
+    # is a flood, not a line.
+    with (
+        answering_every_command_with(b"-ERR " + b"\x1b" + b"A" * 60_000 + b"\r\n") as url,
+        caplog.at_level(logging.DEBUG, logger="warmenv"),
+    ):
+        settings = RemoteSettings(url, timeout=0.5)
+        async with open_environment("fleet", root=tmp_path, remote=settings) as env:
+            assert await env.storage(NS).get(b"k") is None
+            assert env.remote is not None and env.remote.statistics().outages == 1
+    ours = [r.getMessage() for r in caplog.records if r.name.startswith("warmenv")]
+    quoting = [m for m in ours if "AAAA" in m]
+    assert quoting and all("more characters)" in m for m in quoting), ours
+    assert max(len(m) for m in ours) < 1000, max(ours, key=len)[:2000]
+    assert not [m for m in ours if "\x1b" in m], ours
+
+
 async def test_what_the_application_s_own_coredis_clients_log_is_left_alone(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -12,6 +12,10 @@ text SQLite read with `surrogateescape`) as a lone surrogate, and a JSON
 escape such as `"\\ud800"` decodes to one; neither can be written into a
 manifest, a database or a bundle.
 
+Text from outside quoted in a one-line message (a server's error reply, a
+header, a bundle's name) is also bounded (`brief`): a server may answer with
+64 KiB of text, and a log line quoting it whole is a flood, not a line.
+
 And counts written for people (`plural`): "1 entry" but "2 entries", in
 every command's lines and in the reports the library's `str()` gives.
 """
@@ -19,8 +23,17 @@ every command's lines and in the reports the library's `str()` gives.
 from __future__ import annotations
 
 import unicodedata
+from typing import Final
 
-__all__ = ["clean", "has_control_characters", "is_utf8", "plural", "utf8_safe"]
+__all__ = [
+    "BRIEF_LIMIT",
+    "brief",
+    "clean",
+    "has_control_characters",
+    "is_utf8",
+    "plural",
+    "utf8_safe",
+]
 
 # Control characters (C0, DEL, C1), invisible format characters (bidi overrides,
 # zero-width joiners), line and paragraph separators, and lone surrogates (a
@@ -40,6 +53,31 @@ def clean(text: object) -> str:
     if value.isprintable():  # the fast path: nothing to escape (spaces included)
         return value
     return "".join(_escape(ch) if unicodedata.category(ch) in _UNSAFE else ch for ch in value)
+
+
+BRIEF_LIMIT: Final = 200
+"""The most characters of outside text a one-line message quotes (`brief`)."""
+
+
+def brief(text: object, limit: int = BRIEF_LIMIT) -> str:
+    """`text` as `clean` writes it, cut to at most `limit` characters plus a note of how
+    many more there were: outside text quoted in a one-line message (a log line, an error).
+
+    `brief("x" * 1000)` is 200 `x` then `... (800 more characters)`; an escape is
+    never cut in half.
+    """
+    value = text if isinstance(text, str) else str(text)
+    if len(value) <= limit and value.isprintable():  # the fast path
+        return value
+    pieces: list[str] = []
+    used = 0
+    for at, ch in enumerate(value):
+        piece = _escape(ch) if unicodedata.category(ch) in _UNSAFE else ch
+        if used + len(piece) > limit:
+            return "".join(pieces) + f"... ({len(value) - at:,} more characters)"
+        pieces.append(piece)
+        used += len(piece)
+    return "".join(pieces)
 
 
 def has_control_characters(text: str) -> bool:

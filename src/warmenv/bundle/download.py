@@ -46,7 +46,7 @@ import anyio.to_thread
 import attrs
 
 from warmenv._errors import WarmenvError
-from warmenv._text import plural
+from warmenv._text import brief, plural
 from warmenv._url import bundle_url_problem, redact, redact_in
 from warmenv.bundle import _files
 from warmenv.bundle._http_errors import lasting, tls_error
@@ -490,7 +490,7 @@ class Download:
             if encoding != "identity":
                 raise DownloadError(
                     f"{self.label}: the server sent the bundle with content-encoding "
-                    f"{encoding!r}; serve it as is (bundles are not compressed in transit)"
+                    f"'{brief(encoding)}'; serve it as is (bundles are not compressed in transit)"
                 )
             yield self._event()
             head, body = (b"", None) if opened is None else (opened.head, opened.body)
@@ -520,7 +520,8 @@ class Download:
         if start != self._done or (self._total is not None and total != self._total):
             raise DownloadError(
                 f"{self.label}: the server resumed at the wrong place (asked for byte "
-                f"{self._done}, got {response.headers.get('content-range')!r}); nothing was kept"
+                f"{self._done}, got '{brief(response.headers.get('content-range', ''))}'); nothing "
+                "was kept"
             )
 
     def _check_size(self, size: int | None) -> None:
@@ -690,6 +691,6 @@ async def _head_of_whole(whole: Opened, label: str) -> tuple[Header | None, Open
 def _reason(exc: BaseException, url: str) -> str:
     """`exc` in a few words: a client's message may quote `url`, so it is redacted."""
     exc = tls_error(exc) or exc
-    text = " ".join(redact_in(str(exc), url).split())
+    text = brief(" ".join(redact_in(str(exc), url).split()))
     kind = type(exc).__name__
     return f"{kind}: {text}" if text and not isinstance(exc, _Retry) else (text or kind)

@@ -56,7 +56,7 @@ import anyio
 import attrs
 
 from warmenv._errors import RemoteError
-from warmenv._text import clean
+from warmenv._text import brief
 from warmenv._url import redact, redact_in
 from warmenv.persistence.storage import wall_clock
 from warmenv.remote import wire
@@ -112,8 +112,8 @@ class _OurConnections(logging.Filter):
         log.debug(
             "%s: coredis says %r%s",
             tier.describe(),
-            record.getMessage(),
-            "" if error is None else f" ({type(error).__name__}: {clean(error)})",
+            brief(record.getMessage()),
+            "" if error is None else f" ({type(error).__name__}: {brief(error)})",
         )
         return False
 
@@ -343,7 +343,7 @@ class RemoteTier:
         except _Down:
             return
         except Exception as exc:
-            log.warning("%s refused to store %r: %s", self.describe(), rkey, clean(exc))
+            log.warning("%s refused to store %r: %s", self.describe(), rkey, brief(exc))
             self._count("failures")
             return
         if stored == -1:
@@ -631,16 +631,13 @@ class RemoteTier:
         reason = (
             f"no answer within {self.settings.timeout} s"
             if failure is None
-            else f"{type(failure).__name__}: {failure}"
+            else f"{type(failure).__name__}: {self._quoted(failure)}"
         )
         cause = None if failure is None else (failure.__cause__ or failure.__context__)
-        if cause is not None and str(cause) not in reason:
+        if cause is not None and str(cause) not in str(failure):
             # coredis says only "Unable to establish a connection"; the cause says
             # why (an untrusted certificate, a refused port).
-            reason += f" ({type(cause).__name__}: {cause})"
-        # A message may quote the URL, or a piece of it: its credentials stay hidden there too.
-        reason = redact_in(reason, self.settings.url)
-        reason = clean(reason)  # a server's own words: no escape sequence reaches a log
+            reason += f" ({type(cause).__name__}: {self._quoted(cause)})"
         if first and misconfigured:
             if not probe:
                 log.warning(
@@ -660,6 +657,12 @@ class RemoteTier:
             )
         return reason
 
+    def _quoted(self, error: BaseException) -> str:
+        """A server's own words in a log line: the URL's credentials hidden (before the cut,
+        so none is cut in half and missed), escape sequences written out, at most
+        `BRIEF_LIMIT` characters (an error reply may be 64 KiB)."""
+        return brief(redact_in(str(error), self.settings.url))
+
     def _recovered(self) -> None:
         if self._delay:
             log.info("%s answers again; using the shared tier", self.describe())
@@ -670,7 +673,7 @@ class RemoteTier:
     def _reject(self, rkey: bytes, why: str) -> None:
         self._count("rejected")
         self._warn_once(
-            self._rejected, "%s: ignoring the value under %r: %s (a miss)", rkey, clean(why)
+            self._rejected, "%s: ignoring the value under %r: %s (a miss)", rkey, brief(why)
         )
 
     def _warn_once(self, warned: set[bytes], message: str, rkey: bytes, *args: object) -> None:

@@ -45,6 +45,7 @@ import anyio
 import anyio.to_thread
 from anyio.lowlevel import checkpoint, checkpoint_if_cancelled
 
+from warmenv._text import brief
 from warmenv.bundle import _files
 from warmenv.bundle.base import (
     Bundle,
@@ -216,7 +217,7 @@ class FlatBundle(BundleReader, Bundle):
         return self._version
 
     def describe(self) -> str:
-        return f"flat bundle {self._source} ({self._manifest.name!r})"
+        return f"flat bundle {self._source} ('{brief(self._manifest.name)}')"
 
     async def namespaces(self) -> list[NamespaceSummary]:
         await checkpoint()

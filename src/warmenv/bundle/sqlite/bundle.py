@@ -24,6 +24,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
+from warmenv._text import brief
 from warmenv.bundle import _files
 from warmenv.bundle.base import (
     Bundle,
@@ -98,7 +99,7 @@ class SqliteBundle(BundleReader, Bundle):
         return self._file.path if self._private else None
 
     def describe(self) -> str:
-        return f"SQLite bundle {self._label} ({self._manifest.name!r})"
+        return f"SQLite bundle {self._label} ('{brief(self._manifest.name)}')"
 
     async def namespaces(self) -> list[NamespaceSummary]:
         await anyio.lowlevel.checkpoint()
