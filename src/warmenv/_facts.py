@@ -19,15 +19,18 @@ its name alone, so preflight needs no knowledge of the tools:
   installed (found with `importlib.util.find_spec`, which runs no package
   code), for tools whose keys hash their own install path;
 - any other name: the installed version of the distribution of that name
-  (`importlib.metadata`), or `none` when it is not installed.
+  (`importlib.metadata`'s answer, found by the same walk of `sys.path`
+  without its scan of every name on it), or `none` when it is not installed.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.machinery
 import importlib.metadata
 import importlib.util
+import os
 import platform
 import re
 import sys
@@ -55,6 +58,9 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
 NOT_INSTALLED = "none"
 PREFIX = "caches."
 """Every captured tree's namespace is `caches.<tool>/<facts>/<part>`."""
+_SEPARATORS = re.compile(r"[-_.]+")  # runs of them are one `_` in a normalised name
+_METADATA_SUFFIXES = (".dist-info", ".egg-info")
+_HEADER_CHUNK = 4096
 
 
 def is_captured_tree(namespace: str) -> bool:
@@ -138,14 +144,81 @@ def _version(distribution: str) -> str:
 
     The standard call parses the whole metadata file as an e-mail message,
     a long description included (torch's: 38 kB, a millisecond a call);
-    `Version` is one of the headers, which end at the first blank line.
+    `Version` is one of the headers, which end at the first blank line, so
+    only they are read. The distribution is found by `_metadata_directory`
+    where it can be, else by `importlib.metadata` itself.
     """
-    found = importlib.metadata.distribution(distribution)
+    at = _metadata_directory(distribution)
+    if at is not None:
+        version = _header_version(os.path.join(at, "METADATA"))
+        if version is not None:
+            return version
+    found = (
+        importlib.metadata.distribution(distribution)
+        if at is None
+        else importlib.metadata.Distribution.at(at)
+    )
     text = found.read_text("METADATA") or found.read_text("PKG-INFO") or ""
-    for line in text.partition("\n\n")[0].splitlines():
+    return _version_line(text.partition("\n\n")[0]) or found.version
+
+
+def _header_version(path: str) -> str | None:
+    """The `Version` header of the metadata file at `path`, read up to the headers' end;
+    None if the file is not there, is empty or has no such header (then it is read whole)."""
+    read = ""
+    try:
+        with open(path, encoding="utf-8") as file:  # text, as `read_text`: "\r\n" is "\n"
+            while chunk := file.read(_HEADER_CHUNK):
+                read += chunk
+                if "\n\n" in read:
+                    break
+    except (OSError, UnicodeDecodeError):
+        return None
+    return _version_line(read.partition("\n\n")[0])
+
+
+def _version_line(headers: str) -> str | None:
+    for line in headers.splitlines():
         if line.startswith("Version:"):
             return line.removeprefix("Version:").strip()
-    return found.version
+    return None
+
+
+def _metadata_directory(distribution: str) -> str | None:
+    """The metadata directory `importlib.metadata.distribution` would read, found the way
+    it finds it, or None where this does not know how (then ask it).
+
+    `importlib.metadata` walks `sys.path` in order and takes the first
+    `<name>-*.dist-info` (or `.egg-info`) whose name normalises to the one
+    asked; but it first normalises every such name of every directory on
+    the path and makes a `Path` of each (about 2 ms in a fresh process with
+    torch installed: the largest part of a first restore's facts). This is
+    the same walk, normalising only the names that can match. Anything it
+    does not replay is left to `importlib.metadata`: another finder of
+    distributions on `sys.meta_path`, a path entry that is not a directory
+    (a zip file) or an egg, a path entry that is not text.
+    """
+    for finder in sys.meta_path:
+        if finder is not importlib.machinery.PathFinder and hasattr(finder, "find_distributions"):
+            return None
+    wanted = _SEPARATORS.sub("_", distribution).lower()
+    for root in sys.path:
+        if not isinstance(root, str) or os.path.basename(root).lower().endswith(".egg"):
+            return None
+        try:
+            children = os.listdir(root or ".")
+        except NotADirectoryError:
+            return None  # a zip file: importlib.metadata reads inside it
+        except OSError:
+            continue  # not there: importlib.metadata finds nothing in it either
+        for child in children:
+            low = child.lower()
+            if not low.endswith(_METADATA_SUFFIXES):
+                continue
+            name = low.rpartition(".")[0].partition("-")[0]
+            if name == wanted or _SEPARATORS.sub("_", name) == wanted:
+                return os.path.join(root, child)
+    return None
 
 
 @attrs.frozen
