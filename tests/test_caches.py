@@ -15,6 +15,7 @@ import pkgutil
 import pwd
 import random
 import signal
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -637,6 +638,31 @@ async def test_a_small_restore_is_one_hop_to_the_sqlite_thread_and_no_other(
         report = await warmenv.caches.restore(env, TREE, tmp_path / "t")
     assert report.written == 3
     assert hops == ["sqlite"]
+
+
+async def test_a_restore_reads_through_a_small_page_cache_and_gives_the_size_back(
+    env: Environment, tmp_path: Path
+) -> None:
+    # Each page a restore reads is read once: filling a large cache only grows the
+    # process (a fresh one's SQLite thread a page at a time), so its hop uses a small one.
+    await env.storage(TREE.namespace).insert_many([(k.encode(), v) for k, v in SAMPLE.items()])
+    sizes: list[int] = []
+    real = os.rename
+
+    def cache_size(conn: sqlite3.Connection) -> int:
+        return int(conn.execute("PRAGMA cache_size").fetchone()[0])
+
+    def recording(src: object, dst: str, **kwargs: object) -> None:
+        sizes.append(cache_size(held))  # on SQLite's thread, in the hop
+        real(src, dst, **kwargs)  # type: ignore[arg-type]
+
+    before = await env.database.run(cache_size)
+    held = await env.database.run(lambda conn: conn)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "rename", recording)
+        await warmenv.caches.restore(env, TREE, tmp_path / "t")
+    assert sizes == [-64] * len(SAMPLE)
+    assert await env.database.run(cache_size) == before != -64
 
 
 async def test_several_trees_restore_in_one_pass_each_under_its_directory(

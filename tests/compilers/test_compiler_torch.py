@@ -15,6 +15,7 @@ this module; each warm run is a fresh process on a fresh machine.
 
 from __future__ import annotations
 
+import importlib.metadata
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import pytest
 
 from compilers.machines import Machine, require, ship
 from warmenv import Namespace, Origin, open_environment
+from warmenv._facts import _metadata_directory
 from warmenv.caches import Facts
 
 APP = """
@@ -110,6 +112,13 @@ def _fresh(tmp_path: Path, name: str) -> Machine:
 
 def test_torch_is_installed() -> None:
     require("torch")
+
+
+def test_torchs_version_is_importlib_metadatas_found_without_its_scan() -> None:
+    require("torch")
+    # The walk found its metadata directory (no fallback), and read what importlib reads.
+    assert _metadata_directory("torch") is not None
+    assert Facts.here("torch").pairs == (("torch", importlib.metadata.version("torch")),)
 
 
 def test_a_cold_torch_compile_builds_its_kernels_and_captures_them(cold: Cold) -> None:
@@ -279,10 +288,11 @@ def test_a_torch_restore_pays_its_fixed_costs_once_not_per_tree(
 
     assert [restored.kernels.written, *(graph.written for graph in restored.graphs)] == [1, 1, 1]
     # Each hop wakes a thread (a wake-up under load costs more than writing a small file):
-    # the facts; the one pass on SQLite's thread (the trust, the target's checks, the
-    # namespaces, every tree's rows and files) and the Mega-Cache's count. Restored one
-    # tree after the other it was 10 and 7; one pass with a hop per step, 3 and 5.
-    assert hops == {"thread": 1, "sqlite": 2}
+    # one pass on SQLite's thread (the facts, the trust, the target's checks, the
+    # namespaces and the Mega-Cache's count, every tree's rows and files). Restored one
+    # tree after the other it was 10 and 7; one pass with a hop per step, 3 and 5; with
+    # the facts and the Mega-Cache's count on their own hops, 1 and 2.
+    assert hops == {"thread": 0, "sqlite": 1}
 
 
 def _restored_over_a_symlinked_fxgraph(tmp_path: Path) -> tuple[Any, Path]:

@@ -14,6 +14,7 @@ gone. Ours stores the index path-independent and rewrites it on restore.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -30,6 +31,7 @@ import pytest
 import warmenv.caches.triton
 from compilers.machines import Machine, copy_tree, require, ship
 from warmenv import Origin, open_environment
+from warmenv._facts import _metadata_directory
 from warmenv.caches import Facts
 from warmenv.caches._children import hook_variables
 from warmenv.caches._hookdir import HookHome
@@ -126,6 +128,13 @@ def _insert(machine: Machine, part: str, segment: str, items: dict[bytes, bytes]
 
 def test_triton_is_installed() -> None:
     require("triton")
+
+
+def test_tritons_version_is_importlib_metadatas_found_without_its_scan() -> None:
+    require("triton")
+    # The walk found its metadata directory (no fallback), and read what importlib reads.
+    assert _metadata_directory("triton") is not None
+    assert Facts.here("triton").pairs == (("triton", importlib.metadata.version("triton")),)
 
 
 def test_kernels_compiled_live_on_one_machine_hit_live_on_another(
@@ -388,3 +397,60 @@ def test_tritons_manager_is_tritons_own_in_a_python_without_warmenv(
         "found": True,
         "warmenv": False,
     }
+
+
+def test_a_triton_restore_is_one_hop_and_asks_nothing_of_the_files_it_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require("triton")
+    from warmenv.persistence.sqlite.database import SqliteDatabase
+
+    facts = Facts.here("triton", "python").segment
+    files = {b"K1/k.cubin": b"cubin", b"K1/k.json": b"{}", b"K2/k.cubin": b"two"}
+    groups = {
+        b"K1/__grp__k.json": b'{"child_paths": ["k.cubin", "k.json"]}',
+        b"K2/__grp__k.json": b'{"child_paths": ["k.cubin", "k.ptx"]}',  # k.ptx: there already
+    }
+    target = tmp_path / "cache"
+    (target / "K2").mkdir(parents=True)
+    (target / "K2" / "k.ptx").write_bytes(b"ptx")
+    hops = {"thread": 0, "sqlite": 0}
+    asked: list[str] = []
+    to_thread, run, stat = anyio.to_thread.run_sync, SqliteDatabase.run, os.stat
+
+    async def on_a_thread(*args: Any, **kwargs: Any) -> Any:
+        hops["thread"] += 1
+        return await to_thread(*args, **kwargs)
+
+    async def on_sqlites_thread(self: SqliteDatabase, fn: Any) -> Any:
+        hops["sqlite"] += 1
+        return await run(self, fn)
+
+    def asking(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("dir_fd") is not None:  # a name under the target (`Writer.mode_at`)
+            asked.append(str(path))
+        return stat(path, *args, **kwargs)
+
+    async def main() -> Any:
+        async with open_environment("default", root=tmp_path / "root") as env:
+            for part, items in (("files", files), ("groups", groups)):
+                storage = env.storage(warmenv.Namespace("caches.triton", part, facts))
+                await storage.insert_many(items.items())
+            monkeypatch.setattr(anyio.to_thread, "run_sync", on_a_thread)
+            monkeypatch.setattr(SqliteDatabase, "run", on_sqlites_thread)
+            monkeypatch.setattr(os, "stat", asking)
+            try:
+                return await warmenv.caches.triton.restore(env, target)
+            finally:
+                monkeypatch.undo()
+
+    restored = anyio.run(main)
+
+    assert (restored.files.written, restored.groups, restored.refused) == (3, 2, ())
+    # The facts, the target's checks, the rows and the files: one pass on SQLite's thread.
+    assert hops == {"thread": 0, "sqlite": 1}
+    # An index's files this restore wrote are known to be there; the one it found is asked.
+    assert asked == ["k.ptx"]
+    for key in groups:
+        index = json.loads((target / key.decode()).read_text())["child_paths"]
+        assert index == {name: str(target / key.decode().split("/")[0] / name) for name in index}

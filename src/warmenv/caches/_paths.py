@@ -322,6 +322,7 @@ class Writer:
         self._refused: dict[tuple[str, ...], str] = {}
         self._seen: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._claimed: set[tuple[str, ...]] = set()
+        self._placed: set[tuple[str, ...]] = set()
         self._token = secrets.token_hex(8)
         self._written = 0
 
@@ -386,7 +387,16 @@ class Writer:
                 return self._already(directory, parts)
             raise
         names.add(name)
+        self._placed.add(parts)
         return True
+
+    def placed(self, parts: tuple[str, ...]) -> bool:
+        """Whether this restore wrote the regular file at `parts` (renamed it into place).
+
+        What is there was written by this restore, in a directory no other user
+        can write, so asking the file system (`mode_at`) would tell nothing more.
+        """
+        return parts in self._placed
 
     def mode_at(self, parts: tuple[str, ...]) -> int | None:
         """The mode of what is at `parts` (a symlink's own), None if nothing is: looked up

@@ -17,8 +17,9 @@ import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Final
 
 import anyio
 import anyio.to_thread
@@ -93,12 +94,46 @@ async def restore_trees(
     (`_sqlite._memory`), so there the files are written on a worker thread of
     their own, never on the event loop's.
     """
-    started = time.monotonic()
     into = expand_home(target, "the cache directory")
-    jobs = [_Job(tree, _prefix(directory)) for tree, directory in trees]
+    for _, directory in trees:
+        _prefix(directory)  # refused before anything is done
+    restored = await restore_planned(
+        env, lambda: (into, trees), batch_bytes=batch_bytes, trust=trust
+    )
+    return restored.reports
+
+
+Plan = Callable[[], tuple[Path, Sequence[tuple[CacheTree, str]]]]
+"""What a restore writes, worked out on its first hop: the target (absolute or as the
+caller named it) and the trees, as `restore_trees` takes them."""
+
+
+@attrs.frozen
+class Restored:
+    """What `restore_planned` did: a report per tree, and what the tools' namespaces hold."""
+
+    trees: tuple[CacheTree, ...]
+    reports: tuple[RestoreReport, ...]
+    held: Mapping[str, int]
+    """Every namespace of the trees' tools (`caches.<tool>/...`, under any facts), with its
+    entries when the pass began: read anyway for `skipped`."""
+
+
+async def restore_planned(
+    env: Environment,
+    plan: Plan,
+    *,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
+    trust: TrustLike = None,
+) -> Restored:
+    """`restore_trees` of the target and trees `plan()` gives, called in the pass's first
+    hop on the environment's SQLite thread (a worker thread for an environment in
+    memory): a tool whose trees are named by this machine's facts, which are read from
+    files, reads them there rather than on a hop of their own (each wakes a thread)."""
+    started = time.monotonic()
     if env.remote is not None:  # values fetched from Redis reach the local rows first
         await env.remote.backfill.settle()
-    restoring = _Restoring(env.database, into, jobs, trust, batch_bytes)
+    restoring = _Restoring(env.database, plan, trust, batch_bytes)
     finished = False
     try:
         while True:  # at least once: the target is checked (and made) with no tree too
@@ -120,10 +155,11 @@ async def restore_trees(
                 else:
                     await env.database.run(restoring.close_on)
     elapsed = time.monotonic() - started
-    return tuple(
+    assert restoring.target is not None
+    reports = tuple(
         RestoreReport(
             namespace=str(job.tree.namespace),
-            target=into.joinpath(*job.prefix),
+            target=restoring.target.joinpath(*job.prefix),
             written=job.counts.written,
             kept=job.counts.kept,
             bytes=job.counts.bytes,
@@ -131,8 +167,9 @@ async def restore_trees(
             skipped=_skipped(job.tree, restoring.held),
             elapsed=elapsed,
         )
-        for job in jobs
+        for job in restoring.jobs
     )
+    return Restored(tuple(job.tree for job in restoring.jobs), reports, dict(restoring.held))
 
 
 def _prefix(directory: str) -> tuple[str, ...]:
@@ -176,10 +213,11 @@ class _Restoring:
     """
 
     database: SqliteDatabase
-    target: Path
-    jobs: list[_Job]
+    plan: Plan
     trust: TrustLike
     batch_bytes: int
+    target: Path | None = None
+    jobs: list[_Job] = attrs.Factory(list)
     writer: Writer | None = None
     signed: set[str] | None = None
     """The digests of the bundles whose files may be written (`require_signature`), or None."""
@@ -195,7 +233,7 @@ class _Restoring:
 
     @property
     def done(self) -> bool:
-        return self.at == len(self.jobs)
+        return self.writer is not None and self.at == len(self.jobs)
 
     def step(self, conn: sqlite3.Connection) -> None:
         """A hop on the SQLite thread: read the next `batch_bytes` and write them as they
@@ -203,7 +241,7 @@ class _Restoring:
         try:
             if self.writer is None:
                 self.prepare()
-            with contextlib.closing(self.read(conn)) as entries:
+            with _small_cache(conn), contextlib.closing(self.read(conn)) as entries:
                 self.write(entries)
         except BaseException:
             self.close()
@@ -214,11 +252,15 @@ class _Restoring:
         return list(self.read(conn))
 
     def prepare(self) -> None:
-        """The trust (the configuration's, a file) and the target's checks."""
+        """The plan (the target and the trees), the trust (the configuration's, a file) and
+        the target's checks."""
+        target, trees = self.plan()
+        self.jobs = [_Job(tree, _prefix(directory)) for tree, directory in trees]
+        self.target = target
         checked = resolve_trust(self.trust)
         if checked.require_signature:
             self.keys = {str(key) for key in checked.keys}
-        self.writer = Writer(self.target)
+        self.writer = Writer(target)
 
     def read(self, conn: sqlite3.Connection) -> Generator[_Entry, None, None]:
         """The next entries, in order, up to `batch_bytes`; the first hop reads the signers
@@ -259,13 +301,13 @@ class _Restoring:
         # Checked against the facts this restore was asked for, never recomputed: reading
         # a tool's version from its metadata costs milliseconds a fact, which made a
         # restore of a few small files several times slower than copying them.
+        # Their entries are counted from the primary key's index alone: the sizes
+        # `statistics.namespaces` adds would read every row's record first.
         for tool in dict.fromkeys(job.tree.tool for job in self.jobs):
             try:
-                summaries = statistics.namespaces(conn, under=PREFIX + tool)
+                self.held += statistics.entry_counts(conn, under=PREFIX + tool)
             except sqlite3.Error as exc:
                 log.warning("listing namespaces of %s failed: %s", self.database.path, exc)
-                continue
-            self.held += [(summary.namespace, summary.entries) for summary in summaries]
 
     def _signed_only(
         self, rows: Generator[tuple[bytes, bytes, EntryInfo], None, None], job: _Job
@@ -307,6 +349,27 @@ class _Restoring:
 
     def close_on(self, conn: sqlite3.Connection) -> None:
         self.close()
+
+
+_READ_CACHE_KIB: Final = 64
+
+
+@contextlib.contextmanager
+def _small_cache(conn: sqlite3.Connection) -> Iterator[None]:
+    """The connection's page cache held to `_READ_CACHE_KIB` while a hop reads its rows.
+
+    A restore reads each page once, so a larger cache keeps nothing it will
+    use again; but every page it fills is new memory (a fresh process's
+    SQLite thread grows its heap a page at a time: a system call and a page
+    fault each), which was a third of reading Triton's 4 MB of kernels. The
+    size before is set back after the hop; a smaller cache only drops pages.
+    """
+    before = conn.execute("PRAGMA cache_size").fetchone()[0]
+    conn.execute(f"PRAGMA cache_size = -{_READ_CACHE_KIB}")
+    try:
+        yield
+    finally:
+        conn.execute(f"PRAGMA cache_size = {int(before)}")
 
 
 def _skipped(tree: CacheTree, held: list[tuple[str, int]]) -> tuple[Skipped, ...]:

@@ -36,7 +36,10 @@ The API (used by `directory.py` and by each tool's module):
 - `await restore_trees(env, target, [(tree, directory), ...])` (in `_restore`): several
   trees under one target (each in a directory of it, `""` the target
   itself) in one pass, in order, with the fixed costs (the target's
-  checks, the trust, the namespaces, the worker-thread hops) paid once.
+  checks, the trust, the namespaces, the worker-thread hops) paid once;
+  `restore_planned(env, plan)` the same with the target and trees worked
+  out by `plan()` in the pass's first hop (a tool's facts read there), its
+  result holding the entries of each of the tools' namespaces too.
 - `await record_hits(env, tree, served, misses)`: count a tool's own hits,
   per entry it served (`{relative path: hits}`), as hits of those entries
   in the environment's statistics (`warmenv stats`, per namespace, origin

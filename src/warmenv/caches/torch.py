@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import hashlib
 import importlib
 import logging
@@ -58,7 +59,7 @@ from warmenv._facts import Facts
 from warmenv._fs import expand_home
 from warmenv.caches._children import EntryPoint
 from warmenv.caches._inprocess import EnvironmentChoice, HitLines, _Where, where
-from warmenv.caches._restore import restore_trees
+from warmenv.caches._restore import restore_planned
 from warmenv.caches._tree import (
     CacheTree,
     CaptureReport,
@@ -218,16 +219,32 @@ async def restore(env: Environment, cache_dir: str | Path) -> TorchRestoreReport
     Kernels first: a graph entry torch finds (or loads from the Mega-Cache
     afterwards) finds the kernels it names already built.
     """
-    facts = await anyio.to_thread.run_sync(Facts.here, *FACTS)
-    trees = [(tree(facts), ""), *((graph, graph.part) for graph in _graph_trees(facts))]
-    kernels, *graphs = await restore_trees(env, cache_dir, trees)
-    held = await env.storage(_mega(facts)).summary()
-    return TorchRestoreReport(kernels, tuple(graphs), held.entries)
+    return (await _restore(env, cache_dir))[0]
+
+
+async def _restore(env: Environment, cache_dir: str | Path) -> tuple[TorchRestoreReport, Facts]:
+    """`restore`, and the facts it restored under."""
+    into = expand_home(cache_dir, "the cache directory")
+    done = await restore_planned(env, functools.partial(_plan, into))
+    kernels, *graphs = done.reports
+    facts = done.trees[0].facts
+    mega = done.held.get(str(_mega(facts)), 0)  # counted in the same pass
+    return TorchRestoreReport(kernels, tuple(graphs), mega), facts
+
+
+def _plan(cache_dir: Path) -> tuple[Path, list[tuple[CacheTree, str]]]:
+    """The target and the trees under this machine's facts, worked out on the restore's
+    first hop (the facts are read from files: on a hop of their own, a thread woken)."""
+    facts = Facts.here(*FACTS)
+    return cache_dir, [(tree(facts), ""), *((graph, graph.part) for graph in _graph_trees(facts))]
 
 
 async def artifacts(env: Environment) -> tuple[bytes, ...]:
     """The Mega-Cache entries captured under this machine's facts, for `load_cache_artifacts`."""
-    facts = await anyio.to_thread.run_sync(Facts.here, *FACTS)
+    return await _artifacts(env, await anyio.to_thread.run_sync(Facts.here, *FACTS))
+
+
+async def _artifacts(env: Environment, facts: Facts) -> tuple[bytes, ...]:
     return tuple([value async for _, value in env.storage(_mega(facts)).scan()])
 
 
@@ -327,7 +344,8 @@ async def _restore_in(
     chosen: _Where, cache_dir: Path
 ) -> tuple[TorchRestoreReport, tuple[bytes, ...]]:
     async with open_environment(chosen.name, root=chosen.root, file=chosen.file) as env:
-        return await restore(env, cache_dir), await artifacts(env)
+        report, facts = await _restore(env, cache_dir)
+        return report, await _artifacts(env, facts)  # the facts read once
 
 
 def use(

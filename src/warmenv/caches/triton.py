@@ -63,7 +63,7 @@ from warmenv.caches._paths import (
     relative_parts,
     swappable,
 )
-from warmenv.caches._restore import restore_trees
+from warmenv.caches._restore import restore_planned
 from warmenv.caches._tree import (
     CacheTree,
     CaptureReport,
@@ -535,16 +535,18 @@ async def restore(env: Environment, target: str | Path | None = None) -> TritonR
 
     Each index is rewritten to name its files under `target` and written
     only once they are all there, after every file: the files and the
-    indexes are two trees of one pass (`restore_trees`).
+    indexes are two trees of one pass (`restore_planned`).
     """
-    target, (files, groups) = await anyio.to_thread.run_sync(_where_and_trees, target)
-    indexes = attrs.evolve(groups, index=("*",), rewrite=_restored_group)
-    restored, grouped = await restore_trees(env, target, [(files, ""), (indexes, "")])
+    done = await restore_planned(env, functools.partial(_plan, target))
+    restored, grouped = done.reports
     return TritonRestoreReport(restored, grouped.written, grouped.kept, grouped.refused)
 
 
-def _where_and_trees(target: str | Path | None) -> tuple[Path, tuple[CacheTree, CacheTree]]:
-    return _where(target), _trees()
+def _plan(target: str | Path | None) -> tuple[Path, list[tuple[CacheTree, str]]]:
+    """The target and the trees, worked out on the restore's first hop (facts are files)."""
+    files, groups = _trees()
+    indexes = attrs.evolve(groups, index=("*",), rewrite=_restored_group)
+    return _where(target), [(files, ""), (indexes, "")]
 
 
 def _restored_group(writer: Writer, parts: tuple[str, ...], value: bytes) -> bytes | str:
@@ -556,10 +558,13 @@ def _restored_group(writer: Writer, parts: tuple[str, ...], value: bytes) -> byt
     if isinstance(names, str):
         return names
     for name in names:
+        if writer.placed((parts[0], name)):
+            continue
         mode = writer.mode_at((parts[0], name))
         if mode is None:
             return f"its file {name!r} is not in the cache"
         if not stat.S_ISREG(mode):
             return f"its file {name!r} is not a regular file"
-    kernel = writer.target / parts[0]
-    return json.dumps({"child_paths": {name: str(kernel / name) for name in names}}).encode()
+    # `str(target / key / name)`, joined as text: both names are plain (one component).
+    kernel = os.path.join(writer.target, parts[0])
+    return json.dumps({"child_paths": {name: f"{kernel}/{name}" for name in names}}).encode()

@@ -34,7 +34,7 @@ from warmenv.persistence.statistics import (
 )
 from warmenv.persistence.storage import NamespaceSummary, Origin, addressable
 
-__all__ = ["explain_miss", "flush", "namespaces", "read", "record_import"]
+__all__ = ["entry_counts", "explain_miss", "flush", "namespaces", "read", "record_import"]
 
 
 def namespaces(conn: sqlite3.Connection, under: str | None = None) -> list[NamespaceSummary]:
@@ -50,6 +50,19 @@ def namespaces(conn: sqlite3.Connection, under: str | None = None) -> list[Names
         return schema.namespace_summaries(
             conn, where="namespace >= ? AND namespace < ?", params=(f"{under}/", f"{under}0")
         )
+
+
+def entry_counts(conn: sqlite3.Connection, under: str) -> list[tuple[str, int]]:
+    """`namespaces(conn, under)` without the sizes: each text namespace of that name and
+    its entries, read from the primary key's index alone (a size needs every row's
+    record, a count only the index)."""
+    with schema.foreign_text(conn):
+        rows = conn.execute(
+            f"SELECT {schema.namespace_read()}, count(*) FROM entries "
+            "WHERE namespace >= ? AND namespace < ? GROUP BY namespace ORDER BY namespace",
+            (f"{under}/", f"{under}0"),
+        )
+        return [(str(namespace), int(count)) for namespace, count in rows]
 
 
 # A slice of a batch goes into SQLite as two temporary tables: a row per namespace (its
