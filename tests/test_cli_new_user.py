@@ -22,6 +22,7 @@ from test_cli_errors import assert_one_error_line
 from warmenv import Namespace, open_environment
 from warmenv.bundle import export_bundle, warm_up
 from warmenv.cli import build_parser
+from warmenv.persistence import Store
 
 DOCS = Path(__file__).parent.parent / "docs" / "cli.md"
 
@@ -367,3 +368,52 @@ def test_an_export_source_or_target_through_a_symlink_to_a_missing_path_names_bo
         1,
     )
     assert f"{link} is a symlink to a missing path ({target})" in out, out
+
+
+# --- explain: a key asked in the other form ---------------------------------------
+
+
+@pytest.fixture
+def keys_root(tmp_path: Path) -> Path:
+    root = tmp_path / "keys"
+
+    async def fill() -> None:
+        async with open_environment("e", root=root) as env:
+            store: Store[object, str] = await env.store(Namespace("app", "kernels", version="1"))
+            await store.insert(42, "an integer key")
+            await store.insert("k1", "a string key")
+
+    anyio.run(fill)
+    return root
+
+
+def explained(root: Path, *args: str) -> dict[str, object]:
+    completed = warmenv("explain", *args, "--env", "e", "--json", root=root)
+    assert completed.returncode == 0, completed.stderr
+    return dict(json.loads(completed.stdout))
+
+
+@pytest.mark.parametrize("namespace", ["app/1/kernels", "app/2/kernels"])
+def test_explain_of_an_integer_key_given_as_a_string_hints_raw_key(
+    keys_root: Path, namespace: str
+) -> None:
+    hint = str(explained(keys_root, namespace, "42")["hint"])
+    assert 'string key "42"' in hint and "'app/1/kernels' stores the raw key 42" in hint
+    assert hint.endswith("add --raw-key")
+    shown = warmenv("explain", namespace, "42", "--env", "e", root=keys_root).stdout
+    assert shown.splitlines()[-1] == f"hint: {hint}"
+
+
+def test_explain_of_a_string_key_given_with_raw_key_hints_dropping_it(keys_root: Path) -> None:
+    hint = str(explained(keys_root, "app/1/kernels", "k1", "--raw-key")["hint"])
+    assert "raw key k1" in hint and 'stores the string key "k1"' in hint
+    assert hint.endswith("drop --raw-key")
+
+
+@pytest.mark.parametrize(
+    "args", [["42", "--raw-key"], ["k1"], ["nowhere"], ["nowhere", "--raw-key"], []]
+)
+def test_explain_gives_no_hint_when_the_key_is_found_or_found_in_no_form(
+    keys_root: Path, args: list[str]
+) -> None:
+    assert explained(keys_root, "app/1/kernels", *args)["hint"] is None

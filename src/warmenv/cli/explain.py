@@ -6,7 +6,9 @@ each holds and whether KEY is stored there. KEY is the key the application
 passes to its store (default codec: JSON, so `k1` means the string "k1");
 `--raw-key` takes it as the exact bytes stored (UTF-8), which is how an
 integer or tuple key of a JSON store is given: its compact JSON (`42`,
-`["matmul",4096]`).
+`["matmul",4096]`). A key found in neither form's namespaces but in the
+other's (`42` asked as the string "42", or `k1` asked with `--raw-key` where
+the store keeps the string "k1") gets a hint naming the flag to add or drop.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from warmenv.cli._errors import UsageError
 from warmenv.cli._format import as_json
 from warmenv.cli._options import text_argument
 from warmenv.cli._output import Output
+from warmenv.persistence.codec import JsonCodec
+from warmenv.persistence.explain import Explanation
 
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
@@ -52,17 +56,26 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     namespace = text_argument(args.namespace, "NAMESPACE")
     if not namespace.strip("/"):
         raise UsageError("NAMESPACE must not be empty: give one, e.g. app/2/kernels")
-    key: bytes | str | None = None
-    if args.key is not None:
-        key = text_argument(args.key, "KEY")
-        if args.raw_key:
-            key = key.encode("utf-8")
+    text = None if args.key is None else text_argument(args.key, "KEY")
+    key: bytes | str | None = text
+    if text is not None and args.raw_key:
+        key = text.encode("utf-8")
     elif args.raw_key:
         raise UsageError("--raw-key needs a KEY")
+    hint = None
     async with environment(args, out) as env:
         explanation = await env.explain(namespace, key)
+        if text is not None and not _holding(explanation):
+            # The commonest miss of a key: an integer key asked as its string (or the
+            # reverse). Asked the other way, is it there?
+            other = _string_key(text) if args.raw_key else text.encode("utf-8")
+            where = _holding(await env.explain(namespace, other))
+            if where:
+                hint = _hint(text, args.raw_key, where)
     for line in str(explanation).splitlines():
         out.line(line)
+    if hint is not None:
+        out.line(f"hint: {hint}")
     out.result(
         {
             "environment": env.name,
@@ -72,6 +85,32 @@ async def run(args: argparse.Namespace, out: Output) -> int:
             "has_key": explanation.has_key,
             "nearby": as_json(explanation.nearby),
             "explanation": str(explanation),
+            "hint": hint,
         }
     )
     return 0
+
+
+def _holding(explanation: Explanation) -> list[str]:
+    """The namespaces, the asked one first, that store the asked key."""
+    asked = [explanation.namespace] if explanation.has_key else []
+    return asked + [n.namespace for n in explanation.nearby if n.has_key]
+
+
+def _hint(key: str, raw: bool, where: list[str]) -> str:
+    under = f"{where[0]!r}" + (f" and {len(where) - 1} more" if len(where) > 1 else "")
+    if raw:
+        return (
+            f"none of these namespaces stores the raw key {key}, but {under} stores the string key "
+            f"{_string_key(key).decode()} (what a JSON store keeps for {key!r}): drop --raw-key"
+        )
+    return (
+        f"none of these namespaces stores the string key {_string_key(key).decode()}, but {under} "
+        f"stores the raw key {key} (an integer, list or other non-string key of a JSON "
+        f"store): add --raw-key"
+    )
+
+
+def _string_key(key: str) -> bytes:
+    """How a store of the default codec keeps the string key `key`: `"k1"`."""
+    return JsonCodec[str, object]().encode_key(key)
