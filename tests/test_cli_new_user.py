@@ -9,6 +9,7 @@ left and figures right; and docs/cli.md documents every sub-command.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import re
@@ -20,7 +21,17 @@ import pytest
 from test_cli import warmenv
 from test_cli_errors import assert_one_error_line
 from warmenv import Namespace, open_environment
-from warmenv.bundle import export_bundle, warm_up
+from warmenv.bundle import (
+    BundleError,
+    BundleFormat,
+    CorruptBundleError,
+    FlatBundle,
+    NotABundleError,
+    SqliteBundle,
+    export_bundle,
+    open_bundle,
+    warm_up,
+)
 from warmenv.cli import build_parser
 from warmenv.persistence import Store
 
@@ -417,3 +428,93 @@ def test_explain_gives_no_hint_when_the_key_is_found_or_found_in_no_form(
     keys_root: Path, args: list[str]
 ) -> None:
     assert explained(keys_root, "app/1/kernels", *args)["hint"] is None
+
+
+# --- a file that is not a (whole) bundle --------------------------------------------
+
+
+def bad_bundles(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """Files a new user gives as a bundle, each with what its one line must say."""
+
+    async def make() -> dict[str, bytes]:
+        async with open_environment("src", root=tmp_path / "src") as env:
+            entries = [(b"k%04d" % i, b"v" * 500) for i in range(400)]
+            await env.storage(Namespace("app", "k", version="1")).insert_many(entries)
+            made = {}
+            for format in BundleFormat:
+                out = tmp_path / f"whole.{format.value}"
+                await export_bundle(env, out, name="n", version="1", format=format)
+                made[format.value] = out.read_bytes()
+            return made
+
+    whole = anyio.run(make)
+    sqlite, flat = whole["sqlite"], whole["flat"]
+    cases = {
+        "empty": (b"", "is empty (0 bytes), not a warmenv bundle; export it"),
+        "gzip": (gzip.compress(sqlite), "is a gzip file, not a warmenv bundle; decompress it"),
+        "page": (b"<!DOCTYPE html><title>404</title>", "is an HTML or XML page"),
+        "sqlite-magic": (sqlite[:10], "is a SQLite file cut short at byte 10 ("),
+        "sqlite-header": (sqlite[:60], "is a SQLite file cut short at byte 60 ("),
+        "sqlite-half": (
+            sqlite[: len(sqlite) // 2],
+            f"is a SQLite file cut short at byte {len(sqlite) // 2:,} "
+            f"(the file needs {len(sqlite):,} bytes)",
+        ),
+        "flat-header": (flat[:40], "is a flat warmenv bundle cut short at byte 40 ("),
+        "flat-index": (flat[:1000], "is a flat warmenv bundle cut short at byte 1,000 ("),
+        "flat-data": (
+            flat[:-100],
+            f"is a flat warmenv bundle cut short at byte {len(flat) - 100:,} "
+            f"(its entries reach byte {len(flat):,})",
+        ),
+    }
+    made = {}
+    for name, (data, says) in cases.items():
+        path = tmp_path / f"{name}.bundle"
+        path.write_bytes(data)
+        made[name] = (path, says)
+    return made
+
+
+def test_import_and_check_say_in_one_line_what_a_file_that_is_no_whole_bundle_is(
+    tmp_path: Path,
+) -> None:
+    for name, (path, says) in bad_bundles(tmp_path).items():
+        lines = {
+            command: assert_one_error_line(warmenv(command, str(path), root=tmp_path / "r"), 1)
+            for command in ["import", "check", "inspect", "verify"]
+        }
+        assert len(set(lines.values())) == 1, (name, lines)  # every command says the same
+        line = lines["import"]
+        assert line.startswith(f"warmenv: error: {path} {says}"), (name, line)
+        assert "corrupt" not in line and "malformed" not in line, (name, line)
+        assert re.search(r"; (export|copy|decompress|check)", line), (name, line)  # the fix
+
+
+@pytest.mark.anyio
+async def test_open_bundle_and_each_format_s_opener_name_what_the_file_is(
+    tmp_path: Path,
+) -> None:
+    cases = await anyio.to_thread.run_sync(bad_bundles, tmp_path)
+    for name, (path, says) in cases.items():
+        with pytest.raises(BundleError) as raised:
+            async with open_bundle(path):
+                pass
+        assert str(raised.value).startswith(f"{path} {says}"), (name, raised.value)
+        cut = "cut short" in says and name != "sqlite-magic"  # a magic cut short: unknown
+        assert isinstance(raised.value, CorruptBundleError if cut else NotABundleError), name
+        own = SqliteBundle if name.startswith("sqlite") else FlatBundle
+        if name.startswith(("sqlite", "flat")):  # the format's own opener says the same
+            with pytest.raises(BundleError, match="^" + re.escape(f"{path} {says}")):
+                async with own.open(path):
+                    pass
+
+
+@pytest.mark.anyio
+async def test_a_format_s_opener_given_the_other_format_says_open_bundle_reads_both(
+    tmp_path: Path, bundle_path: Path, bundle_format: str
+) -> None:
+    other = FlatBundle if bundle_format == "sqlite" else SqliteBundle
+    with pytest.raises(NotABundleError, match="open_bundle opens a bundle of either format"):
+        async with other.open(bundle_path):
+            pass

@@ -100,6 +100,7 @@ async def test_a_truncated_flat_header_error_names_the_file(tmp_path: Path, cut:
     # It said only "flat bundle truncated: the format version needs 4 bytes ...".
     path = tmp_path / "cut.bundle"
     path.write_bytes((await _template("flat", tmp_path))[:cut])
-    with pytest.raises(BundleError, match="^" + re.escape(f"{path}: flat bundle truncated: the ")):
+    said = f"{path} is a flat warmenv bundle cut short at byte {cut} (the "
+    with pytest.raises(BundleError, match="^" + re.escape(said)):
         async with open_bundle(path):
             pass

@@ -54,7 +54,9 @@ __all__ = [
     "staging_path",
 ]
 
-HEAD_SIZE = 16  # enough bytes to tell the formats apart
+# Enough bytes to tell the formats apart, to read a SQLite file's header (100 bytes, its
+# size) and to name the files most often mistaken for a bundle (`_kinds`: a tar's at 257).
+HEAD_SIZE = 512
 STAGING_SUFFIX = ".warmenv-staging"
 SNAPSHOT_PREFIX = ".warmenv-import."
 LOCK_NAME = ".lock"  # inside a private directory: held by its owner while it lives

@@ -21,6 +21,7 @@ import anyio.to_thread
 import attrs
 
 from warmenv._keys import PublicKey
+from warmenv.bundle._kinds import cut_short
 from warmenv.bundle.errors import CorruptBundleError
 from warmenv.bundle.events import Verifying
 from warmenv.bundle.manifest import BundleManifest, Digest
@@ -371,6 +372,22 @@ class FileFormat(abc.ABC, Generic[B_co]):
     async def open_private_file(self, path: Path, label: str) -> B_co:
         """Open a file that already lies in a private directory (a download); the bundle
         owns it, and it is removed if the open fails."""
+
+    kind: ClassVar[str]
+    """What a file of the format is called where it is cut short ("a SQLite file")."""
+
+    def declared_size(self, head: bytes) -> int | None:
+        """The bytes a file starting with `head` (`_files.HEAD_SIZE` of them, or all it
+        holds) needs, where its first bytes say: a file shorter was cut short."""
+        return None
+
+    def check_whole(self, head: bytes, size: int, label: str) -> None:
+        """`CorruptBundleError` if the file `label`, of `size` bytes and starting with
+        `head`, is shorter than its first bytes say (`declared_size`): cut short."""
+        declared = self.declared_size(head)
+        if declared is not None and size < declared:
+            needs = f"the file needs {declared:,} bytes"
+            raise CorruptBundleError(cut_short(label, self.kind, size, needs))
 
     def header(self, data: bytes, label: str) -> Header | None:
         """The manifest (and namespace names, where told up front) from the first bytes

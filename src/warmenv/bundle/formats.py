@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from typing import TypeAlias
 
+from warmenv.bundle._kinds import not_a_bundle
 from warmenv.bundle.base import BundleFormat
+from warmenv.bundle.errors import NotABundleError
 from warmenv.bundle.flat.bundle import FLAT, FlatFormat
 from warmenv.bundle.sqlite.bundle import SQLITE, SqliteFormat
 
-__all__ = ["FORMATS", "AnyFormat", "of", "sniff"]
+__all__ = ["FORMATS", "AnyFormat", "identify", "of", "sniff"]
 
 AnyFormat: TypeAlias = SqliteFormat | FlatFormat
 
@@ -34,6 +36,21 @@ def sniff(head: bytes) -> AnyFormat | None:
         if format.matches(head):
             return format
     return None
+
+
+def identify(head: bytes, size: int, label: str, not_ours: str | None = None) -> AnyFormat:
+    """The format of the file `label` of `size` bytes that starts with `head`.
+
+    Of neither format, `NotABundleError` says what the file is instead (empty, a gzip
+    file...) and what to do, or `not_ours` where the caller knows better; a file shorter
+    than its first bytes say it is raises `CorruptBundleError`: cut short at byte `size`.
+    """
+    found = sniff(head)
+    if found is None:
+        magics = {format.kind: format.magic for format in FORMATS}
+        raise NotABundleError(not_ours or not_a_bundle(label, head, size, magics))
+    found.check_whole(head, size, label)
+    return found
 
 
 def of(format: BundleFormat) -> AnyFormat:

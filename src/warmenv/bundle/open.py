@@ -18,10 +18,11 @@ from pathlib import Path
 import anyio.to_thread
 
 from warmenv.bundle import _files
+from warmenv.bundle._kinds import cut_short
 from warmenv.bundle.base import BundleOpener, Header
-from warmenv.bundle.errors import CorruptBundleError, NotABundleError
+from warmenv.bundle.errors import CorruptBundleError
 from warmenv.bundle.flat.bundle import FlatBundle
-from warmenv.bundle.formats import AnyFormat, sniff
+from warmenv.bundle.formats import AnyFormat, identify
 from warmenv.bundle.sqlite.bundle import SqliteBundle
 
 __all__ = ["open_bundle", "open_snapshot", "read_names"]
@@ -45,25 +46,19 @@ def open_snapshot(
     return BundleOpener(partial(open_private, Path(path), near, verified=verified))
 
 
-def _format_of(head: bytes, label: str, not_a_bundle: str | None = None) -> AnyFormat:
-    found = sniff(head)
-    if found is None:
-        raise NotABundleError(
-            not_a_bundle
-            or f"{label} is not a warmenv bundle (it starts with neither the SQLite nor the "
-            "flat magic)"
-        )
-    return found
+def _format_of(fd: int, label: str, not_ours: str | None = None) -> AnyFormat:
+    """The format of the open file `fd` (`formats.identify`), on a worker thread."""
+    return identify(_files.read_head(fd), os.fstat(fd).st_size, label, not_ours)
 
 
 async def open_any(path: Path) -> FlatBundle | SqliteBundle:
     """Open and validate `path`; the caller closes it."""
     fd = await anyio.to_thread.run_sync(_files.open_regular, path)
     try:
-        head = await anyio.to_thread.run_sync(_files.read_head, fd)
+        format = await anyio.to_thread.run_sync(_format_of, fd, str(path))
     finally:
         os.close(fd)
-    return await _format_of(head, str(path)).open(path)
+    return await format.open(path)
 
 
 async def read_names(path: Path) -> Header | None:
@@ -77,8 +72,7 @@ async def read_names(path: Path) -> Header | None:
     """
     fd = await anyio.to_thread.run_sync(_files.open_regular, path)
     try:
-        head = await anyio.to_thread.run_sync(_files.read_head, fd)
-        format = _format_of(head, str(path))
+        format = await anyio.to_thread.run_sync(_format_of, fd, str(path))
         if format.names_in_front:
             want = _HEAD_FIRST
             while True:
@@ -87,7 +81,9 @@ async def read_names(path: Path) -> Header | None:
                 if parsed is not None:
                     return parsed
                 if len(data) < want:
-                    raise CorruptBundleError(f"{path}: the file ends inside its header")
+                    raise CorruptBundleError(
+                        cut_short(str(path), format.kind, len(data), "its header goes on")
+                    )
                 if want >= format.header_limit:
                     return None
                 want = min(want * 4, format.header_limit)
@@ -111,8 +107,7 @@ async def open_private(
     """
     fd = await anyio.to_thread.run_sync(_files.open_regular, path)
     try:
-        head = await anyio.to_thread.run_sync(_files.read_head, fd)
-        format = _format_of(head, str(path))
+        format = await anyio.to_thread.run_sync(_format_of, fd, str(path))
         return await format.open_private_copy(fd, near, str(path), verified=verified)
     finally:
         os.close(fd)
@@ -125,7 +120,7 @@ async def open_private_file(
     bundle owns the file. `not_a_bundle`: the message when it is of neither format."""
     fd = await anyio.to_thread.run_sync(os.open, path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        head = await anyio.to_thread.run_sync(_files.read_head, fd)
+        format = await anyio.to_thread.run_sync(_format_of, fd, label, not_a_bundle)
     finally:
         os.close(fd)
-    return await _format_of(head, label, not_a_bundle).open_private_file(path, label)
+    return await format.open_private_file(path, label)

@@ -47,6 +47,7 @@ from anyio.lowlevel import checkpoint, checkpoint_if_cancelled
 
 from warmenv._text import brief
 from warmenv.bundle import _files
+from warmenv.bundle._kinds import cut_short, not_a_bundle
 from warmenv.bundle.base import (
     Bundle,
     BundleFormat,
@@ -92,6 +93,7 @@ _CANCEL_EVERY = 32  # lookups between checks for cancellation
 _FORGET_EVERY = 4096  # entries between releases of mapped pages already read
 _DIGEST_BATCH = 1024  # entries hashed at a time (a few such batches wait at most)
 _DIGEST_SLICE = 8 << 20  # bytes of keys and values hashed per step of progress
+_KIND = "flat warmenv bundle"
 
 
 class _Reader:
@@ -111,8 +113,12 @@ class _Reader:
         end = self.pos + size
         if end > len(self.data):
             raise CorruptBundleError(
-                f"{self.source}: flat bundle truncated: {what} needs {size} bytes at "
-                f"offset {self.pos}, only {len(self.data) - self.pos} remain"
+                cut_short(
+                    self.source,
+                    _KIND,
+                    len(self.data),
+                    f"{what} needs {size:,} bytes at offset {self.pos:,}",
+                )
             )
         chunk = self.data[self.pos : end]
         self.pos = end
@@ -433,8 +439,11 @@ class FlatBundle(BundleReader, Bundle):
 
     def _parse(self, data: memoryview) -> None:
         reader = _Reader(data, self._source)
-        if not FLAT.matches(bytes(reader.take(len(FLAT_MAGIC), "the magic"))):
-            raise NotABundleError(f"{self._source} is not a flat warmenv bundle (bad magic)")
+        if not FLAT.matches(bytes(data[: len(FLAT_MAGIC)])):
+            head = bytes(data[: _files.HEAD_SIZE])
+            magics = {_KIND: FLAT_MAGIC}
+            raise NotABundleError(not_a_bundle(self._source, head, len(data), magics))
+        reader.take(len(FLAT_MAGIC), "the magic")
         version = reader.u32("the format version")
         check_format_version(version, self._source)
         self._version = version
@@ -449,7 +458,12 @@ class FlatBundle(BundleReader, Bundle):
         ns_count = reader.u32("the namespace count")
         if ns_count * 4 > len(data) - reader.pos:
             raise CorruptBundleError(
-                f"{self._source}: header claims {ns_count} namespaces, more than the file holds"
+                cut_short(
+                    self._source,
+                    _KIND,
+                    len(data),
+                    f"its header lists {ns_count:,} namespaces, more than the file holds",
+                )
             )
         names: list[str] = []
         previous = b""
@@ -468,7 +482,12 @@ class FlatBundle(BundleReader, Bundle):
         entry_size = 20 + CARRIED_SIZE[version]
         if entry_count * entry_size > len(data) - reader.pos:
             raise CorruptBundleError(
-                f"{self._source}: header claims {entry_count} entries, more than the file holds"
+                cut_short(
+                    self._source,
+                    _KIND,
+                    len(data),
+                    f"its header lists {entry_count:,} entries, more than the file holds",
+                )
             )
         index_at = reader.pos
         self._carried_at = index_at + entry_count * 20 if version >= 2 else None
@@ -497,6 +516,16 @@ class FlatBundle(BundleReader, Bundle):
         words = self._words
         key_bytes = sum(words[2::5])
         claimed = key_bytes + sum(words[4::5])
+        if claimed > size and (end := _data_end(words)) > size:
+            # The usual cause by far: a copy or download that stopped early.
+            raise CorruptBundleError(
+                cut_short(
+                    self._source,
+                    _KIND,
+                    self._base + size,
+                    f"its entries reach byte {self._base + end:,}",
+                )
+            )
         if claimed > size:
             # A writer lays each key and value down once, so they fit the data section;
             # ranges that overlap would let a small file claim (and make every pass
@@ -556,6 +585,12 @@ class FlatBundle(BundleReader, Bundle):
         ]
 
 
+def _data_end(words: memoryview | array.array[int]) -> int:
+    """Where the data section's last key or value ends, by the index `words`."""
+    keys = max(map(int.__add__, words[1::5], words[2::5]), default=0)
+    return max(keys, max(map(int.__add__, words[3::5], words[4::5]), default=0))
+
+
 def _stride(entries: int, key_bytes: int) -> int:
     """One key in how many is kept as a fence: a power of two, within both budgets."""
     stride = 1
@@ -589,7 +624,7 @@ def map_file(path: Path) -> FlatBundle:
 def _map(fd: int, source: str, *, keep: bool) -> FlatBundle:
     size = os.fstat(fd).st_size
     if size == 0:
-        raise NotABundleError(f"{source} is empty, not a warmenv bundle")
+        raise NotABundleError(not_a_bundle(source, b"", 0, {_KIND: FLAT_MAGIC}))
     mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     try:
         return FlatBundle(mapped, source, mapped.close, fd if keep else None)
@@ -628,6 +663,7 @@ class FlatFormat(FileFormat[FlatBundle]):
     header_in_front: ClassVar[bool] = True
     names_in_front: ClassVar[bool] = True
     header_limit: ClassVar[int] = 16 << 20  # a larger header: read the whole file
+    kind: ClassVar[str] = _KIND
 
     async def open(self, path: Path) -> FlatBundle:
         return await anyio.to_thread.run_sync(map_file, path)

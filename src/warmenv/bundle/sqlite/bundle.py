@@ -26,6 +26,7 @@ import anyio.to_thread
 
 from warmenv._text import brief
 from warmenv.bundle import _files
+from warmenv.bundle._kinds import not_a_bundle
 from warmenv.bundle.base import (
     Bundle,
     BundleFormat,
@@ -43,7 +44,7 @@ from warmenv.bundle.errors import (
 )
 from warmenv.bundle.manifest import BundleManifest
 from warmenv.bundle.sqlite.file import BundleFile
-from warmenv.bundle.sqlite.head import HEADER_LIMIT, read_header
+from warmenv.bundle.sqlite.head import HEADER_LIMIT, declared_size, read_header
 from warmenv.bundle.sqlite.schema import has_manifest
 from warmenv.bundle.sqlite.staging import StagingFile
 from warmenv.persistence.carried import CarryingEntry
@@ -189,8 +190,11 @@ async def open_sqlite_bundle(path: Path) -> SqliteBundle:
     fd = await anyio.to_thread.run_sync(_files.open_regular, path)
     try:
         head = await anyio.to_thread.run_sync(_files.read_head, fd)
+        size = os.fstat(fd).st_size
         if not SQLITE.matches(head):
-            raise NotABundleError(f"{path} is not a SQLite file, so not a SQLite bundle")
+            magics = {SQLITE.kind: SQLITE_MAGIC}
+            raise NotABundleError(not_a_bundle(str(path), head, size, magics))
+        SQLITE.check_whole(head, size, str(path))
         return await _open_checked(path, fd, str(path), private=False)
     except BaseException:
         os.close(fd)
@@ -236,6 +240,11 @@ class SqliteFormat(FileFormat[SqliteBundle]):
     magic: ClassVar[bytes] = SQLITE_MAGIC
     header_in_front: ClassVar[bool] = True  # the manifest, since export writes it first
     header_limit: ClassVar[int] = HEADER_LIMIT
+
+    kind: ClassVar[str] = "SQLite file"
+
+    def declared_size(self, head: bytes) -> int | None:
+        return declared_size(head)
 
     def header(self, data: bytes, label: str) -> Header | None:
         return read_header(data, label)

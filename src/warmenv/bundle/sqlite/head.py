@@ -30,13 +30,27 @@ from warmenv.bundle.manifest import MAX_MANIFEST_BYTES, BundleManifest, check_ma
 from warmenv.bundle.sqlite import schema as bundle_schema
 from warmenv.persistence.sqlite import schema
 
-__all__ = ["HEADER_LIMIT", "read_header"]
+__all__ = ["HEADER_LIMIT", "declared_size", "read_header"]
 
 HEADER_LIMIT = 2 << 20
 """Bytes of a SQLite bundle's start read ahead at most: its first five pages (of up to
 64 KiB) and the largest manifest with its list that export writes fit well inside."""
 
 _FILE_HEADER = 100  # SQLite's file header, at the start of page 1
+
+
+def declared_size(head: bytes) -> int | None:
+    """The bytes the SQLite file starting with `head` needs: its header's page size times
+    the page count it records (where SQLite itself would believe that count), or the
+    header's own 100 bytes when `head` is shorter."""
+    if len(head) < _FILE_HEADER:
+        return _FILE_HEADER
+    page_size = int.from_bytes(head[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    declared = int.from_bytes(head[28:32], "big")
+    if page_size < 512 or page_size & (page_size - 1) or head[24:28] != head[92:96]:
+        return None  # not a size SQLite would believe: the full open says what is wrong
+    return declared * page_size or None
 
 
 def read_header(data: bytes, label: str) -> Header | None:
