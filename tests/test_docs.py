@@ -95,3 +95,17 @@ def test_every_example_passes_mypy_strict(tmp_path: Path) -> None:
         ["--strict", "--no-incremental", "--cache-dir", str(tmp_path / ".mypy_cache"), *files]
     )
     assert status == 0, stdout + stderr
+
+
+def test_the_first_install_command_works_from_a_clone_as_warmenv_is_not_on_pypi() -> None:
+    # A new user's first command was `pip install warmenv`, which PyPI does not have.
+    clone_install = 'python -m pip install -e ".[cli]"'
+    quickstart = (ROOT / "docs" / "quickstart.md").read_text()
+    first = re.search(r"^```sh\n(.*?)$", quickstart, re.M)
+    assert first is not None and first.group(1).startswith(clone_install), first
+    assert clone_install in (ROOT / "README.md").read_text()
+    for page in PAGES:
+        for line in page.read_text().splitlines():
+            assert not re.match(r"\s*(python -m )?pip install ['\"]?warmenv\b", line), (
+                f"{page.name}: {line.strip()} installs from PyPI, where warmenv is not"
+            )
