@@ -15,9 +15,12 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
+import shlex
 import warnings
 from pathlib import Path
 
+import anyio
 import pytest
 
 import warmenv.blocking
@@ -102,10 +105,27 @@ async def test_a_root_under_a_directory_others_may_write_without_the_sticky_bit_
             assert env.degraded is not None
             assert env.degraded.reason == (
                 f"{open_dir} can be written by other users without the sticky bit "
-                "(mode drwxrwxrwx), who could swap what is in it"
+                f"(mode drwxrwxrwx), who could swap what is in it; run `chmod +t {open_dir}` "
+                "(the sticky bit /tmp has) or choose a root elsewhere"
             )
     assert len(caught) == 1
     assert list(open_dir.iterdir()) == []
+
+
+@pytest.mark.anyio
+async def test_running_the_chmod_the_warning_names_opens_the_root_on_disk(
+    shared_tmp: Path,
+) -> None:
+    open_dir = shared_tmp / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    with pytest.warns(UserWarning) as caught:
+        async with open_environment("e", root=open_dir / "envs"):
+            pass
+    [fix] = re.findall(r"run `(chmod \+t [^`]+)`", str(caught[0].message))
+    await anyio.run_process(shlex.split(fix))
+    async with open_environment("e", root=open_dir / "envs") as env:
+        assert not env.in_memory
 
 
 # --- the setups people use still open on disk ------------------------------------

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shlex
 import stat
 from pathlib import Path
 from typing import Final, final
@@ -278,7 +279,9 @@ def why_redirectable(path: Path, *, directories: bool = True) -> str | None:
         elif directories and stat.S_ISDIR(st.st_mode) and open_to_others(st):
             return (
                 f"{at} can be written by other users without the sticky bit (mode "
-                f"{stat.filemode(st.st_mode)}), who could swap what is in it"
+                f"{stat.filemode(st.st_mode)}), who could swap what is in it; run "
+                f"`chmod +t {shlex.quote(str(at))}` (the sticky bit /tmp has) or choose "
+                "a root elsewhere"
             )
         if not pending:
             return None
