@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import enum
 import re
 from typing import Any
@@ -65,6 +66,35 @@ async def test_get_or_compute_refuses_a_value_that_would_not_come_back_the_same(
         await store.get_or_compute("k", compute)
     assert await store.get("k") is None
     assert await env.storage(NS).get(b'"k"') is None
+
+
+@pytest.mark.parametrize("value", [datetime.date(2026, 12, 7), Colour.RED, object()])
+async def test_a_value_json_cannot_hold_names_its_type_and_the_codec_that_can(
+    env: Environment, value: object
+) -> None:
+    store: Store[str, object] = await env.store(NS)
+    with pytest.raises(TypeError) as raised:
+        await store.insert("k", value)
+    said = str(raised.value)
+    assert f"value: {type(value).__qualname__} " in said, said
+    assert "Codec of your own" in said and "env.store(namespace, codec=...)" in said, said
+    assert "\n" not in said
+
+
+async def test_the_codec_the_message_names_stores_that_type(env: Environment) -> None:
+    class DateCodec:  # what the message says to write
+        def encode_key(self, key: str) -> bytes:
+            return JsonCodec[str, object]().encode_key(key)
+
+        def encode_value(self, value: datetime.date) -> bytes:
+            return value.isoformat().encode()
+
+        def decode_value(self, data: bytes) -> datetime.date:
+            return datetime.date.fromisoformat(data.decode())
+
+    store: Store[str, datetime.date] = await env.store(NS, codec=DateCodec())
+    assert isinstance(await store.insert("k", datetime.date(2026, 12, 7)), Stored)
+    assert await store.get("k") == datetime.date(2026, 12, 7)
 
 
 async def test_keys_accept_tuples_as_lists_and_refuse_what_would_collide(

@@ -232,10 +232,19 @@ def _check(obj: object, tuples: bool, utf8: bool = False) -> None:
     advice = _ADVICE.get(kind)
     if advice is not None:
         raise _NotJson(advice)
+    name = kind.__qualname__
     for base in _BASES:
         if isinstance(obj, base):
             raise _NotJson(
-                f"{kind.__name__} is a subclass of {base.__name__} and would come back as a"
-                f" plain {base.__name__}; convert it first"
+                f"{name} is a subclass of {base.__name__} and would come back as a plain "
+                f"{base.__name__}; convert it first, or {_OWN_CODEC.format(name=name)}"
             )
-    raise _NotJson(f"{kind.__name__} is not JSON")
+    raise _NotJson(f"{name} is not JSON; convert it first, or {_OWN_CODEC.format(name=name)}")
+
+
+# How to keep a type JSON cannot: the store's codec is the one place encoding happens.
+_OWN_CODEC = (
+    "store {name} values with a Codec of your own "
+    "(warmenv.persistence.Codec: encode_key, encode_value, decode_value) passed as "
+    "env.store(namespace, codec=...)"
+)
