@@ -518,3 +518,41 @@ async def test_a_format_s_opener_given_the_other_format_says_open_bundle_reads_b
     with pytest.raises(NotABundleError, match="open_bundle opens a bundle of either format"):
         async with other.open(bundle_path):
             pass
+
+
+# --- an environment's name where a namespace or a bundle goes ----------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        (["stats"], "not a namespace: did you mean `warmenv stats --env svc`?"),
+        (["explain"], "not a namespace: did you mean `warmenv explain NAMESPACE --env svc`?"),
+        (["import"], "not a bundle file: to import a bundle into it, run `warmenv import BUNDLE"),
+        (["check"], "not a bundle file: make a bundle of it first with `warmenv export OUT"),
+        (["inspect"], "not a bundle file: make a bundle of it first"),
+        (["verify"], "not a bundle file: make a bundle of it first"),
+    ],
+)
+def test_an_environment_s_name_given_as_the_argument_hints_env(
+    root: Path, command: list[str], says: str
+) -> None:
+    line = assert_one_error_line(warmenv(*command, "svc", root=root), 1)
+    assert f"'svc' is an environment in {root}, {says}" in line, line
+    assert "'nope' is an environment" not in warmenv(*command, "nope", root=root).stderr
+
+
+def test_stats_and_explain_of_an_environment_s_name_hint_env_beside_a_default_one(
+    root: Path,
+) -> None:
+    async def make_default() -> None:
+        async with open_environment("default", root=root) as env:
+            await env.storage(Namespace("app", "k", version="1")).insert_many([(b"k", b"v")])
+
+    anyio.run(make_default)
+    line = assert_one_error_line(warmenv("stats", "svc", root=root), 1)
+    assert line.startswith("warmenv: error: no namespace matches 'svc'"), line
+    assert line.rstrip().endswith("did you mean `warmenv stats --env svc`?"), line
+    explained = warmenv("explain", "svc", "--json", root=root)
+    assert explained.returncode == 0, explained.stderr
+    assert "`warmenv explain NAMESPACE --env svc`" in json.loads(explained.stdout)["hint"]

@@ -30,6 +30,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ from warmenv.cli import (
     vacuum,
     verify,
 )
+from warmenv.cli._environments import misnamed
 from warmenv.cli._errors import Stopped, UsageError, conclude, usage_line
 from warmenv.cli._options import ArgumentParser, shared_defaults, shared_options
 from warmenv.cli._output import Output
@@ -133,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = _parse(arguments)
             out.subcommand = args.subcommand
             out.subject = _subject(args)
+            out.misnamed = partial(misnamed, args)
             backend, options = _backend()
             _late_signals.clear()
             sigint = signal.getsignal(signal.SIGINT)

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.to_thread
 
-from warmenv._fs import missing_link
+from warmenv._errors import WarmenvError
+from warmenv._fs import expand_home, missing_link
 from warmenv.cli._errors import Failure, UsageError
 from warmenv.config import check_name
 from warmenv.environment import (
@@ -29,6 +30,7 @@ from warmenv.environment import (
     Environment,
     Fallback,
     NotAnEnvironmentError,
+    active,
     open_environment,
 )
 
@@ -78,7 +80,7 @@ async def environment(
             except FileNotFoundError as exc:
                 if create or not exc.filename:
                     raise
-                raise Failure(await _no_environment(Path(exc.filename))) from None
+                raise Failure(await _no_environment(Path(exc.filename)), not_found=True) from None
         degraded = env.degraded
         if degraded is not None and (degraded.fallback is Fallback.MEMORY or write):
             raise Failure(_cannot_use(env.name, degraded, write))
@@ -163,6 +165,39 @@ def unreadable(exc: OSError, where: Path) -> Failure:
 
 
 _DIRECTORY_ACCESS = (("readable", os.R_OK), ("searchable", os.X_OK))
+
+
+_MISNAMED = {
+    "stats": "not a namespace: did you mean `warmenv stats --env {name}`?",
+    "explain": "not a namespace: did you mean `warmenv explain NAMESPACE --env {name}`?",
+    "import": "not a bundle file: to import a bundle into it, run "
+    "`warmenv import BUNDLE --env {name}`",
+}
+_NOT_A_BUNDLE = (
+    "not a bundle file: make a bundle of it first with `warmenv export OUT --env {name} "
+    "--name NAME --app-version VERSION`"
+)
+
+
+def misnamed(args: argparse.Namespace) -> str | None:
+    """Where the command's argument (`stats NAMESPACE`, `import BUNDLE`...) names an
+    environment under the root rather than what the command takes, say so and what was
+    meant (`warmenv stats big` for `warmenv stats --env big`). Called only once that
+    argument was not found, so a lookup here costs nothing on success."""
+    given = getattr(args, "namespace", None) or getattr(args, "bundle", None)
+    if args.env is not None or not isinstance(given, str | Path):
+        return None
+    value = str(given)
+    try:
+        check_name(value)
+        _, root = active()
+        place = expand_home(args.root or root) / f"{value}.db"
+        if not place.is_file():
+            return None
+    except (ValueError, WarmenvError, OSError):
+        return None
+    said = _MISNAMED.get(args.subcommand, _NOT_A_BUNDLE).format(name=value)
+    return f"{value!r} is an environment in {place.parent}, {said}"
 
 
 async def _no_environment(path: Path) -> str:

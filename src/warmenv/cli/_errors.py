@@ -19,6 +19,7 @@ import traceback
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from warmenv._errors import WarmenvError
+from warmenv.bundle.errors import BundleNotFoundError
 
 if TYPE_CHECKING:
     from warmenv.cli._output import Output
@@ -57,11 +58,19 @@ class Failure(Exception):
     """
 
     def __init__(
-        self, message: str, document: dict[str, Any] | None = None, *, status: int = 1
+        self,
+        message: str,
+        document: dict[str, Any] | None = None,
+        *,
+        status: int = 1,
+        not_found: bool = False,
     ) -> None:
         super().__init__(message)
         self.document = document or {}
         self.status = status
+        self.not_found = not_found
+        """What the command was given was not found (a namespace, an environment): the
+        line may say that it names an environment (`Output.misnamed`)."""
 
 
 class Stopped(BaseException):
@@ -141,8 +150,12 @@ def conclude(out: Output, exc: BaseException, debug: bool) -> int:
             message = usage_line(f"warmenv {out.subcommand}", message)
     elif isinstance(leaf, Failure):
         status, message, document = leaf.status, str(leaf), leaf.document
+        if leaf.not_found:
+            message = _with_misnamed(out, message)
     elif isinstance(leaf, WarmenvError | OSError | sqlite3.Error | UnicodeError):
         status, message = 1, describe_error(leaf, out.subject)
+        if isinstance(leaf, BundleNotFoundError):
+            message = _with_misnamed(out, message)
     else:
         status = 1
         message = (
@@ -160,6 +173,12 @@ def conclude(out: Output, exc: BaseException, debug: bool) -> int:
         return 1
     out.fail(message, status, document)
     return status
+
+
+def _with_misnamed(out: Output, message: str) -> str:
+    """`message`, and where what was not found names an environment, that it does."""
+    hint = out.misnamed() if out.misnamed is not None else None
+    return f"{message}; {hint}" if hint else message
 
 
 def leaf_of(exc: BaseException) -> BaseException:

@@ -83,6 +83,9 @@ class Output:
         self.when_output_closed: Callable[[], str] | None = None
         self.subject: object = None  # the file the command works on, for errors without one
         self.subcommand: str | None = None  # named by a usage error's line
+        # Whether the command's argument (a namespace, a bundle) that was not found is an
+        # environment's name, said as the fix (`_environments.misnamed`).
+        self.misnamed: Callable[[], str | None] | None = None
         self._held: list[str] | None = None
         self._result: dict[str, Any] | None = None  # written by `finish` or `fail`
 

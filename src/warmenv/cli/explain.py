@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from warmenv.cli._environments import environment
+import anyio.to_thread
+
+from warmenv.cli._environments import environment, misnamed
 from warmenv.cli._errors import UsageError
 from warmenv.cli._format import as_json
 from warmenv.cli._options import text_argument
@@ -72,6 +74,8 @@ async def run(args: argparse.Namespace, out: Output) -> int:
             where = _holding(await env.explain(namespace, other))
             if where:
                 hint = _hint(text, args.raw_key, where)
+        if not explanation.entries and not explanation.nearby and hint is None:
+            hint = await anyio.to_thread.run_sync(misnamed, args)  # `explain big`
     for line in str(explanation).splitlines():
         out.line(line)
     if hint is not None:

@@ -184,7 +184,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         stats = await env.statistics()
     namespaces = [n for n in stats.namespaces if matches_any(n.namespace, prefixes)]
     if prefixes is not None and not namespaces:
-        raise Failure(f"{no_match(prefixes)} in {env.describe()}")
+        raise Failure(f"{no_match(prefixes)} in {env.describe()}", not_found=True)
     shown = EnvironmentStatistics(namespaces=namespaces, bundles=stats.bundles)
     origins = shown_origins(namespaces, fleet=env.remote is not None)
     out.table(
