@@ -19,7 +19,6 @@ _AGAIN = "copy or download it again"
 _OTHERS: Final = (
     (b"\x1f\x8b", 0, "a gzip file", "decompress it first (gunzip)"),
     (b"PK\x03\x04", 0, "a zip archive", "extract the bundle from it first (unzip)"),
-    (b"\x28\xb5\x2f\xfd", 0, "a zstd file", "decompress it first (unzstd)"),
     (b"\xfd7zXZ\x00", 0, "an xz file", "decompress it first (unxz)"),
     (b"BZh", 0, "a bzip2 file", "decompress it first (bunzip2)"),
     (b"ustar", 257, "a tar archive", "extract the bundle from it first (tar -xf)"),

@@ -47,7 +47,7 @@ from anyio.lowlevel import checkpoint, checkpoint_if_cancelled
 
 from warmenv._text import brief
 from warmenv.bundle import _files
-from warmenv.bundle._kinds import cut_short, not_a_bundle
+from warmenv.bundle._kinds import not_a_bundle
 from warmenv.bundle.base import (
     Bundle,
     BundleFormat,
@@ -64,11 +64,13 @@ from warmenv.bundle.errors import (
     NotABundleError,
     UnsupportedSchemaError,
 )
+from warmenv.bundle.flat._reader import KIND as _KIND
+from warmenv.bundle.flat._reader import Reader, cut
 from warmenv.bundle.flat.layout import (
     CARRIED_SIZE,
     FLAT_MAGIC,
-    U32,
     check_format_version,
+    data_end,
 )
 from warmenv.bundle.flat.staging import FlatStaging
 from warmenv.bundle.manifest import (
@@ -93,36 +95,6 @@ _CANCEL_EVERY = 32  # lookups between checks for cancellation
 _FORGET_EVERY = 4096  # entries between releases of mapped pages already read
 _DIGEST_BATCH = 1024  # entries hashed at a time (a few such batches wait at most)
 _DIGEST_SLICE = 8 << 20  # bytes of keys and values hashed per step of progress
-_KIND = "flat warmenv bundle"
-
-
-class _Reader:
-    """Bounds-checked reading of the header; every failure is a CorruptBundleError."""
-
-    __slots__ = ("data", "pos", "source")
-
-    def __init__(self, data: memoryview, source: str) -> None:
-        self.data = data
-        self.pos = 0
-        self.source = source
-
-    def u32(self, what: str) -> int:
-        return U32.unpack(self.take(4, what))[0]  # type: ignore[no-any-return]
-
-    def take(self, size: int, what: str) -> memoryview:
-        end = self.pos + size
-        if end > len(self.data):
-            raise CorruptBundleError(
-                cut_short(
-                    self.source,
-                    _KIND,
-                    len(self.data),
-                    f"{what} needs {size:,} bytes at offset {self.pos:,}",
-                )
-            )
-        chunk = self.data[self.pos : end]
-        self.pos = end
-        return chunk
 
 
 @final
@@ -438,7 +410,7 @@ class FlatBundle(BundleReader, Bundle):
             closer()
 
     def _parse(self, data: memoryview) -> None:
-        reader = _Reader(data, self._source)
+        reader = Reader(data, self._source)
         if not FLAT.matches(bytes(data[: len(FLAT_MAGIC)])):
             head = bytes(data[: _files.HEAD_SIZE])
             magics = {_KIND: FLAT_MAGIC}
@@ -457,13 +429,10 @@ class FlatBundle(BundleReader, Bundle):
 
         ns_count = reader.u32("the namespace count")
         if ns_count * 4 > len(data) - reader.pos:
-            raise CorruptBundleError(
-                cut_short(
-                    self._source,
-                    _KIND,
-                    len(data),
-                    f"its header lists {ns_count:,} namespaces, more than the file holds",
-                )
+            raise cut(
+                self._source,
+                len(data),
+                f"its header lists {ns_count:,} namespaces, more than the file holds",
             )
         names: list[str] = []
         previous = b""
@@ -481,13 +450,10 @@ class FlatBundle(BundleReader, Bundle):
         entry_count = reader.u32("the entry count")
         entry_size = 20 + CARRIED_SIZE[version]
         if entry_count * entry_size > len(data) - reader.pos:
-            raise CorruptBundleError(
-                cut_short(
-                    self._source,
-                    _KIND,
-                    len(data),
-                    f"its header lists {entry_count:,} entries, more than the file holds",
-                )
+            raise cut(
+                self._source,
+                len(data),
+                f"its header lists {entry_count:,} entries, more than the file holds",
             )
         index_at = reader.pos
         self._carried_at = index_at + entry_count * 20 if version >= 2 else None
@@ -516,15 +482,10 @@ class FlatBundle(BundleReader, Bundle):
         words = self._words
         key_bytes = sum(words[2::5])
         claimed = key_bytes + sum(words[4::5])
-        if claimed > size and (end := _data_end(words)) > size:
+        if claimed > size and (end := data_end(words)) > size:
             # The usual cause by far: a copy or download that stopped early.
-            raise CorruptBundleError(
-                cut_short(
-                    self._source,
-                    _KIND,
-                    self._base + size,
-                    f"its entries reach byte {self._base + end:,}",
-                )
+            raise cut(
+                self._source, self._base + size, f"its entries reach byte {self._base + end:,}"
             )
         if claimed > size:
             # A writer lays each key and value down once, so they fit the data section;
@@ -583,12 +544,6 @@ class FlatBundle(BundleReader, Bundle):
             for i, name in enumerate(names)
             if counts[i]
         ]
-
-
-def _data_end(words: memoryview | array.array[int]) -> int:
-    """Where the data section's last key or value ends, by the index `words`."""
-    keys = max(map(int.__add__, words[1::5], words[2::5]), default=0)
-    return max(keys, max(map(int.__add__, words[3::5], words[4::5]), default=0))
 
 
 def _stride(entries: int, key_bytes: int) -> int:

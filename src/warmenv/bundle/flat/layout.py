@@ -10,6 +10,7 @@ made here and read the same way by both.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import Final
 
 from warmenv.bundle.errors import UnsupportedSchemaError
@@ -22,6 +23,7 @@ __all__ = [
     "MAX_U32",
     "U32",
     "check_format_version",
+    "data_end",
 ]
 
 FLAT_MAGIC = b"WARMENV\x01"
@@ -42,3 +44,10 @@ def check_format_version(version: int, source: str) -> None:
             f"{source}: flat format version {version} is not supported "
             f"(this warmenv reads versions 1 to {FORMAT_VERSION}); upgrade warmenv"
         )
+
+
+def data_end(words: Sequence[int]) -> int:
+    """Where the data section's last key or value ends, by the index's `words` (`ENTRY`s
+    as u32s); a file shorter than that was cut short."""
+    keys = max(map(int.__add__, words[1::5], words[2::5]), default=0)
+    return max(keys, max(map(int.__add__, words[3::5], words[4::5]), default=0))
