@@ -1,5 +1,9 @@
 """Which `with` each face takes: `async with` for the async core, `with` for `warmenv.blocking`.
 
+Every public context manager that is only one kind answers the other
+statement the same way (`AsyncWith`, `SyncWith`, `AsyncOnly`, `SyncOnlyBlock`):
+a bundle, a store, a lock's guard, `importing(...)`, `stream.enter(...)`.
+
 The two faces open environments under one name (`open_environment`), so the
 wrong statement is an easy slip; Python then says only that the object "does
 not support the (asynchronous) context manager protocol". Each face's context
@@ -12,11 +16,22 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from types import TracebackType
-from typing import TYPE_CHECKING, Generic, ParamSpec, TypeVar, final
+from typing import TYPE_CHECKING, ClassVar, Generic, ParamSpec, TypeVar, final
 
-__all__ = ["ASYNC_ONLY", "SYNC_ONLY", "AsyncOnly", "SyncOnly", "async_only"]
+__all__ = [
+    "ASYNC_ONLY",
+    "SYNC_ONLY",
+    "AsyncOnly",
+    "AsyncWith",
+    "SyncOnly",
+    "SyncOnlyBlock",
+    "SyncWith",
+    "async_only",
+    "async_with_only",
+    "sync_with_only",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -33,14 +48,60 @@ SYNC_ONLY = (
 )
 
 
+def async_with_only(name: str, form: str) -> str:
+    """The line for `with` used on `name`, an async context manager entered as `form`."""
+    return (
+        f"{name} is an async context manager: write `async with {form}:` in an async "
+        "function, not `with` (from synchronous code, use warmenv.blocking)"
+    )
+
+
+def sync_with_only(name: str, form: str) -> str:
+    """The line for `async with` used on `name`, a plain context manager entered as `form`."""
+    return f"{name} is a plain context manager: write `with {form}:`, not `async with`"
+
+
+class AsyncWith:
+    """A base of the async core's context managers: a `with` is told to write
+    `async with` and how (`_async_form`)."""
+
+    __slots__ = ()
+    _async_form: ClassVar[str]
+
+    if not TYPE_CHECKING:
+
+        def __enter__(self):
+            raise TypeError(async_with_only(type(self).__name__, self._async_form))
+
+        def __exit__(self, *exc_info):  # `with` needs it; never reached
+            return None
+
+
+class SyncWith:
+    """A base of plain context managers: an `async with` is told to write `with`."""
+
+    __slots__ = ()
+    _sync_form: ClassVar[str]
+
+    if not TYPE_CHECKING:
+
+        async def __aenter__(self):
+            raise TypeError(sync_with_only(type(self).__name__, self._sync_form))
+
+        async def __aexit__(self, *exc_info):  # `async with` needs it; never reached
+            return None
+
+
 @final
 class AsyncOnly(Generic[T]):
-    """An async context manager (`block`), and only that: a `with` is told `ASYNC_ONLY`."""
+    """An async context manager (`block`), and only that: a `with` is told `said`
+    (default `ASYNC_ONLY`)."""
 
-    __slots__ = ("_block",)
+    __slots__ = ("_block", "_said")
 
-    def __init__(self, block: AbstractAsyncContextManager[T]) -> None:
+    def __init__(self, block: AbstractAsyncContextManager[T], said: str = ASYNC_ONLY) -> None:
         self._block = block
+        self._said = said
 
     async def __aenter__(self) -> T:
         return await self._block.__aenter__()
@@ -56,7 +117,7 @@ class AsyncOnly(Generic[T]):
     if not TYPE_CHECKING:
 
         def __enter__(self):
-            raise TypeError(ASYNC_ONLY)
+            raise TypeError(self._said)
 
         def __exit__(self, *exc_info):  # `with` needs it; never reached
             return None
@@ -83,6 +144,36 @@ class SyncOnly:
 
         async def __aenter__(self):
             raise TypeError(SYNC_ONLY)
+
+        async def __aexit__(self, *exc_info):  # `async with` needs it; never reached
+            return None
+
+
+@final
+class SyncOnlyBlock(Generic[T]):
+    """A plain context manager (`block`), and only that: an `async with` is told `said`."""
+
+    __slots__ = ("_block", "_said")
+
+    def __init__(self, block: AbstractContextManager[T], said: str) -> None:
+        self._block = block
+        self._said = said
+
+    def __enter__(self) -> T:
+        return self._block.__enter__()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return self._block.__exit__(exc_type, exc, tb)
+
+    if not TYPE_CHECKING:
+
+        async def __aenter__(self):
+            raise TypeError(self._said)
 
         async def __aexit__(self, *exc_info):  # `async with` needs it; never reached
             return None

@@ -30,7 +30,7 @@ import attrs
 
 from warmenv._background import Background
 from warmenv._errors import ClosedError, warn
-from warmenv._faces import async_only
+from warmenv._faces import AsyncWith, async_only
 from warmenv._fs import expand_home, is_missing, why_redirectable
 from warmenv.config import (
     Config,
@@ -101,13 +101,15 @@ Ts = TypeVarTuple("Ts")
 
 
 @final
-class Environment:
+class Environment(AsyncWith):
     """An open environment: hands out storages and stores for its namespaces.
 
     Over one database, its file's or (when the file cannot be used) one in
     memory, chosen once when it is opened (`degraded` says which and why);
     every operation is the database's, whichever it is.
     """
+
+    _async_form = "open_environment(...) as env"
 
     __slots__ = (
         "_background",

@@ -29,6 +29,7 @@ from typing import Protocol
 import attrs
 
 from warmenv._backend import native_task
+from warmenv._faces import SyncOnlyBlock, sync_with_only
 
 __all__ = [
     "StreamId",
@@ -135,9 +136,19 @@ def current() -> StreamId:
     return stream
 
 
+def enter(stream_id: StreamId) -> SyncOnlyBlock[StreamId]:
+    """Pin `current()` to `stream_id` inside the block; nests and restores on exit.
+
+    A plain `with` block (it sets a context variable; there is nothing to await),
+    also in async code: an `async with` is told so."""
+    return SyncOnlyBlock(_enter(stream_id), _ENTER)
+
+
+_ENTER = sync_with_only("stream.enter(...)", "warmenv.stream.enter(stream_id)")
+
+
 @contextmanager
-def enter(stream_id: StreamId) -> Iterator[StreamId]:
-    """Pin `current()` to `stream_id` inside the block; nests and restores on exit."""
+def _enter(stream_id: StreamId) -> Iterator[StreamId]:
     if not isinstance(stream_id, StreamId):
         raise TypeError(f"expected a StreamId, got {stream_id!r}")
     token = _pinned.set(stream_id)

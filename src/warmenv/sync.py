@@ -22,6 +22,7 @@ from anyio import CapacityLimiter, Condition, Event, Lock, Semaphore, TaskInfo, 
 from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint, checkpoint_if_cancelled
 
 from warmenv._backend import native_task
+from warmenv._faces import AsyncWith
 
 __all__ = [
     "CapacityLimiter",
@@ -55,7 +56,7 @@ class RLockStatistics:
 
 
 @final
-class RLock:
+class RLock(AsyncWith):
     """A lock the owning task may acquire again without deadlocking itself.
 
     It is free once released as many times as it was acquired. Ownership is
@@ -64,6 +65,7 @@ class RLock:
     """
 
     __slots__ = ("_count", "_lock", "_owner")
+    _async_form = "lock"
 
     def __init__(self) -> None:
         self._lock = Lock()
@@ -250,8 +252,9 @@ class RWLock:
 
 
 @final
-class _ReadGuard:
+class _ReadGuard(AsyncWith):
     __slots__ = ("_lock",)
+    _async_form = "lock.read()"
 
     def __init__(self, lock: RWLock) -> None:
         self._lock = lock
@@ -269,8 +272,9 @@ class _ReadGuard:
 
 
 @final
-class _WriteGuard:
+class _WriteGuard(AsyncWith):
     __slots__ = ("_lock",)
+    _async_form = "lock.write()"
 
     def __init__(self, lock: RWLock) -> None:
         self._lock = lock

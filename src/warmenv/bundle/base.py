@@ -20,6 +20,7 @@ from typing import ClassVar, Generic, Protocol, Self, TypeVar, final, runtime_ch
 import anyio.to_thread
 import attrs
 
+from warmenv._faces import AsyncWith
 from warmenv._keys import PublicKey
 from warmenv.bundle._kinds import cut_short
 from warmenv.bundle.errors import CorruptBundleError
@@ -214,10 +215,11 @@ class Bundle(Protocol):
     ) -> None: ...
 
 
-class ClosesOnExit:
+class ClosesOnExit(AsyncWith):
     """`async with bundle:` closes the bundle on exit (a bundle reader's mixin)."""
 
     __slots__ = ()
+    _async_form = "bundle"
 
     async def aclose(self) -> None:
         raise NotImplementedError
@@ -464,10 +466,11 @@ class StagingCopier(StagingWriter, Protocol):
 
 
 @final
-class BundleOpener(Generic[B]):
+class BundleOpener(AsyncWith, Generic[B]):
     """What every `open` returns: opens (and validates) on entry, closes on exit."""
 
     __slots__ = ("_bundle", "_open")
+    _async_form = "open_bundle(path) as bundle"
 
     def __init__(self, open: Callable[[], Awaitable[B]]) -> None:
         self._open = open

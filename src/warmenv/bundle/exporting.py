@@ -43,6 +43,7 @@ import anyio
 import anyio.to_thread
 import attrs
 
+from warmenv._faces import AsyncOnly, async_with_only
 from warmenv._fs import expand_home, missing_link, non_regular_kind
 from warmenv.bundle import _files, formats
 from warmenv.bundle.base import (
@@ -127,7 +128,10 @@ def exporting(
     at the call; their values are checked as the block is entered.
     """
     refuse_unknown(options, "exporting", ExportOptions)
-    return _exporting(sources, out, options)
+    return AsyncOnly(_exporting(sources, out, options), _EXPORTING)
+
+
+_EXPORTING = async_with_only("exporting(...)", "exporting(sources, out, name=...) as progress")
 
 
 @asynccontextmanager

@@ -46,6 +46,7 @@ from typing import Unpack, final
 import anyio
 import anyio.lowlevel
 
+from warmenv._faces import AsyncOnly, async_with_only
 from warmenv._facts import is_captured_tree
 from warmenv._keys import PublicKey
 from warmenv._url import is_url, redact
@@ -135,7 +136,10 @@ def importing(
     of the wrong kind is one `TypeError` or `ValueError` line.
     """
     given = check_options(source, env, options, "importing")
-    return _importing(source, env, options, given)
+    return AsyncOnly(_importing(source, env, options, given), _IMPORTING)
+
+
+_IMPORTING = async_with_only("importing(...)", "importing(source, env) as progress")
 
 
 @asynccontextmanager

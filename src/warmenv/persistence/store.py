@@ -49,6 +49,7 @@ from typing import (
 import anyio
 
 from warmenv._backend import native_task
+from warmenv._faces import AsyncWith
 from warmenv.persistence._flight import Flights, awaited, unless_imported, waits_for_itself
 from warmenv.persistence._held import ABSENT, Held
 from warmenv.persistence._ttl import Expiry, check_dated, check_ttl
@@ -97,8 +98,10 @@ MISSING: Final = Missing.MISSING
 
 
 @final
-class Store(Generic[K, V]):
+class Store(AsyncWith, Generic[K, V]):
     """Typed keys to typed values over a `Storage`, with a local copy."""
+
+    _async_form = "await env.store(namespace) as store"
 
     __slots__ = (
         "_arrivals",
