@@ -8,14 +8,20 @@ A closed connection's worker thread has ended by the time `close()` returns.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
+import sniffio
 
 from warmenv import ClosedError, _sqlite, open_environment
+from warmenv._sqlite import _worker
 from warmenv.bundle import export_bundle, open_bundle
 from warmenv.persistence import Insertion, Stored
 from warmenv.persistence.memory import MemoryStorage
@@ -120,6 +126,67 @@ async def test_a_started_function_runs_while_the_caller_awaits_something_else(
         assert await pending.result() == "warmenv-sqlite"
     finally:
         await connection.close()
+
+
+@contextmanager
+def hops_back() -> Iterator[list[str]]:
+    """The worker threads' hops back to the running loop, while the block runs.
+
+    Each backend's one way in from another thread, watched: trio's token's
+    `run_sync_soon` and asyncio's (and uvloop's) `call_soon_threadsafe`. Only
+    calls made on a connection's worker thread are listed (anyio's threads
+    use them too).
+    """
+    hops: list[str] = []
+
+    def watched(hop: Callable[..., Any]) -> Callable[..., Any]:
+        def hop_back(*args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread().name == _worker.THREAD_NAME:
+                hops.append(threading.current_thread().name)
+            return hop(*args, **kwargs)
+
+        return hop_back
+
+    with pytest.MonkeyPatch.context() as patch:
+        if sniffio.current_async_library() == "trio":
+            import trio
+
+            token = trio.lowlevel.current_trio_token()
+            original = type(token).run_sync_soon
+            patch.setattr(type(token), "run_sync_soon", watched(original))
+        else:
+            loop = asyncio.get_running_loop()
+            patch.setattr(loop, "call_soon_threadsafe", watched(loop.call_soon_threadsafe))
+        yield hops
+
+
+async def test_an_answer_there_before_it_is_awaited_wakes_no_loop(tmp_path: Path) -> None:
+    """A started function that ran while its caller awaited something else (a local
+    read beside a Redis round trip) hands its answer over without a hop back to the
+    loop; a caller already waiting for its answer is woken by one."""
+    connection = await _sqlite.connect(str(tmp_path / "t.db"))
+    release = threading.Event()
+    try:
+        with hops_back() as hops:
+            pending = connection.start(lambda conn: 7)
+            await connection.run(lambda conn: None)  # after the one started: it has answered
+            assert hops == [_worker.THREAD_NAME]  # the `run`'s answer, and only it
+            assert await pending.result() == 7
+            assert hops == [_worker.THREAD_NAME]
+
+            waiting = connection.start(lambda conn: release.wait(10))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_set_once_all_wait, release)
+                assert await waiting.result() is True  # awaited before the function ran
+            assert hops == [_worker.THREAD_NAME] * 2
+    finally:
+        release.set()
+        await connection.close()
+
+
+async def _set_once_all_wait(event: threading.Event) -> None:
+    await anyio.wait_all_tasks_blocked()
+    event.set()
 
 
 async def test_a_started_function_s_exception_is_raised_by_its_result(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ task through its loop's `call_soon_threadsafe` and a trio task through
 trio's token. A connection offers one operation, `run(fn)`: call `fn` with the
 sqlite3 connection on the worker thread, in one hop (or `start(fn)`: the same
 hop begun at once and its answer awaited later, so that a caller can await
-something else meanwhile without a task of its own). A transaction is one
+something else meanwhile without a task of its own; an answer that is there
+before it is awaited wakes no loop). A transaction is one
 such function, BEGIN to COMMIT, so a caller cancelled mid-way can never
 leave it open: the worker finishes it (or rolls it back) on its own. A
 caller that is not on an event loop may read with `run_here(fn)` instead,
@@ -60,7 +61,8 @@ class Pending(Protocol[T_co]):
         """The function's return value, or the exception it raised; waits until it ran.
 
         No checkpoint when it has run already (the caller awaited something
-        else meanwhile, which was one).
+        else meanwhile, which was one), and then the worker woke no loop to
+        hand the answer over: only a caller already waiting is woken.
         """
         ...
 

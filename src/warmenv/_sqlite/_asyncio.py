@@ -2,7 +2,9 @@
 
 The worker runs submitted functions in order (`_worker.start`) and hands
 each result back through the loop's `call_soon_threadsafe`: a call costs one
-thread hop, as on trio, where the result comes back through the trio token.
+thread hop, as on trio, where the result comes back through the trio token
+(and a `start`ed one whose answer is there before it is awaited not even the
+hop back: `_Started`).
 (This side used aiosqlite's thread before; its public API runs one statement
 per hop, and a warmenv transaction must be one function, which took its
 private `Connection._execute` and `_conn`. The worker is a few lines of
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Generic, TypeVar, final
@@ -32,7 +35,16 @@ T = TypeVar("T")
 
 @final
 class AsyncioConnection:
-    __slots__ = ("_database", "_jobs", "_loop", "_opened_on", "_raw", "_readers", "_worker")
+    __slots__ = (
+        "_database",
+        "_handover",
+        "_jobs",
+        "_loop",
+        "_opened_on",
+        "_raw",
+        "_readers",
+        "_worker",
+    )
 
     def __init__(self, worker: _worker.Worker, database: str, readers: Readers) -> None:
         self._worker = worker
@@ -42,6 +54,7 @@ class AsyncioConnection:
         self._loop = asyncio.get_running_loop()
         self._opened_on = asyncio_loop_label(self._loop)
         self._database = database
+        self._handover = threading.Lock()  # `start`'s answers, between the worker and the loop
 
     @classmethod
     async def open(
@@ -71,20 +84,17 @@ class AsyncioConnection:
         if raw is None:
             raise ClosedError("this SQLite connection is closed; open the environment again")
         self._check_loop()
-        loop = self._loop
-        future: asyncio.Future[tuple[T | None, BaseException | None]] = loop.create_future()
+        started: _Started[T] = _Started(self._loop, self._handover)
 
         def job() -> None:
-            # Delivered as a result, an exception too: a future whose exception
-            # nobody retrieves (a caller cancelled meanwhile) is logged by asyncio.
             try:
                 answer: tuple[T | None, BaseException | None] = (fn(raw), None)
-            except BaseException as exc:
+            except BaseException as exc:  # delivered to the caller, who decides
                 answer = (None, exc)
-            _deliver(loop, future, _set_result, answer)
+            started.deliver(answer)
 
         self._jobs.put(job)
-        return _Started(future)
+        return started
 
     def run_here(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return self._readers.run(fn)
@@ -131,15 +141,44 @@ class AsyncioConnection:
 
 @final
 class _Started(Generic[T]):
-    """`AsyncioConnection.start`'s `Pending`: the future its job answers."""
+    """`AsyncioConnection.start`'s `Pending`: the job's answer, and the future of a
+    caller waiting for it.
 
-    __slots__ = ("_future",)
+    The worker hands the answer over under the connection's `handover` lock, and
+    wakes the loop only for a caller already waiting: an answer that comes before
+    it is awaited (a local read that beat the Redis round trip it overlaps) is
+    taken by `result` without a hop back through `call_soon_threadsafe`, which
+    cost a remote hit a loop wake-up (the self-pipe, another pass of the loop).
+    An answer is a value, an exception too: one nobody takes (a caller cancelled
+    meanwhile) is dropped, never logged as a future's unretrieved exception.
+    """
 
-    def __init__(self, future: asyncio.Future[tuple[T | None, BaseException | None]]) -> None:
-        self._future = future
+    __slots__ = ("_answer", "_future", "_handover", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, handover: threading.Lock) -> None:
+        self._loop = loop
+        self._handover = handover
+        self._answer: tuple[T | None, BaseException | None] | None = None
+        self._future: asyncio.Future[None] | None = None
+        """The waiting caller's, if any: set and read under `handover`."""
+
+    def deliver(self, answer: tuple[T | None, BaseException | None]) -> None:
+        """On the worker: keep the answer; wake the caller waiting for it, if any."""
+        with self._handover:
+            self._answer = answer
+            future = self._future
+        if future is not None:
+            _deliver(self._loop, future, _set_result, None)
 
     async def result(self) -> T:
-        value, error = await self._future
+        if self._answer is None:
+            with self._handover:
+                future = None
+                if self._answer is None:
+                    future = self._future = self._loop.create_future()
+            if future is not None:
+                await future
+        value, error = self._answer  # type: ignore[misc]
         if error is not None:
             raise error
         return value  # type: ignore[return-value]

@@ -2,14 +2,17 @@
 
 The worker (`_worker`) runs submitted functions in order and hands each result back
 through the trio token, so a call costs one thread hop and no
-`to_thread.run_sync` set-up. A caller cancelled while its function runs is
-woken at once; the function still runs to its end on the worker, and the
-next call queues behind it, so nothing half-done is ever observed.
+`to_thread.run_sync` set-up (and a `start`ed one whose answer is there
+before it is awaited not even the hop back: `_Started`). A caller cancelled
+while its function runs is woken at once; the function still runs to its end
+on the worker, and the next call queues behind it, so nothing half-done is
+ever observed.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Generic, TypeVar, final
@@ -28,7 +31,16 @@ T = TypeVar("T")
 
 @final
 class TrioConnection:
-    __slots__ = ("_database", "_jobs", "_opened_on", "_raw", "_readers", "_token", "_worker")
+    __slots__ = (
+        "_database",
+        "_handover",
+        "_jobs",
+        "_opened_on",
+        "_raw",
+        "_readers",
+        "_token",
+        "_worker",
+    )
 
     def __init__(self, worker: _worker.Worker, database: str, readers: Readers) -> None:
         self._worker = worker
@@ -38,6 +50,7 @@ class TrioConnection:
         self._token = trio.lowlevel.current_trio_token()
         self._opened_on = trio_run_label(self._token)
         self._database = database
+        self._handover = threading.Lock()  # `start`'s answers, between the worker and the loop
 
     @classmethod
     async def open(
@@ -67,15 +80,11 @@ class TrioConnection:
         if raw is None:
             raise ClosedError("this SQLite connection is closed; open the environment again")
         token = self._token_here()
-        started: _Started[T] = _Started()
+        started: _Started[T] = _Started(token, self._handover)
         thunk = partial(fn, raw)
 
         def job() -> None:
-            answer = outcome.capture(thunk)
-            try:
-                token.run_sync_soon(started.deliver, answer)
-            except trio.RunFinishedError:
-                pass
+            started.deliver(outcome.capture(thunk))
 
         self._jobs.put(job)
         return started
@@ -142,28 +151,52 @@ class TrioConnection:
 
 @final
 class _Started(Generic[T]):
-    """`TrioConnection.start`'s `Pending`: the job's outcome, and the task waiting for it."""
+    """`TrioConnection.start`'s `Pending`: the job's outcome, and the task waiting for it.
 
-    __slots__ = ("_outcome", "_task")
+    The worker hands the outcome over under the connection's `handover` lock, and
+    wakes the trio thread only for a task already waiting: an answer that comes
+    before it is awaited (a local read that beat the Redis round trip it overlaps)
+    is taken by `result` without a hop back through the trio token, which cost a
+    remote hit a loop wake-up (the wake-up socket, a step of trio's entry-queue
+    task, another pass of the run loop).
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_handover", "_outcome", "_task", "_token")
+
+    def __init__(self, token: trio.lowlevel.TrioToken, handover: threading.Lock) -> None:
+        self._token = token
+        self._handover = handover
         self._outcome: outcome.Outcome[T] | None = None
         self._task: trio.lowlevel.Task | None = None
+        """The task waiting in `result`, if any: set and read under `handover`."""
 
     def deliver(self, answer: outcome.Outcome[T]) -> None:
-        """On the trio thread: keep the outcome, and wake the task waiting for it, if any."""
-        self._outcome = answer
+        """On the worker: keep the outcome; wake the task waiting for it, if any."""
+        with self._handover:
+            self._outcome = answer
+            waiting = self._task is not None
+        if waiting:
+            try:
+                self._token.run_sync_soon(self._wake)
+            except trio.RunFinishedError:
+                pass
+
+    def _wake(self) -> None:
+        """On the trio thread: the waiting task goes on (unless it was cancelled meanwhile)."""
         task, self._task = self._task, None
         if task is not None:
             trio.lowlevel.reschedule(task)
 
+    def _abort(self, _: Any) -> trio.lowlevel.Abort:
+        self._task = None  # a `_wake` on its way finds no one
+        return trio.lowlevel.Abort.SUCCEEDED
+
     async def result(self) -> T:
         if self._outcome is None:
-            self._task = trio.lowlevel.current_task()
-
-            def abort(_: Any) -> trio.lowlevel.Abort:
-                self._task = None
-                return trio.lowlevel.Abort.SUCCEEDED
-
-            await trio.lowlevel.wait_task_rescheduled(abort)
+            with self._handover:
+                waiting = self._outcome is None
+                if waiting:
+                    self._task = trio.lowlevel.current_task()
+            if waiting:
+                await trio.lowlevel.wait_task_rescheduled(self._abort)
         return self._outcome.unwrap()  # type: ignore[union-attr]
