@@ -16,11 +16,17 @@ its name alone, so preflight needs no knowledge of the tools:
 - `cpu`: the architecture and a digest of the CPU model and feature flags
   (`x86_64-1a2b3c4d5e6f`), since compilers build for the host's features;
 - `<package>.path`: a digest of where the top-level package `<package>` is
-  installed (found with `importlib.util.find_spec`, which runs no package
-  code), for tools whose keys hash their own install path;
+  installed (found on `sys.path` by `importlib.machinery.PathFinder`, which
+  runs no package code), for tools whose keys hash their own install path;
 - any other name: the installed version of the distribution of that name
   (`importlib.metadata`'s answer, found by the same walk of `sys.path`
   without its scan of every name on it), or `none` when it is not installed.
+
+A bundle is untrusted and its facts are its strings, so working a fact out
+never imports anything: a dotted `<package>.<sub>.path` would have
+`find_spec` import `<package>` (its code run by `warmenv check`), so it is
+no fact kind (`is_fact`), refused by `Facts.here` and reported "not computed
+here" when a bundle carries it.
 """
 
 from __future__ import annotations
@@ -50,10 +56,13 @@ __all__ = [
     "cpu_identity",
     "fact_here",
     "is_captured_tree",
+    "is_fact",
     "verdict",
 ]
 
 _KEY = re.compile(r"[a-z0-9][a-z0-9_.-]*\Z")
+_PATH = ".path"
+_PACKAGE = re.compile(r"[a-z_][a-z0-9_]*\Z")  # a top-level package (fact names are lower-case)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
 NOT_INSTALLED = "none"
 PREFIX = "caches."
@@ -113,10 +122,24 @@ def cpu_identity() -> str:
     return f"{_clean(machine)}-{digest}"
 
 
+def is_fact(name: str) -> bool:
+    """Whether `name` is a fact this module works out: `python`, `cpu`, a top-level
+    package's `<package>.path`, or a distribution's version (any other name)."""
+    if name.endswith(_PATH):
+        return _PACKAGE.match(name.removesuffix(_PATH)) is not None
+    return True
+
+
 def _install_path(package: str) -> str:
+    """The digest of where the top-level `package` is found on `sys.path`.
+
+    `PathFinder` looks for files named `package` in each entry of the path,
+    with the path's own hooks; it never imports a package, as
+    `importlib.util.find_spec` does for a dotted name's parents.
+    """
     try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
+        spec = importlib.machinery.PathFinder.find_spec(package)
+    except (ImportError, ValueError, OSError):
         spec = None
     if spec is None:
         return NOT_INSTALLED
@@ -126,13 +149,21 @@ def _install_path(package: str) -> str:
 
 
 def fact_here(name: str) -> str:
-    """This machine's value of the fact `name` (see the module's docstring)."""
+    """This machine's value of the fact `name` (see the module's docstring).
+
+    `ValueError` if `name` is no fact (`is_fact`): nothing is worked out from it.
+    """
     if name == "python":
         return _clean(f"{sys.implementation.name}{sys.version_info[0]}.{sys.version_info[1]}")
     if name == "cpu":
         return cpu_identity()
-    if name.endswith(".path"):
-        return _install_path(name.removesuffix(".path"))
+    if name.endswith(_PATH):
+        if not is_fact(name):
+            raise ValueError(
+                f"fact {name!r} is not one warmenv works out: a '.path' fact names a "
+                f"top-level package ('torch.path'), never a module inside one"
+            )
+        return _install_path(name.removesuffix(_PATH))
     try:
         return _clean(_version(name))
     except importlib.metadata.PackageNotFoundError:
@@ -280,11 +311,18 @@ class Facts:
 
         `here` defaults to this machine's values of the same facts.
         """
-        if here is None:
-            here = Facts.here(*(name for name, _ in self.pairs))
+        if here is None:  # only the facts this module works out: a bundle's names are its own
+            known = [name for name, _ in self.pairs if is_fact(name)]
+            here = Facts.here(*known) if known else None
         reasons = []
         for name, value in self.pairs:
-            local = here.value(name)
+            if not is_fact(name):
+                reasons.append(
+                    f"fact {name!r} {value} was captured; it is not a fact warmenv works out, "
+                    "so it is not computed here"
+                )
+                continue
+            local = None if here is None else here.value(name)
             if local == value:
                 continue
             if local is None:
@@ -293,7 +331,7 @@ class Facts:
                 reasons.append(f"{_said(name)} {value} was captured; it is not installed here")
             else:
                 reasons.append(f"{_said(name)} {value} was captured; this machine has {local}")
-        for name, local in here.pairs:
+        for name, local in () if here is None else here.pairs:
             if self.value(name) is None:
                 reasons.append(f"{_said(name)} (here {local}) was not recorded at capture")
         return tuple(reasons)

@@ -141,8 +141,9 @@ async def _check_url(
     if header is not None and header.namespaces is not None:
         if opened is not None:  # a server that ignored the range: its body is not read on
             await opened.aclose()
-        manifest, names = header.manifest, list(header.namespaces)
-        return _signed(_verdict(manifest, names, version), manifest, trust, redact(url))
+        manifest, names, label = header.manifest, list(header.namespaces), redact(url)
+        judged = not _refused(manifest, trust, label)  # the signature before anything of it
+        return _signed(_verdict(manifest, names, version, judged=judged), manifest, trust, label)
     fetched = Download(url, None, options, opened)
     async with aclosing(fetched.fetch()) as steps:
         async for _ in steps:
@@ -152,6 +153,16 @@ async def _check_url(
         return await _check(bundle, version, asked, trust)
     finally:
         await bundle.aclose()
+
+
+def _refused(manifest: BundleManifest, trust: Trust, label: str) -> bool:
+    """Whether an import under `trust` would refuse the bundle for its signature: checked
+    first, so that nothing else of a bundle refused (its facts) is worked out."""
+    try:
+        check_signature(manifest, trust, label)
+    except SignatureError:
+        return True
+    return False
 
 
 def _signed(report: Preflight, manifest: BundleManifest, trust: Trust, label: str) -> Preflight:
@@ -177,10 +188,13 @@ def _signed(report: Preflight, manifest: BundleManifest, trust: Trust, label: st
 async def _check(
     bundle: Bundle, version: str | None, asked: list[str] | None, trust: Trust
 ) -> Preflight:
+    manifest, label = bundle.manifest, bundle.describe()
+    judged = not _refused(manifest, trust, label)  # the signature before anything of it
     summaries = await bundle.namespaces()
     namespaces = [s.namespace for s in summaries]
-    report = _verdict(bundle.manifest, namespaces, version, [s.entries for s in summaries])
-    report = _signed(report, bundle.manifest, trust, bundle.describe())
+    entries = [s.entries for s in summaries]
+    report = _verdict(manifest, namespaces, version, entries, judged=judged)
+    report = _signed(report, manifest, trust, label)
     if asked is None or not namespaces:  # an empty bundle is said already
         return report
     counts = [(s.namespace, s.entries) for s in summaries]
@@ -271,7 +285,11 @@ def _verdict(
     namespaces: list[str],
     version: str | None,
     entries: list[int] | None = None,
+    *,
+    judged: bool = True,
 ) -> Preflight:
+    """The verdict on a bundle's manifest and namespaces; `judged=False` (its signature is
+    refused) leaves its compiler caches' facts unread: nothing of it is worked out."""
     machine = this_machine()
     captured = manifest.environments
     matching = tuple(e for e in captured if (e.os, e.arch) == (machine.os, machine.arch))
@@ -316,10 +334,15 @@ def _verdict(
         ok = False
         reasons.append("the bundle holds no entries")
     # Compiler caches: their facts (tool version, CPU, Python, ...) against this machine.
-    caches = captured_trees(zip(namespaces, entries or [0] * len(namespaces), strict=True))
-    caches_ok, said = caches_verdict(caches)
-    ok = ok and caches_ok
-    reasons += said
+    caches: tuple[TreeCheck, ...] = ()
+    if judged:
+        caches = captured_trees(zip(namespaces, entries or [0] * len(namespaces), strict=True))
+        caches_ok, said = caches_verdict(caches)
+        ok = ok and caches_ok
+        reasons += said
+    elif any(is_captured_tree(n) for n in namespaces):
+        ok = False
+        reasons.append("its compiler caches' facts are not checked: its signature is refused")
     return Preflight(
         ok=ok,
         bundle=manifest.name,
