@@ -9,13 +9,22 @@ policy) without editing its files.
 A missing file is the normal case; a file that is there but wrong is an error
 naming the file and the key, because a silently ignored setting is how a
 cache ends up somewhere nobody looks.
+
+The settings name the root, the remote and the trust, so only this user's
+(or root's) are obeyed: a file found walking up that another user owns or
+may write, or that lies where another user could swap it
+(`_fs.why_redirectable`), is skipped with one warning naming it, and the
+walk stops there, as git's `safe.directory` does, rather than going on to a
+parent's settings that the directory below was meant to override.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import pwd
 import re
+import stat
 import threading
 import time
 import tomllib
@@ -27,8 +36,14 @@ from typing import Any
 import attrs
 import platformdirs
 
-from warmenv._errors import RemoteError, WarmenvError
-from warmenv._fs import NoSuchHomeError, close_unless_regular, expand_home, read_bounded
+from warmenv._errors import RemoteError, WarmenvError, warn
+from warmenv._fs import (
+    NoSuchHomeError,
+    close_unless_regular,
+    expand_home,
+    read_bounded,
+    why_redirectable,
+)
 from warmenv._keys import KEY_PREFIX, KeyFileError, PublicKey, read_key_file
 from warmenv._text import clean
 from warmenv._url import check_redis_url, redact
@@ -183,18 +198,63 @@ def _find_settings(start: Path) -> tuple[Path, Mapping[str, Any]] | None:
     A directory this process may not search (a working directory under
     another user's home, kept across `sudo -u`) holds no file it could read:
     it is passed over, as one without settings, rather than failing every open.
+    A file that is not ours to obey (`_why_not_ours`) ends the walk, unread,
+    with one warning: its bytes are another user's, and the parent's settings
+    were not meant for this directory.
     """
     for directory in (start, *start.parents):
-        candidate = directory / "warmenv.toml"
-        if os.path.isfile(candidate):
-            whole = _table_of(candidate, _whole)
-            return candidate, {} if whole is None else whole
-        candidate = directory / "pyproject.toml"
-        if os.path.isfile(candidate):
+        for name in ("warmenv.toml", "pyproject.toml"):
+            candidate = directory / name
+            try:
+                st = os.stat(candidate)
+            except OSError:  # missing, or in a directory not ours to search
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            if (reason := _why_not_ours(candidate, st)) is not None:
+                warn(
+                    f"{candidate} (owner {_user(st.st_uid)}) is not used as warmenv "
+                    f"settings: {reason}; the walk up stops there (defaults and WARMENV_* "
+                    "variables apply)"
+                )
+                return None
+            if name == "warmenv.toml":
+                whole = _table_of(candidate, _whole)
+                return candidate, {} if whole is None else whole
             section = _table_of(candidate, _tool_warmenv)
             if section is not None:
                 return candidate, section
     return None
+
+
+def _why_not_ours(file: Path, st: os.stat_result | None = None) -> str | None:
+    """Why another user could decide what `file` says, one clause; None if only this
+    user or root could: its owner is one of them, neither its group nor anyone else may
+    write it, and no step of its path can be redirected by another user
+    (`why_redirectable`: a symlink of theirs, a directory open to them). `st`: the
+    status of the file as opened (checked again there, so a swap in between is seen)."""
+    if st is None:
+        try:
+            st = os.stat(file)
+        except OSError:  # gone, or not ours to look at: the read says why
+            return None
+    if st.st_uid not in (os.geteuid(), 0):
+        return (
+            "it belongs to another user, who would choose this process's root, remote and "
+            "trusted keys; if it is yours, `chown` it"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (
+            f"other users may write it (mode {stat.filemode(st.st_mode)}); run `chmod go-w {file}`"
+        )
+    return why_redirectable(file)
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def _whole(document: dict[str, Any], file: Path) -> dict[str, Any]:
@@ -259,6 +319,8 @@ def _read_toml(file: Path) -> tuple[dict[str, Any], os.stat_result]:
             raise ConfigError(f"{file}: {kind}, not a settings file; remove it")
         try:
             st = os.fstat(fd)
+            if (reason := _why_not_ours(file, st)) is not None:  # swapped since found
+                raise ConfigError(f"{file}: not used as warmenv settings: {reason}")
             read = read_bounded(fd, MAX_SETTINGS_BYTES, file)
         finally:
             os.close(fd)
@@ -286,7 +348,12 @@ def _root(value: object, where: str, key: str | None, base: Path, start: Path) -
         return user_root()
     if value == "project":
         for directory in (start, *start.parents):
-            if os.path.isfile(directory / "pyproject.toml"):
+            if os.path.isfile(marker := directory / "pyproject.toml"):
+                if (reason := _why_not_ours(marker)) is not None:
+                    raise ConfigError(
+                        f'{label} is "project" but the nearest pyproject.toml, {marker}, is '
+                        f"not yours to place the root by: {reason}"
+                    )
                 return directory / ".warmenv"
         raise ConfigError(
             f'{label} is "project" but no pyproject.toml exists above {start}; use a path instead'
@@ -385,7 +452,10 @@ def _trusted_keys(value: object, where: str, base: Path) -> tuple[PublicKey, ...
                 raise ConfigError(f"{where}: {exc}") from None
             continue
         try:
-            keys.extend(read_key_file((base / expand_home(entry)).resolve()))
+            path = (base / expand_home(entry)).resolve()
+            if (reason := _why_not_ours(path)) is not None:  # they would choose whom we trust
+                raise ConfigError(f"{where}: the key file {path} is not trusted: {reason}")
+            keys.extend(read_key_file(path))
         except (KeyFileError, NoSuchHomeError) as exc:
             raise ConfigError(f"{where}: {exc}") from None
     return tuple(dict.fromkeys(keys))
