@@ -283,3 +283,21 @@ def test_a_hook_file_grown_past_the_cap_is_not_read_whole_and_is_made_again(
     with HookHome() as home:
         assert home.directory(files) == made
     assert (made / "hook.py").read_text() == "x\n"
+
+
+def test_count_lines_that_are_not_whole_counts_are_skipped_with_one_warning_for_the_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    counts = tmp_path / "counts.jsonl"
+    new_counts(counts)
+    _counted_into(counts)
+    with counts.open("a") as file:
+        for bad in ('"hits":1e999', '"hits":-1', '"hits":true', '"hits":2.0', '"hits":"2"'):
+            file.write('{"tool":"torch",' + bad + ',"misses":0}\n')
+        file.write('{"tool":"torch","hits":0,"misses":0,"served":{"files":{"k":-3}}}\n')
+        file.write("[" * 100_000 + "\n")
+    with caplog.at_level(logging.WARNING, logger="warmenv.caches"):
+        found = read_counts(counts)
+    assert found["torch"].hits == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith(f"{counts}: 7 line(s)"), warnings

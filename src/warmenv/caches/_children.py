@@ -39,7 +39,7 @@ import os
 import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeGuard
 
 import attrs
 
@@ -154,17 +154,13 @@ def read_counts(path: Path) -> dict[str, Counts]:
     if read.over is not None:
         log.warning("%s; the command's cache counts are from the part read", read.over)
         data = data[: data.rfind(b"\n") + 1]  # a line cut short is no count
+    bad = 0
     for line in data.decode("utf-8", "replace").splitlines():
-        try:
-            record = json.loads(line)
-            tool, hits, misses = str(record["tool"]), int(record["hits"]), int(record["misses"])
-            uncached = int(record.get("uncached", 0))
-            served = {
-                str(part): {str(k): int(n) for k, n in dict(entries).items()}
-                for part, entries in dict(record.get("served", {})).items()
-            }
-        except (ValueError, KeyError, TypeError, AttributeError):
+        record = _record(line)
+        if record is None:
+            bad += 1
             continue
+        tool, hits, misses, uncached, served = record
         counts = found.setdefault(tool, Counts())
         counts.hits += hits
         counts.misses += misses
@@ -173,7 +169,42 @@ def read_counts(path: Path) -> dict[str, Counts]:
             mine = counts.served.setdefault(part, {})
             for key, n in entries.items():
                 mine[key] = mine.get(key, 0) + n
+    if bad:
+        log.warning(
+            "%s: %d line(s) of the command's cache counts are not counts (each a JSON object "
+            "of a tool's name and counts that are whole numbers >= 0); they are not counted",
+            path,
+            bad,
+        )
     return found
+
+
+def _record(line: str) -> tuple[str, int, int, int, dict[str, dict[str, int]]] | None:
+    """One line's tool, hits, misses, uncached and served, or None if it is not counts.
+
+    The line is the command's, so anything may be in it: a count is an `int >= 0`
+    (never a bool, a float or `1e999`, which is infinity), every name a `str`.
+    """
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):  # not JSON (a UnicodeError is a ValueError), too deep
+        return None
+    if not isinstance(record, dict) or not isinstance(tool := record.get("tool"), str):
+        return None
+    hits, misses = record.get("hits"), record.get("misses")
+    uncached, served = record.get("uncached", 0), record.get("served", {})
+    if not (_is_count(hits) and _is_count(misses) and _is_count(uncached)):
+        return None
+    if not isinstance(served, dict):
+        return None
+    for entries in served.values():  # JSON's keys are str
+        if not isinstance(entries, dict) or not all(map(_is_count, entries.values())):
+            return None
+    return tool, hits, misses, uncached, served
+
+
+def _is_count(value: object) -> TypeGuard[int]:
+    return type(value) is int and value >= 0
 
 
 @attrs.frozen
