@@ -426,6 +426,18 @@ async def test_a_target_under_a_directory_other_users_can_write_is_refused(
     assert list(shared.iterdir()) == []
 
 
+async def test_a_target_under_a_dangling_symlink_is_refused_naming_the_link_and_where_it_points(
+    env: Environment, tmp_path: Path
+) -> None:
+    link = tmp_path / "mylink"
+    link.symlink_to(tmp_path / "gone")
+    await env.storage(TREE.namespace).insert_many([(b"k/one", b"1")])
+    with pytest.raises(UnsafeTargetError) as raised:
+        await directory.restore(env, link / "cache", tool="demo", facts=("attrs", "cpu"))
+    assert f"{link} is a symlink to a missing path ({tmp_path / 'gone'})" in str(raised.value)
+    assert not (tmp_path / "gone").exists()
+
+
 async def test_a_symlinked_target_into_a_directory_other_users_can_write_is_refused(
     env: Environment, tmp_path: Path
 ) -> None:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Final
 
 from warmenv._errors import WarmenvError
-from warmenv._fs import open_found, open_to_others, read_bounded, why_redirectable
+from warmenv._fs import missing_link, open_found, open_to_others, read_bounded, why_redirectable
 
 __all__ = [
     "DIRECTORY_FLAGS",
@@ -293,6 +293,22 @@ def check_ancestors(
         raise UnsafeTargetError(f"'{target}' is refused: {redirect}; {elsewhere}")
 
 
+def make_target(target: Path) -> None:
+    """Make the directory `target` (and its parents) if missing; `UnsafeTargetError`
+    naming the link where it, or a directory on the way, is a symlink to a missing
+    path (`mkdir` says only "File exists" of the link, which sends the user looking
+    for a file)."""
+    try:
+        target.mkdir(mode=_DIRECTORY_MODE, parents=True, exist_ok=True)
+    except FileExistsError:
+        if (dangling := missing_link(target)) is None:
+            raise
+        raise UnsafeTargetError(
+            f"cannot restore into '{target}': {dangling}; create what it points to, or "
+            "point it elsewhere"
+        ) from None
+
+
 class Writer:
     """Places files under one target directory, refusing what would leave it.
 
@@ -310,7 +326,7 @@ class Writer:
     def __init__(self, target: Path) -> None:
         self.target = target
         check_ancestors(target)
-        target.mkdir(mode=_DIRECTORY_MODE, parents=True, exist_ok=True)
+        make_target(target)
         fd = os.open(target, DIRECTORY_FLAGS & ~os.O_NOFOLLOW)  # the caller named it
         try:
             check_directory(fd, target)
