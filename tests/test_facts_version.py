@@ -13,6 +13,8 @@ installed here, and on real metadata directories and zip files made here.
 from __future__ import annotations
 
 import importlib.metadata
+import os
+import subprocess
 import sys
 import zipfile
 from collections.abc import Iterator
@@ -141,3 +143,77 @@ def test_a_distribution_found_nowhere_is_not_installed(on_path: list[Path]) -> N
     with pytest.raises(importlib.metadata.PackageNotFoundError):
         importlib.metadata.version("no-such-distribution-here")
     assert fact_here("no-such-distribution-here") == "none"
+
+
+# A metadata file is read bounded: never waited on, never more than a regular file's bytes.
+
+
+def _child_fact(root: Path, name: str) -> subprocess.CompletedProcess[str]:
+    """`fact_here(name)` in a fresh process with `root` first on its path, given 30 s: a
+    read that waits on a FIFO or reads /dev/zero fails the test instead of hanging it."""
+    code = (
+        "import sys\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from warmenv._facts import fact_here\n"
+        "print(fact_here(sys.argv[2]))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if os.path.isdir(p)))
+    return subprocess.run(
+        [sys.executable, "-c", code, str(root), name],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_a_fifo_metadata_is_not_waited_on(tmp_path: Path) -> None:
+    found = tmp_path / "fifodist-1.0.dist-info"
+    found.mkdir()
+    os.mkfifo(found / "METADATA")
+    done = _child_fact(tmp_path, "fifodist")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "none"
+    assert "METADATA is a FIFO, not a regular file" in done.stderr
+
+
+def test_a_metadata_linked_to_a_device_is_not_read(tmp_path: Path) -> None:
+    found = tmp_path / "zerodist-1.0.dist-info"
+    found.mkdir()
+    (found / "METADATA").symlink_to("/dev/zero")
+    done = _child_fact(tmp_path, "zerodist")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "none"
+    assert "METADATA is a character device" in done.stderr
+
+
+def test_a_metadata_linked_to_a_regular_file_is_read(on_path: list[Path]) -> None:
+    first, _ = on_path
+    store = _dist(first / "store", "linked-5.0.dist-info", _metadata("linked", "5.0"))
+    (first / "linked-5.0.dist-info").mkdir()
+    (first / "linked-5.0.dist-info" / "METADATA").symlink_to(store / "METADATA")
+    assert fact_here("linked") == _their_version("linked") == "5.0"
+
+
+def test_a_long_header_is_read_only_as_far_as_its_version(tmp_path: Path) -> None:
+    # 16 MB with no blank line: read whole, growing one string searched after each 4 KiB,
+    # it took a minute; the version is known from the first kilobyte.
+    found = tmp_path / "longdist-1.0.dist-info"
+    found.mkdir()
+    with open(found / "METADATA", "w", encoding="utf-8") as file:
+        file.write("Metadata-Version: 2.1\nName: longdist\nVersion: 1.0\nSummary: ")
+        for _ in range(16):
+            file.write("s" * 1_000_000)
+    done = _child_fact(tmp_path, "longdist")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1.0"
+
+
+def test_headers_too_long_before_the_version_make_it_none_with_why(
+    on_path: list[Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    first, _ = on_path
+    text = _metadata("late", "2.0").replace("Name: late", "Name: late\nSummary: " + "s" * 70_000)
+    _dist(first, "late-2.0.dist-info", text)
+    assert fact_here("late") == "none"
+    assert "headers run past the 65,536 characters read of them" in caplog.text

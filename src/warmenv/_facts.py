@@ -35,7 +35,7 @@ import functools
 import hashlib
 import importlib.machinery
 import importlib.metadata
-import importlib.util
+import logging
 import os
 import platform
 import re
@@ -45,6 +45,7 @@ from pathlib import Path
 
 import attrs
 
+from warmenv._fs import open_found
 from warmenv.persistence.namespace import Namespace
 
 __all__ = [
@@ -70,6 +71,8 @@ PREFIX = "caches."
 _SEPARATORS = re.compile(r"[-_.]+")  # runs of them are one `_` in a normalised name
 _METADATA_SUFFIXES = (".dist-info", ".egg-info")
 _HEADER_CHUNK = 4096
+_HEADERS_MAX = 64 * 1024  # characters: torch's headers are 3 kB, its whole METADATA 38 kB
+log = logging.getLogger(__name__)
 
 
 def is_captured_tree(namespace: str) -> bool:
@@ -175,41 +178,108 @@ def _version(distribution: str) -> str:
 
     The standard call parses the whole metadata file as an e-mail message,
     a long description included (torch's: 38 kB, a millisecond a call);
-    `Version` is one of the headers, which end at the first blank line, so
-    only they are read. The distribution is found by `_metadata_directory`
+    `Version` is one of the headers, which end at the first line that is
+    neither a header nor a continuation, so only they are read, and at most
+    `_HEADERS_MAX` of them. The distribution is found by `_metadata_directory`
     where it can be, else by `importlib.metadata` itself.
+
+    A metadata file found by the walk is read as `_fs.open_found` opens a
+    file another user may have put there: never waiting (a FIFO), never more
+    than a regular file's bytes (a link to `/dev/zero`); such a file, or
+    headers longer than the bound, make the version `none`, said in one line
+    logged, rather than a restore or a check that never ends.
     """
     at = _metadata_directory(distribution)
-    if at is not None:
-        version = _header_version(os.path.join(at, "METADATA"))
-        if version is not None:
-            return version
-    found = (
-        importlib.metadata.distribution(distribution)
-        if at is None
-        else importlib.metadata.Distribution.at(at)
-    )
-    text = found.read_text("METADATA") or found.read_text("PKG-INFO") or ""
-    return _version_line(text.partition("\n\n")[0]) or found.version
+    if at is None:
+        return importlib.metadata.version(distribution)
+    for name in ("METADATA", "PKG-INFO"):  # importlib.metadata's order, an empty one skipped
+        headers = _headers(os.path.join(at, name))
+        if headers is None:
+            continue
+        if isinstance(headers, _Unread):
+            log.warning(
+                "%s; %s's version is taken as %s", headers.reason, distribution, NOT_INSTALLED
+            )
+            return NOT_INSTALLED
+        return _version_line(headers) or NOT_INSTALLED
+    return NOT_INSTALLED
 
 
-def _header_version(path: str) -> str | None:
-    """The `Version` header of the metadata file at `path`, read up to the headers' end;
-    None if the file is not there, is empty or has no such header (then it is read whole)."""
-    read = ""
+@attrs.frozen
+class _Unread:
+    """Why a metadata file's headers were not read (one line)."""
+
+    reason: str
+
+
+def _headers(path: str) -> str | _Unread | None:
+    """The headers of the metadata file at `path` (text, every line ending in a newline), up to
+    the first blank line; None if it is not there or empty.
+
+    Read `_HEADER_CHUNK` characters at a time, each looked at once for the
+    blank line (with the character before it); at most `_HEADERS_MAX`.
+    """
     try:
-        with open(path, encoding="utf-8") as file:  # text, as `read_text`: "\r\n" is "\n"
-            while chunk := file.read(_HEADER_CHUNK):
-                read += chunk
-                if "\n\n" in read:
-                    break
-    except (OSError, UnicodeDecodeError):
+        opened = open_found(path)
+    except FileNotFoundError:
         return None
-    return _version_line(read.partition("\n\n")[0])
+    except OSError as exc:
+        return _Unread(f"{path} cannot be opened ({exc.strerror or exc})")
+    if opened == "a symlink, not a regular file":
+        try:  # an installer's link to a regular file (a view of a store) is followed once
+            opened = open_found(os.path.realpath(path))
+        except OSError as exc:
+            return _Unread(f"{path} is a symlink that cannot be opened ({exc.strerror or exc})")
+    if isinstance(opened, str):
+        return _Unread(f"{path} is {opened}")
+    read: list[str] = []
+    held = 0
+    last = ""
+    # Text, as `read_text`: "\r\n" and "\r" are "\n"; the descriptor is closed with it.
+    with open(opened, encoding="utf-8", closefd=True) as file:
+        try:
+            while held < _HEADERS_MAX and (chunk := file.read(_HEADER_CHUNK)):
+                window = last + chunk
+                blank = window.find("\n\n")
+                if blank >= 0:
+                    read.append(window[len(last) : blank + 1])
+                    return "".join(read)
+                read.append(chunk)
+                held += len(chunk)
+                last = chunk[-1]
+        except UnicodeDecodeError:
+            return _Unread(f"{path} is not UTF-8 text")
+        except OSError as exc:
+            return _Unread(f"{path} cannot be read ({exc.strerror or exc})")
+        if held >= _HEADERS_MAX and file.read(1):
+            return _within(path, "".join(read))
+    return "".join(read) or None
 
 
-def _version_line(headers: str) -> str | None:
-    for line in headers.splitlines():
+_HEADER_LINE = re.compile(r"From |[\041-\071\073-\176]*:|[\t ]")
+"""A line of the headers as `email`'s parser (`importlib.metadata`'s) knows one: a header,
+a continuation, or a Unix "From " line; the first other line ends them."""
+
+
+def _within(path: str, text: str) -> str | _Unread:
+    """The headers of a file whose first `_HEADERS_MAX` characters are `text`, if they
+    decide its version: a line of `text` ends them, or a whole `Version` header (the first
+    wins) is followed by another header. Else why the file is not read further."""
+    at = 0
+    while (end := text.find("\n", at)) >= 0:
+        if not _HEADER_LINE.match(text, at):
+            return text[:at]
+        at = end + 1
+    if _version_line(text, ended=False) is not None:
+        return text
+    return _Unread(f"{path}'s headers run past the {_HEADERS_MAX:,} characters read of them")
+
+
+def _version_line(headers: str, *, ended: bool = True) -> str | None:
+    """The first `Version` header; `ended=False`: `headers` may go on, so their last
+    line is not taken (it may be cut short)."""
+    lines = headers.splitlines()
+    for line in lines if ended else lines[:-1]:
         if line.startswith("Version:"):
             return line.removeprefix("Version:").strip()
     return None
