@@ -217,3 +217,30 @@ def test_headers_too_long_before_the_version_make_it_none_with_why(
     _dist(first, "late-2.0.dist-info", text)
     assert fact_here("late") == "none"
     assert "headers run past the 65,536 characters read of them" in caplog.text
+
+
+# Headers as the e-mail parser reads them (importlib.metadata's).
+
+
+def test_a_header_name_is_matched_in_any_case(on_path: list[Path]) -> None:
+    first, _ = on_path
+    text = "Metadata-Version: 2.1\nName: anycase\nversion: 9.9\nVersion: 1.0\n\nBody.\n"
+    _dist(first, "anycase-1.0.dist-info", text)
+    assert fact_here("anycase") == _their_version("anycase") == "9.9"
+
+
+def test_the_headers_end_at_the_first_line_that_is_not_one(on_path: list[Path]) -> None:
+    first, _ = on_path
+    text = "Metadata-Version: 2.1\nName: ended\nnot a header\nVersion: 3.0\n\nBody.\n"
+    _dist(first, "ended-3.0.dist-info", text)
+    assert importlib.metadata.version("ended") is None  # the Version line is in the body
+    assert fact_here("ended") == "none"
+
+
+def test_a_version_is_taken_with_its_spaces_and_continuations_as_email_takes_it(
+    on_path: list[Path],
+) -> None:
+    first, _ = on_path
+    text = "Name: spaced\nFrom here\n version: 0.1\nVersion:\t 4.0 \n .post1\nSummary: s\n\n"
+    _dist(first, "spaced-4.0.dist-info", text)
+    assert fact_here("spaced") == _their_version("spaced")

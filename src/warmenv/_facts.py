@@ -40,6 +40,7 @@ import os
 import platform
 import re
 import sys
+import textwrap
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -270,19 +271,47 @@ def _within(path: str, text: str) -> str | _Unread:
         if not _HEADER_LINE.match(text, at):
             return text[:at]
         at = end + 1
+    # Its last line, cut short, still says whether it continues the header before it.
     if _version_line(text, ended=False) is not None:
         return text
     return _Unread(f"{path}'s headers run past the {_HEADERS_MAX:,} characters read of them")
 
 
+_LINES = re.compile(r"[^\n]*\n|[^\n]+\Z")
+
+
 def _version_line(headers: str, *, ended: bool = True) -> str | None:
-    """The first `Version` header; `ended=False`: `headers` may go on, so their last
-    line is not taken (it may be cut short)."""
-    lines = headers.splitlines()
-    for line in lines if ended else lines[:-1]:
-        if line.startswith("Version:"):
-            return line.removeprefix("Version:").strip()
-    return None
+    """The first `Version` header (any case), as `email`'s compat32 policy returns it.
+
+    `ended=False`: `headers` may go on (more continuations of its last header), so a
+    `Version` header counts only once another header follows it."""
+    lines: list[str] = []  # the header being read: its first line, then its continuations
+    for line in _LINES.findall(headers):  # not `splitlines`: "\x0c" ends no line in e-mail
+        if not _HEADER_LINE.match(line):
+            break
+        if line[0] in " \t":
+            if lines:
+                lines.append(line)
+            continue
+        if (version := _version_of(lines)) is not None:
+            return version
+        # A Unix "From " line or one with no name is no header; what continues it, nothing.
+        lines = [] if line.startswith(("From ", ":")) else [line]
+    else:
+        if not ended:
+            return None
+    return _version_of(lines)
+
+
+def _version_of(lines: list[str]) -> str | None:
+    if not lines:
+        return None
+    name, _, value = lines[0].partition(":")
+    if name.lower() != "version":
+        return None
+    value = (value.lstrip(" \t") + "".join(lines[1:])).rstrip("\r\n")
+    # importlib.metadata's `_adapters.Message` re-indents a folded value as it reads it.
+    return textwrap.dedent(" " * 8 + value) if "\n" in value else value
 
 
 def _metadata_directory(distribution: str) -> str | None:
