@@ -67,6 +67,18 @@ async def restore(
     return report
 
 
+async def restore_made(
+    env: Environment, make: Callable[[], CacheTree], target: str | Path
+) -> RestoreReport:
+    """`restore` of the tree `make()` gives, made on the worker thread that checks the
+    target (a tool's tree is named by this machine's facts, read from files: never on
+    the event loop's thread nor SQLite's)."""
+    into = expand_home(target, "the cache directory")
+    done = await restore_planned(env, lambda: (into, [(make(), "")]))
+    (report,) = done.reports
+    return report
+
+
 async def restore_trees(
     env: Environment,
     target: str | Path,
@@ -85,14 +97,16 @@ async def restore_trees(
     the target, never a symlink followed), the trust and the environment's
     namespaces read once.
 
-    One hop: the configuration's trust, the target's checks, the rows and
-    the files are read and written in one function on the environment's
-    SQLite thread, a batch of `batch_bytes` at a time (one hop for a small
-    cache; each hop costs more than writing a small file, most of all on a
-    loaded machine). Meanwhile the environment's other calls wait, at most
-    a batch. An environment in memory reads its rows on the caller's thread
-    (`_sqlite._memory`), so there the files are written on a worker thread of
-    their own, never on the event loop's.
+    Two hops: the configuration's trust and the target's checks on a worker
+    thread (files: one that hangs, a FIFO or a dead NFS mount, stops this
+    restore only), then the rows and the files read and written in one
+    function on the environment's SQLite thread, a batch of `batch_bytes` at
+    a time (one hop for a small cache; each hop costs more than writing a
+    small file, most of all on a loaded machine). Meanwhile the
+    environment's other calls wait, at most a batch. An environment in
+    memory reads its rows on the caller's thread (`_sqlite._memory`), so
+    there the files are written on a worker thread of their own, never on
+    the event loop's.
     """
     into = expand_home(target, "the cache directory")
     for _, directory in trees:
@@ -104,8 +118,8 @@ async def restore_trees(
 
 
 Plan = Callable[[], tuple[Path, Sequence[tuple[CacheTree, str]]]]
-"""What a restore writes, worked out on its first hop: the target (absolute or as the
-caller named it) and the trees, as `restore_trees` takes them."""
+"""What a restore writes, worked out on a worker thread before the pass: the target
+(absolute or as the caller named it) and the trees, as `restore_trees` takes them."""
 
 
 @attrs.frozen
@@ -126,20 +140,21 @@ async def restore_planned(
     batch_bytes: int = DEFAULT_BATCH_BYTES,
     trust: TrustLike = None,
 ) -> Restored:
-    """`restore_trees` of the target and trees `plan()` gives, called in the pass's first
-    hop on the environment's SQLite thread (a worker thread for an environment in
-    memory): a tool whose trees are named by this machine's facts, which are read from
-    files, reads them there rather than on a hop of their own (each wakes a thread)."""
+    """`restore_trees` of the target and trees `plan()` gives, called on the worker
+    thread that checks the target, before the pass: a tool whose trees are named by
+    this machine's facts reads them there, in the hop it needs anyway. Never on the
+    environment's SQLite thread: a fact is read from files (a metadata file, every
+    directory on `sys.path`), and a file that hangs (a dead NFS mount) would stop every
+    call of the environment, not this restore alone."""
     started = time.monotonic()
     if env.remote is not None:  # values fetched from Redis reach the local rows first
         await env.remote.backfill.settle()
     restoring = _Restoring(env.database, plan, trust, batch_bytes)
     finished = False
     try:
+        await anyio.to_thread.run_sync(restoring.prepare)
         while True:  # at least once: the target is checked (and made) with no tree too
             if env.in_memory:
-                if restoring.writer is None:
-                    await anyio.to_thread.run_sync(restoring.prepare)
                 entries = await env.database.run(restoring.read_all)
                 await anyio.to_thread.run_sync(restoring.write, entries)
             else:
@@ -237,10 +252,8 @@ class _Restoring:
 
     def step(self, conn: sqlite3.Connection) -> None:
         """A hop on the SQLite thread: read the next `batch_bytes` and write them as they
-        are read, one entry in memory at a time (the first hop prepares too)."""
+        are read, one entry in memory at a time (`prepare` has run)."""
         try:
-            if self.writer is None:
-                self.prepare()
             with _small_cache(conn), contextlib.closing(self.read(conn)) as entries:
                 self.write(entries)
         except BaseException:
@@ -253,7 +266,7 @@ class _Restoring:
 
     def prepare(self) -> None:
         """The plan (the target and the trees), the trust (the configuration's, a file) and
-        the target's checks."""
+        the target's checks: files, each of which may hang, so on a worker thread."""
         target, trees = self.plan()
         self.jobs = [_Job(tree, _prefix(directory)) for tree, directory in trees]
         self.target = target

@@ -38,8 +38,10 @@ The API (used by `directory.py` and by each tool's module):
   itself) in one pass, in order, with the fixed costs (the target's
   checks, the trust, the namespaces, the worker-thread hops) paid once;
   `restore_planned(env, plan)` the same with the target and trees worked
-  out by `plan()` in the pass's first hop (a tool's facts read there), its
-  result holding the entries of each of the tools' namespaces too.
+  out by `plan()` on the worker thread that checks the target (a tool's
+  facts read there, never on SQLite's thread), its result holding the
+  entries of each of the tools' namespaces too; `restore_made(env, make,
+  target)` one tree made there.
 - `await record_hits(env, tree, served, misses)`: count a tool's own hits,
   per entry it served (`{relative path: hits}`), as hits of those entries
   in the environment's statistics (`warmenv stats`, per namespace, origin

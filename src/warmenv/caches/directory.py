@@ -16,11 +16,14 @@ the facts (`facts=("cupy", "cpu")`: CuPy's version and this CPU; see
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 
+import anyio.to_thread
+
 from warmenv._facts import Facts
-from warmenv.caches._restore import restore as _restore
+from warmenv.caches._restore import restore_made
 from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport
 from warmenv.caches._tree import capture as _capture
 from warmenv.environment import Environment
@@ -53,8 +56,8 @@ async def capture(
     exclude: Sequence[str] = (),
 ) -> CaptureReport:
     """Store every regular file under `source` into `env` (see the module's docstring)."""
-    made = tree(tool, facts, part=part, exclude=exclude)
-    return await _capture(env, made, source)
+    make = functools.partial(tree, tool, facts, part=part, exclude=exclude)
+    return await _capture(env, await anyio.to_thread.run_sync(make), source)  # facts: files
 
 
 async def restore(
@@ -67,5 +70,5 @@ async def restore(
     index: Sequence[str] = (),
 ) -> RestoreReport:
     """Write the files captured under this machine's facts into `target`."""
-    made = tree(tool, facts, part=part, index=index)
-    return await _restore(env, made, target)
+    make = functools.partial(tree, tool, facts, part=part, index=index)
+    return await restore_made(env, make, target)  # the facts read on a worker thread

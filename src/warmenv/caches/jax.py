@@ -49,11 +49,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
+import anyio.to_thread
+
 from warmenv._facts import Facts
 from warmenv._fs import expand_home
 from warmenv.caches._children import EntryPoint
 from warmenv.caches._inprocess import EnvironmentChoice, HitLines, Tally, Warmed, restored
-from warmenv.caches._restore import restore as _restore
+from warmenv.caches._restore import restore_made
 from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport
 from warmenv.caches._tree import capture as _capture
 from warmenv.config import load_config
@@ -135,12 +137,12 @@ def trees() -> tuple[CacheTree, ...]:
 
 async def restore(env: Environment, cache_dir: str | Path) -> RestoreReport:
     """Write the JAX cache captured under this machine's facts into `cache_dir`."""
-    return await _restore(env, tree(), cache_dir)
+    return await restore_made(env, tree, cache_dir)  # its facts read on a worker thread
 
 
 async def capture(env: Environment, cache_dir: str | Path) -> CaptureReport:
     """Store JAX's cache directory `cache_dir` into `env`."""
-    return await _capture(env, tree(), cache_dir)
+    return await _capture(env, await anyio.to_thread.run_sync(tree), cache_dir)  # facts: files
 
 
 def default_cache_dir(root: str | Path | None = None) -> Path:

@@ -34,10 +34,12 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
+import anyio.to_thread
+
 from warmenv._facts import Facts
 from warmenv._fs import expand_home
 from warmenv.caches._inprocess import EnvironmentChoice, Tally, Warmed, restored
-from warmenv.caches._restore import restore as _restore
+from warmenv.caches._restore import restore_made
 from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport
 from warmenv.caches._tree import capture as _capture
 from warmenv.config import load_config
@@ -80,12 +82,12 @@ def trees() -> tuple[CacheTree, ...]:
 
 async def restore(env: Environment, cache_dir: str | Path) -> RestoreReport:
     """Write the Numba cache captured under this machine's facts into `cache_dir`."""
-    return await _restore(env, tree(), cache_dir)
+    return await restore_made(env, tree, cache_dir)  # its facts read on a worker thread
 
 
 async def capture(env: Environment, cache_dir: str | Path) -> CaptureReport:
     """Store Numba's cache directory `cache_dir` into `env`."""
-    return await _capture(env, tree(), cache_dir)
+    return await _capture(env, await anyio.to_thread.run_sync(tree), cache_dir)  # facts: files
 
 
 def default_cache_dir(root: str | Path | None = None) -> Path:

@@ -233,8 +233,8 @@ async def _restore(env: Environment, cache_dir: str | Path) -> tuple[TorchRestor
 
 
 def _plan(cache_dir: Path) -> tuple[Path, list[tuple[CacheTree, str]]]:
-    """The target and the trees under this machine's facts, worked out on the restore's
-    first hop (the facts are read from files: on a hop of their own, a thread woken)."""
+    """The target and the trees under this machine's facts, worked out on the worker
+    thread that checks the target (the facts are files: never on SQLite's thread)."""
     facts = Facts.here(*FACTS)
     return cache_dir, [(tree(facts), ""), *((graph, graph.part) for graph in _graph_trees(facts))]
 

@@ -543,7 +543,7 @@ async def restore(env: Environment, target: str | Path | None = None) -> TritonR
 
 
 def _plan(target: str | Path | None) -> tuple[Path, list[tuple[CacheTree, str]]]:
-    """The target and the trees, worked out on the restore's first hop (facts are files)."""
+    """The target and the trees, worked out on the restore's worker thread (facts are files)."""
     files, groups = _trees()
     indexes = attrs.evolve(groups, index=("*",), rewrite=_restored_group)
     return _where(target), [(files, ""), (indexes, "")]
