@@ -90,6 +90,10 @@ def json_lines(completed: subprocess.CompletedProcess[str]) -> list[object]:
     return [json.loads(line) for line in completed.stdout.splitlines() if line.strip()]
 
 
+CLONE = Path(__file__).resolve().parent.parent
+"""The clone under test; installed editable from it (`pip install -e .`), as CONTRIBUTING says."""
+
+
 # --- a world-readable copy of what a child running as another user imports -------------
 
 # The distributions (with extras) whose code children import; their

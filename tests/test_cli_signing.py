@@ -18,7 +18,7 @@ import anyio
 import pytest
 
 from conftest import sample_entries
-from helpers import run_python
+from helpers import CLONE, run_python
 from signed import Document, rewrite_manifest
 from test_cli import TOTAL, warmenv
 from test_download import BundleServer
@@ -252,7 +252,7 @@ sys.exit(main(["keygen", sys.argv[1]]))
 def test_keygen_without_cryptography_says_how_to_install_it(tmp_path: Path) -> None:
     completed = run_python(_KEYGEN_WITHOUT_CRYPTOGRAPHY, str(tmp_path / "k"))
     assert completed.returncode == 1
-    assert completed.stderr.strip().endswith("install it with: pip install 'warmenv[sign]'")
+    assert completed.stderr.strip().endswith(f"install it with: pip install -e '{CLONE}[sign]'")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from conftest import env_contents, sample_entries
-from helpers import counted, run_python
+from helpers import CLONE, counted, run_python
 from signed import Document, read_manifest, rewrite_manifest
 from test_bundle_format_1 import reader_0_1, run_0_1  # noqa: F401 (a fixture, used by name)
 from test_download import BundleServer, staging_left
@@ -735,7 +735,7 @@ async def test_without_cryptography_signing_says_how_to_install_it_and_the_rest_
     key = str(public(keys["ci"]))
     completed = run_python(_WITHOUT_CRYPTOGRAPHY, str(out), key, str(tmp_path / "child"))
     assert completed.returncode == 0, completed.stderr
-    hint = "install it with: pip install 'warmenv[sign]'"
+    hint = f"install it with: pip install -e '{CLONE}[sign]'"  # this editable install's clone
     lines = completed.stdout.splitlines()
     assert lines[0].startswith("trust: ") and lines[0].endswith(hint)
     assert lines[1] == "nothing written: True"

@@ -30,10 +30,10 @@ from warmenv import open_environment
 from warmenv.bundle import export_bundle, import_bundle
 
 HINTS = {
-    "jax": "pip install 'warmenv[jax]'  (jax and jaxlib)",
-    "numba": "pip install 'warmenv[numba]'",
-    "triton": "pip install 'warmenv[triton]'  (triton==3.8.0)",
-    "torch": "pip install 'warmenv[torch]'  (torch==2.13.0: a bare torch pulls GBs of CUDA)",
+    "jax": "pip install -e '.[jax]' from the clone  (jax and jaxlib)",
+    "numba": "pip install -e '.[numba]' from the clone",
+    "triton": "pip install -e '.[triton]' from the clone  (triton==3.8.0)",
+    "torch": "pip install -e '.[torch]' from the clone  (torch==2.13.0: never a bare torch)",
 }
 
 

@@ -46,6 +46,7 @@ import anyio.to_thread
 import attrs
 
 from warmenv._errors import WarmenvError
+from warmenv._install import install_hint
 from warmenv._text import brief, plural
 from warmenv._url import bundle_url_problem, redact, redact_in
 from warmenv.bundle import _files
@@ -124,7 +125,7 @@ def _httpx() -> Any:
         import httpx
     except ImportError:
         raise DownloadError(
-            "importing a bundle by URL needs httpx; install it with: pip install 'warmenv[http]'"
+            f"importing a bundle by URL needs httpx; install it with: {install_hint('http')}"
         ) from None
     return httpx
 

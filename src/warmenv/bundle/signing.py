@@ -19,7 +19,7 @@ explicitly (`trust=[...]`, `--trust`) requires a signature, since that is
 what asking for one means. Every check happens on the private copy an
 import reads, before anything is written to the environment.
 
-Only this module imports cryptography (`pip install 'warmenv[sign]'`), and
+Only this module imports cryptography (the `sign` extra), and
 only inside the functions that sign or check.
 """
 
@@ -36,6 +36,7 @@ import attrs
 
 from warmenv._errors import WarmenvError
 from warmenv._fs import kind_of, read_bounded
+from warmenv._install import install_hint
 from warmenv._keys import KEY_PREFIX, KeyFileError, PublicKey, b64decode, b64encode
 from warmenv.bundle.errors import SignatureError
 from warmenv.bundle.manifest import SIGNATURE_ALGORITHM, BundleManifest, Signature
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
     from warmenv.config import Config
 
 __all__ = [
-    "INSTALL_HINT",
     "SigningKey",
     "SigningUnavailableError",
     "Trust",
@@ -54,7 +54,6 @@ __all__ = [
     "resolve_trust",
 ]
 
-INSTALL_HINT: Final = "pip install 'warmenv[sign]'"
 _SIGNATURE_BYTES: Final = 64
 _PLACEHOLDER: Final = b64encode(bytes(_SIGNATURE_BYTES))
 _MAX_KEY_FILE: Final = 1 << 16
@@ -70,7 +69,7 @@ def _ed25519() -> Any:
     except ImportError:
         raise SigningUnavailableError(
             f"signing bundles and checking their signatures needs the cryptography package; "
-            f"install it with: {INSTALL_HINT}"
+            f"install it with: {install_hint('sign')}"
         ) from None
     return ed25519
 

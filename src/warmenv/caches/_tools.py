@@ -11,8 +11,8 @@ A tool module `warmenv run` can drive provides, beside its in-process `use()`:
   know after a process of the tool ran under those variables and left
   `uncached` misses out of its cache, by its own counters (each said once,
   a line);
-- optionally `REQUIRES` and `INSTALL_HINT`: the package the tool's facts are
-  read from, and how to install it. `warmenv run` refuses a tool whose
+- optionally `REQUIRES`: the package the tool's facts are read from
+  (installed by the extra of the tool's name). `warmenv run` refuses a tool whose
   package is missing beside warmenv, in one line with the hint: its facts
   would say "not installed" and its cache would be filed where nothing hits;
 - optionally, how the command's hits are counted (`_children.py`):
@@ -43,6 +43,7 @@ import attrs
 
 import warmenv.caches
 from warmenv._facts import PREFIX, is_captured_tree
+from warmenv._install import install_hint
 from warmenv.caches._children import hook_variables
 from warmenv.caches._hookdir import HookHome
 from warmenv.caches._paths import UnsafeTargetError
@@ -112,7 +113,7 @@ class Tool:
             return None
         return (
             f"--cache {self.name} needs {package} installed beside warmenv (its version decides "
-            f"which entries can hit): {self.module.INSTALL_HINT}"
+            f"which entries can hit): {install_hint(self.name)}"
         )
 
 

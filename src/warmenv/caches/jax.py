@@ -53,6 +53,7 @@ import anyio.to_thread
 
 from warmenv._facts import Facts
 from warmenv._fs import expand_home
+from warmenv._install import install_hint
 from warmenv.caches._children import EntryPoint
 from warmenv.caches._inprocess import EnvironmentChoice, HitLines, Tally, Warmed, restored
 from warmenv.caches._restore import restore_made
@@ -63,7 +64,6 @@ from warmenv.environment import Environment
 
 __all__ = [
     "FACTS",
-    "INSTALL_HINT",
     "REQUIRES",
     "capture",
     "configure",
@@ -92,7 +92,6 @@ CACHE_DIR_VARIABLE: Final = "JAX_COMPILATION_CACHE_DIR"
 MIN_COMPILE_VARIABLE: Final = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 REQUIRES: Final = "jax"
 """The package this tool's facts are read from: `warmenv run --cache jax` needs it here."""
-INSTALL_HINT: Final = "pip install 'warmenv[jax]' (or: pip install jax jaxlib)"
 ENTRY_POINTS: Final = (
     EntryPoint("jax_plugins", "warmenv.caches._jax_plugin:initialize", names_a_module=True),
 )
@@ -308,5 +307,5 @@ def _import_jax() -> Any:
         jax = importlib.import_module("jax")
         importlib.import_module("jax.monitoring")
     except ImportError as error:
-        raise ImportError(f"warmenv.caches.jax needs JAX: {INSTALL_HINT}") from error
+        raise ImportError(f"warmenv.caches.jax needs JAX: {install_hint('jax')}") from error
     return jax

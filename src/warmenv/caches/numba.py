@@ -38,6 +38,7 @@ import anyio.to_thread
 
 from warmenv._facts import Facts
 from warmenv._fs import expand_home
+from warmenv._install import install_hint
 from warmenv.caches._inprocess import EnvironmentChoice, Tally, Warmed, restored
 from warmenv.caches._restore import restore_made
 from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport
@@ -47,7 +48,6 @@ from warmenv.environment import Environment
 
 __all__ = [
     "FACTS",
-    "INSTALL_HINT",
     "LOCATOR",
     "REQUIRES",
     "capture",
@@ -67,7 +67,6 @@ LOCATOR: Final = "warmenv.caches._numba_plugin.Locator"
 CACHE_DIR_VARIABLE: Final = "NUMBA_CACHE_DIR"
 REQUIRES: Final = "numba"
 """The package this tool's facts are read from: `warmenv run --cache numba` needs it here."""
-INSTALL_HINT: Final = "pip install 'warmenv[numba]' (or: pip install numba)"
 
 
 def tree() -> CacheTree:
@@ -205,4 +204,4 @@ def _import_numba() -> Any:
     try:
         return importlib.import_module("numba.core.config")
     except ImportError as error:
-        raise ImportError(f"warmenv.caches.numba needs Numba: {INSTALL_HINT}") from error
+        raise ImportError(f"warmenv.caches.numba needs Numba: {install_hint('numba')}") from error

@@ -57,6 +57,7 @@ import attrs
 
 from warmenv._facts import Facts
 from warmenv._fs import expand_home
+from warmenv._install import install_hint
 from warmenv.caches._children import EntryPoint
 from warmenv.caches._inprocess import EnvironmentChoice, HitLines, _Where, where
 from warmenv.caches._restore import restore_planned
@@ -76,7 +77,6 @@ from warmenv.persistence import Conflict, Namespace, Stored
 __all__ = [
     "CACHE_DIR_VARIABLE",
     "FACTS",
-    "INSTALL_HINT",
     "REQUIRES",
     "TorchCaptureReport",
     "TorchRestoreReport",
@@ -101,10 +101,6 @@ FACTS: Final = ("torch", "python", "cpu", "torch.path")
 """The facts that decide whether captured kernels and graphs can hit (see `Facts`)."""
 REQUIRES: Final = "torch"
 """The package this tool's facts are read from: `warmenv run --cache torch` needs it here."""
-INSTALL_HINT: Final = (
-    "pip install 'warmenv[torch]' (or: pip install torch==2.13.0; never a bare `torch`, "
-    "which may pull several GB of CUDA)"
-)
 CACHE_DIR_VARIABLE: Final = "TORCHINDUCTOR_CACHE_DIR"
 ENTRY_POINTS: Final = (EntryPoint("torch.backends", "warmenv.caches._torch_plugin:autoload"),)
 """`warmenv run`'s hook in its command: `import torch` loads it (`caches/_children.py`)."""
@@ -496,5 +492,5 @@ def _import_torch() -> Any:
         torch = importlib.import_module("torch")
         importlib.import_module("torch._dynamo.utils")
     except ImportError as error:
-        raise ImportError(f"warmenv.caches.torch needs torch: {INSTALL_HINT}") from error
+        raise ImportError(f"warmenv.caches.torch needs torch: {install_hint('torch')}") from error
     return torch

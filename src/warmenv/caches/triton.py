@@ -55,6 +55,7 @@ import attrs
 from warmenv import blocking
 from warmenv._facts import Facts
 from warmenv._fs import expand_home, read_bounded
+from warmenv._install import install_hint
 from warmenv.caches._children import Variable
 from warmenv.caches._paths import (
     DIRECTORY_FLAGS,
@@ -79,7 +80,6 @@ from warmenv.persistence import BytesCodec, CacheMode
 __all__ = [
     "CACHE_DIR_VARIABLE",
     "FACTS",
-    "INSTALL_HINT",
     "REQUIRES",
     "TritonCache",
     "TritonCaptureReport",
@@ -109,7 +109,6 @@ _NOT_KERNELS: Final = ("lock", "tmp.pid_*")
 _MAX_GROUP_BYTES: Final = 1024 * 1024
 REQUIRES: Final = "triton"
 """The package this tool's facts are read from: `warmenv run --cache triton` needs it here."""
-INSTALL_HINT: Final = "pip install 'warmenv[triton]' (or: pip install triton==3.8.0)"
 COUNTING: Final = (
     Variable(
         "TRITON_CACHE_MANAGER",
@@ -334,7 +333,9 @@ def _import_triton() -> tuple[Any, Any]:
         knobs = importlib.import_module("triton.knobs")
         cache = importlib.import_module("triton.runtime.cache")
     except ImportError as error:
-        raise ImportError(f"warmenv.caches.triton needs Triton: {INSTALL_HINT}") from error
+        raise ImportError(
+            f"warmenv.caches.triton needs Triton: {install_hint('triton')}"
+        ) from error
     return knobs, cache.RemoteCacheManager
 
 

@@ -56,6 +56,7 @@ import anyio
 import attrs
 
 from warmenv._errors import RemoteError
+from warmenv._install import install_hint
 from warmenv._text import brief
 from warmenv._url import redact, redact_in
 from warmenv.persistence.storage import wall_clock
@@ -191,8 +192,7 @@ class RemoteTier:
             from coredis.exceptions import NoScriptError, WrongTypeError
         except ImportError:
             raise RemoteError(
-                f"remote {redact(settings.url)!r} needs the redis extra: "
-                "pip install 'warmenv[redis]'"
+                f"remote {redact(settings.url)!r} needs the redis extra: {install_hint('redis')}"
             ) from None
         # Added once (a logger keeps one of each filter), only once coredis is used.
         logging.getLogger("coredis").addFilter(_OUR_CONNECTIONS)
