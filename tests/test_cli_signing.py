@@ -287,7 +287,7 @@ def test_check_inspect_and_verify_take_a_url_as_import_does(
         refused = warmenv(command, bad, root=warm_root, env=env)
         assert refused.returncode == 1, (command, refused.stdout)
         (line,) = refused.stderr.splitlines()
-        assert "/bad.bundle is not a warmenv bundle" in line, line
+        assert "/bad.bundle is an HTML or XML page, not a warmenv bundle" in line, line
     stranger = warmenv("check", url, "--trust", pub(keys["mallory"]), root=warm_root, env=env)
     assert stranger.returncode == 1, stranger.stdout
     (line,) = stranger.stderr.splitlines()

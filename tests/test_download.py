@@ -8,6 +8,7 @@ released, ignore ranges, or send a body with no length.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import logging
@@ -582,6 +583,68 @@ async def test_a_download_that_is_not_a_bundle_is_refused(
     with pytest.raises(NotABundleError, match=r"page\.html"):
         await import_bundle(url, cold_env)
     assert staging_left(root) == []
+
+
+# --- what a body that is not a bundle is, said as by path (`bundle/_kinds.py`) ----------
+
+_LFS = (
+    b"version https://git-lfs.github.com/spec/v1\n"
+    b"oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\n"
+    b"size 12345\n"
+)
+# (the body, what the line says it is)
+_BODIES = {
+    "error-page": (b"<!DOCTYPE html><title>404</title>", "is an HTML or XML page"),
+    "listing": (
+        b'<!DOCTYPE HTML>\n<html lang="en">\n<head>\n<title>Directory listing for /</title>',
+        "is an HTML or XML page",
+    ),
+    "bom-page": (b"\xef\xbb\xbf<html><body>gone</body></html>", "is an HTML or XML page"),
+    "head-page": (b"<head><title>502</title></head>", "is an HTML or XML page"),
+    "gzip": (gzip.compress(b"SQLite format 3\x00" + bytes(4080)), "is a gzip file"),
+    "json-object": (b'{"error": "not found"}', "is a JSON document"),
+    "json-list": (b'\xef\xbb\xbf\n  ["a.bundle", "b.bundle"]', "is a JSON document"),
+    "lfs-pointer": (_LFS, "is a Git LFS pointer"),
+}
+
+
+async def _refusal(source: str | Path, env: Environment) -> str:
+    with pytest.raises(NotABundleError) as caught:
+        await import_bundle(source, env)
+    return str(caught.value)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", sorted(_BODIES))
+async def test_a_body_that_is_not_a_bundle_is_named_alike_by_url_and_by_path(
+    server: BundleServer, cold_env: Environment, tmp_path: Path, kind: str
+) -> None:
+    body, says = _BODIES[kind]
+    path = tmp_path / f"{kind}.bundle"
+    path.write_bytes(body)
+    url = server.put(f"/{kind}.bundle", body)
+    by_path = await _refusal(path, cold_env)
+    by_url = await _refusal(url, cold_env)
+    assert by_path.startswith(f"{path} {says}, not a warmenv bundle"), by_path
+    assert by_url == by_path.replace(str(path), url)
+    assert "\n" not in by_url
+
+
+@pytest.mark.anyio
+async def test_a_git_lfs_pointer_says_to_pull_the_file(
+    cold_env: Environment, tmp_path: Path
+) -> None:
+    path = tmp_path / "h100.bundle"
+    path.write_bytes(_LFS)
+    assert (await _refusal(path, cold_env)).endswith("git lfs pull")
+
+
+@pytest.mark.anyio
+async def test_a_body_of_nothing_known_says_to_check_the_url(
+    server: BundleServer, cold_env: Environment
+) -> None:
+    url = server.put("/odd.bundle", b"\x00\x01 nothing warmenv knows" * 40)
+    assert (await _refusal(url, cold_env)).endswith("check the URL")
 
 
 # --- preflight by URL --------------------------------------------------------------

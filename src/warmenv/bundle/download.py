@@ -407,12 +407,7 @@ class Download:
         if path is None:
             raise RuntimeError("open() before fetch() completed")
         try:
-            return await open_private_file(
-                path,
-                self.label,
-                not_a_bundle=f"{self.label} is not a warmenv bundle (the body starts with "
-                "neither the SQLite nor the flat magic); check the URL",
-            )
+            return await open_private_file(path, self.label, downloaded=True)
         except BaseException:
             await self.discard()
             raise

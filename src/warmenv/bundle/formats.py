@@ -38,17 +38,17 @@ def sniff(head: bytes) -> AnyFormat | None:
     return None
 
 
-def identify(head: bytes, size: int, label: str, not_ours: str | None = None) -> AnyFormat:
+def identify(head: bytes, size: int, label: str, *, downloaded: bool = False) -> AnyFormat:
     """The format of the file `label` of `size` bytes that starts with `head`.
 
     Of neither format, `NotABundleError` says what the file is instead (empty, a gzip
-    file...) and what to do, or `not_ours` where the caller knows better; a file shorter
+    file...) and what to do (`downloaded`: `label` is the URL that answered it); a file shorter
     than its first bytes say it is raises `CorruptBundleError`: cut short at byte `size`.
     """
     found = sniff(head)
     if found is None:
         magics = {format.kind: format.magic for format in FORMATS}
-        raise NotABundleError(not_ours or not_a_bundle(label, head, size, magics))
+        raise NotABundleError(not_a_bundle(label, head, size, magics, downloaded=downloaded))
     found.check_whole(head, size, label)
     return found
 

@@ -46,9 +46,10 @@ def open_snapshot(
     return BundleOpener(partial(open_private, Path(path), near, verified=verified))
 
 
-def _format_of(fd: int, label: str, not_ours: str | None = None) -> AnyFormat:
+def _format_of(fd: int, label: str, downloaded: bool = False) -> AnyFormat:
     """The format of the open file `fd` (`formats.identify`), on a worker thread."""
-    return identify(_files.read_head(fd), os.fstat(fd).st_size, label, not_ours)
+    head = _files.read_head(fd)
+    return identify(head, os.fstat(fd).st_size, label, downloaded=downloaded)
 
 
 async def open_any(path: Path) -> FlatBundle | SqliteBundle:
@@ -114,13 +115,13 @@ async def open_private(
 
 
 async def open_private_file(
-    path: Path, label: str, *, not_a_bundle: str | None = None
+    path: Path, label: str, *, downloaded: bool = False
 ) -> FlatBundle | SqliteBundle:
     """Open a bundle file that already lies in a private directory (a download); the
-    bundle owns the file. `not_a_bundle`: the message when it is of neither format."""
+    bundle owns the file. `downloaded`: `label` is the URL whose body it is."""
     fd = await anyio.to_thread.run_sync(os.open, path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        format = await anyio.to_thread.run_sync(_format_of, fd, label, not_a_bundle)
+        format = await anyio.to_thread.run_sync(_format_of, fd, label, downloaded)
     finally:
         os.close(fd)
     return await format.open_private_file(path, label)
