@@ -114,3 +114,45 @@ async def test_plain_context_managers_used_with_async_with_say_with(tmp_path: Pa
     with pytest.raises(TypeError, match=re.escape("write `with warmenv.blocking.open_environment")):
         async with warmenv.blocking.open_environment("x", root=tmp_path):  # type: ignore[attr-defined]
             pass
+
+
+def _assert_awaited(raised: pytest.ExceptionInfo[TypeError], form: str) -> None:
+    said = str(raised.value)
+    assert said.endswith(f"not awaitable: write `async with {form}:`"), said
+    assert "\n" not in said
+
+
+@pytest.mark.parametrize("opener", ["open_bundle", "SqliteBundle.open", "FlatBundle.open"])
+async def test_a_bundle_opener_awaited_says_async_with(bundle_path: Path, opener: str) -> None:
+    with pytest.raises(TypeError) as raised:
+        await _opened(bundle_path)[opener]()
+    _assert_awaited(raised, "open_bundle(path) as bundle")
+
+
+async def test_open_environment_awaited_says_async_with(tmp_path: Path) -> None:
+    with pytest.raises(TypeError) as raised:
+        await open_environment("keys", root=tmp_path)  # type: ignore[misc]
+    _assert_awaited(raised, "open_environment(...) as env")
+    assert list(tmp_path.iterdir()) == []  # nothing was opened
+
+
+async def test_importing_and_exporting_awaited_say_async_with(
+    env: Environment, bundle_path: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(TypeError) as raised:
+        await importing(bundle_path, env)  # type: ignore[misc]
+    _assert_awaited(raised, "importing(source, env) as progress")
+    with pytest.raises(TypeError) as raised:
+        await exporting(env, tmp_path / "out.bundle", name="n", version="1")  # type: ignore[misc]
+    _assert_awaited(raised, "exporting(sources, out, name=...) as progress")
+    assert not (tmp_path / "out.bundle").exists()
+
+
+async def test_locks_awaited_say_async_with() -> None:
+    lock = RWLock()
+    for block, form in [(lock.read(), "lock.read()"), (lock.write(), "lock.write()")]:
+        with pytest.raises(TypeError) as raised:
+            await block  # type: ignore[misc]
+        _assert_awaited(raised, form)
+    async with lock.write():  # nothing was left held
+        pass

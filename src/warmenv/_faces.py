@@ -7,7 +7,9 @@ a bundle, a store, a lock's guard, `importing(...)`, `stream.enter(...)`.
 The two faces open environments under one name (`open_environment`), so the
 wrong statement is an easy slip; Python then says only that the object "does
 not support the (asynchronous) context manager protocol". Each face's context
-manager answers the other statement with a `TypeError` saying what to write.
+manager answers the other statement with a `TypeError` saying what to write,
+and so does an async one that is awaited (`env = await open_environment()`,
+where Python says only that it "can't be used in 'await' expression").
 The answering methods exist at run time only: type checkers still see none
 and flag the slip before it runs.
 """
@@ -30,6 +32,7 @@ __all__ = [
     "SyncWith",
     "async_only",
     "async_with_only",
+    "not_awaitable",
     "sync_with_only",
 ]
 
@@ -56,14 +59,19 @@ def async_with_only(name: str, form: str) -> str:
     )
 
 
+def not_awaitable(name: str, form: str) -> str:
+    """The line for `await` used on `name`, an async context manager entered as `form`."""
+    return f"{name} is an async context manager, not awaitable: write `async with {form}:`"
+
+
 def sync_with_only(name: str, form: str) -> str:
     """The line for `async with` used on `name`, a plain context manager entered as `form`."""
     return f"{name} is a plain context manager: write `with {form}:`, not `async with`"
 
 
 class AsyncWith:
-    """A base of the async core's context managers: a `with` is told to write
-    `async with` and how (`_async_form`)."""
+    """A base of the async core's context managers: a `with` or an `await` is told
+    to write `async with` and how (`_async_form`)."""
 
     __slots__ = ()
     _async_form: ClassVar[str]
@@ -72,6 +80,9 @@ class AsyncWith:
 
         def __enter__(self):
             raise TypeError(async_with_only(type(self).__name__, self._async_form))
+
+        def __await__(self):
+            raise TypeError(not_awaitable(type(self).__name__, self._async_form))
 
         def __exit__(self, *exc_info):  # `with` needs it; never reached
             return None
@@ -94,13 +105,14 @@ class SyncWith:
 
 @final
 class AsyncOnly(Generic[T]):
-    """An async context manager (`block`), and only that: a `with` is told `said`
-    (default `ASYNC_ONLY`)."""
+    """An async context manager (`block`, entered as `form`), and only that: a `with`
+    is told `said`, an `await` to write `async with {form}:`."""
 
-    __slots__ = ("_block", "_said")
+    __slots__ = ("_block", "_form", "_said")
 
-    def __init__(self, block: AbstractAsyncContextManager[T], said: str = ASYNC_ONLY) -> None:
+    def __init__(self, block: AbstractAsyncContextManager[T], form: str, said: str) -> None:
         self._block = block
+        self._form = form
         self._said = said
 
     async def __aenter__(self) -> T:
@@ -122,17 +134,26 @@ class AsyncOnly(Generic[T]):
         def __exit__(self, *exc_info):  # `with` needs it; never reached
             return None
 
+        def __await__(self):
+            raise TypeError(not_awaitable(self._form.partition(" as ")[0], self._form))
+
 
 def async_only(
-    opener: Callable[P, AbstractAsyncContextManager[T]],
-) -> Callable[P, AsyncOnly[T]]:
-    """`opener` (an `asynccontextmanager`), whose blocks tell a `with` what to write."""
+    form: str, said: str
+) -> Callable[[Callable[P, AbstractAsyncContextManager[T]]], Callable[P, AsyncOnly[T]]]:
+    """A decorator of an opener (an `asynccontextmanager`) entered as `form`, whose
+    blocks tell a `with` `said` and an `await` what to write."""
 
-    @functools.wraps(opener)
-    def opening(*args: P.args, **kwargs: P.kwargs) -> AsyncOnly[T]:
-        return AsyncOnly(opener(*args, **kwargs))
+    def decorate(
+        opener: Callable[P, AbstractAsyncContextManager[T]],
+    ) -> Callable[P, AsyncOnly[T]]:
+        @functools.wraps(opener)
+        def opening(*args: P.args, **kwargs: P.kwargs) -> AsyncOnly[T]:
+            return AsyncOnly(opener(*args, **kwargs), form, said)
 
-    return opening
+        return opening
+
+    return decorate
 
 
 class SyncOnly:

@@ -30,7 +30,7 @@ import attrs
 
 from warmenv._background import Background
 from warmenv._errors import ClosedError, warn
-from warmenv._faces import AsyncWith, async_only
+from warmenv._faces import ASYNC_ONLY, AsyncWith, async_only
 from warmenv._fs import expand_home, is_missing, why_redirectable
 from warmenv.config import (
     Config,
@@ -491,7 +491,7 @@ def _remote_settings(remote: str | RemoteSettings) -> RemoteSettings | None:
     return remote_settings(remote)
 
 
-@async_only
+@async_only("open_environment(...) as env", ASYNC_ONLY)
 @asynccontextmanager
 async def open_environment(
     name: str | None = None,

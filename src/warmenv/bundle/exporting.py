@@ -128,10 +128,11 @@ def exporting(
     at the call; their values are checked as the block is entered.
     """
     refuse_unknown(options, "exporting", ExportOptions)
-    return AsyncOnly(_exporting(sources, out, options), _EXPORTING)
+    return AsyncOnly(_exporting(sources, out, options), _EXPORTING_FORM, _EXPORTING)
 
 
-_EXPORTING = async_with_only("exporting(...)", "exporting(sources, out, name=...) as progress")
+_EXPORTING_FORM = "exporting(sources, out, name=...) as progress"
+_EXPORTING = async_with_only("exporting(...)", _EXPORTING_FORM)
 
 
 @asynccontextmanager

@@ -136,10 +136,11 @@ def importing(
     of the wrong kind is one `TypeError` or `ValueError` line.
     """
     given = check_options(source, env, options, "importing")
-    return AsyncOnly(_importing(source, env, options, given), _IMPORTING)
+    return AsyncOnly(_importing(source, env, options, given), _IMPORTING_FORM, _IMPORTING)
 
 
-_IMPORTING = async_with_only("importing(...)", "importing(source, env) as progress")
+_IMPORTING_FORM = "importing(source, env) as progress"
+_IMPORTING = async_with_only("importing(...)", _IMPORTING_FORM)
 
 
 @asynccontextmanager
