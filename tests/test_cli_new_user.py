@@ -542,6 +542,19 @@ def test_an_environment_s_name_given_as_the_argument_hints_env(
     assert "'nope' is an environment" not in warmenv(*command, "nope", root=root).stderr
 
 
+def test_export_of_an_environment_s_name_as_its_source_hints_env(
+    root: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out.bundle"
+    line = assert_one_error_line(
+        warmenv("export", str(out), "svc", "--name", "x", "--app-version", "1", root=root), 1
+    )
+    assert line.startswith("warmenv: error: svc does not exist; name an environment"), line
+    says = "not a file or root here: did you mean `warmenv export OUT --env svc`?"
+    assert line.rstrip().endswith(f"'svc' is an environment in {root}, {says}"), line
+    assert not out.exists()
+
+
 def test_stats_and_explain_of_an_environment_s_name_hint_env_beside_a_default_one(
     root: Path,
 ) -> None:

@@ -172,6 +172,7 @@ _MISNAMED = {
     "explain": "not a namespace: did you mean `warmenv explain NAMESPACE --env {name}`?",
     "import": "not a bundle file: to import a bundle into it, run "
     "`warmenv import BUNDLE --env {name}`",
+    "export": "not a file or root here: did you mean `warmenv export OUT --env {name}`?",
 }
 _NOT_A_BUNDLE = (
     "not a bundle file: make a bundle of it first with `warmenv export OUT --env {name} "
@@ -182,9 +183,14 @@ _NOT_A_BUNDLE = (
 def misnamed(args: argparse.Namespace) -> str | None:
     """Where the command's argument (`stats NAMESPACE`, `import BUNDLE`...) names an
     environment under the root rather than what the command takes, say so and what was
-    meant (`warmenv stats big` for `warmenv stats --env big`). Called only once that
-    argument was not found, so a lookup here costs nothing on success."""
-    given = getattr(args, "namespace", None) or getattr(args, "bundle", None)
+    meant (`warmenv stats big` for `warmenv stats --env big`; export's first SOURCE that
+    does not exist). Called only once that argument was not found, so a lookup here
+    costs nothing on success."""
+    given = (
+        getattr(args, "namespace", None)
+        or getattr(args, "bundle", None)
+        or next((s for s in getattr(args, "sources", None) or () if not os.path.lexists(s)), None)
+    )
     if args.env is not None or not isinstance(given, str | Path):
         return None
     value = str(given)

@@ -19,7 +19,7 @@ import traceback
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from warmenv._errors import WarmenvError
-from warmenv.bundle.errors import BundleNotFoundError
+from warmenv.bundle.errors import BundleNotFoundError, InvalidSourceError
 
 if TYPE_CHECKING:
     from warmenv.cli._output import Output
@@ -154,7 +154,7 @@ def conclude(out: Output, exc: BaseException, debug: bool) -> int:
             message = _with_misnamed(out, message)
     elif isinstance(leaf, WarmenvError | OSError | sqlite3.Error | UnicodeError):
         status, message = 1, describe_error(leaf, out.subject)
-        if isinstance(leaf, BundleNotFoundError):
+        if isinstance(leaf, BundleNotFoundError | InvalidSourceError):  # `export OUT big`
             message = _with_misnamed(out, message)
     else:
         status = 1
