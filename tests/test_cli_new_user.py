@@ -421,6 +421,22 @@ def test_explain_of_a_string_key_given_with_raw_key_hints_dropping_it(keys_root:
     assert hint.endswith("drop --raw-key")
 
 
+@pytest.mark.parametrize("raw", [["--raw-key"], []])
+def test_explain_of_a_json_key_written_with_spaces_hints_its_compact_form(
+    keys_root: Path, raw: list[str]
+) -> None:
+    async def fill() -> None:
+        async with open_environment("e", root=keys_root) as env:
+            store: Store[object, str] = await env.store(Namespace("app", "kernels", version="1"))
+            await store.insert(("matmul", 4096), "a tuple key")
+
+    anyio.run(fill)
+    spaced = json.dumps(["matmul", 4096])  # `["matmul", 4096]`, as Python writes it
+    hint = str(explained(keys_root, "app/1/kernels", spaced, *raw)["hint"])
+    assert "'app/1/kernels' stores [\"matmul\",4096]" in hint, hint
+    assert hint.endswith("""give --raw-key '["matmul",4096]'"""), hint
+
+
 @pytest.mark.parametrize(
     "args", [["42", "--raw-key"], ["k1"], ["nowhere"], ["nowhere", "--raw-key"], []]
 )

@@ -9,11 +9,16 @@ integer or tuple key of a JSON store is given: its compact JSON (`42`,
 `["matmul",4096]`). A key found in neither form's namespaces but in the
 other's (`42` asked as the string "42", or `k1` asked with `--raw-key` where
 the store keeps the string "k1") gets a hint naming the flag to add or drop.
+A key that is JSON written another way (`["matmul", 4096]`, as `json.dumps`
+spaces it) is taken as given, never rewritten: `--raw-key` means the exact
+bytes. Missed, it gets a hint naming its compact form, the codec's, when that
+is stored.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 import anyio.to_thread
@@ -74,6 +79,10 @@ async def run(args: argparse.Namespace, out: Output) -> int:
             where = _holding(await env.explain(namespace, other))
             if where:
                 hint = _hint(text, args.raw_key, where)
+            elif (compact := _compact(text)) is not None:  # `["matmul", 4096]`, spaced
+                where = _holding(await env.explain(namespace, compact))
+                if where:
+                    hint = _compact_hint(text, compact.decode("utf-8"), where)
         if not explanation.entries and not explanation.nearby and hint is None:
             hint = await anyio.to_thread.run_sync(misnamed, args)  # `explain big`
     for line in str(explanation).splitlines():
@@ -112,6 +121,24 @@ def _hint(key: str, raw: bool, where: list[str]) -> str:
         f"none of these namespaces stores the string key {_string_key(key).decode()}, but {under} "
         f"stores the raw key {key} (an integer, list or other non-string key of a JSON "
         f"store): add --raw-key"
+    )
+
+
+def _compact(key: str) -> bytes | None:
+    """The key the JSON `key` is stored under (the codec's canonical, compact JSON), when
+    it is JSON of a key and written otherwise (`["matmul", 4096]`); else `None`."""
+    try:
+        compact = JsonCodec[object, object]().encode_key(json.loads(key))
+    except (ValueError, TypeError, RecursionError):
+        return None
+    return None if compact == key.encode("utf-8") else compact
+
+
+def _compact_hint(key: str, compact: str, where: list[str]) -> str:
+    under = f"{where[0]!r}" + (f" and {len(where) - 1} more" if len(where) > 1 else "")
+    return (
+        f"none of these namespaces stores the key {key}, but {under} stores {compact}, the "
+        f"same JSON written compactly as the store writes keys: give --raw-key '{compact}'"
     )
 
 
