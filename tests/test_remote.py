@@ -506,20 +506,30 @@ def answering_every_command_with(reply: bytes) -> Iterator[str]:
         assert not thread.is_alive()
 
 
-async def test_a_server_s_error_text_reaches_the_log_escaped(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    # A hostile server's error reply carried raw into the application's log lines:
-    # an escape sequence there clears or recolours the terminal that tails the log.
+async def _our_log_lines_when_every_command_answers(
+    reply: bytes, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> list[str]:
+    """warmenv's log lines, as messages, from one lookup through a tier whose server
+    answers every command with `reply` (an error: the lookup misses, one outage)."""
     with (
-        answering_every_command_with(b"-ERR \x1b[2J\x1b]0;pwned\x07fake\r\n") as url,
+        answering_every_command_with(reply) as url,
         caplog.at_level(logging.DEBUG, logger="warmenv"),
     ):
         settings = RemoteSettings(url, timeout=0.5)
         async with open_environment("fleet", root=tmp_path, remote=settings) as env:
             assert await env.storage(NS).get(b"k") is None
             assert env.remote is not None and env.remote.statistics().outages == 1
-    ours = [r.getMessage() for r in caplog.records if r.name.startswith("warmenv")]
+    return [r.getMessage() for r in caplog.records if r.name.startswith("warmenv")]
+
+
+async def test_a_server_s_error_text_reaches_the_log_escaped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A hostile server's error reply carried raw into the application's log lines:
+    # an escape sequence there clears or recolours the terminal that tails the log.
+    ours = await _our_log_lines_when_every_command_answers(
+        b"-ERR \x1b[2J\x1b]0;pwned\x07fake\r\n", tmp_path, caplog
+    )
     assert any("\\x1b[2J" in message for message in ours), ours
     assert not [m for m in ours if "\x1b" in m or "\x07" in m], ours
 
@@ -529,15 +539,9 @@ async def test_a_server_s_long_error_text_reaches_the_log_cut_to_one_short_line(
 ) -> None:
     # An error reply may be 64 KiB (the reader's line bound): a warning quoting it whole
     # is a flood, not a line.
-    with (
-        answering_every_command_with(b"-ERR " + b"\x1b" + b"A" * 60_000 + b"\r\n") as url,
-        caplog.at_level(logging.DEBUG, logger="warmenv"),
-    ):
-        settings = RemoteSettings(url, timeout=0.5)
-        async with open_environment("fleet", root=tmp_path, remote=settings) as env:
-            assert await env.storage(NS).get(b"k") is None
-            assert env.remote is not None and env.remote.statistics().outages == 1
-    ours = [r.getMessage() for r in caplog.records if r.name.startswith("warmenv")]
+    ours = await _our_log_lines_when_every_command_answers(
+        b"-ERR " + b"\x1b" + b"A" * 60_000 + b"\r\n", tmp_path, caplog
+    )
     quoting = [m for m in ours if "AAAA" in m]
     assert quoting and all("more characters)" in m for m in quoting), ours
     assert max(len(m) for m in ours) < 1000, max(ours, key=len)[:2000]
