@@ -43,6 +43,27 @@ def require(module: str) -> None:
         pytest.fail(f"{module} is not installed; {HINTS.get(module, 'pip install ' + module)}")
 
 
+def count_hops(monkeypatch: pytest.MonkeyPatch, hops: dict[str, int]) -> None:
+    """From now until `monkeypatch.undo()`, count thread hops into `hops`: each
+    `anyio.to_thread.run_sync` ("thread") and each `SqliteDatabase.run` ("sqlite").
+    Call it inside the event loop, after the test's own set-up has made its hops."""
+    from warmenv.persistence.sqlite.database import SqliteDatabase
+
+    hops.update(thread=0, sqlite=0)
+    to_thread, run = anyio.to_thread.run_sync, SqliteDatabase.run
+
+    async def on_a_thread(*args: Any, **kwargs: Any) -> Any:
+        hops["thread"] += 1
+        return await to_thread(*args, **kwargs)
+
+    async def on_sqlites_thread(self: SqliteDatabase, fn: Any) -> Any:
+        hops["sqlite"] += 1
+        return await run(self, fn)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", on_a_thread)
+    monkeypatch.setattr(SqliteDatabase, "run", on_sqlites_thread)
+
+
 @attrs.frozen
 class Machine:
     home: Path

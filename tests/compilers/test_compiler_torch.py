@@ -23,7 +23,7 @@ import anyio
 import attrs
 import pytest
 
-from compilers.machines import Machine, require, ship
+from compilers.machines import Machine, count_hops, require, ship
 from warmenv import Namespace, Origin, open_environment
 from warmenv._facts import _metadata_directory
 from warmenv.caches import Facts
@@ -261,24 +261,13 @@ def test_a_torch_restore_pays_its_fixed_costs_once_not_per_tree(
 ) -> None:
     require("torch")
     import warmenv.caches.torch as torch_cache
-    from warmenv.persistence.sqlite.database import SqliteDatabase
 
-    hops = {"thread": 0, "sqlite": 0}
-    to_thread, run = anyio.to_thread.run_sync, SqliteDatabase.run
-
-    async def on_a_thread(*args: Any, **kwargs: Any) -> Any:
-        hops["thread"] += 1
-        return await to_thread(*args, **kwargs)
-
-    async def on_sqlites_thread(self: SqliteDatabase, fn: Any) -> Any:
-        hops["sqlite"] += 1
-        return await run(self, fn)
+    hops: dict[str, int] = {}
 
     async def main() -> Any:
         async with open_environment("default", root=tmp_path / "root") as env:
             await torch_cache.capture(env, _inductor_dir(tmp_path / "source"))
-            monkeypatch.setattr(anyio.to_thread, "run_sync", on_a_thread)
-            monkeypatch.setattr(SqliteDatabase, "run", on_sqlites_thread)
+            count_hops(monkeypatch, hops)
             try:
                 return await torch_cache.restore(env, tmp_path / "cache")
             finally:

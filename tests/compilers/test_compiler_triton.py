@@ -29,7 +29,7 @@ import anyio
 import pytest
 
 import warmenv.caches.triton
-from compilers.machines import Machine, copy_tree, require, ship
+from compilers.machines import Machine, copy_tree, count_hops, require, ship
 from warmenv import Origin, open_environment
 from warmenv._facts import _metadata_directory
 from warmenv.caches import Facts
@@ -403,8 +403,6 @@ def test_a_triton_restore_is_one_sqlite_hop_and_asks_nothing_of_the_files_it_wro
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     require("triton")
-    from warmenv.persistence.sqlite.database import SqliteDatabase
-
     facts = Facts.here("triton", "python").segment
     files = {b"K1/k.cubin": b"cubin", b"K1/k.json": b"{}", b"K2/k.cubin": b"two"}
     groups = {
@@ -414,17 +412,9 @@ def test_a_triton_restore_is_one_sqlite_hop_and_asks_nothing_of_the_files_it_wro
     target = tmp_path / "cache"
     (target / "K2").mkdir(parents=True)
     (target / "K2" / "k.ptx").write_bytes(b"ptx")
-    hops = {"thread": 0, "sqlite": 0}
+    hops: dict[str, int] = {}
     asked: list[str] = []
-    to_thread, run, stat = anyio.to_thread.run_sync, SqliteDatabase.run, os.stat
-
-    async def on_a_thread(*args: Any, **kwargs: Any) -> Any:
-        hops["thread"] += 1
-        return await to_thread(*args, **kwargs)
-
-    async def on_sqlites_thread(self: SqliteDatabase, fn: Any) -> Any:
-        hops["sqlite"] += 1
-        return await run(self, fn)
+    stat = os.stat
 
     def asking(path: Any, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("dir_fd") is not None:  # a name under the target (`Writer.mode_at`)
@@ -436,8 +426,7 @@ def test_a_triton_restore_is_one_sqlite_hop_and_asks_nothing_of_the_files_it_wro
             for part, items in (("files", files), ("groups", groups)):
                 storage = env.storage(warmenv.Namespace("caches.triton", part, facts))
                 await storage.insert_many(items.items())
-            monkeypatch.setattr(anyio.to_thread, "run_sync", on_a_thread)
-            monkeypatch.setattr(SqliteDatabase, "run", on_sqlites_thread)
+            count_hops(monkeypatch, hops)
             monkeypatch.setattr(os, "stat", asking)
             try:
                 return await warmenv.caches.triton.restore(env, target)
