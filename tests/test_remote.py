@@ -626,6 +626,22 @@ async def test_an_unusable_value_is_warned_about_once_per_key(
     assert len(warned) == 2
 
 
+async def test_a_warning_about_a_long_key_quotes_it_cut_short(
+    tmp_path: Path,
+    server: RedisServer,
+    raw: coredis.Redis[bytes],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    key = b"k" * 50_000  # a caller's key of any length is part of the Redis key
+    async with open_environment("fleet", root=tmp_path, remote=server.url) as env:
+        assert env.remote is not None
+        await raw.set(env.remote.redis_key(NS.full, key), os.urandom(64))
+        with caplog.at_level(logging.WARNING, logger="warmenv.remote"):
+            assert await env.storage(NS).get(key) is None
+    (warned,) = [r.getMessage() for r in caplog.records if "ignoring the value" in r.getMessage()]
+    assert len(warned) < 1_000 and "more characters)" in warned, warned[:300]
+
+
 DOCUMENTED_ACL = (
     "ACL SETUSER fleet on >PASSWORD ~warmenv:* &warmenv:* +getrange +get +set +exists +pttl"
     " +pexpire +del +evalsha +script|load +publish +subscribe +unsubscribe +ping"

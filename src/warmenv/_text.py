@@ -28,6 +28,7 @@ from typing import Final
 __all__ = [
     "BRIEF_LIMIT",
     "brief",
+    "brief_repr",
     "clean",
     "has_control_characters",
     "is_utf8",
@@ -78,6 +79,13 @@ def brief(text: object, limit: int = BRIEF_LIMIT) -> str:
         pieces.append(piece)
         used += len(piece)
     return "".join(pieces)
+
+
+def brief_repr(value: object, limit: int = BRIEF_LIMIT) -> str:
+    """`repr(value)` cut as `brief` cuts text: a Redis key (which holds a caller's key,
+    of any length) or other bytes quoted in a one-line message.
+    """
+    return brief(repr(value), limit)
 
 
 def has_control_characters(text: str) -> bool:

@@ -57,7 +57,7 @@ import attrs
 
 from warmenv._errors import RemoteError
 from warmenv._install import install_hint
-from warmenv._text import brief
+from warmenv._text import brief, brief_repr
 from warmenv._url import redact, redact_in
 from warmenv.persistence.storage import wall_clock
 from warmenv.remote import wire
@@ -343,14 +343,14 @@ class RemoteTier:
         except _Down:
             return
         except Exception as exc:
-            log.warning("%s refused to store %r: %s", self.describe(), rkey, brief(exc))
+            log.warning("%s refused to store %s: %s", self.describe(), brief_repr(rkey), brief(exc))
             self._count("failures")
             return
         if stored == -1:
             self._count("publish_blocked")
             self._warn_once(
                 self._blocked,
-                "%s: not publishing under %r: it holds something warmenv did not publish, and"
+                "%s: not publishing under %s: it holds something warmenv did not publish, and"
                 " the first value under a key stays; delete it (DEL) to let the fleet share it",
                 rkey,
             )
@@ -436,11 +436,11 @@ class RemoteTier:
                     # A lease renewed forever (forged, or a computation that never ends
                     # while its heartbeat runs) holds no one past the bound.
                     log.warning(
-                        "%s: waited max_lease_wait=%g s for another host's lease on %r;"
+                        "%s: waited max_lease_wait=%g s for another host's lease on %s;"
                         " computing here",
                         self.describe(),
                         self.settings.max_lease_wait,
-                        rkey,
+                        brief_repr(rkey),
                     )
                     return False, None
                 if self._subscribed and not self._delay:
@@ -543,10 +543,10 @@ class RemoteTier:
             if kept != 1:
                 self._count("leases_lost")
                 log.warning(
-                    "%s: the lease %r expired while this host computed; another host may compute"
+                    "%s: the lease %s expired while this host computed; another host may compute"
                     " the value too (raise lease_ttl if computations stall this long)",
                     self.describe(),
-                    lkey,
+                    brief_repr(lkey),
                 )
                 return
 
@@ -673,7 +673,7 @@ class RemoteTier:
     def _reject(self, rkey: bytes, why: str) -> None:
         self._count("rejected")
         self._warn_once(
-            self._rejected, "%s: ignoring the value under %r: %s (a miss)", rkey, brief(why)
+            self._rejected, "%s: ignoring the value under %s: %s (a miss)", rkey, brief(why)
         )
 
     def _warn_once(self, warned: set[bytes], message: str, rkey: bytes, *args: object) -> None:
@@ -684,14 +684,14 @@ class RemoteTier:
         same); past MAX_REJECTED_WARNED keys in `warned`, at DEBUG only.
         """
         if rkey in warned or len(warned) >= MAX_REJECTED_WARNED:
-            log.debug(message, self.describe(), rkey, *args)
+            log.debug(message, self.describe(), brief_repr(rkey), *args)
             return
         warned.add(rkey)
         last = len(warned) == MAX_REJECTED_WARNED
         log.warning(
             message + "%s",
             self.describe(),
-            rkey,
+            brief_repr(rkey),
             *args,
             "; further keys like it are logged at DEBUG only" if last else "",
         )
