@@ -36,6 +36,7 @@ from warmenv.bundle import (
     CorruptBundleError,
     SignatureError,
     StaleBundleError,
+    Trust,
     export_bundle,
     generate_key,
     import_bundle,
@@ -271,3 +272,36 @@ def test_the_command_line_says_a_list_naming_no_namespace_is_corrupt(
     assert done.returncode == 1, done.stderr  # a bad bundle, not a usage error (2)
     assert f"{url}: namespace '' is not valid" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _unlisted(bundle: Path) -> bytes:
+    """`bundle` (SQLite) with no namespace list in its manifest, as an export before the
+    list wrote it: its head no longer tells its namespaces."""
+    rewrite_manifest(bundle, lambda document: document.pop("namespaces"))
+    return bundle.read_bytes()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("format", "listed", "named"),
+    [
+        ("sqlite", True, True),  # namespaces to count: downloaded whole unless refused
+        ("sqlite", False, False),  # a head that does not tell its namespaces
+        ("flat", True, True),  # a flat head tells names but no counts
+    ],
+)
+async def test_preflight_by_url_refuses_a_bundle_for_its_signature_by_its_head_alone(
+    server: BundleServer, tmp_path: Path, format: str, listed: bool, named: bool
+) -> None:
+    key = generate_key(tmp_path / "ci")
+    bundle = await make_bundle(tmp_path / "unsigned.bundle", [OLD, NEW], format, 20)
+    body = bundle.read_bytes() if listed else _unlisted(bundle)
+    url = server.put("/unsigned.bundle", body)
+    report = await preflight(url, trust=[key], namespaces=[NEW] if named else None)
+    assert not report.ok and report.signature_refused is not None
+    assert "holds no entries" not in str(report), str(report)
+    assert all(s.range is not None for s in server.seen), server.seen
+    assert sum(s.sent for s in server.seen) <= 64 << 10 < len(body) // 8
+    # Trusting nothing in particular, the same preflight reads on as before.
+    server.seen.clear()
+    assert (await preflight(url, trust=Trust(), namespaces=[NEW] if named else None)).ok

@@ -24,7 +24,9 @@ namespaces since format 2 lists them, so `Range` requests for the first
 bytes are enough. A SQLite bundle whose manifest lists none (exported
 before the list, or in format 1) is downloaded whole (to a private
 temporary file, removed after), as is any bundle on a server that ignores
-`Range`.
+`Range`, and one whose entries are counted (`namespaces=`); but a bundle
+whose signature an import would refuse is refused by its head alone, never
+downloaded.
 """
 
 from __future__ import annotations
@@ -136,14 +138,20 @@ async def _check_url(
     options: DownloadOptions | None,
     trust: Trust,
 ) -> Preflight:
-    # A flat bundle's header names its namespaces but does not count their entries.
-    header, opened = (None, None) if asked is not None else await read_head(url, options)
-    if header is not None and header.namespaces is not None:
-        if opened is not None:  # a server that ignored the range: its body is not read on
-            await opened.aclose()
-        manifest, names, label = header.manifest, list(header.namespaces), redact(url)
-        judged = not _refused(manifest, trust, label)  # the signature before anything of it
-        return _signed(_verdict(manifest, names, version, judged=judged), manifest, trust, label)
+    # The head alone decides when it tells the namespaces and nothing is to be counted
+    # (a flat bundle's header names its namespaces but does not count their entries), or
+    # when the signature is refused: a bundle an import would refuse is never downloaded.
+    header, opened = (
+        (None, None) if asked is not None and not trust.checks else await read_head(url, options)
+    )
+    if header is not None:
+        manifest, told, label = header.manifest, header.namespaces, redact(url)
+        refused = _refused(manifest, trust, label)  # the signature before anything of it
+        if refused or (told is not None and asked is None):
+            if opened is not None:  # a server that ignored the range: its body is not read on
+                await opened.aclose()
+            report = _verdict(manifest, list(told or ()), version, judged=not refused, told=told)
+            return _signed(report, manifest, trust, label)
     fetched = Download(url, None, options, opened)
     async with aclosing(fetched.fetch()) as steps:
         async for _ in steps:
@@ -287,9 +295,12 @@ def _verdict(
     entries: list[int] | None = None,
     *,
     judged: bool = True,
+    told: tuple[str, ...] | None = (),
 ) -> Preflight:
     """The verdict on a bundle's manifest and namespaces; `judged=False` (its signature is
-    refused) leaves its compiler caches' facts unread: nothing of it is worked out."""
+    refused) leaves its compiler caches' facts unread: nothing of it is worked out.
+    `told=None`: its namespaces are not known (a bundle refused by its head, which does
+    not list them), so nothing is said of them."""
     machine = this_machine()
     captured = manifest.environments
     matching = tuple(e for e in captured if (e.os, e.arch) == (machine.os, machine.arch))
@@ -330,7 +341,9 @@ def _verdict(
                 f"it holds compiler caches only: they are judged by their facts (below), "
                 f"not by version {version!r}"
             )
-    if not namespaces:
+    if told is None:
+        ok = False  # only ever a bundle whose signature is refused
+    elif not namespaces:
         ok = False
         reasons.append("the bundle holds no entries")
     # Compiler caches: their facts (tool version, CPU, Python, ...) against this machine.
