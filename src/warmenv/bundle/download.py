@@ -27,7 +27,7 @@ its staging directory; one whose process was killed is removed by the next
 import beside the same environment (the directory names the process).
 
 httpx is the client: it runs on anyio, so one code path serves asyncio,
-uvloop and trio. It is an optional dependency (`warmenv[http]`), imported
+uvloop and trio. It is an optional dependency (the `http` extra), imported
 only when a URL is given.
 """
 
