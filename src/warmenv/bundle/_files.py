@@ -240,8 +240,11 @@ def new_staging(out: Path) -> tuple[Path, int]:
     """
     while True:
         path = staging_path(out)
-        # Created here, so a directory we may not write fails with the usual OSError.
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            # Said of `out`, the file the caller named: the staging name is ours.
+            raise _for_target(exc, out) from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -260,6 +263,14 @@ def new_staging(out: Path) -> tuple[Path, int]:
                 path.unlink()
             raise
         os.close(fd)  # removed by a cleaner before we held it: another name
+
+
+def _for_target(exc: OSError, out: Path) -> OSError:
+    """`exc` (creating a staging file beside `out`) as the same error about `out`."""
+    why = exc.strerror or str(exc)
+    if isinstance(exc, PermissionError | FileNotFoundError | NotADirectoryError):
+        why = f"{why}: cannot create a file in {out.parent}"
+    return type(exc)(exc.errno, why, str(out))
 
 
 def release(fd: int) -> None:
