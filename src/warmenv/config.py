@@ -105,8 +105,8 @@ class Config:
 
 
 def is_valid_name(name: object) -> bool:
-    """Whether `name` may name an environment: `[A-Za-z0-9._-]+`, not `.` or `..`."""
-    return isinstance(name, str) and _NAME.fullmatch(name) is not None and name not in (".", "..")
+    """Whether `name` may name an environment (`check_name` says why not)."""
+    return isinstance(name, str) and _why_not_a_name(name) is None
 
 
 def check_name(name: object) -> str:
@@ -119,11 +119,38 @@ def check_name(name: object) -> str:
     """
     if not isinstance(name, str):
         raise TypeError(f"an environment name is a str, got {type(name).__name__} {name!r}")
-    if not is_valid_name(name):
-        shown = f"'{clean(name)}'" if isinstance(name, str) else repr(name)
-        raise ValueError(f"invalid environment name {shown}: {_NAME_RULE}")
-    assert isinstance(name, str)
+    why = _why_not_a_name(name)
+    if why is not None:
+        raise ValueError(f"invalid environment name '{clean(name)}': {why}")
     return name
+
+
+BUNDLE_SUFFIX = ".bundle"
+"""How the docs and `warmenv demo` name bundle files; never an environment's name."""
+
+
+def _why_not_a_name(name: str) -> str | None:
+    """Why `name` names no environment, with the fix; `None` if it does.
+
+    The one rule for every name (`open_environment`, `--env`, the
+    configuration): `[A-Za-z0-9._-]+`, not `.` or `..`, and nothing that reads
+    as a file: a path (the root says where environments live, the name which
+    one) or a bundle's name (`--env keys.bundle` made an environment called
+    that, where an import of the bundle was meant).
+    """
+    if "/" in name or "\\" in name:
+        return (
+            "a name, not a path: an environment lives at <root>/<name>.db, so give the "
+            "directory as the root (--root, WARMENV_ROOT or set_root) and the name alone"
+        )
+    if name.endswith(BUNDLE_SUFFIX):
+        return (
+            f"it names a bundle file ({BUNDLE_SUFFIX}), not an environment: to import the "
+            f"bundle, give it as the BUNDLE (`warmenv import {clean(name)} --env NAME`)"
+        )
+    if _NAME.fullmatch(name) is None or name in (".", ".."):
+        return _NAME_RULE
+    return None
 
 
 def user_root() -> Path:
@@ -366,9 +393,10 @@ def _root(value: object, where: str, key: str | None, base: Path, start: Path) -
 
 
 def _environment(value: object, where: str) -> str:
-    if not is_valid_name(value):
+    why = _why_not_a_name(value) if isinstance(value, str) else _NAME_RULE
+    if why is not None:
         label = where if where.startswith("the environment") else f"{where}: key 'environment'"
-        raise ConfigError(f"{label}: {value!r} is not an environment name; {_NAME_RULE}")
+        raise ConfigError(f"{label}: {value!r} is not an environment name; {why}")
     assert isinstance(value, str)
     return value
 
