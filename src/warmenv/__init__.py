@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+# First of warmenv's modules: it guards a Ctrl-C while the `warmenv` command loads.
+from warmenv import _interrupt  # noqa: F401
 from warmenv._errors import ClosedError, WarmenvError, WarmenvWarning
 from warmenv._version import __version__
 from warmenv.config import Config, ConfigError, load_config
