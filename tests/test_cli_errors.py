@@ -280,8 +280,9 @@ def test_import_into_an_unwritable_directory_fails_and_says_why(
     line = assert_one_error_line(child, 1)
     assert line == (
         f"warmenv: error: cannot write environment 'e': {root} is not writable by this "
-        "process; nothing would persist, so nothing was done (choose another --env, or point "
-        "--root or WARMENV_ROOT at a directory you can write)\n"
+        f"process; nothing would persist, so nothing was done (environments live in the root "
+        f"{root}: choose a root you can write with --root DIR, the WARMENV_ROOT variable, or "
+        "root in warmenv.toml ([tool.warmenv] in pyproject.toml))\n"
     )
     assert list(root.iterdir()) == []
 

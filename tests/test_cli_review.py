@@ -300,8 +300,8 @@ def test_import_into_an_environment_that_is_a_fifo_says_so_in_one_sentence(
     line = assert_one_error_line(completed, 1)
     assert line == (
         f"warmenv: error: cannot write environment 'f': {root / 'f.db'} is a FIFO, not a "
-        "database file; nothing would persist, so nothing was done (choose another --env, or "
-        "point --root or WARMENV_ROOT at a directory you can write)\n"
+        f"database file; nothing would persist, so nothing was done (move {root / 'f.db'} "
+        "away, or choose another --env)\n"
     )
 
 

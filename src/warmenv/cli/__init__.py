@@ -16,8 +16,8 @@ trio alike, so SIGTERM from a service manager cleans up exactly as Ctrl-C
 does (an export's staging file removed, an import's batches whole). A
 command that cannot stop (a thread blocked on a file that never answers) is
 given a few seconds; a second signal, or the end of that grace, exits at
-once. rich is imported only when installed (`pip install warmenv[cli]`);
-without it the command prints plain lines.
+once. rich is imported only when installed (the `cli` extra: `pip install -e
+'.[cli]'` in warmenv's clone); without it the command prints plain lines.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any
 
 import anyio
 
+from warmenv import _interrupt
 from warmenv._url import is_url, redact
 from warmenv._version import __version__
 from warmenv.cli import (
@@ -54,7 +55,7 @@ from warmenv.cli import (
     vacuum,
     verify,
 )
-from warmenv.cli._environments import misnamed
+from warmenv.cli._environments import misnamed, misplaced, option_before_command
 from warmenv.cli._errors import Stopped, UsageError, conclude, usage_line
 from warmenv.cli._options import ArgumentParser, shared_defaults, shared_options
 from warmenv.cli._output import Output
@@ -97,7 +98,7 @@ _BACKENDS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="warmenv",
         description="Keep expensive start-up results warm, and ship them between machines.",
@@ -111,7 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     for command in _COMMANDS:
         # A command's UNUSED_OPTIONS are shared options it accepts (or refuses with its
         # reason) without using them; its --help does not list them.
-        command.register(commands, shared_options(hidden=getattr(command, "UNUSED_OPTIONS", ())))
+        unused = getattr(command, "UNUSED_OPTIONS", ())
+        command.register(commands, shared_options(hidden=unused))
+        # Read by `misplaced` to know whether a stray name could be meant as --env.
+        list(commands.choices.values())[-1].set_defaults(takes_env="--env" not in unused)
+    parser.set_defaults(command_names=tuple(commands.choices))
     return parser
 
 
@@ -123,6 +128,7 @@ def _subject(args: argparse.Namespace) -> object:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
+    _interrupt.release()  # from here a Ctrl-C is this function's to say (`conclude`)
     arguments = list(sys.argv[1:] if argv is None else argv)
     # Known before parsing, so that a usage error is JSON too when asked for; what
     # follows `--` is not ours (`warmenv run -- tool --json`).
@@ -187,14 +193,18 @@ def _parse(arguments: list[str]) -> argparse.Namespace:
     # argparse takes OUT and SOURCE... in one go, so sources written after the
     # options (`export OUT --name N SOURCE`) come back unrecognised: they are
     # sources all the same.
+    parser.hint = partial(
+        option_before_command, arguments, shared_options(), parser.get_default("command_names")
+    )
     args, extra = parser.parse_known_args(arguments)
     if extra:
         if getattr(args, "sources", None) is None or any(a.startswith("-") for a in extra):
             # Said by the sub-command's parser: its name and its --help, not warmenv's.
+            hint = misplaced(shared_defaults(args), extra)
             raise UsageError(
                 usage_line(
                     f"{parser.prog} {args.subcommand}",
-                    f"unrecognized arguments: {' '.join(extra)}",
+                    f"unrecognized arguments: {' '.join(extra)}" + (f"; {hint}" if hint else ""),
                 ),
                 located=True,
             )

@@ -5,16 +5,18 @@ configured one). The library opens whatever it can, falling back to memory
 when the file cannot be used; a command must not work on a stand-in for
 the file the user asked about, so `environment()` refuses it, and says
 why from the value the library gives (`Environment.degraded`: the fallback,
-and the reason in terms of the file on disk), never from a look of its own.
+and the reason in terms of the file on disk), never from a look of its own
+(one look only picks the fix to suggest: `_cannot_use`).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import stat
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +26,8 @@ import anyio.to_thread
 from warmenv._errors import WarmenvError
 from warmenv._fs import expand_home, missing_link
 from warmenv.cli._errors import Failure, UsageError
-from warmenv.config import check_name
+from warmenv.cli._suggest import did_you_mean
+from warmenv.config import check_name, is_valid_name
 from warmenv.environment import (
     Degraded,
     Environment,
@@ -81,9 +84,7 @@ async def environment(
                 if create or not exc.filename:
                     raise
                 raise Failure(await _no_environment(Path(exc.filename)), not_found=True) from None
-        degraded = env.degraded
-        if degraded is not None and (degraded.fallback is Fallback.MEMORY or write):
-            raise Failure(_cannot_use(env.name, degraded, write))
+        await refuse_unusable(env, write=write)
         if not write:
             # A command that only reads must not evict on close (a configured
             # max_bytes is enforced by the application and `warmenv gc`).
@@ -95,6 +96,48 @@ async def environment(
         if out.subject is None:
             out.subject = env.path
         yield env
+
+
+def named(env: Environment) -> str:
+    """The environment as a command's line names it: its name and file (and its remote).
+
+    Not `Environment.describe()`, whose "(read-only)" says how the library was
+    asked to open it: every command that only reads opens it so, and the
+    suffix read as if the file could not be written (it can; an environment
+    that cannot is refused with its reason by `environment()`).
+    """
+    shared = f", shared through {env.remote.describe()}" if env.remote is not None else ""
+    return f"environment {env.name!r} at {env.path}{shared}"
+
+
+@asynccontextmanager
+async def usable(
+    out: Output, opening: AbstractAsyncContextManager[Environment], *, write: bool
+) -> AsyncIterator[Environment]:
+    """The environment `opening` opens, refused (`refuse_unusable`) before any work; the
+    library's warning about a fallback is held, so that a refusal is said in one line."""
+    async with AsyncExitStack() as stack:
+        with out.holding() as notes:
+            env = await stack.enter_async_context(opening)
+        await refuse_unusable(env, write=write)
+        for note in notes:
+            out.warning(note)
+        yield env
+
+
+async def refuse_unusable(env: Environment, *, write: bool) -> None:
+    """A `Failure` saying why, if `env` fell back to memory (it is not the file the user
+    asked about), or to reading only when `write` is asked for; else nothing.
+
+    Every command that opens an environment asks this (`environment()`, and
+    `demo`, which opens its own two), before any work: a demo that autotuned
+    for seconds into memory only to find it has no file to export, or an
+    import that "succeeded" into memory, would have done work for nothing.
+    """
+    degraded = env.degraded
+    if degraded is not None and (degraded.fallback is Fallback.MEMORY or write):
+        there = await anyio.to_thread.run_sync(os.path.lexists, env.path)
+        raise Failure(_cannot_use(env, degraded, write, file_there=there))
 
 
 async def _reach(tier: RemoteTier) -> None:
@@ -146,6 +189,23 @@ def environment_files(root: Path) -> list[Path]:
     return found
 
 
+def dangling_environments(root: Path) -> list[tuple[Path, str]]:
+    """The `<name>.db` entries of `root` that are symlinks to a missing path, each with
+    `_fs.missing_link`'s clause (`environment_files` passes over them: they hold no
+    environment to open, but a user who made the link expects to see it listed).
+    `OSError` as for `environment_files`."""
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        path = root / name
+        if name.endswith(".db") and (why := missing_link(path)) is not None:
+            found.append((path, why))
+    return found
+
+
 def unreadable(exc: OSError, where: Path) -> Failure:
     """The one line of a directory `where` (or a file in it) that cannot be read.
 
@@ -194,16 +254,78 @@ def misnamed(args: argparse.Namespace) -> str | None:
     if args.env is not None or not isinstance(given, str | Path):
         return None
     value = str(given)
+    place = _environment_file(args, value)
+    if place is None:
+        return None
+    said = _MISNAMED.get(args.subcommand, _NOT_A_BUNDLE).format(name=value)
+    return f"{value!r} is an environment in {place.parent}, {said}"
+
+
+def misplaced(args: argparse.Namespace, extra: list[str]) -> str | None:
+    """What was meant by the arguments argparse could not place (`extra`), where that can
+    be told: an environment's name given as a positional (`warmenv stats svc app/1/k`,
+    `warmenv purge svc`, `warmenv import b.bundle svc`) is meant as `--env`.
+
+    A name that is an environment under the root is said so, with the command line
+    meant; a name that could be one, for a command that takes `--env` and was given
+    none, gets the option to write. Anything else: `None` (argparse's line stands alone).
+    `ls NAME` already takes the environment's name: nothing there is meant as `--env`.
+    """
+    if not getattr(args, "takes_env", False) or args.env is not None:
+        return None
+    if getattr(args, "name", None) is not None:
+        return None
+    strays = [a for a in extra if not a.startswith("-")]
+    # The commands' own positionals, in the order they take them.
+    given = [
+        str(g)
+        for k in ("bundle", "namespace", "key")
+        if isinstance(g := getattr(args, k, None), str | Path)
+    ]
+    positionals = [*given, *strays]
+    for value in positionals:
+        place = _environment_file(args, value)
+        if place is not None:
+            rest = [shlex.quote(a) for a in positionals if a != value]
+            meant = " ".join(["warmenv", args.subcommand, *rest, "--env", shlex.quote(value)])
+            return f"{value!r} is an environment in {place.parent}: did you mean `{meant}`?"
+    if len(strays) == 1 and is_valid_name(strays[0]):
+        return f"to name an environment, give --env {shlex.quote(strays[0])}"
+    return None
+
+
+def option_before_command(
+    arguments: list[str], shared: argparse.ArgumentParser, commands: tuple[str, ...]
+) -> str | None:
+    """Where a command's own option was given before the command (`warmenv --app-version 1
+    import b.bundle`, which argparse reads as an unknown command `1`), say where it goes.
+    `shared`: the options that may come before (`shared_options`); `commands`: the
+    sub-commands' names."""
+    first = next((i for i, a in enumerate(arguments) if a in commands), None)
+    if first is None:
+        return None
+    try:
+        _, unknown = shared.parse_known_args(arguments[:first])
+    except UsageError:  # a shared option misused: argparse's line says it
+        return None
+    options = [a.split("=", 1)[0] for a in unknown if a.startswith("-")]
+    if not options:
+        return None
+    return (
+        f"{options[0]} is not an option of warmenv itself: give a command's options after "
+        f"it (warmenv {arguments[first]} ... {options[0]} ...)"
+    )
+
+
+def _environment_file(args: argparse.Namespace, value: str) -> Path | None:
+    """`<root>/<value>.db` where `value` names an environment there, else None."""
     try:
         check_name(value)
         _, root = active()
         place = expand_home(args.root or root) / f"{value}.db"
-        if not place.is_file():
-            return None
+        return place if place.is_file() else None
     except (ValueError, WarmenvError, OSError):
         return None
-    said = _MISNAMED.get(args.subcommand, _NOT_A_BUNDLE).format(name=value)
-    return f"{value!r} is an environment in {place.parent}, {said}"
 
 
 async def _no_environment(path: Path) -> str:
@@ -229,7 +351,10 @@ async def _no_environment(path: Path) -> str:
     else:
         there = f"environments there: {', '.join(names)}" if names else "it holds no environments"
     if names:
-        return f"no environment {path.stem!r} in {path.parent} ({there})"
+        close = did_you_mean(path.stem, names)
+        return f"no environment {path.stem!r} in {path.parent} ({there})" + (
+            f"; {close}" if close else ""
+        )
     return f"no environment {path.stem!r} in {path.parent} ({there}); {_MADE_BY}"
 
 
@@ -246,18 +371,28 @@ def _not_ours(exc: NotAnEnvironmentError) -> str:
     )
 
 
-def _cannot_use(name: str, degraded: Degraded, write: bool) -> str:
-    """Why environment `name` cannot do the job, from how it fell back (values only).
+def _cannot_use(env: Environment, degraded: Degraded, write: bool, *, file_there: bool) -> str:
+    """Why environment `env` cannot do the job, from how it fell back, and the fix to try.
 
     The reason (`Degraded.reason`) already says what stands in the way on disk;
-    nothing is looked up again here.
+    it is not looked up again here. Only the fix depends on one look: with no
+    file at the environment's path, what failed is making one in the root, so
+    another name would fail alike and the root is what to change (named, with
+    the three ways to choose it); with a file there that is no database (a
+    FIFO, a directory), another name avoids it.
     """
+    name, root = env.name, env.path.parent
+    choose_root = (
+        f"environments live in the root {root}: choose a root you can write with --root DIR, "
+        "the WARMENV_ROOT variable, or root in warmenv.toml ([tool.warmenv] in pyproject.toml)"
+    )
     if degraded.fallback is Fallback.READ_ONLY:
+        # Its reason says the fix (a bundle at the path, a directory not writable).
         return f"environment {name!r} is read-only: {degraded.reason}; nothing was done"
     if write:
+        fix = choose_root if not file_there else f"move {env.path} away, or choose another --env"
         return (
             f"cannot write environment {name!r}: {degraded.reason}; nothing would persist, "
-            "so nothing was done (choose another --env, or point --root or WARMENV_ROOT at a "
-            "directory you can write)"
+            f"so nothing was done ({fix})"
         )
     return f"cannot read environment {name!r}: {degraded.reason}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from warmenv._text import clean, has_control_characters, is_utf8
 from warmenv._url import is_url, redact
 from warmenv.cli._environments import environment_files
 from warmenv.cli._errors import UsageError, usage_line
+from warmenv.cli._suggest import did_you_mean, namespace_suggestion
 from warmenv.config import is_valid_name
 from warmenv.environment import active
 from warmenv.persistence.namespace import check_version
@@ -68,16 +70,37 @@ def source_label(source: str | Path) -> str:
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a usage mistake is a `UsageError` (one line, `--json` aware)."""
+    """argparse, but a usage mistake is a `UsageError` (one line, `--json` aware).
+
+    `hint`, where set, says what was meant by a command line argparse refuses (it is
+    asked only then, and its answer joins argparse's line).
+    """
+
+    hint: Callable[[], str | None] | None = None
 
     def error(self, message: str) -> Any:
         # argparse quotes with repr(), which spells a byte that was not UTF-8
         # as \udcff; everything else the command prints says \xff.
         message = _SURROGATE_REPR.sub(lambda m: f"\\x{int(m[1], 16) - 0xDC00:02x}", message)
+        if (choice := _INVALID_CHOICE.search(message)) is not None:
+            # argparse hands error() only its text; its wording of a choice (stable
+            # since 3.2, the choices' quotes dropped in 3.12.8) is read back here, in
+            # one place, so that every choice (a sub-command, --format...) suggests
+            # alike. A message not of that form is said as it is.
+            given = choice["given"].strip("'")
+            known = [c.strip().strip("'") for c in choice["choices"].split(",")]
+            close = did_you_mean(given, known)
+            if close:
+                message = f"{message}; {close}"
+        if self.hint is not None and (meant := self.hint()) is not None:
+            message = f"{message}; {meant}"
         raise UsageError(usage_line(self.prog, message), located=True)
 
 
 _SURROGATE_REPR = re.compile(r"\\u(dc[89a-f][0-9a-f])")
+_INVALID_CHOICE = re.compile(
+    r"invalid choice: (?P<given>'.*?'|\S+) \(choose from (?P<choices>.*)\)$"
+)
 
 
 # The shared options' values when not given. Every parser declares them with no
@@ -125,7 +148,7 @@ def shared_options(hidden: tuple[str, ...] = ()) -> argparse.ArgumentParser:
         metavar="URL",
         help=shown(
             "the fleet's shared tier, redis:// or rediss:// (default: $WARMENV_REMOTE, "
-            "else the config file's remote; '' for none); needs warmenv[redis]",
+            "else the config file's remote; '' for none); needs the redis extra",
             "--remote",
         ),
     )
@@ -170,10 +193,13 @@ def namespace_prefixes(args: argparse.Namespace) -> list[str] | None:
     return prefixes
 
 
-def no_match(prefixes: list[str]) -> str:
-    """What to say when `--namespace` matches nothing."""
+def no_match(prefixes: list[str], known: Iterable[str] = ()) -> str:
+    """What to say when `--namespace` (or NAMESPACE) matches nothing of `known`, the
+    namespaces there, with the closest of them where one is close (`_suggest`)."""
     listed = ", ".join(repr(p) for p in prefixes)
-    return f"no namespace matches {listed}"
+    names = list(known)
+    hints = [h for p in prefixes if (h := namespace_suggestion(p, names)) is not None]
+    return f"no namespace matches {listed}" + "".join(f" ({h})" for h in hints)
 
 
 def complete_environment(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:

@@ -28,6 +28,7 @@ from warmenv._text import plural
 from warmenv.bundle import export_bundle, importing, open_bundle, preflight
 from warmenv.bundle.manifest import this_machine
 from warmenv.channel import unbounded
+from warmenv.cli._environments import usable
 from warmenv.cli._errors import UsageError
 from warmenv.cli._format import as_json, size
 from warmenv.cli._output import Output, follow
@@ -242,7 +243,9 @@ async def _demo(args: argparse.Namespace, out: Output, root: Path) -> int:
         f"1. cold start on {machine.label!r}: "
         f"autotuning {plural(len(keys()), 'key')} (a workload and a size each)"
     )
-    async with open_environment("machine-a", root=root, remote="") as first:
+    async with usable(
+        out, open_environment("machine-a", root=root, remote=""), write=True
+    ) as first:
         await first.storage(NAMESPACE).purge()
         cold_choices, cold_misses, cold = await _timed_start_up(out, first, "autotuning")
         out.line(f"   {plural(cold_misses, 'key')} tuned in {cold:.2f}s")
@@ -261,7 +264,9 @@ async def _demo(args: argparse.Namespace, out: Output, root: Path) -> int:
         [[s.namespace, s.entries, size(s.bytes)] for s in namespaces],
     )
     out.line("3. import into a fresh environment, as a second machine would")
-    async with open_environment("machine-b", root=root, remote="") as second:
+    async with usable(
+        out, open_environment("machine-b", root=root, remote=""), write=True
+    ) as second:
         await second.storage(NAMESPACE).purge()
         async with importing(bundle_path, second) as progress:
             await follow(out, aiter(progress), "importing")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from typing import Any
 
 import anyio.to_thread
@@ -28,6 +29,8 @@ from warmenv.cli._errors import UsageError
 from warmenv.cli._format import as_json
 from warmenv.cli._options import text_argument
 from warmenv.cli._output import Output
+from warmenv.cli._suggest import namespace_suggestion
+from warmenv.environment import Environment
 from warmenv.persistence.codec import JsonCodec
 from warmenv.persistence.explain import Explanation
 
@@ -84,7 +87,11 @@ async def run(args: argparse.Namespace, out: Output) -> int:
                 if where:
                     hint = _compact_hint(text, compact.decode("utf-8"), where)
         if not explanation.entries and not explanation.nearby and hint is None:
-            hint = await anyio.to_thread.run_sync(misnamed, args)  # `explain big`
+            hint = (
+                await _swapped(env, namespace, text, args.raw_key)  # `explain KEY NAMESPACE`
+                or await anyio.to_thread.run_sync(misnamed, args)  # `explain big`
+                or namespace_suggestion(namespace, [s.namespace for s in await env.namespaces()])
+            )
     for line in str(explanation).splitlines():
         out.line(line)
     if hint is not None:
@@ -102,6 +109,25 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         }
     )
     return 0
+
+
+async def _swapped(env: Environment, namespace: str, key: str | None, raw: bool) -> str | None:
+    """Where NAMESPACE holds nothing and KEY is a namespace that holds entries, the two
+    were given the other way round: say the order (`explain NAMESPACE KEY`)."""
+    if key is None or not key.strip("/"):
+        return None
+    try:
+        as_namespace = await env.explain(key)
+    except ValueError:  # not a namespace at all (the library says what one is)
+        return None
+    if not as_namespace.entries:
+        return None
+    again = f"warmenv explain {shlex.quote(key)} {shlex.quote(namespace)}"
+    return (
+        f"NAMESPACE {namespace!r} holds nothing, but KEY {key!r} is a namespace here "
+        f"({as_namespace.entries:,} entries): the namespace comes first, "
+        f"`{again}{' --raw-key' if raw else ''}`"
+    )
 
 
 def _holding(explanation: Explanation) -> list[str]:

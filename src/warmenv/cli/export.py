@@ -114,6 +114,14 @@ async def run(args: argparse.Namespace, out: Output) -> int:
             f"left out {plural(report.left_out, 'row')} whose namespace is not UTF-8 text "
             "(another program wrote them; `warmenv ls` lists them)"
         )
+    if report.entries == 0:
+        # Written all the same (a pipeline exporting whatever a job warmed gets a
+        # bundle that imports as nothing), but almost always a mistake worth a line.
+        out.warning(
+            f"{'the sources' if len(args.sources or ()) > 1 else 'the source'} held no "
+            f"entries: {report.path} is a valid bundle of nothing (an import of it adds "
+            "nothing); check the --env or SOURCE given"
+        )
     _warn_if_of_no_namespace(out, report, version)
     if report.manifest.signature is not None:
         out.line(f"signed by {report.manifest.signature.key}")

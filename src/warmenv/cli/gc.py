@@ -14,7 +14,7 @@ import argparse
 from typing import Any
 
 from warmenv._text import plural
-from warmenv.cli._environments import environment
+from warmenv.cli._environments import environment, named
 from warmenv.cli._errors import Failure, UsageError
 from warmenv.cli._format import size
 from warmenv.cli._output import Output
@@ -100,7 +100,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
             keep_versions=args.keep_versions,
         )
         if isinstance(result, Failed):
-            raise Failure(f"gc of {env.describe()} failed: {result.reason}; nothing evicted")
+            raise Failure(f"gc of {named(env)} failed: {result.reason}; nothing evicted")
         evicted = plural(result.count, "entry", "entries")
         out.when_interrupted = f"but the gc had completed: {evicted} evicted"
         after = await env.namespaces()

@@ -38,7 +38,7 @@ from warmenv.bundle.events import Event
 from warmenv.bundle.importing import refuse_stale
 from warmenv.bundle.open import open_snapshot, read_names
 from warmenv.bundle.options import check_share
-from warmenv.cli._environments import environment
+from warmenv.cli._environments import environment, named
 from warmenv.cli._errors import Failure, UsageError
 from warmenv.cli._format import as_json, size
 from warmenv.cli._options import (
@@ -133,10 +133,9 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     # exists), opened before the environment: a bad bundle fails before anything exists.
     async with open_snapshot(path, near=near, verified=args.verify) as bundle:
         await signed_by(bundle, path, args.trust)  # refused before the environment exists
-        if prefixes is not None and not any(
-            matches_any(s.namespace, prefixes) for s in await bundle.namespaces()
-        ):
-            raise Failure(f"{no_match(prefixes)} in {path}; nothing was imported")
+        held = [s.namespace for s in await bundle.namespaces()]
+        if prefixes is not None and not any(matches_any(n, prefixes) for n in held):
+            raise Failure(f"{no_match(prefixes, held)} in {path}; nothing was imported")
         return await _run(args, out, bundle, prefixes, path.name)
 
 
@@ -157,7 +156,7 @@ async def _run(
                     if await _holds_entries(env):
                         made = _Made()  # whole batches went in: keep them for the next run
                 raise
-            target = env.describe()
+            target = named(env)
     except BaseException:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(_remove, made)

@@ -21,6 +21,7 @@ from warmenv._fs import expand_home, is_missing, missing_link
 from warmenv._text import clean, plural
 from warmenv.cli._environments import (
     check_env_option,
+    dangling_environments,
     environment,
     environment_files,
     unreadable,
@@ -61,10 +62,15 @@ def _absent(path: Path) -> bool:
     return os.path.isdir(path.parent) and is_missing(path)
 
 
-def _listing(root: Path) -> list[tuple[Path, int]]:
-    """The environment files of `root` and their sizes; a `Failure` if it cannot be read."""
+def _listing(root: Path) -> list[tuple[Path, int | str]]:
+    """The environment files of `root` with their sizes, and its `<name>.db` symlinks to
+    a missing path with why they cannot be opened, by name; a `Failure` if `root`
+    cannot be read."""
     try:
-        return [(f, f.stat().st_size) for f in environment_files(root)]
+        files: list[tuple[Path, int | str]] = [
+            (f, f.stat().st_size) for f in environment_files(root)
+        ]
+        return sorted([*files, *dangling_environments(root)])
     except OSError as exc:
         raise unreadable(exc, root) from None
 
@@ -90,7 +96,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     name: str | None = None
     namespaces: list[NamespaceSummary] | None = None
     root: Path | None = None
-    listing: list[tuple[Path, int]] | None = None
+    listing: list[tuple[Path, int | str]] | None = None
     check_env_option(args)
     default = await anyio.to_thread.run_sync(_default_root, args.root)
     if default is not None:
@@ -116,10 +122,15 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         ["environment", "file size"],
         [
             [f.stem + (" (selected)" if f.stem == name and namespaces is not None else ""), size(s)]
+            if isinstance(s, int)
+            else [f"{f.stem} (dangling symlink)", "-"]
             for f, s in listing
         ],
         empty=f"no environments in {clean(root)}",
     )
+    for _, why in listing:
+        if isinstance(why, str):  # a dangling link: why it cannot be opened
+            out.warning(f"{why}: no environment can be opened through it; fix or remove it")
     if namespaces is None:
         out.line(
             f"there is no default environment {name!r} in {root}; "
@@ -144,7 +155,12 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     out.result(
         {
             "root": str(root),
-            "environments": [{"name": f.stem, "path": str(f), "file_bytes": s} for f, s in listing],
+            "environments": [
+                {"name": f.stem, "path": str(f), "file_bytes": s}
+                if isinstance(s, int)
+                else {"name": f.stem, "path": str(f), "file_bytes": None, "dangling": s}
+                for f, s in listing
+            ],
             "environment": name if namespaces is not None else None,
             "namespaces": None if namespaces is None else as_json(namespaces),
         }

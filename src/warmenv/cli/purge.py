@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from warmenv._text import plural
-from warmenv.cli._environments import environment
+from warmenv.cli._environments import environment, named
 from warmenv.cli._errors import Failure, Stopped, UsageError
 from warmenv.cli._format import as_json, namespace_label
 from warmenv.cli._options import add_namespace_option, namespace_prefixes, no_match, text_argument
@@ -57,7 +57,8 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     prefixes = namespace_prefixes(args)
     out.when_interrupted = "nothing deleted"
     async with environment(args, out, write=True) as env:
-        matching = [s for s in await env.namespaces() if matches_any(s.namespace, prefixes)]
+        held = await env.namespaces()
+        matching = [s for s in held if matches_any(s.namespace, prefixes)]
         # A namespace that is not UTF-8 text (something else wrote it) is no store's to
         # purge: it is named and left, before anything is deleted.
         doomed = [s for s in matching if s.addressable]
@@ -70,15 +71,16 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         )
         if prefixes is not None and not doomed:
             also = f"; {kept}" if left else ""
-            raise Failure(f"{no_match(prefixes)} in {env.describe()}; nothing deleted{also}")
+            known = [s.namespace for s in held]
+            raise Failure(f"{no_match(prefixes, known)} in {named(env)}; nothing deleted{also}")
         if left:
-            out.warning(f"{env.describe()}: {kept}")
+            out.warning(f"{named(env)}: {kept}")
         entries = sum(s.entries for s in doomed)
         if doomed and not args.yes:
             if not sys.stdin.isatty() or args.json:
                 raise UsageError(
                     f"would delete {plural(entries, 'entry', 'entries')} from "
-                    f"{env.describe()}; "
+                    f"{named(env)}; "
                     "pass --yes to confirm"
                 )
             question = (
@@ -152,19 +154,17 @@ async def run_bundle(args: argparse.Namespace, out: Output) -> int:
         if not matching:
             there = ", ".join(repr(b.name) for b in known) or "none"
             raise Failure(
-                f"no bundle {wanted!r} was imported into {env.describe()} (bundles there: "
+                f"no bundle {wanted!r} was imported into {named(env)} (bundles there: "
                 f"{there}); nothing deleted"
             )
         # The library's rule, asked before the prompt: what its purge would refuse.
         try:
-            bundles_to_purge(
-                wanted, [b for b in known if b.entries], where=f"into {env.describe()}"
-            )
+            bundles_to_purge(wanted, [b for b in known if b.entries], where=f"into {named(env)}")
         except AmbiguousBundleError as exc:
             raise Failure(str(exc)) from None
         entries = sum(b.entries for b in matching)
         what = f"{plural(entries, 'entry', 'entries')} imported from {matching[0].name!r}"
-        await _confirm(args, out, f"{what} in {env.describe()}", f"delete {what}? [y/N] ")
+        await _confirm(args, out, f"{what} in {named(env)}", f"delete {what}? [y/N] ")
         result = await env.purge_bundle(wanted)
     document: dict[str, Any] = {
         "environment": env.name,

@@ -26,7 +26,7 @@ import anyio.to_thread
 from warmenv._text import plural
 from warmenv.caches._tools import counts_lookups
 from warmenv.cli import _html
-from warmenv.cli._environments import environment
+from warmenv.cli._environments import environment, named
 from warmenv.cli._errors import Failure
 from warmenv.cli._format import namespace_label, saved, saved_clause, size
 from warmenv.cli._options import no_match, text_argument
@@ -184,7 +184,8 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         stats = await env.statistics()
     namespaces = [n for n in stats.namespaces if matches_any(n.namespace, prefixes)]
     if prefixes is not None and not namespaces:
-        raise Failure(f"{no_match(prefixes)} in {env.describe()}", not_found=True)
+        known = [n.namespace for n in stats.namespaces]
+        raise Failure(f"{no_match(prefixes, known)} in {named(env)}", not_found=True)
     shown = EnvironmentStatistics(namespaces=namespaces, bundles=stats.bundles)
     origins = shown_origins(namespaces, fleet=env.remote is not None)
     out.table(
