@@ -374,6 +374,19 @@ async def test_case_folding_twins_are_refused_after_the_first(
     assert all("differs only in case or Unicode form" in r.reason for r in report.refused)
 
 
+async def test_a_twin_below_a_directory_already_claimed_is_refused(
+    env: Environment, tmp_path: Path
+) -> None:
+    # Restored in key order: K/B/q, K/a/X, K/a/x, K/a/y, K/b/Q.
+    await env.storage(TREE.namespace).insert_many(
+        [(b"K/a/X", b"1"), (b"K/a/x", b"2"), (b"K/a/y", b"3"), (b"K/b/Q", b"4"), (b"K/B/q", b"5")]
+    )
+    report = await warmenv.caches.restore(env, TREE, tmp_path / "t")
+    assert report.written == 3
+    assert sorted(r.path for r in report.refused) == ["K/a/x", "K/b/Q"]
+    assert sorted(p.name for p in (tmp_path / "t" / "K" / "a").iterdir()) == ["X", "y"]
+
+
 async def test_a_symlink_already_in_the_target_is_never_followed(
     env: Environment, tmp_path: Path, outside: Path
 ) -> None:

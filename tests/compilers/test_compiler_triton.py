@@ -444,3 +444,30 @@ def test_a_triton_restore_is_one_sqlite_hop_and_asks_nothing_of_the_files_it_wro
     for key in groups:
         index = json.loads((target / key.decode()).read_text())["child_paths"]
         assert index == {name: str(target / key.decode().split("/")[0] / name) for name in index}
+
+
+def test_a_restored_index_is_byte_for_byte_what_json_dumps_writes(tmp_path: Path) -> None:
+    require("triton")
+    facts = Facts.here("triton", "python").segment
+    files = {b"K1/k.cubin": b"1", b"K1/k+1.json": b"2", b"K2/k \xc3\xbc.bin": b"3"}
+    groups = {
+        b"K1/__grp__k.json": b'{"child_paths": ["k.cubin", "k+1.json"]}',  # names as they are
+        b"K2/__grp__k.json": '{"child_paths": ["k \u00fc.bin"]}'.encode(),  # a name escaped
+    }
+    target = tmp_path / 'a "cach\u00e9" \U0001f600'  # escaped in every path
+
+    async def main() -> Any:
+        async with open_environment("default", root=tmp_path / "root") as env:
+            for part, items in (("files", files), ("groups", groups)):
+                storage = env.storage(warmenv.Namespace("caches.triton", part, facts))
+                await storage.insert_many(items.items())
+            return await warmenv.caches.triton.restore(env, target)
+
+    restored = anyio.run(main)
+
+    assert (restored.files.written, restored.groups, restored.refused) == (3, 2, ())
+    for key, names in (("K1", ["k+1.json", "k.cubin"]), ("K2", ["k \u00fc.bin"])):
+        paths = {name: f"{target}/{key}/{name}" for name in names}
+        assert (target / key / "__grp__k.json").read_bytes() == json.dumps(
+            {"child_paths": paths}
+        ).encode()

@@ -77,14 +77,18 @@ class UnsafeTargetError(WarmenvError):
 
 
 # A key whose every name is plain (letters, digits, `_`, `+`, `-` and inner dots, not
-# starting with a dot, 1-255 bytes) passes every rule of `relative_parts` but the
-# depth and the device names: one match instead of a dozen checks per name.
-_PLAIN_NAME: Final = r"[A-Za-z0-9_+-](?:[A-Za-z0-9_.+-]{0,253}[A-Za-z0-9_+-])?"
-_PLAIN: Final = re.compile(rf"(?:{_PLAIN_NAME}/){{0,{_MAX_PARTS - 1}}}{_PLAIN_NAME}\Z")
-# `_DEVICES` for a plain key: a name that is a device name up to its first dot.
-_PLAIN_DEVICE: Final = re.compile(
-    r"(?:\A|/)(?:CON|PRN|AUX|NUL|COM[0-9]|LPT[0-9]|CONIN\$|CONOUT\$)(?:[./]|\Z)", re.I
+# starting or ending with a dot, 1-255 bytes, no device name up to its first dot: the
+# only ones a plain name can spell are `_DEVICES` without a `$` or a superscript) passes
+# every rule of `relative_parts`: one match instead of a dozen checks per name. The
+# name's characters are taken possessively (`{0,254}+`: none is `/`, so giving one
+# back never helps) and its last checked by looking behind, so a name costs no
+# backtracking (one match of a Triton key: 0.8 us, against 2.2 us for this as a match
+# with backtracking and a search for the device names).
+_PLAIN_NAME: Final = (
+    r"(?!(?i:CON|PRN|AUX|NUL|COM[0-9]|LPT[0-9])(?:[./]|\Z))"
+    r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]{0,254}+(?<!\.)"
 )
+_PLAIN: Final = re.compile(rf"(?:{_PLAIN_NAME}/){{0,{_MAX_PARTS - 1}}}{_PLAIN_NAME}\Z")
 _DRIVE: Final = re.compile(r"[A-Za-z]:")
 
 
@@ -94,7 +98,7 @@ def relative_parts(key: bytes) -> tuple[str, ...] | str:
         text = key.decode("utf-8")
     except UnicodeDecodeError:
         return "its path is not UTF-8"
-    if len(key) <= _MAX_PATH and _PLAIN.match(text) and not _PLAIN_DEVICE.search(text):
+    if len(key) <= _MAX_PATH and _PLAIN.match(text):
         return tuple(text.split("/"))
     return checked_parts(key, text)
 
@@ -175,12 +179,18 @@ def open_owned(name: str, *, dir_fd: int) -> int | str:
     return fd
 
 
-def check_directory(fd: int, where: Path) -> None:
-    """Refuse a directory that someone other than this user (or root) owns or can write."""
+def check_directory(fd: int, where: Path, part: str = "") -> None:
+    """Refuse a directory that someone other than this user (or root) owns or can write.
+
+    `where` (and `part` under it, joined only for the message: a `Path` joined for
+    each directory a restore makes was 13,000 instructions each) names it.
+    """
     st = os.fstat(fd)
     why = swappable(st)
     if why is None:
         return
+    if part:
+        where = where / part
     advice = (
         "restore into a directory of your own"
         if st.st_uid not in (os.geteuid(), 0)
@@ -337,7 +347,8 @@ class Writer:
         self._names: dict[int, set[str]] = {fd: _listed(fd)}
         self._refused: dict[tuple[str, ...], str] = {}
         self._seen: dict[tuple[str, ...], tuple[str, ...]] = {}
-        self._claimed: set[tuple[str, ...]] = set()
+        self._claimed: dict[tuple[str, ...], tuple[str, ...]] = {}
+        """Each path claimed, with its folded form."""
         self._placed: set[tuple[str, ...]] = set()
         self._token = secrets.token_hex(8)
         self._written = 0
@@ -353,20 +364,25 @@ class Writer:
         self._names.clear()
 
     def claim(self, parts: tuple[str, ...]) -> str | None:
-        """Reserve a path for this restore; the reason if it is a case-folding twin of another."""
-        folds: list[str] = []
-        for depth, part in enumerate(parts, 1):
-            folds.append(_fold(part))
+        """Reserve a path for this restore; the reason if it is a case-folding twin of another.
+
+        Only the names below the deepest directory already claimed (by an earlier
+        file, spelled the same) are folded and looked up: for most files, their own.
+        """
+        known = len(parts)
+        while known and parts[:known] not in self._claimed:
+            known -= 1
+        folds = self._claimed[parts[:known]] if known else ()
+        for depth in range(known + 1, len(parts) + 1):
             prefix = parts[:depth]
-            if prefix in self._claimed:  # a directory of an earlier file, spelled the same
-                continue
-            spelled = self._seen.setdefault(tuple(folds), prefix)
+            folds = (*folds, _fold(parts[depth - 1]))
+            spelled = self._seen.setdefault(folds, prefix)
             if spelled != prefix:
                 return (
                     f"it differs only in case or Unicode form from {'/'.join(spelled)!r} "
                     "(one file on a case-insensitive file system)"
                 )
-            self._claimed.add(prefix)
+            self._claimed[prefix] = folds
         return None
 
     def write(self, parts: tuple[str, ...], data: bytes) -> bool | str:
@@ -375,9 +391,12 @@ class Writer:
         A file already at that path is left alone (what this machine has
         wins), as is anything that is not a regular file.
         """
-        directory = self._directory(parts[:-1])
-        if isinstance(directory, str):
-            return directory
+        directory = self._fds.get(parts[:-1])
+        if directory is None:  # the directory's first file
+            opened = self._directory(parts[:-1])
+            if isinstance(opened, str):
+                return opened
+            directory = opened
         name = parts[-1]
         names = self._names[directory]
         if name in names:
@@ -386,9 +405,11 @@ class Writer:
         temporary = f"{TEMPORARY_PREFIX}{self._token}-{self._written}{_TEMPORARY_SUFFIX}"
         fd = os.open(temporary, _FILE_FLAGS, _FILE_MODE, dir_fd=directory)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            written = os.write(fd, data)  # whole, but for a signal or a full disk
+            if written < len(data):
+                view = memoryview(data)[written:]
+                while view:
+                    view = view[os.write(fd, view) :]
         except BaseException:
             os.close(fd)
             os.unlink(temporary, dir_fd=directory)
@@ -469,7 +490,7 @@ class Writer:
             self._refused[parts] = reason
             return reason
         try:
-            check_directory(fd, self.target / where)
+            check_directory(fd, self.target, where)
         except UnsafeTargetError as error:
             os.close(fd)
             self._refused[parts] = str(error)

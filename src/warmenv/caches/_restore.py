@@ -417,13 +417,14 @@ def _place(writer: Writer, job: _Job, key: bytes, value: bytes) -> None:
     if isinstance(parts, str):
         job.counts.refused.append(LeftOut(key.decode("utf-8", "backslashreplace"), parts))
         return
-    twin = writer.claim(job.prefix + parts)
+    placed = job.prefix + parts
+    twin = writer.claim(placed)
     if twin is not None:
         job.counts.refused.append(LeftOut(key.decode("utf-8", "backslashreplace"), twin))
-    elif job.tree.is_index(parts):
+    elif job.tree.index and job.tree.is_index(parts):
         job.deferred.append((parts, value))
     else:
-        _write_one(writer, job, parts, value)
+        _count(job, parts, value, writer.write(placed, value))
 
 
 def _write_index(writer: Writer, job: _Job, parts: tuple[str, ...], value: bytes) -> None:
@@ -434,11 +435,11 @@ def _write_index(writer: Writer, job: _Job, parts: tuple[str, ...], value: bytes
             job.counts.refused.append(LeftOut("/".join(parts), rewritten))
             return
         value = rewritten
-    _write_one(writer, job, parts, value)
+    _count(job, parts, value, writer.write(job.prefix + parts, value))
 
 
-def _write_one(writer: Writer, job: _Job, parts: tuple[str, ...], value: bytes) -> None:
-    outcome = writer.write(job.prefix + parts, value)
+def _count(job: _Job, parts: tuple[str, ...], value: bytes, outcome: bool | str) -> None:
+    """What became of a file `Writer.write` was given, in its tree's report."""
     if isinstance(outcome, str):
         job.counts.refused.append(LeftOut("/".join(parts), outcome))
     elif outcome:

@@ -43,6 +43,7 @@ import functools
 import importlib
 import json
 import os
+import re
 import stat
 import threading
 from collections.abc import Mapping
@@ -107,6 +108,8 @@ _BACKEND: Final = "warmenv.caches.triton:Backend"
 # and the temporary directories it writes through.
 _NOT_KERNELS: Final = ("lock", "tmp.pid_*")
 _MAX_GROUP_BYTES: Final = 1024 * 1024
+_UNESCAPED: Final = re.compile(r"[A-Za-z0-9_.+-]*\Z")
+"""Characters JSON writes as they are."""
 REQUIRES: Final = "triton"
 """The package this tool's facts are read from: `warmenv run --cache triton` needs it here."""
 COUNTING: Final = (
@@ -568,4 +571,11 @@ def _restored_group(writer: Writer, parts: tuple[str, ...], value: bytes) -> byt
             return f"its file {name!r} is not a regular file"
     # `str(target / key / name)`, joined as text: both names are plain (one component).
     kernel = os.path.join(writer.target, parts[0])
-    return json.dumps({"child_paths": {name: f"{kernel}/{name}" for name in names}}).encode()
+    if not _UNESCAPED.match("".join(names)):
+        return json.dumps({"child_paths": {name: f"{kernel}/{name}" for name in names}}).encode()
+    # The same bytes as `json.dumps` of that, without its encoder (a twentieth of a
+    # Triton restore's instructions): the names need no escaping, and JSON escapes a
+    # string a character at a time, so the directory is escaped once for all its files.
+    escaped = json.dumps(f"{kernel}/")[:-1]
+    children = ", ".join(f'"{name}": {escaped}{name}"' for name in names)
+    return f'{{"child_paths": {{{children}}}}}'.encode()
