@@ -158,6 +158,9 @@ def typecheck(session: nox.Session) -> None:
 
 # The compiler caches' benchmarks: they need the compilers, so `bench_caches` runs them.
 CACHE_BENCHMARKS = ("bench_caches.py", "bench_caches_cpu.py")
+# Needs them too, but compares trees, so it runs by name only: `nox -s bench_caches --
+# bench_restore_fresh.py --fixtures DIR --tree OLD --tree NEW`.
+COMPILER_SCRIPTS = (*CACHE_BENCHMARKS, "bench_restore_fresh.py")
 
 
 @nox.session(python=PYTHON)
@@ -181,7 +184,7 @@ def bench(session: nox.Session) -> None:
         "bench_restore.py",  # a compiler-cache restore beside cp -r, no compiler needed
         "bench_import_vs_0_1.py",  # 0.1's reader from the clone's history: a full clone
     )
-    if session.posargs[:1] and session.posargs[0] in CACHE_BENCHMARKS:
+    if session.posargs[:1] and session.posargs[0] in COMPILER_SCRIPTS:
         session.error(
             f"{session.posargs[0]} needs the compilers: run "
             f"nox -s bench_caches -- {' '.join(session.posargs)}"
