@@ -296,6 +296,34 @@ async def test_a_key_served_by_get_and_by_a_read_through_counts_as_one_entry(
     assert bundle.saved_seconds == pytest.approx(2.5)
 
 
+async def test_an_entry_served_as_its_str_and_as_its_encoding_in_one_slice_saves_once(
+    root: Path,
+) -> None:
+    # A JSON store holds a key under its str, or under its encoding when spelled
+    # otherwise: should one slice carry the same entry in both forms, its hits
+    # add up and its saving counts once (the SQL adds savings without grouping
+    # per entry; `cut` makes the two forms one row).
+    async with open_environment("e", root=root) as env:
+        await env.storage(NS).insert_many(
+            [(b'"k"', b"1"), (b'"j"', b"2")], Origin.IMPORTED, cost=2.5, bundle=BUNDLE
+        )
+        path = env.path
+    batch = Batch()
+    batch.add(NS, ["k", b'"k"', "k", b'"j"'], 1, 0, 0.0)
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert sqlite_statistics.flush(batch, statistics_module.START, 0, conn) == batch.end
+        stats = sqlite_statistics.read(Batch(), 2, conn)
+    finally:
+        conn.close()
+    (kernels,) = stats.namespaces
+    assert (kernels.hits_by_origin, kernels.misses) == ({Origin.IMPORTED: 4}, 1)
+    assert kernels.saved_seconds == pytest.approx(2 * 2.5)
+    (bundle,) = stats.bundles
+    assert (bundle.hits, bundle.distinct_hits) == (4, 2)
+    assert bundle.saved_seconds == pytest.approx(2 * 2.5)
+
+
 async def test_a_flush_larger_than_one_statement_counts_every_namespace(root: Path) -> None:
     # 1,200 namespaces and 2,400 hit keys: the batch goes into SQLite in several
     # statements; every count, origin, saving and recency must still land.

@@ -99,27 +99,22 @@ _RESOLVE = (
     f"FROM ({{values}}) AS v CROSS JOIN {_NAMESPACES} AS ns ON ns.i = v.column1 "
     "LEFT JOIN main.entries AS e ON e.namespace = ns.namespace AND e.key = CAST(v.column2 AS BLOB)"
 )
-# A hit key's rows (a JSON store's key may come twice: as str and encoded) made
-# one per entry, so an entry's saving is added once: only if not yet credited.
-_PER_ENTRY = (
-    "SELECT i, origin, bundle, entry, sum(n) AS n, max(cost) AS cost, max(fresh) AS fresh "
-    f"FROM {_HITS}"
-)
 # Per (namespace, origin of the entry hit): hits and seconds saved; misses and
 # computations go on the LOCAL row (every namespace with some has one: below).
+# A slice holds an entry in one row at most (`statistics.cut` merges a key served
+# both as a JSON store's str and as its encoding), so one GROUP BY adds each
+# entry's saving once; a second, per entry, made the flush 1.4x slower.
 _BY_ORIGIN = (
     "SELECT ns.namespace, h.origin, h.hits, h.saved, "
     f"iif(h.origin = {int(Origin.LOCAL)}, ns.misses, 0), "
     f"iif(h.origin = {int(Origin.LOCAL)}, ns.computes, 0), "
     f"iif(h.origin = {int(Origin.LOCAL)}, ns.seconds, 0) "
     "FROM (SELECT i, origin, sum(n) AS hits, sum(iif(fresh, coalesce(cost, 0), 0)) AS saved "
-    f"FROM ({_PER_ENTRY} GROUP BY i, origin, entry) GROUP BY i, origin) AS h "
-    f"JOIN {_NAMESPACES} AS ns ON ns.i = h.i WHERE true"
+    f"FROM {_HITS} GROUP BY i, origin) AS h JOIN {_NAMESPACES} AS ns ON ns.i = h.i WHERE true"
 )
 _BY_BUNDLE = (
     "SELECT bundle, sum(n), sum(iif(fresh, coalesce(cost, 0), 0)) "
-    f"FROM ({_PER_ENTRY} WHERE origin = {int(Origin.IMPORTED)} AND bundle IS NOT NULL "
-    "GROUP BY bundle, entry) GROUP BY bundle"
+    f"FROM {_HITS} WHERE origin = {int(Origin.IMPORTED)} AND bundle IS NOT NULL GROUP BY bundle"
 )
 _CREDIT = f"INSERT OR IGNORE INTO {_CREDITED} SELECT entry FROM {_HITS} WHERE fresh"
 _VALUES_ROWS = 500
