@@ -333,6 +333,16 @@ def test_an_environment_name_that_reads_as_a_file_is_refused_with_a_hint(
     assert files_under(root) == before
 
 
+@pytest.mark.parametrize("name", ["$(id>x).bundle", "a b;rm -r x.bundle", "`id`.bundle"])
+def test_a_bundle_name_of_shell_words_gets_no_command_to_paste(
+    root: Path, shipped: Path, name: str
+) -> None:
+    # The name may come from a cloned project's pyproject.toml: no hint may hand it back
+    # as a command line, where the shell would run what it holds.
+    line = assert_one_error_line(warmenv("stats", "--env", name, root=root), 2)
+    assert "warmenv import" not in line and "letters, digits" in line, line
+
+
 def test_the_library_refuses_a_bundle_name_as_an_environment(tmp_path: Path) -> None:
     async def main() -> None:
         async with open_environment("keys.bundle", root=tmp_path):

@@ -143,13 +143,15 @@ def _why_not_a_name(name: str) -> str | None:
             "a name, not a path: an environment lives at <root>/<name>.db, so give the "
             "directory as the root (--root, WARMENV_ROOT or set_root) and the name alone"
         )
-    if name.endswith(BUNDLE_SUFFIX):
-        return (
-            f"it names a bundle file ({BUNDLE_SUFFIX}), not an environment: to import the "
-            f"bundle, give it as the BUNDLE (`warmenv import {clean(name)} --env NAME`)"
-        )
     if _NAME.fullmatch(name) is None or name in (".", ".."):
         return _NAME_RULE
+    if name.endswith(BUNDLE_SUFFIX):
+        # Only a name of the rule's characters gets here: the command is safe to paste.
+        bundle = f"./{name}" if name.startswith("-") else name
+        return (
+            f"it names a bundle file ({BUNDLE_SUFFIX}), not an environment: to import the "
+            f"bundle, give it as the BUNDLE (`warmenv import {bundle} --env NAME`)"
+        )
     return None
 
 
