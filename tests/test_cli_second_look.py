@@ -282,6 +282,64 @@ def test_ctrl_c_while_the_command_loads_is_one_line_and_130(
     assert not target.exists()
 
 
+# As _HOLD_AT_ANYIO, with stdout closed: the file the hold opens then takes its descriptor.
+_HOLD_WITH_STDOUT_REUSED = _HOLD_AT_ANYIO.replace(
+    'os.write(2, b"loading anyio\\n")',
+    'os.open(os.environ["REUSED"], os.O_WRONLY | os.O_CREAT, 0o600)\n'
+    '            os.write(2, b"loading anyio\\n")',
+)
+
+
+def test_ctrl_c_while_loading_never_writes_into_a_file_that_took_stdouts_descriptor(
+    root: Path, shipped: Path, tmp_path: Path
+) -> None:
+    assert "REUSED" in _HOLD_WITH_STDOUT_REUSED
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(textwrap.dedent(_HOLD_WITH_STDOUT_REUSED))
+    path = os.pathsep.join([str(site), *(p for p in sys.path if p)])
+    reused = tmp_path / "reused.txt"
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "warmenv", "import", str(shipped), "--env", "t", "--json"),
+            *("--root", str(tmp_path / "target")),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path, "REUSED": str(reused)},
+        preexec_fn=lambda: os.close(1),
+    )
+    assert process.stderr is not None
+    assert process.stderr.readline() == "loading anyio\n"
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert err == "warmenv: error: interrupted while starting; nothing was done\n"
+    assert reused.exists() and reused.read_bytes() == b""
+
+
+def test_a_program_named_warmenv_gets_its_own_ctrl_c_once_warmenv_is_imported(
+    tmp_path: Path,
+) -> None:
+    program = tmp_path / "bin" / "warmenv"  # a wrapper of the user's own, by that name
+    program.parent.mkdir()
+    program.write_text(
+        "import os, signal, warmenv\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    signal.pause()\n"
+        "except KeyboardInterrupt:\n"
+        "    print('caught')\n"
+        "finally:\n"
+        "    print('cleaned up')\n"
+    )
+    child = subprocess.run(
+        [sys.executable, str(program), "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert (child.returncode, child.stdout) == (0, "caught\ncleaned up\n"), child.stderr
+
+
 def test_a_program_importing_warmenv_keeps_its_own_ctrl_c() -> None:
     code = (
         "import signal, warmenv\n"

@@ -11,6 +11,14 @@ nothing is said about the work. `release`, called as `main` starts, hands
 SIGINT back to Python's handler, which `main` turns into its line as for any
 stop. A program that merely imports warmenv keeps its own Ctrl-C; a SIGINT
 the shell ignores (a background job) stays ignored.
+
+Two guards keep the one line from doing harm where it is not the command's
+to say: it is said only while the command's modules are still being
+imported (a program that happens to be named `warmenv` and imports the
+library gets `KeyboardInterrupt` as usual once the import is done, its
+`finally` blocks run); and it is written only to the stdout and stderr the
+process started with (a descriptor closed and reused meanwhile is some
+file of the program's, never written into).
 """
 
 from __future__ import annotations
@@ -29,11 +37,17 @@ _SCRIPT_NAMES = ("warmenv", "warmenv.exe", "warmenv-script.py")
 _WITH_VALUE = ("-X", "-W", "-Q")
 
 
+_STARTED_WITH: dict[int, tuple[int, int]] = {}  # stdout's and stderr's (device, inode)
+
+
 def _guard() -> None:
     """Answer SIGINT with the command's one line and 130, if this process is the command."""
     if threading.current_thread() is not threading.main_thread() or not _is_the_command():
         return
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        for fd in (1, 2):
+            if (found := _identity(fd)) is not None:
+                _STARTED_WITH[fd] = found
         signal.signal(signal.SIGINT, _interrupted)
 
 
@@ -45,11 +59,45 @@ def release() -> None:
 
 
 def _interrupted(signum: int, frame: FrameType | None) -> None:
+    if not _loading():  # the import is over: the program's Ctrl-C, as if we were not here
+        release()
+        signal.default_int_handler(signum, frame)
+        return
     line = "interrupted while starting; nothing was done"
-    if "--json" in _ours(sys.argv[1:]):  # the command's one document, as `Output.fail` writes it
-        os.write(1, f'{{\n  "error": "{line}",\n  "exit": 130\n}}\n'.encode())
-    os.write(2, f"warmenv: error: {line}\n".encode())
-    os._exit(130)
+    try:
+        if "--json" in _ours(sys.argv[1:]):  # the command's document, as `Output.fail` has it
+            _say(1, f'{{\n  "error": "{line}",\n  "exit": 130\n}}\n')
+        _say(2, f"warmenv: error: {line}\n")
+    finally:
+        os._exit(130)
+
+
+def _loading() -> bool:
+    """Whether the command's modules are still being imported (importlib marks each
+    module's spec `_initializing` while its code runs)."""
+    for name in _COMMAND_MODULES:
+        spec = getattr(sys.modules.get(name), "__spec__", None)
+        if getattr(spec, "_initializing", False):
+            return True
+    return False
+
+
+def _identity(fd: int) -> tuple[int, int] | None:
+    try:
+        found = os.fstat(fd)
+    except OSError:  # closed
+        return None
+    return found.st_dev, found.st_ino
+
+
+def _say(fd: int, text: str) -> None:
+    """`text` to `fd`, only if it is still the stream the process started with."""
+    if _STARTED_WITH.get(fd) is None or _identity(fd) != _STARTED_WITH[fd]:
+        return
+    try:
+        os.write(fd, text.encode())
+    except OSError:
+        pass
 
 
 def _ours(arguments: list[str]) -> list[str]:
