@@ -451,7 +451,8 @@ def test_a_restored_index_is_byte_for_byte_what_json_dumps_writes(tmp_path: Path
     facts = Facts.here("triton", "python").segment
     files = {b"K1/k.cubin": b"1", b"K1/k+1.json": b"2", b"K2/k \xc3\xbc.bin": b"3"}
     groups = {
-        b"K1/__grp__k.json": b'{"child_paths": ["k.cubin", "k+1.json"]}',  # names as they are
+        # Names as they are, one listed twice (written once, as json.dumps of a dict would).
+        b"K1/__grp__k.json": b'{"child_paths": ["k.cubin", "k+1.json", "k.cubin"]}',
         b"K2/__grp__k.json": '{"child_paths": ["k \u00fc.bin"]}'.encode(),  # a name escaped
     }
     target = tmp_path / 'a "cach\u00e9" \U0001f600'  # escaped in every path

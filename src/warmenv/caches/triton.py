@@ -516,7 +516,7 @@ def _group_names(data: bytes | str | None, kernel: Path | None) -> list[str] | s
     for name in children:
         if not isinstance(name, str) or not _plain_name(name):
             return f"it names {name!r}, which is not a plain file name"
-    return sorted(children)
+    return sorted(set(children))  # each name once, however often the index lists it
 
 
 def _too_large() -> str:
