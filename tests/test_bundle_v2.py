@@ -39,7 +39,16 @@ from warmenv.bundle import (
 )
 from warmenv.bundle.sqlite.schema import COLUMNS
 from warmenv.persistence import Origin
-from warmenv.persistence.carried import CLOCK_SKEW, COST_LIMIT, WRITTEN_AT_LIMIT
+from warmenv.persistence.carried import (
+    CLOCK_SKEW,
+    COST_LIMIT,
+    WRITTEN_AT_LIMIT,
+    as_of,
+    as_of_sql,
+    believed,
+    believed_sql,
+    received_sql,
+)
 from warmenv.persistence.sqlite.schema import ENTRY_COLUMNS
 from warmenv.persistence.store import Store
 
@@ -357,6 +366,26 @@ async def test_a_flat_bundle_carrying_a_value_out_of_range_imports_it_as_unknown
             assert info.written_at is not None and before <= info.written_at <= time.time()
         else:
             assert info.written_at == believed
+
+
+@pytest.mark.parametrize("now", [1.7e9, WRITTEN_AT_LIMIT - CLOCK_SKEW / 2])
+def test_the_copys_one_case_records_a_written_at_as_believed_then_as_of_do(now: float) -> None:
+    # The bulk copy reads a carried written_at through one CASE (`received_sql`)
+    # instead of `as_of_sql` over `believed_sql`: the same value for every kind of
+    # column value a file can hold, the year-10000 edge included.
+    numbers = [-1.0, -0.0, 0.0, 0, 1, 2.5, now - 1, now, now + 1, now + CLOCK_SKEW]
+    numbers += [now + CLOCK_SKEW + 1e-3, now + 60, WRITTEN_AT_LIMIT - 1, WRITTEN_AT_LIMIT]
+    numbers += [1e300, float("inf"), float("-inf"), 2**62]
+    values: list[object] = [None, "text", "", b"", b"\x00", "1", *numbers]
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t (i INTEGER PRIMARY KEY, w)")
+    conn.executemany("INSERT INTO t (w) VALUES (?)", [(v,) for v in values])
+    one = received_sql("w", now)
+    composed = as_of_sql(believed_sql("w", WRITTEN_AT_LIMIT), now)
+    rows = conn.execute(f"SELECT w, {one}, {composed}, typeof({one}) FROM t ORDER BY i")
+    for value, got, expected, kind in rows:
+        assert got == expected == as_of(believed(value, WRITTEN_AT_LIMIT), now), value
+        assert kind == ("null" if got is None else "real")
 
 
 @pytest.mark.parametrize("format", ["flat", "sqlite"])

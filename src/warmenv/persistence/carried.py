@@ -27,6 +27,7 @@ __all__ = [
     "believed_columns_sql",
     "believed_sql",
     "pack",
+    "received_sql",
     "typed_sql",
     "unpack",
 ]
@@ -115,6 +116,26 @@ def as_of_sql(believed: str, now: float) -> str:
     return (
         f"(CASE WHEN {believed} <= {now!r} THEN {believed}"
         f" WHEN {believed} <= {now + CLOCK_SKEW!r} THEN {now!r} END)"
+    )
+
+
+def received_sql(column: str, now: float) -> str:
+    """`as_of(believed(column, WRITTEN_AT_LIMIT), now)` as one SQL expression over the
+    carried `written_at` in `column`: what a copy records for a row it takes in.
+
+    The same as `as_of_sql(believed_sql(...))`, which repeats the believed
+    expression in each branch (SQLite shares no subexpression: the column read
+    and compared up to six times a row), as one CASE of at most three
+    comparisons: a negative number is not believed; up to `now` it is; up to
+    `CLOCK_SKEW` later it counts as `now`; anything else (later still, text, a
+    blob; NULL compares to nothing) is unknown. Only while `now` lies that far
+    before `WRITTEN_AT_LIMIT` (the year 10000), else it is the composed form.
+    """
+    if not now + CLOCK_SKEW < WRITTEN_AT_LIMIT:
+        return as_of_sql(believed_sql(column, WRITTEN_AT_LIMIT), now)
+    return (
+        f"(CASE WHEN {column} < 0 THEN NULL WHEN {column} <= {now!r} THEN {column} + 0.0"
+        f" WHEN {column} <= {now + CLOCK_SKEW!r} THEN {now!r} END)"
     )
 
 

@@ -178,8 +178,7 @@ def _copy_provenance(alias: str, bundle: BundleRef | None, conn: sqlite3.Connect
     columns = {name for name, _ in schema.entry_columns(conn, alias)}
     written_at = "NULL"  # a source that records no write times: each is unknown
     if "written_at" in columns:
-        believed = carried.believed_sql("b.written_at", carried.WRITTEN_AT_LIMIT)
-        written_at = carried.as_of_sql(believed, now)
+        written_at = carried.received_sql("b.written_at", now)
     cost = carried.believed_sql("b.cost", carried.COST_LIMIT) if "cost" in columns else "NULL"
     bundle_id = None
     if bundle is not None:
