@@ -282,14 +282,10 @@ class _Exportable:
         matches, match_params = schema.prefix_sql(prefixes)
         bad = sorted(
             {
-                bytes(raw)
+                raw
                 for conn in conns
-                for (raw,) in conn.execute(
-                    # Other types are left out by well_typed (a NULL has no bytes to compare).
-                    f"SELECT DISTINCT CAST(namespace AS BLOB) FROM {table} "
-                    "WHERE typeof(namespace) = 'text'"
-                )
-                if not raw or not is_utf8(bytes(raw))
+                for raw in _text_namespaces(conn, table)
+                if not raw or not is_utf8(raw)
             }
         )
         where = f"{schema.well_typed()} AND {matches}"
@@ -312,6 +308,35 @@ class _Exportable:
             [*self.match_params, *self.params],
         ).fetchone()
         return int(row[0])
+
+
+# The text namespaces sort after every number and NULL and before every blob, and the
+# (namespace, key) index holds them in that order: each next one is one seek along it.
+_FIRST_TEXT = (
+    "SELECT CAST(namespace AS BLOB) FROM {table} WHERE namespace >= '' AND namespace < x'' "
+    "ORDER BY namespace LIMIT 1"
+)
+_NEXT_TEXT = (
+    "SELECT CAST(namespace AS BLOB) FROM {table} "
+    "WHERE namespace > CAST(? AS TEXT) AND namespace < x'' ORDER BY namespace LIMIT 1"
+)
+
+
+def _text_namespaces(conn: sqlite3.Connection, table: str) -> Iterator[bytes]:
+    """The bytes of each distinct namespace of `table` stored as text, in index order.
+
+    Found by stepping along the (namespace, key) index from one namespace to the
+    next, one seek each, instead of `SELECT DISTINCT` over every row (about 1,000
+    instructions an entry, a tenth of the copy itself). Namespaces of another
+    type are left out by `well_typed`; those that are text but not UTF-8 are
+    compared as the bytes they are (the previous one bound as a blob and cast
+    back to text, which keeps its bytes).
+    """
+    row = conn.execute(_FIRST_TEXT.format(table=table)).fetchone()
+    while row is not None:
+        raw = bytes(row[0])
+        yield raw
+        row = conn.execute(_NEXT_TEXT.format(table=table), (raw,)).fetchone()
 
 
 def _entries(totals: Totals) -> int:
