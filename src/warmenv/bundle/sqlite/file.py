@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import threading
 from collections.abc import AsyncGenerator, Callable, Generator
 from functools import partial
 from pathlib import Path
@@ -97,11 +98,10 @@ class BundleFile:
         """
         # Immutable: the main file alone is read, exactly the bytes an import's
         # private copy holds (never a -wal file beside it), and nothing is created.
+        uri = bundle_schema.read_only_uri(path, immutable=True)
         try:
             connection, checked = await _sqlite.open_with(
-                bundle_schema.read_only_uri(path, immutable=True),
-                partial(_check_file, label, check_rows),
-                uri=True,
+                uri, partial(_check_file, label, check_rows, uri), uri=True
             )
         except UnicodeDecodeError as exc:
             raise CorruptBundleError(f"{label}: text that is not UTF-8 ({exc})") from None
@@ -203,8 +203,11 @@ class _Index:
         integrity check's instructions)."""
         if self.paired:
             return
-        (indexed,) = conn.execute(_INDEXED).fetchone()
-        (paired,) = conn.execute(_PAIRED).fetchone()
+        self.check_pairs(*_pair_counts(conn))
+
+    def check_pairs(self, indexed: int, paired: int) -> None:
+        """`CorruptBundleError` unless the index holds `rows` entries (`indexed`), each
+        naming its own row (`paired`): the counts `pair` takes (`_pair_counts`)."""
         if not self.rows == indexed == paired:
             raise CorruptBundleError(
                 f"{self.label}: its index does not match its rows ({self.rows:,} rows, "
@@ -235,6 +238,58 @@ _PAIRED = (
 )
 
 
+def _pair_counts(conn: sqlite3.Connection) -> tuple[int, int]:
+    """The index's entries, and how many of them name their own row (`_Index.pair`)."""
+    (indexed,) = conn.execute(_INDEXED).fetchone()
+    (paired,) = conn.execute(_PAIRED).fetchone()
+    return int(indexed), int(paired)
+
+
+@final
+class _Beside:
+    """`_pair_counts` of a file read on a connection and thread of its own, while the
+    open's thread reads the same file for its totals and types.
+
+    The two reads are independent passes over an immutable file (the private
+    copy, opened `immutable=1`), each about a quarter to a half of the open's
+    instructions; on two cores the open then waits for the longer one only.
+    sqlite3 lets go of the GIL while a statement steps, so the two overlap.
+    Started only once the schema is checked on the open's connection (the
+    index read by name is the one `unlike_ours` allows).
+    """
+
+    __slots__ = ("_counts", "_error", "_thread", "_uri")
+
+    def __init__(self, uri: str) -> None:
+        self._uri = uri
+        self._counts: tuple[int, int] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="warmenv-pairs", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            conn = _sqlite.open_file(self._uri)
+            try:
+                self._counts = _pair_counts(conn)
+            finally:
+                conn.close()
+        except BaseException as exc:  # raised again on the open's thread, by `counts`
+            self._error = exc
+
+    def wait(self) -> None:
+        """Until the thread is done (its connection closed)."""
+        self._thread.join()
+
+    def counts(self) -> tuple[int, int]:
+        """The counts, once the thread is done; what it raised, raised here."""
+        self.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._counts is not None
+        return self._counts
+
+
 # The bundle format of each entries table warmenv reads; an environment's table
 # (None) is read only to say that the file is an environment.
 _FORMATS: dict[tuple[tuple[str, str], ...], int | None] = {
@@ -243,7 +298,7 @@ _FORMATS: dict[tuple[tuple[str, str], ...], int | None] = {
 }
 
 
-def _check_file(label: str, check_rows: bool, conn: sqlite3.Connection) -> _Checked:
+def _check_file(label: str, check_rows: bool, uri: str, conn: sqlite3.Connection) -> _Checked:
     view = bundle_schema.first_view(conn)
     if view is not None:
         raise _not_a_bundle(label, f"it has a view {view!r}, which no warmenv bundle has")
@@ -280,11 +335,18 @@ def _check_file(label: str, check_rows: bool, conn: sqlite3.Connection) -> _Chec
     manifest = schema.meta_value(conn, "manifest")
     # The rows' types are the digest pass's where one follows (it reads every row).
     typed = schema.well_typed() + (f" AND {carried.typed_sql()}" if format == 2 else "")
-    # Read from the table, not through the index: nothing has proven the index yet.
-    totals = _totals(conn, label, typed if check_rows else None)
+    # The index's pairs, beside the totals: an environment's table is refused as one.
+    beside = _Beside(uri) if check_rows and format is not None else None
+    try:
+        # Read from the table, not through the index: nothing has proven the index yet.
+        totals = _totals(conn, label, typed if check_rows else None)
+    except BaseException:
+        if beside is not None:
+            beside.wait()  # what the totals found is what is raised, as before
+        raise
     index = _Index(label, sum(summary.entries for summary in totals))
-    if check_rows and format is not None:  # an environment's table is refused as one
-        index.pair(conn)
+    if beside is not None:
+        index.check_pairs(*beside.counts())
     return _Checked(manifest, totals, format, index)
 
 
