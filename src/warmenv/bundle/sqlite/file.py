@@ -28,7 +28,7 @@ import threading
 from collections.abc import AsyncGenerator, Callable, Generator
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar, final
+from typing import Any, Generic, TypeVar, final
 
 import anyio
 import attrs
@@ -245,49 +245,59 @@ def _pair_counts(conn: sqlite3.Connection) -> tuple[int, int]:
     return int(indexed), int(paired)
 
 
-@final
-class _Beside:
-    """`_pair_counts` of a file read on a connection and thread of its own, while the
-    open's thread reads the same file for its totals and types.
+def _wrong_types(typed: str, conn: sqlite3.Connection) -> int:
+    """How many rows fail `typed` (the types every row of a bundle has), read alone."""
+    (count,) = conn.execute(
+        f"SELECT count(*) FROM entries NOT INDEXED WHERE NOT ({typed})"
+    ).fetchone()
+    return int(count)
 
-    The two reads are independent passes over an immutable file (the private
-    copy, opened `immutable=1`), each about a quarter to a half of the open's
-    instructions; on two cores the open then waits for the longer one only.
-    sqlite3 lets go of the GIL while a statement steps, so the two overlap.
+
+@final
+class _Beside(Generic[T]):
+    """One read of the file (`read`) on a connection and thread of its own, while the
+    open's thread reads the same file for its runs and totals.
+
+    The open's reads before a trusting import's first commit are independent
+    passes over an immutable file (the private copy, opened `immutable=1`):
+    the runs and totals (about 3,000 instructions an entry), every row's types
+    (2,100) and the index's pairs (1,600). Run side by side, the open waits
+    for the longest alone; sqlite3 lets go of the GIL while a statement steps.
     Started only once the schema is checked on the open's connection (the
     index read by name is the one `unlike_ours` allows).
     """
 
-    __slots__ = ("_counts", "_error", "_thread", "_uri")
+    __slots__ = ("_error", "_read", "_result", "_thread", "_uri")
 
-    def __init__(self, uri: str) -> None:
+    def __init__(self, uri: str, read: Callable[[sqlite3.Connection], T]) -> None:
         self._uri = uri
-        self._counts: tuple[int, int] | None = None
+        self._read = read
+        self._result: T | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="warmenv-pairs", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="warmenv-check", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
             conn = _sqlite.open_file(self._uri)
             try:
-                self._counts = _pair_counts(conn)
+                self._result = self._read(conn)
             finally:
                 conn.close()
-        except BaseException as exc:  # raised again on the open's thread, by `counts`
+        except BaseException as exc:  # raised again on the open's thread, by `result`
             self._error = exc
 
     def wait(self) -> None:
         """Until the thread is done (its connection closed)."""
         self._thread.join()
 
-    def counts(self) -> tuple[int, int]:
-        """The counts, once the thread is done; what it raised, raised here."""
+    def result(self) -> T:
+        """What the read returned, once the thread is done; what it raised, raised here."""
         self.wait()
         if self._error is not None:
             raise self._error
-        assert self._counts is not None
-        return self._counts
+        assert self._result is not None
+        return self._result
 
 
 # The bundle format of each entries table warmenv reads; an environment's table
@@ -335,22 +345,27 @@ def _check_file(label: str, check_rows: bool, uri: str, conn: sqlite3.Connection
     manifest = schema.meta_value(conn, "manifest")
     # The rows' types are the digest pass's where one follows (it reads every row).
     typed = schema.well_typed() + (f" AND {carried.typed_sql()}" if format == 2 else "")
-    # The index's pairs, beside the totals: an environment's table is refused as one.
-    beside = _Beside(uri) if check_rows and format is not None else None
+    # The rows' types and the index's pairs, each beside the totals (an environment's
+    # table is refused as one: its pairs are not read).
+    types = _Beside(uri, partial(_wrong_types, typed)) if check_rows else None
+    pairs = _Beside(uri, _pair_counts) if check_rows and format is not None else None
     try:
         # Read from the table, not through the index: nothing has proven the index yet.
-        totals = _totals(conn, label, typed if check_rows else None)
+        totals = _totals(conn, label, types)
     except BaseException:
-        if beside is not None:
-            beside.wait()  # what the totals found is what is raised, as before
+        for beside in (types, pairs):
+            if beside is not None:
+                beside.wait()  # what the open found first is what is raised, as before
         raise
     index = _Index(label, sum(summary.entries for summary in totals))
-    if beside is not None:
-        index.check_pairs(*beside.counts())
+    if pairs is not None:
+        index.check_pairs(*pairs.result())
     return _Checked(manifest, totals, format, index)
 
 
-def _totals(conn: sqlite3.Connection, label: str, typed: str | None) -> list[NamespaceSummary]:
+def _totals(
+    conn: sqlite3.Connection, label: str, types: _Beside[int] | None
+) -> list[NamespaceSummary]:
     """Each namespace's entries and bytes, read from the table, in namespace order.
 
     A bundle warmenv exported holds its rows in key order, one after the
@@ -359,32 +374,28 @@ def _totals(conn: sqlite3.Connection, label: str, typed: str | None) -> list[Nam
     made otherwise is grouped by namespace (SQLite sorts the namespaces and
     sizes of every row).
 
-    `typed`: for a file read without a digest (the digest pass checks every
-    row as it reads it), the condition every row must meet, counted in the
-    same read as the totals (a read of the whole file fewer); where the rows
-    are not in runs, a (namespace, key) held twice is also looked for (the
+    `types`: for a file read without a digest (the digest pass checks every
+    row as it reads it), the count of the rows of the wrong types, read beside
+    the totals (`_Beside`) and raised once they are read; where the rows are
+    not in runs, a (namespace, key) held twice is then also looked for (the
     runs' check of key order rules it out).
     """
-    wrong = "0" if typed is None else f"NOT ({typed})"  # a row of the wrong types, as SQL
     totals: list[NamespaceSummary] = []
-    bad = 0
     runs = _runs(conn, label)
     if runs is not None:
-        sql = _RUN_TOTALS.format(wrong=wrong)
         for namespace, text, start, end in runs:
-            count, size, failing = conn.execute(sql, (start, end)).fetchone()
+            count, size = conn.execute(_RUN_TOTALS, (start, end)).fetchone()
             totals.append(NamespaceSummary(namespace, int(count), int(size), text))
-            bad += failing
     else:
-        for name, count, size, text, failing in conn.execute(_GROUPED_TOTALS.format(wrong=wrong)):
+        for name, count, size, text in conn.execute(_GROUPED_TOTALS):
             totals.append(NamespaceSummary(name, int(count), int(size), bool(text)))
-            bad += failing
+    bad = 0 if types is None else types.result()
     if bad:
         what = "1 row has" if bad == 1 else f"{int(bad):,} rows have"
         raise CorruptBundleError(
             f"{label}: {what} a namespace, key, value, written_at or cost of the wrong type"
         )
-    if runs is None and typed is not None:
+    if runs is None and types is not None:
         twice = conn.execute(
             "SELECT namespace, key FROM entries NOT INDEXED "
             "GROUP BY namespace, key HAVING count(*) > 1 LIMIT 1"
@@ -396,19 +407,16 @@ def _totals(conn: sqlite3.Connection, label: str, typed: str | None) -> list[Nam
 
 _MAX_RUNS = 4096  # namespaces in runs of rowids; a file of more is grouped instead
 _LAST_ROWID = (1 << 63) - 1
-# `wrong`: the condition of a row of the wrong types, its rows counted beside the
-# totals (`0` when none is looked for). Counting the rows a condition selects takes
-# SQLite about half the time of summing the condition over them all.
 _RUN_TOTALS = (
-    f"SELECT count(*), coalesce(sum({schema.ENTRY_BYTES}), 0), "
-    "count(*) FILTER (WHERE {wrong}) FROM entries NOT INDEXED WHERE rowid BETWEEN ? AND ?"
+    f"SELECT count(*), coalesce(sum({schema.ENTRY_BYTES}), 0) "
+    "FROM entries NOT INDEXED WHERE rowid BETWEEN ? AND ?"
 )
-# A co-routine hands the sorter each row's namespace, size and whether its types are
-# wrong alone (grouping the table itself would sort every key and value with them).
+# A co-routine hands the sorter each row's namespace and size alone (grouping the
+# table itself would sort every key and value with them).
 _GROUPED_TOTALS = (
-    "SELECT name, count(*), coalesce(sum(size), 0), text, coalesce(sum(wrong), 0) FROM ("
+    "SELECT name, count(*), coalesce(sum(size), 0), text FROM ("
     f"SELECT namespace AS raw, {schema.namespace_read()} AS name, "
-    f"{schema.text_read()} AS text, {schema.ENTRY_BYTES} AS size, {{wrong}} AS wrong "
+    f"{schema.text_read()} AS text, {schema.ENTRY_BYTES} AS size "
     "FROM entries NOT INDEXED LIMIT -1"
     ") GROUP BY raw ORDER BY raw"
 )
