@@ -22,6 +22,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -250,28 +251,39 @@ sys.meta_path.insert(0, Hold())
 """
 
 
-@pytest.mark.parametrize("json_mode", [False, True])
-def test_ctrl_c_while_the_command_loads_is_one_line_and_130(
-    root: Path, shipped: Path, tmp_path: Path, json_mode: bool
-) -> None:
+def _interrupted_while_loading(
+    hold: str, arguments: list[str], tmp_path: Path, **popen: Any
+) -> tuple[subprocess.Popen[str], str, str]:
+    """`python -m warmenv ARGUMENTS` held by `hold` (a sitecustomize) in its first import
+    of anyio, sent SIGINT once it says so; the process, its stdout and its stderr."""
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(textwrap.dedent(_HOLD_AT_ANYIO))
+    (site / "sitecustomize.py").write_text(textwrap.dedent(hold))
     path = os.pathsep.join([str(site), *(p for p in sys.path if p)])
-    target = tmp_path / "target"
+    environment = {**os.environ, "PYTHONPATH": path, **popen.pop("env", {})}
     process = subprocess.Popen(
-        [sys.executable, "-m", "warmenv", "import", str(shipped), "--env", "t"]
-        + ["--root", str(target)]
-        + (["--json"] if json_mode else []),
-        stdout=subprocess.PIPE,
+        [sys.executable, "-m", "warmenv", *arguments],
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": path},
+        env=environment,
+        **{"stdout": subprocess.PIPE, **popen},
     )
     assert process.stderr is not None
     assert process.stderr.readline() == "loading anyio\n"
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
+    return process, out, err
+
+
+@pytest.mark.parametrize("json_mode", [False, True])
+def test_ctrl_c_while_the_command_loads_is_one_line_and_130(
+    root: Path, shipped: Path, tmp_path: Path, json_mode: bool
+) -> None:
+    target = tmp_path / "target"
+    arguments = ["import", str(shipped), "--env", "t", "--root", str(target)]
+    process, out, err = _interrupted_while_loading(
+        _HOLD_AT_ANYIO, arguments + (["--json"] if json_mode else []), tmp_path
+    )
     assert process.returncode == 130, err
     assert err == "warmenv: error: interrupted while starting; nothing was done\n"
     if json_mode:
@@ -294,26 +306,15 @@ def test_ctrl_c_while_loading_never_writes_into_a_file_that_took_stdouts_descrip
     root: Path, shipped: Path, tmp_path: Path
 ) -> None:
     assert "REUSED" in _HOLD_WITH_STDOUT_REUSED
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(textwrap.dedent(_HOLD_WITH_STDOUT_REUSED))
-    path = os.pathsep.join([str(site), *(p for p in sys.path if p)])
     reused = tmp_path / "reused.txt"
-    process = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "warmenv", "import", str(shipped), "--env", "t", "--json"),
-            *("--root", str(tmp_path / "target")),
-        ],
+    process, _, err = _interrupted_while_loading(
+        _HOLD_WITH_STDOUT_REUSED,
+        ["import", str(shipped), "--env", "t", "--json", "--root", str(tmp_path / "target")],
+        tmp_path,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": path, "REUSED": str(reused)},
+        env={"REUSED": str(reused)},
         preexec_fn=lambda: os.close(1),
     )
-    assert process.stderr is not None
-    assert process.stderr.readline() == "loading anyio\n"
-    process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=60)
     assert process.returncode == 130, err
     assert err == "warmenv: error: interrupted while starting; nothing was done\n"
     assert reused.exists() and reused.read_bytes() == b""
