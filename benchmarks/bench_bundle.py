@@ -24,7 +24,7 @@ import tempfile
 import textwrap
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 import anyio
@@ -353,7 +353,7 @@ def flat_get_rows(n: int, get: float, floor: float, least: float) -> list[Row]:
 
 
 async def medians(
-    measures: dict[str, Callable[[], Awaitable[float]]], rounds: int
+    measures: Mapping[str, Callable[[], Awaitable[float]]], rounds: int
 ) -> dict[str, float]:
     """Each measure's median over `rounds`, the measures in one order and then the reverse."""
     runs: dict[str, list[float]] = {}

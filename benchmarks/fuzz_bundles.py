@@ -308,7 +308,7 @@ def report(out: Path, seconds: float, crashes: list[dict[str, Any]], workers: in
     for progress in out.glob("progress-*.json"):
         seen = json.loads(progress.read_text())
         counts.update(seen["counts"])
-        slowest = max(slowest, tuple(seen["slowest"]))  # type: ignore[arg-type]
+        slowest = max(slowest, tuple(seen["slowest"]))
     findings = [json.loads(p.read_text()) for p in sorted(out.glob("findings/*.json"))]
     distinct: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for finding in findings:
