@@ -181,6 +181,26 @@ async def test_the_default_root_opens_on_disk(
             assert env.path.is_relative_to(tmp_path / "home")
 
 
+@pytest.mark.anyio
+async def test_a_root_made_under_a_umask_of_002_opens_on_disk_again(tmp_path: Path) -> None:
+    """The first open made the root as `mkdir -p` does, 0777 less the umask: under a umask
+    of 002 (user private groups) it was group-writable, and every later open of any of its
+    environments was refused as one others could redirect (and `warmenv run` at once)."""
+    root = tmp_path / "new" / "root"
+    before = os.umask(0o002)
+    try:
+        async with open_environment("e", root=root) as env:
+            assert not env.in_memory
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            async with open_environment("e", root=root) as env:
+                assert not env.in_memory
+    finally:
+        os.umask(before)
+
+    assert [oct(p.stat().st_mode & 0o777) for p in (root.parent, root)] == ["0o755", "0o755"]
+
+
 def test_a_dotdot_after_a_missing_step_does_not_end_the_check(shared_tmp: Path) -> None:
     """`mine/missing/../../shared/sub`: the system climbs out of the missing step (which
     `mkdir(parents=True)` then creates) and goes on through `nobody`'s symlink, so the

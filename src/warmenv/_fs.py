@@ -41,6 +41,7 @@ __all__ = [
     "expand_home",
     "is_missing",
     "kind_of",
+    "make_directories",
     "missing_link",
     "non_regular_kind",
     "open_found",
@@ -228,6 +229,24 @@ def is_missing(path: Path) -> bool:
     except OSError:
         return False
     return False
+
+
+def make_directories(path: Path, mode: int = 0o755) -> None:
+    """`mkdir -p path`, each directory it makes given `mode` (less the umask).
+
+    `Path.mkdir(parents=True)` gives the parents it makes 0777 less the umask
+    whatever `mode` says, so under a umask of 002 (user private groups) a new
+    root, cache parent or hooks' directory was group-writable, and the next
+    command refused it (`open_to_others`). `FileExistsError` where something
+    other than a directory (a file, a dangling symlink) is in the way.
+    """
+    missing = []
+    at = path
+    while not at.is_dir() and at.parent != at:
+        missing.append(at)
+        at = at.parent
+    for directory in reversed(missing):
+        directory.mkdir(mode=mode, exist_ok=True)
 
 
 def open_to_others(st: os.stat_result) -> bool:

@@ -20,7 +20,6 @@ import sqlite3
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple, final, overload
 
@@ -31,7 +30,7 @@ import attrs
 from warmenv._background import Background
 from warmenv._errors import ClosedError, warn
 from warmenv._faces import ASYNC_ONLY, AsyncWith, async_only
-from warmenv._fs import expand_home, is_missing, why_redirectable
+from warmenv._fs import expand_home, is_missing, make_directories, why_redirectable
 from warmenv.config import (
     Config,
     activate,
@@ -658,9 +657,8 @@ async def _open(
     if reason is None:
         try:
             if create:
-                await anyio.to_thread.run_sync(
-                    partial(path.parent.mkdir, parents=True, exist_ok=True)
-                )
+                # 0755, not 0777 less the umask: a root others can write is refused
+                await anyio.to_thread.run_sync(make_directories, path.parent)
             db = await open_database(
                 path, create=create, read_only=read_only, lock_timeout=lock_timeout
             )

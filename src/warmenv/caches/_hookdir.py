@@ -47,7 +47,7 @@ from typing import Final, final
 
 import attrs
 
-from warmenv._fs import open_found, read_bounded
+from warmenv._fs import make_directories, open_found, read_bounded
 from warmenv._version import __version__
 from warmenv.caches._paths import TEMPORARY_PREFIX, UnsafeTargetError, check_ancestors
 from warmenv.caches._paths import check_directory as check_private
@@ -130,7 +130,7 @@ def _lease(home: Path) -> int:
     the path no longer leads to the file we locked, and we start again.
     """
     for _ in range(_ATTEMPTS):
-        home.mkdir(mode=0o755, parents=True, exist_ok=True)
+        make_directories(home)  # 0755: a umask of 002 would make it unusable
         directory = os.open(home, _OPEN | os.O_DIRECTORY)
         try:
             check_private(directory, home)
@@ -228,7 +228,7 @@ def _install(home: Path, final: Path, files: Mapping[str, str]) -> None:
     try:
         for relative, text in files.items():
             path = staging / relative
-            path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            make_directories(path.parent)
             path.write_text(text, encoding="utf-8")
             path.chmod(0o644)
         staging.chmod(0o755)

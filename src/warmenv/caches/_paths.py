@@ -40,7 +40,14 @@ from pathlib import Path
 from typing import Final
 
 from warmenv._errors import WarmenvError
-from warmenv._fs import missing_link, open_found, open_to_others, read_bounded, why_redirectable
+from warmenv._fs import (
+    make_directories,
+    missing_link,
+    open_found,
+    open_to_others,
+    read_bounded,
+    why_redirectable,
+)
 
 __all__ = [
     "DIRECTORY_FLAGS",
@@ -307,9 +314,14 @@ def make_target(target: Path) -> None:
     """Make the directory `target` (and its parents) if missing; `UnsafeTargetError`
     naming the link where it, or a directory on the way, is a symlink to a missing
     path (`mkdir` says only "File exists" of the link, which sends the user looking
-    for a file)."""
+    for a file).
+
+    Each missing parent is made 0755 at most too (`make_directories`): under a
+    umask of 002 `mkdir -p` made the parents group-writable, and the next restore
+    refused the target beneath them (`check_ancestors`).
+    """
     try:
-        target.mkdir(mode=_DIRECTORY_MODE, parents=True, exist_ok=True)
+        make_directories(target, _DIRECTORY_MODE)
     except FileExistsError:
         if (dangling := missing_link(target)) is None:
             raise
