@@ -61,7 +61,7 @@ def test_a_cache_directory_under_an_unknown_home_is_one_line_naming_where(
             call(tmp_path)
         assert str(raised.value).startswith(f"{where}: {NOBODY!r}"), raised.value
         assert "names no home directory" in str(raised.value)
-    assert not (tmp_path / "caches").exists()
+    assert not (tmp_path / "e.caches").exists()  # the environment's own default
 
 
 ASYNC: dict[str, Callable[..., Any]] = {

@@ -106,7 +106,7 @@ def test_run_refuses_a_tool_not_installed_in_one_line_with_the_hint(
     # warmenv runs from the clone without being installed: the hint installs from the clone
     assert f"pip install -e '{_CLONE}[{tool}]'" in lines[0] and f"--cache {tool}" in lines[0]
     assert not ran.exists()  # COMMAND never started
-    assert not (tmp_path / "root" / "caches").exists()  # nothing restored
+    assert not (tmp_path / "root" / "default.caches").exists()  # nothing restored
 
 
 def test_the_bare_python_has_no_compiler(bare_python: Path) -> None:

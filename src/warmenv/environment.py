@@ -609,6 +609,13 @@ async def open_environment(
         raise error
 
 
+def environment_file(name: str | None = None, *, root: str | Path | None = None) -> Path:
+    """The database file `open_environment(name, root=root)` opens, `<root>/<name>.db`
+    (each defaulting to `active()`'s), found without creating or opening anything;
+    `ValueError` for a name that names no environment (`config.check_name`)."""
+    return _locate(name, root, None)[1]
+
+
 def _locate(name: str | None, root: str | Path | None, file: str | Path | None) -> tuple[str, Path]:
     """The environment's name and database path, and its directory created."""
     if file is not None:

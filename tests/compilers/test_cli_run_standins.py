@@ -97,7 +97,7 @@ def test_run_passes_the_exit_status_through_and_captures_after(tmp_path: Path) -
     assert completed.returncode == 3, completed.stderr
     seen = _first_json(completed.stdout)
     assert seen["xla_caches"] == "none"  # the trap fixed for the child
-    assert seen["cache"] == str(root / "caches" / "jax")
+    assert seen["cache"] == str(root / "default.caches" / "jax")
     assert "jax: captured 1 file (" in completed.stderr and ": 1 new," in completed.stderr
 
     async def files() -> list[bytes]:
@@ -276,7 +276,7 @@ def test_under_a_directory_others_can_write_the_command_runs_uncounted_said_once
         environ={"XDG_CACHE_HOME": str(shared / "cache")},
     )
     assert completed.returncode == 0, completed.stderr
-    assert _first_json(completed.stdout)["cache"] == str(root / "caches" / "jax")  # it ran
+    assert _first_json(completed.stdout)["cache"] == str(root / "default.caches" / "jax")  # it ran
     warnings = [line for line in completed.stderr.splitlines() if "warning" in line]
     assert len(warnings) == 1, completed.stderr
     hooks = f"{shared}/cache/warmenv/.run-hooks/{warmenv.__version__}/"

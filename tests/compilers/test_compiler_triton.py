@@ -159,7 +159,7 @@ def test_a_kernel_compiled_live_is_served_to_an_empty_cache_directory(
     require("triton")
     first, _ = machines
     _compile(first, "live")
-    shutil.rmtree(first.root / "caches" / "triton-live")  # where the live form's files land
+    shutil.rmtree(first.root / "default.caches" / "triton-live")  # where the live form's files land
 
     again = _compile(first, "live")
 
@@ -177,7 +177,7 @@ def test_the_live_form_leaves_the_cache_directory_of_a_plain_triton_alone(
     plain = _compile(first, "plain")  # TRITON_CACHE_DIR: would fail on a list-form index
 
     assert (plain["hits"], plain["misses"]) == (0, KERNELS), plain
-    assert list((first.root / "caches" / "triton-live").glob("*/__grp__*.json"))
+    assert list((first.root / "default.caches" / "triton-live").glob("*/__grp__*.json"))
 
 
 def test_a_plain_copy_of_a_triton_cache_misses_once_its_original_path_is_gone(
@@ -323,7 +323,8 @@ def test_kernels_served_live_from_a_bundle_are_its_hits_in_warmenv_stats(
     first, second = machines
     _compile(first, "live")
     ship(first, second, tmp_path)
-    files = sum(1 for path in (first.root / "caches" / "triton-live").rglob("*") if path.is_file())
+    live = first.root / "default.caches" / "triton-live"
+    files = sum(1 for path in live.rglob("*") if path.is_file())
     files -= KERNELS  # the indexes, in `groups`
 
     warm = _compile(second, "live")

@@ -22,10 +22,11 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias, final
+from typing import final
 
 import attrs
 
+from warmenv.caches._home import EnvironmentChoice, not_an_environment
 from warmenv.caches._restore import restore
 from warmenv.caches._tree import (
     CacheTree,
@@ -37,15 +38,9 @@ from warmenv.caches._tree import (
 from warmenv.environment import open_environment
 from warmenv.future import block_on
 
-if TYPE_CHECKING:
-    from warmenv.blocking import BlockingEnvironment
-
 __all__ = ["EnvironmentChoice", "HitLines", "Tally", "Warmed", "where"]
 
 log = logging.getLogger("warmenv.caches")
-
-EnvironmentChoice: TypeAlias = "BlockingEnvironment | str | None"
-"""An open blocking environment (its file is used), an environment's name, or the default."""
 
 
 @final
@@ -99,10 +94,7 @@ def where(env: EnvironmentChoice, root: str | Path | None) -> _Where:
                 "reopen; give an environment on disk (or its name)"
             )
         return _Where(None, None, env.path)
-    raise TypeError(
-        f"env must be an environment's name, an open warmenv.blocking environment or None, "
-        f"not {type(env).__name__}"
-    )
+    raise not_an_environment(env)
 
 
 @final

@@ -55,11 +55,11 @@ from warmenv._facts import Facts
 from warmenv._fs import expand_home
 from warmenv._install import install_hint
 from warmenv.caches._children import EntryPoint
+from warmenv.caches._home import default_cache_dir as _default_cache_dir
 from warmenv.caches._inprocess import EnvironmentChoice, HitLines, Tally, Warmed, restored
 from warmenv.caches._restore import restore_made
 from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport
 from warmenv.caches._tree import capture as _capture
-from warmenv.config import load_config
 from warmenv.environment import Environment
 
 __all__ = [
@@ -67,6 +67,7 @@ __all__ = [
     "REQUIRES",
     "capture",
     "configure",
+    "default_cache_dir",
     "hits",
     "listen",
     "notes",
@@ -144,10 +145,11 @@ async def capture(env: Environment, cache_dir: str | Path) -> CaptureReport:
     return await _capture(env, await anyio.to_thread.run_sync(tree), cache_dir)  # facts: files
 
 
-def default_cache_dir(root: str | Path | None = None) -> Path:
-    """`<root>/caches/jax` beside the environments (the configured root by default)."""
-    base = Path(root) if root is not None else load_config().root
-    return base / "caches" / "jax"
+def default_cache_dir(env: EnvironmentChoice = None, *, root: str | Path | None = None) -> Path:
+    """`<root>/<environment>.caches/jax`: `env`'s own (the configured environment and
+    root by default), beside its database file; never shared with another environment,
+    whose capture would take this one's files (`caches/_home.py`)."""
+    return _default_cache_dir("jax", env, root)
 
 
 def settings(cache_dir: str | Path, *, min_compile_seconds: float | None = None) -> dict[str, str]:
@@ -210,11 +212,11 @@ def use(
 
     `env`: an environment's name (default: the configured one) or an open
     `warmenv.blocking` environment. `cache_dir` defaults to
-    `<root>/caches/jax`. With `capture_at_exit`, what this process compiled
-    is captured into the environment when the interpreter exits
-    (`Warmed.capture()` does it at once).
+    `<root>/<environment>.caches/jax`, the environment's own (`default_cache_dir`).
+    With `capture_at_exit`, what this process compiled is captured into the
+    environment when the interpreter exits (`Warmed.capture()` does it at once).
     """
-    directory = Path(cache_dir) if cache_dir is not None else default_cache_dir(root)
+    directory = Path(cache_dir) if cache_dir is not None else default_cache_dir(env, root=root)
     directory = expand_home(directory, "cache_dir")
     _import_jax()  # fail before the restore, with the install hint
     warmed = restored("jax", tree(), directory, env, root, tally)

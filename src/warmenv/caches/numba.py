@@ -39,11 +39,11 @@ import anyio.to_thread
 from warmenv._facts import Facts
 from warmenv._fs import expand_home
 from warmenv._install import install_hint
+from warmenv.caches._home import default_cache_dir as _default_cache_dir
 from warmenv.caches._inprocess import EnvironmentChoice, Tally, Warmed, restored
 from warmenv.caches._restore import restore_made
 from warmenv.caches._tree import CacheTree, CaptureReport, RestoreReport
 from warmenv.caches._tree import capture as _capture
-from warmenv.config import load_config
 from warmenv.environment import Environment
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "REQUIRES",
     "capture",
     "configure",
+    "default_cache_dir",
     "hits",
     "restore",
     "served",
@@ -89,10 +90,11 @@ async def capture(env: Environment, cache_dir: str | Path) -> CaptureReport:
     return await _capture(env, await anyio.to_thread.run_sync(tree), cache_dir)  # facts: files
 
 
-def default_cache_dir(root: str | Path | None = None) -> Path:
-    """`<root>/caches/numba` beside the environments (the configured root by default)."""
-    base = Path(root) if root is not None else load_config().root
-    return base / "caches" / "numba"
+def default_cache_dir(env: EnvironmentChoice = None, *, root: str | Path | None = None) -> Path:
+    """`<root>/<environment>.caches/numba`: `env`'s own (the configured environment and
+    root by default), beside its database file; never shared with another environment,
+    whose capture would take this one's files (`caches/_home.py`)."""
+    return _default_cache_dir("numba", env, root)
 
 
 def settings(cache_dir: str | Path) -> dict[str, str]:
@@ -123,10 +125,11 @@ def use(
 
     `env`: an environment's name (default: the configured one) or an open
     `warmenv.blocking` environment. `cache_dir` defaults to
-    `<root>/caches/numba`. With `capture_at_exit`, what this process
-    compiled is captured into the environment when the interpreter exits.
+    `<root>/<environment>.caches/numba`, the environment's own (`default_cache_dir`).
+    With `capture_at_exit`, what this process compiled is captured into the
+    environment when the interpreter exits.
     """
-    directory = Path(cache_dir) if cache_dir is not None else default_cache_dir(root)
+    directory = Path(cache_dir) if cache_dir is not None else default_cache_dir(env, root=root)
     directory = expand_home(directory, "cache_dir")
     _import_numba()
     warmed = restored("numba", tree(), directory, env, root, tally)

@@ -59,6 +59,7 @@ from warmenv._facts import Facts
 from warmenv._fs import expand_home
 from warmenv._install import install_hint
 from warmenv.caches._children import EntryPoint
+from warmenv.caches._home import default_cache_dir as _default_cache_dir
 from warmenv.caches._inprocess import EnvironmentChoice, HitLines, _Where, where
 from warmenv.caches._restore import restore_planned
 from warmenv.caches._tree import (
@@ -69,7 +70,6 @@ from warmenv.caches._tree import (
     refused_lines,
 )
 from warmenv.caches._tree import capture as _capture
-from warmenv.config import load_config
 from warmenv.environment import Environment, open_environment
 from warmenv.future import block_on
 from warmenv.persistence import Conflict, Namespace, Stored
@@ -128,10 +128,11 @@ def _mega(facts: Facts) -> Namespace:
     return Namespace("caches.torch", "mega", version=facts.segment)
 
 
-def default_cache_dir(root: str | Path | None = None) -> Path:
-    """`<root>/caches/torch` beside the environments (the configured root by default)."""
-    base = Path(root) if root is not None else load_config().root
-    return base / "caches" / "torch"
+def default_cache_dir(env: EnvironmentChoice = None, *, root: str | Path | None = None) -> Path:
+    """`<root>/<environment>.caches/torch`: `env`'s own (the configured environment and
+    root by default), beside its database file; never shared with another environment,
+    whose capture would take this one's files (`caches/_home.py`)."""
+    return _default_cache_dir("torch", env, root)
 
 
 def settings(cache_dir: str | Path) -> dict[str, str]:
@@ -355,7 +356,8 @@ def use(
 
     `env`: an environment's name (default: the configured one) or an open
     `warmenv.blocking` environment. `cache_dir` is Inductor's cache
-    directory: `TORCHINDUCTOR_CACHE_DIR` if set, else `<root>/caches/torch`
+    directory: `TORCHINDUCTOR_CACHE_DIR` if set, else
+    `<root>/<environment>.caches/torch`, the environment's own
     (and `TORCHINDUCTOR_CACHE_DIR` is set to it). The kernels are written
     there, then torch loads the Mega-Cache. With `capture_at_exit`, what
     this process compiled is captured when the interpreter exits
@@ -365,7 +367,7 @@ def use(
     if cache_dir is None:
         configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
         given = "TORCHINDUCTOR_CACHE_DIR" if configured else given
-        cache_dir = Path(configured) if configured else default_cache_dir(root)
+        cache_dir = Path(configured) if configured else default_cache_dir(env, root=root)
     directory = Path(os.path.abspath(expand_home(cache_dir, given)))
     torch = _import_torch()
     _listen()

@@ -58,6 +58,7 @@ from warmenv._facts import Facts
 from warmenv._fs import expand_home, read_bounded
 from warmenv._install import install_hint
 from warmenv.caches._children import Variable
+from warmenv.caches._home import default_cache_dir
 from warmenv.caches._paths import (
     DIRECTORY_FLAGS,
     Writer,
@@ -74,7 +75,6 @@ from warmenv.caches._tree import (
     refused_lines,
 )
 from warmenv.caches._tree import capture as _capture
-from warmenv.config import load_config
 from warmenv.environment import Environment
 from warmenv.persistence import BytesCodec, CacheMode
 
@@ -104,6 +104,7 @@ GROUP_PREFIX: Final = "__grp__"
 CACHE_DIR_VARIABLE: Final = "TRITON_CACHE_DIR"
 _MANAGER: Final = "triton.runtime.cache:RemoteCacheManager"
 _BACKEND: Final = "warmenv.caches.triton:Backend"
+_LIVE: Final = "triton-live"  # the live form's directory: never the directory form's
 # What Triton leaves in its cache directory that is no kernel: its lock file
 # and the temporary directories it writes through.
 _NOT_KERNELS: Final = ("lock", "tmp.pid_*")
@@ -214,9 +215,10 @@ def use(
     one), opened now and closed at exit. Every kernel Triton looks up is
     read from the environment (a hit compiles nothing) and every kernel it
     compiles is stored there. Triton still writes the files it loads into a
-    local directory, `cache_dir` (default `<root>/caches/triton-live`): one
-    used by this form only, because Triton's remote manager writes its
-    indexes there in a form Triton's own file cache cannot read (a plain
+    local directory, `cache_dir` (default: the environment's own,
+    `<root>/<environment>.caches/triton-live`, `live_cache_dir`): one used by
+    this form only, because Triton's remote manager writes its indexes there
+    in a form Triton's own file cache cannot read (a plain
     Triton pointed at it fails with `AttributeError: 'list' object has no
     attribute 'items'`). Call it at start-up; calling it again serves
     another environment.
@@ -226,7 +228,7 @@ def use(
     if not isinstance(env, blocking.BlockingEnvironment):
         env = _opened.enter_context(blocking.open_environment(env, root=root))
         _close_at_exit()
-    directory = Path(cache_dir) if cache_dir is not None else live_cache_dir(root)
+    directory = Path(cache_dir) if cache_dir is not None else live_cache_dir(env)
     served = _serve(env)
     with _serving_lock:
         _serving = served
@@ -237,10 +239,12 @@ def use(
     return served
 
 
-def live_cache_dir(root: str | Path | None = None) -> Path:
-    """`<root>/caches/triton-live`: where the live form's Triton writes the files it loads."""
-    base = Path(root) if root is not None else load_config().root
-    return base / "caches" / "triton-live"
+def live_cache_dir(
+    env: blocking.BlockingEnvironment | str | None = None, *, root: str | Path | None = None
+) -> Path:
+    """`<root>/<environment>.caches/triton-live`: where the live form's Triton writes the
+    files it loads, `env`'s own (the configured environment and root by default)."""
+    return default_cache_dir(_LIVE, env, root)
 
 
 def settings(cache_dir: str | Path) -> dict[str, str]:

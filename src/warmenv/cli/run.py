@@ -3,7 +3,8 @@
 Before COMMAND starts, each tool's cache captured under this machine's facts
 is restored from the environment into the tool's cache directory
 (`--cache-dir DIR/<tool>`, else the directory the tool's own variable names,
-else `<root>/caches/<tool>`); COMMAND runs with each tool pointed there and
+else the environment's own `<root>/<environment>.caches/<tool>`, which no
+other environment's run captures); COMMAND runs with each tool pointed there and
 its trap fixed (environment variables: each tool module's `settings`); when
 it ends, the directories are captured back, so a CI warm-up job is
 `warmenv run ... -- python warm.py && warmenv export ...` and a pod's
@@ -43,6 +44,7 @@ import attrs
 from warmenv._fs import expand_home
 from warmenv._text import plural
 from warmenv.caches._children import COUNTS_VARIABLE, new_counts, read_counts
+from warmenv.caches._home import tool_cache_dir
 from warmenv.caches._hookdir import HookHome
 from warmenv.caches._tools import Tool, available_tools, counting, tool
 from warmenv.cli._environments import environment
@@ -88,7 +90,7 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="DIR",
         help="where the caches live, one directory per tool (default: the directory the "
-        "tool's own variable names, else <root>/caches/<tool>)",
+        "tool's own variable names, else the environment's own <root>/<env>.caches/<tool>)",
     )
     parser.add_argument(
         "--no-capture",
@@ -143,8 +145,7 @@ async def _restore_run_capture(
     document: dict[str, Any] = {"command": command, "tools": {}}
     with phase.scope:
         async with environment(args, out, create=True, write=not args.no_capture) as env:
-            base = args.cache_dir or env.path.parent / "caches"
-            directories = {t.name: _cache_dir(t, base, args.cache_dir is not None) for t in tools}
+            directories = {t.name: _cache_dir(t, env.path, args.cache_dir) for t in tools}
             for t in tools:
                 report = await t.restore(env, directories[t.name])
                 _said(out, f"{t.name}: {report}")
@@ -287,12 +288,15 @@ def _raise_if_stopped(phase: _Phase) -> None:
         raise Stopped(phase.stopped[0])
 
 
-def _cache_dir(t: Tool, base: Path, given: bool) -> Path:
-    if not given:
-        named = os.environ.get(t.cache_dir_variable)
-        if named:
-            return expand_home(named)
-    return base / t.name
+def _cache_dir(t: Tool, database: Path, given: Path | None) -> Path:
+    """`t`'s directory: under `--cache-dir`, else the tool's own variable's, else the
+    environment's own (the environment whose database file is `database`)."""
+    if given is not None:
+        return given / t.name
+    named = os.environ.get(t.cache_dir_variable)
+    if named:
+        return expand_home(named)
+    return tool_cache_dir(database, t.name)
 
 
 def _said(out: Output, text: str) -> None:
