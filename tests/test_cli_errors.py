@@ -482,6 +482,34 @@ def test_a_failing_import_leaves_no_environment_behind(
     assert not (tmp_path / "new").exists()
 
 
+def test_a_refused_import_leaves_a_symlink_to_a_missing_path_at_the_environment(
+    bundle: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "target"
+    root.mkdir()
+    link = root / "gone.db"
+    link.symlink_to(tmp_path / "elsewhere" / "gone.db")
+    completed = warmenv("import", str(bundle), "--env", "gone", root=root)
+    assert "is a symlink to a missing path" in assert_one_error_line(completed, 1)
+    assert os.readlink(link) == str(tmp_path / "elsewhere" / "gone.db")  # not the import's
+    assert files_under(root) == {"gone.db"}
+
+
+def test_a_failing_import_removes_the_environment_it_made_but_no_file_it_found(
+    bundle: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "target"
+    root.mkdir()
+    # A journal that was there before, of no database (its first byte 0: SQLite reads
+    # it as no hot journal and leaves it alone): not the import's to remove.
+    stale = root / "fresh.db-journal"
+    stale.write_bytes(b"\x00 someone else's")
+    completed = warmenv("import", str(tampered(bundle)), "--env", "fresh", root=root)
+    assert "does not match its digest" in assert_one_error_line(completed, 1)
+    assert files_under(root) == {"fresh.db-journal"}  # the environment it made is gone
+    assert stale.read_bytes() == b"\x00 someone else's"
+
+
 def test_a_failing_import_into_an_existing_environment_keeps_it(
     bundle: Path, warm_root: Path
 ) -> None:

@@ -24,7 +24,7 @@ import anyio.to_thread
 import attrs
 
 from warmenv._errors import WarmenvError
-from warmenv._fs import expand_home
+from warmenv._fs import expand_home, is_missing
 from warmenv._text import clean, plural
 from warmenv.bundle import (
     Downloading,
@@ -266,10 +266,14 @@ async def _holds_entries(env: Environment) -> bool:
 
 @attrs.frozen
 class _Made:
-    """What opening the environment creates: directories, outermost first, and its file."""
+    """What opening the environment may create, as found missing before it: directories,
+    outermost first, its file and the file's companions (`-wal`...). Only these are ever
+    removed: what was there before (a symlink to a missing path, a stale `-journal`) is
+    not the import's, whatever the open then says of it."""
 
     directories: tuple[Path, ...] = ()
     database: Path | None = None
+    companions: tuple[Path, ...] = ()
 
 
 def _where(args: argparse.Namespace) -> tuple[str, Path] | None:
@@ -297,21 +301,25 @@ async def _not_there_yet(args: argparse.Namespace) -> _Made:
 
 
 def _missing(root: Path, file_name: str) -> _Made:
+    # `is_missing`, not `exists()`: a symlink to a missing path is there, and not ours.
     directories: list[Path] = []
     directory = root = expand_home(root)
-    while not directory.exists() and directory != directory.parent:
+    while is_missing(directory) and directory != directory.parent:
         directories.insert(0, directory)
         directory = directory.parent
     database = root / file_name
-    return _Made(tuple(directories), None if database.exists() else database)
+    if not is_missing(database):
+        return _Made(tuple(directories))
+    companions = (database.with_name(database.name + s) for s in ("-wal", "-shm", "-journal"))
+    return _Made(tuple(directories), database, tuple(c for c in companions if is_missing(c)))
 
 
 def _remove(made: _Made) -> None:
     """Remove what the import created, if it is still there and empty."""
-    if made.database is not None:
-        for companion in ("", "-wal", "-shm", "-journal"):
+    for path in (made.database, *made.companions):
+        if path is not None:
             with contextlib.suppress(OSError):
-                made.database.with_name(made.database.name + companion).unlink()
+                path.unlink()
     for directory in reversed(made.directories):
         with contextlib.suppress(OSError):  # not empty: someone else uses it now
             directory.rmdir()
