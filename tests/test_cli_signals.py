@@ -346,3 +346,18 @@ def test_with_json_a_stop_signal_after_the_loop_ends_is_one_document(
     document = json.loads(completed.stdout)  # the whole of stdout, one document
     assert document["exit"] == 128 + signal.SIGTERM and "export had completed" in document["error"]
     assert document["entries"] == TOTAL and out.is_file()
+
+
+def test_a_command_ended_at_once_still_says_what_it_left() -> None:
+    # A second Ctrl-C (or a thread blocked past the grace) ends the process without its
+    # clean-up; what the command left is said all the same (an export's OUT as it was).
+    from warmenv.cli import forced_line
+    from warmenv.cli._errors import Stopped
+
+    line = forced_line(
+        Stopped(signal.SIGINT), "stopped again", "no bundle was written, and o.bundle is as it was"
+    )
+    assert line == (
+        "interrupted; stopped again, so it exits at once without cleaning up; "
+        "no bundle was written, and o.bundle is as it was"
+    )

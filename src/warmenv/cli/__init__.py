@@ -320,9 +320,18 @@ async def _watch(
 def _exit_now(signum: int, out: Output, why: str) -> None:
     """End the process without waiting for anything (a thread blocked on a file, say)."""
     stop = Stopped(signum)
-    out.fail(f"{stop.why}; {why}, so it exits at once without cleaning up", stop.status)
+    out.fail(forced_line(stop, why, out.when_interrupted), stop.status)
     _flush()
     os._exit(stop.status)
+
+
+def forced_line(stop: Stopped, why: str, when_interrupted: str) -> str:
+    """The line of a command ended at once (a second signal, or the grace spent): what
+    it left, as a stop that cleaned up says it (`conclude`). What each command says then
+    holds without its clean-up too: an export's OUT is as it was (its staging file is
+    removed by the next export), an import's batches and a gc or purge are whole."""
+    line = f"{stop.why}; {why}, so it exits at once without cleaning up"
+    return f"{line}; {when_interrupted}" if when_interrupted else line
 
 
 @contextmanager
