@@ -289,7 +289,6 @@ def test_eviction_is_written_once() -> None:
 
 
 def test_the_insert_rule_is_written_once() -> None:
-    # A module-level function (a bundle format's `may_replace(path)` method is another rule).
     found = {
         _name(path): 1
         for path in _modules()

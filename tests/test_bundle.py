@@ -307,8 +307,10 @@ async def test_a_foreign_file_at_out_survives_byte_for_byte(
 ) -> None:
     out = out_dir / "precious.txt"
     out.write_bytes(b"not a bundle\x00\x01")
-    with pytest.raises(FileExistsError, match="not a warmenv bundle; remove it first"):
+    said = "not a warmenv bundle; it was left as it is: choose another path for the bundle"
+    with pytest.raises(FileExistsError, match=said) as refused:
         await export_bundle(warm_env, out, name="x", version="1", format=bundle_format)
+    assert "remove" not in str(refused.value)  # not ours: never advised away
     assert out.read_bytes() == b"not a bundle\x00\x01"
     assert sorted(p.name for p in out_dir.iterdir()) == ["precious.txt"]
 
@@ -317,8 +319,10 @@ async def test_an_environment_database_at_out_is_not_replaced(
     warm_env: Environment, root: Path, tmp_path: Path
 ) -> None:
     before = warm_env.path.read_bytes()
-    with pytest.raises(FileExistsError):
+    with pytest.raises(FileExistsError) as refused:
         await export_bundle(warm_env, warm_env.path, name="x", version="1")
+    said = f"is environment {warm_env.name!r} (a warmenv environment database), not a bundle"
+    assert said in str(refused.value) and "remove" not in str(refused.value)
     assert warm_env.path.read_bytes() == before
 
 

@@ -32,11 +32,11 @@ def test_every_format_is_listed_once_under_its_name() -> None:
     assert len({f.magic for f in FORMATS}) == len(FORMATS)
 
 
-def test_a_sqlite_database_without_a_manifest_may_not_be_replaced(tmp_path: Path) -> None:
+def test_a_sqlite_database_without_a_manifest_is_no_bundle(tmp_path: Path) -> None:
     other = tmp_path / "other.db"
     with sqlite3.connect(other) as conn:
         conn.execute("CREATE TABLE t (x)")
     conn.close()
     found = sniff(other.read_bytes()[:16])
     assert found is of(BundleFormat.SQLITE)
-    assert not found.may_replace(other)
+    assert not found.is_bundle(other)

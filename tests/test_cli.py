@@ -28,9 +28,12 @@ def warmenv(
     root: Path | None,
     stdin: str | None = None,
     env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `python -m warmenv ARGS --root ROOT` as a user would, output captured as text."""
-    completed = run_raw(*args, *(["--root", str(root)] if root is not None else []), env=env)
+    """Run `python -m warmenv ARGS --root ROOT` as a user would, output captured as text
+    (in `cwd`, for a command that may write a file named as typed: never the clone)."""
+    root_option = ["--root", str(root)] if root is not None else []
+    completed = run_raw(*args, *root_option, env=env, cwd=cwd)
     return subprocess.CompletedProcess(
         completed.args,
         completed.returncode,
@@ -40,13 +43,17 @@ def warmenv(
 
 
 def run_raw(
-    *args: str | bytes, env: dict[str, str] | None = None, stdin: str | None = None
+    *args: str | bytes,
+    env: dict[str, str] | None = None,
+    stdin: str | None = None,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
     """Run `python -m warmenv ARGS` with its output as the bytes it wrote."""
     return subprocess.run(
         [sys.executable, "-m", "warmenv", *args],
         capture_output=True,
         timeout=120,
+        cwd=cwd,
         input=None if stdin is None else stdin.encode(),
         env={**os.environ, "COLUMNS": "120", **(env or {})},
     )
@@ -447,7 +454,7 @@ def test_an_existing_foreign_file_is_not_overwritten(warm_root: Path, tmp_path: 
         root=warm_root,
     )
     assert completed.returncode == 1
-    assert "not a warmenv bundle; remove it first" in completed.stderr
+    assert "not a warmenv bundle; it was left as it is: choose another path" in completed.stderr
     assert precious.read_text() == "keep me"
 
 

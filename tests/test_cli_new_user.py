@@ -565,9 +565,10 @@ def test_export_of_an_environment_s_name_as_its_source_hints_env(
     line = assert_one_error_line(
         warmenv("export", str(out), "svc", "--name", "x", "--app-version", "1", root=root), 1
     )
-    assert line.startswith("warmenv: error: svc does not exist; name an environment"), line
-    says = "not a file or root here: did you mean `warmenv export OUT --env svc`?"
-    assert line.rstrip().endswith(f"'svc' is an environment in {root}, {says}"), line
+    assert line.startswith("warmenv: error: svc does not exist; give an environment's .db"), line
+    says = f"did you mean `warmenv export {out} --env svc`?"
+    assert line.rstrip().endswith(f"'svc' is an environment in {root}: {says}"), line
+    assert "name an environment" not in line and "not a file or root" not in line, line
     assert not out.exists()
 
 
@@ -585,3 +586,160 @@ def test_stats_and_explain_of_an_environment_s_name_hint_env_beside_a_default_on
     explained = warmenv("explain", "svc", "--json", root=root)
     assert explained.returncode == 0, explained.stderr
     assert "`warmenv explain NAMESPACE --env svc`" in json.loads(explained.stdout)["hint"]
+
+
+# --- export: OUT and SOURCE in the wrong places -----------------------------------
+
+EXPORT = ("--name", "x", "--app-version", "1")
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    """The working directory of a command that might write a file named as typed."""
+    (tmp_path / "work").mkdir()
+    return tmp_path / "work"
+
+
+@pytest.fixture
+def svc_bundle(root: Path, work: Path) -> Path:
+    made = warmenv("export", "svc.bundle", "--env", "svc", *EXPORT, root=root, cwd=work)
+    assert made.returncode == 0, made.stderr
+    return work / "svc.bundle"
+
+
+def test_export_with_out_and_source_swapped_is_refused_with_the_line_meant(
+    root: Path, work: Path, svc_bundle: Path
+) -> None:
+    before = svc_bundle.read_bytes()
+    swapped = warmenv("export", "svc", "svc.bundle", *EXPORT, root=root, cwd=work)
+    line = assert_one_error_line(swapped, 2)
+    assert f"OUT 'svc' is environment 'svc' in {root}, not a bundle file" in line, line
+    assert "did you mean `warmenv export svc.bundle --env svc`?" in line, line
+    assert sorted(p.name for p in work.iterdir()) == ["svc.bundle"]  # no file ./svc
+    assert svc_bundle.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("sources", "meant"),
+    [(["new.bundle"], "new.bundle"), ([], "svc.bundle")],
+    ids=["a new bundle as SOURCE", "no SOURCE"],
+)
+def test_an_environment_s_name_as_out_is_refused_with_the_line_meant(
+    root: Path, work: Path, sources: list[str], meant: str
+) -> None:
+    line = assert_one_error_line(
+        warmenv("export", "svc", *sources, *EXPORT, root=root, cwd=work), 2
+    )
+    assert f"did you mean `warmenv export {meant} --env svc`?" in line, line
+    assert "(to write a file named 'svc', give ./svc)" in line, line
+    assert list(work.iterdir()) == []
+
+
+def test_an_environment_s_name_as_out_written_as_a_path_is_a_file_of_that_name(
+    root: Path, work: Path
+) -> None:
+    completed = warmenv("export", "./svc", "--env", "svc", *EXPORT, root=root, cwd=work)
+    assert completed.returncode == 0, completed.stderr
+    assert sorted(p.name for p in work.iterdir()) == ["svc"]
+
+
+@pytest.mark.parametrize("bundle_format", ["sqlite", "flat"])
+def test_a_bundle_is_never_an_export_source(root: Path, work: Path, bundle_format: str) -> None:
+    made = warmenv(
+        "export",
+        "b.bundle",
+        "--env",
+        "svc",
+        "--format",
+        bundle_format,
+        *EXPORT,
+        root=root,
+        cwd=work,
+    )
+    assert made.returncode == 0, made.stderr
+    line = assert_one_error_line(
+        warmenv("export", "o.bundle", "b.bundle", *EXPORT, root=root, cwd=work), 1
+    )
+    assert "b.bundle is a warmenv bundle, not an environment" in line, line
+    assert "`warmenv import b.bundle --env NAME`" in line, line
+    assert sorted(p.name for p in work.iterdir()) == ["b.bundle"]
+
+
+def test_a_missing_source_named_like_a_bundle_hints_that_out_comes_first(
+    root: Path, work: Path
+) -> None:
+    line = assert_one_error_line(
+        warmenv("export", "elsewhere", "new.bundle", *EXPORT, root=root, cwd=work), 1
+    )
+    assert line.startswith("warmenv: error: new.bundle does not exist"), line
+    assert "OUT, the bundle to write, comes first: did you mean `warmenv export new.bundle" in line
+    assert list(work.iterdir()) == []
+
+
+def test_export_without_out_names_only_out_as_required(root: Path) -> None:
+    line = assert_one_error_line(warmenv("export", *EXPORT, root=root), 2)
+    assert "the following arguments are required: OUT (see" in line, line
+    assert "SOURCE" not in line.split("(see")[0], line
+
+
+# --- export and stats --html: what is at OUT is never advised away ----------------
+
+
+def test_export_onto_an_environment_says_which_and_leaves_it(root: Path) -> None:
+    other = root / "other.db"
+    before = other.read_bytes()
+    line = assert_one_error_line(
+        warmenv("export", str(other), "--env", "svc", *EXPORT, root=root), 1
+    )
+    assert (
+        f"'{other}' is environment 'other' (a warmenv environment database), not a bundle; "
+        "it was left as it is: choose another path for the bundle"
+    ) in line, line
+    assert "remove" not in line, line
+    assert other.read_bytes() == before
+
+
+def test_export_onto_a_directory_says_to_give_a_file_in_it(root: Path, work: Path) -> None:
+    line = assert_one_error_line(
+        warmenv("export", str(work), "--env", "svc", *EXPORT, root=root), 1
+    )
+    said = f"{work} is a directory: give a bundle file to write, such as {work}/NAME.bundle"
+    assert said in line, line
+    assert "remove" not in line, line
+    assert list(work.iterdir()) == []
+
+
+def test_stats_html_never_replaces_an_environment_and_replaces_its_own_page(
+    root: Path, work: Path
+) -> None:
+    other = root / "other.db"
+    before = other.read_bytes()
+    line = assert_one_error_line(
+        warmenv("stats", "--env", "svc", "--html", str(other), root=root), 1
+    )
+    assert f"'{other}' is environment 'other' (a warmenv environment database)" in line, line
+    assert other.read_bytes() == before
+    page = work / "stats.html"
+    for _ in range(2):  # the second replaces the first page
+        completed = warmenv("stats", "--env", "svc", "--html", str(page), root=root)
+        assert completed.returncode == 0, completed.stderr
+    assert page.read_text().startswith("<!DOCTYPE html>")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["export", "{dir}/x.bundle", "--env", "svc", *EXPORT],
+        ["stats", "--env", "svc", "--html", "{dir}/x.html"],
+        ["keygen", "{dir}/x.key"],
+    ],
+    ids=["export", "stats --html", "keygen"],
+)
+def test_a_missing_output_directory_is_said_alike_by_every_command(
+    root: Path, tmp_path: Path, command: list[str]
+) -> None:
+    missing = tmp_path / "no-such-dir"
+    args = [c.format(dir=missing) for c in command]
+    line = assert_one_error_line(warmenv(*args, root=root), 1)
+    assert line == f"warmenv: error: {missing} does not exist; create it first\n", line
+    assert not missing.exists()

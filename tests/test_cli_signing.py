@@ -120,7 +120,8 @@ def test_keygen_never_replaces_a_key(tmp_path: Path, keys: dict[str, Path]) -> N
     assert completed.returncode == 1
     assert (
         completed.stderr.strip()
-        == f"warmenv: error: '{keys['ci']}' exists; remove it or choose another path"
+        == f"warmenv: error: '{keys['ci']}' exists and was left as it is (keygen never "
+        "replaces a file): choose another path for the key"
     )
     assert keys["ci"].read_bytes() == before
 

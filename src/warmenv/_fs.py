@@ -36,6 +36,7 @@ import attrs
 from warmenv._errors import WarmenvError
 
 __all__ = [
+    "check_output_directory",
     "close_unless_regular",
     "NoSuchHomeError",
     "expand_home",
@@ -130,6 +131,26 @@ def missing_link(path: Path) -> str | None:
         except OSError:  # not a directory, not searchable: another reason, said elsewhere
             return None
     return None
+
+
+def check_output_directory(path: Path) -> None:
+    """Refuse, in the one wording every command uses, to write `path` where its directory
+    is missing: `FileNotFoundError` ("/srv/out does not exist; create it first", or the
+    dangling symlink on the way named with its target), `NotADirectoryError` where a
+    step on the way is a file. Nothing is created: a typo in the directory would
+    otherwise become a tree of directories nobody asked for.
+
+    File-system calls: async code calls it on a worker thread.
+    """
+    parent = Path(os.path.abspath(path)).parent
+    if parent.is_dir():
+        return
+    if (dangling := missing_link(parent)) is not None:
+        raise FileNotFoundError(f"{dangling}; fix the symlink, or create the directory")
+    for step in (*reversed(parent.parents), parent):
+        if os.path.lexists(step) and not step.is_dir():
+            raise NotADirectoryError(f"{step} is not a directory; {path} cannot be written there")
+    raise FileNotFoundError(f"{parent} does not exist; create it first")
 
 
 def _to_missing(link: Path) -> str:

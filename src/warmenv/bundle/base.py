@@ -397,9 +397,10 @@ class FileFormat(abc.ABC, Generic[B_co]):
         `header_in_front`)."""
         return None
 
-    def may_replace(self, path: Path) -> bool:
-        """Whether export may replace the file at `path`, which starts with the magic:
-        a bundle (another file of the same first bytes is left alone)."""
+    def is_bundle(self, path: Path) -> bool:
+        """Whether the file at `path`, which starts with the magic, is a bundle of this
+        format: export replaces only those (another file of the same first bytes is left
+        alone), and refuses them as sources (a bundle is imported, not exported)."""
         return True
 
     @abc.abstractmethod

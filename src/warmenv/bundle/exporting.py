@@ -44,7 +44,7 @@ import anyio.to_thread
 import attrs
 
 from warmenv._faces import AsyncOnly, async_with_only
-from warmenv._fs import expand_home, missing_link, non_regular_kind
+from warmenv._fs import check_output_directory, expand_home, missing_link, non_regular_kind
 from warmenv.bundle import _files, formats
 from warmenv.bundle.base import (
     FORMAT_VERSIONS,
@@ -213,16 +213,43 @@ def _source_paths(sources: list[Source]) -> list[Path]:
                 raise InvalidSourceError(f"{path} holds no environment (*.db) to export")
             paths.extend(found)
         elif path.is_file():
+            _refuse_bundle(path)
             paths.append(path)
         elif (kind := non_regular_kind(path)) is not None:
             raise InvalidSourceError(f"{path} is {kind}, not an environment database")
         elif (dangling := missing_link(path)) is not None:
-            raise InvalidSourceError(f"{dangling}; name an environment, file or root")
+            raise InvalidSourceError(f"{dangling}; {_SOURCES}")
         else:
-            raise InvalidSourceError(f"{path} does not exist; name an environment, file or root")
+            raise InvalidSourceError(f"{path} does not exist; {_SOURCES}")
     if not paths:
         raise InvalidSourceError("no sources given to export")
     return paths
+
+
+_SOURCES = "give an environment's .db file or a root of them"
+
+
+def _refuse_bundle(path: Path) -> None:
+    """Refuse a bundle given as a source: a bundle is imported into an environment, and
+    that is exported. Reading one as a source (SQLite's can be read as an environment of
+    version 1) would drop its signature and claim its entries for this machine, and one
+    given there is most often OUT and SOURCE swapped (`export env b.bundle`)."""
+    try:
+        fd = _files.open_regular(path)
+    except (NotABundleError, OSError):
+        return  # the source's own open says what is wrong with it
+    try:
+        head = _files.read_head(fd)
+    finally:
+        os.close(fd)
+    found = formats.sniff(head)
+    if found is None or formats.is_environment(head):
+        return  # an environment, or no bundle: the source's own open says what it is
+    if found.is_bundle(path):
+        raise InvalidSourceError(
+            f"{path} is a warmenv bundle, not an environment: export reads environments; "
+            f"import it into one first (`warmenv import {path} --env NAME`), then export that"
+        )
 
 
 @final
@@ -440,24 +467,41 @@ def _size(path: Path) -> int:
 
 
 def _check_out(out: Path) -> None:
-    """`out` may be replaced only if it is absent or already a warmenv bundle."""
-    if not out.exists() and not out.is_symlink():
-        if not out.parent.is_dir():
-            if (dangling := missing_link(out.parent)) is not None:
-                raise FileNotFoundError(f"{dangling}; fix the symlink, or create the directory")
-            raise FileNotFoundError(f"{out.parent} does not exist; create it first")
+    """`out` may be replaced only if it is absent or already a warmenv bundle.
+
+    Anything else is left as it is, and the refusal says what it is and to
+    write elsewhere, never to remove it: a file that is not a bundle is not
+    export's to judge (it may be a live environment, or someone's notes).
+    """
+    if not os.path.lexists(out):
+        check_output_directory(out)
         return
+    if out.is_dir():
+        raise IsADirectoryError(
+            f"{out} is a directory: give a bundle file to write, such as {out / 'NAME.bundle'}"
+        )
     try:
         fd = _files.open_regular(out)
     except (NotABundleError, OSError) as exc:
         raise FileExistsError(
-            f"'{out}' exists and is not a warmenv bundle ({exc}); remove it first"
+            f"'{out}' exists and is not a warmenv bundle ({exc}); it was left as it is: "
+            f"{_ELSEWHERE}"
         ) from None
     try:
         head = _files.read_head(fd)
     finally:
         os.close(fd)
     found = formats.sniff(head)
-    if found is not None and found.may_replace(out):
+    if found is not None and found.is_bundle(out):
         return
-    raise FileExistsError(f"'{out}' exists and is not a warmenv bundle; remove it first")
+    if formats.is_environment(head):
+        raise FileExistsError(
+            f"'{out}' is environment {out.stem!r} (a warmenv environment database), not a "
+            f"bundle; it was left as it is: {_ELSEWHERE}"
+        )
+    raise FileExistsError(
+        f"'{out}' exists and is not a warmenv bundle; it was left as it is: {_ELSEWHERE}"
+    )
+
+
+_ELSEWHERE = "choose another path for the bundle"

@@ -18,8 +18,9 @@ from warmenv.bundle.base import BundleFormat
 from warmenv.bundle.errors import NotABundleError
 from warmenv.bundle.flat.bundle import FLAT, FlatFormat
 from warmenv.bundle.sqlite.bundle import SQLITE, SqliteFormat
+from warmenv.persistence.sqlite.opening import is_marked_environment
 
-__all__ = ["FORMATS", "AnyFormat", "identify", "of", "sniff"]
+__all__ = ["FORMATS", "AnyFormat", "identify", "is_environment", "of", "sniff"]
 
 AnyFormat: TypeAlias = SqliteFormat | FlatFormat
 
@@ -36,6 +37,13 @@ def sniff(head: bytes) -> AnyFormat | None:
         if format.matches(head):
             return format
     return None
+
+
+def is_environment(head: bytes) -> bool:
+    """Whether a file that starts with `head` is a warmenv environment (a SQLite file with
+    the environments' mark): what is said of it where it is refused as a bundle or a page
+    to replace, rather than "not a bundle" (and never "remove it")."""
+    return sniff(head) is SQLITE and is_marked_environment(head)
 
 
 def identify(head: bytes, size: int, label: str, *, downloaded: bool = False) -> AnyFormat:

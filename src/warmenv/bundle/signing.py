@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias, final
 import attrs
 
 from warmenv._errors import WarmenvError
-from warmenv._fs import kind_of, read_bounded
+from warmenv._fs import check_output_directory, kind_of, read_bounded
 from warmenv._install import install_hint
 from warmenv._keys import KEY_PREFIX, KeyFileError, PublicKey, b64decode, b64encode
 from warmenv.bundle.errors import SignatureError
@@ -236,9 +236,14 @@ def generate_key(path: str | Path) -> PublicKey:
     serialization = _serialization()
     path = Path(path)
     public_path = path.with_name(path.name + ".pub")
+    check_output_directory(path)
     for target in (path, public_path):
-        if target.exists() or target.is_symlink():
-            raise FileExistsError(f"'{target}' exists; remove it or choose another path")
+        if os.path.lexists(target):
+            # Never "remove it": it may be the key that signs a fleet's bundles.
+            raise FileExistsError(
+                f"'{target}' exists and was left as it is (keygen never replaces a file): "
+                "choose another path for the key"
+            )
     key = ed25519.Ed25519PrivateKey.generate()
     pem = key.private_bytes(
         serialization.Encoding.PEM,

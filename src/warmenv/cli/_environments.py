@@ -232,7 +232,6 @@ _MISNAMED = {
     "explain": "not a namespace: did you mean `warmenv explain NAMESPACE --env {name}`?",
     "import": "not a bundle file: to import a bundle into it, run "
     "`warmenv import BUNDLE --env {name}`",
-    "export": "not a file or root here: did you mean `warmenv export OUT --env {name}`?",
 }
 _NOT_A_BUNDLE = (
     "not a bundle file: make a bundle of it first with `warmenv export OUT --env {name} "
@@ -243,18 +242,14 @@ _NOT_A_BUNDLE = (
 def misnamed(args: argparse.Namespace) -> str | None:
     """Where the command's argument (`stats NAMESPACE`, `import BUNDLE`...) names an
     environment under the root rather than what the command takes, say so and what was
-    meant (`warmenv stats big` for `warmenv stats --env big`; export's first SOURCE that
-    does not exist). Called only once that argument was not found, so a lookup here
-    costs nothing on success."""
-    given = (
-        getattr(args, "namespace", None)
-        or getattr(args, "bundle", None)
-        or next((s for s in getattr(args, "sources", None) or () if not os.path.lexists(s)), None)
-    )
+    meant (`warmenv stats big` for `warmenv stats --env big`; export's arguments have
+    their own, `export.misplaced`). Called only once that argument was not found, so a
+    lookup here costs nothing on success."""
+    given = getattr(args, "namespace", None) or getattr(args, "bundle", None)
     if args.env is not None or not isinstance(given, str | Path):
         return None
     value = str(given)
-    place = _environment_file(args, value)
+    place = environment_file(args, value)
     if place is None:
         return None
     said = _MISNAMED.get(args.subcommand, _NOT_A_BUNDLE).format(name=value)
@@ -284,7 +279,7 @@ def misplaced(args: argparse.Namespace, extra: list[str]) -> str | None:
     ]
     positionals = [*given, *strays]
     for value in positionals:
-        place = _environment_file(args, value)
+        place = environment_file(args, value)
         if place is not None:
             rest = [shlex.quote(a) for a in positionals if a != value]
             meant = " ".join(["warmenv", args.subcommand, *rest, "--env", shlex.quote(value)])
@@ -317,7 +312,7 @@ def option_before_command(
     )
 
 
-def _environment_file(args: argparse.Namespace, value: str) -> Path | None:
+def environment_file(args: argparse.Namespace, value: str) -> Path | None:
     """`<root>/<value>.db` where `value` names an environment there, else None."""
     try:
         check_name(value)

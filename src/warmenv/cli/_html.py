@@ -8,10 +8,13 @@ manifest, i.e. from outside: all of it is escaped.
 from __future__ import annotations
 
 import html
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from warmenv._fs import check_output_directory, non_regular_kind
 from warmenv._text import clean, plural
+from warmenv.bundle import formats
 from warmenv.cli._format import namespace_label, saved_clause
 from warmenv.persistence.statistics import EnvironmentStatistics
 from warmenv.persistence.storage import Origin
@@ -136,4 +139,33 @@ def page(environment: str, stats: EnvironmentStatistics, origins: Sequence[Origi
 
 
 def write(path: Path, text: str) -> None:
+    """Write the page to `path`, replacing only an HTML page (an earlier report).
+
+    Anything else there (an environment's database, someone's notes, a
+    directory) is left as it is and refused, naming what it is; a missing
+    directory is said as every command says it (`check_output_directory`).
+    """
+    if not os.path.lexists(path):
+        check_output_directory(path)
+    elif path.is_dir():
+        raise IsADirectoryError(
+            f"{path} is a directory: give a file to write the page to, such as "
+            f"{path / 'stats.html'}"
+        )
+    elif (kind := non_regular_kind(path)) is not None:
+        raise FileExistsError(f"'{path}' is {kind}, not an HTML page; {_LEFT}")
+    else:
+        with path.open("rb") as existing:
+            head = existing.read(512)
+        if formats.is_environment(head):
+            raise FileExistsError(
+                f"'{path}' is environment {path.stem!r} (a warmenv environment database), "
+                f"not an HTML page; {_LEFT}"
+            )
+        if not head.decode("utf-8", "replace").lstrip("\ufeff \t\r\n").lower().startswith(_PAGES):
+            raise FileExistsError(f"'{path}' exists and is not an HTML page; {_LEFT}")
     path.write_text(text, encoding="utf-8")
+
+
+_PAGES = ("<!doctype html", "<html")
+_LEFT = "it was left as it is: choose another file for --html"

@@ -6,21 +6,32 @@ only read: exporting an environment that does not exist creates nothing.
 The version recorded in the manifest is the application's, so it is asked
 for: warmenv cannot know it, and guessing from the namespaces would record
 one application's version for a bundle that holds several.
+
+OUT comes first, and a new user swaps it with SOURCE, or names the
+environment as OUT (`warmenv export quickstart`): an OUT without a suffix
+that is an environment's name is refused before anything is written, and a
+SOURCE that is not found, or is a bundle, is said with the command line that
+was meant (`_meant`). A bundle is never a source: it is imported into an
+environment, and that is exported.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+import anyio.to_thread
 
 from warmenv._facts import is_captured_tree
 from warmenv._text import clean, has_control_characters, plural
 from warmenv.bundle import BundleFormat, ExportReport, Started, exporting
 from warmenv.bundle.base import FORMAT_VERSIONS
 from warmenv.bundle.preflight import of_version
-from warmenv.cli._environments import environment
+from warmenv.cli._environments import environment, environment_file
 from warmenv.cli._errors import Failure, UsageError
 from warmenv.cli._format import as_json, size
 from warmenv.cli._options import (
@@ -43,12 +54,14 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         "into the bundle OUT. OUT is replaced only once the new bundle is complete; "
         "sources are only read.",
     )
-    parser.add_argument("out", metavar="OUT", type=Path, help="the bundle file to write")
+    # OUT as typed (`./quickstart` is not `quickstart`: see `_refuse_environment_as_out`).
+    parser.add_argument("out", metavar="OUT", help="the bundle file to write, e.g. h100.bundle")
     parser.add_argument(
         "sources",
         metavar="SOURCE",
         type=Path,
         nargs="*",
+        default=[],  # optional: argparse counts a `*` positional without a default as required
         help="an environment's .db file or a root of them (default: the --env environment)",
     )
     parser.add_argument("--name", required=True, help='the bundle\'s name, e.g. "H100 Linux"')
@@ -85,6 +98,9 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace, out: Output) -> int:
+    typed, args.out = args.out, Path(args.out)
+    out.misnamed = partial(_meant, args, typed)
+    await anyio.to_thread.run_sync(_refuse_environment_as_out, args, typed)
     name = text_argument(args.name, "--name")
     if not name.strip():
         raise UsageError(
@@ -183,6 +199,45 @@ def _warn_if_of_no_namespace(out: Output, report: ExportReport, version: str) ->
             f"{clean(version)!r} (they are of {', '.join(repr(clean(v)) for v in held)}): "
             f"{said}; export with --app-version {clean(held[0])} to match"
         )
+
+
+def _refuse_environment_as_out(args: argparse.Namespace, typed: str) -> None:
+    """A usage error where OUT, as typed, has no suffix and no directory and is the name
+    of an environment under the root: `warmenv export quickstart` means to export it,
+    not to write a bundle file called `quickstart` (`./quickstart` does that)."""
+    if Path(typed).suffix or os.sep in typed or (os.altsep and os.altsep in typed):
+        return
+    place = environment_file(args, typed)
+    if place is None:
+        return
+    # What was meant: the SOURCE that looks like a bundle as OUT, else the name's own.
+    named = next((str(s) for s in args.sources if s.suffix == ".bundle"), f"{typed}.bundle")
+    meant = f"warmenv export {shlex.quote(named)} --env {shlex.quote(typed)}"
+    raise UsageError(
+        f"OUT {typed!r} is environment {typed!r} in {place.parent}, not a bundle file: "
+        f"did you mean `{meant}`? (to write a file named {typed!r}, give ./{typed})"
+    )
+
+
+def _meant(args: argparse.Namespace, typed: str) -> str | None:
+    """What was meant, once a SOURCE was not found or was refused: a SOURCE that is an
+    environment's name is meant as `--env`, and a SOURCE that looks like a bundle (by its
+    `.bundle` suffix) where OUT does not was meant as OUT, which comes first. None: no
+    better guess."""
+    sources: list[Path] = args.sources
+    missing = next((s for s in sources if not os.path.lexists(s)), None)
+    if missing is not None and args.env is None:
+        place = environment_file(args, str(missing))
+        if place is not None:
+            meant = f"warmenv export {shlex.quote(typed)} --env {shlex.quote(str(missing))}"
+            return f"{str(missing)!r} is an environment in {place.parent}: did you mean `{meant}`?"
+    output = next((s for s in sources if s.suffix == ".bundle"), None)
+    if output is not None and Path(typed).suffix != ".bundle":
+        return (
+            f"OUT, the bundle to write, comes first: did you mean `warmenv export "
+            f"{shlex.quote(str(output))} ...`?"
+        )
+    return None
 
 
 def _refuse_no_match(prefixes: list[str] | None, started: Started) -> None:

@@ -260,7 +260,7 @@ class SqliteFormat(FileFormat[SqliteBundle]):
     async def open_private_file(self, path: Path, label: str) -> SqliteBundle:
         return await SqliteBundle.from_private_file(path, label)
 
-    def may_replace(self, path: Path) -> bool:
+    def is_bundle(self, path: Path) -> bool:
         # Any SQLite database starts with the magic: only one with a manifest is a bundle.
         return has_manifest(path)
 

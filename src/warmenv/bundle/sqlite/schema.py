@@ -238,9 +238,15 @@ def manifest_size(conn: sqlite3.Connection, *, limit: int) -> int | None:
 
 def has_manifest(path: Path) -> bool:
     """Whether a SQLite file's `meta` holds a manifest (is it a bundle?); its value
-    is not read, so a hostile file's huge one costs nothing."""
+    is not read, so a hostile file's huge one costs nothing.
+
+    Read `immutable=1`, the main file alone: a `mode=ro` look at a WAL database
+    (an environment given as OUT or SOURCE) would create a -wal and a -shm
+    beside a file that is not ours, and leave them. A bundle is never in WAL
+    mode, so its manifest is in the main file.
+    """
     try:
-        conn = _sqlite.open_file(read_only_uri(path))
+        conn = _sqlite.open_file(read_only_uri(path, immutable=True))
         try:
             return schema.has_meta(conn, "manifest")
         finally:

@@ -48,11 +48,24 @@ __all__ = [
     "prepare_readonly",
     "prepare_writable",
     "is_busy",
+    "is_marked_environment",
     "prove_unwritten",
 ]
 
 APPLICATION_ID = 0x5741524D
 """`PRAGMA application_id` of every environment file: the bytes "WARM"."""
+_APPLICATION_ID_AT = 68  # in the SQLite file's header, big-endian
+
+
+def is_marked_environment(head: bytes) -> bool:
+    """Whether a SQLite file (its format told by its magic, `bundle.formats.sniff`) that
+    starts with `head` (its first 100 bytes or more) carries the environments' mark:
+    named so where it is refused as something else (an export's OUT), never advised
+    away as a stranger's file."""
+    mark = head[_APPLICATION_ID_AT : _APPLICATION_ID_AT + 4]
+    return mark == APPLICATION_ID.to_bytes(4, "big")
+
+
 # SIGNERS_TABLE is made by the first import whose signature was checked, so it may be absent.
 _OUR_TABLES = frozenset(
     {"meta", "entries", "bundles", *STATISTICS_TABLES, IMPORTS_TABLE, SIGNERS_TABLE}
