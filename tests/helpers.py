@@ -135,6 +135,10 @@ def _stage(search_path: tuple[str, ...]) -> list[Path]:
             _copy_distributions(Path(real), target)
         elif any(real == p or real.startswith(p + os.sep) for p in interpreter):
             continue  # the standard library, or the virtualenv's bin/
+        elif stage.resolve().is_relative_to(real):
+            # A search path naming the temporary directory (or above it) holds the stage
+            # itself: a copy of it would copy the copy, as deep as paths go (57 GB seen).
+            continue
         else:
             shutil.copytree(real, target, ignore=_not_code)
         staged.append(target)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
+import helpers
 from helpers import json_lines, run_python, staged_path, unprivileged_user
 
 _PROBE = """
@@ -59,3 +61,20 @@ def test_the_staged_copy_is_open_to_everyone_and_leaves_out_our_standard_library
     expected = {"probe_pkg", "warmenv", "anyio", "attrs", "platformdirs", "trio", "outcome", "rich"}
     assert expected <= copied
     assert "hypothesis" not in copied and "_pytest" not in copied  # only what children import
+
+
+def test_a_search_path_holding_the_temporary_directory_is_not_copied_into_itself(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = tmp_path_factory.getbasetemp()
+    for directory in (tmp_path, *tmp_path.parents):  # a stage's parents let other users in
+        if directory.is_relative_to(base):
+            directory.chmod(0o755)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    (scratch / "probe.py").write_text("ANSWER = 42\n")
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the stage is made
+    staged = helpers._stage.__wrapped__((str(scratch), str(tmp_path)))
+    assert staged == []  # neither is copied: each holds the stage
+    (stage,) = [p for p in scratch.iterdir() if p.name.startswith("warmenv-child-path-")]
+    assert sum(1 for _ in stage.rglob("*")) == 0
