@@ -292,7 +292,7 @@ def test_ls_on_a_fresh_machine_lists_nothing_and_succeeds(tmp_path: Path) -> Non
     root = tmp_path / "not-yet"
     completed = warmenv("ls", root=root)
     assert completed.returncode == 0, completed.stderr
-    assert f"no environments in {root}" in completed.stdout
+    assert f"no environments: the root {root} does not exist yet" in completed.stdout
     assert not root.exists()  # ls only reads
 
 
@@ -434,7 +434,7 @@ def test_explain_of_a_json_key_written_with_spaces_hints_its_compact_form(
     spaced = json.dumps(["matmul", 4096])  # `["matmul", 4096]`, as Python writes it
     hint = str(explained(keys_root, "app/1/kernels", spaced, *raw)["hint"])
     assert "'app/1/kernels' stores [\"matmul\",4096]" in hint, hint
-    assert hint.endswith("""give --raw-key '["matmul",4096]'"""), hint
+    assert hint.endswith("""give KEY as '["matmul",4096]' with --raw-key"""), hint
 
 
 @pytest.mark.parametrize(

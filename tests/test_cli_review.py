@@ -35,7 +35,7 @@ def test_ls_without_a_default_environment_lists_the_others(warm_root: Path) -> N
     completed = warmenv("ls", root=warm_root)
     assert completed.returncode == 0, completed.stderr
     assert "warm" in completed.stdout
-    assert "there is no default environment 'default'" in completed.stdout
+    assert "no environment named 'default' (the default)" in completed.stdout
     document = json.loads(warmenv("ls", "--json", root=warm_root).stdout)
     assert [e["name"] for e in document["environments"]] == ["warm"]
     assert document["environment"] is None and document["namespaces"] is None

@@ -79,9 +79,9 @@ def test_an_import_under_an_unwritable_root_names_the_root_and_how_to_choose_one
         CLI, "import", str(shipped), "--env", "e", "--root", str(root), user=unprivileged_user()
     )
     line = assert_one_error_line(child, 1)
-    assert f"{locked} is not writable by this process" in line
-    assert f"environments live in the root {root}: choose a root you can write" in line
-    assert "--root DIR, the WARMENV_ROOT variable, or root in warmenv.toml" in line
+    assert f"cannot create its root {root} ({locked} is not writable by this process)" in line
+    assert "(choose a root you can write with --root DIR, the WARMENV_ROOT variable" in line
+    assert "root in warmenv.toml" in line
     assert "--env" not in line  # another name would fail alike
     assert list(locked.iterdir()) == []
 
@@ -156,7 +156,7 @@ def test_an_import_given_a_new_name_positionally_says_to_give_env(
 def test_a_command_option_before_the_command_says_where_it_goes(root: Path, shipped: Path) -> None:
     completed = warmenv("--app-version", "1", "import", str(shipped), "--env", "t", root=root)
     line = assert_one_error_line(completed, 2)
-    assert "--app-version is not an option of warmenv itself" in line
+    assert "--app-version is an option of import: give it after the command" in line
     assert "(warmenv import ... --app-version ...)" in line
     assert not (root / "t.db").exists()
 
@@ -378,7 +378,7 @@ def test_ls_lists_a_dangling_environment_link_with_a_note(root: Path, tmp_path: 
 @pytest.mark.parametrize(
     ("name", "why"),
     [
-        ("keys.bundle", "it names a bundle file (.bundle), not an environment"),
+        ("keys.bundle", "it names a bundle file (.bundle), which is imported into an"),
         ("a/b", "a name, not a path"),
     ],
 )

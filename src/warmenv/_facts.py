@@ -47,6 +47,7 @@ from pathlib import Path
 import attrs
 
 from warmenv._fs import open_found
+from warmenv._text import plural
 from warmenv.persistence.namespace import Namespace
 
 __all__ = [
@@ -495,14 +496,15 @@ def verdict(checks: tuple[TreeCheck, ...]) -> tuple[bool, tuple[str, ...]]:
         hitting = sum(check.entries for check in mine if check.ok)
         missing = [check for check in mine if not check.ok]
         if any(check.ok for check in mine):
-            line = f"compiler cache {tool}: {hitting:,} files can hit here"
+            line = f"compiler cache {tool}: {plural(hitting, 'file')} can hit here"
             if missing:
                 line += f" ({sum(c.entries for c in missing):,} more captured under other facts)"
         else:
             ok = False
             line = (
-                f"compiler cache {tool}: none of its {sum(c.entries for c in mine):,} files can "
-                f"hit here: {'; '.join(dict.fromkeys(r for c in mine for r in c.reasons))}"
+                f"compiler cache {tool}: none of its "
+                f"{plural(sum(c.entries for c in mine), 'file')} can hit here: "
+                f"{'; '.join(dict.fromkeys(r for c in mine for r in c.reasons))}"
             )
         lines.append(line)
     return ok, tuple(lines)

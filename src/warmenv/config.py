@@ -127,6 +127,21 @@ def check_name(name: object) -> str:
 
 BUNDLE_SUFFIX = ".bundle"
 """How the docs and `warmenv demo` name bundle files; never an environment's name."""
+ENVIRONMENT_SUFFIX = ".db"
+"""An environment's file is `<root>/<name>.db`; a name never ends in it (`x.db` would be
+`x.db.db`)."""
+
+
+def file_suffix(name: str) -> str | None:
+    """`.bundle` or `.db` where `name`, of the rule's characters, ends in one (it names a
+    file, not an environment: `_why_not_a_name`); else `None`.
+
+    Only such a name is handed back in a hint as a command to paste (the CLI's): the
+    rule's characters are safe in a shell, where `$(...)` or `;` would run.
+    """
+    if _NAME.fullmatch(name) is None or name in (".", ".."):
+        return None
+    return next((s for s in (BUNDLE_SUFFIX, ENVIRONMENT_SUFFIX) if name.endswith(s)), None)
 
 
 def _why_not_a_name(name: str) -> str | None:
@@ -135,8 +150,10 @@ def _why_not_a_name(name: str) -> str | None:
     The one rule for every name (`open_environment`, `--env`, the
     configuration): `[A-Za-z0-9._-]+`, not `.` or `..`, and nothing that reads
     as a file: a path (the root says where environments live, the name which
-    one) or a bundle's name (`--env keys.bundle` made an environment called
-    that, where an import of the bundle was meant).
+    one), a bundle's name (`--env keys.bundle` made an environment called
+    that, where an import of the bundle was meant) or an environment's file
+    (`--env x.db` made `x.db.db`). Said in the library's terms: the command
+    line adds its command to run (`cli._environments.check_env_option`).
     """
     if "/" in name or "\\" in name:
         return (
@@ -145,12 +162,18 @@ def _why_not_a_name(name: str) -> str | None:
         )
     if _NAME.fullmatch(name) is None or name in (".", ".."):
         return _NAME_RULE
-    if name.endswith(BUNDLE_SUFFIX):
-        # Only a name of the rule's characters gets here: the command is safe to paste.
-        bundle = f"./{name}" if name.startswith("-") else name
+    suffix = file_suffix(name)
+    if suffix == BUNDLE_SUFFIX:
         return (
-            f"it names a bundle file ({BUNDLE_SUFFIX}), not an environment: to import the "
-            f"bundle, give it as the BUNDLE (`warmenv import {bundle} --env NAME`)"
+            f"it names a bundle file ({BUNDLE_SUFFIX}), which is imported into an "
+            "environment (warmenv.bundle.import_bundle), not opened as one"
+        )
+    if suffix == ENVIRONMENT_SUFFIX:
+        stem = name.removesuffix(ENVIRONMENT_SUFFIX)
+        meant = f": give {stem!r}" if stem and _why_not_a_name(stem) is None else ""
+        return (
+            f"it names an environment's file ({ENVIRONMENT_SUFFIX}); the name is without "
+            f"the suffix{meant}"
         )
     return None
 

@@ -332,6 +332,8 @@ def _verdict(
             reasons.append(
                 f"its namespace is for version {version!r}"
                 if len(namespaces) == 1
+                else f"the application's one namespace is for version {version!r}"
+                if len(apps) == 1 < len(namespaces)
                 else f"all {len(apps)} namespaces of the application are for version {version!r}"
                 if len(apps) < len(namespaces)
                 else f"all {len(namespaces)} namespaces are for version {version!r}"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import os
 import signal
 import sys
@@ -55,10 +56,18 @@ from warmenv.cli import (
     vacuum,
     verify,
 )
-from warmenv.cli._environments import misnamed, misplaced, option_before_command
+from warmenv.cli._environments import misnamed, misplaced
 from warmenv.cli._errors import Stopped, UsageError, conclude, usage_line
 from warmenv.cli._options import ArgumentParser, shared_defaults, shared_options
 from warmenv.cli._output import Output
+from warmenv.cli._suggest import (
+    Options,
+    no_command,
+    option_before_command,
+    options_of,
+    stray_version,
+    unknown_option,
+)
 
 __all__ = ["main"]
 
@@ -116,7 +125,9 @@ def build_parser() -> ArgumentParser:
         command.register(commands, shared_options(hidden=unused))
         # Read by `misplaced` to know whether a stray name could be meant as --env.
         list(commands.choices.values())[-1].set_defaults(takes_env="--env" not in unused)
-    parser.set_defaults(command_names=tuple(commands.choices))
+    # Read by the hints (`_suggest`) to tell what an argument argparse refused was meant as.
+    options: dict[str, Options] = {name: options_of(p) for name, p in commands.choices.items()}
+    parser.set_defaults(command_names=tuple(commands.choices), command_options=options)
     return parser
 
 
@@ -190,17 +201,24 @@ def _parse(arguments: list[str]) -> argparse.Namespace:
     parser = build_parser()
     if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions, not for a run
         complete(parser)
-    # argparse takes OUT and SOURCE... in one go, so sources written after the
-    # options (`export OUT --name N SOURCE`) come back unrecognised: they are
-    # sources all the same.
-    parser.hint = partial(
-        option_before_command, arguments, shared_options(), parser.get_default("command_names")
-    )
+    arguments = _help_command(arguments)
+    commands: dict[str, Options] = parser.get_default("command_options")
+    shared = shared_options()
+    parser.hint = partial(_meant, arguments, shared, commands)
     args, extra = parser.parse_known_args(arguments)
     if extra:
+        # argparse takes OUT and SOURCE... in one go, so sources written after the
+        # options (`export OUT --name N SOURCE`) come back unrecognised: they are
+        # sources all the same.
         if getattr(args, "sources", None) is None or any(a.startswith("-") for a in extra):
             # Said by the sub-command's parser: its name and its --help, not warmenv's.
-            hint = misplaced(shared_defaults(args), extra)
+            options = commands[args.subcommand]
+            hint = (
+                option_before_command(arguments, shared, commands)
+                or unknown_option(extra, options)
+                or misplaced(shared_defaults(args), extra)
+                or stray_version([a for a in extra if not a.startswith("-")], options)
+            )
             raise UsageError(
                 usage_line(
                     f"{parser.prog} {args.subcommand}",
@@ -210,6 +228,28 @@ def _parse(arguments: list[str]) -> argparse.Namespace:
             )
         args.sources = [*args.sources, *(Path(a) for a in extra)]
     return shared_defaults(args)
+
+
+def _meant(
+    arguments: list[str],
+    shared: argparse.ArgumentParser,
+    commands: dict[str, Options],
+    message: str,
+) -> str | None:
+    """What the command line argparse refused with `message` was meant to say, if known."""
+    return no_command(message, commands) or option_before_command(arguments, shared, commands)
+
+
+# The shared options that take no value, which may come before `help`.
+_FLAGS = frozenset({"--json", "--debug", "--quiet", "-q"})
+
+
+def _help_command(arguments: list[str]) -> list[str]:
+    """`warmenv help [COMMAND]`, as git and pip take it, is `warmenv [COMMAND] --help`."""
+    rest = list(itertools.dropwhile(_FLAGS.__contains__, arguments))
+    if rest[:1] != ["help"]:
+        return arguments
+    return [*rest[1:2], "--help"]
 
 
 def complete(parser: argparse.ArgumentParser) -> None:

@@ -27,7 +27,7 @@ from warmenv._errors import WarmenvError
 from warmenv._fs import expand_home, missing_link
 from warmenv.cli._errors import Failure, UsageError
 from warmenv.cli._suggest import did_you_mean
-from warmenv.config import check_name, is_valid_name
+from warmenv.config import BUNDLE_SUFFIX, check_name, file_suffix, is_valid_name
 from warmenv.environment import (
     Degraded,
     Environment,
@@ -42,13 +42,35 @@ if TYPE_CHECKING:
     from warmenv.remote import RemoteTier
 
 
+ROOT_FROM = (
+    "--root DIR, the WARMENV_ROOT variable, or root in warmenv.toml ([tool.warmenv] in "
+    "pyproject.toml)"
+)
+"""The ways a command that opens environments takes its root (`demo`: --root alone)."""
+
+
 def check_env_option(args: argparse.Namespace) -> None:
-    """A `UsageError` if `--env` is given and is no environment's name."""
+    """A `UsageError` if `--env` is given and is no environment's name: the library's
+    reason, and for a bundle's name the command that fits what was meant."""
     if args.env is not None:
         try:
             check_name(args.env)
         except ValueError as exc:
-            raise UsageError(str(exc)) from None
+            meant = _BUNDLE_MEANT if file_suffix(args.env) == BUNDLE_SUFFIX else None
+            if meant is None:
+                raise UsageError(str(exc)) from None
+            # Only a name of the rule's characters gets here: the command is safe to paste.
+            bundle = f"./{args.env}" if args.env.startswith("-") else args.env
+            said = meant.get(args.subcommand, meant[None]).format(bundle=bundle)
+            raise UsageError(f"{exc}; {said}") from None
+
+
+# What a bundle's name given as --env was meant for: importing it, or (any other
+# command) looking into it.
+_BUNDLE_MEANT: dict[str | None, str] = {
+    "import": "to import it, give it as the BUNDLE: `warmenv import {bundle} --env NAME`",
+    None: "to see what it holds: `warmenv inspect {bundle}`",
+}
 
 
 @asynccontextmanager
@@ -112,22 +134,28 @@ def named(env: Environment) -> str:
 
 @asynccontextmanager
 async def usable(
-    out: Output, opening: AbstractAsyncContextManager[Environment], *, write: bool
+    out: Output,
+    opening: AbstractAsyncContextManager[Environment],
+    *,
+    write: bool,
+    root_from: str = ROOT_FROM,
 ) -> AsyncIterator[Environment]:
     """The environment `opening` opens, refused (`refuse_unusable`) before any work; the
     library's warning about a fallback is held, so that a refusal is said in one line."""
     async with AsyncExitStack() as stack:
         with out.holding() as notes:
             env = await stack.enter_async_context(opening)
-        await refuse_unusable(env, write=write)
+        await refuse_unusable(env, write=write, root_from=root_from)
         for note in notes:
             out.warning(note)
         yield env
 
 
-async def refuse_unusable(env: Environment, *, write: bool) -> None:
+async def refuse_unusable(env: Environment, *, write: bool, root_from: str = ROOT_FROM) -> None:
     """A `Failure` saying why, if `env` fell back to memory (it is not the file the user
     asked about), or to reading only when `write` is asked for; else nothing.
+    `root_from`: the ways the command takes its root (`ROOT_FROM`, or `demo`'s --root
+    alone), named where the root is what to change.
 
     Every command that opens an environment asks this (`environment()`, and
     `demo`, which opens its own two), before any work: a demo that autotuned
@@ -137,7 +165,12 @@ async def refuse_unusable(env: Environment, *, write: bool) -> None:
     degraded = env.degraded
     if degraded is not None and (degraded.fallback is Fallback.MEMORY or write):
         there = await anyio.to_thread.run_sync(os.path.lexists, env.path)
-        raise Failure(_cannot_use(env, degraded, write, file_there=there))
+        root_there = await anyio.to_thread.run_sync(os.path.isdir, env.path.parent)
+        raise Failure(
+            _cannot_use(
+                env, degraded, write, file_there=there, root_there=root_there, root_from=root_from
+            )
+        )
 
 
 async def _reach(tier: RemoteTier) -> None:
@@ -221,6 +254,11 @@ def unreadable(exc: OSError, where: Path) -> Failure:
         denied = [word for word, bit in _DIRECTORY_ACCESS if not os.access(where, bit)]
         if denied:
             return Failure(f"cannot read {where}: not {' or '.join(denied)} by this process")
+    if isinstance(exc, PermissionError):  # `where` cannot even be looked at: a parent says no
+        top_down = reversed(where.parents)
+        closed = next((p for p in top_down if not os.access(p, os.X_OK)), None)
+        if closed is not None:
+            return Failure(f"cannot read {where}: {closed} is not searchable by this process")
     return Failure(f"cannot read {exc.filename or where}: {exc.strerror or exc}")
 
 
@@ -339,7 +377,7 @@ async def _no_environment(path: Path) -> str:
         if not await anyio.to_thread.run_sync(path.parent.is_dir):
             return f"no environment {path.stem!r}: {path.parent} is not a directory"
     else:
-        return f"no environment {path.stem!r}: {path.parent} does not exist yet; {_MADE_BY}"
+        return f"no environment {path.stem!r}: {root_not_yet(path.parent)}"
     names = await anyio.to_thread.run_sync(existing)
     if isinstance(names, str):
         there = f"its listing cannot be read: {names}"
@@ -358,6 +396,13 @@ _MADE_BY = (
 )
 
 
+def root_not_yet(root: Path) -> str:
+    """A root that does not exist, as every command says it: `ls` (which lists nothing and
+    succeeds: a fresh machine's) and the commands that read an environment in it (which
+    fail: the environment asked about is not there)."""
+    return f"{root} does not exist yet; {_MADE_BY}"
+
+
 def _not_ours(exc: NotAnEnvironmentError) -> str:
     name = "" if exc.path is None else f" {exc.path.stem!r}"
     return (
@@ -366,28 +411,42 @@ def _not_ours(exc: NotAnEnvironmentError) -> str:
     )
 
 
-def _cannot_use(env: Environment, degraded: Degraded, write: bool, *, file_there: bool) -> str:
+def _cannot_use(
+    env: Environment,
+    degraded: Degraded,
+    write: bool,
+    *,
+    file_there: bool,
+    root_there: bool,
+    root_from: str,
+) -> str:
     """Why environment `env` cannot do the job, from how it fell back, and the fix to try.
 
     The reason (`Degraded.reason`) already says what stands in the way on disk;
-    it is not looked up again here. Only the fix depends on one look: with no
-    file at the environment's path, what failed is making one in the root, so
-    another name would fail alike and the root is what to change (named, with
-    the three ways to choose it); with a file there that is no database (a
-    FIFO, a directory), another name avoids it.
+    it is not looked up again here. Only the fix depends on a look: with no
+    file at the environment's path, what failed is making one in the root (or
+    the root itself, where it does not exist: named first, as what could not
+    be made), so another name would fail alike and the root is what to
+    change (with the ways the command takes one, `root_from`); with a file
+    there that is no database (a FIFO, a directory), another name avoids it.
+    The one home of a root that cannot be written, for every command.
     """
     name, root = env.name, env.path.parent
-    choose_root = (
-        f"environments live in the root {root}: choose a root you can write with --root DIR, "
-        "the WARMENV_ROOT variable, or root in warmenv.toml ([tool.warmenv] in pyproject.toml)"
-    )
     if degraded.fallback is Fallback.READ_ONLY:
         # Its reason says the fix (a bundle at the path, a directory not writable).
         return f"environment {name!r} is read-only: {degraded.reason}; nothing was done"
-    if write:
-        fix = choose_root if not file_there else f"move {env.path} away, or choose another --env"
-        return (
-            f"cannot write environment {name!r}: {degraded.reason}; nothing would persist, "
-            f"so nothing was done ({fix})"
-        )
-    return f"cannot read environment {name!r}: {degraded.reason}"
+    if not write:
+        return f"cannot read environment {name!r}: {degraded.reason}"
+    if file_there:
+        fix = f"move {env.path} away, or choose another --env"
+        why = degraded.reason
+    elif root_there:
+        fix = f"environments live in the root {root}: choose a root you can write with {root_from}"
+        why = degraded.reason
+    else:
+        fix = f"choose a root you can write with {root_from}"
+        why = f"cannot create its root {root} ({degraded.reason})"
+    return (
+        f"cannot write environment {name!r}: {why}; nothing would persist, so nothing was "
+        f"done ({fix})"
+    )

@@ -73,10 +73,10 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse, but a usage mistake is a `UsageError` (one line, `--json` aware).
 
     `hint`, where set, says what was meant by a command line argparse refuses (it is
-    asked only then, and its answer joins argparse's line).
+    asked only then, with argparse's message, and its answer joins argparse's line).
     """
 
-    hint: Callable[[], str | None] | None = None
+    hint: Callable[[str], str | None] | None = None
 
     def error(self, message: str) -> Any:
         # argparse quotes with repr(), which spells a byte that was not UTF-8
@@ -92,7 +92,7 @@ class ArgumentParser(argparse.ArgumentParser):
             close = did_you_mean(given, known)
             if close:
                 message = f"{message}; {close}"
-        if self.hint is not None and (meant := self.hint()) is not None:
+        if self.hint is not None and (meant := self.hint(message)) is not None:
             message = f"{message}; {meant}"
         raise UsageError(usage_line(self.prog, message), located=True)
 

@@ -205,6 +205,9 @@ async def _timed_start_up(
 
 # Refused (see `run`): it makes its own environments, so its --help does not offer them.
 UNUSED_OPTIONS = ("--env", "--remote")
+# Its root is a temporary directory or --root; WARMENV_ROOT and the configuration's root
+# are not read (a demo never writes into the environments an application uses).
+ROOT_FROM = "--root DIR"
 
 
 def register(commands: Any, parent: argparse.ArgumentParser) -> None:
@@ -237,15 +240,17 @@ async def run(args: argparse.Namespace, out: Output) -> int:
 async def _demo(args: argparse.Namespace, out: Output, root: Path) -> int:
     machine = this_machine()
     bundle_path = root / (re.sub(r"[^A-Za-z0-9._-]+", "-", machine.label) + ".bundle")
-    out.line(f"warmenv demo: environments under {root}")
-    out.line("")
-    out.line(
-        f"1. cold start on {machine.label!r}: "
-        f"autotuning {plural(len(keys()), 'key')} (a workload and a size each)"
-    )
+    # Opened (or refused: a root that cannot be written) before the first line, so that
+    # a refusal is the only thing said.
     async with usable(
-        out, open_environment("machine-a", root=root, remote=""), write=True
+        out, open_environment("machine-a", root=root, remote=""), write=True, root_from=ROOT_FROM
     ) as first:
+        out.line(f"warmenv demo: environments under {root}")
+        out.line("")
+        out.line(
+            f"1. cold start on {machine.label!r}: "
+            f"autotuning {plural(len(keys()), 'key')} (a workload and a size each)"
+        )
         await first.storage(NAMESPACE).purge()
         cold_choices, cold_misses, cold = await _timed_start_up(out, first, "autotuning")
         out.line(f"   {plural(cold_misses, 'key')} tuned in {cold:.2f}s")
@@ -265,7 +270,7 @@ async def _demo(args: argparse.Namespace, out: Output, root: Path) -> int:
     )
     out.line("3. import into a fresh environment, as a second machine would")
     async with usable(
-        out, open_environment("machine-b", root=root, remote=""), write=True
+        out, open_environment("machine-b", root=root, remote=""), write=True, root_from=ROOT_FROM
     ) as second:
         await second.storage(NAMESPACE).purge()
         async with importing(bundle_path, second) as progress:

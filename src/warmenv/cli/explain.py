@@ -6,7 +6,8 @@ each holds and whether KEY is stored there. KEY is the key the application
 passes to its store (default codec: JSON, so `k1` means the string "k1");
 `--raw-key` takes it as the exact bytes stored (UTF-8), which is how an
 integer or tuple key of a JSON store is given: its compact JSON (`42`,
-`["matmul",4096]`). A key found in neither form's namespaces but in the
+`["matmul",4096]`), as KEY (`explain NS 42 --raw-key`) or after the flag
+(`explain NS --raw-key 42`). A key found in neither form's namespaces but in the
 other's (`42` asked as the string "42", or `k1` asked with `--raw-key` where
 the store keeps the string "k1") gets a hint naming the flag to add or drop.
 A key that is JSON written another way (`["matmul", 4096]`, as `json.dumps`
@@ -24,6 +25,7 @@ from typing import Any
 
 import anyio.to_thread
 
+from warmenv._text import clean, plural
 from warmenv.cli._environments import environment, misnamed
 from warmenv.cli._errors import UsageError
 from warmenv.cli._format import as_json
@@ -52,12 +54,19 @@ def register(commands: Any, parent: argparse.ArgumentParser) -> None:
         metavar="KEY",
         nargs="?",
         help="the key that misses, as a string key passed to a JSON store; for another "
-        "key give its JSON with --raw-key (the integer 42: --raw-key 42)",
+        "key give its JSON with --raw-key (the integer 42: `warmenv explain app/2/kernels "
+        "42 --raw-key`, or `warmenv explain app/2/kernels --raw-key 42`)",
     )
+    # A flag that may also take KEY: argparse fills the optional KEY positional as soon as
+    # it meets NAMESPACE, so `NAMESPACE --raw-key 42` would leave 42 unrecognised.
     parser.add_argument(
         "--raw-key",
-        action="store_true",
-        help="take KEY as the exact bytes stored (UTF-8), not as a JSON store's string key",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="KEY",
+        help="take KEY (given here or as the positional KEY) as the exact bytes stored "
+        "(UTF-8), not as a JSON store's string key",
     )
     parser.set_defaults(run=run)
 
@@ -66,29 +75,38 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     namespace = text_argument(args.namespace, "NAMESPACE")
     if not namespace.strip("/"):
         raise UsageError("NAMESPACE must not be empty: give one, e.g. app/2/kernels")
-    text = None if args.key is None else text_argument(args.key, "KEY")
+    raw = args.raw_key is not False
+    given = args.key
+    if isinstance(args.raw_key, str):  # `--raw-key 42`
+        if given is not None:
+            raise UsageError(
+                f"KEY given twice ({clean(given)!r}, and {clean(args.raw_key)!r} after "
+                "--raw-key); give it once"
+            )
+        given = args.raw_key
+    text = None if given is None else text_argument(given, "KEY")
     key: bytes | str | None = text
-    if text is not None and args.raw_key:
+    if text is not None and raw:
         key = text.encode("utf-8")
-    elif args.raw_key:
-        raise UsageError("--raw-key needs a KEY")
+    elif raw:
+        raise UsageError("--raw-key needs a KEY: `warmenv explain NAMESPACE KEY --raw-key`")
     hint = None
     async with environment(args, out) as env:
         explanation = await env.explain(namespace, key)
         if text is not None and not _holding(explanation):
             # The commonest miss of a key: an integer key asked as its string (or the
             # reverse). Asked the other way, is it there?
-            other = _string_key(text) if args.raw_key else text.encode("utf-8")
+            other = _string_key(text) if raw else text.encode("utf-8")
             where = _holding(await env.explain(namespace, other))
             if where:
-                hint = _hint(text, args.raw_key, where)
+                hint = _hint(text, raw, where)
             elif (compact := _compact(text)) is not None:  # `["matmul", 4096]`, spaced
                 where = _holding(await env.explain(namespace, compact))
                 if where:
                     hint = _compact_hint(text, compact.decode("utf-8"), where)
         if not explanation.entries and not explanation.nearby and hint is None:
             hint = (
-                await _swapped(env, namespace, text, args.raw_key)  # `explain KEY NAMESPACE`
+                await _swapped(env, namespace, text, raw)  # `explain KEY NAMESPACE`
                 or await anyio.to_thread.run_sync(misnamed, args)  # `explain big`
                 or namespace_suggestion(namespace, [s.namespace for s in await env.namespaces()])
             )
@@ -125,7 +143,7 @@ async def _swapped(env: Environment, namespace: str, key: str | None, raw: bool)
     again = f"warmenv explain {shlex.quote(key)} {shlex.quote(namespace)}"
     return (
         f"NAMESPACE {namespace!r} holds nothing, but KEY {key!r} is a namespace here "
-        f"({as_namespace.entries:,} entries): the namespace comes first, "
+        f"({plural(as_namespace.entries, 'entry', 'entries')}): the namespace comes first, "
         f"`{again}{' --raw-key' if raw else ''}`"
     )
 
@@ -164,7 +182,8 @@ def _compact_hint(key: str, compact: str, where: list[str]) -> str:
     under = f"{where[0]!r}" + (f" and {len(where) - 1} more" if len(where) > 1 else "")
     return (
         f"none of these namespaces stores the key {key}, but {under} stores {compact}, the "
-        f"same JSON written compactly as the store writes keys: give --raw-key '{compact}'"
+        f"same JSON written compactly as the store writes keys: give KEY as '{compact}' with "
+        "--raw-key"
     )
 
 

@@ -5,6 +5,10 @@
 error (exit 1) naming the environments that do, never a new empty file.
 Without `--env`, a default environment that does not exist is not an error:
 the environments of the root are listed, and `ls` says there is no default one.
+Nor is a root that does not exist (a fresh machine's, before its first
+environment): `ls` lists nothing, says the root does not exist yet as every
+command does (`root_not_yet`), and succeeds, where a command that reads an
+environment in it fails (the environment it reads is not there).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from warmenv.cli._environments import (
     dangling_environments,
     environment,
     environment_files,
+    root_not_yet,
     unreadable,
 )
 from warmenv.cli._errors import UsageError
@@ -117,6 +122,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
             namespaces = await env.namespaces()
             name = env.name
     assert root is not None and listing is not None
+    exists = bool(listing) or await anyio.to_thread.run_sync(os.path.lexists, root)
     out.table(
         f"environments in {root}",
         ["environment", "file size"],
@@ -126,16 +132,19 @@ async def run(args: argparse.Namespace, out: Output) -> int:
             else [f"{f.stem} (dangling symlink)", "-"]
             for f, s in listing
         ],
-        empty=f"no environments in {clean(root)}",
+        empty=f"no environments in {clean(root)}"
+        if exists
+        else f"no environments: the root {root_not_yet(root)}",
     )
     for _, why in listing:
         if isinstance(why, str):  # a dangling link: why it cannot be opened
             out.warning(f"{why}: no environment can be opened through it; fix or remove it")
     if namespaces is None:
-        out.line(
-            f"there is no default environment {name!r} in {root}; "
-            "pass --env NAME to list the namespaces of one"
-        )
+        if listing:  # of an empty root, "no environments" has said it
+            out.line(
+                f"no environment named {name!r} (the default) in {root}; "
+                "give a NAME (`warmenv ls NAME`) to list the namespaces of one"
+            )
     else:
         out.table(
             f"namespaces in {name!r}",
@@ -161,6 +170,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
                 else {"name": f.stem, "path": str(f), "file_bytes": None, "dangling": s}
                 for f, s in listing
             ],
+            "root_exists": exists,
             "environment": name if namespaces is not None else None,
             "namespaces": None if namespaces is None else as_json(namespaces),
         }

@@ -50,6 +50,7 @@ from warmenv.caches._tools import Tool, available_tools, counting, tool
 from warmenv.cli._environments import environment
 from warmenv.cli._errors import Failure, Stopped, UsageError, describe_error
 from warmenv.cli._output import Output
+from warmenv.cli._suggest import did_you_mean
 
 _FORWARDED = tuple(
     getattr(signal, name)
@@ -125,7 +126,9 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     try:
         tools = [tool(name) for name in dict.fromkeys(args.caches)]
     except LookupError as error:
-        raise UsageError(str(error)) from None
+        unknown = next(n for n in args.caches if n not in available_tools())
+        close = did_you_mean(unknown, available_tools())
+        raise UsageError(f"{error}" + (f"; {close}" if close else "")) from None
     for t in tools:
         missing = t.missing()
         if missing is not None:

@@ -110,10 +110,16 @@ class Explanation:
         there = Namespace.raw(nearby.namespace)
         if _swapped(asked, there):
             return f"version and path swapped: did you mean {nearby.namespace!r}?"
-        return ", ".join(
-            f"{segment} {getattr(there, segment)!r} instead of {getattr(asked, segment)!r}"
-            for segment in nearby.differs
-        )
+        said, unnamed = [], []
+        for segment in nearby.differs:
+            mine, theirs = getattr(asked, segment), getattr(there, segment)
+            if mine:
+                said.append(f"{segment} {theirs!r} instead of {mine!r}")
+            else:  # `explain myapp`: a name alone has no version or path to compare
+                said.append(f"{segment} {theirs!r}")
+                unnamed.append(segment)
+        missing = f" ({self.namespace!r} has no {' or '.join(unnamed)} segment)" if unnamed else ""
+        return ", ".join(said) + missing
 
     def _describe(self, nearby: Nearby) -> str:
         key = ""
