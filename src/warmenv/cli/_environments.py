@@ -205,14 +205,8 @@ def environment_files(root: Path) -> list[Path]:
     that cannot be read holds environments this process cannot see, which is
     not "no environments" (`Path.glob` passes over it in silence).
     """
-    try:
-        names = sorted(os.listdir(root))
-    except FileNotFoundError:
-        return []
     found = []
-    for name in names:
-        if not name.endswith(".db"):
-            continue
+    for name in _database_names(root):
         try:
             mode = os.stat(root / name).st_mode
         except FileNotFoundError:
@@ -227,16 +221,21 @@ def dangling_environments(root: Path) -> list[tuple[Path, str]]:
     `_fs.missing_link`'s clause (`environment_files` passes over them: they hold no
     environment to open, but a user who made the link expects to see it listed).
     `OSError` as for `environment_files`."""
-    try:
-        names = sorted(os.listdir(root))
-    except FileNotFoundError:
-        return []
     found = []
-    for name in names:
+    for name in _database_names(root):
         path = root / name
-        if name.endswith(".db") and (why := missing_link(path)) is not None:
+        if (why := missing_link(path)) is not None:
             found.append((path, why))
     return found
+
+
+def _database_names(root: Path) -> list[str]:
+    """The names in `root` that end in `.db`, sorted; none if `root` is missing (`OSError`
+    where it cannot be read)."""
+    try:
+        return sorted(name for name in os.listdir(root) if name.endswith(".db"))
+    except FileNotFoundError:
+        return []
 
 
 def unreadable(exc: OSError, where: Path) -> Failure:
@@ -325,29 +324,6 @@ def misplaced(args: argparse.Namespace, extra: list[str]) -> str | None:
     if len(strays) == 1 and is_valid_name(strays[0]):
         return f"to name an environment, give --env {shlex.quote(strays[0])}"
     return None
-
-
-def option_before_command(
-    arguments: list[str], shared: argparse.ArgumentParser, commands: tuple[str, ...]
-) -> str | None:
-    """Where a command's own option was given before the command (`warmenv --app-version 1
-    import b.bundle`, which argparse reads as an unknown command `1`), say where it goes.
-    `shared`: the options that may come before (`shared_options`); `commands`: the
-    sub-commands' names."""
-    first = next((i for i, a in enumerate(arguments) if a in commands), None)
-    if first is None:
-        return None
-    try:
-        _, unknown = shared.parse_known_args(arguments[:first])
-    except UsageError:  # a shared option misused: argparse's line says it
-        return None
-    options = [a.split("=", 1)[0] for a in unknown if a.startswith("-")]
-    if not options:
-        return None
-    return (
-        f"{options[0]} is not an option of warmenv itself: give a command's options after "
-        f"it (warmenv {arguments[first]} ... {options[0]} ...)"
-    )
 
 
 def environment_file(args: argparse.Namespace, value: str) -> Path | None:
