@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import sys
 import tempfile
@@ -64,17 +65,18 @@ def test_the_staged_copy_is_open_to_everyone_and_leaves_out_our_standard_library
 
 
 def test_a_search_path_holding_the_temporary_directory_is_not_copied_into_itself(
-    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    base = tmp_path_factory.getbasetemp()
-    for directory in (tmp_path, *tmp_path.parents):  # a stage's parents let other users in
-        if directory.is_relative_to(base):
-            directory.chmod(0o755)
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    (scratch / "probe.py").write_text("ANSWER = 42\n")
-    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the stage is made
-    staged = helpers._stage.__wrapped__((str(scratch), str(tmp_path)))
-    assert staged == []  # neither is copied: each holds the stage
-    (stage,) = [p for p in scratch.iterdir() if p.name.startswith("warmenv-child-path-")]
-    assert sum(1 for _ in stage.rglob("*")) == 0
+    # Made where the helper makes its stage (the system's temporary directory), as a
+    # directory other users may enter: pytest's own base directory is closed to them.
+    scratch = Path(tempfile.mkdtemp(prefix="warmenv-test-stage-"))
+    try:
+        scratch.chmod(0o755)
+        (scratch / "probe.py").write_text("ANSWER = 42\n")
+        monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the stage is made
+        staged = helpers._stage.__wrapped__((str(scratch),))
+        assert staged == []  # not copied: it holds the stage
+        (stage,) = [p for p in scratch.iterdir() if p.name.startswith("warmenv-child-path-")]
+        assert sum(1 for _ in stage.rglob("*")) == 0
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
